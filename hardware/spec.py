@@ -1,0 +1,124 @@
+"""Pydantic specs of a training system. Units are in the field names.
+
+Conventions: GB and GB/s are SI (1e9 bytes), GiB is binary (2**30 bytes); bandwidths are per GPU
+and per direction; FLOP/s are dense (no structured sparsity).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+GIB = 2**30
+GB = 1e9
+
+Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ComputeEfficiency(_Strict):
+    """Achieved fraction of peak for the pieces of a transformer layer.
+
+    A few physical parameters per accelerator, calibrated against published runs (see
+    planner/calibration.py), not one constant: large GEMMs approach `matmul_max`; a GEMM whose
+    smallest dimension is `matmul_half_dim` runs at half of that (tile/wave quantisation and
+    launch overhead dominate small GEMMs). Attention kernels have their own ceiling.
+    """
+
+    matmul_max: float = Field(gt=0, le=1)
+    matmul_half_dim: float = Field(ge=0, description="GEMM min-dimension at which efficiency halves")
+    attention_max: float = Field(gt=0, le=1)
+    # Memory-bound element-wise work (norms, activations, dropout, residuals, optimizer) as
+    # bytes moved per activation element, run at `hbm_efficiency` of HBM bandwidth.
+    hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
+
+
+class Accelerator(_Strict):
+    name: str
+    peak_flops: dict[Dtype, PositiveFloat] = Field(description="dense peak FLOP/s per dtype")
+    hbm_capacity_gib: PositiveFloat
+    hbm_bandwidth_gb_per_s: PositiveFloat
+    efficiency: ComputeEfficiency
+
+    @property
+    def hbm_capacity_bytes(self) -> float:
+        return self.hbm_capacity_gib * GIB
+
+    @property
+    def hbm_bandwidth_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_gb_per_s * GB
+
+    def peak(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise ValueError(
+                f"dtype: {self.name} has no peak for {dtype!r}; allowed: {sorted(self.peak_flops)}")
+        return self.peak_flops[dtype]
+
+
+class NetworkTier(_Strict):
+    """GPUs within `domain_gpus` of each other talk at this tier's bandwidth (per GPU, per direction)."""
+
+    name: str
+    domain_gpus: PositiveInt
+    bandwidth_gb_per_s: PositiveFloat
+    latency_us: float = Field(ge=0)
+    efficiency: float = Field(default=0.8, gt=0, le=1, description="achieved / nominal bus bandwidth")
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB * self.efficiency
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * 1e-6
+
+
+class MemoryTier(_Strict):
+    """Secondary memory a GPU can offload to (host DRAM, LPDDR, CXL pool); per GPU."""
+
+    name: str
+    capacity_gib: PositiveFloat
+    bandwidth_gb_per_s: PositiveFloat
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.capacity_gib * GIB
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB
+
+
+class SystemSpec(_Strict):
+    name: str
+    description: str = ""
+    accelerator: Accelerator
+    num_gpus: PositiveInt
+    gpus_per_node: PositiveInt
+    network: list[NetworkTier] = Field(min_length=1, description="innermost (NVLink) tier first")
+    offload: MemoryTier | None = None
+
+    @model_validator(mode="after")
+    def _tiers_nested(self) -> "SystemSpec":
+        domains = [t.domain_gpus for t in self.network]
+        if domains != sorted(domains):
+            raise ValueError("network: tiers must be listed innermost first (domain_gpus ascending)")
+        return self
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        return self.network[0].domain_gpus
+
+    def tier_for_span(self, span_gpus: int) -> NetworkTier:
+        """Slowest tier a group spanning `span_gpus` consecutive ranks must cross."""
+        for tier in self.network:
+            if span_gpus <= tier.domain_gpus:
+                return tier
+        return self.network[-1]
+
+    def with_changes(self, **changes) -> "SystemSpec":
+        """Copy with top-level fields replaced, re-validated (used by sweeps and CLI overrides)."""
+        return SystemSpec.model_validate({**self.model_dump(), **changes})

@@ -1,0 +1,153 @@
+"""What a plan IS (every knob) and what the job asks for (batch, dtype, pins, forbids)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError,
+                      model_validator)
+
+from hardware.errors import SpecError, one_line, read_yaml_mapping
+
+Recompute = Literal["none", "selective", "full"]
+RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+ComputeDtype = Literal["bf16", "fp16", "fp8"]
+
+# Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
+KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
+         "recompute", "zero_stage", "offload_weights", "offload_activations", "offload_optimizer",
+         "tp_comm_overlap", "dp_comm_overlap")
+
+
+class Plan(BaseModel):
+    """One way to train: parallel sizes, batch split, memory-saving choices, overlaps."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    dp: PositiveInt = 1
+    cp: PositiveInt = 1
+    ep: PositiveInt = Field(default=1, description="expert parallel (MoE); carved out of dp*cp")
+    micro_batch: PositiveInt = 1
+    global_batch: PositiveInt = 1
+    vpp: PositiveInt = Field(default=1, description="virtual stages per pipeline rank (interleaving)")
+    sequence_parallel: bool = False
+    recompute: Recompute = "none"
+    recompute_num_layers: PositiveInt | None = Field(
+        default=None, description="full recompute: layers per pipeline stage recomputed (None = all)")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        default=1, description="0 plain DP, 1 distributed optimizer (ZeRO-1), 2 +grads, 3 +params (FSDP)")
+    offload_weights: NonNegativeFloat = Field(default=0.0, le=1.0, description="fraction to the offload tier")
+    offload_activations: NonNegativeFloat = Field(default=0.0, le=1.0)
+    offload_optimizer: NonNegativeFloat = Field(default=0.0, le=1.0)
+    tp_comm_overlap: bool = False
+    dp_comm_overlap: bool = True
+
+    @model_validator(mode="after")
+    def _batch(self) -> "Plan":
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ValueError(f"global_batch ({self.global_batch}) must be a multiple of "
+                             f"micro_batch*dp ({self.micro_batch}*{self.dp})")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def uses_offload(self) -> bool:
+        return bool(self.offload_weights or self.offload_activations or self.offload_optimizer)
+
+    def short(self) -> str:
+        parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.vpp > 1:
+            parts.append(f"vpp{self.vpp}")
+        parts.append(f"mb{self.micro_batch}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.recompute != "none":
+            parts.append(f"rc-{self.recompute}")
+        parts.append(f"zero{self.zero_stage}")
+        for what in ("weights", "activations", "optimizer"):
+            frac = getattr(self, f"offload_{what}")
+            if frac:
+                parts.append(f"off-{what[:3]}{frac:.2g}")
+        return " ".join(parts)
+
+
+class BytesPerParam(BaseModel):
+    """Mixed-precision Adam accounting (Megatron: 2 + 4 + 4 + 8 = 18 B/param; the SageMaker
+    model-parallel docs count 20 by keeping an fp32 copy of the gradients too)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    weights: NonNegativeFloat = 2.0      # bf16/fp16 parameters
+    grads: NonNegativeFloat = 4.0        # fp32 main gradients (Megatron accumulates in fp32)
+    master: NonNegativeFloat = 4.0       # fp32 master weights
+    optimizer: NonNegativeFloat = 8.0    # Adam m and v in fp32
+    grad_reduce: NonNegativeFloat = 4.0  # bytes per gradient element on the wire
+
+    @property
+    def optimizer_total(self) -> float:
+        return self.master + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer_total
+
+
+class JobSpec(BaseModel):
+    """What the user asks: batch, precision, memory reserve, pins and forbids."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    global_batch: PositiveInt | None = Field(default=None, description="fixed global batch (sequences)")
+    max_global_batch: PositiveInt = Field(default=3072, description="cap when the batch is free (seeds: 3072)")
+    dtype: ComputeDtype = "bf16"
+    hbm_reserve_gib: NonNegativeFloat = Field(
+        default=2.0, description="HBM kept free for the CUDA context, NCCL buffers and fragmentation")
+    flash_attention: bool = Field(default=True, description="fused attention: no s^2 activations stored")
+    bytes_per_param: BytesPerParam = BytesPerParam()
+    pins: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    allow_offload: bool = True
+    allow_idle_gpus: bool = False
+    framework: Literal["megatron", "any"] = "megatron"
+
+    @model_validator(mode="after")
+    def _pins(self) -> "JobSpec":
+        unknown = sorted(set(self.pins) - set(KNOBS))
+        if unknown:
+            raise ValueError(f"unknown knob {unknown[0]!r}; allowed: {', '.join(KNOBS)}")
+        if self.global_batch and self.global_batch > self.max_global_batch:
+            raise ValueError(f"global_batch ({self.global_batch}) exceeds max_global_batch "
+                             f"({self.max_global_batch})")
+        return self
+
+
+def load_plan(path: str | Path) -> Plan:
+    data = read_yaml_mapping(Path(path), "plan")
+    data = data.get("plan", data)  # accept a saved `planner plan --save` file too
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as err:
+        raise one_line(err, f"plan ({path})") from None
+
+
+def make_plan(**fields) -> Plan:
+    """Plan from keyword fields with one-line errors (CLI flags)."""
+    try:
+        return Plan.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as err:
+        raise one_line(err, "plan") from None
+
+
+__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan",
+           "SpecError"]
