@@ -1,0 +1,296 @@
+"""Checkpointing: how big is a checkpoint, who writes it, how fast storage must be, and how
+often to checkpoint given failures.
+
+Pure functions; units are in the names (bytes, seconds, hours, GB/s SI = 1e9 bytes/s).
+
+Assumptions (also listed in every `CheckpointReport`):
+- A checkpoint holds the bf16 weights, the fp32 master weights and Adam m, v
+  (2 + 4 + 8 = 14 B/param with the default `BytesPerParam`); gradients are not saved (they are
+  recomputed by the next step). RNG states, the data-loader position and the (tiny) scheduler
+  state are ignored.
+- Weights are sharded over tp*pp (Megatron: one file per model-parallel rank,
+  `mp_rank_XX_YYY/model_optim_rng.pt`); context-parallel ranks hold the same weights as their
+  cp peers, so they add no shard. Expert parallelism (MoE) is not modelled separately.
+- With the distributed optimizer (zero_stage >= 1) the optimizer state is sharded over dp*cp
+  and every rank writes its own shard (Megatron `distrib_optim.pt` per rank; torch_dist
+  "fully parallel save" spreads the weights over the dp ranks too), so the bytes are spread
+  evenly over all ranks.
+- Storage bandwidth is an aggregate (file system) figure; per-node NIC limits are not modelled.
+- Failures are independent and exponentially distributed (constant rate), the setting of
+  Young (1974) and Daly (2006). A checkpoint blocks training for its whole write time.
+"""
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+from hardware.errors import SpecError
+from hardware.spec import GB, SystemSpec
+from planner.model import ModelSpec
+from planner.plan import BytesPerParam, Plan
+
+SECONDS_PER_HOUR = 3600.0
+
+# Default per-GPU MTBF. Source: Llama 3 paper (Dubey et al. 2024, sec. 3.3.4): 419 unexpected
+# job interruptions in a 54-day snapshot on 16,384 H100 GPUs -> job MTBF = 54*24/419 = 3.09 h,
+# i.e. 3.09 h * 16,384 = ~50,700 GPU-hours per interruption (all causes, counted per GPU).
+DEFAULT_GPU_MTBF_HOURS = 50_000.0
+# Assumption: time to detect a failure, reschedule and re-initialise (NCCL, data loader) before
+# the checkpoint is read. The restore read time is added on top of it.
+DEFAULT_RESTART_S = 600.0
+
+
+def _positive(name: str, value: float) -> float:
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise SpecError(f"{name}: must be a positive number, got {value}")
+    return float(value)
+
+
+# ---- size ------------------------------------------------------------------------------------
+def checkpoint_bytes_per_param(bytes_per_param: BytesPerParam = BytesPerParam(),
+                               include_optimizer: bool = True) -> float:
+    """Bytes saved per parameter: weights (2) + fp32 master (4) + Adam m, v (8) = 14 by default.
+
+    Source: the mixed-precision Adam accounting of Rajbhandari et al. (ZeRO, 2020, sec. 3.1:
+    2 + 2 + 12 B/param during training); the fp16/bf16 gradients are not checkpointed.
+    """
+    if include_optimizer:
+        return bytes_per_param.weights + bytes_per_param.optimizer_total
+    return bytes_per_param.weights
+
+
+def checkpoint_weights_bytes(model: ModelSpec, bytes_per_param: BytesPerParam = BytesPerParam()) -> float:
+    """Bytes of the low-precision weights: P * weights B/param."""
+    return model.num_params * bytes_per_param.weights
+
+
+def checkpoint_optimizer_bytes(model: ModelSpec, bytes_per_param: BytesPerParam = BytesPerParam()) -> float:
+    """Bytes of the optimizer state: P * (fp32 master + Adam m, v) B/param."""
+    return model.num_params * bytes_per_param.optimizer_total
+
+
+def checkpoint_bytes(model: ModelSpec, bytes_per_param: BytesPerParam = BytesPerParam(),
+                     include_optimizer: bool = True) -> float:
+    """Size of one checkpoint = P * bytes/param. Depends on the model only, not on the plan,
+    the data or the GPU count (sharding splits it, it does not change the total)."""
+    return model.num_params * checkpoint_bytes_per_param(bytes_per_param, include_optimizer)
+
+
+# ---- who writes ------------------------------------------------------------------------------
+def model_parallel_shards(plan: Plan) -> int:
+    """Distinct weight shards = tp * pp (Megatron: one mp_rank_XX_YYY directory each); the
+    GPUs of one tp*pp group together hold one whole copy of the model."""
+    return plan.tp * plan.pp
+
+
+def writer_ranks(plan: Plan, include_optimizer: bool = True) -> int:
+    """Ranks that write: one data-parallel replica (tp*pp ranks) for plain DP; every rank
+    (dp*cp*tp*pp) with the distributed optimizer (zero_stage >= 1), each its optimizer shard."""
+    if include_optimizer and plan.zero_stage >= 1:
+        return plan.tp * plan.pp * plan.dp * plan.cp
+    if plan.zero_stage >= 3:  # FSDP: the weights themselves are sharded over all ranks
+        return plan.tp * plan.pp * plan.dp * plan.cp
+    return model_parallel_shards(plan)
+
+
+def checkpoint_files(plan: Plan, include_optimizer: bool = True) -> int:
+    """One file per writing rank (Megatron: model_optim_rng.pt or distrib_optim.pt per rank)."""
+    return writer_ranks(plan, include_optimizer)
+
+
+def bytes_per_writer(model: ModelSpec, plan: Plan, bytes_per_param: BytesPerParam = BytesPerParam(),
+                     include_optimizer: bool = True) -> float:
+    """Checkpoint bytes / writing ranks (writes assumed spread evenly over the writers)."""
+    return checkpoint_bytes(model, bytes_per_param, include_optimizer) / writer_ranks(plan, include_optimizer)
+
+
+# ---- write / read time -----------------------------------------------------------------------
+def write_time_s(size_bytes: float, write_gb_per_s: float) -> float:
+    """t = bytes / aggregate bandwidth (GB/s SI, 1e9 B/s)."""
+    return size_bytes / (_positive("write-gb-per-s", write_gb_per_s) * GB)
+
+
+def write_bandwidth_needed_gb_per_s(size_bytes: float, target_write_s: float) -> float:
+    """Aggregate bandwidth to write `size_bytes` in `target_write_s`: B = bytes / t (GB/s SI)."""
+    return size_bytes / _positive("target-write-s", target_write_s) / GB
+
+
+def restore_read_bytes(model: ModelSpec, plan: Plan, bytes_per_param: BytesPerParam = BytesPerParam(),
+                       include_optimizer: bool = True) -> float:
+    """Bytes read from storage on restart, every rank reading what it holds.
+
+    Each of the dp*cp replicas needs the full weights. The optimizer state is read in full by
+    every replica with plain DP (zero_stage 0: each replica holds it all), only once in total
+    with a sharded optimizer (zero_stage >= 1); with ZeRO-3/FSDP the weights are sharded too,
+    so the whole checkpoint is read exactly once. (Reading once and broadcasting over the
+    network would cut the storage reads to one copy; not modelled.)
+    """
+    replicas = plan.dp * plan.cp
+    weights = checkpoint_weights_bytes(model, bytes_per_param)
+    optimizer = checkpoint_optimizer_bytes(model, bytes_per_param) if include_optimizer else 0.0
+    if plan.zero_stage >= 3:
+        return weights + optimizer
+    if plan.zero_stage >= 1:
+        return replicas * weights + optimizer
+    return replicas * (weights + optimizer)
+
+
+def restore_time_s(read_bytes: float, read_gb_per_s: float) -> float:
+    """t = bytes read / aggregate read bandwidth (GB/s SI)."""
+    return read_bytes / (_positive("read-gb-per-s", read_gb_per_s) * GB)
+
+
+# ---- reliability -----------------------------------------------------------------------------
+def job_mtbf_s(num_gpus: int, gpu_mtbf_hours: float | None = None, node_mtbf_hours: float | None = None,
+               gpus_per_node: int = 8) -> float:
+    """MTBF of a job that stops on any failure: independent exponential failures add their
+    rates, so MTBF_job = MTBF_unit / units (units = GPUs, or nodes = ceil(GPUs / per node)).
+    Without either MTBF, the default per-GPU MTBF (DEFAULT_GPU_MTBF_HOURS) is used."""
+    if gpu_mtbf_hours is not None and node_mtbf_hours is not None:
+        raise SpecError("mtbf: give either gpu-mtbf-hours or node-mtbf-hours, not both")
+    if num_gpus < 1:
+        raise SpecError(f"gpus: must be a positive integer, got {num_gpus}")
+    if node_mtbf_hours is not None:
+        nodes = math.ceil(num_gpus / gpus_per_node)
+        return _positive("node-mtbf-hours", node_mtbf_hours) * SECONDS_PER_HOUR / nodes
+    per_gpu = DEFAULT_GPU_MTBF_HOURS if gpu_mtbf_hours is None else gpu_mtbf_hours
+    return _positive("gpu-mtbf-hours", per_gpu) * SECONDS_PER_HOUR / num_gpus
+
+
+def young_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """Young (1974), "A first order approximation to the optimum checkpoint interval":
+    tau = sqrt(2 C M), compute time between checkpoints."""
+    return math.sqrt(2.0 * _positive("checkpoint time", checkpoint_s) * _positive("mtbf", mtbf_s))
+
+
+def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
+    """Daly (2006), "A higher order estimate of the optimum checkpoint interval for restart
+    dumps", FGCS 22(3): tau = sqrt(2CM) * (1 + sqrt(C/2M)/3 + (C/2M)/9) - C for C < 2M, else M."""
+    c, m = _positive("checkpoint time", checkpoint_s), _positive("mtbf", mtbf_s)
+    if c >= 2.0 * m:
+        return m
+    x = c / (2.0 * m)
+    return math.sqrt(2.0 * c * m) * (1.0 + math.sqrt(x) / 3.0 + x / 9.0) - c
+
+
+def goodput_fraction(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
+    """Useful time / wall time, first order in 1/M (valid when tau, C, R << M):
+    1 - C/tau - (tau/2 + R + C)/M. C/tau: checkpoint overhead per interval; per failure (rate 1/M)
+    half an interval of work is lost on average, plus the restart R and one checkpoint.
+    Clamped to [0, 1]."""
+    tau = _positive("interval", interval_s)
+    m = _positive("mtbf", mtbf_s)
+    if checkpoint_s < 0 or restart_s < 0:
+        raise SpecError("checkpoint time and restart time must be >= 0")
+    g = 1.0 - checkpoint_s / tau - (tau / 2.0 + restart_s + checkpoint_s) / m
+    return min(1.0, max(0.0, g))
+
+
+# ---- report ----------------------------------------------------------------------------------
+class CheckpointReport(BaseModel):
+    """Everything `planner checkpoint` prints, for one (model, system, plan, storage, MTBF)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    system: str
+    num_gpus: int
+    gpus_per_node: int
+    plan: str
+    zero_stage: int
+    num_params: int
+    include_optimizer: bool
+    checkpoint_bytes_per_param: float
+    weights_bytes: float
+    optimizer_bytes: float
+    checkpoint_bytes: float
+    model_copy_gpus: int
+    model_copy_nodes: int
+    writer_ranks: int
+    files: int
+    bytes_per_writer: float
+    write_gb_per_s: float
+    write_s: float
+    target_write_s: float
+    write_gb_per_s_needed: float
+    read_gb_per_s: float
+    read_bytes: float
+    restore_s: float
+    gpu_mtbf_hours: float | None
+    node_mtbf_hours: float | None
+    job_mtbf_s: float
+    restart_s: float
+    recovery_s: float
+    young_interval_s: float
+    daly_interval_s: float
+    goodput_young: float
+    goodput_daly: float
+    assumptions: list[str]
+
+
+def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb_per_s: float,
+                      read_gb_per_s: float, target_write_s: float = 60.0,
+                      gpu_mtbf_hours: float | None = None, node_mtbf_hours: float | None = None,
+                      restart_s: float = DEFAULT_RESTART_S,
+                      bytes_per_param: BytesPerParam = BytesPerParam(),
+                      include_optimizer: bool = True) -> CheckpointReport:
+    """Size, writers, write/restore time, job MTBF and the Young/Daly intervals for one setup.
+    The checkpoint cost C is the blocking write time; the recovery after a failure is the
+    restart time R plus the restore read time."""
+    if plan.gpus != system.num_gpus:
+        raise SpecError(f"plan: tp*pp*dp*cp = {plan.tp}*{plan.pp}*{plan.dp}*{plan.cp} = {plan.gpus} "
+                        f"must equal the number of GPUs ({system.num_gpus})")
+    if restart_s is None or not math.isfinite(restart_s) or restart_s < 0:
+        raise SpecError(f"restart-s: must be >= 0, got {restart_s}")
+    _positive("write-gb-per-s", write_gb_per_s)
+    _positive("read-gb-per-s", read_gb_per_s)
+    _positive("target-write-s", target_write_s)
+    if gpu_mtbf_hours is None and node_mtbf_hours is None:
+        gpu_mtbf_hours = DEFAULT_GPU_MTBF_HOURS
+
+    size = checkpoint_bytes(model, bytes_per_param, include_optimizer)
+    write_s = write_time_s(size, write_gb_per_s)
+    read_bytes = restore_read_bytes(model, plan, bytes_per_param, include_optimizer)
+    restore_s = restore_time_s(read_bytes, read_gb_per_s)
+    mtbf = job_mtbf_s(system.num_gpus, gpu_mtbf_hours, node_mtbf_hours, system.gpus_per_node)
+    recovery = restart_s + restore_s
+    young = young_interval_s(write_s, mtbf)
+    daly = daly_interval_s(write_s, mtbf)
+    copy_gpus = model_parallel_shards(plan)
+    return CheckpointReport(
+        model=model.name, system=system.name, num_gpus=system.num_gpus,
+        gpus_per_node=system.gpus_per_node, plan=plan.short(), zero_stage=plan.zero_stage,
+        num_params=model.num_params, include_optimizer=include_optimizer,
+        checkpoint_bytes_per_param=checkpoint_bytes_per_param(bytes_per_param, include_optimizer),
+        weights_bytes=checkpoint_weights_bytes(model, bytes_per_param),
+        optimizer_bytes=checkpoint_optimizer_bytes(model, bytes_per_param) if include_optimizer else 0.0,
+        checkpoint_bytes=size, model_copy_gpus=copy_gpus,
+        model_copy_nodes=math.ceil(copy_gpus / system.gpus_per_node),
+        writer_ranks=writer_ranks(plan, include_optimizer), files=checkpoint_files(plan, include_optimizer),
+        bytes_per_writer=bytes_per_writer(model, plan, bytes_per_param, include_optimizer),
+        write_gb_per_s=write_gb_per_s, write_s=write_s, target_write_s=target_write_s,
+        write_gb_per_s_needed=write_bandwidth_needed_gb_per_s(size, target_write_s),
+        read_gb_per_s=read_gb_per_s, read_bytes=read_bytes, restore_s=restore_s,
+        gpu_mtbf_hours=gpu_mtbf_hours, node_mtbf_hours=node_mtbf_hours, job_mtbf_s=mtbf,
+        restart_s=restart_s, recovery_s=recovery, young_interval_s=young, daly_interval_s=daly,
+        goodput_young=goodput_fraction(young, write_s, mtbf, recovery),
+        goodput_daly=goodput_fraction(daly, write_s, mtbf, recovery),
+        assumptions=[
+            "checkpoint = weights + fp32 master + Adam m,v; gradients not saved",
+            "writes spread evenly over the writing ranks; bandwidths are aggregate (GB/s = 1e9 B/s)",
+            "checkpoint blocks training for its write time (no asynchronous save)",
+            "restore: every rank reads what it holds from storage (no read-once-and-broadcast)",
+            "failures independent, exponential; job MTBF = unit MTBF / units",
+            "goodput is first order in 1/MTBF; recovery = restart + restore",
+        ],
+    )
+
+
+__all__ = [
+    "DEFAULT_GPU_MTBF_HOURS", "DEFAULT_RESTART_S", "CheckpointReport", "checkpoint_bytes_per_param",
+    "checkpoint_weights_bytes", "checkpoint_optimizer_bytes", "checkpoint_bytes", "model_parallel_shards",
+    "writer_ranks", "checkpoint_files", "bytes_per_writer", "write_time_s", "write_bandwidth_needed_gb_per_s",
+    "restore_read_bytes", "restore_time_s", "job_mtbf_s", "young_interval_s", "daly_interval_s",
+    "goodput_fraction", "checkpoint_report",
+]
