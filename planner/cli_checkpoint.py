@@ -1,0 +1,165 @@
+"""`planner checkpoint`: checkpoint size, writers, storage bandwidth, restore time and the
+optimal checkpoint interval (Young 1974 / Daly 2006) for one model, system and plan layout."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Optional
+
+import typer
+
+from hardware.errors import SpecError
+from planner.checkpoint import (DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport,
+                                checkpoint_report)
+from planner.cli_common import (DEFAULT_MODEL, DEFAULT_SYSTEM, GpusOpt, JsonOpt, ModelOpt,
+                                SystemOpt, load_inputs)
+from planner.plan import make_plan
+
+# Assumption (no single source): an aggregate parallel-file-system write bandwidth of the order
+# of a large Lustre/GPFS installation. Pass your storage's measured figure.
+DEFAULT_WRITE_GB_PER_S = 100.0
+DEFAULT_TARGET_WRITE_S = 60.0
+
+_Int = Optional[int]
+
+
+def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | None, dp: int | None,
+                   cp: int | None) -> tuple[int, int, int, int]:
+    """tp = min(8, GPUs per node), pp = 1, cp = 1 unless given; dp = GPUs / (tp*pp*cp).
+    The product must equal the GPU count."""
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
+        if value is not None and value < 1:
+            raise SpecError(f"{name}: must be a positive integer, got {value}")
+    tp = tp if tp is not None else min(8, gpus_per_node, num_gpus)
+    pp = pp if pp is not None else 1
+    cp = cp if cp is not None else 1
+    model_parallel = tp * pp * cp
+    if dp is None:
+        if num_gpus % model_parallel:
+            raise SpecError(f"plan: tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel} does not divide the "
+                            f"number of GPUs ({num_gpus}); pass --dp or change --gpus")
+        dp = num_gpus // model_parallel
+    if tp * pp * dp * cp != num_gpus:
+        raise SpecError(f"plan: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} must equal the "
+                        f"number of GPUs ({num_gpus})")
+    return tp, pp, dp, cp
+
+
+def _duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "inf"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def render(report: CheckpointReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    r = report
+    mtbf_src = (f"{r.node_mtbf_hours:,.0f} h per node" if r.node_mtbf_hours is not None
+                else f"{r.gpu_mtbf_hours:,.0f} h per GPU")
+    table = Table(title=f"Checkpoint: {r.model} on {r.num_gpus} GPUs ({r.system}), {r.plan}",
+                  show_header=True, header_style="bold")
+    table.add_column("quantity")
+    table.add_column("value", justify="right")
+    table.add_column("how")
+    what = "weights + fp32 master + Adam m,v" if r.include_optimizer else "weights only"
+    rows = [
+        ("parameters", f"{r.num_params / 1e9:,.1f} B", "model"),
+        ("bytes per parameter", f"{r.checkpoint_bytes_per_param:g}", what),
+        ("checkpoint size", _bytes(r.checkpoint_bytes),
+         f"weights {_bytes(r.weights_bytes)} + optimizer {_bytes(r.optimizer_bytes)}"),
+        ("one model copy", f"{r.model_copy_gpus} GPUs = {r.model_copy_nodes} node{'s' if r.model_copy_nodes > 1 else ''}", "tp*pp shards"),
+        ("writing ranks = files", f"{r.writer_ranks:,}",
+         "every rank (distributed optimizer)" if r.writer_ranks > r.model_copy_gpus
+         else "one data-parallel replica"),
+        ("bytes per writing rank", _bytes(r.bytes_per_writer), "size / writers"),
+        ("write time", _duration(r.write_s), f"at {r.write_gb_per_s:g} GB/s aggregate"),
+        ("write bandwidth needed", f"{r.write_gb_per_s_needed:,.1f} GB/s",
+         f"to write in {r.target_write_s:g} s"),
+        ("restore reads", _bytes(r.read_bytes), "every rank reads what it holds"),
+        ("restore time", _duration(r.restore_s), f"at {r.read_gb_per_s:g} GB/s aggregate"),
+        ("job MTBF", _duration(r.job_mtbf_s), mtbf_src),
+        ("recovery per failure", _duration(r.recovery_s),
+         f"restart {_duration(r.restart_s)} + restore"),
+        ("interval (Young 1974)", _duration(r.young_interval_s), "sqrt(2 C M)"),
+        ("interval (Daly 2006)", _duration(r.daly_interval_s), "higher-order"),
+        ("goodput at Young", f"{100 * r.goodput_young:.2f} %", "1 - C/t - (t/2 + R + C)/M"),
+        ("goodput at Daly", f"{100 * r.goodput_daly:.2f} %", "first order in 1/M"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    console = Console()
+    console.print(table)
+    console.print("Assumptions: " + "; ".join(r.assumptions) + ".", style="dim")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("checkpoint")
+    def checkpoint(
+        model: ModelOpt = DEFAULT_MODEL,
+        system: SystemOpt = DEFAULT_SYSTEM,
+        gpus: GpusOpt = None,
+        tp: Annotated[_Int, typer.Option("--tp", help="Tensor parallel size (default: min(8, GPUs per node)).")] = None,
+        pp: Annotated[_Int, typer.Option("--pp", help="Pipeline parallel size (default 1).")] = None,
+        dp: Annotated[_Int, typer.Option("--dp", help="Data parallel size (default GPUs/(tp*pp*cp)).")] = None,
+        cp: Annotated[_Int, typer.Option("--cp", help="Context parallel size (default 1).")] = None,
+        zero_stage: Annotated[int, typer.Option(
+            "--zero-stage", help="0 plain DP, 1 distributed optimizer (every rank writes its shard), 2, 3.")] = 1,
+        write_gb_per_s: Annotated[float, typer.Option(
+            "--write-gb-per-s", help="Aggregate storage write bandwidth, GB/s (1e9 B/s). Default is an assumption.")
+        ] = DEFAULT_WRITE_GB_PER_S,
+        read_gb_per_s: Annotated[Optional[float], typer.Option(
+            "--read-gb-per-s", help="Aggregate storage read bandwidth, GB/s (default: the write bandwidth).")
+        ] = None,
+        target_write_s: Annotated[float, typer.Option(
+            "--target-write-s", help="Write a checkpoint within this many seconds: bandwidth needed.")
+        ] = DEFAULT_TARGET_WRITE_S,
+        gpu_mtbf_hours: Annotated[Optional[float], typer.Option(
+            "--gpu-mtbf-hours",
+            help=f"Per-GPU MTBF in hours (default {DEFAULT_GPU_MTBF_HOURS:,.0f}: Llama 3 paper, 419 "
+                 "unexpected interruptions in 54 days on 16,384 GPUs).")] = None,
+        node_mtbf_hours: Annotated[Optional[float], typer.Option(
+            "--node-mtbf-hours", help="Per-node MTBF in hours (instead of --gpu-mtbf-hours).")] = None,
+        restart_s: Annotated[float, typer.Option(
+            "--restart-s", help="Seconds to detect a failure and restart, before the restore read "
+                                "(default is an assumption).")] = DEFAULT_RESTART_S,
+        weights_only: Annotated[bool, typer.Option(
+            "--weights-only", help="Checkpoint the weights only (no optimizer state).")] = False,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Checkpoint size, who writes it, storage bandwidth and the optimal checkpoint interval."""
+        try:
+            if gpu_mtbf_hours is not None and node_mtbf_hours is not None:
+                raise SpecError("mtbf: give either --gpu-mtbf-hours or --node-mtbf-hours, not both")
+            if zero_stage not in (0, 1, 2, 3):
+                raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
+            spec, sysspec = load_inputs(model, system, gpus)
+            t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp)
+            plan = make_plan(tp=t, pp=p, dp=d, cp=c, zero_stage=zero_stage, global_batch=d)
+            report = checkpoint_report(
+                spec, sysspec, plan, write_gb_per_s=write_gb_per_s,
+                read_gb_per_s=write_gb_per_s if read_gb_per_s is None else read_gb_per_s,
+                target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
+                node_mtbf_hours=node_mtbf_hours, restart_s=restart_s,
+                include_optimizer=not weights_only)
+        except SpecError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+        if as_json:
+            typer.echo(json.dumps(report.model_dump(), indent=2))
+        else:
+            render(report)
