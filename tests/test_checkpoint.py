@@ -1,0 +1,181 @@
+"""Checkpoint sizing, storage bandwidth and interval, against hand calculations."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hardware import load_system
+from hardware.errors import SpecError
+from planner import checkpoint as ck
+from planner.model import load_model
+from planner.plan import BytesPerParam, Plan
+
+GPT3_PARAMS = 174_615_846_912  # planner/presets/gpt3-175b.yaml (Narayanan et al.: 174.6B)
+
+
+@pytest.fixture(scope="module")
+def gpt3():
+    return load_model("gpt3-175b")
+
+
+def plan(tp=8, pp=8, dp=16, cp=1, zero_stage=0) -> Plan:
+    return Plan(tp=tp, pp=pp, dp=dp, cp=cp, zero_stage=zero_stage, global_batch=dp)
+
+
+# ---- size ------------------------------------------------------------------------------------
+def test_gpt3_checkpoint_is_14_bytes_per_param(gpt3):
+    assert gpt3.num_params == GPT3_PARAMS
+    assert ck.checkpoint_bytes_per_param() == 14.0  # 2 weights + 4 master + 8 Adam m, v
+    size = ck.checkpoint_bytes(gpt3)
+    assert size == GPT3_PARAMS * 14
+    assert size == pytest.approx(174.6e9 * 14, rel=1e-3)  # ~2.44 TB
+    assert ck.checkpoint_weights_bytes(gpt3) + ck.checkpoint_optimizer_bytes(gpt3) == size
+
+
+def test_weights_only_and_custom_accounting(gpt3):
+    assert ck.checkpoint_bytes(gpt3, include_optimizer=False) == GPT3_PARAMS * 2
+    fp32 = BytesPerParam(weights=4, master=0, optimizer=8)
+    assert ck.checkpoint_bytes(gpt3, fp32) == GPT3_PARAMS * 12
+
+
+def test_size_independent_of_gpus_and_plan(gpt3):
+    sizes = set()
+    for gpus, p in ((1024, plan(8, 8, 16)), (512, plan(8, 1, 64, zero_stage=1)),
+                    (64, plan(4, 4, 2, cp=2, zero_stage=3))):
+        system = load_system("a100-80g", gpus)
+        report = ck.checkpoint_report(gpt3, system, p, write_gb_per_s=100, read_gb_per_s=100)
+        sizes.add(report.checkpoint_bytes)
+    assert sizes == {GPT3_PARAMS * 14}
+
+
+# ---- who writes ------------------------------------------------------------------------------
+def test_writers_plain_dp_one_replica(gpt3):
+    p = plan(8, 8, 16, zero_stage=0)
+    assert ck.writer_ranks(p) == ck.checkpoint_files(p) == 64  # one file per model-parallel rank
+    assert ck.model_parallel_shards(p) == 64  # 8 DGX nodes hold one copy of the model
+    assert ck.bytes_per_writer(gpt3, p) == pytest.approx(GPT3_PARAMS * 14 / 64)  # ~38.2 GB
+
+
+def test_writers_distributed_optimizer_every_rank(gpt3):
+    p = plan(8, 8, 16, zero_stage=1)
+    assert ck.writer_ranks(p) == 1024
+    assert ck.bytes_per_writer(gpt3, p) == pytest.approx(GPT3_PARAMS * 14 / 1024)
+    # weights-only: the sharded optimizer is not saved, one replica writes again
+    assert ck.writer_ranks(p, include_optimizer=False) == 64
+
+
+def test_restore_read_bytes(gpt3):
+    w, o = GPT3_PARAMS * 2, GPT3_PARAMS * 12
+    assert ck.restore_read_bytes(gpt3, plan(zero_stage=0)) == 16 * (w + o)  # each replica: all
+    assert ck.restore_read_bytes(gpt3, plan(zero_stage=1)) == 16 * w + o    # optimizer once
+    assert ck.restore_read_bytes(gpt3, plan(zero_stage=3)) == w + o         # everything once
+    assert ck.restore_time_s(2e12, 100) == pytest.approx(20.0)
+
+
+# ---- bandwidth -------------------------------------------------------------------------------
+def test_write_time_and_bandwidth_needed(gpt3):
+    size = ck.checkpoint_bytes(gpt3)
+    assert ck.write_time_s(size, 100) == pytest.approx(size / 100e9)   # ~24.4 s
+    assert ck.write_time_s(size, 1000) == pytest.approx(size / 1e12)   # ~2.4 s
+    assert ck.write_bandwidth_needed_gb_per_s(size, 60) == pytest.approx(size / 60 / 1e9)  # ~40.7
+    # round trip: writing at the needed bandwidth takes the target time
+    assert ck.write_time_s(size, ck.write_bandwidth_needed_gb_per_s(size, 42)) == pytest.approx(42)
+    for bad in (0, -1, float("nan")):
+        with pytest.raises(SpecError):
+            ck.write_time_s(size, bad)
+
+
+# ---- reliability -----------------------------------------------------------------------------
+def test_job_mtbf_scales_inversely_with_gpus():
+    assert ck.job_mtbf_s(1024, 50_000) == pytest.approx(50_000 * 3600 / 1024)  # 175,781.25 s
+    assert ck.job_mtbf_s(2048, 50_000) == pytest.approx(ck.job_mtbf_s(1024, 50_000) / 2)
+    assert ck.job_mtbf_s(1024) == ck.job_mtbf_s(1024, ck.DEFAULT_GPU_MTBF_HOURS)
+    assert ck.job_mtbf_s(1024, node_mtbf_hours=1000, gpus_per_node=8) == pytest.approx(1000 * 3600 / 128)
+    with pytest.raises(SpecError):
+        ck.job_mtbf_s(1024, 50_000, 1000)
+
+
+def test_young_interval():
+    assert ck.young_interval_s(60, 30_000) == pytest.approx(math.sqrt(3.6e6))  # 1897.37 s
+    assert ck.young_interval_s(60, 30_000) == pytest.approx(1897.3666, rel=1e-7)
+
+
+def test_daly_interval_hand_case():
+    # C = 300 s, M = 30,000 s: C/2M = 0.005, sqrt(2CM) = 4242.6407,
+    # factor 1 + 0.0707107/3 + 0.005/9 = 1.0241258 -> 4344.9977 - 300 = 4044.9977 s
+    assert ck.daly_interval_s(300, 30_000) == pytest.approx(4044.9977, rel=1e-6)
+    assert ck.daly_interval_s(300, 30_000) < ck.young_interval_s(300, 30_000)
+    assert ck.daly_interval_s(1000, 400) == 400  # C >= 2M: checkpoint every MTBF
+
+
+def test_goodput_first_order():
+    # tau 1000, C 10, M 1e5, R 100: 1 - 0.01 - (500 + 100 + 10)/1e5 = 0.9839
+    assert ck.goodput_fraction(1000, 10, 1e5, 100) == pytest.approx(0.9839)
+    young = ck.young_interval_s(10, 1e5)
+    best = ck.goodput_fraction(young, 10, 1e5)
+    assert best >= ck.goodput_fraction(0.8 * young, 10, 1e5)
+    assert best >= ck.goodput_fraction(1.25 * young, 10, 1e5)
+    assert ck.goodput_fraction(1e9, 10, 1e5) == 0.0  # clamped
+
+
+def test_report_gpt3_1024(gpt3):
+    system = load_system("a100-80g", 1024)
+    r = ck.checkpoint_report(gpt3, system, plan(8, 8, 16, zero_stage=0), write_gb_per_s=100,
+                             read_gb_per_s=200, target_write_s=30, gpu_mtbf_hours=50_000, restart_s=300)
+    assert r.model_copy_gpus == 64 and r.model_copy_nodes == 8 and r.files == 64
+    assert r.write_s == pytest.approx(GPT3_PARAMS * 14 / 100e9)
+    assert r.write_gb_per_s_needed == pytest.approx(GPT3_PARAMS * 14 / 30e9)
+    assert r.restore_s == pytest.approx(16 * GPT3_PARAMS * 14 / 200e9)
+    assert r.recovery_s == pytest.approx(300 + r.restore_s)
+    assert r.young_interval_s == pytest.approx(math.sqrt(2 * r.write_s * 50_000 * 3600 / 1024))
+    with pytest.raises(SpecError, match="must equal the number of GPUs"):
+        ck.checkpoint_report(gpt3, system, plan(8, 8, 8), write_gb_per_s=100, read_gb_per_s=100)
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    from planner.cli import app
+    # With only one sub-command registered typer runs it as the app itself (no group).
+    is_group = hasattr(typer.main.get_command(app), "commands")
+    return runner.invoke(app, (["checkpoint"] if is_group else []) + list(args))
+
+
+def test_cli_table():
+    result = invoke("--model", "gpt3-175b", "--system", "a100-80g", "--gpus", "1024",
+                    "--tp", "8", "--pp", "8", "--zero-stage", "0")
+    assert result.exit_code == 0, result.output
+    assert "2.44 TB" in result.output and "Young" in result.output and "Daly" in result.output
+    assert "64 GPUs = 8 nodes" in result.output
+
+
+def test_cli_json_defaults_layout():
+    result = invoke("--gpus", "1024", "--pp", "8", "--json", "--write-gb-per-s", "1000")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["plan"].startswith("tp8 pp8 dp16")
+    assert data["checkpoint_bytes"] == GPT3_PARAMS * 14
+    assert data["writer_ranks"] == 1024  # default zero_stage 1: distributed optimizer
+    assert data["write_s"] == pytest.approx(GPT3_PARAMS * 14 / 1e12)
+
+
+@pytest.mark.parametrize("args", [
+    ("--write-gb-per-s", "-5"),
+    ("--read-gb-per-s", "0"),
+    ("--tp", "8", "--pp", "8", "--dp", "8"),
+    ("--gpu-mtbf-hours", "50000", "--node-mtbf-hours", "1000"),
+    ("--tp", "3"),
+    ("--restart-s", "-1"),
+    ("--model", "no-such-model"),
+])
+def test_cli_bad_input_exit_2(args):
+    result = invoke("--gpus", "1024", *args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert "error:" in result.output
