@@ -78,6 +78,12 @@ def checkpoint_bytes(model: ModelSpec, bytes_per_param: BytesPerParam = BytesPer
 
 
 # ---- who writes ------------------------------------------------------------------------------
+def layout_label(plan: Plan) -> str:
+    """The knobs that matter for checkpointing, e.g. 'tp8 pp8 dp16 zero0'."""
+    cp = f" cp{plan.cp}" if plan.cp > 1 else ""
+    return f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{cp} zero{plan.zero_stage}"
+
+
 def model_parallel_shards(plan: Plan) -> int:
     """Distinct weight shards = tp * pp (Megatron: one mp_rank_XX_YYY directory each); the
     GPUs of one tp*pp group together hold one whole copy of the model."""
@@ -260,7 +266,7 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
     copy_gpus = model_parallel_shards(plan)
     return CheckpointReport(
         model=model.name, system=system.name, num_gpus=system.num_gpus,
-        gpus_per_node=system.gpus_per_node, plan=plan.short(), zero_stage=plan.zero_stage,
+        gpus_per_node=system.gpus_per_node, plan=layout_label(plan), zero_stage=plan.zero_stage,
         num_params=model.num_params, include_optimizer=include_optimizer,
         checkpoint_bytes_per_param=checkpoint_bytes_per_param(bytes_per_param, include_optimizer),
         weights_bytes=checkpoint_weights_bytes(model, bytes_per_param),
@@ -289,7 +295,8 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
 
 __all__ = [
     "DEFAULT_GPU_MTBF_HOURS", "DEFAULT_RESTART_S", "CheckpointReport", "checkpoint_bytes_per_param",
-    "checkpoint_weights_bytes", "checkpoint_optimizer_bytes", "checkpoint_bytes", "model_parallel_shards",
+    "checkpoint_weights_bytes", "checkpoint_optimizer_bytes", "checkpoint_bytes", "layout_label",
+    "model_parallel_shards",
     "writer_ranks", "checkpoint_files", "bytes_per_writer", "write_time_s", "write_bandwidth_needed_gb_per_s",
     "restore_read_bytes", "restore_time_s", "job_mtbf_s", "young_interval_s", "daly_interval_s",
     "goodput_fraction", "checkpoint_report",
