@@ -296,8 +296,7 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
 __all__ = [
     "DEFAULT_GPU_MTBF_HOURS", "DEFAULT_RESTART_S", "CheckpointReport", "checkpoint_bytes_per_param",
     "checkpoint_weights_bytes", "checkpoint_optimizer_bytes", "checkpoint_bytes", "layout_label",
-    "model_parallel_shards",
-    "writer_ranks", "checkpoint_files", "bytes_per_writer", "write_time_s", "write_bandwidth_needed_gb_per_s",
-    "restore_read_bytes", "restore_time_s", "job_mtbf_s", "young_interval_s", "daly_interval_s",
-    "goodput_fraction", "checkpoint_report",
+    "model_parallel_shards", "writer_ranks", "checkpoint_files", "bytes_per_writer", "write_time_s",
+    "write_bandwidth_needed_gb_per_s", "restore_read_bytes", "restore_time_s", "job_mtbf_s",
+    "young_interval_s", "daly_interval_s", "goodput_fraction", "checkpoint_report",
 ]
