@@ -1,0 +1,140 @@
+"""The exact analytical model's API: `estimate` for one plan, `estimate_many` for numpy columns.
+
+Both run the same vectorised code, so they cannot drift apart; tests check that a batch gives
+the same numbers as its rows one by one.
+"""
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from hardware.spec import SystemSpec
+from planner.analytical import flops
+from planner.analytical.memory import memory_breakdown
+from planner.analytical.plans import PlanArrays
+from planner.analytical.time import step_time
+from planner.model import ModelSpec
+from planner.plan import JobSpec, Plan
+
+# Every rule a plan can break, with the words a user sees. Bit i of `violations` is RULES[i].
+RULES: dict[str, str] = {
+    "gpus": "tp·pp·dp·cp must equal the GPU count",
+    "heads_tp": "attention heads must be divisible by tp",
+    "groups_tp": "query groups must be a multiple or a divisor of tp",
+    "hidden_tp": "hidden and ffn sizes must be divisible by tp",
+    "layers_pp": "layers must be divisible by pp·vpp",
+    "batch": "global batch must be a multiple of micro_batch·dp",
+    "vpp_needs_pp": "interleaving (vpp > 1) needs pp > 1",
+    "vpp_microbatches": "with interleaving the number of microbatches must be a multiple of pp",
+    "experts_ep": "experts must be divisible by ep, and ep must divide dp·cp",
+    "cp_seq": "sequence length must be a multiple of 2·cp",
+    "tp_overlap_needs_sp": "tp comm overlap needs sequence parallelism",
+    "hbm": "per-GPU memory exceeds HBM capacity minus the reserve",
+    "offload_capacity": "offloaded bytes exceed the offload tier (or there is none)",
+}
+RULE_BITS = {name: 1 << i for i, name in enumerate(RULES)}
+
+
+def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> np.ndarray:
+    t, p, dp, c, v = P.tp, P.pp, P.dp, P.cp, P.vpp
+    gpus = t * p * dp * c
+    m = P.global_batch / (P.micro_batch * dp)
+    g = model.kv_groups
+    E = model.moe.num_experts if model.moe else 1
+    checks = {
+        "gpus": (gpus > system.num_gpus) if job.allow_idle_gpus else (gpus != system.num_gpus),
+        "heads_tp": model.heads % t != 0,
+        "groups_tp": (g % t != 0) & (t % g != 0),
+        "hidden_tp": (model.hidden % t != 0) | (model.ffn_hidden % t != 0)
+        | ((model.expert_ffn_hidden % t != 0) if model.moe else False),
+        "layers_pp": model.layers % (p * v) != 0,
+        "batch": P.global_batch % (P.micro_batch * dp) != 0,
+        "vpp_needs_pp": (v > 1) & (p == 1),
+        "vpp_microbatches": (v > 1) & ((m < p) | (np.mod(m, p) != 0)),
+        "experts_ep": (E % P.ep != 0) | (np.mod(dp * c, P.ep) != 0) | ((P.ep > 1) & (model.moe is None)),
+        "cp_seq": (c > 1) & (model.seq_length % (2 * c) != 0),
+        "tp_overlap_needs_sp": (P.tp_comm_overlap > 0) & ~((P.sequence_parallel > 0) & (t > 1)),
+        "hbm": mem["hbm_bytes"] > mem["hbm_capacity_bytes"],
+        "offload_capacity": mem["offload_bytes"] > mem["offload_capacity_bytes"] * (1 + 1e-12),
+    }
+    bits = np.zeros(len(P), dtype=np.int64)
+    for name, broken in checks.items():
+        bits |= np.where(np.broadcast_to(broken, (len(P),)), RULE_BITS[name], 0)
+    return bits
+
+
+def violated_rules(bits: int) -> list[str]:
+    return [name for name, bit in RULE_BITS.items() if bits & bit]
+
+
+def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
+    """Time and memory of every plan in `P`: a dict of equal-length arrays."""
+    mem = memory_breakdown(model, system, job, P)
+    times = step_time(model, system, job, P, mem)
+    tokens = P.global_batch * model.seq_length
+    gpus = P.tp * P.pp * P.dp * P.cp
+    peak = system.accelerator.peak(job.dtype)
+    model_flops = tokens * flops.model_flops_per_token(model)
+    # hardware FLOPs executed: + recomputed layers' forward (full) or attention core (selective)
+    layer_fwd = flops.layer_matmul_flops_per_token(model) + flops.attention_core_flops_per_token(model)
+    rc_layers = np.where(P.recompute == 2, P.recompute_layers * P.pp, 0.0)
+    extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * flops.attention_core_flops_per_token(model), 0.0)
+    hw_flops = model_flops + tokens * extra
+    step = times["step_time_s"]
+    out = {**times, **mem}
+    out.update({
+        "model_flops": model_flops, "hardware_flops": hw_flops,
+        "mfu": model_flops / (step * gpus * peak), "hfu": hw_flops / (step * gpus * peak),
+        "tokens_per_s": tokens / step,
+        "violations": rule_violations(model, system, job, P, mem),
+    })
+    return out
+
+
+TIME_FIELDS = ("forward_s", "backward_s", "recompute_s", "tp_comm_exposed_s", "cp_ep_comm_exposed_s",
+               "pp_bubble_s", "pp_p2p_s", "dp_comm_exposed_s", "offload_exposed_s", "optimizer_step_s")
+MEMORY_FIELDS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "workspace_bytes")
+
+
+class Estimate(BaseModel):
+    """Time and per-GPU memory of one plan, with the rules it breaks."""
+
+    model_config = ConfigDict(frozen=True)
+    plan: Plan
+    step_time_s: float
+    time_breakdown_s: dict[str, float]
+    hbm_bytes: float
+    hbm_capacity_bytes: float
+    memory_breakdown_bytes: dict[str, float]
+    offload_bytes: float
+    offload_capacity_bytes: float
+    mfu: float
+    hfu: float
+    tokens_per_s: float
+    model_flops: float
+    hardware_flops: float
+    violations: list[str]
+
+    @property
+    def feasible(self) -> bool:
+        return not self.violations
+
+
+def estimate_from_row(result: dict[str, np.ndarray], i: int, plan: Plan) -> Estimate:
+    f = {k: float(v[i]) for k, v in result.items() if k != "violations"}
+    return Estimate(
+        plan=plan, step_time_s=f["step_time_s"],
+        time_breakdown_s={k: f[k] for k in TIME_FIELDS},
+        hbm_bytes=f["hbm_bytes"], hbm_capacity_bytes=f["hbm_capacity_bytes"],
+        memory_breakdown_bytes={k: f[k] for k in MEMORY_FIELDS},
+        offload_bytes=f["offload_bytes"], offload_capacity_bytes=f["offload_capacity_bytes"],
+        mfu=f["mfu"], hfu=f["hfu"], tokens_per_s=f["tokens_per_s"],
+        model_flops=f["model_flops"], hardware_flops=f["hardware_flops"],
+        violations=violated_rules(int(result["violations"][i])))
+
+
+def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:
+    """Exact model for one plan."""
+    job = job or JobSpec()
+    result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers))
+    return estimate_from_row(result, 0, plan)

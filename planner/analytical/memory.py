@@ -1,0 +1,131 @@
+"""Per-GPU memory of many plans at once (numpy columns); bytes unless the name says otherwise.
+
+The worst pipeline stage is the first one: it holds the embedding and, under 1F1B, the most
+microbatches in flight (Korthikanti et al. 2022 §4.2.3); the last stage's LM-head workspace is
+added as a transient buffer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hardware.spec import SystemSpec
+from planner.analytical.plans import PlanArrays
+from planner.model import ModelSpec
+from planner.plan import JobSpec
+
+
+def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
+    """Korthikanti et al. 2022 §4.1 (Table 2 first row, sbh(34 + 5as/h)) split into the terms
+    tensor parallelism does not shard (10: two layer-norm inputs 4, QKV and MLP inputs 4, two
+    dropout masks 2), the terms it shards (24 = attention Q,K,V and projection input 8 + GeLU
+    input/output 16) and the s² attention-score term (5as/h), in units of s·b·h bytes.
+    Generalised: K,V are g/a as wide (GQA); the MLP terms scale with ffn/h (SwiGLU stores the
+    fused gate+up output 2f and the product f); MoE stores top_k expert MLPs per token."""
+    h = model.hidden
+    unsharded = 10.0
+    attention = 2.0 + 4.0 * model.kv_groups / model.heads + 2.0
+    ffn = model.expert_ffn_hidden if model.moe else model.ffn_hidden
+    mlp = (6.0 if model.activation == "swiglu" else 4.0) * ffn / h
+    if model.moe:
+        mlp *= model.moe.top_k
+    score = 5.0 * model.heads * model.seq_length / h
+    return unsharded, attention + mlp, score
+
+
+def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
+    """Stored activations of one layer for one microbatch, per GPU (Korthikanti Table 2):
+    none: sbh(10 + 24/t + 5as/(ht)); TP+SP: sbh/t·(34 + 5as/h); selective: the 5as/h term is
+    recomputed (and fused/flash attention never stores it); full: only the 2sbh layer input
+    (sharded by SP). Context parallelism splits s by cp."""
+    unsharded, sharded, score = activation_coefficients(model)
+    t = P.tp
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    sbh = P.micro_batch * model.seq_length / P.cp * model.hidden
+    keeps_scores = (P.recompute == 0) & (not job.flash_attention)
+    per_layer = sbh * (np.where(sp, unsharded / t, unsharded) + sharded / t
+                       + np.where(keeps_scores, score / t, 0.0))
+    input_only = np.where(sp, 2.0 * sbh / t, 2.0 * sbh)
+    return np.where(P.recompute == 2, input_only, per_layer), per_layer
+
+
+def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
+    """Microbatches whose activations the first stage holds under 1F1B: min(pp, m), times the
+    interleaving factor (1 + (p−1)/(p·v)) (Korthikanti et al. 2022 §4.2.3)."""
+    m = P.global_batch / (P.micro_batch * P.dp)
+    p, v = P.pp, P.vpp
+    factor = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
+    return np.minimum(p, m) * factor
+
+
+def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, expert) parameters held by one GPU of the first stage. TP shards every matrix
+    (norms are replicated: negligible and ignored); EP shards the experts (expert TP = tp, as
+    Megatron's default); the stage holds one V×h matrix (embedding, or the LM head on the last
+    stage; both when pp = 1 and the embeddings are untied)."""
+    layers_per_stage = model.layers / P.pp
+    dense = layers_per_stage * model.non_expert_params_per_layer / P.tp
+    vocab_matrices = np.where((P.pp == 1) & (not model.tied_embeddings), 2.0, 1.0)
+    dense = dense + vocab_matrices * model.vocab * model.hidden / P.tp
+    expert = layers_per_stage * model.expert_params_per_layer / (P.tp * P.ep)
+    return dense, expert
+
+
+def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
+    """Bytes per GPU: HBM by category, offload-tier use, and the HBM budget."""
+    bpp = job.bytes_per_param
+    dense, expert = stage_params(model, P)
+    params = dense + expert
+    # ZeRO / distributed-optimizer sharding (Rajbhandari et al. 2020, ZeRO §5; Megatron's
+    # distributed optimizer = stage 1: 6 + 12/d bytes per parameter). Dense weights are
+    # replicated over dp·cp; experts over dp·cp/ep.
+    shard_dense = P.dp * P.cp
+    shard_expert = np.maximum(P.dp * P.cp / P.ep, 1.0)
+    sharded = dense / shard_dense + expert / shard_expert
+    z = P.zero_stage
+    weight_elems = np.where(z >= 3, sharded, params)
+    grad_elems = np.where(z >= 2, sharded, params)
+    opt_elems = np.where(z >= 1, sharded, params)
+
+    layers_per_stage = model.layers / P.pp
+    # ZeRO-3 gathers two layers at a time (the one computing, the one prefetching).
+    gathered = np.where(z >= 3, 2.0 * params / layers_per_stage * bpp.weights, 0.0)
+
+    weights = weight_elems * bpp.weights
+    grads = grad_elems * bpp.grads
+    optimizer = opt_elems * bpp.optimizer_total
+
+    stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, P)
+    # Partial full recompute: k of the stage's layers keep only their input.
+    k = np.where(P.recompute == 2, P.recompute_layers, 0.0)
+    act_mb = k * stored_per_layer + (layers_per_stage - k) * np.where(P.recompute == 2, full_per_layer,
+                                                                      stored_per_layer)
+    activations = act_mb * in_flight_microbatches(P)
+
+    # Offload: the fraction moved out; HBM keeps at least two layers' worth (one computing,
+    # one in transfer) of whatever is offloaded (DESIGN.md, Offload).
+    two_layers = 2.0 / layers_per_stage
+    def _kept(total, frac):
+        return np.where(frac > 0, total * np.maximum(1.0 - frac, np.minimum(two_layers, 1.0)), total)
+    hbm_weights = _kept(weights, P.offload_weights)
+    hbm_grads = _kept(grads, P.offload_weights)
+    hbm_optimizer = optimizer * (1.0 - P.offload_optimizer)
+    hbm_activations = _kept(activations, P.offload_activations)
+    offload_bytes = (weights - hbm_weights) + (grads - hbm_grads) + (optimizer - hbm_optimizer) \
+        + (activations - hbm_activations)
+
+    # Transient buffers: one layer recomputed in full, and the fp32 logits of the LM head
+    # (4·s·b·V/t, Korthikanti et al. 2022 §4.3) on the last stage.
+    sbV = P.micro_batch * model.seq_length / P.cp * model.vocab
+    workspace = gathered + np.where(P.recompute == 2, full_per_layer, 0.0) + 4.0 * sbV / P.tp
+
+    hbm_total = hbm_weights + hbm_grads + hbm_optimizer + hbm_activations + workspace
+    capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
+    offload_capacity = system.offload.capacity_bytes if system.offload else 0.0
+    return {
+        "params_per_gpu": params,
+        "weights_bytes": hbm_weights, "grads_bytes": hbm_grads, "optimizer_bytes": hbm_optimizer,
+        "activations_bytes": hbm_activations, "workspace_bytes": workspace,
+        "hbm_bytes": hbm_total, "hbm_capacity_bytes": np.full(len(P), capacity),
+        "offload_bytes": offload_bytes, "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
+        "activations_per_microbatch_bytes": act_mb, "opt_elems": opt_elems, "params_elems": params,
+    }

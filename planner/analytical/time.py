@@ -1,0 +1,208 @@
+"""Step time of many plans at once (numpy columns); seconds unless the name says otherwise.
+
+Structure (Narayanan et al. SC'21 §2-3): each pipeline stage runs m microbatches of
+forward + backward (+ recompute) over its l/p layers; 1F1B adds a bubble of (p−1)/v stage-times
+(§2.2.1-2.2.2: bubble fraction (p−1)/(v·m)); the last stage also runs the LM head. Data-parallel
+gradient reduction, optimizer step and offload traffic are added where they are not hidden.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hardware.spec import SystemSpec
+from planner.analytical import comm, flops
+from planner.analytical.plans import PlanArrays
+from planner.model import ModelSpec
+from planner.plan import JobSpec
+
+# Fraction of TP communication left exposed. Without --tp-comm-overlap the forward all-reduces
+# block; in backward Megatron overlaps the input-gradient all-reduce with the weight-gradient
+# GEMM (Narayanan et al. SC'21 §4.2 / async TP all-reduce). With TE's userbuffer GEMM overlap
+# most of it hides; 0.3 is our assumption, not a measurement.
+TP_EXPOSED_FWD = 1.0
+TP_EXPOSED_BWD = 0.5
+TP_EXPOSED_WITH_OVERLAP = 0.3
+# Backward of a GEMM is two GEMMs of the same size (input and weight gradients).
+BACKWARD_FACTOR = 2.0
+# Adam step per parameter: read grad, master, m, v (4 B each) and write master, m, v and the
+# 16-bit weight: 30 B moved, memory-bound.
+OPTIMIZER_BYTES_PER_PARAM = 30.0
+# Element-wise bytes per token per layer, forward, in units of hidden (norms, residual adds,
+# dropout, bias) and of the MLP width (activation function read + write); 2-byte elements.
+ELEMENTWISE_PASSES_HIDDEN = 12.0
+ELEMENTWISE_PASSES_FFN = 2.0
+# Unfused attention writes and re-reads the s×s scores (scale/mask/softmax, dropout): 4 passes.
+UNFUSED_SCORE_PASSES = 4.0
+
+
+def gemm_efficiency(max_eff: float, half_dim: float, min_dim: np.ndarray) -> np.ndarray:
+    """Achieved/peak of a GEMM whose smallest dimension is `min_dim` (saturating curve)."""
+    return max_eff * min_dim / (min_dim + half_dim)
+
+
+def _gemm_time(flop_count, min_dim, peak, eff):
+    return flop_count / (peak * gemm_efficiency(eff.matmul_max, eff.matmul_half_dim, min_dim))
+
+
+def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """One layer, one microbatch, one GPU, forward: GEMMs, attention core, element-wise."""
+    acc = system.accelerator
+    eff = acc.efficiency
+    peak_gemm = acc.peak(job.dtype)
+    peak_attn = acc.peak("bf16" if job.dtype == "fp8" else job.dtype)
+    h, t = model.hidden, P.tp
+    tokens = P.micro_batch * model.seq_length / P.cp
+    qkv_w = flops.qkv_out_width(model)
+    mlp_w = flops.mlp_width(model)
+    ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
+    if model.moe:
+        # each GPU holds E/ep experts and processes tokens·top_k rows in total
+        rows_mlp = tokens * model.moe.top_k
+        expert_rows = tokens * P.ep * model.moe.top_k / model.moe.num_experts
+    else:
+        rows_mlp = tokens
+        expert_rows = tokens
+    gemm = (
+        _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff)
+        + _gemm_time(2 * tokens * h * h / t, np.minimum(np.minimum(tokens, h / t), h), peak_gemm, eff)
+        + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff)
+        + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff)
+    )
+    # Attention core at its own ceiling; causal fused kernels skip the masked half.
+    core_flops = flops.attention_core_flops_per_token(model) * tokens / t
+    causal = 0.5 if job.flash_attention else 1.0
+    attention = causal * core_flops / (peak_attn * eff.attention_max)
+    hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    topk = model.moe.top_k if model.moe else 1
+    elem_bytes = 2.0 * tokens * (ELEMENTWISE_PASSES_HIDDEN * h / np.where(sp, t, 1.0)
+                                 + ELEMENTWISE_PASSES_FFN * ffn * topk / t)
+    score_bytes = 0.0 if job.flash_attention else \
+        2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
+    # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
+    return {"gemm": gemm, "attention": attention + score_bytes / hbm, "elementwise": elem_bytes / hbm}
+
+
+def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
+    acc = system.accelerator
+    eff = acc.efficiency
+    h, t, c = model.hidden, P.tp, P.cp
+    p, v, dp = P.pp, P.vpp, P.dp
+    m = P.global_batch / (P.micro_batch * dp)
+    layers_per_stage = model.layers / p
+    tokens = P.micro_batch * model.seq_length / c
+    act_bytes = 2.0  # 16-bit activations on the wire
+
+    layer = layer_compute_fwd_s(model, system, job, P)
+    fwd_compute = layer["gemm"] + layer["attention"] + layer["elementwise"]
+    bwd_compute = BACKWARD_FACTOR * fwd_compute
+
+    # --- tensor parallel: 2 all-reduces forward, 2 backward per layer (Narayanan SC'21 §3,
+    # Fig. 5; with SP an all-gather + reduce-scatter pair of the same volume, Korthikanti §4.2.2)
+    tp_bw, tp_lat = comm.tier_for_span(system, t)
+    ar = comm.all_reduce_s(tokens * h * act_bytes, t, tp_bw, tp_lat)
+    overlap = P.tp_comm_overlap > 0
+    tp_fwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
+    tp_bwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_BWD)
+
+    # --- context parallel: ring attention passes K,V around the cp ranks, hidden behind the
+    # attention kernel of each step (Liu et al. 2023, Ring Attention §3); backward moves K,V and dK,dV.
+    cp_bw, cp_lat = comm.tier_for_span(system, t * c)
+    kv_bytes = tokens * 2.0 * model.kv_hidden / t * act_bytes
+    cp_step = comm.p2p_s(kv_bytes, cp_bw, cp_lat) * (c - 1)
+    cp_fwd = np.where(c > 1, np.maximum(0.0, cp_step - layer["attention"]), 0.0)
+    cp_bwd = np.where(c > 1, np.maximum(0.0, 2 * cp_step - BACKWARD_FACTOR * layer["attention"]), 0.0)
+
+    # --- expert parallel: dispatch + combine all-to-all per MoE layer forward, same backward
+    # (Lepikhin et al. 2020, GShard §2.2), not overlapped.
+    if model.moe:
+        ep_bw, ep_lat = comm.tier_for_span(system, t * c * P.ep)
+        a2a = comm.all_to_all_s(tokens * model.moe.top_k * h * act_bytes, P.ep, ep_bw, ep_lat)
+        ep_fwd = ep_bwd = 2 * a2a
+    else:
+        ep_fwd = ep_bwd = np.zeros(len(P))
+
+    fwd_layer = fwd_compute + tp_fwd + cp_fwd + ep_fwd
+    # Recompute: full reruns the forward (with its communication) of k layers per stage;
+    # selective reruns the attention core (Korthikanti et al. 2022 §5).
+    k_full = np.where(P.recompute == 2, P.recompute_layers, 0.0)
+    recompute_compute = k_full * fwd_compute + np.where(P.recompute == 1, layers_per_stage * layer["attention"], 0.0)
+    recompute_comm = k_full * (tp_fwd + cp_fwd + ep_fwd)
+
+    # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward.
+    logit_fwd = _gemm_time(2 * tokens * h * model.vocab / t,
+                           np.minimum(np.minimum(tokens, h), model.vocab / t),
+                           acc.peak(job.dtype), eff)
+    logit_bwd = BACKWARD_FACTOR * logit_fwd
+
+    stage_fwd = layers_per_stage * fwd_compute
+    stage_bwd = layers_per_stage * bwd_compute
+    stage_tp = layers_per_stage * (tp_fwd + tp_bwd) + k_full * tp_fwd
+    stage_cpep = layers_per_stage * (cp_fwd + cp_bwd + ep_fwd + ep_bwd) + k_full * (cp_fwd + ep_fwd)
+    stage_mb = stage_fwd + stage_bwd + recompute_compute + stage_tp + stage_cpep
+
+    # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
+    # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
+    bubble = (p - 1) / v * stage_mb
+    pp_bw, pp_lat = comm.tier_for_span(system, 2 * t * c * dp)
+    p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
+    pp_p2p = np.where(p > 1, 2 * (p - 1) * v * p2p + np.where(v > 1, 0.0, 2 * m * p2p), 0.0)
+
+    # --- data parallel: gradients (and, sharded, parameters) over the dp·cp replicas.
+    bpp = job.bytes_per_param
+    dense = mem["params_elems"]
+    dp_bw, dp_lat = comm.tier_for_span(system, t * c * dp)
+    n_dp = dp * c
+    z = P.zero_stage
+    grad_rs = comm.reduce_scatter_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
+    param_ag = comm.all_gather_s(dense * bpp.weights, n_dp, dp_bw, dp_lat)
+    grad_ar = comm.all_reduce_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
+    mb_fwd, mb_bwd = stage_fwd, stage_bwd  # one microbatch's forward / backward on a stage
+    hide = P.dp_comm_overlap > 0
+    # Megatron overlaps the gradient reduce with the last microbatch's backward and the
+    # parameter all-gather with the first microbatch's forward (--overlap-grad-reduce/-param-gather).
+    exposed_ar = np.where(hide, np.maximum(0.0, grad_ar - mb_bwd), grad_ar)
+    exposed_sharded = np.where(hide, np.maximum(0.0, grad_rs - mb_bwd) + np.maximum(0.0, param_ag - mb_fwd),
+                               grad_rs + param_ag)
+    # ZeRO-3: gather parameters for forward and backward and reduce-scatter gradients for
+    # every microbatch (Rajbhandari et al. 2020 §5.3), overlapped with that microbatch.
+    zero3_mb = 2 * param_ag + grad_rs
+    exposed_zero3 = m * np.where(hide, np.maximum(0.0, zero3_mb - (mb_fwd + mb_bwd)), zero3_mb)
+    dp_comm = np.where(z == 0, exposed_ar, np.where(z >= 3, exposed_zero3, exposed_sharded))
+
+    # --- optimizer step, memory-bound on HBM; the offloaded share runs where its state lives.
+    opt_elems = mem["opt_elems"]
+    hbm_bw = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    f_o = P.offload_optimizer
+    optimizer = opt_elems * (1 - f_o) * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
+
+    # --- offload traffic (DESIGN.md, Offload): weights (+ their gradients) stream in for the
+    # forward and backward of every microbatch; activations go out in forward and back in
+    # backward; both overlap that microbatch's compute. Offloaded optimizer state is updated
+    # at the offload tier's bandwidth after moving gradients down and weights up.
+    if system.offload is not None:
+        off_bw = system.offload.bandwidth_bytes_per_s
+        per_mb = (P.offload_weights * dense * (2 * bpp.weights + 2 * bpp.grads)
+                  + P.offload_activations * 2.0 * mem["activations_per_microbatch_bytes"]) / off_bw
+        compute_mb = stage_fwd + stage_bwd + recompute_compute
+        offload = m * np.maximum(0.0, per_mb - compute_mb) \
+            + f_o * opt_elems * (OPTIMIZER_BYTES_PER_PARAM + bpp.grad_reduce + bpp.weights) / off_bw
+    else:
+        offload = np.zeros(len(P))
+
+    logits_fwd_total = m * logit_fwd
+    logits_bwd_total = m * logit_bwd
+    parts = {
+        "forward_s": m * stage_fwd + logits_fwd_total,
+        "backward_s": m * stage_bwd + logits_bwd_total,
+        "recompute_s": m * recompute_compute,
+        "tp_comm_exposed_s": m * stage_tp,
+        "cp_ep_comm_exposed_s": m * stage_cpep,
+        "pp_bubble_s": bubble,
+        "pp_p2p_s": pp_p2p,
+        "dp_comm_exposed_s": dp_comm,
+        "offload_exposed_s": offload,
+        "optimizer_step_s": optimizer,
+    }
+    parts["step_time_s"] = sum(parts.values())
+    return parts
