@@ -1,0 +1,457 @@
+"""Plan -> Megatron-LM arguments, and the validator that re-implements Megatron's checks
+(shared/reference/megatron_args.md: the probe cases of sections 0, 2a, 2b, 2c)."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware import load_system
+from planner import megatron as mg
+from planner.cli import app
+from planner.model import load_model
+from planner.plan import JobSpec, Plan, load_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "megatron_gpt3_175b.yaml"
+
+
+# ----------------------------------------------------------------------------------------------
+# Validator probes
+# ----------------------------------------------------------------------------------------------
+
+def base(**changes) -> dict:
+    """A small valid GPT (8 GPUs: tp2 pp2 dp2); keyword changes edit flags (None drops one)."""
+    args = {"--num-layers": 8, "--hidden-size": 1024, "--num-attention-heads": 16,
+            "--seq-length": 2048, "--max-position-embeddings": 2048,
+            "--tensor-model-parallel-size": 2, "--pipeline-model-parallel-size": 2,
+            "--micro-batch-size": 1, "--global-batch-size": 16, "--bf16": True}
+    for key, value in changes.items():
+        flag = "--" + key.replace("_", "-")
+        if value is None:
+            args.pop(flag, None)
+        else:
+            args[flag] = value
+    return args
+
+
+ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def check(args, world=8, env=ENV, arch=9) -> list[str]:
+    return mg.validate_megatron_args(args, world, env, arch)
+
+
+def test_valid_base_and_list_form():
+    assert check(base()) == []
+    argv = ["--num-layers", "8", "--hidden-size", "1024", "--num-attention-heads", "16",
+            "--seq-length", "2048", "--max-position-embeddings", "2048", "--micro-batch-size", "2",
+            "--global-batch-size", "16", "--bf16"]
+    assert mg.validate_megatron_args(argv, 8, {}) == []
+
+
+@pytest.mark.parametrize("extra, shown", [
+    (["--virtual-pipeline-model-parallel-size", "3"], "--virtual-pipeline-model-parallel-size 3"),
+    (["--fp8"], "--fp8"),                        # --fp8-format exists, abbreviations are off
+    (["--cpu-offloading"], "--cpu-offloading"),  # --cpu-offloading-num-layers exists
+    (["--overlap-p2p-communication"], "--overlap-p2p-communication"),
+])
+def test_flags_that_do_not_exist_are_unrecognized(extra, shown):
+    argv = mg._to_argv(base()) + extra
+    assert check(argv) == [f"unrecognized arguments: {shown}"]
+
+
+def test_bad_choice_is_an_argparse_error():
+    errors = check(base(recompute_granularity="everything"))
+    assert len(errors) == 1 and "invalid choice" in errors[0]
+
+
+def test_both_vpp_flags():
+    args = base(num_layers_per_virtual_pipeline_stage=2, num_virtual_stages_per_pipeline_rank=2)
+    assert mg.MSG_VPP_ONE_OF in check(args)
+    assert mg.MSG_VPP_ONE_OF.endswith("rank,--pipeline-model-parallel-layout. ")
+
+
+def test_vpp_needs_pp_greater_than_one():
+    args = base(pipeline_model_parallel_size=1, tensor_model_parallel_size=2,
+                num_virtual_stages_per_pipeline_rank=2, global_batch_size=8)
+    assert mg.MSG_INTERLEAVED_PP in check(args)
+    args = base(num_virtual_stages_per_pipeline_rank=2, no_overlap_p2p_communication=True)
+    assert mg.MSG_INTERLEAVED_PP_NO_OVERLAP in check(args)
+
+
+def test_vpp_one_is_not_interleaving():
+    args = base(pipeline_model_parallel_size=1, num_virtual_stages_per_pipeline_rank=1,
+                global_batch_size=8)
+    assert check(args, world=8) == []
+
+
+def test_vpp_microbatches_multiple_of_pp():
+    # 16 GPUs: tp2 pp4 dp2, mbs 1 -> gbs 12 gives 6 microbatches, not a multiple of pp=4.
+    args = base(pipeline_model_parallel_size=4, num_virtual_stages_per_pipeline_rank=2,
+                global_batch_size=12)
+    errors = check(args, world=16)
+    assert errors == ["The remainder of M (the total micro-batches) divided by N (number of "
+                      "contiguous micro-batches in a virtual pipeline stage) should be 0, or larger "
+                      "than or equal to the pipeline-parallel size, but it is 2. Otherwise, it "
+                      "introduces dependency bubbles in the pipeline and reduces throughput."]
+    # 2 microbatches < pp=4
+    errors = check(base(pipeline_model_parallel_size=4, num_virtual_stages_per_pipeline_rank=2,
+                        global_batch_size=4), world=16)
+    assert errors == ["The number of contiguous micro-batches in a virtual pipeline stage"
+                      "should range in [PP=4 , M=2]"]
+    assert check(base(pipeline_model_parallel_size=4, num_virtual_stages_per_pipeline_rank=2,
+                      global_batch_size=16), world=16) == []
+
+
+def test_vpp_layer_divisibility():
+    args = base(num_layers=12, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2)
+    assert check(args, world=16) == [mg.MSG_VPP_LAYERS_STAGE]
+    args = base(num_layers=10, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2)
+    assert check(args, world=16) == [mg.MSG_VPP_LAYERS_PP]
+    args = base(num_layers=12, pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=4)
+    assert len(check(args)) == 1 and "must be divisible" in check(args)[0]
+    args = base(num_layers=10, pipeline_model_parallel_size=4)
+    assert check(args, world=16) == [mg.MSG_LAYERS_PP]
+    args = base(num_layers_per_virtual_pipeline_stage=2, decoder_first_pipeline_num_layers=3)
+    assert mg.MSG_VPP_UNEVEN in check(args)
+
+
+def test_world_size_and_global_batch():
+    assert ("world size (10) is not divisible by total_model_size (total_model_size=4)"
+            in check(base(), world=10))
+    assert check(base(global_batch_size=15)) == [
+        "global batch size (15) is not divisible by micro batch size (1) times data parallel size (2)"]
+
+
+def test_overlap_param_gather_rules():
+    assert check(base(overlap_param_gather=True, overlap_grad_reduce=True)) == [
+        mg.MSG_PARAM_GATHER_DISTOPT]
+    assert check(base(overlap_param_gather=True, use_distributed_optimizer=True)) == [
+        mg.MSG_PARAM_GATHER_GRAD_REDUCE]
+    assert check(base(overlap_param_gather=True, overlap_grad_reduce=True,
+                      use_distributed_optimizer=True)) == []
+
+
+def test_tp_comm_overlap_needs_sp_and_sp_at_tp1_is_dropped():
+    assert check(base(tp_comm_overlap=True)) == [mg.MSG_TP_COMM_OVERLAP]
+    assert check(base(tp_comm_overlap=True, sequence_parallel=True)) == []
+    tp1 = base(tensor_model_parallel_size=1, global_batch_size=8)
+    assert check({**tp1, "--sequence-parallel": True}, env={}) == []  # silently dropped
+    assert check({**tp1, "--sequence-parallel": True, "--tp-comm-overlap": True}, env={}) == [
+        mg.MSG_TP_COMM_OVERLAP]
+
+
+def test_cuda_device_max_connections():
+    assert check(base(), env={}) == [mg.MSG_CUDA_MAX_CONN]
+    assert check(base(), env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == [mg.MSG_CUDA_MAX_CONN]
+    assert check(base(), env={}, arch=10) == []      # Blackwell: no longer required
+    cp = base(tensor_model_parallel_size=1, context_parallel_size=2)
+    assert check(cp, env={}) == [mg.MSG_CUDA_MAX_CONN]
+    fsdp = base(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
+    assert check(fsdp, env={}) == []
+    assert check(fsdp, env=ENV) == [mg.MSG_FSDP_MAX_CONN]
+
+
+def test_heads_and_query_groups_vs_tp():
+    args = base(num_attention_heads=12, hidden_size=768, tensor_model_parallel_size=8,
+                pipeline_model_parallel_size=1)
+    assert check(args) == [
+        "num_attention_heads (12) must be a multiple of tensor_model_parallel_size (8)."]
+    gqa = base(num_attention_heads=24, hidden_size=1536, tensor_model_parallel_size=4,
+               pipeline_model_parallel_size=1, group_query_attention=True, num_query_groups=6,
+               global_batch_size=8)
+    assert check(gqa) == [
+        "num_query_groups (6) must be a multiple or divisor of tensor_model_parallel_size (4)."]
+    assert check({**gqa, "--num-query-groups": 2}) == []   # divisor of tp
+    assert check({**gqa, "--num-query-groups": 8}) == []   # multiple of tp
+    gqa.pop("--group-query-attention")                     # groups ignored without the switch
+    assert check(gqa) == []
+
+
+def test_cpu_offloading_rules():
+    one = base(tensor_model_parallel_size=1, pipeline_model_parallel_size=1, global_batch_size=8)
+    assert check({**one, "--cpu-offloading-num-layers": 4}, env={}) == []
+    assert check({**one, "--cpu-offloading-num-layers": 8}, env={}) == [
+        "CPU offloading can be done only for layers less than 8"]
+    assert check(base(cpu_offloading_num_layers=2)) == [mg.MSG_CPU_OFFLOAD_PP]
+    rc = {**one, "--cpu-offloading-num-layers": 2, "--recompute-granularity": "selective"}
+    assert check(rc, env={}) == [mg.MSG_CPU_OFFLOAD_RECOMPUTE]
+
+
+def test_moe_rules():
+    assert check(base(expert_model_parallel_size=2)) == [mg.MSG_EP_NEEDS_EXPERTS]
+    assert check(base(num_experts=6, expert_model_parallel_size=4), world=16) == [
+        mg.MSG_EXPERTS_EP]
+    assert check(base(num_experts=8, expert_model_parallel_size=2)) == []
+    # expert grid: etp(2) * ep(4) * pp(2) = 16 does not divide 8
+    assert check(base(num_experts=8, expert_model_parallel_size=4)) == [
+        "world_size (8) is not divisible by expert_tensor_model_pipeline_parallel size (16)"]
+
+
+def test_optimizer_offload_needs_precision_aware_optimizer():
+    args = base(use_distributed_optimizer=True, optimizer_cpu_offload=True)
+    assert check(args) == [mg.MSG_OPT_OFFLOAD]
+    assert check({**args, "--use-precision-aware-optimizer": True}) == []
+
+
+def test_shape_precision_and_positions():
+    assert check(base(tensor_model_parallel_size=1, context_parallel_size=2, seq_length=2050,
+                      max_position_embeddings=4096)) == [mg.MSG_CP_SEQ]
+    assert check(base(fp16=True)) == [mg.MSG_FP16_BF16]
+    assert check(base(hidden_size=1000)) == [
+        "hidden_size (1000) must be divisible by num_attention_heads (16) (bare assert in Megatron)"]
+    assert check(base(max_position_embeddings=1024)) == [
+        "max_position_embeddings (1024) must be greater than or equal to seq_length (2048)."]
+    assert check(base(num_layers=None)) == ["num_layers argument is None"]
+
+
+def test_recompute_rules():
+    assert check(base(recompute_granularity="selective", recompute_method="block")) == [
+        mg.MSG_RECOMPUTE_SELECTIVE_METHOD]
+    assert check(base(recompute_granularity="selective", recompute_num_layers=1)) == [
+        "When using recompute_granularity: selective recompute_num_layers must be None."]
+    assert check(base(recompute_granularity="full", recompute_num_layers=1)) == [
+        'Using recompute_granularity: full so recompute_method must be "block" or "uniform"']
+    assert check(base(recompute_granularity="full", recompute_method="block")) == [
+        "When using recompute_granularity: full recompute_num_layers must be between "
+        "1 and num_layers_per_pipeline_rank: 4"]
+    assert check(base(recompute_granularity="full", recompute_method="uniform",
+                      recompute_num_layers=1)) == []
+
+
+def test_fp8_flags():
+    assert check(base(fp8_format="hybrid", fp8_recipe="delayed")) == []
+    assert "invalid choice" in check(base(fp8_format="e5m2"))[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# Emission round trips
+# ----------------------------------------------------------------------------------------------
+
+def emit(model: str, system: str, gpus: int, dtype: str = "bf16", **plan):
+    m, s = load_model(model), load_system(system, gpus)
+    p, job = Plan(**plan), JobSpec(dtype=dtype)
+    assert mg.not_expressible(p, m, job) == []
+    assert mg.launch_problems(p, s) == []
+    launch = mg.megatron_args(p, m, job, s)
+    assert mg.validate_launch(launch, mg.gpu_arch_major(s)) == []
+    return launch, m, s, p
+
+
+def roundtrip(launch: mg.MegatronLaunch, model, system, plan: Plan) -> dict:
+    script = mg.render(launch, "script", vocab_size=model.vocab)
+    env, argv, torchrun = mg.parse_script(script)
+    assert env == launch.env
+    assert mg.validate_megatron_args(argv, plan.gpus, env, mg.gpu_arch_major(system)) == []
+    a = vars(mg.parse_megatron_args(argv))
+    world = int(torchrun["--nnodes"]) * int(torchrun["--nproc-per-node"])
+    assert world == plan.gpus
+    tp, pp, cp = (a["tensor_model_parallel_size"], a["pipeline_model_parallel_size"],
+                  a["context_parallel_size"])
+    dp = world // (tp * pp * cp)
+    assert tp * pp * cp * dp == plan.gpus and dp == plan.dp
+    assert a["global_batch_size"] % (a["micro_batch_size"] * dp) == 0
+    assert not set(mg.NONEXISTENT_FLAGS) & set(argv)
+    assert torchrun["--master-port"] == "6000" and torchrun["--node-rank"] == "$NODE_RANK"
+    return a
+
+
+def test_gpt3_175b_on_1024_a100():
+    launch, m, s, p = emit("gpt3-175b", "a100-80g", 1024, tp=8, pp=8, dp=16, vpp=2, micro_batch=1,
+                           global_batch=1536, recompute="full", sequence_parallel=True)
+    a = roundtrip(launch, m, s, p)
+    assert (launch.nnodes, launch.gpus_per_node) == (128, 8)
+    assert a["num_virtual_stages_per_pipeline_rank"] == 2
+    assert a["num_layers_per_virtual_pipeline_stage"] is None
+    assert (a["recompute_granularity"], a["recompute_method"], a["recompute_num_layers"]) == \
+        ("full", "block", 96 // (8 * 2))
+    assert launch.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    assert a["use_distributed_optimizer"] and a["overlap_param_gather"] and a["bf16"]
+    assert load_plan(EXAMPLE) == p
+
+
+def test_llama3_70b_on_h100():
+    launch, m, s, p = emit("llama3-70b", "h100-sxm", 1024, tp=8, pp=4, dp=32, micro_batch=1,
+                           global_batch=1024, sequence_parallel=True, recompute="selective",
+                           tp_comm_overlap=True)
+    a = roundtrip(launch, m, s, p)
+    flags = launch.flags()
+    for flag in ("--group-query-attention", "--swiglu", "--disable-bias-linear",
+                 "--untie-embeddings-and-output-weights", "--tp-comm-overlap", "--sequence-parallel"):
+        assert flag in flags
+    assert a["num_query_groups"] == 8 and a["ffn_hidden_size"] == 28672
+    assert a["normalization"] == "RMSNorm" and a["position_embedding_type"] == "rope"
+    assert "--recompute-method" not in flags
+
+
+def test_mixtral_with_expert_parallelism_and_fp8():
+    launch, m, s, p = emit("mixtral-8x7b", "h100-sxm", 64, dtype="fp8", tp=2, pp=4, dp=8, ep=8,
+                           micro_batch=1, global_batch=512, sequence_parallel=True)
+    a = roundtrip(launch, m, s, p)
+    assert (a["num_experts"], a["moe_router_topk"], a["expert_model_parallel_size"]) == (8, 2, 8)
+    assert a["moe_ffn_hidden_size"] == 14336
+    assert a["fp8_format"] == "hybrid" and a["bf16"] and not a["fp16"]
+    assert "--fp8" not in launch.flags()
+
+
+def test_fp16_blackwell_fsdp_and_offload():
+    launch, *_ = emit("llama3-8b", "b200", 16, dtype="fp16", tp=2, dp=8, micro_batch=2,
+                      global_batch=64, zero_stage=3)
+    flags = launch.flags()
+    assert "--fp16" in flags and "--bf16" not in flags
+    assert launch.value("--data-parallel-sharding-strategy") == "optim_grads_params"
+    assert "--use-distributed-optimizer" not in flags and "--overlap-param-gather" not in flags
+    assert launch.env == {}  # Blackwell, and FSDP wants it unset anyway
+    launch, m, s, p = emit("llama3-8b", "h100-sxm", 8, dp=8, micro_batch=1, global_batch=64,
+                           offload_activations=0.25, offload_optimizer=0.5)
+    roundtrip(launch, m, s, p)
+    assert launch.value("--cpu-offloading-num-layers") == str(round(0.25 * m.layers))
+    assert launch.value("--optimizer-offload-fraction") == "0.5"
+    assert "--use-precision-aware-optimizer" in launch.flags()
+    assert launch.env == {}  # tp = cp = 1
+
+
+def test_not_expressible_reasons():
+    m, job = load_model("gpt3-175b"), JobSpec()
+    assert any("offload_weights" in r for r in mg.not_expressible(Plan(offload_weights=0.5), m, job))
+    both = mg.not_expressible(Plan(pp=8, recompute="full", offload_activations=0.2), m, job)
+    assert len(both) == 2
+    assert mg.not_expressible(Plan(pp=8, vpp=2, dp=2, global_batch=12), m, job)
+    assert mg.not_expressible(Plan(vpp=2), m, job)
+    assert mg.not_expressible(Plan(zero_stage=0, offload_optimizer=1.0), m, job)
+    assert mg.not_expressible(Plan(tp=8, tp_comm_overlap=True), m, job)
+    assert mg.not_expressible(Plan(tp=8, ep=2, dp=2, global_batch=2), m, job)  # dense model
+
+
+def _random_plans(rng: random.Random, n: int):
+    cases = [("gpt3-175b", "a100-80g", 1024), ("llama3-70b", "h100-sxm", 512),
+             ("mixtral-8x7b", "h100-sxm", 64), ("llama3-8b", "b200", 32)]
+    pow2 = [1, 2, 4, 8, 16]
+    for _ in range(n):
+        model, system, gpus = rng.choice(cases)
+        tp, pp, cp = rng.choice(pow2[:4]), rng.choice(pow2), rng.choice([1, 1, 2])
+        if gpus % (tp * pp * cp):
+            continue
+        dp = gpus // (tp * pp * cp)
+        mb = rng.choice([1, 2, 4])
+        plan = dict(tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb,
+                    global_batch=mb * dp * rng.choice([1, 2, 4, 8, 16, 32]),
+                    ep=rng.choice([1, 2, 4, 8]), vpp=rng.choice([1, 1, 2, 3]),
+                    sequence_parallel=rng.random() < 0.6,
+                    recompute=rng.choice(["none", "selective", "full"]),
+                    zero_stage=rng.choice([0, 1, 1, 2, 3]),
+                    offload_activations=rng.choice([0.0, 0.0, 0.25]),
+                    offload_optimizer=rng.choice([0.0, 0.0, 1.0]),
+                    tp_comm_overlap=rng.random() < 0.3, dp_comm_overlap=rng.random() < 0.7)
+        yield model, system, gpus, rng.choice(["bf16", "fp16", "fp8"]), plan
+
+
+def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
+    rng, accepted = random.Random(4), 0
+    models, systems = {}, {}
+    for model, system, gpus, dtype, fields in _random_plans(rng, 600):
+        m = models.setdefault(model, load_model(model))
+        s = systems.setdefault((system, gpus), load_system(system, gpus))
+        try:
+            plan = Plan(**fields)
+        except ValueError:
+            continue
+        job = JobSpec(dtype=dtype)
+        launch = mg.megatron_args(plan, m, job, s)
+        argv = launch.argv()
+        assert not set(mg.NONEXISTENT_FLAGS) & set(argv)
+        assert not ("--num-virtual-stages-per-pipeline-rank" in argv
+                    and "--num-layers-per-virtual-pipeline-stage" in argv)
+        if mg.not_expressible(plan, m, job) or mg.launch_problems(plan, s):
+            continue
+        assert mg.validate_launch(launch, mg.gpu_arch_major(s)) == [], plan.short()
+        accepted += 1
+    assert accepted >= 30
+
+
+def test_script_is_valid_bash():
+    launch, m, *_ = emit("gpt3-175b", "a100-80g", 1024, tp=8, pp=8, dp=16, micro_batch=1,
+                         global_batch=1536)
+    script = mg.render(launch, "script", vocab_size=m.vocab)
+    assert '--data-path "$DATA_PATH"' in script and "--tokenizer-type" in script
+    if shutil.which("bash"):
+        subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+    line = mg.render(launch, "args")
+    assert "\n" not in line and line.startswith("--num-layers 96")
+    data = json.loads(mg.render(launch, "json"))
+    assert mg.validate_megatron_args(data["args"], data["world_size"], data["env"]) == []
+
+
+# ----------------------------------------------------------------------------------------------
+# CLI
+# ----------------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_cli_script_from_plan_file():
+    result = runner.invoke(app, ["megatron", "--plan", str(EXAMPLE), "-m", "gpt3-175b",
+                                 "-s", "a100-80g"])
+    assert result.exit_code == 0, result.output
+    assert "torchrun --nnodes 128 --nproc-per-node 8 --node-rank $NODE_RANK" in result.stdout
+    env, argv, _ = mg.parse_script(result.stdout)
+    assert mg.validate_megatron_args(argv, 1024, env, 8) == []
+    assert "--num-virtual-stages-per-pipeline-rank" in argv
+
+
+def test_cli_json_from_flags():
+    result = runner.invoke(app, ["megatron", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "64",
+                                 "--tp", "8", "--pp", "4", "--micro-batch", "1", "-b", "128",
+                                 "--sequence-parallel", "--recompute", "selective",
+                                 "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["world_size"] == 64 and data["nnodes"] == 8
+    assert data["args"]["--tensor-model-parallel-size"] == "8"
+    assert mg.validate_megatron_args(data["args"], 64, data["env"]) == []
+
+
+def test_cli_output_refuses_to_overwrite(tmp_path):
+    target = tmp_path / "launch.sh"
+    cmd = ["megatron", "--plan", str(EXAMPLE), "--output", str(target)]
+    first = runner.invoke(app, cmd)
+    assert first.exit_code == 0, first.output
+    content = target.read_text()
+    assert content.startswith("#!/usr/bin/env bash")
+    second = runner.invoke(app, cmd)
+    assert second.exit_code == 2
+    assert second.stderr.strip().count("\n") == 0 and "already exists" in second.stderr
+    assert target.read_text() == content
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--tp", "8", "--pp", "8", "--offload-weights", "0.5"], "offload_weights"),
+    (["--tp", "8", "--pp", "8", "--vpp", "2", "-b", "64"], "interleaved"),
+    (["--tp", "7"], "dp:"),
+    (["--plan", "does-not-exist.yaml"], "plan"),
+    (["--plan", str(EXAMPLE), "--tp", "4"], "either --plan or plan flags"),
+    (["--tp", "8", "--format", "xml"], "format"),
+])
+def test_cli_bad_plans_exit_2_with_one_line(flags, needle):
+    result = runner.invoke(app, ["megatron", *flags])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_cli_without_plan_uses_the_search_or_says_it_is_missing():
+    try:
+        from planner.search import best_plan  # noqa: F401
+    except ImportError:
+        result = runner.invoke(app, ["megatron"])
+        assert result.exit_code == 2
+        assert "the search is not available" in result.stderr
+    else:
+        pytest.skip("planner.search.best_plan exists; covered by the search tests")
