@@ -121,6 +121,10 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         if (plan.dp * plan.cp) % plan.ep:
             reasons.append(f"ep: world size must be divisible by tp*ep*pp, i.e. dp*cp ({plan.dp * plan.cp}) "
                            f"by ep ({plan.ep})")
+    if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
+        # Megatron-core MoE: "When using MoE and tensor parallelism, sequence parallelism must be
+        # used." (not in MA; kept as a conservative rule for emission only).
+        reasons.append("sequence_parallel: Megatron MoE layers with tp > 1 need sequence_parallel")
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:  # MA 2a
         reasons.append("tp_comm_overlap: Megatron overlaps TP communication only with sequence_parallel")
     return reasons
@@ -620,7 +624,8 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
         return json.dumps({
             "entrypoint": launch.entrypoint, "env": launch.env, "nnodes": launch.nnodes,
             "nproc_per_node": launch.gpus_per_node, "world_size": launch.world_size,
-            "args": [[f, v] for f, v in launch.args], "argv": launch.argv(), "notes": launch.notes,
+            "args": {f: (True if v is None else v) for f, v in launch.args},
+            "argv": launch.argv(), "notes": launch.notes,
         }, indent=2)
     if format != "script":
         raise ValueError(f"format: unknown {format!r}; allowed: args, script, json")

@@ -327,6 +327,10 @@ def test_not_expressible_reasons():
     assert mg.not_expressible(Plan(zero_stage=0, offload_optimizer=1.0), m, job)
     assert mg.not_expressible(Plan(tp=8, tp_comm_overlap=True), m, job)
     assert mg.not_expressible(Plan(tp=8, ep=2, dp=2, global_batch=2), m, job)  # dense model
+    mixtral = load_model("mixtral-8x7b")
+    assert mg.not_expressible(Plan(tp=2, ep=2, dp=4, global_batch=4), mixtral, job)
+    assert not mg.not_expressible(Plan(tp=2, ep=2, dp=4, global_batch=4, sequence_parallel=True),
+                                  mixtral, job)
 
 
 def _random_plans(rng: random.Random, n: int):
@@ -356,8 +360,11 @@ def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
     rng, accepted = random.Random(4), 0
     models, systems = {}, {}
     for model, system, gpus, dtype, fields in _random_plans(rng, 600):
-        m = models.setdefault(model, load_model(model))
-        s = systems.setdefault((system, gpus), load_system(system, gpus))
+        if model not in models:
+            models[model] = load_model(model)
+        if (system, gpus) not in systems:
+            systems[system, gpus] = load_system(system, gpus)
+        m, s = models[model], systems[system, gpus]
         try:
             plan = Plan(**fields)
         except ValueError:
