@@ -29,11 +29,16 @@ class ComputeEfficiency(_Strict):
     """
 
     matmul_max: float = Field(gt=0, le=1)
+    matmul_max_fp8: float | None = Field(
+        default=None, gt=0, le=1, description="fp8 GEMM ceiling (TE scaling/casts); default matmul_max")
     matmul_half_dim: float = Field(ge=0, description="GEMM min-dimension at which efficiency halves")
     attention_max: float = Field(gt=0, le=1)
     # Memory-bound element-wise work (norms, activations, dropout, residuals, optimizer) as
     # bytes moved per activation element, run at `hbm_efficiency` of HBM bandwidth.
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
+
+    def matmul_ceiling(self, dtype: str) -> float:
+        return self.matmul_max_fp8 if dtype == "fp8" and self.matmul_max_fp8 else self.matmul_max
 
 
 class Accelerator(_Strict):

@@ -3,7 +3,7 @@
 Ring algorithms (Thakur, Rabenseifner & Gropp 2005; NCCL's "bus bandwidth" convention): an
 all-reduce of B bytes over n ranks moves 2(n−1)/n·B per rank in 2(n−1) steps; reduce-scatter
 and all-gather move (n−1)/n·B in n−1 steps; all-to-all moves (n−1)/n·B. The bandwidth of a group
-is that of the slowest network tier it spans (Megatron rank order tp → cp → ep/dp → pp).
+comes from the network tiers it spans (see group_link).
 """
 from __future__ import annotations
 
@@ -12,15 +12,24 @@ import numpy as np
 from hardware.spec import SystemSpec
 
 
-def tier_for_span(system: SystemSpec, span_gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(bandwidth bytes/s per GPU, latency s) of the tier a group spanning `span_gpus` ranks uses."""
-    span = np.asarray(span_gpus, dtype=np.float64)
-    bw = np.full(span.shape, system.network[-1].bandwidth_bytes_per_s)
-    lat = np.full(span.shape, system.network[-1].latency_s)
-    for tier in reversed(system.network[:-1]):
-        inside = span <= tier.domain_gpus
-        bw = np.where(inside, tier.bandwidth_bytes_per_s, bw)
-        lat = np.where(inside, tier.latency_s, lat)
+def group_link(system: SystemSpec, size, stride) -> tuple[np.ndarray, np.ndarray]:
+    """(bandwidth bytes/s per GPU, latency s) for a collective over `size` ranks spaced `stride`
+    apart (Megatron rank order tp → cp → ep/dp → pp).
+
+    A group inside one tier's domain runs at that tier. A group crossing a domain runs one ring
+    channel per member it has inside the domain, each through that member's own link (NCCL
+    rings over rail-optimised NICs): k members per domain give k× the outer per-GPU bandwidth,
+    never more than the inner tier's."""
+    size, stride = np.broadcast_arrays(np.asarray(size, dtype=np.float64), np.asarray(stride, dtype=np.float64))
+    span = size * stride
+    inner = system.network[0]
+    bw = np.full(span.shape, inner.bandwidth_bytes_per_s)
+    lat = np.full(span.shape, inner.latency_s)
+    for prev, tier in zip(system.network[:-1], system.network[1:]):
+        crosses = span > prev.domain_gpus
+        members_inside = np.clip(prev.domain_gpus / stride, 1.0, size)
+        bw = np.where(crosses, np.minimum(bw, members_inside * tier.bandwidth_bytes_per_s), bw)
+        lat = np.where(crosses, tier.latency_s, lat)
     return bw, lat
 
 

@@ -40,8 +40,8 @@ def gemm_efficiency(max_eff: float, half_dim: float, min_dim: np.ndarray) -> np.
     return max_eff * min_dim / (min_dim + half_dim)
 
 
-def _gemm_time(flop_count, min_dim, peak, eff):
-    return flop_count / (peak * gemm_efficiency(eff.matmul_max, eff.matmul_half_dim, min_dim))
+def _gemm_time(flop_count, min_dim, peak, eff, dtype):
+    return flop_count / (peak * gemm_efficiency(eff.matmul_ceiling(dtype), eff.matmul_half_dim, min_dim))
 
 
 def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
@@ -63,10 +63,10 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         rows_mlp = tokens
         expert_rows = tokens
     gemm = (
-        _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff)
-        + _gemm_time(2 * tokens * h * h / t, np.minimum(np.minimum(tokens, h / t), h), peak_gemm, eff)
-        + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff)
-        + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff)
+        _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
+        + _gemm_time(2 * tokens * h * h / t, np.minimum(np.minimum(tokens, h / t), h), peak_gemm, eff, job.dtype)
+        + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff, job.dtype)
+        + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff, job.dtype)
     )
     # Attention core at its own ceiling; causal fused kernels skip the masked half.
     core_flops = flops.attention_core_flops_per_token(model) * tokens / t
@@ -99,7 +99,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
 
     # --- tensor parallel: 2 all-reduces forward, 2 backward per layer (Narayanan SC'21 §3,
     # Fig. 5; with SP an all-gather + reduce-scatter pair of the same volume, Korthikanti §4.2.2)
-    tp_bw, tp_lat = comm.tier_for_span(system, t)
+    tp_bw, tp_lat = comm.group_link(system, t, 1)
     ar = comm.all_reduce_s(tokens * h * act_bytes, t, tp_bw, tp_lat)
     overlap = P.tp_comm_overlap > 0
     tp_fwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
@@ -107,7 +107,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
 
     # --- context parallel: ring attention passes K,V around the cp ranks, hidden behind the
     # attention kernel of each step (Liu et al. 2023, Ring Attention §3); backward moves K,V and dK,dV.
-    cp_bw, cp_lat = comm.tier_for_span(system, t * c)
+    cp_bw, cp_lat = comm.group_link(system, c, t)
     kv_bytes = tokens * 2.0 * model.kv_hidden / t * act_bytes
     cp_step = comm.p2p_s(kv_bytes, cp_bw, cp_lat) * (c - 1)
     cp_fwd = np.where(c > 1, np.maximum(0.0, cp_step - layer["attention"]), 0.0)
@@ -116,7 +116,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # --- expert parallel: dispatch + combine all-to-all per MoE layer forward, same backward
     # (Lepikhin et al. 2020, GShard §2.2), not overlapped.
     if model.moe:
-        ep_bw, ep_lat = comm.tier_for_span(system, t * c * P.ep)
+        ep_bw, ep_lat = comm.group_link(system, P.ep, t * c)
         a2a = comm.all_to_all_s(tokens * model.moe.top_k * h * act_bytes, P.ep, ep_bw, ep_lat)
         ep_fwd = ep_bwd = 2 * a2a
     else:
@@ -132,7 +132,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward.
     logit_fwd = _gemm_time(2 * tokens * h * model.vocab / t,
                            np.minimum(np.minimum(tokens, h), model.vocab / t),
-                           acc.peak(job.dtype), eff)
+                           acc.peak(job.dtype), eff, job.dtype)
     logit_bwd = BACKWARD_FACTOR * logit_fwd
 
     stage_fwd = layers_per_stage * fwd_compute
@@ -144,20 +144,21 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
     # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
     bubble = (p - 1) / v * stage_mb
-    pp_bw, pp_lat = comm.tier_for_span(system, 2 * t * c * dp)
+    pp_bw, pp_lat = comm.group_link(system, 2, t * c * dp)
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
     pp_p2p = np.where(p > 1, 2 * (p - 1) * v * p2p + np.where(v > 1, 0.0, 2 * m * p2p), 0.0)
 
     # --- data parallel: gradients (and, sharded, parameters) over the dp·cp replicas.
     bpp = job.bytes_per_param
     dense = mem["params_elems"]
-    dp_bw, dp_lat = comm.tier_for_span(system, t * c * dp)
+    dp_bw, dp_lat = comm.group_link(system, dp * c, t)
     n_dp = dp * c
     z = P.zero_stage
     grad_rs = comm.reduce_scatter_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
     param_ag = comm.all_gather_s(dense * bpp.weights, n_dp, dp_bw, dp_lat)
     grad_ar = comm.all_reduce_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
-    mb_fwd, mb_bwd = stage_fwd, stage_bwd  # one microbatch's forward / backward on a stage
+    # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
+    mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
     hide = P.dp_comm_overlap > 0
     # Megatron overlaps the gradient reduce with the last microbatch's backward and the
     # parameter all-gather with the first microbatch's forward (--overlap-grad-reduce/-param-gather).
