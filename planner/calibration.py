@@ -185,7 +185,7 @@ def summarize(rows: list[dict], key: str = "source") -> dict[str, dict]:
     groups: dict[str, list[float]] = {}
     for r in rows:
         groups.setdefault(r[key], []).append(abs(r["error"]))
-        groups.setdefault("all", []).append(abs(r["error"]))
+    groups["all"] = [abs(r["error"]) for r in rows]
     return {k: {"rows": len(v), "mean_abs_error": float(np.mean(v)), "max_abs_error": float(np.max(v))}
             for k, v in groups.items()}
 

@@ -77,7 +77,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     model_flops = tokens * flops.model_flops_per_token(model)
     # hardware FLOPs executed: + recomputed layers' forward (full) or attention core (selective)
     layer_fwd = flops.layer_matmul_flops_per_token(model) + flops.attention_core_flops_per_token(model)
-    rc_layers = np.where(P.recompute == 2, P.recompute_layers * P.pp, 0.0)
+    rc_layers = P.full_recompute_layers(model.layers) * P.pp
     extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * flops.attention_core_flops_per_token(model), 0.0)
     hw_flops = model_flops + tokens * extra
     step = times["step_time_s"]

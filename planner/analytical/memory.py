@@ -96,7 +96,7 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
 
     stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, P)
     # Partial full recompute: k of the stage's layers keep only their input.
-    k = np.where(P.recompute == 2, P.recompute_layers, 0.0)
+    k = P.full_recompute_layers(model.layers)
     act_mb = k * stored_per_layer + (layers_per_stage - k) * np.where(P.recompute == 2, full_per_layer,
                                                                       stored_per_layer)
     activations = act_mb * in_flight_microbatches(P)

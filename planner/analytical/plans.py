@@ -13,7 +13,13 @@ RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
 @dataclass(frozen=True)
 class PlanArrays:
     """One column per knob; row i is plan i. recompute: 0 none, 1 selective, 2 full;
-    recompute_layers: layers per stage recomputed under full recompute (ignored otherwise)."""
+    recompute_layers: layers per stage recomputed under full recompute, 0 = all (ignored otherwise)."""
+
+    def full_recompute_layers(self, layers: int) -> np.ndarray:
+        """Layers per stage that keep only their input (0 unless recompute is full)."""
+        per_stage = layers / self.pp
+        k = np.where(self.recompute_layers > 0, np.minimum(self.recompute_layers, per_stage), per_stage)
+        return np.where(self.recompute == 2, k, 0.0)
 
     tp: np.ndarray
     pp: np.ndarray
@@ -51,9 +57,9 @@ class PlanArrays:
             else:
                 value = getattr(default, f.name)
             out[f.name] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,)).copy()
-        layers_per_stage = layers / out["pp"]
-        out["recompute_layers"] = np.where(out["recompute_layers"] <= 0, layers_per_stage,
-                                           np.minimum(out["recompute_layers"], layers_per_stage))
+        # 0 means "every layer of the stage"; a count above the stage's layers means the same
+        all_layers = out["recompute_layers"] >= layers / out["pp"]
+        out["recompute_layers"] = np.where(all_layers, 0.0, np.maximum(out["recompute_layers"], 0.0))
         return cls(**out)
 
     @classmethod
@@ -71,15 +77,14 @@ class PlanArrays:
 
     def row(self, i: int) -> Plan:
         """Plan i back as a pydantic Plan (for reports and Megatron emission)."""
-        layers_per_stage = None  # recompute_layers is stored resolved; keep None when it is "all"
         rc = RECOMPUTE_NAMES[int(self.recompute[i])]
-        k = int(self.recompute_layers[i])
+        k = int(self.recompute_layers[i]) if rc == "full" and self.recompute_layers[i] > 0 else None
         return Plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
             ep=int(self.ep[i]), micro_batch=int(self.micro_batch[i]),
             global_batch=int(self.global_batch[i]), vpp=int(self.vpp[i]),
             sequence_parallel=bool(self.sequence_parallel[i]), recompute=rc,
-            recompute_num_layers=k if rc == "full" else layers_per_stage,
+            recompute_num_layers=k,
             zero_stage=int(self.zero_stage[i]), offload_weights=float(self.offload_weights[i]),
             offload_activations=float(self.offload_activations[i]),
             offload_optimizer=float(self.offload_optimizer[i]),

@@ -125,7 +125,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     fwd_layer = fwd_compute + tp_fwd + cp_fwd + ep_fwd
     # Recompute: full reruns the forward (with its communication) of k layers per stage;
     # selective reruns the attention core (Korthikanti et al. 2022 §5).
-    k_full = np.where(P.recompute == 2, P.recompute_layers, 0.0)
+    k_full = P.full_recompute_layers(model.layers)
     recompute_compute = k_full * fwd_compute + np.where(P.recompute == 1, layers_per_stage * layer["attention"], 0.0)
     recompute_comm = k_full * (tp_fwd + cp_fwd + ep_fwd)
 

@@ -1,0 +1,102 @@
+"""Step-time structure, collectives and the scalar/vectorised agreement."""
+import numpy as np
+import pytest
+
+from hardware import load_system
+from planner.analytical import PlanArrays, estimate, estimate_many
+from planner.analytical import comm
+from planner.analytical.estimate import TIME_FIELDS
+from planner.model import ModelSpec, load_model
+from planner.plan import JobSpec, Plan
+
+
+def test_ring_collectives_by_hand():
+    # Thakur et al. 2005: ring all-reduce 2(n-1)/n·B/bw + 2(n-1)·α; reduce-scatter half of it
+    assert comm.all_reduce_s(8e9, 8, 100e9, 1e-5) == pytest.approx(2 * 7 / 8 * 0.08 + 14e-5)
+    assert comm.reduce_scatter_s(8e9, 8, 100e9, 1e-5) == pytest.approx(7 / 8 * 0.08 + 7e-5)
+    assert comm.all_reduce_s(8e9, 1, 100e9, 1e-5) == 0
+
+
+def test_group_link_follows_nccl_rails():
+    s = load_system("h100-sxm")
+    nvlink, ib = s.network[0].bandwidth_bytes_per_s, s.network[1].bandwidth_bytes_per_s
+    assert comm.group_link(s, 8, 1)[0] == nvlink                 # TP inside the node
+    assert comm.group_link(s, 16, 8)[0] == ib                     # DP with tp=8: one NIC per node
+    assert comm.group_link(s, 64, 2)[0] == pytest.approx(4 * ib)  # 4 members per node, 4 rails
+    assert comm.group_link(s, 16, 1)[0] == pytest.approx(min(nvlink, 8 * ib))
+
+
+def test_breakdown_sums_to_step_time(gpt3, a100):
+    est = estimate(gpt3, a100, Plan(tp=8, pp=8, dp=16, vpp=2, global_batch=1536, recompute="full"))
+    assert sum(est.time_breakdown_s.values()) == pytest.approx(est.step_time_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (4, 2, 8), (8, 3, 24), (2, 1, 64)])
+def test_pipeline_bubble_fraction_is_p_minus_1_over_m_v(pp, vpp, m):
+    # Narayanan et al. SC'21 §2.2: bubble = (p-1)/(v·m) of the ideal time. A vocab of 1 makes
+    # the LM head negligible so the ideal time is m stage-times.
+    model = ModelSpec(layers=48, hidden=4096, heads=32, seq_length=2048, vocab=1)
+    system = load_system("a100-80g", 8 * pp)
+    est = estimate(model, system, Plan(tp=8, pp=pp, dp=1, vpp=vpp, global_batch=m))
+    t = est.time_breakdown_s
+    ideal = t["forward_s"] + t["backward_s"] + t["recompute_s"] + t["tp_comm_exposed_s"] + t["cp_ep_comm_exposed_s"]
+    assert t["pp_bubble_s"] / ideal == pytest.approx((pp - 1) / (vpp * m), rel=1e-3)
+
+
+def test_mfu_definition(gpt3, a100):
+    est = estimate(gpt3, a100, Plan(tp=8, pp=8, dp=16, global_batch=1536))
+    assert est.mfu == pytest.approx(est.model_flops / (est.step_time_s * 1024 * 312e12))
+    assert est.hfu >= est.mfu
+
+
+def test_recompute_trades_time_for_memory(gpt3, a100):
+    base = dict(tp=8, pp=8, dp=16, global_batch=1536, sequence_parallel=True)
+    none = estimate(gpt3, a100, Plan(**base, recompute="none"), JobSpec(flash_attention=False))
+    full = estimate(gpt3, a100, Plan(**base, recompute="full"), JobSpec(flash_attention=False))
+    assert full.step_time_s > none.step_time_s
+    assert full.memory_breakdown_bytes["activations_bytes"] < none.memory_breakdown_bytes["activations_bytes"]
+
+
+def test_more_data_parallel_is_faster_for_a_fixed_batch(gpt3):
+    times = [estimate(gpt3, load_system("a100-80g", 64 * dp), Plan(tp=8, pp=8, dp=dp, global_batch=1536)).step_time_s
+             for dp in (4, 8, 16)]
+    assert times[0] > times[1] > times[2]
+
+
+def test_divisibility_rules_are_reported():
+    m = load_model("llama3-70b")
+    s = load_system("h100-sxm", 48)
+    est = estimate(m, s, Plan(tp=3, pp=1, dp=16, global_batch=16))
+    assert {"heads_tp", "groups_tp"} <= set(est.violations)
+    est = estimate(m, s, Plan(tp=8, pp=3, dp=2, vpp=2, global_batch=4))  # m = 2 < pp
+    assert {"layers_pp", "vpp_microbatches"} <= set(est.violations)
+
+
+def random_columns(rng, n, layers):
+    pick = lambda *v: rng.choice(v, n)  # noqa: E731
+    tp, pp, dp, cp = pick(1, 2, 4, 8), pick(1, 2, 4, 5), pick(1, 2, 3, 8), pick(1, 2)
+    mb = pick(1, 2, 4)
+    return dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=pick(1, 2), micro_batch=mb,
+                global_batch=mb * dp * pick(1, 4, 8, 16), vpp=pick(1, 2), sequence_parallel=pick(0, 1),
+                recompute=pick(0, 1, 2), recompute_layers=pick(0, 1, 3), zero_stage=pick(0, 1, 2, 3),
+                offload_weights=pick(0.0, 0.5), offload_activations=pick(0.0, 1.0),
+                offload_optimizer=pick(0.0, 0.25, 1.0), tp_comm_overlap=pick(0, 1), dp_comm_overlap=pick(0, 1))
+
+
+@pytest.mark.parametrize("preset,system", [("gpt3-175b", "a100-80g"), ("llama3-70b", "h100-offload-1tib"),
+                                           ("mixtral-8x7b", "gh200")])
+def test_vectorised_and_scalar_agree_on_random_plans(preset, system):
+    model = load_model(preset)
+    sysm = load_system(system, 64)
+    job = JobSpec(flash_attention=preset != "gpt3-175b")
+    rng = np.random.default_rng(7)
+    P = PlanArrays.from_columns(200, model.layers, **random_columns(rng, 200, model.layers))
+    batch = estimate_many(model, sysm, job, P)
+    for i in range(len(P)):
+        one = estimate(model, sysm, P.row(i), job)
+        assert one.step_time_s == pytest.approx(batch["step_time_s"][i], rel=1e-9, abs=0)
+        assert one.hbm_bytes == pytest.approx(batch["hbm_bytes"][i], rel=1e-9, abs=0)
+        assert one.offload_bytes == pytest.approx(batch["offload_bytes"][i], rel=1e-9, abs=1e-6)
+        for key in TIME_FIELDS:
+            assert one.time_breakdown_s[key] == pytest.approx(batch[key][i], rel=1e-9, abs=1e-15)
+        assert one.mfu == pytest.approx(batch["mfu"][i], rel=1e-9)
