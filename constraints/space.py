@@ -1,0 +1,329 @@
+"""The search space: legal values of every knob, and the rows (plans) they combine into.
+
+A *row* is one complete plan, held as numpy columns named like `PlanArrays` fields. The space is
+the set of rows that pass every STRUCTURAL rule (divisibility, GPU count, batch, compatibility
+and, with `job.framework == 'megatron'`, Megatron-LM expressibility) and the user's pins; memory
+fit is NOT a space rule: it is decided by the exact model (`constraints.surrogate`) and enforced
+as a named constraint in the CP-SAT model (`constraints.encode`).
+
+Domains (see `knob_domains`)
+  tp           divisors of heads that divide hidden, ffn (and the expert ffn), with query groups
+               a multiple or a divisor of tp, and tp <= GPUs
+  pp           divisors of layers, <= GPUs
+  cp           1 and the divisors c <= 8 of seq/2 (so that seq % 2c == 0)
+  ep           divisors of the number of experts (MoE only; else 1)
+  vpp          1..8 with layers % (pp*vpp) == 0 (vpp > 1 needs pp > 1)
+  dp           GPUs / (tp*pp*cp); with `allow_idle_gpus` any dp that leaves GPUs idle but keeps
+               the used count a whole number of nodes (or at most one node), limited to the
+               largest dp, powers of two and divisors of the fixed batch
+  micro_batch  1, 2, 4, 8, 16 with micro_batch*dp <= batch
+  global_batch job.global_batch if fixed; otherwise every multiple of micro_batch*dp up to
+               job.max_global_batch ("free batch"; the objective is then time per token)
+  recompute    none, selective, full (all layers of a stage)
+  zero_stage   0 (plain DP), 1 (distributed optimizer), 3 (FSDP); 2 is left out
+  offload_*    {0, 0.5, 1} of weights / activations / optimizer state, only when the system has an
+               offload tier and job.allow_offload (Megatron: no weight offload; activation
+               offload only with pp == 1 and no recompute; optimizer offload only with ZeRO-1)
+  sequence_parallel on/off (on only with tp > 1); tp_comm_overlap on/off (on only with SP);
+  dp_comm_overlap on/off.
+
+Free batch ("batch <= max"): every multiple of micro_batch*dp up to the cap is in the space (the
+brute-force oracle enumerates all of them, `expand_batches`), and the objective is time per
+TOKEN, step_time / (global_batch·seq); with a fixed (or pinned) batch it is the step time. How
+the solver side avoids tabulating every batch without losing the optimum is explained in
+`constraints.surrogate`.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hardware.errors import SpecError
+from hardware.spec import SystemSpec
+from planner.model import ModelSpec
+from planner.plan import KNOBS, RECOMPUTE_CODES, JobSpec
+
+CP_CAP = 8
+VPP_CAP = 8
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+ZERO_STAGES = (0, 1, 3)
+OFFLOAD_GRID = (0.0, 0.5, 1.0)
+
+# The parallel layout: two rows with the same values here are the same "mapping of the model
+# onto the GPUs"; the search returns the K best DISTINCT layouts, each with its best batch and
+# memory options.
+LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch")
+# Memory / overlap options (one table, crossed with the layouts).
+OPTION_KEYS = ("recompute", "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "zero_stage",
+               "offload_weights", "offload_activations", "offload_optimizer")
+ROW_KEYS = LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _pow2_upto(n: int) -> list[int]:
+    out, v = [], 1
+    while v <= n:
+        out.append(v)
+        v *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class Space:
+    """Knob domains for one (model, system, job), pins applied."""
+
+    model: ModelSpec
+    system: SystemSpec
+    job: JobSpec
+    domains: dict[str, tuple]
+    free_batch: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def batch_cap(self) -> int:
+        return self.job.global_batch or self.job.max_global_batch
+
+
+def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str, tuple]:
+    """Legal values of each knob BEFORE pins (dp and global_batch are listed but derived per row)."""
+    n = system.num_gpus
+    g = model.kv_groups
+    widths = [model.hidden, model.ffn_hidden] + ([model.expert_ffn_hidden] if model.moe else [])
+    tp = [d for d in divisors(model.heads)
+          if all(w % d == 0 for w in widths) and (g % d == 0 or d % g == 0) and d <= n]
+    pp = [d for d in divisors(model.layers) if d <= n]
+    half = model.seq_length // 2 if model.seq_length % 2 == 0 else 0
+    cp = [1] + [c for c in range(2, CP_CAP + 1) if half and half % c == 0 and c <= n]
+    ep = divisors(model.moe.num_experts) if model.moe else [1]
+    vpp = list(range(1, VPP_CAP + 1))
+    mega = job.framework == "megatron"
+    offload = system.offload is not None and job.allow_offload
+    off = OFFLOAD_GRID if offload else (0.0,)
+    cap = job.global_batch or job.max_global_batch
+    return {
+        "tp": tuple(tp), "pp": tuple(pp), "cp": tuple(cp), "ep": tuple(ep), "vpp": tuple(vpp),
+        "dp": tuple(range(1, n + 1)) if job.allow_idle_gpus else tuple(sorted({n // (a * b * c)
+              for a in tp for b in pp for c in cp if n % (a * b * c) == 0})),
+        "micro_batch": tuple(m for m in MICRO_BATCHES if m <= cap),
+        "global_batch": (job.global_batch,) if job.global_batch else tuple(range(1, cap + 1)),
+        "recompute": tuple(RECOMPUTE_CODES.values()),
+        "sequence_parallel": (0, 1), "tp_comm_overlap": (0, 1), "dp_comm_overlap": (0, 1),
+        "zero_stage": ZERO_STAGES,
+        "offload_weights": (0.0,) if mega else off,
+        "offload_activations": off, "offload_optimizer": off,
+    }
+
+
+def _pin_value(knob: str, value) -> float:
+    """A pin as the numeric code rows use."""
+    if knob == "recompute":
+        if value not in RECOMPUTE_CODES:
+            raise SpecError(f"pin recompute: unknown {value!r}; allowed: {', '.join(RECOMPUTE_CODES)}")
+        return RECOMPUTE_CODES[value]
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        low = value.lower()
+        if low in ("true", "on", "yes"):
+            return 1.0
+        if low in ("false", "off", "no"):
+            return 0.0
+        try:
+            return float(value)
+        except ValueError:
+            raise SpecError(f"pin {knob}: {value!r} is not a number") from None
+    return float(value)
+
+
+def _fmt(knob: str, values) -> str:
+    if knob == "recompute":
+        names = {c: n for n, c in RECOMPUTE_CODES.items()}
+        return ", ".join(names[int(v)] for v in values)
+    if knob in ("sequence_parallel", "tp_comm_overlap", "dp_comm_overlap"):
+        return ", ".join("true" if v else "false" for v in values)
+    return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
+
+
+def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
+    """Domains with pins applied; a pin outside its domain is a SpecError naming the allowed values."""
+    domains = knob_domains(model, system, job)
+    notes = []
+    for knob, raw in job.pins.items():
+        if knob not in KNOBS:
+            raise SpecError(f"pin {knob}: unknown knob; allowed: {', '.join(KNOBS)}")
+        value = _pin_value(knob, raw)
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw < 0:
+            raise SpecError(f"pin {knob}: must not be negative, got {raw}")
+        allowed = domains[knob]
+        if knob == "global_batch":
+            if job.global_batch and value != job.global_batch:
+                raise SpecError(f"pin global_batch: {raw} differs from the job's global batch "
+                                f"({job.global_batch})")
+            if not (1 <= value <= job.max_global_batch) or value != int(value):
+                raise SpecError(f"pin global_batch: {raw} must be a whole number in 1..{job.max_global_batch}")
+            domains[knob] = (int(value),)
+            continue
+        if knob == "dp" and not any(v == value for v in allowed):
+            raise SpecError(f"pin dp: {raw} leaves no tp·pp·cp that fills {system.num_gpus} GPUs; "
+                            f"allowed: {_fmt(knob, allowed)}")
+        if not any(v == value for v in allowed):
+            raise SpecError(f"pin {knob}: {raw} is not a legal value here; allowed: {_fmt(knob, allowed)}")
+        domains[knob] = tuple(v for v in allowed if v == value)
+    if "global_batch" in job.pins and not job.global_batch:
+        notes.append("global batch pinned: the objective is step time")
+    free = job.global_batch is None and "global_batch" not in job.pins
+    return Space(model=model, system=system, job=job, domains=domains, free_batch=free, notes=notes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layouts
+# ---------------------------------------------------------------------------------------------
+
+def _dp_choices(space: Space, used: int) -> list[int]:
+    n, job, system = space.system.num_gpus, space.job, space.system
+    if not job.allow_idle_gpus:
+        return [n // used] if n % used == 0 else []
+    top = n // used
+    if top < 1:
+        return []
+    cands = {top} | set(_pow2_upto(top))
+    if job.global_batch:
+        cands |= {d for d in divisors(job.global_batch) if d <= top}
+    out = []
+    for d in sorted(cands):
+        gpus = d * used
+        if job.framework == "megatron" and gpus > system.gpus_per_node and gpus % system.gpus_per_node:
+            continue  # torchrun needs whole nodes
+        out.append(d)
+    return out
+
+
+def layouts(space: Space) -> dict[str, np.ndarray]:
+    """All (tp, pp, dp, cp, ep, vpp, micro_batch) that pass the structural rules, each with its
+    legal microbatch counts m = global_batch / (micro_batch·dp) as range(m_min, m_max + 1, m_step):
+    fixed batch: the one m; free batch: 1..M (M = cap // (micro_batch·dp)), or the multiples of
+    pp up to M with interleaving (Megatron: m >= pp and a multiple of pp)."""
+    d = space.domains
+    model = space.model
+    experts = model.moe.num_experts if model.moe else 1
+    names = LAYOUT_KEYS + ("m_min", "m_max", "m_step")
+    cols: dict[str, list] = {k: [] for k in names}
+    gb_dom = sorted(d["global_batch"])
+    for tp, pp, cp in itertools.product(d["tp"], d["pp"], d["cp"]):
+        used = tp * pp * cp
+        for dp in _dp_choices(space, used):
+            if dp not in d["dp"]:
+                continue
+            for ep in d["ep"]:
+                if experts % ep or (dp * cp) % ep:
+                    continue
+                for vpp in d["vpp"]:
+                    if model.layers % (pp * vpp) or (vpp > 1 and pp == 1):
+                        continue
+                    for mb in d["micro_batch"]:
+                        unit = mb * dp
+                        if space.free_batch:
+                            top = space.batch_cap // unit
+                            if vpp > 1:
+                                top = (top // pp) * pp
+                                spans = [(pp, top, pp)] if top >= pp else []
+                            else:
+                                spans = [(1, top, 1)] if top >= 1 else []
+                        else:
+                            spans = [(g // unit, g // unit, 1) for g in gb_dom if g % unit == 0
+                                     and (vpp == 1 or ((g // unit) % pp == 0 and g // unit >= pp))]
+                        for span in spans:
+                            for k, v in zip(names, (tp, pp, dp, cp, ep, vpp, mb) + span):
+                                cols[k].append(v)
+    return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
+
+
+def expand_batches(lay: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every legal microbatch count of every layout as its own row (the oracle's full space);
+    adds `m` and `global_batch`."""
+    counts = ((lay["m_max"] - lay["m_min"]) // lay["m_step"] + 1).astype(np.int64)
+    idx = np.repeat(np.arange(len(counts)), counts)
+    start = np.cumsum(counts) - counts
+    offset = np.arange(len(idx)) - np.repeat(start, counts)
+    out = {k: v[idx] for k, v in lay.items()}
+    out["m"] = out["m_min"] + offset * out["m_step"]
+    out["global_batch"] = out["m"] * out["micro_batch"] * out["dp"]
+    return out
+
+
+def at_batch(lay: dict[str, np.ndarray], m: np.ndarray) -> dict[str, np.ndarray]:
+    out = dict(lay)
+    out["m"] = np.asarray(m, dtype=np.float64)
+    out["global_batch"] = out["m"] * lay["micro_batch"] * lay["dp"]
+    return out
+
+
+def options(space: Space) -> dict[str, np.ndarray]:
+    """All memory/overlap option combinations that pass the layout-independent rules."""
+    d = space.domains
+    mega = space.job.framework == "megatron"
+    rows = []
+    for combo in itertools.product(*(d[k] for k in OPTION_KEYS)):
+        o = dict(zip(OPTION_KEYS, combo))
+        if o["tp_comm_overlap"] and not o["sequence_parallel"]:
+            continue
+        if mega:
+            if o["offload_weights"] > 0:
+                continue
+            if o["offload_activations"] > 0 and (o["recompute"] != 0 or space.model.layers < 2):
+                continue
+            if o["offload_optimizer"] > 0 and o["zero_stage"] != 1:
+                continue
+        rows.append(combo)
+    arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(OPTION_KEYS))
+    return {k: arr[:, i].copy() for i, k in enumerate(OPTION_KEYS)}
+
+
+def cross(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Layouts × options, keeping only the compatible pairs: SP (and TP overlap) needs tp > 1;
+    Megatron activation offload needs pp == 1. Every column of `lay` is carried along, and
+    `lay_row` says which layout row each pair came from. Deterministic order."""
+    mega = space.job.framework == "megatron"
+    parts: dict[str, list] = {k: [] for k in list(lay) + list(OPTION_KEYS) + ["lay_row"]}
+    n_lay = len(lay["tp"])
+    lay_cls = (lay["tp"] > 1).astype(int) * 2 + (lay["pp"] == 1).astype(int)
+    for cls in range(4):
+        li = np.nonzero(lay_cls == cls)[0]
+        if not len(li):
+            continue
+        ok = np.ones(len(opt["recompute"]), dtype=bool)
+        if not cls & 2:
+            ok &= opt["sequence_parallel"] == 0
+        if mega and not cls & 1:
+            ok &= opt["offload_activations"] == 0
+        oi = np.nonzero(ok)[0]
+        if not len(oi):
+            continue
+        L = np.repeat(li, len(oi))
+        O = np.tile(oi, len(li))
+        for k in lay:
+            parts[k].append(lay[k][L])
+        for k in OPTION_KEYS:
+            parts[k].append(opt[k][O])
+        parts["lay_row"].append(L)
+    if not parts["lay_row"]:
+        return {k: np.zeros(0) for k in parts}
+    rows = {k: np.concatenate(v) for k, v in parts.items()}
+    order = np.argsort(rows["lay_row"], kind="stable")
+    rows = {k: v[order] for k, v in rows.items()}
+    assert rows["lay_row"].max() < n_lay
+    return rows
+
+
+def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
+    """The FULL space as rows (every legal batch): what the brute-force oracle evaluates."""
+    return cross(space, expand_batches(layouts(space)), options(space))
+
+
+__all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "enumerate_rows",
+           "expand_batches", "at_batch", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]
