@@ -21,8 +21,10 @@ import numpy as np
 from planner.calibration import DEFAULT_REFERENCE, accuracy_rows, load_reference
 
 BOUNDS = {"matmul_max": (0.4, 0.98), "matmul_max_fp8": (0.2, 0.98), "matmul_half_dim": (0.0, 1024.0),
-          "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0)}
-ACCELERATOR_FILES = {"A100-SXM4-80GB": "a100-sxm4-80gb", "H100-SXM5-80GB": "h100-sxm5-80gb"}
+          "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0), "layer_overhead_us": (0.0, 2000.0)}
+# Accelerator fitted -> preset files that take its parameters (H200 and GH200 share H100's SM).
+ACCELERATOR_FILES = {"A100-SXM4-80GB": ["a100-sxm4-80gb"],
+                     "H100-SXM5-80GB": ["h100-sxm5-80gb", "h200-141gb", "gh200-96gb"]}
 
 
 def objective(cases, system, params) -> float:
@@ -65,12 +67,13 @@ def fit(cases, sweeps=3):
 
 
 def write(accel_name: str, params: dict) -> None:
-    path = Path(__file__).resolve().parents[1] / "hardware/presets/accelerators" / f"{ACCELERATOR_FILES[accel_name]}.yaml"
-    text = path.read_text()
-    inner = ", ".join(f"{k}: {round(v, 3) if k != 'matmul_half_dim' else round(v)}" for k, v in params.items())
-    text = re.sub(r"^efficiency: \{.*\}$", f"efficiency: {{{inner}}}", text, flags=re.M)
-    path.write_text(text)
-    print(f"wrote {path}")
+    inner = ", ".join(f"{k}: {round(v, 3) if k not in ('matmul_half_dim', 'layer_overhead_us') else round(v)}"
+                      for k, v in params.items())
+    for stem in ACCELERATOR_FILES[accel_name]:
+        path = Path(__file__).resolve().parents[1] / "hardware/presets/accelerators" / f"{stem}.yaml"
+        text = re.sub(r"^efficiency: \{.*\}$", f"efficiency: {{{inner}}}", path.read_text(), flags=re.M)
+        path.write_text(text)
+        print(f"wrote {path}")
 
 
 def main() -> None:
@@ -80,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     cases, _ = load_reference(args.reference)
     for accel in ACCELERATOR_FILES:
-        group = [c for c in cases if c.system.accelerator.name == accel]
+        group = [c for c in cases if c.system.accelerator.name == accel and c.fit]
         t0 = time.perf_counter()
         params, score = fit(group)
         print(f"{accel}: {len(group)} rows, mean |log err| {score:.4f} in {time.perf_counter() - t0:.0f} s")

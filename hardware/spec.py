@@ -36,6 +36,9 @@ class ComputeEfficiency(_Strict):
     # Memory-bound element-wise work (norms, activations, dropout, residuals, optimizer) as
     # bytes moved per activation element, run at `hbm_efficiency` of HBM bandwidth.
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
+    # Fixed time per layer and microbatch in forward (backward twice that): kernel launches and
+    # host synchronisation that do not shrink with the layer's size.
+    layer_overhead_us: float = Field(default=0.0, ge=0)
 
     def matmul_ceiling(self, dtype: str) -> float:
         return self.matmul_max_fp8 if dtype == "fp8" and self.matmul_max_fp8 else self.matmul_max

@@ -38,6 +38,7 @@ class RefCase:
     measured_step_s: float
     how_measured: str
     assumptions: list[str] = field(default_factory=list)
+    fit: bool = True  # used by bench/calibrate.py; False for runs of another framework
 
 
 @dataclass
@@ -142,7 +143,8 @@ def _case(rec: dict) -> RefCase | Skipped:
         step, how = float(rec["derived"]["iteration_time_s"]), "derived step time (source's TFLOP/s)"
     else:
         return Skipped(rid, "no step time or throughput to compare")
-    return RefCase(rid, _source(rid), model, system, plan, job, step, how, assumptions)
+    # DeepSpeed ZeRO-3 rows measure DeepSpeed's implementation, not Megatron's: reported, not fitted.
+    return RefCase(rid, _source(rid), model, system, plan, job, step, how, assumptions, fit=zero != 3)
 
 
 def load_reference(path: Path | str = DEFAULT_REFERENCE) -> tuple[list[RefCase], list[Skipped]]:

@@ -31,6 +31,8 @@ OPTIMIZER_BYTES_PER_PARAM = 30.0
 # dropout, bias) and of the MLP width (activation function read + write); 2-byte elements.
 ELEMENTWISE_PASSES_HIDDEN = 12.0
 ELEMENTWISE_PASSES_FFN = 2.0
+# Cross-entropy: logits cast to fp32, max, exp-sum, normalise: ~3 passes forward.
+CROSS_ENTROPY_PASSES = 3.0
 # Unfused attention writes and re-reads the s×s scores (scale/mask/softmax, dropout): 4 passes.
 UNFUSED_SCORE_PASSES = 4.0
 
@@ -42,6 +44,19 @@ def gemm_efficiency(max_eff: float, half_dim: float, min_dim: np.ndarray) -> np.
 
 def _gemm_time(flop_count, min_dim, peak, eff, dtype):
     return flop_count / (peak * gemm_efficiency(eff.matmul_ceiling(dtype), eff.matmul_half_dim, min_dim))
+
+
+def overlapped_collective_s(total_s, window_s, p, v):
+    """Exposed part of a DP collective that Megatron overlaps bucket by bucket.
+
+    Non-interleaved: the first stage's buckets overlap its last microbatch's backward (or first
+    forward), one microbatch-time `window_s`. Interleaved (v chunks): each chunk's share starts
+    as soon as that chunk is done, so only the last chunk's 1/v waits on one chunk-time; the
+    other (v-1)/v hide behind the cool-down's (p-1) chunk-times (Megatron overlap_grad_reduce
+    with virtual pipelining)."""
+    last = np.maximum(0.0, (total_s - window_s) / v)
+    earlier = np.maximum(0.0, total_s * (v - 1) / v - (p - 1) * window_s / v)
+    return last + earlier
 
 
 def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
@@ -80,7 +95,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
-    return {"gemm": gemm, "attention": attention + score_bytes / hbm, "elementwise": elem_bytes / hbm}
+    return {"gemm": gemm, "attention": attention + score_bytes / hbm,
+            "elementwise": elem_bytes / hbm + eff.layer_overhead_us * 1e-6}
 
 
 def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
@@ -133,6 +149,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     logit_fwd = _gemm_time(2 * tokens * h * model.vocab / t,
                            np.minimum(np.minimum(tokens, h), model.vocab / t),
                            acc.peak(job.dtype), eff, job.dtype)
+    # fp32 cross-entropy over the vocabulary shard: softmax and its gradient make
+    # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
+    logit_fwd = logit_fwd + CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
+        acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
     logit_bwd = BACKWARD_FACTOR * logit_fwd
 
     stage_fwd = layers_per_stage * fwd_compute
@@ -162,9 +182,9 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     hide = P.dp_comm_overlap > 0
     # Megatron overlaps the gradient reduce with the last microbatch's backward and the
     # parameter all-gather with the first microbatch's forward (--overlap-grad-reduce/-param-gather).
-    exposed_ar = np.where(hide, np.maximum(0.0, grad_ar - mb_bwd), grad_ar)
-    exposed_sharded = np.where(hide, np.maximum(0.0, grad_rs - mb_bwd) + np.maximum(0.0, param_ag - mb_fwd),
-                               grad_rs + param_ag)
+    exposed_ar = np.where(hide, overlapped_collective_s(grad_ar, mb_bwd, p, v), grad_ar)
+    exposed_sharded = np.where(hide, overlapped_collective_s(grad_rs, mb_bwd, p, v)
+                               + overlapped_collective_s(param_ag, mb_fwd, p, v), grad_rs + param_ag)
     # ZeRO-3: gather parameters for forward and backward and reduce-scatter gradients for
     # every microbatch (Rajbhandari et al. 2020 §5.3), overlapped with that microbatch.
     zero3_mb = 2 * param_ag + grad_rs
