@@ -1,16 +1,31 @@
 """`planner`: the typer app. Each sub-command lives in its own cli_*.py module."""
 from __future__ import annotations
 
-import sys
+import importlib
 
 import typer
+from typer.core import TyperGroup
 
 from hardware.errors import SpecError
 
+COMMAND_MODULES = ("cli_search", "cli_estimate", "cli_megatron", "cli_checkpoint", "cli_sweep", "cli_validate")
+
+
+class _UserErrorsAsOneLine(TyperGroup):
+    """A user mistake (SpecError) anywhere in a command: one line on stderr, exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SpecError as err:
+            typer.echo(f"error: {err}", err=True)
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(
-    add_completion=False, no_args_is_help=False, pretty_exceptions_enable=False,
+    cls=_UserErrorsAsOneLine, add_completion=False, pretty_exceptions_enable=False,
     help="Plan tensor/pipeline/data parallelism, batch, recompute and offload for LLM training.\n\n"
-         "Start with `planner plan` (GPT-3 175B on 1024 A100) or `planner presets`.")
+         "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`.")
 
 
 @app.callback()
@@ -18,26 +33,16 @@ def _root() -> None:
     """Plan tensor/pipeline/data parallelism, batch, recompute and offload for LLM training."""
 
 
-def _register_commands() -> None:
-    import importlib
-    for name in ("cli_estimate", "cli_search", "cli_megatron", "cli_checkpoint", "cli_sweep",
-                 "cli_validate"):
-        try:
-            module = importlib.import_module(f"planner.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"planner.{name}":
-                raise
-            continue
-        module.register(app)
-
-
-_register_commands()
+for _name in COMMAND_MODULES:
+    try:
+        _module = importlib.import_module(f"planner.{_name}")
+    except ModuleNotFoundError as exc:  # a command whose module has not landed yet
+        if exc.name != f"planner.{_name}":
+            raise
+        continue
+    _module.register(app)
 
 
 def main() -> None:
-    """Console entry point: user mistakes become one line on stderr and exit code 2."""
-    try:
-        app(standalone_mode=True)
-    except SpecError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    """Console entry point."""
+    app()

@@ -1,0 +1,83 @@
+"""`planner estimate` end to end: every preset pair, JSON, and one-line errors for bad input."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware import load_system, system_preset_names
+from planner.analytical import estimate
+from planner.cli import app
+from planner.model import load_model, model_preset_names
+from planner.plan import Plan
+
+runner = CliRunner()
+
+
+def one_line_error(result, *words):
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for w in words:
+        assert w in lines[0]
+
+
+@pytest.mark.parametrize("model_name", model_preset_names())
+@pytest.mark.parametrize("system_name", system_preset_names())
+def test_every_preset_pair_estimates(model_name, system_name):
+    model, system = load_model(model_name), load_system(system_name)
+    tp = max(t for t in (1, 2, 4, 8) if model.heads % t == 0)
+    plan = Plan(tp=tp, dp=system.num_gpus // tp, global_batch=system.num_gpus // tp, sequence_parallel=tp > 1)
+    est = estimate(model, system, plan)
+    assert est.step_time_s > 0 and est.hbm_bytes > 0
+    assert 0 < est.mfu < 1
+    assert sum(est.time_breakdown_s.values()) == pytest.approx(est.step_time_s)
+
+
+def test_cli_table_and_json():
+    result = runner.invoke(app, ["estimate"])
+    assert result.exit_code == 0, result.output
+    assert "Step time" in result.output and "MFU" in result.output
+    result = runner.invoke(app, ["estimate", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "64", "--tp", "8",
+                                 "--pp", "4", "-b", "128", "--vpp", "5", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["plan"]["dp"] == 2 and data["feasible"] in (True, False)
+    assert data["step_time_s"] == pytest.approx(sum(data["time_breakdown_s"].values()))
+
+
+def test_cli_reads_a_plan_file(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("plan: {tp: 8, pp: 8, dp: 16, global_batch: 1536, micro_batch: 1}\n")
+    result = runner.invoke(app, ["estimate", "--plan", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["plan"]["pp"] == 8
+
+
+def test_unknown_preset():
+    one_line_error(runner.invoke(app, ["estimate", "-m", "gpt5"]), "model", "allowed")
+    one_line_error(runner.invoke(app, ["estimate", "-s", "tpu"]), "system", "allowed")
+
+
+def test_gpu_product_mismatch():
+    one_line_error(runner.invoke(app, ["estimate", "--dp", "3"]), "tp·pp·dp·cp")
+
+
+def test_negative_and_bad_values():
+    one_line_error(runner.invoke(app, ["estimate", "--micro-batch", "-1"]), "micro_batch")
+    one_line_error(runner.invoke(app, ["estimate", "--recompute", "some"]), "recompute")
+    one_line_error(runner.invoke(app, ["estimate", "-g", "-8"]), "gpus")
+
+
+def test_model_yaml_errors(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("layers: 4\nhidden: 100\nheads: 3\nseq_length: 128\nvocab: 1000\n")
+    one_line_error(runner.invoke(app, ["estimate", "-m", str(bad), "-g", "8", "--tp", "1", "--pp", "1"]),
+                   "divisible by heads")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("layers: [4\n")
+    one_line_error(runner.invoke(app, ["estimate", "-m", str(broken)]), "malformed YAML")
+    missing = tmp_path / "missing.yaml"
+    missing.write_text("layers: 4\nhidden: 128\n")
+    one_line_error(runner.invoke(app, ["estimate", "-m", str(missing)]), "heads", "missing")
+    one_line_error(runner.invoke(app, ["estimate", "-m", str(tmp_path / "nope.yaml")]), "does not exist")
