@@ -1,0 +1,76 @@
+"""Brute force under the exact model: the test oracle of the search.
+
+It enumerates the FULL space of `constraints.space` (every legal global batch, every memory and
+overlap option, no dominance pruning), evaluates every row with `estimate_many`, keeps the rows
+the model itself finds feasible (`violations == 0`, i.e. its own divisibility, batch,
+compatibility and memory rules) and, with framework 'megatron', that `megatron.not_expressible`
+accepts, then returns the best row of each distinct layout (tp, pp, dp, cp, ep, vpp,
+micro_batch), best first, with the same objective and tie-break as the search. Only for spaces
+small enough to enumerate (the tests use up to a few hundred thousand rows).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from constraints.space import build_space, cross, expand_batches, layouts, options
+from constraints.surrogate import MEMORY_BITS, evaluate, order_rows, plan_arrays
+from hardware.spec import SystemSpec
+from planner.megatron import not_expressible
+from planner.model import ModelSpec
+from planner.plan import JobSpec, Plan
+
+
+@dataclass
+class BruteForce:
+    plans: list[Plan]
+    objectives: list[float]
+    space_size: int
+    feasible_rows: int
+    stats: dict = field(default_factory=dict)
+
+
+def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None,
+                top_k: int | None = None, max_rows: int = 20_000_000) -> BruteForce:
+    t0 = time.perf_counter()
+    job = job or JobSpec()
+    space = build_space(model, system, job)
+    lay = layouts(space)
+    lay["layout_id"] = np.arange(len(lay["tp"]), dtype=np.float64)
+    rows = cross(space, expand_batches(lay), options(space))
+    n = len(rows["tp"])
+    if n > max_rows:
+        raise ValueError(f"brute force: {n} rows is more than max_rows={max_rows}")
+    if n == 0:
+        return BruteForce([], [], 0, 0, {"seconds": time.perf_counter() - t0})
+    res = evaluate(space, rows)
+    structural = int(np.count_nonzero(res["violations"] & ~MEMORY_BITS))
+    ok = np.nonzero(res["violations"] == 0)[0]
+    sub = {k: v[ok] for k, v in rows.items()}
+    obj = res["objective"][ok]
+    order = order_rows(sub, obj)
+    seen: set[int] = set()
+    plans, objectives = [], []
+    skipped = 0
+    PA = plan_arrays(space, sub)
+    for i in order:
+        g = int(sub["layout_id"][i])
+        if g in seen:
+            continue
+        plan = PA.row(int(i))
+        if job.framework == "megatron" and not_expressible(plan, model, job):
+            skipped += 1
+            continue
+        seen.add(g)
+        plans.append(plan)
+        objectives.append(float(obj[i]))
+        if top_k is not None and len(plans) >= top_k:
+            break
+    return BruteForce(plans, objectives, n, len(ok),
+                      {"seconds": time.perf_counter() - t0, "structural_rejects": structural,
+                       "not_expressible_skips": skipped})
+
+
+__all__ = ["BruteForce", "brute_force"]

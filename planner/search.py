@@ -1,0 +1,282 @@
+"""The search: space -> exact cost table -> CP-SAT -> top-K distinct layouts -> re-scored Plans.
+
+Public API
+  plan(model, system, job=None, top_k=5) -> SearchResult     ranked (Plan, Estimate), stats
+  best_plan(model, system, job=None) -> Plan | None          used by `planner megatron`
+  check(model, system, job=None) -> CheckResult              yes + best plan, or no + why (numbers)
+  count(model, system, job=None) -> int                      number of valid mappings
+
+Objective: time per token (step_time / (global_batch·seq)) when the batch is free
+(job.global_batch is None: any batch up to job.max_global_batch that is a multiple of
+micro_batch·dp), step time when it is fixed. "Top K" means the K best DISTINCT layouts
+(tp, pp, dp, cp, ep, vpp, micro_batch), each with its best batch and memory/overlap options.
+See constraints/space.py, surrogate.py, encode.py and solve.py for the pieces.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from constraints.solve import explain, solve_top_k
+from constraints.space import at_batch, build_space, cross, layouts, options
+from constraints.surrogate import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
+from hardware.errors import SpecError
+from hardware.spec import GIB, MemoryTier, SystemSpec
+from planner.analytical import Estimate, estimate
+from planner.megatron import not_expressible
+from planner.model import ModelSpec
+from planner.plan import JobSpec, Plan
+
+HYPOTHETICAL_OFFLOAD_GIB = 4096.0
+HYPOTHETICAL_OFFLOAD_GB_S = 100.0
+MAX_GPU_FACTOR = 64
+
+
+@dataclass
+class Ranked:
+    plan: Plan
+    estimate: Estimate
+    objective: float          # seconds per token (free batch) or per step (fixed batch)
+
+
+@dataclass
+class SearchResult:
+    ranked: list[Ranked]
+    objective: str            # "time per token" | "step time"
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def best(self) -> Ranked | None:
+        return self.ranked[0] if self.ranked else None
+
+
+@dataclass
+class CheckResult:
+    feasible: bool
+    best: Ranked | None
+    reasons: list[str] = field(default_factory=list)   # plain words with numbers when infeasible
+    binding_rules: list[str] = field(default_factory=list)
+    numbers: dict = field(default_factory=dict)
+
+
+def _objective(est: Estimate, seq: int, free: bool) -> float:
+    return est.step_time_s / (est.plan.global_batch * seq) if free else est.step_time_s
+
+
+def _row_plan(table: Table, i: int) -> Plan:
+    sub = {k: v[i:i + 1] for k, v in table.rows.items()}
+    return plan_arrays(table.space, sub).row(0)
+
+
+def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,
+         time_limit_s: float = 30.0) -> SearchResult:
+    """The K best distinct layouts under the exact model, best first."""
+    if top_k < 1:
+        raise SpecError(f"top: must be a positive integer, got {top_k}")
+    t0 = time.perf_counter()
+    job = job or JobSpec()
+    space = build_space(model, system, job)
+    table = tabulate(space, top_k=top_k)
+    sols = solve_top_k(table, top_k, time_limit_s)
+    t1 = time.perf_counter()
+    ranked, mismatches, dropped = [], 0, 0
+    for i in sols.indices:
+        p = _row_plan(table, i)
+        if job.framework == "megatron" and not_expressible(p, model, job):
+            dropped += 1  # cannot happen: the space encodes the same rules
+            continue
+        est = estimate(model, system, p, job)
+        obj = _objective(est, model.seq_length, space.free_batch)
+        if not math.isclose(obj, float(table.res["objective"][i]), rel_tol=1e-9):
+            mismatches += 1
+        ranked.append(Ranked(plan=p, estimate=est, objective=obj))
+    stats = dict(table.stats)
+    stats.update(sols.stats)
+    stats.update({"status": sols.status, "rescore_s": time.perf_counter() - t1,
+                  "rescore_mismatches": mismatches, "not_expressible_dropped": dropped,
+                  "total_s": time.perf_counter() - t0, "free_batch": space.free_batch})
+    return SearchResult(ranked=ranked, objective="time per token" if space.free_batch else "step time",
+                        stats=stats)
+
+
+def best_plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> Plan | None:
+    result = plan(model, system, job, top_k=1)
+    return result.best.plan if result.best else None
+
+
+# ---------------------------------------------------------------------------------------------
+# count
+# ---------------------------------------------------------------------------------------------
+
+def count(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> int:
+    """Number of valid MAPPINGS, counted combinatorially (nothing is evaluated).
+
+    A mapping is one full assignment of the knobs (tp, pp, dp, cp, ep, vpp, micro_batch,
+    global_batch, recompute, sequence_parallel, tp_comm_overlap, dp_comm_overlap, zero_stage,
+    offload fractions of weights / activations / optimizer) from the domains of
+    `constraints.space` that satisfies every structural rule: divisibility (heads, query groups,
+    hidden/ffn by tp; layers by pp·vpp; experts by ep), GPU count, batch (global batch a multiple
+    of micro_batch·dp, fixed or up to the cap; interleaving needs a multiple of pp microbatches),
+    compatibility (SP needs tp > 1, TP overlap needs SP) and, for framework 'megatron',
+    expressibility in Megatron-LM. MEMORY IS IGNORED (no plan is evaluated): this is the size of
+    the space the search prunes, i.e. exactly the rows the brute-force oracle enumerates.
+
+    Counting: sum over layouts (tp, pp, dp, cp, ep, vpp, micro_batch) of (number of legal
+    microbatch counts, a closed form per layout) × (number of option combinations compatible
+    with the layout's class: tp > 1 or not, pp = 1 or not).
+    """
+    job = job or JobSpec()
+    space = build_space(model, system, job)
+    lay = layouts(space)
+    if not len(lay["tp"]):
+        return 0
+    opt = options(space)
+    n_m = ((lay["m_max"] - lay["m_min"]) // lay["m_step"] + 1).astype(np.int64)
+    mega = job.framework == "megatron"
+    per_class = []
+    for cls in range(4):
+        ok = np.ones(len(opt["recompute"]), dtype=bool)
+        if not cls & 2:
+            ok &= opt["sequence_parallel"] == 0
+        if mega and not cls & 1:
+            ok &= opt["offload_activations"] == 0
+        per_class.append(int(ok.sum()))
+    cls = (lay["tp"] > 1).astype(int) * 2 + (lay["pp"] == 1).astype(int)
+    return int(np.sum(n_m * np.asarray(per_class, dtype=np.int64)[cls]))
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.1f} GiB"
+
+
+def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
+    """Smallest per-GPU HBM over every otherwise-valid plan (each pair at its smallest legal batch:
+    memory never falls as the batch grows); also the smallest among plans whose offload fits."""
+    lay = layouts(space)
+    pairs = cross(space, lay, options(space))
+    if not len(pairs["tp"]):
+        return math.inf, math.inf, None, 0.0
+    rows = at_batch(pairs, pairs["m_min"])
+    res = evaluate(space, rows)
+    structural = (res["violations"] & ~MEMORY_BITS) != 0
+    hbm = np.where(structural, np.inf, res["hbm_bytes"])
+    off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
+    within = np.where(res["offload_bytes"] <= off_cap * (1 + 1e-12), hbm, np.inf)
+    i = int(np.argmin(within)) if np.isfinite(within).any() else int(np.argmin(hbm))
+    cap = space.system.accelerator.hbm_capacity_bytes - space.job.hbm_reserve_gib * GIB
+    best_plan_ = plan_arrays(space, {k: v[i:i + 1] for k, v in rows.items()}).row(0)
+    return float(hbm[i]), float(np.min(hbm)), best_plan_, cap
+
+
+def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> CheckResult:
+    """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much."""
+    job = job or JobSpec()
+    result = plan(model, system, job, top_k=1)
+    if result.best is not None:
+        return CheckResult(feasible=True, best=result.best)
+    space = build_space(model, system, job)
+    reasons: list[str] = []
+    numbers: dict = {}
+    lay = layouts(space)
+    if not len(lay["tp"]):
+        return _structural(model, system, job, space)
+
+    table = tabulate(space, top_k=None)
+    binding = explain(table)
+    hbm_min, _, small_plan, cap = _min_footprint(space)
+    numbers.update({"min_hbm_bytes": hbm_min, "usable_hbm_bytes": cap})
+    if hbm_min > cap:
+        reasons.append(f"memory: the smallest per-GPU footprint over all otherwise-valid plans is "
+                       f"{_gib(hbm_min)} ({small_plan.short()}), but only {_gib(cap)} of "
+                       f"{system.accelerator.hbm_capacity_gib:g} GiB HBM is usable "
+                       f"({job.hbm_reserve_gib:g} GiB reserve): needs >= {hbm_min / cap:.2f}x HBM")
+    # more GPUs
+    n = system.num_gpus
+    factor = 2
+    while factor <= MAX_GPU_FACTOR:
+        bigger = system.with_changes(num_gpus=n * factor)
+        r = plan(model, bigger, job, top_k=1)
+        if r.best is not None:
+            numbers["gpus_needed"] = n * factor
+            reasons.append(f"GPUs: it fits on {n * factor} GPUs ({factor}x; best there: "
+                           f"{r.best.plan.short()}, {_gib(r.best.estimate.hbm_bytes)} per GPU)")
+            break
+        factor *= 2
+    else:
+        reasons.append(f"GPUs: no plan fits even on {n * MAX_GPU_FACTOR} GPUs ({MAX_GPU_FACTOR}x)")
+    # offload
+    bw = system.offload.bandwidth_gb_per_s if system.offload else HYPOTHETICAL_OFFLOAD_GB_S
+    tier = MemoryTier(name="hypothetical", capacity_gib=HYPOTHETICAL_OFFLOAD_GIB, bandwidth_gb_per_s=bw)
+    hypo = system.with_changes(offload=tier.model_dump())
+    hypo_job = job.model_copy(update={"allow_offload": True})
+    r = plan(model, hypo, hypo_job, top_k=1)
+    if r.best is not None:
+        need = r.best.estimate.offload_bytes
+        numbers["offload_needed_bytes"] = need
+        have = (f"the system has {system.offload.capacity_gib:g} GiB" if system.offload
+                else "the system has no offload tier")
+        off_note = "" if job.allow_offload else " (offload is disabled for this job)"
+        reasons.append(f"offload: it fits with >= {_gib(need)} of offload memory per GPU at "
+                       f"{bw:g} GB/s; {have}{off_note} (best then: {r.best.plan.short()}, "
+                       f"{r.best.estimate.step_time_s:.2f} s per step)")
+    else:
+        msg = (f"offload: no {job.framework}-expressible plan fits even with "
+               f"{HYPOTHETICAL_OFFLOAD_GIB:g} GiB of offload memory per GPU at {bw:g} GB/s")
+        if job.framework == "megatron":
+            r = plan(model, hypo, hypo_job.model_copy(update={"framework": "any"}), top_k=1)
+            if r.best is not None:
+                numbers["offload_needed_bytes_any_framework"] = r.best.estimate.offload_bytes
+                msg += (f"; a framework that offloads weights (--framework any) would need "
+                        f">= {_gib(r.best.estimate.offload_bytes)} per GPU ({r.best.plan.short()}, "
+                        f"{r.best.estimate.step_time_s:.2f} s per step)")
+        reasons.append(msg)
+    if job.pins:
+        free_job = job.model_copy(update={"pins": {}})
+        r = plan(model, system, free_job, top_k=1)
+        if r.best is not None:
+            reasons.append(f"pins: without your pins ({_pins(job)}) it fits: {r.best.plan.short()}")
+    binding_text = [n_ for n_ in binding]
+    return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=binding_text,
+                       numbers=numbers)
+
+
+def _pins(job: JobSpec) -> str:
+    return ", ".join(f"{k}={v}" for k, v in job.pins.items())
+
+
+def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space) -> CheckResult:
+    """No layout passes the non-memory rules: say which."""
+    d = space.domains
+    n = system.num_gpus
+    reasons = []
+    binding = []
+    if job.pins:
+        free = build_space(model, system, job.model_copy(update={"pins": {}}))
+        if len(layouts(free)["tp"]):
+            binding.append("pins")
+            reasons.append(f"pins: your pins ({_pins(job)}) leave no valid layout; without them there are "
+                           f"{count(model, system, job.model_copy(update={'pins': {}})):,} mappings")
+    prods = sorted({a * b * c for a in d["tp"] for b in d["pp"] for c in d["cp"]})
+    if not job.allow_idle_gpus and not any(n % p == 0 for p in prods):
+        binding.append("gpus")
+        reasons.append(f"gpus: no tp·pp·cp from tp in {list(d['tp'])}, pp in {list(d['pp'])}, cp in "
+                       f"{list(d['cp'])} divides {n} GPUs (try --allow-idle-gpus or another GPU count)")
+    elif job.global_batch:
+        dps = sorted({n // p for p in prods if n % p == 0})
+        binding.append("batch")
+        reasons.append(f"batch: the global batch {job.global_batch} is not a multiple of "
+                       f"micro_batch·dp for any dp in {dps[:12]}{'...' if len(dps) > 12 else ''} "
+                       f"(with interleaving also of pp microbatches)")
+    if not reasons:
+        reasons.append("no combination of the knob domains passes the structural rules")
+    return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=binding)
+
+
+__all__ = ["plan", "best_plan", "check", "count", "SearchResult", "CheckResult", "Ranked"]
