@@ -175,7 +175,8 @@ def accuracy_rows(cases: list[RefCase], systems: dict[str, SystemSpec] | None = 
             system = system.with_changes(num_gpus=case.system.num_gpus)
         pred = predict(case, system)
         err = pred["step_time_s"] / case.measured_step_s - 1.0
-        rows.append({"id": case.id, "source": case.source, "gpu": case.system.accelerator.name,
+        rows.append({"id": case.id, "source": case.source,
+                     "framework": "Megatron/NeMo" if case.fit else "DeepSpeed ZeRO-3", "gpu": case.system.accelerator.name,
                      "dtype": case.job.dtype, "gpus": case.system.num_gpus, "plan": case.plan.short(),
                      "measured_s": case.measured_step_s, "predicted_s": pred["step_time_s"],
                      "error": err, "fits_hbm": pred["hbm_bytes"] <= pred["hbm_capacity_bytes"],

@@ -28,9 +28,9 @@ def register(app: typer.Typer) -> None:
         if source:
             cases = [c for c in cases if c.id.startswith(source)]
         rows = accuracy_rows(cases)
-        by_source, by_gpu = summarize(rows, "source"), summarize(rows, "gpu")
+        by_source, by_gpu, by_fw = summarize(rows, "source"), summarize(rows, "gpu"), summarize(rows, "framework")
         if json_out:
-            print(json.dumps({"rows": rows, "by_source": by_source, "by_gpu": by_gpu,
+            print(json.dumps({"rows": rows, "by_source": by_source, "by_gpu": by_gpu, "by_framework": by_fw,
                               "skipped": [s.__dict__ for s in skipped]}, indent=2))
             return
         console = Console(width=200)
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
                 table.add_row(r["id"], str(r["gpus"]), r["dtype"], r["plan"], f"{r['measured_s']:.2f}",
                               f"{r['predicted_s']:.2f}", f"{r['error']:+.1%}", "; ".join(r["assumptions"]))
             console.print(table)
-        for title, summary in (("by source", by_source), ("by accelerator", by_gpu)):
+        for title, summary in (("by source", by_source), ("by accelerator", by_gpu), ("by framework", by_fw)):
             table = Table(title=f"Accuracy {title}", show_edge=False)
             for col in ("group", "rows", "mean |error|", "max |error|"):
                 table.add_column(col, justify="left" if col == "group" else "right")
