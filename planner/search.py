@@ -233,8 +233,8 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
             r = plan(model, hypo, hypo_job.model_copy(update={"framework": "any"}), top_k=1)
             if r.best is not None:
                 numbers["offload_needed_bytes_any_framework"] = r.best.estimate.offload_bytes
-                msg += (f"; a framework that offloads weights (--framework any) would need "
-                        f">= {_gib(r.best.estimate.offload_bytes)} per GPU ({r.best.plan.short()}, "
+                msg += (f"; with a framework that offloads weights (--framework any) the fastest fitting plan uses "
+                        f"{_gib(r.best.estimate.offload_bytes)} per GPU ({r.best.plan.short()}, "
                         f"{r.best.estimate.step_time_s:.2f} s per step)")
         reasons.append(msg)
     if job.pins:

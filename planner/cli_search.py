@@ -1,0 +1,321 @@
+"""`planner plan`, `planner check`, `planner count`, `planner presets`: the search from the CLI."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from hardware.errors import SpecError
+from hardware.load import load_system, system_preset_names
+from planner.cli_common import (DEFAULT_BATCH, DEFAULT_MODEL, DEFAULT_SYSTEM, DtypeOpt, GpusOpt, JsonOpt,
+                                MaxBatchOpt, ModelOpt, ReserveOpt, SeqOpt, SystemOpt, load_inputs, make_job)
+from planner.model import load_model, model_preset_names
+from planner.report import TIME_LABELS, describe_plan, print_estimate
+
+GIB = 2**30
+RECOMPUTE = ("none", "selective", "full")
+FRAMEWORKS = ("megatron", "any")
+
+BatchOpt = Annotated[Optional[int], typer.Option(
+    "--global-batch", "-b", help="Global batch in sequences (fixed; default 1536). See --free-batch.")]
+FreeBatchOpt = Annotated[bool, typer.Option(
+    "--free-batch", help="Let the search pick the batch (<= --max-global-batch); ranks by time per token.")]
+Opt = typer.Option
+
+
+def _pins(**flags) -> dict:
+    pins = {}
+    for knob, value in flags.items():
+        if value is None:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise SpecError(f"{knob.replace('_', '-')}: must not be negative, got {value}")
+        if knob == "recompute" and value not in RECOMPUTE:
+            raise SpecError(f"recompute: unknown {value!r}; allowed: {', '.join(RECOMPUTE)}")
+        pins[knob] = value
+    return pins
+
+
+def _inputs(o: dict):
+    if o["framework"] not in FRAMEWORKS:
+        raise SpecError(f"framework: unknown {o['framework']!r}; allowed: {', '.join(FRAMEWORKS)}")
+    if o["global_batch"] is not None and o["global_batch"] < 1:
+        raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
+    if o["max_global_batch"] < 1:
+        raise SpecError(f"max-global-batch: must be a positive integer, got {o['max_global_batch']}")
+    model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
+    gb = None if o["free_batch"] else (o["global_batch"] or DEFAULT_BATCH)
+    pins = _pins(tp=o["tp"], pp=o["pp"], dp=o["dp"], cp=o["cp"], ep=o["ep"], micro_batch=o["micro_batch"],
+                 vpp=o["vpp"], sequence_parallel=o["sequence_parallel"], recompute=o["recompute"],
+                 zero_stage=o["zero_stage"], offload_weights=o["offload_weights"],
+                 offload_activations=o["offload_activations"], offload_optimizer=o["offload_optimizer"],
+                 tp_comm_overlap=o["tp_comm_overlap"], dp_comm_overlap=o["dp_comm_overlap"])
+    max_gb = max(o["max_global_batch"], gb or 0)
+    job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
+                   hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
+                   allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"])
+    return model, system, job
+
+
+def _fail(err: SpecError) -> None:
+    print(f"error: {err}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _why_lost(best, alt, seq: int, free: bool) -> str:
+    """The biggest time-component differences of `alt` vs `best`, per token or per step."""
+    nb = best.plan.global_batch * seq if free else 1.0
+    na = alt.plan.global_batch * seq if free else 1.0
+    diffs = []
+    for key, label in TIME_LABELS.items():
+        d = alt.time_breakdown_s[key] / na - best.time_breakdown_s[key] / nb
+        diffs.append((d, label))
+    diffs.sort(reverse=True)
+    base = best.step_time_s / nb
+    parts = [f"+{d / base:.1%} {label}" for d, label in diffs[:2] if d > 0]
+    return ", ".join(parts) or "ties"
+
+
+def _plan_json(r) -> dict:
+    data = r.estimate.model_dump()
+    data["objective"] = r.objective
+    return data
+
+
+def _search_options(fn):
+    return fn
+
+
+def register(app: typer.Typer) -> None:
+    def plan_command(
+        model: ModelOpt = DEFAULT_MODEL,
+        system: SystemOpt = DEFAULT_SYSTEM,
+        gpus: GpusOpt = None,
+        seq_length: SeqOpt = None,
+        global_batch: BatchOpt = None,
+        free_batch: FreeBatchOpt = False,
+        max_global_batch: MaxBatchOpt = 3072,
+        dtype: DtypeOpt = "bf16",
+        hbm_reserve_gib: ReserveOpt = 2.0,
+        top: Annotated[int, Opt("--top", "-k", help="How many distinct layouts to return.")] = 5,
+        tp: Annotated[Optional[int], Opt("--tp", help="Pin tensor-parallel size.")] = None,
+        pp: Annotated[Optional[int], Opt("--pp", help="Pin pipeline-parallel size.")] = None,
+        dp: Annotated[Optional[int], Opt("--dp", help="Pin data-parallel size.")] = None,
+        cp: Annotated[Optional[int], Opt("--cp", help="Pin context-parallel size.")] = None,
+        ep: Annotated[Optional[int], Opt("--ep", help="Pin expert-parallel size (MoE).")] = None,
+        micro_batch: Annotated[Optional[int], Opt("--micro-batch", help="Pin the micro-batch size.")] = None,
+        vpp: Annotated[Optional[int], Opt("--vpp", help="Pin virtual stages per pipeline rank.")] = None,
+        sequence_parallel: Annotated[Optional[bool], Opt("--sequence-parallel/--no-sequence-parallel",
+                                                         help="Pin sequence parallelism.")] = None,
+        recompute: Annotated[Optional[str], Opt("--recompute", help="Pin recompute: none, selective, full.")] = None,
+        zero_stage: Annotated[Optional[int], Opt("--zero-stage", help="Pin ZeRO stage: 0, 1 or 3.")] = None,
+        offload_weights: Annotated[Optional[float], Opt("--offload-weights", help="Pin weight offload fraction.")] = None,
+        offload_activations: Annotated[Optional[float], Opt("--offload-activations", help="Pin activation offload fraction.")] = None,
+        offload_optimizer: Annotated[Optional[float], Opt("--offload-optimizer", help="Pin optimizer offload fraction.")] = None,
+        tp_comm_overlap: Annotated[Optional[bool], Opt("--tp-comm-overlap/--no-tp-comm-overlap", help="Pin TP overlap.")] = None,
+        dp_comm_overlap: Annotated[Optional[bool], Opt("--dp-comm-overlap/--no-dp-comm-overlap", help="Pin DP overlap.")] = None,
+        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
+        framework: Annotated[str, Opt("--framework", help="megatron (only plans Megatron-LM can run) or any.")] = "megatron",
+        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")] = False,
+        json_out: JsonOpt = False,
+        save: Annotated[Optional[Path], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
+    ) -> None:
+        """Search for the fastest plans (CP-SAT over the exact model); default: GPT-3 175B on 1024 A100, batch 1536."""
+        try:
+            _plan(dict(locals()))
+        except SpecError as err:
+            _fail(err)
+
+    def check_command(
+        model: ModelOpt = DEFAULT_MODEL,
+        system: SystemOpt = DEFAULT_SYSTEM,
+        gpus: GpusOpt = None,
+        seq_length: SeqOpt = None,
+        global_batch: BatchOpt = None,
+        free_batch: FreeBatchOpt = False,
+        max_global_batch: MaxBatchOpt = 3072,
+        dtype: DtypeOpt = "bf16",
+        hbm_reserve_gib: ReserveOpt = 2.0,
+        tp: Annotated[Optional[int], Opt("--tp")] = None,
+        pp: Annotated[Optional[int], Opt("--pp")] = None,
+        dp: Annotated[Optional[int], Opt("--dp")] = None,
+        cp: Annotated[Optional[int], Opt("--cp")] = None,
+        ep: Annotated[Optional[int], Opt("--ep")] = None,
+        micro_batch: Annotated[Optional[int], Opt("--micro-batch")] = None,
+        vpp: Annotated[Optional[int], Opt("--vpp")] = None,
+        sequence_parallel: Annotated[Optional[bool], Opt("--sequence-parallel/--no-sequence-parallel")] = None,
+        recompute: Annotated[Optional[str], Opt("--recompute")] = None,
+        zero_stage: Annotated[Optional[int], Opt("--zero-stage")] = None,
+        offload_weights: Annotated[Optional[float], Opt("--offload-weights")] = None,
+        offload_activations: Annotated[Optional[float], Opt("--offload-activations")] = None,
+        offload_optimizer: Annotated[Optional[float], Opt("--offload-optimizer")] = None,
+        tp_comm_overlap: Annotated[Optional[bool], Opt("--tp-comm-overlap/--no-tp-comm-overlap")] = None,
+        dp_comm_overlap: Annotated[Optional[bool], Opt("--dp-comm-overlap/--no-dp-comm-overlap")] = None,
+        no_offload: Annotated[bool, Opt("--no-offload")] = False,
+        framework: Annotated[str, Opt("--framework")] = "megatron",
+        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Can this model train on this box? Prints yes + the best plan (exit 0) or no + what is missing (exit 1)."""
+        try:
+            code = _check(dict(locals()))
+        except SpecError as err:
+            _fail(err)
+        raise typer.Exit(code)
+
+    def count_command(
+        model: ModelOpt = DEFAULT_MODEL,
+        system: SystemOpt = DEFAULT_SYSTEM,
+        gpus: GpusOpt = None,
+        seq_length: SeqOpt = None,
+        global_batch: BatchOpt = None,
+        free_batch: FreeBatchOpt = False,
+        max_global_batch: MaxBatchOpt = 3072,
+        no_offload: Annotated[bool, Opt("--no-offload")] = False,
+        framework: Annotated[str, Opt("--framework")] = "megatron",
+        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus")] = False,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Number of valid mappings (knob assignments passing every non-memory rule; memory ignored)."""
+        try:
+            o = dict(locals())
+            o.update({k: None for k in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel",
+                                        "recompute", "zero_stage", "offload_weights", "offload_activations",
+                                        "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap")})
+            o.update(dtype="bf16", hbm_reserve_gib=2.0)
+            from planner.search import count
+            model_spec, system_spec, job = _inputs(o)
+            n = count(model_spec, system_spec, job)
+            if json_out:
+                print(json.dumps({"model": model_spec.name, "system": system_spec.name,
+                                  "gpus": system_spec.num_gpus, "mappings": n,
+                                  "global_batch": job.global_batch, "max_global_batch": job.max_global_batch}))
+            else:
+                batch = f"global batch {job.global_batch}" if job.global_batch else \
+                    f"any global batch <= {job.max_global_batch}"
+                print(f"{n:,} valid mappings of {model_spec.name} ({model_spec.layers} layers) on "
+                      f"{system_spec.num_gpus} GPUs ({system_spec.name}), {batch}, memory ignored")
+        except SpecError as err:
+            _fail(err)
+
+    def presets_command(json_out: JsonOpt = False) -> None:
+        """List model and system presets with their key numbers."""
+        models = [load_model(n) for n in model_preset_names()]
+        systems = [load_system(n) for n in system_preset_names()]
+        if json_out:
+            print(json.dumps({
+                "models": [{"name": m.name, "params": m.num_params, "layers": m.layers, "hidden": m.hidden,
+                            "heads": m.heads, "kv_groups": m.kv_groups, "seq_length": m.seq_length,
+                            "experts": m.moe.num_experts if m.moe else None} for m in models],
+                "systems": [{"name": s.name, "accelerator": s.accelerator.name, "gpus": s.num_gpus,
+                             "gpus_per_node": s.gpus_per_node, "hbm_gib": s.accelerator.hbm_capacity_gib,
+                             "nvlink_domain": s.nvlink_domain_gpus,
+                             "offload_gib": s.offload.capacity_gib if s.offload else None} for s in systems]},
+                indent=2))
+            return
+        console = Console()
+        t = Table(title="Model presets (--model)")
+        for col in ("name", "params (B)", "layers", "hidden", "heads", "kv groups", "ffn", "seq", "MoE"):
+            t.add_column(col, justify="left" if col == "name" else "right")
+        for m in models:
+            moe = f"{m.moe.num_experts}x top-{m.moe.top_k}" if m.moe else ""
+            t.add_row(m.name, f"{m.num_params / 1e9:,.1f}", str(m.layers), str(m.hidden), str(m.heads),
+                      str(m.kv_groups), str(m.ffn_hidden), str(m.seq_length), moe)
+        console.print(t)
+        t = Table(title="System presets (--system)")
+        for col in ("name", "accelerator", "GPUs", "per node", "NVLink domain", "HBM GiB", "BF16 TFLOP/s", "offload"):
+            t.add_column(col, justify="left" if col in ("name", "accelerator") else "right")
+        for s in systems:
+            off = f"{s.offload.capacity_gib:g} GiB @ {s.offload.bandwidth_gb_per_s:g} GB/s" if s.offload else "-"
+            t.add_row(s.name, s.accelerator.name, str(s.num_gpus), str(s.gpus_per_node), str(s.nvlink_domain_gpus),
+                      f"{s.accelerator.hbm_capacity_gib:g}", f"{s.accelerator.peak_flops.get('bf16', 0) / 1e12:,.0f}", off)
+        console.print(t)
+
+    app.command("plan")(plan_command)
+    app.command("check")(check_command)
+    app.command("count")(count_command)
+    app.command("presets")(presets_command)
+
+
+def _plan(o: dict) -> None:
+    from planner.search import plan as search
+    if o["top"] < 1:
+        raise SpecError(f"top: must be a positive integer, got {o['top']}")
+    if o["save"] is not None and o["save"].exists():
+        raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it")
+    model, system, job = _inputs(o)
+    result = search(model, system, job, top_k=o["top"])
+    free = job.global_batch is None
+    if o["json_out"]:
+        print(json.dumps({"model": model.name, "system": system.name, "gpus": system.num_gpus,
+                          "objective": result.objective, "plans": [_plan_json(r) for r in result.ranked],
+                          "stats": result.stats}, indent=2, default=float))
+    else:
+        console = Console()
+        if result.best is None:
+            console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
+        else:
+            best = result.best.estimate
+            print_estimate(console, model, system, best, title="Best plan: step time")
+            if len(result.ranked) > 1:
+                t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
+                for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):
+                    t.add_column(col, justify="left" if col in ("plan", "why it lost") else "right")
+                for i, r in enumerate(result.ranked[1:], start=2):
+                    e = r.estimate
+                    t.add_row(str(i), r.plan.short(), str(r.plan.global_batch), f"{e.step_time_s:.3f}",
+                              f"{e.tokens_per_s:,.0f}", f"+{r.objective / result.best.objective - 1:.1%}",
+                              f"{e.mfu:.1%}", f"{e.hbm_bytes / GIB:.1f}",
+                              _why_lost(best, e, model.seq_length, free))
+                console.print(t)
+            s = result.stats
+            console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
+                          f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
+    if o["save"] is not None and result.best is not None:
+        data = {"plan": result.best.plan.model_dump(), "model": model.name, "system": system.name,
+                "gpus": system.num_gpus, "step_time_s": result.best.estimate.step_time_s,
+                "objective": result.objective}
+        try:
+            with open(o["save"], "x") as handle:
+                yaml.safe_dump(data, handle, sort_keys=False)
+        except FileExistsError:
+            raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it") from None
+        except OSError as exc:
+            raise SpecError(f"save: cannot write {o['save']} ({exc.strerror})") from None
+        if not o["json_out"]:
+            print(f"wrote {o['save']}")
+
+
+def _check(o: dict) -> int:
+    from planner.search import check
+    model, system, job = _inputs(o)
+    res = check(model, system, job)
+    if o["json_out"]:
+        print(json.dumps({"feasible": res.feasible, "model": model.name, "system": system.name,
+                          "gpus": system.num_gpus,
+                          "best": _plan_json(res.best) if res.best else None, "reasons": res.reasons,
+                          "binding_rules": res.binding_rules, "numbers": res.numbers}, indent=2, default=float))
+        return 0 if res.feasible else 1
+    console = Console()
+    if res.feasible:
+        console.print(f"[bold green]yes[/bold green]: {model.name} trains on {system.num_gpus}× "
+                      f"{system.accelerator.name} ({system.name})")
+        console.print(describe_plan(res.best.estimate))
+        e = res.best.estimate
+        console.print(f"{e.step_time_s:.3f} s per step · MFU {e.mfu:.1%} · {e.hbm_bytes / GIB:.1f} of "
+                      f"{e.hbm_capacity_bytes / GIB:.1f} GiB HBM per GPU")
+        return 0
+    console.print(f"[bold red]no[/bold red]: no plan of {model.name} fits on {system.num_gpus}× "
+                  f"{system.accelerator.name} ({system.name})")
+    if res.binding_rules:
+        from constraints.encode import RULE_TEXT
+        console.print("binding rules: " + "; ".join(f"{n} ({RULE_TEXT.get(n, n)})" for n in res.binding_rules))
+    for line in res.reasons:
+        console.print(f"  - {line}")
+    return 1
