@@ -44,6 +44,9 @@ def _solver(time_limit: float) -> cp_model.CpSolver:
 def solve_top_k(table: Table, k: int = 1, time_limit_s: float = TIME_LIMIT_S,
                 encoded: Encoded | None = None) -> Solutions:
     t0 = time.perf_counter()
+    if not len(table):
+        return Solutions(indices=[], status="INFEASIBLE",
+                         stats={"encode_s": 0.0, "solve_s": 0.0, "rounds": 0, "solver_disagreements": 0})
     enc = encoded or encode(table)
     build = time.perf_counter() - t0
     allowed = table.fits.copy() if len(table) else np.zeros(0, dtype=bool)

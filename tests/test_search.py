@@ -1,0 +1,261 @@
+"""The search against the brute-force oracle (zero regret), determinism, check/count, Megatron
+acceptance of every returned plan, and the CLI."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from constraints.space import build_space, enumerate_rows
+from hardware import load_system
+from hardware.errors import SpecError
+from planner import megatron as mg
+from planner.bruteforce import brute_force
+from planner.cli import app
+from planner.model import ModelSpec, load_model
+from planner.plan import JobSpec, load_plan
+from planner.search import best_plan, check, count, plan
+
+TINY = dict(hidden=1024, heads=16, seq_length=1024, vocab=32000)
+TINY256 = ModelSpec(name="tiny-256blocks", layers=256, **TINY)
+TINY254 = ModelSpec(name="tiny-254blocks", layers=254, **TINY)
+
+
+def M(name):
+    return name if isinstance(name, ModelSpec) else load_model(name)
+
+
+# (model, system, gpus, job): small enough to brute-force in well under a second each
+CASES = [
+    ("gpt3-175b", "a100-80g", 64, JobSpec(global_batch=512)),
+    ("gpt3-175b", "a100-80g", 128, JobSpec(max_global_batch=256)),
+    ("llama3-8b", "h100-sxm", 16, JobSpec(max_global_batch=64)),
+    ("llama3-8b", "h100-sxm", 8, JobSpec(global_batch=64)),
+    ("llama3-70b", "h100-sxm", 64, JobSpec(global_batch=128)),
+    ("mixtral-8x7b", "h100-sxm", 16, JobSpec(global_batch=64)),
+    ("mixtral-8x7b", "h100-sxm", 32, JobSpec(max_global_batch=64)),
+    ("llama3-8b", "gh200", 24, JobSpec(max_global_batch=48)),
+    ("llama3-8b", "gh200", 24, JobSpec(global_batch=48, framework="any")),
+    (TINY256, "h100-sxm", 16, JobSpec(max_global_batch=32)),
+    (TINY254, "h100-sxm", 16, JobSpec(max_global_batch=32)),
+    ("seed-1t-256blocks", "h100-offload-1tib", 256, JobSpec(global_batch=256)),
+    ("seed-1t-254blocks", "h100-offload-1tib", 256, JobSpec(global_batch=256)),
+    ("gpt3-175b", "h100-offload-1tib", 32, JobSpec(global_batch=64)),
+    ("megatron-22b", "a100-80g", 96, JobSpec(global_batch=192)),
+    ("llama3-8b", "a100-80g", 12, JobSpec(global_batch=48)),
+    ("gpt3-175b", "a100-80g", 12288, JobSpec(global_batch=3072)),
+    ("gpt3-175b", "a100-80g", 64, JobSpec(global_batch=512, pins={"tp": 8})),
+    ("llama3-8b", "h100-sxm", 16, JobSpec(max_global_batch=64, pins={"recompute": "full", "micro_batch": 1})),
+    ("llama3-8b", "h100-sxm", 12, JobSpec(global_batch=64, allow_idle_gpus=True)),
+    ("megatron-22b", "b200", 32, JobSpec(max_global_batch=128)),
+    ("llama3-8b", "h200", 8, JobSpec(global_batch=32, framework="any")),
+    ("mixtral-8x7b", "gh200", 16, JobSpec(max_global_batch=32)),
+]
+IDS = [f"{getattr(m, 'name', m)}-{s}-{n}-{i}" for i, (m, s, n, _) in enumerate(CASES)]
+TOP = 5
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_zero_regret_against_brute_force(case):
+    name, system_name, gpus, job = case
+    model, system = M(name), load_system(system_name, gpus)
+    found = plan(model, system, job, top_k=TOP)
+    oracle = brute_force(model, system, job, top_k=TOP)
+    assert oracle.stats["structural_rejects"] == 0  # the space's rules == the model's rules
+    assert len(found.ranked) == len(oracle.objectives)
+    for got, want in zip(found.ranked, oracle.objectives):
+        assert math.isclose(got.objective, want, rel_tol=1e-9)
+    assert [r.plan for r in found.ranked] == oracle.plans  # same tie-break too
+    assert found.stats["solver_disagreements"] == 0
+    assert found.stats["rescore_mismatches"] == 0
+    for r in found.ranked:
+        assert r.estimate.feasible
+        if job.framework == "megatron":
+            assert mg.not_expressible(r.plan, model, job) == []
+            launch = mg.megatron_args(r.plan, model, job, system)
+            assert mg.validate_launch(launch, mg.gpu_arch_major(system)) == []
+
+
+def test_cases_cover_what_the_issue_asks():
+    assert len(CASES) >= 20
+    assert any(j.global_batch is None for *_, j in CASES) and any(j.global_batch for *_, j in CASES)
+    assert any(j.pins for *_, j in CASES)
+    assert any(n % 3 == 0 for _, _, n, _ in CASES)
+
+
+def test_some_cases_are_infeasible_and_the_oracle_agrees():
+    model, system, job = load_model("gpt3-175b"), load_system("a100-80g", 8), JobSpec(global_batch=64)
+    assert plan(model, system, job).ranked == []
+    assert brute_force(model, system, job).plans == []
+
+
+def test_deterministic():
+    model, system, job = load_model("gpt3-175b"), load_system("a100-80g", 1024), JobSpec(global_batch=1536)
+    a = plan(model, system, job, top_k=5)
+    b = plan(model, system, job, top_k=5)
+    assert [r.plan for r in a.ranked] == [r.plan for r in b.ranked]
+    assert [r.estimate.step_time_s for r in a.ranked] == [r.estimate.step_time_s for r in b.ranked]
+    assert best_plan(model, system, job) == a.ranked[0].plan
+
+
+def test_check_says_no_with_numbers():
+    res = check(load_model("gpt3-175b"), load_system("a100-80g", 8), JobSpec(global_batch=1536))
+    assert not res.feasible and res.best is None
+    assert "memory_fit_hbm" in res.binding_rules
+    text = "\n".join(res.reasons)
+    assert "GiB" in text and "x HBM" in text and "GPUs" in text and "offload" in text
+    assert res.numbers["min_hbm_bytes"] > res.numbers["usable_hbm_bytes"]
+    assert res.numbers["gpus_needed"] > 8
+
+
+def test_check_says_yes():
+    res = check(load_model("llama3-8b"), load_system("h100-sxm", 8), JobSpec(global_batch=64))
+    assert res.feasible and res.best is not None and res.best.estimate.feasible
+
+
+def test_check_structural_no():
+    # 7 GPUs: no tp·pp·cp of a 96-layer, 96-head model divides 7 except 1, and dp=7 cannot
+    # split a batch of 64
+    res = check(load_model("gpt3-175b"), load_system("a100-80g", 7), JobSpec(global_batch=64))
+    assert not res.feasible
+    assert any("batch" in r or "gpus" in r for r in res.reasons)
+
+
+# ------------------------------------------------------------------------------------------------
+# count
+# ------------------------------------------------------------------------------------------------
+
+def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) -> int:
+    """Independent explicit enumeration with the rules written out again (no numpy, no space code)."""
+    E = model.moe.num_experts if model.moe else 1
+    g = model.kv_groups
+    tps = [t for t in range(1, gpus + 1) if model.heads % t == 0 and model.hidden % t == 0
+           and model.ffn_hidden % t == 0 and (g % t == 0 or t % g == 0)]
+    pps = [p for p in range(1, gpus + 1) if model.layers % p == 0]
+    cps = [c for c in range(1, 9) if c == 1 or (model.seq_length % (2 * c) == 0)]
+    cap = job.global_batch or job.max_global_batch
+    batches = [job.global_batch] if job.global_batch else list(range(1, cap + 1))
+    offs = (0.0, 0.5, 1.0) if offload else (0.0,)
+    total = 0
+    for tp, pp, cp in itertools.product(tps, pps, cps):
+        if gpus % (tp * pp * cp):
+            continue
+        dp = gpus // (tp * pp * cp)
+        for ep, vpp, mb, gb in itertools.product(range(1, E + 1), range(1, 9), (1, 2, 4, 8, 16), batches):
+            if E % ep or (dp * cp) % ep or model.layers % (pp * vpp) or (vpp > 1 and pp == 1):
+                continue
+            if mb > cap or gb % (mb * dp):
+                continue
+            m = gb // (mb * dp)
+            if vpp > 1 and (m < pp or m % pp):
+                continue
+            for rc, sp, tpo, dpo, z, ow, oa, oo in itertools.product(
+                    range(3), (0, 1), (0, 1), (0, 1), (0, 1, 3), (0.0,), offs, offs):
+                if sp and tp == 1 or tpo and not sp:
+                    continue
+                if oa and (pp > 1 or rc != 0) or oo and z != 1:
+                    continue
+                total += 1
+    return total
+
+
+@pytest.mark.parametrize("model,system,gpus,job", [
+    (ModelSpec(layers=8, hidden=256, heads=8, seq_length=256, vocab=1000), "h100-sxm", 8, JobSpec(max_global_batch=32)),
+    (ModelSpec(layers=6, hidden=384, heads=6, seq_length=512, vocab=1000), "gh200", 12, JobSpec(global_batch=24)),
+    (ModelSpec(layers=4, hidden=256, heads=8, query_groups=2, seq_length=128, vocab=1000,
+               moe={"num_experts": 4, "top_k": 2}), "a100-80g", 8, JobSpec(max_global_batch=16)),
+])
+def test_count_matches_explicit_enumeration(model, system, gpus, job):
+    sys_ = load_system(system, gpus)
+    n = count(model, sys_, job)
+    assert n == _explicit_count(model, gpus, job, offload=sys_.offload is not None)
+    assert n == len(enumerate_rows(build_space(model, sys_, job))["tp"])
+
+
+def test_count_256_vs_254_blocks():
+    sys_ = load_system("h100-offload-1tib", 4096)
+    n256 = count(load_model("seed-1t-256blocks"), sys_, JobSpec())
+    n254 = count(load_model("seed-1t-254blocks"), sys_, JobSpec())
+    assert n256 > 10 * n254 > 0  # many more mappings with a power-of-two block count (seed: 18.5x)
+
+
+# ------------------------------------------------------------------------------------------------
+# pins and input errors
+# ------------------------------------------------------------------------------------------------
+
+def test_pin_outside_domain_names_allowed_values():
+    with pytest.raises(SpecError, match="allowed: 1, 2, 3, 4, 6, 8"):
+        build_space(load_model("gpt3-175b"), load_system("a100-80g", 64), JobSpec(pins={"tp": 5}))
+
+
+def test_pins_are_respected():
+    res = plan(load_model("gpt3-175b"), load_system("a100-80g", 64),
+               JobSpec(global_batch=512, pins={"pp": 8, "recompute": "full"}), top_k=3)
+    assert res.ranked and all(r.plan.pp == 8 and r.plan.recompute == "full" for r in res.ranked)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_cli_plan_default():
+    r = runner.invoke(app, ["plan"])
+    assert r.exit_code == 0, r.output
+    assert "gpt3-175b" in r.output and "1024" in r.output and "Next best" in r.output
+
+
+def test_cli_plan_json():
+    r = runner.invoke(app, ["plan", "--json", "--top", "3", "-g", "64", "-b", "512"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert len(data["plans"]) == 3 and data["gpus"] == 64
+    assert data["plans"][0]["objective"] <= data["plans"][1]["objective"]
+
+
+def test_cli_plan_save_and_no_overwrite(tmp_path):
+    out = tmp_path / "best.yaml"
+    r = runner.invoke(app, ["plan", "-g", "64", "-b", "512", "--top", "1", "--save", str(out)])
+    assert r.exit_code == 0, r.output
+    saved = yaml.safe_load(out.read_text())
+    assert saved["model"] == "gpt3-175b" and saved["gpus"] == 64
+    p = load_plan(out)
+    assert p.gpus == 64
+    r2 = runner.invoke(app, ["estimate", "--plan", str(out), "-g", "64"])
+    assert r2.exit_code == 0, r2.output
+    before = out.read_text()
+    r3 = runner.invoke(app, ["plan", "-g", "64", "-b", "512", "--save", str(out)])
+    assert r3.exit_code == 2 and "already exists" in r3.output
+    assert out.read_text() == before
+
+
+def test_cli_check_exit_codes():
+    yes = runner.invoke(app, ["check", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64"])
+    assert yes.exit_code == 0 and "yes" in yes.output
+    no = runner.invoke(app, ["check", "-g", "8"])
+    assert no.exit_code == 1 and "no" in no.output and "GiB" in no.output
+
+
+def test_cli_bad_pin_exit_2():
+    r = runner.invoke(app, ["plan", "--tp", "5"])
+    assert r.exit_code == 2 and "Traceback" not in r.output and "allowed" in r.output
+    r = runner.invoke(app, ["plan", "--model", "nope"])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    r = runner.invoke(app, ["plan", "--pp", "-2"])
+    assert r.exit_code == 2 and "negative" in r.output
+
+
+def test_cli_count_and_presets():
+    r = runner.invoke(app, ["count", "-m", "seed-1t-254blocks", "-s", "h100-offload-1tib", "-g", "4096", "--free-batch"])
+    assert r.exit_code == 0 and "valid mappings" in r.output
+    r = runner.invoke(app, ["presets"])
+    assert r.exit_code == 0 and "Model presets" in r.output and "System presets" in r.output
+    data = json.loads(runner.invoke(app, ["presets", "--json"]).output)
+    assert "gpt3-175b" in [m["name"] for m in data["models"]]
+    assert "a100-80g" in [s["name"] for s in data["systems"]]
