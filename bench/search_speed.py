@@ -1,0 +1,68 @@
+"""Search speed (a benchmark, not a test): space size, build / solve time, top-1 and top-50 wall
+time, and the brute-force time over the same full space (skipped above --bf-limit rows).
+
+Goals on 2 cores: top-1 <= 2 s and top-50 <= 10 s per case.
+
+    /work/venv/bin/python bench/search_speed.py [--bf-limit 20000000]
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+from hardware import load_system
+from planner.bruteforce import brute_force
+from planner.model import load_model
+from planner.plan import JobSpec
+from planner.search import count, plan
+
+CASES = [
+    ("gpt3-175b a100 1024 b1536", "gpt3-175b", "a100-80g", 1024, JobSpec(global_batch=1536)),
+    ("gpt3-175b h100-off 1024 b1536", "gpt3-175b", "h100-offload-1tib", 1024, JobSpec(global_batch=1536)),
+    ("gpt3-175b h100-off 1024 any", "gpt3-175b", "h100-offload-1tib", 1024,
+     JobSpec(global_batch=1536, framework="any")),
+    ("seed-1t-256 h100-off 4096 free", "seed-1t-256blocks", "h100-offload-1tib", 4096, JobSpec()),
+    ("seed-1t-254 h100-off 4096 free", "seed-1t-254blocks", "h100-offload-1tib", 4096, JobSpec()),
+    ("seed-1t-256 h100-off 16384 free", "seed-1t-256blocks", "h100-offload-1tib", 16384, JobSpec()),
+    ("gpt3-175b a100 12288 b3072", "gpt3-175b", "a100-80g", 12288, JobSpec(global_batch=3072)),
+    ("llama3-70b h100 1024 free", "llama3-70b", "h100-sxm", 1024, JobSpec()),
+    ("mixtral-8x7b h100 256 free", "mixtral-8x7b", "h100-sxm", 256, JobSpec()),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bf-limit", type=int, default=20_000_000, help="skip brute force above this many rows")
+    args = ap.parse_args()
+    head = (f"{'case':34s} {'space':>12s} {'evaluated':>10s} {'cp-sat rows':>11s} {'build s':>8s} "
+            f"{'solve s':>8s} {'top-1 s':>8s} {'top-50 s':>8s} {'brute s':>8s} {'regret':>8s}")
+    print(head)
+    print("-" * len(head))
+    for label, m, s, n, job in CASES:
+        model, system = load_model(m), load_system(s, n)
+        space = count(model, system, job)
+        t = time.perf_counter()
+        r1 = plan(model, system, job, top_k=1)
+        top1 = time.perf_counter() - t
+        t = time.perf_counter()
+        r50 = plan(model, system, job, top_k=50)
+        top50 = time.perf_counter() - t
+        st = r50.stats
+        if space <= args.bf_limit:
+            t = time.perf_counter()
+            bf = brute_force(model, system, job, top_k=50, max_rows=args.bf_limit)
+            brute = f"{time.perf_counter() - t:8.2f}"
+            ours = [x.objective for x in r50.ranked]
+            same = len(ours) == len(bf.objectives) and all(
+                math.isclose(a, b, rel_tol=1e-9) for a, b in zip(ours, bf.objectives))
+            regret = "0 (top50)" if same else "MISMATCH"
+        else:
+            brute, regret = f"{'skipped':>8s}", "-"
+        best = r1.best.plan.short() if r1.best else "no plan fits"
+        print(f"{label:34s} {space:12,d} {st['evaluated']:10,d} {st['table_rows']:11,d} {st['build_s']:8.2f} "
+              f"{st['solve_s']:8.2f} {top1:8.2f} {top50:8.2f} {brute} {regret:>8s}   best: {best}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
