@@ -192,6 +192,10 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False)
     res = _cat([p[1] for p in parts])
     group = np.concatenate([p[2] for p in parts])
     keep = (res["violations"] & ~MEMORY_BITS) == 0
+    # rules 2 and 3 early, by objective value alone (ties kept), so that only few rows get sorted
+    fit0 = (res["violations"] == 0) | relax_memory
+    bf = _group_min(group[fit0 & keep], res["objective"][fit0 & keep], n_groups)
+    keep &= res["objective"] <= np.minimum(bf[group], _kth(bf, top_k))
     rows, res, group = _take(rows, keep), _take(res, keep), group[keep]
 
     # 2. rank, then per-layout pruning
