@@ -1,0 +1,129 @@
+"""`planner sweep`: the best plan over a one- or two-parameter grid -> CSV + PNG/SVG plot."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hardware.errors import SpecError
+from planner.cli_common import DtypeOpt, GpusOpt, JsonOpt, ReserveOpt, SeqOpt, SystemOpt, make_job
+from planner.sweep import (ALLOWED, Axis, SweepSpec, build_points, columns, default_workers, output_paths,
+                           plot, refuse_overwrite, run_points, write_csv)
+
+FRAMEWORKS = ("megatron", "any")
+Opt = typer.Option
+
+
+def _summary_table(rows: list[dict], spec: SweepSpec) -> Table:
+    table = Table(title="Best plan per grid point", show_edge=False)
+    names = spec.names
+    for n in names:
+        table.add_column(n)
+    table.add_column("plan", no_wrap=True)
+    for col, just in ( ("batch", "right"), ("step s", "right"), ("MFU", "right"),
+                      ("tokens/s", "right"), ("HBM GiB", "right"), ("offload GiB", "right")):
+        table.add_column(col, justify=just)
+    for r in rows:
+        vals = [("inf" if isinstance(r[n], float) and math.isinf(r[n]) else f"{r[n]}") for n in names]
+        if r["feasible"]:
+            table.add_row(*vals, r["plan"], str(r["global_batch"]), f"{r['step_time_s']:.2f}",
+                          f"{r['mfu']:.1%}", f"{r['tokens_per_s']:,.0f}", f"{r['hbm_used_gib']:.1f}",
+                          f"{r['offload_used_gib']:.1f}")
+        else:
+            reason = r["reason"].split(" | ")[0]
+            table.add_row(*vals, f"[red]no plan fits[/red]: {reason[:90]}", "", "", "", "", "", "")
+    return table
+
+
+def _json_rows(rows: list[dict]) -> list[dict]:
+    """JSON has no infinity: write it as the string "inf" (infinite offload bandwidth)."""
+    return [{k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in r.items()} for r in rows]
+
+
+def register(app: typer.Typer) -> None:
+    def sweep_command(
+        vary: Annotated[list[str], Opt(
+            "--vary", "-v", help=f"NAME=VALUES, once or twice. NAME is one of: {ALLOWED}. VALUES: a comma "
+                                 "list (8,16), START:STOP:xFACTOR (4096:16384:x2) or START:STOP:STEP "
+                                 "(256:2048:256); offload_gb_per_s accepts inf; model takes presets.")],
+        out: Annotated[Path, Opt("--out", "-o", help="Output folder for NAME.csv, NAME.png, NAME.svg.")],
+        model: Annotated[Optional[str], Opt(
+            "--model", "-m", help="Model preset or YAML file (omit when varying model).")] = None,
+        system: SystemOpt = "h100-sxm",
+        gpus: GpusOpt = None,
+        seq_length: SeqOpt = None,
+        global_batch: Annotated[Optional[int], Opt(
+            "--global-batch", "-b", help="Fixed global batch (sequences); default: free, up to --max-global-batch.")] = None,
+        max_global_batch: Annotated[int, Opt(
+            "--max-global-batch", help="Largest global batch the search may pick (seeds: 3072).")] = 3072,
+        dtype: DtypeOpt = "bf16",
+        hbm_reserve_gib: ReserveOpt = 2.0,
+        framework: Annotated[str, Opt(
+            "--framework", help="megatron (only plans Megatron-LM can run) or any (e.g. weight offload).")] = "megatron",
+        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
+        workers: Annotated[Optional[int], Opt(
+            "--workers", "-j", help="Local worker processes (default min(2, CPUs)).")] = None,
+        ray: Annotated[Optional[str], Opt(
+            "--ray", help="Run the grid on an existing Ray cluster at this address (needs `pip install ray`).")] = None,
+        name: Annotated[str, Opt("--name", help="Base name of the output files.")] = "sweep",
+        force: Annotated[bool, Opt("--force", help="Overwrite existing output files.")] = False,
+        explain: Annotated[bool, Opt("--explain/--no-explain",
+                                     help="At infeasible points run `check` to say why (slower).")] = True,
+        time_limit_s: Annotated[float, Opt("--time-limit", help="CP-SAT time limit per grid point (s).")] = 30.0,
+        json_out: JsonOpt = False,
+    ) -> None:
+        """Best plan at every point of a grid of one or two varied parameters; writes CSV + PNG/SVG.
+
+        Example: planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
+        """
+        if framework not in FRAMEWORKS:
+            raise SpecError(f"framework: unknown {framework!r}; allowed: {', '.join(FRAMEWORKS)}")
+        if workers is not None and workers < 1:
+            raise SpecError(f"workers: must be a positive integer, got {workers}")
+        if global_batch is not None and global_batch < 1:
+            raise SpecError(f"global-batch: must be a positive integer, got {global_batch}")
+        if not name or "/" in name or name.startswith("."):
+            raise SpecError(f"name: {name!r} must be a plain file name (no '/')")
+        if out.exists() and not out.is_dir():
+            raise SpecError(f"out: {out} exists and is not a folder")
+        paths = output_paths(out, name)
+        refuse_overwrite(paths, force)
+        if ray:
+            from planner.sweep import import_ray
+            import_ray()
+        axes = [Axis.from_cli(v) for v in vary]
+        job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
+                       dtype=dtype, hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
+                       framework=framework)
+        spec = SweepSpec.build(model=model, system=system, gpus=gpus, seq_length=seq_length, job=job,
+                               axes=axes, time_limit_s=time_limit_s, explain=explain)
+        points = build_points(spec)
+        err = Console(stderr=True)
+        with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TextColumn("{task.description}"), console=err, transient=False) as progress:
+            task = progress.add_task("", total=len(points))
+
+            def tick(row: dict) -> None:
+                point = ", ".join(f"{n}={row[n]}" for n in spec.names)
+                progress.update(task, advance=1, description=point)
+
+            rows = run_points(points, workers if workers is not None else default_workers(), ray, tick)
+        out.mkdir(parents=True, exist_ok=True)
+        refuse_overwrite(paths, force)  # again: the sweep may have run for minutes
+        write_csv(rows, spec, paths["csv"])
+        plot(rows, spec, out / name)
+        if json_out:
+            print(json.dumps({"columns": columns(spec), "rows": _json_rows(rows),
+                              "files": {k: str(v) for k, v in paths.items()}}, indent=2))
+            return
+        console = Console()
+        console.print(_summary_table(rows, spec))
+        console.print(f"wrote {paths['csv']}, {paths['png']}, {paths['svg']}")
+
+    app.command(name="sweep")(sweep_command)

@@ -1,0 +1,567 @@
+"""Co-design sweeps: the best plan at every point of a one- or two-parameter grid.
+
+A sweep varies one or two of PARAMETERS (GPU count, HBM and offload capacity, offload bandwidth,
+NVLink domain, model preset, batch cap) around a base (model, system, job) and runs
+`planner.search.plan(..., top_k=1)` at every grid point, in local worker processes (default) or
+on an existing Ray cluster. Results are rows (one per point) written as CSV and plotted (MFU and
+step time vs the first parameter, one line per value of the second).
+
+    spec = SweepSpec(model="megatron-1t", system="h100-sxm", gpus=4096,
+                     axes=[Axis.parse("gpus", "4096:16384:x2"), Axis.parse("nvlink_domain", "8,16")])
+    rows = run_sweep(spec, workers=2)
+    write_csv(rows, spec, "out/sweep.csv"); plot(rows, spec, "out/sweep")
+
+Value syntax (CLI and `Axis.parse`): a comma list "8,16,32"; a geometric range
+"4096:16384:x2" (start, stop inclusive, factor); an arithmetic range "256:2048:256" (start, stop
+inclusive, step). offload_gb_per_s accepts "inf" (infinite bandwidth: modelled as
+INFINITE_GB_PER_S, reported as inf); offload_gib 0 removes the offload tier.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hardware.errors import SpecError, one_line
+from hardware.load import load_system
+from hardware.spec import GIB, SystemSpec
+from planner.model import ModelSpec, load_model
+from planner.plan import JobSpec
+
+PARAMETERS: dict[str, str] = {
+    "gpus": "GPUs",
+    "hbm_gib": "HBM per GPU (GiB)",
+    "offload_gib": "offload capacity per GPU (GiB)",
+    "offload_gb_per_s": "offload bandwidth per GPU (GB/s)",
+    "nvlink_domain": "NVLink domain (GPUs)",
+    "model": "model",
+    "max_batch": "max global batch (sequences)",
+}
+INTEGER_PARAMETERS = ("gpus", "nvlink_domain", "max_batch")
+ALLOWED = ", ".join(PARAMETERS)
+INFINITE_GB_PER_S = 1.0e6          # "infinite" offload bandwidth: 1 PB/s per GPU, never the bottleneck
+DEFAULT_OFFLOAD_GB_PER_S = 100.0   # bandwidth of an offload tier the sweep adds to a system without one
+DEFAULT_OFFLOAD_GIB = 1024.0       # capacity of a tier added when only the bandwidth is varied
+MAX_POINTS = 1000
+
+ParamName = Literal["gpus", "hbm_gib", "offload_gib", "offload_gb_per_s", "nvlink_domain", "model",
+                    "max_batch"]
+
+# Columns of a result row, in CSV order (after the varied parameters).
+RESULT_COLUMNS = [
+    "model", "system", "num_gpus", "feasible", "plan", "tp", "pp", "dp", "cp", "ep", "vpp",
+    "micro_batch", "global_batch", "recompute", "zero_stage", "offload_weights",
+    "offload_activations", "offload_optimizer", "step_time_s", "mfu", "tokens_per_s",
+    "hbm_used_gib", "offload_used_gib", "reason", "search_s",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# the spec
+# ---------------------------------------------------------------------------------------------
+
+def _bad(msg: str) -> SpecError:
+    return SpecError(f"vary: {msg}")
+
+
+def _number(name: str, text: str) -> float:
+    t = text.strip().lower()
+    if t in ("inf", "infinity", "∞"):
+        if name != "offload_gb_per_s":
+            raise _bad(f"{name}: 'inf' is only allowed for offload_gb_per_s")
+        return math.inf
+    try:
+        value = float(t)
+    except ValueError:
+        raise _bad(f"{name}: {text.strip()!r} is not a number") from None
+    if math.isnan(value):
+        raise _bad(f"{name}: {text.strip()!r} is not a number")
+    return value
+
+
+def _parse_range(name: str, text: str) -> list[float]:
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise _bad(f"{name}: range {text!r} must be START:STOP:STEP or START:STOP:xFACTOR")
+    start, stop = _number(name, parts[0]), _number(name, parts[1])
+    step_text = parts[2].strip().lower()
+    if not math.isfinite(start) or not math.isfinite(stop):
+        raise _bad(f"{name}: range {text!r} needs finite ends")
+    if stop < start:
+        raise _bad(f"{name}: range {text!r} is empty (stop < start)")
+    values: list[float] = []
+    if step_text.startswith(("x", "*")):
+        factor = _number(name, step_text[1:])
+        if not factor > 1:
+            raise _bad(f"{name}: range {text!r} needs a factor > 1")
+        if start <= 0:
+            raise _bad(f"{name}: geometric range {text!r} needs a positive start")
+        v = start
+        while v <= stop * (1 + 1e-12):
+            values.append(v)
+            v *= factor
+            if len(values) > MAX_POINTS:
+                break
+    else:
+        step = _number(name, step_text.lstrip("+"))
+        if not step > 0:
+            raise _bad(f"{name}: range {text!r} needs a step > 0")
+        n = int(math.floor((stop - start) / step + 1e-9)) + 1
+        if n > MAX_POINTS:
+            raise _bad(f"{name}: range {text!r} has more than {MAX_POINTS} values")
+        values = [start + i * step for i in range(n)]
+    return values
+
+
+def _check_value(name: str, v: float) -> float | int:
+    if name in INTEGER_PARAMETERS:
+        if not float(v).is_integer():
+            raise _bad(f"{name}: {v:g} is not an integer")
+        if v < 1:
+            raise _bad(f"{name}: must be positive, got {int(v)}")
+        return int(v)
+    if name == "offload_gib":
+        if v < 0:
+            raise _bad(f"offload_gib: must be >= 0 (0 = no offload tier), got {v:g}")
+    elif not v > 0:
+        raise _bad(f"{name}: must be positive, got {v:g}")
+    return float(v)
+
+
+class Axis(BaseModel):
+    """One varied parameter and its values, in sweep order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: ParamName
+    values: list[Any] = Field(min_length=1)
+
+    @field_validator("values")
+    @classmethod
+    def _no_duplicates(cls, values: list) -> list:
+        if len(set(map(str, values))) != len(values):
+            raise ValueError("values must not repeat")
+        return values
+
+    @classmethod
+    def parse(cls, name: str, text: str) -> "Axis":
+        """'gpus', '4096:16384:x2' -> Axis; comma lists and ranges may be mixed ('8,16:64:x2')."""
+        name = name.strip()
+        if name not in PARAMETERS:
+            raise _bad(f"unknown parameter {name!r}; allowed: {ALLOWED}")
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise _bad(f"{name}: no values given (e.g. {name}=" + _EXAMPLES[name] + ")")
+        if name == "model":
+            values: list = []
+            for item in items:
+                if ":" in item and not Path(item).exists():
+                    raise _bad("model: takes a comma list of presets or model files, not a range")
+                values.append(item)
+        else:
+            values = []
+            for item in items:
+                raw = _parse_range(name, item) if ":" in item else [_number(name, item)]
+                values.extend(_check_value(name, v) for v in raw)
+        if len(values) > MAX_POINTS:
+            raise _bad(f"{name}: more than {MAX_POINTS} values")
+        if len(set(map(str, values))) != len(values):
+            raise _bad(f"{name}: a value is repeated in {text!r}")
+        return cls(name=name, values=values)
+
+    @classmethod
+    def from_cli(cls, spec: str) -> "Axis":
+        """'name=values' as given to `planner sweep --vary`."""
+        if "=" not in spec:
+            raise _bad(f"{spec!r} must look like NAME=VALUES (e.g. gpus=4096,8192); allowed names: {ALLOWED}")
+        name, text = spec.split("=", 1)
+        return cls.parse(name, text)
+
+
+_EXAMPLES = {"gpus": "4096:16384:x2", "hbm_gib": "80,120", "offload_gib": "256,512,1024,2048",
+             "offload_gb_per_s": "50,100,inf", "nvlink_domain": "8,16", "model": "seed-2t,seed-4t",
+             "max_batch": "1536,3072"}
+
+
+class SweepSpec(BaseModel):
+    """Base inputs (model/system presets or files, job) and one or two varied parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    model: str | None = Field(default=None, description="preset or YAML; None when 'model' is varied")
+    system: str
+    gpus: int | None = Field(default=None, description="override of the system's GPU count")
+    seq_length: int | None = None
+    job: JobSpec = JobSpec()
+    axes: list[Axis] = Field(min_length=1, max_length=2)
+    time_limit_s: float = Field(default=30.0, gt=0, description="CP-SAT limit per point")
+    explain: bool = Field(default=True, description="run search.check at infeasible points for the reason")
+
+    @classmethod
+    def build(cls, **fields) -> "SweepSpec":
+        """Validate with one-line errors (the CLI's entry point)."""
+        axes = fields.get("axes") or []
+        if not axes:
+            raise _bad(f"give one or two parameters to vary (--vary NAME=VALUES); allowed: {ALLOWED}")
+        if len(axes) > 2:
+            raise _bad(f"at most two parameters may be varied, got {len(axes)}; allowed: {ALLOWED}")
+        names = [a.name for a in axes]
+        if len(set(names)) != len(names):
+            raise _bad(f"parameter {names[0]!r} is varied twice; allowed: {ALLOWED}")
+        if "model" in names and fields.get("model"):
+            raise _bad("give the model either with --model or with --vary model=..., not both")
+        if "model" not in names and not fields.get("model"):
+            raise SpecError("model: required (--model PRESET, or --vary model=A,B)")
+        try:
+            return cls.model_validate(fields)
+        except ValidationError as err:
+            raise one_line(err, "sweep") from None
+
+    @property
+    def names(self) -> list[str]:
+        return [a.name for a in self.axes]
+
+    def grid(self) -> list[dict]:
+        """Every point as {name: value}, the first parameter varying fastest within each line."""
+        if len(self.axes) == 1:
+            return [{self.axes[0].name: v} for v in self.axes[0].values]
+        a, b = self.axes
+        return [{a.name: va, b.name: vb} for vb in b.values for va in a.values]
+
+
+# ---------------------------------------------------------------------------------------------
+# grid points -> inputs of the search
+# ---------------------------------------------------------------------------------------------
+
+class Point(BaseModel):
+    """The fully built inputs of one grid point (what a worker receives)."""
+
+    model_config = ConfigDict(frozen=True)
+    index: int
+    params: dict[str, Any]
+    model: ModelSpec
+    system: SystemSpec
+    job: JobSpec
+    time_limit_s: float = 30.0
+    explain: bool = True
+
+
+def _validated_system(base: SystemSpec, changes: dict, where: str) -> SystemSpec:
+    try:
+        return base.with_changes(**changes)
+    except ValidationError as err:
+        raise one_line(err, where) from None
+
+
+def apply_params(model: ModelSpec | None, system: SystemSpec, job: JobSpec, params: dict,
+                 seq_length: int | None = None) -> tuple[ModelSpec, SystemSpec, JobSpec]:
+    """The (model, system, job) variant of one grid point, re-validated."""
+    where = "vary " + ", ".join(f"{k}={v}" for k, v in params.items())
+    if "model" in params:
+        model = load_model(str(params["model"]), {"seq_length": seq_length})
+    assert model is not None
+    changes: dict = {}
+    if "gpus" in params:
+        changes["num_gpus"] = int(params["gpus"])
+    if "hbm_gib" in params:
+        changes["accelerator"] = {**system.accelerator.model_dump(), "hbm_capacity_gib": float(params["hbm_gib"])}
+    if "nvlink_domain" in params:
+        tiers = [t.model_dump() for t in system.network]
+        tiers[0]["domain_gpus"] = int(params["nvlink_domain"])
+        changes["network"] = tiers
+    if "offload_gib" in params or "offload_gb_per_s" in params:
+        tier = system.offload.model_dump() if system.offload else {
+            "name": "sweep-offload", "capacity_gib": DEFAULT_OFFLOAD_GIB,
+            "bandwidth_gb_per_s": DEFAULT_OFFLOAD_GB_PER_S}
+        if "offload_gb_per_s" in params:
+            bw = float(params["offload_gb_per_s"])
+            tier["bandwidth_gb_per_s"] = INFINITE_GB_PER_S if math.isinf(bw) else bw
+        if "offload_gib" in params:
+            tier["capacity_gib"] = float(params["offload_gib"])
+        changes["offload"] = tier if tier["capacity_gib"] > 0 else None
+    if changes:
+        system = _validated_system(system, changes, where)
+    if "max_batch" in params:
+        mb = int(params["max_batch"])
+        if job.global_batch and job.global_batch > mb:
+            raise SpecError(f"{where}: the fixed global batch {job.global_batch} exceeds max_batch {mb}")
+        job = job.model_copy(update={"max_global_batch": mb})
+    return model, system, job
+
+
+def build_points(spec: SweepSpec) -> list[Point]:
+    """Load the base inputs and build every grid point up front (so bad values fail before any work)."""
+    system = load_system(spec.system, spec.gpus)
+    model = load_model(spec.model, {"seq_length": spec.seq_length}) if spec.model else None
+    points = []
+    for i, params in enumerate(spec.grid()):
+        m, s, j = apply_params(model, system, spec.job, params, spec.seq_length)
+        points.append(Point(index=i, params=params, model=m, system=s, job=j,
+                            time_limit_s=spec.time_limit_s, explain=spec.explain))
+    return points
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation
+# ---------------------------------------------------------------------------------------------
+
+def result_row(params: dict, model: ModelSpec, system: SystemSpec, best, reason: str = "",
+               search_s: float = 0.0) -> dict:
+    """One CSV row from the best Ranked (or None) of `search.plan`."""
+    row: dict = dict(params)
+    row.update({"model": params.get("model", model.name), "system": system.name, "num_gpus": system.num_gpus,
+                "feasible": best is not None, "reason": reason, "search_s": round(search_s, 3)})
+    if best is None:
+        for col in RESULT_COLUMNS:
+            row.setdefault(col, "")
+        return row
+    p, e = best.plan, best.estimate
+    row.update({
+        "plan": p.short(), "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "vpp": p.vpp,
+        "micro_batch": p.micro_batch, "global_batch": p.global_batch, "recompute": p.recompute,
+        "zero_stage": p.zero_stage, "offload_weights": p.offload_weights,
+        "offload_activations": p.offload_activations, "offload_optimizer": p.offload_optimizer,
+        "step_time_s": e.step_time_s, "mfu": e.mfu, "tokens_per_s": e.tokens_per_s,
+        "hbm_used_gib": e.hbm_bytes / GIB, "offload_used_gib": e.offload_bytes / GIB, "reason": "",
+    })
+    return row
+
+
+def evaluate_point(point: Point) -> dict:
+    """Best plan at one grid point (runs in a worker process or a Ray task)."""
+    from planner import search
+
+    t0 = time.perf_counter()
+    result = search.plan(point.model, point.system, point.job, top_k=1, time_limit_s=point.time_limit_s)
+    reason = ""
+    if result.best is None:
+        if point.explain:
+            checked = search.check(point.model, point.system, point.job)
+            reason = " | ".join(checked.reasons) or "no plan fits"
+        else:
+            reason = f"no plan fits (search status {result.stats.get('status', '?')})"
+    row = result_row(point.params, point.model, point.system, result.best, reason,
+                     time.perf_counter() - t0)
+    row["_index"] = point.index
+    return row
+
+
+Progress = Callable[[dict], None]
+
+
+def default_workers() -> int:
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def run_points(points: list[Point], workers: int | None = None, ray_address: str | None = None,
+               on_result: Progress | None = None) -> list[dict]:
+    """Evaluate every point (in grid order in the result); `on_result` is called as each finishes."""
+    if ray_address:
+        rows = _run_ray(points, ray_address, on_result)
+    else:
+        workers = default_workers() if workers is None else workers
+        if workers < 1:
+            raise SpecError(f"workers: must be a positive integer, got {workers}")
+        rows = _run_local(points, workers, on_result)
+    rows.sort(key=lambda r: r["_index"])
+    for r in rows:
+        r.pop("_index", None)
+    return rows
+
+
+def _run_local(points: list[Point], workers: int, on_result: Progress | None) -> list[dict]:
+    rows = []
+    if workers == 1 or len(points) <= 1:
+        for p in points:
+            rows.append(evaluate_point(p))
+            if on_result:
+                on_result(rows[-1])
+        return rows
+    # spawn, not fork: the parent has OR-tools loaded and forking a process with solver threads is unsafe
+    with ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(evaluate_point, p) for p in points]
+        for fut in as_completed(futures):
+            rows.append(fut.result())
+            if on_result:
+                on_result(rows[-1])
+    return rows
+
+
+def import_ray():
+    try:
+        import ray  # noqa: PLC0415  (optional dependency, imported lazily)
+    except ImportError:
+        raise SpecError("ray: not installed; `pip install ray` to run sweeps on a Ray cluster "
+                        "(or drop --ray to use local processes)") from None
+    return ray
+
+
+def _run_ray(points: list[Point], address: str, on_result: Progress | None) -> list[dict]:
+    ray = import_ray()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise SpecError(f"ray: cannot connect to {address!r}: {str(exc).splitlines()[0]}") from None
+    task = ray.remote(evaluate_point)
+    pending = [task.remote(p) for p in points]
+    rows = []
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            rows.append(ray.get(ref))
+            if on_result:
+                on_result(rows[-1])
+    return rows
+
+
+def run_sweep(spec: SweepSpec, workers: int | None = None, ray_address: str | None = None,
+              on_result: Progress | None = None) -> list[dict]:
+    return run_points(build_points(spec), workers, ray_address, on_result)
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs
+# ---------------------------------------------------------------------------------------------
+
+def columns(spec: SweepSpec) -> list[str]:
+    return [n for n in spec.names if n != "model"] + RESULT_COLUMNS
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "inf"
+        return f"{v:.6g}"
+    return str(v)
+
+
+def write_csv(rows: list[dict], spec: SweepSpec, path: str | Path) -> Path:
+    path = Path(path)
+    cols = columns(spec)
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for r in rows:
+            w.writerow([_fmt(r.get(c, "")) for c in cols])
+    return path
+
+
+def output_paths(out_dir: str | Path, name: str = "sweep") -> dict[str, Path]:
+    out = Path(out_dir)
+    return {ext: out / f"{name}.{ext}" for ext in ("csv", "png", "svg")}
+
+
+def refuse_overwrite(paths: dict[str, Path], force: bool) -> None:
+    existing = [str(p) for p in paths.values() if p.exists()]
+    if existing and not force:
+        raise SpecError(f"out: {existing[0]} already exists; pick another --out/--name or pass --force "
+                        "to overwrite")
+    for p in paths.values():
+        if p.exists() and not p.is_file():
+            raise SpecError(f"out: {p} exists and is not a file")
+
+
+def _label(name: str, v) -> str:
+    if name == "offload_gb_per_s" and isinstance(v, float) and math.isinf(v):
+        return "∞ GB/s"
+    unit = {"hbm_gib": " GiB", "offload_gib": " GiB", "offload_gb_per_s": " GB/s", "gpus": " GPUs",
+            "nvlink_domain": "-GPU NVLink", "max_batch": " max batch"}.get(name, "")
+    return f"{_fmt(v)}{unit}"
+
+
+def _title(spec: SweepSpec, rows: list[dict]) -> str:
+    fixed = []
+    if spec.model:
+        fixed.append(rows[0]["model"] if rows else spec.model)
+    sysname = rows[0]["system"] if rows else spec.system
+    fixed.append(sysname)
+    if "gpus" not in spec.names and rows:
+        fixed.append(f"{rows[0]['num_gpus']} GPUs")
+    fixed.append(f"framework {spec.job.framework}")
+    batch = f"batch {spec.job.global_batch}" if spec.job.global_batch else f"batch ≤ {spec.job.max_global_batch}"
+    if "max_batch" not in spec.names or spec.job.global_batch:
+        fixed.append(batch)
+    varied = " and ".join(PARAMETERS[n] for n in spec.names)
+    return f"Best plan vs {varied}\n" + ", ".join(fixed)
+
+
+def plot(rows: list[dict], spec: SweepSpec, stem: str | Path) -> tuple[Path, Path]:
+    """MFU (top) and step time (bottom) vs the first parameter, one line per second-parameter value.
+    Writes stem.png and stem.svg."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xname = spec.axes[0].name
+    xvals = spec.axes[0].values
+    categorical = xname == "model" or any(isinstance(v, float) and math.isinf(v) for v in xvals)
+    positions = list(range(len(xvals))) if categorical else [float(v) for v in xvals]
+    lines = spec.axes[1].values if len(spec.axes) == 2 else [None]
+    lname = spec.axes[1].name if len(spec.axes) == 2 else None
+
+    def key(v):
+        return _fmt(v) if not isinstance(v, str) else v
+
+    by_point = {}
+    for r in rows:
+        by_point[(key(r[xname]), key(r[lname]) if lname else None)] = r
+
+    fig, (ax_mfu, ax_t) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
+    infeasible = 0
+    markers = "osD^v<>p*h"
+    for li, lv in enumerate(lines):
+        mfu, st = [], []
+        for xv in xvals:
+            r = by_point.get((key(xv), key(lv) if lname else None))
+            ok = r is not None and r["feasible"]
+            infeasible += 0 if ok else 1
+            mfu.append(100 * r["mfu"] if ok else math.nan)
+            st.append(r["step_time_s"] if ok else math.nan)
+        label = _label(lname, lv) if lname else None
+        m = markers[li % len(markers)]
+        ax_mfu.plot(positions, mfu, marker=m, label=label)
+        ax_t.plot(positions, st, marker=m, label=label)
+        for x, y in zip(positions, mfu):
+            if not math.isnan(y) and len(lines) <= 1:  # values on the line; with several lines they overlap
+                ax_mfu.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 6),
+                                ha="center", fontsize=7)
+    ax_mfu.set_ylabel("MFU (%)")
+    ax_mfu.set_ylim(bottom=0, top=max(100, ax_mfu.get_ylim()[1]))
+    ax_t.set_ylabel("step time (s)")
+    ax_t.set_xlabel(PARAMETERS[xname])
+    if not categorical and len(positions) > 1 and min(positions) > 0 and max(positions) / min(positions) >= 4:
+        ax_t.set_xscale("log", base=2)
+    ax_t.set_xticks(positions)
+    ax_t.set_xticklabels([_fmt(v) if not (isinstance(v, float) and math.isinf(v)) else "∞" for v in xvals],
+                         rotation=30 if categorical and xname == "model" else 0)
+    ax_t.minorticks_off()
+    if any(r["feasible"] for r in rows) and ax_t.get_ylim()[0] > 0:
+        finite = [r["step_time_s"] for r in rows if r["feasible"]]
+        if finite and max(finite) / min(finite) > 20:
+            ax_t.set_yscale("log")
+    for ax in (ax_mfu, ax_t):
+        ax.grid(True, alpha=0.3)
+    if lname:
+        ax_mfu.legend(title=PARAMETERS[lname], fontsize=8, title_fontsize=8)
+    title = _title(spec, rows)
+    if infeasible:
+        title += f"\n{infeasible} grid point{'s' if infeasible > 1 else ''} with no feasible plan (not drawn)"
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    stem = Path(stem)
+    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
+    fig.savefig(png, dpi=120)
+    fig.savefig(svg)
+    plt.close(fig)
+    return png, svg
+
+
+__all__ = ["PARAMETERS", "Axis", "SweepSpec", "Point", "apply_params", "build_points", "evaluate_point",
+           "run_points", "run_sweep", "result_row", "write_csv", "plot", "columns", "output_paths",
+           "refuse_overwrite", "import_ray", "default_workers", "INFINITE_GB_PER_S"]
