@@ -25,14 +25,17 @@ class ComputeEfficiency(_Strict):
     A few physical parameters per accelerator, calibrated against published runs (see
     planner/calibration.py), not one constant: large GEMMs approach `matmul_max`; a GEMM whose
     smallest dimension is `matmul_half_dim` runs at half of that (tile/wave quantisation and
-    launch overhead dominate small GEMMs). Attention kernels have their own ceiling.
+    launch overhead dominate small GEMMs). Fused attention kernels have their own ceiling and
+    reach half of it at `attention_half_seq` tokens.
     """
 
     matmul_max: float = Field(gt=0, le=1)
     matmul_max_fp8: float | None = Field(
         default=None, gt=0, le=1, description="fp8 GEMM ceiling (TE scaling/casts); default matmul_max")
     matmul_half_dim: float = Field(ge=0, description="GEMM min-dimension at which efficiency halves")
+    matmul_half_dim_fp8: float | None = Field(default=None, ge=0, description="fp8 GEMMs; default matmul_half_dim")
     attention_max: float = Field(gt=0, le=1)
+    attention_half_seq: float = Field(default=0.0, ge=0, description="sequence length at which attention efficiency halves")
     # Memory-bound element-wise work (norms, activations, dropout, residuals, optimizer) as
     # bytes moved per activation element, run at `hbm_efficiency` of HBM bandwidth.
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
@@ -42,6 +45,10 @@ class ComputeEfficiency(_Strict):
 
     def matmul_ceiling(self, dtype: str) -> float:
         return self.matmul_max_fp8 if dtype == "fp8" and self.matmul_max_fp8 else self.matmul_max
+
+    def matmul_half(self, dtype: str) -> float:
+        fp8 = dtype == "fp8" and self.matmul_half_dim_fp8 is not None
+        return self.matmul_half_dim_fp8 if fp8 else self.matmul_half_dim
 
 
 class Accelerator(_Strict):

@@ -43,7 +43,7 @@ def gemm_efficiency(max_eff: float, half_dim: float, min_dim: np.ndarray) -> np.
 
 
 def _gemm_time(flop_count, min_dim, peak, eff, dtype):
-    return flop_count / (peak * gemm_efficiency(eff.matmul_ceiling(dtype), eff.matmul_half_dim, min_dim))
+    return flop_count / (peak * gemm_efficiency(eff.matmul_ceiling(dtype), eff.matmul_half(dtype), min_dim))
 
 
 def overlapped_collective_s(total_s, window_s, p, v):
@@ -86,7 +86,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # Attention core at its own ceiling; causal fused kernels skip the masked half.
     core_flops = flops.attention_core_flops_per_token(model) * tokens / t
     causal = 0.5 if job.flash_attention else 1.0
-    attention = causal * core_flops / (peak_attn * eff.attention_max)
+    s = model.seq_length
+    attention = causal * core_flops / (peak_attn * eff.attention_max * s / (s + eff.attention_half_seq))
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     sp = (P.sequence_parallel > 0) & (t > 1)
     topk = model.moe.top_k if model.moe else 1

@@ -1,0 +1,71 @@
+"""Fit the kernel-efficiency curves to tables measured on a GPU (bench/gpu/*.py -> planner/data/).
+
+    python bench/kernel_fit.py planner/data/h100_gemm.csv planner/data/h100_attention.csv
+
+Model (hardware/spec.py ComputeEfficiency): time = 2mnk / (peak · e_max · d/(d + d_half)) + 5 µs launch,
+d = min(m, n, k). Grid search on mean |log(predicted/measured)|. The half-efficiency dimension
+d_half is a property of the GEMM kernels and goes into the accelerator preset as measured;
+e_max is printed for comparison only (the in-training ceiling is fitted end to end by
+bench/calibrate.py, since training loses more than a lone GEMM does).
+
+Attention (cuDNN fused attention, as Transformer Engine uses; head_dim 128): the planner's
+equivalent throughput 3·(causal forward FLOPs)/t(fwd+bwd) follows attention_max · s/(s + s_half).
+"""
+from __future__ import annotations
+
+import csv
+import sys
+
+import numpy as np
+
+PEAK_FLOPS = {"bf16": 989.4e12, "fp8": 1978.9e12}  # H100 SXM datasheet, dense
+
+
+# Products shorter than this are dominated by launch and event-timing overhead, which the
+# planner models separately (layer_overhead_us); the curve is fitted on the rest.
+MIN_TIME_MS = 0.1
+LAUNCH_S = 5e-6
+
+
+def fit(rows: list[dict], dtype: str) -> tuple[float, float, float, float]:
+    sel = [r for r in rows if r["dtype"] == dtype and float(r["median_ms"]) >= MIN_TIME_MS]
+    m, n, k = (np.array([float(r[c]) for r in sel]) for c in ("m", "n", "k"))
+    t = np.array([float(r["median_ms"]) for r in sel]) * 1e-3
+    flops, d = 2 * m * n * k, np.minimum(np.minimum(m, n), k)
+    best = (np.inf, 0.0, 0.0, 0.0)
+    for e in np.arange(0.50, 0.90, 0.005):
+        for half in np.arange(0, 1000, 10):
+            for launch in (LAUNCH_S,):
+                pred = flops / (PEAK_FLOPS[dtype] * e * d / (d + half)) + launch
+                err = float(np.mean(np.abs(np.log(pred / t))))
+                if err < best[0]:
+                    best = (err, float(e), float(half), float(launch))
+    return best
+
+
+def fit_attention(rows: list[dict], peak: float = PEAK_FLOPS["bf16"]) -> tuple[float, float, float]:
+    sel = [r for r in rows if r["backend"] == "cudnn" and r["head_dim"] == "128"]
+    s = np.array([float(r["seq"]) for r in sel])
+    eff = np.array([float(r["planner_equiv_tflops"]) for r in sel]) * 1e12 / peak
+    best = (np.inf, 0.0, 0.0)
+    for a in np.arange(0.2, 0.9, 0.002):
+        for half in np.arange(0, 8000, 10):
+            err = float(np.mean(np.abs(np.log(a * s / (s + half) / eff))))
+            if err < best[0]:
+                best = (err, float(a), float(half))
+    return best
+
+
+def main() -> None:
+    if len(sys.argv) > 2:
+        err, a, half = fit_attention(list(csv.DictReader(open(sys.argv[2]))))
+        print(f"attention: attention_max {a:.3f}, attention_half_seq {half:.0f} (mean |log error| {err:.3f})")
+    rows = list(csv.DictReader(open(sys.argv[1])))
+    for dtype in ("bf16", "fp8"):
+        err, e, half, launch = fit(rows, dtype)
+        print(f"{dtype}: e_max {e:.3f}, half-efficiency dim {half:.0f}, launch {launch * 1e6:.1f} us "
+              f"(mean |log error| {err:.3f} over the shapes taking >= {MIN_TIME_MS} ms)")
+
+
+if __name__ == "__main__":
+    main()
