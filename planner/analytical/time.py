@@ -86,8 +86,9 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # Attention core at its own ceiling; causal fused kernels skip the masked half.
     core_flops = flops.attention_core_flops_per_token(model) * tokens / t
     causal = 0.5 if job.flash_attention else 1.0
-    s = model.seq_length
-    attention = causal * core_flops / (peak_attn * eff.attention_max * s / (s + eff.attention_half_seq))
+    # the kernel sees the local query chunk: with context parallelism each step is s/cp long
+    chunk = model.seq_length / P.cp
+    attention = causal * core_flops / (peak_attn * eff.attention_max * chunk / (chunk + eff.attention_half_seq))
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     sp = (P.sequence_parallel > 0) & (t > 1)
     topk = model.moe.top_k if model.moe else 1
@@ -118,7 +119,9 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # Fig. 5; with SP an all-gather + reduce-scatter pair of the same volume, Korthikanti §4.2.2)
     tp_bw, tp_lat = comm.group_link(system, t, 1)
     ar = comm.all_reduce_s(tokens * h * act_bytes, t, tp_bw, tp_lat)
-    overlap = P.tp_comm_overlap > 0
+    # GEMM/communication overlap (TE userbuffers) works through NVLink peer memory: a TP group
+    # that leaves the NVLink domain gets no overlap from it.
+    overlap = (P.tp_comm_overlap > 0) & (t <= system.nvlink_domain_gpus)
     tp_fwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
     tp_bwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_BWD)
 
@@ -188,7 +191,9 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
                                + overlapped_collective_s(param_ag, mb_fwd, p, v), grad_rs + param_ag)
     # ZeRO-3: gather parameters for forward and backward and reduce-scatter gradients for
     # every microbatch (Rajbhandari et al. 2020 §5.3), overlapped with that microbatch.
-    zero3_mb = 2 * param_ag + grad_rs
+    # ZeRO-3 issues one collective per layer, so each pays the ring latency (n−1)·α.
+    per_layer_latency = (layers_per_stage - 1) * (n_dp - 1) * dp_lat
+    zero3_mb = 2 * param_ag + grad_rs + 3 * per_layer_latency
     exposed_zero3 = m * np.where(hide, np.maximum(0.0, zero3_mb - (mb_fwd + mb_bwd)), zero3_mb)
     dp_comm = np.where(z == 0, exposed_ar, np.where(z >= 3, exposed_zero3, exposed_sharded))
 
