@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
 
+from hardware.errors import SpecError
+
 GIB = 2**30
 GB = 1e9
 
@@ -68,8 +70,8 @@ class Accelerator(_Strict):
 
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
-            raise ValueError(
-                f"dtype: {self.name} has no peak for {dtype!r}; allowed: {sorted(self.peak_flops)}")
+            raise SpecError(
+                f"dtype: {self.name} has no {dtype} peak; allowed: {', '.join(sorted(self.peak_flops))}")
         return self.peak_flops[dtype]
 
 
