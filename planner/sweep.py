@@ -468,6 +468,8 @@ def refuse_overwrite(paths: dict[str, Path], force: bool) -> None:
 
 
 def _label(name: str, v) -> str:
+    if name == "offload_gib" and v == 0:
+        return "no offload tier"
     if name == "offload_gb_per_s" and isinstance(v, float) and math.isinf(v):
         return "∞ GB/s"
     unit = {"hbm_gib": " GiB", "offload_gib": " GiB", "offload_gb_per_s": " GB/s", "gpus": " GPUs",
@@ -541,10 +543,9 @@ def plot(rows: list[dict], spec: SweepSpec, stem: str | Path) -> tuple[Path, Pat
     ax_t.set_xticklabels([_fmt(v) if not (isinstance(v, float) and math.isinf(v)) else "∞" for v in xvals],
                          rotation=30 if categorical and xname == "model" else 0)
     ax_t.minorticks_off()
-    if any(r["feasible"] for r in rows) and ax_t.get_ylim()[0] > 0:
-        finite = [r["step_time_s"] for r in rows if r["feasible"]]
-        if finite and max(finite) / min(finite) > 20:
-            ax_t.set_yscale("log")
+    times = [r["step_time_s"] for r in rows if r["feasible"]]
+    if times and min(times) > 0 and max(times) / min(times) > 20:
+        ax_t.set_yscale("log")  # step times spanning decades (model-size sweeps)
     for ax in (ax_mfu, ax_t):
         ax.grid(True, alpha=0.3)
     if lname:
