@@ -13,8 +13,19 @@ from rich.table import Table
 
 from hardware.errors import SpecError
 from planner.cli_common import DtypeOpt, GpusOpt, JsonOpt, ReserveOpt, SeqOpt, SystemOpt, make_job
-from planner.sweep import (ALLOWED, Axis, SweepSpec, build_points, columns, default_workers, output_paths,
-                           plot, refuse_overwrite, run_points, write_csv)
+from planner.sweep import (
+    ALLOWED,
+    Axis,
+    SweepSpec,
+    build_points,
+    columns,
+    default_workers,
+    output_paths,
+    plot,
+    refuse_overwrite,
+    run_points,
+    write_csv,
+)
 
 FRAMEWORKS = ("megatron", "any")
 Opt = typer.Option

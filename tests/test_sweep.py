@@ -13,8 +13,16 @@ from planner import search
 from planner.cli import app
 from planner.model import load_model
 from planner.plan import JobSpec
-from planner.sweep import (ALLOWED, INFINITE_GB_PER_S, RESULT_COLUMNS, Axis, SweepSpec, apply_params,
-                           build_points, run_sweep)
+from planner.sweep import (
+    ALLOWED,
+    INFINITE_GB_PER_S,
+    RESULT_COLUMNS,
+    Axis,
+    SweepSpec,
+    apply_params,
+    build_points,
+    run_sweep,
+)
 
 runner = CliRunner()
 
