@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, cross, layouts,
-                               options)
+from constraints.space import LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, cross, layouts, options
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
 

@@ -51,3 +51,69 @@ def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtyp
                        hbm_reserve_gib=hbm_reserve_gib, **extra)
     except ValidationError as err:
         raise one_line(err, "job") from None
+
+
+# ---- plan knobs: the same flags, wording and checks for plan/check (pins), estimate and megatron
+TpOpt = Annotated[Optional[int], typer.Option("--tp", help="Tensor-parallel size.")]
+PpOpt = Annotated[Optional[int], typer.Option("--pp", help="Pipeline-parallel size.")]
+DpOpt = Annotated[Optional[int], typer.Option("--dp", help="Data-parallel size (default: GPUs/(tp·pp·cp)).")]
+CpOpt = Annotated[Optional[int], typer.Option("--cp", help="Context-parallel size.")]
+EpOpt = Annotated[Optional[int], typer.Option("--ep", help="Expert-parallel size (MoE).")]
+MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", help="Micro-batch size (sequences).")]
+VppOpt = Annotated[Optional[int], typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaving).")]
+SpOpt = Annotated[Optional[bool], typer.Option(
+    "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism (needs tp > 1).")]
+RecomputeOpt = Annotated[Optional[str], typer.Option("--recompute", help="Activation recompute: none, selective or full.")]
+RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
+    "--recompute-num-layers", help="Full recompute: layers per pipeline stage (default all).")]
+ZeroOpt = Annotated[Optional[int], typer.Option(
+    "--zero-stage", help="0 plain DP, 1 distributed optimizer, 2 +grads, 3 +params (FSDP).")]
+OffloadWeightsOpt = Annotated[Optional[float], typer.Option(
+    "--offload-weights", help="Fraction of weights+grads in the offload tier (not expressible in Megatron).")]
+OffloadActivationsOpt = Annotated[Optional[float], typer.Option(
+    "--offload-activations", help="Fraction of activations in the offload tier.")]
+OffloadOptimizerOpt = Annotated[Optional[float], typer.Option(
+    "--offload-optimizer", help="Fraction of optimizer state in the offload tier.")]
+TpOverlapOpt = Annotated[Optional[bool], typer.Option(
+    "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs SP).")]
+DpOverlapOpt = Annotated[Optional[bool], typer.Option(
+    "--dp-comm-overlap/--no-dp-comm-overlap", help="Overlap DP gradient reduce / parameter gather.")]
+
+PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
+                   "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
+                   "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap")
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+
+def given_knobs(options: dict) -> dict:
+    """The plan-knob flags the user gave (not None), checked: no negatives, known recompute."""
+    knobs = {}
+    for knob in PLAN_KNOB_FLAGS:
+        value = options.get(knob)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+            raise SpecError(f"{knob.replace('_', '-')}: must not be negative, got {value}")
+        if knob == "recompute" and value not in RECOMPUTE_CHOICES:
+            raise SpecError(f"recompute: unknown {value!r}; allowed: {', '.join(RECOMPUTE_CHOICES)}")
+        knobs[knob] = value
+    return knobs
+
+
+def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | None = None):
+    """A Plan from given knobs over `defaults`; dp fills the GPUs left by tp·pp·cp."""
+    from planner.plan import make_plan
+    fields = {**(defaults or {}), **knobs}
+    tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
+    if fields.get("dp") is None:
+        if gpus % (tp * pp * cp):
+            raise SpecError(f"tp·pp·cp ({tp}·{pp}·{cp}) must divide the GPU count ({gpus}); "
+                            "pass --dp or change --gpus")
+        fields["dp"] = gpus // (tp * pp * cp)
+    if fields.get("sequence_parallel") and tp == 1:
+        fields["sequence_parallel"] = False  # Megatron drops SP at tp = 1; so do we
+    plan = make_plan(global_batch=global_batch, **fields)
+    if plan.gpus != gpus:
+        raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has {gpus} GPUs "
+                        "(set --gpus or change the plan)")
+    return plan

@@ -8,32 +8,46 @@ from typing import Annotated, Optional
 import typer
 
 from hardware.errors import SpecError
-from planner.cli_common import (DEFAULT_BATCH, DEFAULT_MODEL, DEFAULT_SYSTEM, BatchOpt, DtypeOpt,
-                                GpusOpt, ModelOpt, SeqOpt, SystemOpt, load_inputs, make_job)
-from planner.plan import Plan, load_plan, make_plan
+from planner.cli_common import (
+    DEFAULT_BATCH,
+    DEFAULT_MODEL,
+    DEFAULT_SYSTEM,
+    BatchOpt,
+    CpOpt,
+    DpOpt,
+    DpOverlapOpt,
+    DtypeOpt,
+    EpOpt,
+    GpusOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    OffloadActivationsOpt,
+    OffloadOptimizerOpt,
+    OffloadWeightsOpt,
+    PpOpt,
+    RecomputeLayersOpt,
+    RecomputeOpt,
+    SeqOpt,
+    SpOpt,
+    SystemOpt,
+    TpOpt,
+    TpOverlapOpt,
+    VppOpt,
+    ZeroOpt,
+    given_knobs,
+    load_inputs,
+    make_job,
+    plan_from_knobs,
+)
+from planner.plan import load_plan
 
 FORMATS = ("script", "args", "json")
-RECOMPUTE = ("none", "selective", "full")
 
 
 def _fail(lines: list[str]) -> None:
     for line in lines:
         print(f"error: {line}", file=sys.stderr)
     raise typer.Exit(2)
-
-
-def _plan_from_flags(system_gpus: int, global_batch: int | None, **f) -> Plan:
-    tp, pp, cp, dp = f["tp"] or 1, f["pp"] or 1, f["cp"] or 1, f["dp"]
-    if dp is None:
-        if system_gpus % (tp * pp * cp):
-            raise SpecError(f"dp: {system_gpus} GPUs are not divisible by tp*pp*cp ({tp}*{pp}*{cp}); "
-                            "give --dp or --gpus")
-        dp = system_gpus // (tp * pp * cp)
-    if f["recompute"] is not None and f["recompute"] not in RECOMPUTE:
-        raise SpecError(f"recompute: unknown {f['recompute']!r}; allowed: {', '.join(RECOMPUTE)}")
-    fields = dict(f, tp=tp, pp=pp, cp=cp, dp=dp,
-                  global_batch=global_batch or DEFAULT_BATCH)
-    return make_plan(**fields)
 
 
 def megatron_command(
@@ -45,40 +59,22 @@ def megatron_command(
     dtype: DtypeOpt = "bf16",
     plan_file: Annotated[Optional[Path], typer.Option(
         "--plan", help="Plan file (YAML/JSON; a top-level `plan:` mapping as `planner plan --save` writes).")] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Tensor parallel size.")] = None,
-    pp: Annotated[Optional[int], typer.Option("--pp", help="Pipeline parallel size.")] = None,
-    dp: Annotated[Optional[int], typer.Option("--dp", help="Data parallel size (default: GPUs/(tp*pp*cp)).")] = None,
-    cp: Annotated[Optional[int], typer.Option("--cp", help="Context parallel size.")] = None,
-    ep: Annotated[Optional[int], typer.Option("--ep", help="Expert parallel size (MoE).")] = None,
-    micro_batch: Annotated[Optional[int], typer.Option("--micro-batch", help="Micro-batch size.")] = None,
-    vpp: Annotated[Optional[int], typer.Option("--vpp", help="Virtual stages per pipeline rank.")] = None,
-    sequence_parallel: Annotated[Optional[bool], typer.Option(
-        "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism (tp>1).")] = None,
-    recompute: Annotated[Optional[str], typer.Option(
-        "--recompute", help="Activation recompute: none, selective or full.")] = None,
-    recompute_num_layers: Annotated[Optional[int], typer.Option(
-        "--recompute-num-layers", help="Full recompute: layers per pipeline stage (default all).")] = None,
-    zero_stage: Annotated[Optional[int], typer.Option(
-        "--zero-stage", help="0 plain DP, 1 distributed optimizer, 2/3 Megatron FSDP.")] = None,
-    offload_activations: Annotated[Optional[float], typer.Option(
-        "--offload-activations", help="Fraction of layers whose activations go to host memory.")] = None,
-    offload_optimizer: Annotated[Optional[float], typer.Option(
-        "--offload-optimizer", help="Fraction of optimizer state offloaded to host memory.")] = None,
-    offload_weights: Annotated[Optional[float], typer.Option(
-        "--offload-weights", help="Fraction of weights offloaded (not expressible in Megatron).")] = None,
-    tp_comm_overlap: Annotated[Optional[bool], typer.Option(
-        "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs SP).")] = None,
-    dp_comm_overlap: Annotated[Optional[bool], typer.Option(
-        "--dp-comm-overlap/--no-dp-comm-overlap", help="Overlap DP grad reduce / param gather.")] = None,
+    tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
+    micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
+    recompute: RecomputeOpt = None, recompute_num_layers: RecomputeLayersOpt = None, zero_stage: ZeroOpt = None,
+    offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
+    offload_weights: OffloadWeightsOpt = None, tp_comm_overlap: TpOverlapOpt = None,
+    dp_comm_overlap: DpOverlapOpt = None,
     fmt: Annotated[str, typer.Option("--format", help="Output: script (bash), args (one line) or json.")] = "script",
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write to this file (never overwrites an existing file).")] = None,
 ) -> None:
-    """Emit Megatron-LM `pretrain_gpt.py` arguments (and a torchrun script) for a plan."""
-    try:
-        _run(locals())
-    except SpecError as err:
-        _fail([str(err)])
+    """Emit Megatron-LM `pretrain_gpt.py` arguments (and a torchrun script) for a plan.
+
+    The plan comes from --plan FILE, from plan flags (unset knobs: tp=pp=cp=1, dp fills the GPUs),
+    or, with neither, from the search (`planner plan`'s best plan).
+    """
+    _run(locals())
 
 
 def _run(o: dict) -> None:
@@ -90,10 +86,7 @@ def _run(o: dict) -> None:
         raise SpecError(f"output: {o['output']} already exists; refusing to overwrite it")
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
     job = make_job(global_batch=o["global_batch"], dtype=o["dtype"])
-    knobs = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
-             "recompute_num_layers", "zero_stage", "offload_activations", "offload_optimizer",
-             "offload_weights", "tp_comm_overlap", "dp_comm_overlap")
-    given = {k: o[k] for k in knobs if o[k] is not None}
+    given = given_knobs(o)
     if o["plan_file"] is not None:
         if given:
             raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
@@ -103,7 +96,7 @@ def _run(o: dict) -> None:
             raise SpecError(f"global-batch: {job.global_batch} differs from the plan's "
                             f"global_batch ({plan.global_batch})")
     elif any(o[k] is not None for k in ("tp", "pp", "dp")):
-        plan = _plan_from_flags(system.num_gpus, job.global_batch, **{k: o[k] for k in knobs})
+        plan = plan_from_knobs(given, system.num_gpus, job.global_batch or DEFAULT_BATCH)
     else:
         if given:
             raise SpecError("plan: give --tp/--pp/--dp with the other plan flags, or --plan FILE")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,13 +12,41 @@ from rich.table import Table
 
 from hardware.errors import SpecError
 from hardware.load import load_system, system_preset_names
-from planner.cli_common import (DEFAULT_BATCH, DEFAULT_MODEL, DEFAULT_SYSTEM, DtypeOpt, GpusOpt, JsonOpt,
-                                MaxBatchOpt, ModelOpt, ReserveOpt, SeqOpt, SystemOpt, load_inputs, make_job)
+from planner.cli_common import (
+    DEFAULT_BATCH,
+    DEFAULT_MODEL,
+    DEFAULT_SYSTEM,
+    CpOpt,
+    DpOpt,
+    DpOverlapOpt,
+    DtypeOpt,
+    EpOpt,
+    GpusOpt,
+    JsonOpt,
+    MaxBatchOpt,
+    MicroBatchOpt,
+    ModelOpt,
+    OffloadActivationsOpt,
+    OffloadOptimizerOpt,
+    OffloadWeightsOpt,
+    PpOpt,
+    RecomputeOpt,
+    ReserveOpt,
+    SeqOpt,
+    SpOpt,
+    SystemOpt,
+    TpOpt,
+    TpOverlapOpt,
+    VppOpt,
+    ZeroOpt,
+    given_knobs,
+    load_inputs,
+    make_job,
+)
 from planner.model import load_model, model_preset_names
 from planner.report import TIME_LABELS, describe_plan, print_estimate
 
 GIB = 2**30
-RECOMPUTE = ("none", "selective", "full")
 FRAMEWORKS = ("megatron", "any")
 
 BatchOpt = Annotated[Optional[int], typer.Option(
@@ -27,19 +54,6 @@ BatchOpt = Annotated[Optional[int], typer.Option(
 FreeBatchOpt = Annotated[bool, typer.Option(
     "--free-batch", help="Let the search pick the batch (<= --max-global-batch); ranks by time per token.")]
 Opt = typer.Option
-
-
-def _pins(**flags) -> dict:
-    pins = {}
-    for knob, value in flags.items():
-        if value is None:
-            continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            raise SpecError(f"{knob.replace('_', '-')}: must not be negative, got {value}")
-        if knob == "recompute" and value not in RECOMPUTE:
-            raise SpecError(f"recompute: unknown {value!r}; allowed: {', '.join(RECOMPUTE)}")
-        pins[knob] = value
-    return pins
 
 
 def _inputs(o: dict):
@@ -51,21 +65,12 @@ def _inputs(o: dict):
         raise SpecError(f"max-global-batch: must be a positive integer, got {o['max_global_batch']}")
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
     gb = None if o["free_batch"] else (o["global_batch"] or DEFAULT_BATCH)
-    pins = _pins(tp=o["tp"], pp=o["pp"], dp=o["dp"], cp=o["cp"], ep=o["ep"], micro_batch=o["micro_batch"],
-                 vpp=o["vpp"], sequence_parallel=o["sequence_parallel"], recompute=o["recompute"],
-                 zero_stage=o["zero_stage"], offload_weights=o["offload_weights"],
-                 offload_activations=o["offload_activations"], offload_optimizer=o["offload_optimizer"],
-                 tp_comm_overlap=o["tp_comm_overlap"], dp_comm_overlap=o["dp_comm_overlap"])
+    pins = given_knobs(o)
     max_gb = max(o["max_global_batch"], gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"])
     return model, system, job
-
-
-def _fail(err: SpecError) -> None:
-    print(f"error: {err}", file=sys.stderr)
-    raise typer.Exit(2)
 
 
 def _why_lost(best, alt, seq: int, free: bool) -> str:
@@ -88,10 +93,6 @@ def _plan_json(r) -> dict:
     return data
 
 
-def _search_options(fn):
-    return fn
-
-
 def register(app: typer.Typer) -> None:
     def plan_command(
         model: ModelOpt = DEFAULT_MODEL,
@@ -104,22 +105,11 @@ def register(app: typer.Typer) -> None:
         dtype: DtypeOpt = "bf16",
         hbm_reserve_gib: ReserveOpt = 2.0,
         top: Annotated[int, Opt("--top", "-k", help="How many distinct layouts to return.")] = 5,
-        tp: Annotated[Optional[int], Opt("--tp", help="Pin tensor-parallel size.")] = None,
-        pp: Annotated[Optional[int], Opt("--pp", help="Pin pipeline-parallel size.")] = None,
-        dp: Annotated[Optional[int], Opt("--dp", help="Pin data-parallel size.")] = None,
-        cp: Annotated[Optional[int], Opt("--cp", help="Pin context-parallel size.")] = None,
-        ep: Annotated[Optional[int], Opt("--ep", help="Pin expert-parallel size (MoE).")] = None,
-        micro_batch: Annotated[Optional[int], Opt("--micro-batch", help="Pin the micro-batch size.")] = None,
-        vpp: Annotated[Optional[int], Opt("--vpp", help="Pin virtual stages per pipeline rank.")] = None,
-        sequence_parallel: Annotated[Optional[bool], Opt("--sequence-parallel/--no-sequence-parallel",
-                                                         help="Pin sequence parallelism.")] = None,
-        recompute: Annotated[Optional[str], Opt("--recompute", help="Pin recompute: none, selective, full.")] = None,
-        zero_stage: Annotated[Optional[int], Opt("--zero-stage", help="Pin ZeRO stage: 0, 1 or 3.")] = None,
-        offload_weights: Annotated[Optional[float], Opt("--offload-weights", help="Pin weight offload fraction.")] = None,
-        offload_activations: Annotated[Optional[float], Opt("--offload-activations", help="Pin activation offload fraction.")] = None,
-        offload_optimizer: Annotated[Optional[float], Opt("--offload-optimizer", help="Pin optimizer offload fraction.")] = None,
-        tp_comm_overlap: Annotated[Optional[bool], Opt("--tp-comm-overlap/--no-tp-comm-overlap", help="Pin TP overlap.")] = None,
-        dp_comm_overlap: Annotated[Optional[bool], Opt("--dp-comm-overlap/--no-dp-comm-overlap", help="Pin DP overlap.")] = None,
+        tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
+        micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
+        recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
+        offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
+        tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
         framework: Annotated[str, Opt("--framework", help="megatron (only plans Megatron-LM can run) or any.")] = "megatron",
         allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")] = False,
@@ -127,10 +117,7 @@ def register(app: typer.Typer) -> None:
         save: Annotated[Optional[Path], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
     ) -> None:
         """Search for the fastest plans (CP-SAT over the exact model); default: GPT-3 175B on 1024 A100, batch 1536."""
-        try:
-            _plan(dict(locals()))
-        except SpecError as err:
-            _fail(err)
+        _plan(dict(locals()))
 
     def check_command(
         model: ModelOpt = DEFAULT_MODEL,
@@ -142,32 +129,18 @@ def register(app: typer.Typer) -> None:
         max_global_batch: MaxBatchOpt = 3072,
         dtype: DtypeOpt = "bf16",
         hbm_reserve_gib: ReserveOpt = 2.0,
-        tp: Annotated[Optional[int], Opt("--tp")] = None,
-        pp: Annotated[Optional[int], Opt("--pp")] = None,
-        dp: Annotated[Optional[int], Opt("--dp")] = None,
-        cp: Annotated[Optional[int], Opt("--cp")] = None,
-        ep: Annotated[Optional[int], Opt("--ep")] = None,
-        micro_batch: Annotated[Optional[int], Opt("--micro-batch")] = None,
-        vpp: Annotated[Optional[int], Opt("--vpp")] = None,
-        sequence_parallel: Annotated[Optional[bool], Opt("--sequence-parallel/--no-sequence-parallel")] = None,
-        recompute: Annotated[Optional[str], Opt("--recompute")] = None,
-        zero_stage: Annotated[Optional[int], Opt("--zero-stage")] = None,
-        offload_weights: Annotated[Optional[float], Opt("--offload-weights")] = None,
-        offload_activations: Annotated[Optional[float], Opt("--offload-activations")] = None,
-        offload_optimizer: Annotated[Optional[float], Opt("--offload-optimizer")] = None,
-        tp_comm_overlap: Annotated[Optional[bool], Opt("--tp-comm-overlap/--no-tp-comm-overlap")] = None,
-        dp_comm_overlap: Annotated[Optional[bool], Opt("--dp-comm-overlap/--no-dp-comm-overlap")] = None,
-        no_offload: Annotated[bool, Opt("--no-offload")] = False,
-        framework: Annotated[str, Opt("--framework")] = "megatron",
-        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus")] = False,
+        tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
+        micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
+        recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
+        offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
+        tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
+        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
+        framework: Annotated[str, Opt("--framework", help="megatron (only plans Megatron-LM can run) or any.")] = "megatron",
+        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")] = False,
         json_out: JsonOpt = False,
     ) -> None:
         """Can this model train on this box? Prints yes + the best plan (exit 0) or no + what is missing (exit 1)."""
-        try:
-            code = _check(dict(locals()))
-        except SpecError as err:
-            _fail(err)
-        raise typer.Exit(code)
+        raise typer.Exit(_check(dict(locals())))
 
     def count_command(
         model: ModelOpt = DEFAULT_MODEL,
@@ -177,32 +150,26 @@ def register(app: typer.Typer) -> None:
         global_batch: BatchOpt = None,
         free_batch: FreeBatchOpt = False,
         max_global_batch: MaxBatchOpt = 3072,
-        no_offload: Annotated[bool, Opt("--no-offload")] = False,
-        framework: Annotated[str, Opt("--framework")] = "megatron",
-        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus")] = False,
+        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
+        framework: Annotated[str, Opt("--framework", help="megatron (only plans Megatron-LM can run) or any.")] = "megatron",
+        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")] = False,
         json_out: JsonOpt = False,
     ) -> None:
         """Number of valid mappings (knob assignments passing every non-memory rule; memory ignored)."""
-        try:
-            o = dict(locals())
-            o.update({k: None for k in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel",
-                                        "recompute", "zero_stage", "offload_weights", "offload_activations",
-                                        "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap")})
-            o.update(dtype="bf16", hbm_reserve_gib=2.0)
-            from planner.search import count
-            model_spec, system_spec, job = _inputs(o)
-            n = count(model_spec, system_spec, job)
-            if json_out:
-                print(json.dumps({"model": model_spec.name, "system": system_spec.name,
-                                  "gpus": system_spec.num_gpus, "mappings": n,
-                                  "global_batch": job.global_batch, "max_global_batch": job.max_global_batch}))
-            else:
-                batch = f"global batch {job.global_batch}" if job.global_batch else \
-                    f"any global batch <= {job.max_global_batch}"
-                print(f"{n:,} valid mappings of {model_spec.name} ({model_spec.layers} layers) on "
-                      f"{system_spec.num_gpus} GPUs ({system_spec.name}), {batch}, memory ignored")
-        except SpecError as err:
-            _fail(err)
+        o = dict(locals())
+        o.update(dtype="bf16", hbm_reserve_gib=2.0)
+        from planner.search import count
+        model_spec, system_spec, job = _inputs(o)
+        n = count(model_spec, system_spec, job)
+        if json_out:
+            print(json.dumps({"model": model_spec.name, "system": system_spec.name,
+                              "gpus": system_spec.num_gpus, "mappings": n,
+                              "global_batch": job.global_batch, "max_global_batch": job.max_global_batch}))
+        else:
+            batch = f"global batch {job.global_batch}" if job.global_batch else \
+                f"any global batch <= {job.max_global_batch}"
+            print(f"{n:,} valid mappings of {model_spec.name} ({model_spec.layers} layers) on "
+                  f"{system_spec.num_gpus} GPUs ({system_spec.name}), {batch}, memory ignored")
 
     def presets_command(json_out: JsonOpt = False) -> None:
         """List model and system presets with their key numbers."""

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from hardware.errors import SpecError, one_line, read_yaml_mapping, resolve_preset_or_file
+from hardware.errors import one_line, read_yaml_mapping, resolve_preset_or_file
 
 PRESET_DIR = Path(__file__).parent / "presets"
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError,
-                      model_validator)
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
 
 from hardware.errors import SpecError, one_line, read_yaml_mapping
 

@@ -64,7 +64,7 @@ def test_gpu_product_mismatch():
 
 
 def test_negative_and_bad_values():
-    one_line_error(runner.invoke(app, ["estimate", "--micro-batch", "-1"]), "micro_batch")
+    one_line_error(runner.invoke(app, ["estimate", "--micro-batch", "-1"]), "micro-batch")
     one_line_error(runner.invoke(app, ["estimate", "--recompute", "some"]), "recompute")
     one_line_error(runner.invoke(app, ["estimate", "-g", "-8"]), "gpus")
 

@@ -440,7 +440,7 @@ def test_cli_output_refuses_to_overwrite(tmp_path):
 @pytest.mark.parametrize("flags, needle", [
     (["--tp", "8", "--pp", "8", "--offload-weights", "0.5"], "offload_weights"),
     (["--tp", "8", "--pp", "8", "--vpp", "2", "-b", "64"], "interleaved"),
-    (["--tp", "7"], "dp:"),
+    (["--tp", "7"], "must divide the GPU count"),
     (["--plan", "does-not-exist.yaml"], "plan"),
     (["--plan", str(EXAMPLE), "--tp", "4"], "either --plan or plan flags"),
     (["--tp", "8", "--format", "xml"], "format"),

@@ -3,8 +3,7 @@ import numpy as np
 import pytest
 
 from hardware import load_system
-from planner.analytical import PlanArrays, estimate, estimate_many
-from planner.analytical import comm
+from planner.analytical import PlanArrays, comm, estimate, estimate_many
 from planner.analytical.estimate import TIME_FIELDS
 from planner.model import ModelSpec, load_model
 from planner.plan import JobSpec, Plan

@@ -142,12 +142,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 
-    fwd_layer = fwd_compute + tp_fwd + cp_fwd + ep_fwd
     # Recompute: full reruns the forward (with its communication) of k layers per stage;
     # selective reruns the attention core (Korthikanti et al. 2022 §5).
     k_full = P.full_recompute_layers(model.layers)
     recompute_compute = k_full * fwd_compute + np.where(P.recompute == 1, layers_per_stage * layer["attention"], 0.0)
-    recompute_comm = k_full * (tp_fwd + cp_fwd + ep_fwd)
 
     # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward.
     logit_fwd = _gemm_time(2 * tokens * h * model.vocab / t,
