@@ -151,6 +151,10 @@ def _fmt(knob: str, values) -> str:
 
 def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
     """Domains with pins applied; a pin outside its domain is a SpecError naming the allowed values."""
+    hbm_gib = system.accelerator.hbm_capacity_gib
+    if job.hbm_reserve_gib >= hbm_gib:
+        raise SpecError(f"hbm-reserve-gib: the reserve ({job.hbm_reserve_gib:g} GiB) leaves nothing of "
+                        f"the {hbm_gib:g} GiB HBM; allowed: 0 <= reserve < {hbm_gib:g}")
     domains = knob_domains(model, system, job)
     notes = []
     for knob, raw in job.pins.items():

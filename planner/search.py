@@ -242,8 +242,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
         r = plan(model, system, free_job, top_k=1)
         if r.best is not None:
             reasons.append(f"pins: without your pins ({_pins(job)}) it fits: {r.best.plan.short()}")
-    binding_text = [n_ for n_ in binding]
-    return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=binding_text,
+    return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=list(binding),
                        numbers=numbers)
 
 
