@@ -95,7 +95,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     g = model.kv_groups
     widths = [model.hidden, model.ffn_hidden] + ([model.expert_ffn_hidden] if model.moe else [])
     tp = [d for d in divisors(model.heads)
-          if all(w % d == 0 for w in widths) and (g % d == 0 or d % g == 0) and d <= n]
+          if all(w % d == 0 for w in widths) and (g % d == 0 or d % g == 0) and d <= n
+          and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)]
     pp = [d for d in divisors(model.layers) if d <= n]
     half = model.seq_length // 2 if model.seq_length % 2 == 0 else 0
     cp = [1] + [c for c in range(2, CP_CAP + 1) if half and half % c == 0 and c <= n]
@@ -176,7 +177,11 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
             raise SpecError(f"pin dp: {raw} leaves no tp·pp·cp that fills {system.num_gpus} GPUs; "
                             f"allowed: {_fmt(knob, allowed)}")
         if not any(v == value for v in allowed):
-            raise SpecError(f"pin {knob}: {raw} is not a legal value here; allowed: {_fmt(knob, allowed)}")
+            hint = ""
+            if knob == "tp" and job.tp_within_nvlink and value > system.nvlink_domain_gpus:
+                hint = (f" (tensor parallelism stays inside the {system.nvlink_domain_gpus}-GPU NVLink domain; "
+                        "--tp-across-nodes lifts that)")
+            raise SpecError(f"pin {knob}: {raw} is not a legal value here; allowed: {_fmt(knob, allowed)}{hint}")
         domains[knob] = tuple(v for v in allowed if v == value)
     if "global_batch" in job.pins and not job.global_batch:
         notes.append("global batch pinned: the objective is step time")

@@ -143,15 +143,16 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False)
     t0 = time.perf_counter()
     lay = layouts(space)
     pairs = cross(space, lay, options(space))
+    full_size = int(np.sum((pairs["m_max"] - pairs["m_min"]) // pairs["m_step"] + 1)) if len(pairs["tp"]) else 0
+    pairs, pre_evaluated = (pairs, 0) if relax_memory else _drop_dominated_offload(space, pairs)
     n_pairs = len(pairs["tp"])
-    full_size = int(np.sum((pairs["m_max"] - pairs["m_min"]) // pairs["m_step"] + 1)) if n_pairs else 0
     group_all = pairs["lay_row"].astype(np.int64)
     n_groups = len(lay["tp"])
 
     # 1. every pair at its largest microbatch count
     rows_m = at_batch(pairs, pairs["m_max"])
     res_m = evaluate(space, rows_m)
-    evaluated = n_pairs
+    evaluated = n_pairs + pre_evaluated
     structural = (res_m["violations"] & ~MEMORY_BITS) != 0   # should be none: space == rules
     fit_m = (res_m["violations"] == 0) | (relax_memory & ~structural)
     obj_m = res_m["objective"]
@@ -236,6 +237,36 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False)
              "table_rows": len(group), "structural_rejects": int(structural.sum()),
              "build_s": time.perf_counter() - t0}
     return Table(space=space, rows=rows, res=res, stats=stats)
+
+
+OFFLOAD_COLUMNS = ("offload_weights", "offload_activations", "offload_optimizer")
+
+
+def _drop_dominated_offload(space: Space, pairs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """Drop offload variants whose no-offload twin (every other knob equal) fits at its largest
+    batch. Exact under the model: offload only adds time (its traffic is >= 0, and the
+    optimizer step of offloaded state is slower) as long as the tier is no faster than HBM's
+    element-wise bandwidth, which we check; memory is then no longer a reason to offload."""
+    system = space.system
+    acc = system.accelerator
+    offloads = np.zeros(len(pairs["tp"]), dtype=bool)
+    for col in OFFLOAD_COLUMNS:
+        offloads |= pairs[col] > 0
+    if (system.offload is None or not offloads.any() or system.offload.bandwidth_bytes_per_s
+            > acc.hbm_bandwidth_bytes_per_s * acc.efficiency.hbm_efficiency):
+        return pairs, 0
+    base = np.nonzero(~offloads)[0]
+    res = evaluate(space, at_batch(_take(pairs, base), pairs["m_max"][base]), keep=("step_time_s", "violations"))
+    # twin id: the layout row and the non-offload options, mixed radix over each option's domain
+    twin = pairs["lay_row"].astype(np.int64)
+    for col in (c for c in OPTION_KEYS if c not in OFFLOAD_COLUMNS):
+        domain = np.asarray(sorted(set(space.domains[col])), dtype=np.float64)
+        twin = twin * len(domain) + np.searchsorted(domain, pairs[col])
+    twin = np.unique(twin, return_inverse=True)[1].ravel()
+    twin_fits = np.zeros(int(twin.max()) + 1, dtype=bool)
+    twin_fits[twin[base[res["violations"] == 0]]] = True
+    keep = np.nonzero(~offloads | ~twin_fits[twin])[0]
+    return _take(pairs, keep), len(base)
 
 
 def _segment_prefix_min_exclusive(values: np.ndarray, seg: np.ndarray) -> np.ndarray:

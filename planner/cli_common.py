@@ -32,6 +32,12 @@ DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16,
 ReserveOpt = Annotated[float, typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+NoOffloadOpt = Annotated[bool, typer.Option("--no-offload", help="Never offload to the secondary memory tier.")]
+FrameworkOpt = Annotated[str, typer.Option(
+    "--framework", help="megatron (only plans Megatron-LM can run; default) or any (also weight offload).")]
+IdleGpusOpt = Annotated[bool, typer.Option("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")]
+TpAcrossNodesOpt = Annotated[bool, typer.Option(
+    "--tp-across-nodes", help="Let tensor parallelism leave the NVLink domain (costed on the inter-node network).")]
 
 
 def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | None = None

@@ -21,11 +21,14 @@ from planner.cli_common import (
     DpOverlapOpt,
     DtypeOpt,
     EpOpt,
+    FrameworkOpt,
     GpusOpt,
+    IdleGpusOpt,
     JsonOpt,
     MaxBatchOpt,
     MicroBatchOpt,
     ModelOpt,
+    NoOffloadOpt,
     OffloadActivationsOpt,
     OffloadOptimizerOpt,
     OffloadWeightsOpt,
@@ -35,6 +38,7 @@ from planner.cli_common import (
     SeqOpt,
     SpOpt,
     SystemOpt,
+    TpAcrossNodesOpt,
     TpOpt,
     TpOverlapOpt,
     VppOpt,
@@ -47,7 +51,6 @@ from planner.model import load_model, model_preset_names
 from planner.report import TIME_LABELS, describe_plan, print_estimate
 
 GIB = 2**30
-FRAMEWORKS = ("megatron", "any")
 
 BatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", "-b", help="Global batch in sequences (fixed; default 1536). See --free-batch.")]
@@ -57,8 +60,6 @@ Opt = typer.Option
 
 
 def _inputs(o: dict):
-    if o["framework"] not in FRAMEWORKS:
-        raise SpecError(f"framework: unknown {o['framework']!r}; allowed: {', '.join(FRAMEWORKS)}")
     if o["global_batch"] is not None and o["global_batch"] < 1:
         raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
     if o["max_global_batch"] < 1:
@@ -69,7 +70,8 @@ def _inputs(o: dict):
     max_gb = max(o["max_global_batch"], gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
-                   allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"])
+                   allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
+                   tp_within_nvlink=not o["tp_across_nodes"])
     return model, system, job
 
 
@@ -110,9 +112,10 @@ def register(app: typer.Typer) -> None:
         recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
-        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
-        framework: Annotated[str, Opt("--framework", help="megatron (only plans Megatron-LM can run) or any.")] = "megatron",
-        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")] = False,
+        no_offload: NoOffloadOpt = False,
+        framework: FrameworkOpt = "megatron",
+        allow_idle_gpus: IdleGpusOpt = False,
+        tp_across_nodes: TpAcrossNodesOpt = False,
         json_out: JsonOpt = False,
         save: Annotated[Optional[Path], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
     ) -> None:
@@ -134,9 +137,10 @@ def register(app: typer.Typer) -> None:
         recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
-        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
-        framework: Annotated[str, Opt("--framework", help="megatron (only plans Megatron-LM can run) or any.")] = "megatron",
-        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")] = False,
+        no_offload: NoOffloadOpt = False,
+        framework: FrameworkOpt = "megatron",
+        allow_idle_gpus: IdleGpusOpt = False,
+        tp_across_nodes: TpAcrossNodesOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
         """Can this model train on this box? Prints yes + the best plan (exit 0) or no + what is missing (exit 1)."""
@@ -150,9 +154,10 @@ def register(app: typer.Typer) -> None:
         global_batch: BatchOpt = None,
         free_batch: FreeBatchOpt = False,
         max_global_batch: MaxBatchOpt = 3072,
-        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
-        framework: Annotated[str, Opt("--framework", help="megatron (only plans Megatron-LM can run) or any.")] = "megatron",
-        allow_idle_gpus: Annotated[bool, Opt("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")] = False,
+        no_offload: NoOffloadOpt = False,
+        framework: FrameworkOpt = "megatron",
+        allow_idle_gpus: IdleGpusOpt = False,
+        tp_across_nodes: TpAcrossNodesOpt = False,
         json_out: JsonOpt = False,
     ) -> None:
         """Number of valid mappings (knob assignments passing every non-memory rule; memory ignored)."""

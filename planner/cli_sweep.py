@@ -12,7 +12,18 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hardware.errors import SpecError
-from planner.cli_common import DtypeOpt, GpusOpt, JsonOpt, ReserveOpt, SeqOpt, SystemOpt, make_job
+from planner.cli_common import (
+    DtypeOpt,
+    FrameworkOpt,
+    GpusOpt,
+    JsonOpt,
+    NoOffloadOpt,
+    ReserveOpt,
+    SeqOpt,
+    SystemOpt,
+    TpAcrossNodesOpt,
+    make_job,
+)
 from planner.sweep import (
     ALLOWED,
     Axis,
@@ -27,7 +38,6 @@ from planner.sweep import (
     write_csv,
 )
 
-FRAMEWORKS = ("megatron", "any")
 Opt = typer.Option
 
 
@@ -75,9 +85,9 @@ def register(app: typer.Typer) -> None:
             "--max-global-batch", help="Largest global batch the search may pick (seeds: 3072).")] = 3072,
         dtype: DtypeOpt = "bf16",
         hbm_reserve_gib: ReserveOpt = 2.0,
-        framework: Annotated[str, Opt(
-            "--framework", help="megatron (only plans Megatron-LM can run) or any (e.g. weight offload).")] = "megatron",
-        no_offload: Annotated[bool, Opt("--no-offload", help="Never offload to the secondary memory tier.")] = False,
+        framework: FrameworkOpt = "megatron",
+        no_offload: NoOffloadOpt = False,
+        tp_across_nodes: TpAcrossNodesOpt = False,
         workers: Annotated[Optional[int], Opt(
             "--workers", "-j", help="Local worker processes (default min(2, CPUs)).")] = None,
         ray: Annotated[Optional[str], Opt(
@@ -93,8 +103,6 @@ def register(app: typer.Typer) -> None:
 
         Example: planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
         """
-        if framework not in FRAMEWORKS:
-            raise SpecError(f"framework: unknown {framework!r}; allowed: {', '.join(FRAMEWORKS)}")
         if workers is not None and workers < 1:
             raise SpecError(f"workers: must be a positive integer, got {workers}")
         if global_batch is not None and global_batch < 1:
@@ -111,7 +119,7 @@ def register(app: typer.Typer) -> None:
         axes = [Axis.from_cli(v) for v in vary]
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
                        dtype=dtype, hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
-                       framework=framework)
+                       framework=framework, tp_within_nvlink=not tp_across_nodes)
         spec = SweepSpec.build(model=model, system=system, gpus=gpus, seq_length=seq_length, job=job,
                                axes=axes, time_limit_s=time_limit_s, explain=explain)
         points = build_points(spec)

@@ -118,6 +118,8 @@ class JobSpec(BaseModel):
     pins: dict[str, int | float | bool | str] = Field(default_factory=dict)
     allow_offload: bool = True
     allow_idle_gpus: bool = False
+    tp_within_nvlink: bool = Field(
+        default=True, description="keep tensor parallelism inside one NVLink domain (what practice does)")
     framework: Literal["megatron", "any"] = "megatron"
 
     @model_validator(mode="after")
