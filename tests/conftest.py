@@ -16,3 +16,13 @@ def gpt3():
 @pytest.fixture(scope="session")
 def a100():
     return load_system("a100-80g")
+
+
+def one_line_error(result, *words):
+    """A CLI result that is a user error: exit 2, exactly one `error:` line naming `words`."""
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for w in words:
+        assert w in lines[0], lines[0]

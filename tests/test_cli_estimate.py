@@ -9,17 +9,9 @@ from planner.analytical import estimate
 from planner.cli import app
 from planner.model import load_model, model_preset_names
 from planner.plan import Plan
+from tests.conftest import one_line_error
 
 runner = CliRunner()
-
-
-def one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for w in words:
-        assert w in lines[0]
 
 
 @pytest.mark.parametrize("model_name", model_preset_names())

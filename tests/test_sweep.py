@@ -23,6 +23,7 @@ from planner.sweep import (
     build_points,
     run_sweep,
 )
+from tests.conftest import one_line_error
 
 runner = CliRunner()
 
@@ -42,15 +43,6 @@ def tiny(tmp_path):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY)
     return str(path)
-
-
-def one_line_error(result, *words):
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    lines = [ln for ln in result.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 # ---- value syntax ------------------------------------------------------------------------------
