@@ -19,9 +19,13 @@ TIME_LABELS = {
     "offload_exposed_s": "offload (exposed)", "optimizer_step_s": "optimizer step",
 }
 MEMORY_LABELS = {
-    "weights_bytes": "weights", "grads_bytes": "gradients", "optimizer_bytes": "optimizer state",
+    "weights_bytes": "weights (blocks)", "grads_bytes": "gradients (blocks)", "optimizer_bytes": "optimizer state (blocks)",
+    "embeddings_bytes": "embedding / LM head (weights, grads, optimizer)",
     "activations_bytes": "activations", "workspace_bytes": "workspace (logits, recompute, gathers)",
 }
+
+OFFLOAD_LABELS = {"offload_weights_grads_bytes": "weights + gradients", "offload_optimizer_bytes": "optimizer state",
+                  "offload_activations_bytes": "activations"}
 
 
 def describe_plan(est: Estimate) -> str:
@@ -54,7 +58,10 @@ def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
     memory.add_row("[bold]total[/bold]", f"[bold]{est.hbm_bytes / GIB:.2f}[/bold] of "
                    f"{est.hbm_capacity_bytes / GIB:.1f} usable")
     if est.offload_bytes or est.offload_capacity_bytes:
-        memory.add_row("offload tier", f"{est.offload_bytes / GIB:.2f} of {est.offload_capacity_bytes / GIB:.0f}")
+        for key, label in OFFLOAD_LABELS.items():
+            if est.offload_breakdown_bytes[key]:
+                memory.add_row(f"offload tier: {label}", f"{est.offload_breakdown_bytes[key] / GIB:.2f}")
+        memory.add_row("offload tier total", f"{est.offload_bytes / GIB:.2f} of {est.offload_capacity_bytes / GIB:.0f}")
     return [times, memory]
 
 

@@ -13,7 +13,7 @@ UNFUSED = JobSpec(flash_attention=False)
 
 def state_bytes(est):
     m = est.memory_breakdown_bytes
-    return m["weights_bytes"] + m["grads_bytes"] + m["optimizer_bytes"]
+    return m["weights_bytes"] + m["grads_bytes"] + m["optimizer_bytes"] + m["embeddings_bytes"]
 
 
 def params_per_gpu(tp, pp):
@@ -102,8 +102,11 @@ def test_offload_moves_bytes_to_the_tier_and_keeps_two_layers():
     assert off.memory_breakdown_bytes["optimizer_bytes"] == 0
     assert off.memory_breakdown_bytes["activations_bytes"] == pytest.approx(
         on.memory_breakdown_bytes["activations_bytes"] * 2 / L, rel=1e-9)
-    moved = on.memory_breakdown_bytes["optimizer_bytes"] + on.memory_breakdown_bytes["activations_bytes"] * (1 - 2 / L)
-    assert off.offload_bytes == pytest.approx(moved, rel=1e-9)
+    optimizer = 12 * params_per_gpu(8, 1)  # fp32 master + Adam m, v of every local parameter (dp = 1)
+    assert off.offload_breakdown_bytes["offload_optimizer_bytes"] == pytest.approx(optimizer, rel=1e-3)
+    moved_activations = on.memory_breakdown_bytes["activations_bytes"] * (1 - 2 / L)
+    assert off.offload_breakdown_bytes["offload_activations_bytes"] == pytest.approx(moved_activations, rel=1e-9)
+    assert off.offload_bytes == pytest.approx(sum(off.offload_breakdown_bytes.values()), rel=1e-12)
 
 
 def test_hbm_and_offload_violations():

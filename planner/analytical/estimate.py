@@ -93,7 +93,9 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
 
 TIME_FIELDS = ("forward_s", "backward_s", "recompute_s", "tp_comm_exposed_s", "cp_ep_comm_exposed_s",
                "pp_bubble_s", "pp_p2p_s", "dp_comm_exposed_s", "offload_exposed_s", "optimizer_step_s")
-MEMORY_FIELDS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "workspace_bytes")
+MEMORY_FIELDS = ("weights_bytes", "grads_bytes", "optimizer_bytes", "embeddings_bytes", "activations_bytes",
+                 "workspace_bytes")
+OFFLOAD_FIELDS = ("offload_weights_grads_bytes", "offload_optimizer_bytes", "offload_activations_bytes")
 
 
 class Estimate(BaseModel):
@@ -107,6 +109,7 @@ class Estimate(BaseModel):
     hbm_capacity_bytes: float
     memory_breakdown_bytes: dict[str, float]
     offload_bytes: float
+    offload_breakdown_bytes: dict[str, float]
     offload_capacity_bytes: float
     mfu: float
     hfu: float
@@ -127,7 +130,8 @@ def estimate_from_row(result: dict[str, np.ndarray], i: int, plan: Plan) -> Esti
         time_breakdown_s={k: f[k] for k in TIME_FIELDS},
         hbm_bytes=f["hbm_bytes"], hbm_capacity_bytes=f["hbm_capacity_bytes"],
         memory_breakdown_bytes={k: f[k] for k in MEMORY_FIELDS},
-        offload_bytes=f["offload_bytes"], offload_capacity_bytes=f["offload_capacity_bytes"],
+        offload_bytes=f["offload_bytes"], offload_breakdown_bytes={k: f[k] for k in OFFLOAD_FIELDS},
+        offload_capacity_bytes=f["offload_capacity_bytes"],
         mfu=f["mfu"], hfu=f["hfu"], tokens_per_s=f["tokens_per_s"],
         model_flops=f["model_flops"], hardware_flops=f["hardware_flops"],
         violations=violated_rules(int(result["violations"][i])))

@@ -57,38 +57,40 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
     return np.minimum(p, m) * factor
 
 
-def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
-    """(dense, expert) parameters held by one GPU of the first stage. TP shards every matrix
-    (norms are replicated: negligible and ignored); EP shards the experts (expert TP = tp, as
-    Megatron's default); the stage holds one V×h matrix (embedding, or the LM head on the last
-    stage; both when pp = 1 and the embeddings are untied)."""
+def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(transformer-block dense, vocabulary, expert) parameters held by one GPU of the first
+    stage. TP shards every matrix (norms are replicated: negligible and ignored); EP shards the
+    experts (expert TP = tp, as Megatron's default); the stage holds one V×h matrix (embedding,
+    or the LM head on the last stage; both when pp = 1 and the embeddings are untied)."""
     layers_per_stage = model.layers / P.pp
-    dense = layers_per_stage * model.non_expert_params_per_layer / P.tp
+    blocks = layers_per_stage * model.non_expert_params_per_layer / P.tp
     vocab_matrices = np.where((P.pp == 1) & (not model.tied_embeddings), 2.0, 1.0)
-    dense = dense + vocab_matrices * model.vocab * model.hidden / P.tp
+    vocab = vocab_matrices * model.vocab * model.hidden / P.tp
     expert = layers_per_stage * model.expert_params_per_layer / (P.tp * P.ep)
-    return dense, expert
+    return blocks, vocab, expert
+
+
+def model_state_elems(dense, expert, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Elements of (weights, grads, optimizer state) one GPU keeps. ZeRO / distributed-optimizer
+    sharding (Rajbhandari et al. 2020, ZeRO §5; Megatron's distributed optimizer = stage 1:
+    6 + 12/d bytes per parameter): dense weights are replicated over dp·cp, experts over dp·cp/ep."""
+    sharded = dense / (P.dp * P.cp) + expert / np.maximum(P.dp * P.cp / P.ep, 1.0)
+    params = dense + expert
+    z = P.zero_stage
+    return np.where(z >= 3, sharded, params), np.where(z >= 2, sharded, params), np.where(z >= 1, sharded, params)
 
 
 def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
-    """Bytes per GPU: HBM by category, offload-tier use, and the HBM budget."""
+    """Bytes per GPU: HBM by category, offload-tier use by category, and the HBM budget."""
     bpp = job.bytes_per_param
-    dense, expert = stage_params(model, P)
-    params = dense + expert
-    # ZeRO / distributed-optimizer sharding (Rajbhandari et al. 2020, ZeRO §5; Megatron's
-    # distributed optimizer = stage 1: 6 + 12/d bytes per parameter). Dense weights are
-    # replicated over dp·cp; experts over dp·cp/ep.
-    shard_dense = P.dp * P.cp
-    shard_expert = np.maximum(P.dp * P.cp / P.ep, 1.0)
-    sharded = dense / shard_dense + expert / shard_expert
-    z = P.zero_stage
-    weight_elems = np.where(z >= 3, sharded, params)
-    grad_elems = np.where(z >= 2, sharded, params)
-    opt_elems = np.where(z >= 1, sharded, params)
+    blocks, vocab, expert = stage_params(model, P)
+    params = blocks + vocab + expert
+    weight_elems, grad_elems, opt_elems = model_state_elems(blocks + vocab, expert, P)
+    vocab_w, vocab_g, vocab_o = model_state_elems(vocab, 0.0, P)
 
     layers_per_stage = model.layers / P.pp
     # ZeRO-3 gathers two layers at a time (the one computing, the one prefetching).
-    gathered = np.where(z >= 3, 2.0 * params / layers_per_stage * bpp.weights, 0.0)
+    gathered = np.where(P.zero_stage >= 3, 2.0 * params / layers_per_stage * bpp.weights, 0.0)
 
     weights = weight_elems * bpp.weights
     grads = grad_elems * bpp.grads
@@ -110,8 +112,14 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     hbm_grads = _kept(grads, P.offload_weights)
     hbm_optimizer = optimizer * (1.0 - P.offload_optimizer)
     hbm_activations = _kept(activations, P.offload_activations)
-    offload_bytes = (weights - hbm_weights) + (grads - hbm_grads) + (optimizer - hbm_optimizer) \
-        + (activations - hbm_activations)
+    offloaded = {"weights_grads_bytes": (weights - hbm_weights) + (grads - hbm_grads),
+                 "optimizer_bytes": optimizer - hbm_optimizer,
+                 "activations_bytes": activations - hbm_activations}
+    offload_bytes = sum(offloaded.values())
+    # the embedding / LM-head share of the model state in HBM, reported on its own line
+    vocab_hbm_w = _kept(vocab_w * bpp.weights, P.offload_weights)
+    vocab_hbm_g = _kept(vocab_g * bpp.grads, P.offload_weights)
+    vocab_hbm_o = vocab_o * bpp.optimizer_total * (1.0 - P.offload_optimizer)
 
     # Transient buffers: one layer recomputed in full, and the fp32 logits of the LM head
     # (4·s·b·V/t, Korthikanti et al. 2022 §4.3) on the last stage.
@@ -123,8 +131,11 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     offload_capacity = system.offload.capacity_bytes if system.offload else 0.0
     return {
         "params_per_gpu": params,
-        "weights_bytes": hbm_weights, "grads_bytes": hbm_grads, "optimizer_bytes": hbm_optimizer,
+        "weights_bytes": hbm_weights - vocab_hbm_w, "grads_bytes": hbm_grads - vocab_hbm_g,
+        "optimizer_bytes": hbm_optimizer - vocab_hbm_o,
+        "embeddings_bytes": vocab_hbm_w + vocab_hbm_g + vocab_hbm_o,
         "activations_bytes": hbm_activations, "workspace_bytes": workspace,
+        **{f"offload_{k}": v for k, v in offloaded.items()},
         "hbm_bytes": hbm_total, "hbm_capacity_bytes": np.full(len(P), capacity),
         "offload_bytes": offload_bytes, "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
         "activations_per_microbatch_bytes": act_mb, "opt_elems": opt_elems, "params_elems": params,
