@@ -49,6 +49,7 @@ CASES = [
     ("llama3-8b", "a100-80g", 12, JobSpec(global_batch=48)),
     ("gpt3-175b", "a100-80g", 12288, JobSpec(global_batch=3072)),
     ("gpt3-175b", "a100-80g", 64, JobSpec(global_batch=512, pins={"tp": 8})),
+    ("gpt3-175b", "a100-80g", 64, JobSpec(global_batch=512, tp_within_nvlink=False)),
     ("llama3-8b", "h100-sxm", 16, JobSpec(max_global_batch=64, pins={"recompute": "full", "micro_batch": 1})),
     ("llama3-8b", "h100-sxm", 12, JobSpec(global_batch=64, allow_idle_gpus=True)),
     ("megatron-22b", "b200", 32, JobSpec(max_global_batch=128)),
