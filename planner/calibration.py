@@ -62,6 +62,7 @@ def _model(rec: dict) -> ModelSpec:
         query_groups=m.get("query_groups") or m["heads"], ffn=m.get("ffn"), seq_length=m["seq"],
         vocab=m["vocab"], activation=activation, tied_embeddings=bool(m.get("tied_embeddings", True)),
         position_embedding="learned" if gpt_style else "rope", biases=gpt_style,
+        dropout=gpt_style or str(m.get("name", "")).startswith("GPT"),
         moe=MoESpec(num_experts=moe["num_experts"], top_k=moe["topk"], expert_ffn=moe.get("moe_ffn"))
         if moe else None)
 
@@ -123,6 +124,10 @@ def _case(rec: dict) -> RefCase | Skipped:
     prec = str(rec.get("precision"))
     dtype = "fp8" if "fp8" in prec else "fp16" if "fp16" in prec else "bf16"
     extra = {}
+    if dtype == "fp8" and not era_2021:
+        # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.
+        extra["bytes_per_param"] = BytesPerParam(grads=2.0, grad_reduce=2.0)
+        assumptions.append("bf16 gradients (NeMo fp8 perf recipe)")
     if zero == 3:
         # DeepSpeed ZeRO-3 (Narayanan Table 2 baseline) reduces fp16 gradients: 2 bytes on the wire.
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)

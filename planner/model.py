@@ -43,6 +43,7 @@ class ModelSpec(BaseModel):
     tied_embeddings: bool = True
     position_embedding: Literal["learned", "rope"] = "learned"
     biases: bool = True
+    dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     moe: MoESpec | None = None
 
     @model_validator(mode="after")

@@ -115,3 +115,12 @@ def test_hbm_and_offload_violations():
     assert "hbm" in est.violations
     plan = Plan(tp=8, global_batch=8, offload_optimizer=0.5)
     assert "offload_capacity" in estimate(GPT3, small, plan).violations  # no offload tier at all
+
+
+def test_no_dropout_drops_the_two_mask_bytes():
+    # Korthikanti's 34 counts two 1-byte dropout masks (sbh each); Llama-style models have none.
+    model = GPT3.model_copy(update={"dropout": False})
+    system = load_system("a100-80g", 8)
+    plan = Plan(tp=8, global_batch=1, sequence_parallel=True, recompute="selective")
+    act = estimate(model, system, plan, UNFUSED).memory_breakdown_bytes["activations_bytes"]
+    assert act == pytest.approx(L * S * H / 8 * 32, rel=1e-9)

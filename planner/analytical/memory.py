@@ -22,7 +22,8 @@ def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
     Generalised: K,V are g/a as wide (GQA); the MLP terms scale with ffn/h (SwiGLU stores the
     fused gate+up output 2f and the product f); MoE stores top_k expert MLPs per token."""
     h = model.hidden
-    unsharded = 10.0
+    # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
+    unsharded = 10.0 if model.dropout else 8.0
     attention = 2.0 + 4.0 * model.kv_groups / model.heads + 2.0
     ffn = model.expert_ffn_hidden if model.moe else model.ffn_hidden
     mlp = (6.0 if model.activation == "swiglu" else 4.0) * ffn / h
