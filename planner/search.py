@@ -31,6 +31,7 @@ from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
 HYPOTHETICAL_OFFLOAD_GIB = 4096.0
+MIN_OFFLOAD_GIB = 64.0
 HYPOTHETICAL_OFFLOAD_GB_S = 100.0
 MAX_GPU_FACTOR = 64
 
@@ -218,13 +219,22 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     hypo_job = job.model_copy(update={"allow_offload": True})
     r = plan(model, hypo, hypo_job, top_k=1)
     if r.best is not None:
-        need = r.best.estimate.offload_bytes
-        numbers["offload_needed_bytes"] = need
+        # the smallest power-of-two tier (GiB per GPU) that still fits, halving from the maximum
+        tier_gib = HYPOTHETICAL_OFFLOAD_GIB
+        while tier_gib / 2 >= MIN_OFFLOAD_GIB:
+            smaller = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib / 2})
+            r_small = plan(model, smaller, hypo_job, top_k=1)
+            if r_small.best is None:
+                break
+            tier_gib, r = tier_gib / 2, r_small
+        numbers["offload_tier_needed_gib"] = tier_gib
+        numbers["offload_needed_bytes"] = r.best.estimate.offload_bytes
         have = (f"the system has {system.offload.capacity_gib:g} GiB" if system.offload
                 else "the system has no offload tier")
         off_note = "" if job.allow_offload else " (offload is disabled for this job)"
-        reasons.append(f"offload: it fits with >= {_gib(need)} of offload memory per GPU at "
-                       f"{bw:g} GB/s; {have}{off_note} (best then: {r.best.plan.short()}, "
+        reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s "
+                       f"(not with {tier_gib / 2:g} GiB); {have}{off_note} (fastest plan there: "
+                       f"{r.best.plan.short()}, uses {_gib(r.best.estimate.offload_bytes)} of it, "
                        f"{r.best.estimate.step_time_s:.2f} s per step)")
     else:
         msg = (f"offload: no {job.framework}-expressible plan fits even with "
@@ -237,6 +247,12 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
                         f"{_gib(r.best.estimate.offload_bytes)} per GPU ({r.best.plan.short()}, "
                         f"{r.best.estimate.step_time_s:.2f} s per step)")
         reasons.append(msg)
+    if job.tp_within_nvlink and "gpus_needed" not in numbers:
+        wide = plan(model, system, job.model_copy(update={"tp_within_nvlink": False}), top_k=1)
+        if wide.best is not None:
+            reasons.append(f"tensor parallelism: with TP beyond the {system.nvlink_domain_gpus}-GPU NVLink "
+                           f"domain (--tp-across-nodes) it fits: {wide.best.plan.short()}, "
+                           f"{wide.best.estimate.step_time_s:.2f} s per step")
     if job.pins:
         free_job = job.model_copy(update={"pins": {}})
         r = plan(model, system, free_job, top_k=1)
