@@ -47,6 +47,26 @@ def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | Non
     return load_model(model, {"seq_length": seq_length}), load_system(system, gpus)
 
 
+SavedModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", "-m", help="Model preset or YAML (default: the one a --plan file names, else gpt3-175b).")]
+SavedSystemOpt = Annotated[Optional[str], typer.Option(
+    "--system", "-s", help="System preset or YAML (default: the one a --plan file names, else a100-80g).")]
+
+
+def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None, seq_length: int | None,
+                         plan_file) -> tuple[ModelSpec, SystemSpec]:
+    """load_inputs, where a file saved by `planner plan --save` supplies what the user did not give."""
+    saved: dict = {}
+    if plan_file:
+        from pathlib import Path
+
+        from hardware.errors import read_yaml_mapping
+        saved = read_yaml_mapping(Path(plan_file), "plan")
+        saved = saved if "plan" in saved else {}
+    return load_inputs(model or saved.get("model") or DEFAULT_MODEL, system or saved.get("system") or DEFAULT_SYSTEM,
+                       gpus or saved.get("gpus"), seq_length or saved.get("seq_length"))
+
+
 def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtype: str = "bf16",
              hbm_reserve_gib: float = 2.0, **extra) -> JobSpec:
     from pydantic import ValidationError

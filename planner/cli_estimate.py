@@ -10,8 +10,6 @@ from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli_common import (
     DEFAULT_BATCH,
-    DEFAULT_MODEL,
-    DEFAULT_SYSTEM,
     BatchOpt,
     CpOpt,
     DpOpt,
@@ -21,7 +19,6 @@ from planner.cli_common import (
     GpusOpt,
     JsonOpt,
     MicroBatchOpt,
-    ModelOpt,
     OffloadActivationsOpt,
     OffloadOptimizerOpt,
     OffloadWeightsOpt,
@@ -29,15 +26,16 @@ from planner.cli_common import (
     RecomputeLayersOpt,
     RecomputeOpt,
     ReserveOpt,
+    SavedModelOpt,
+    SavedSystemOpt,
     SeqOpt,
     SpOpt,
-    SystemOpt,
     TpOpt,
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
     given_knobs,
-    load_inputs,
+    load_inputs_for_plan,
     make_job,
     plan_from_knobs,
 )
@@ -51,8 +49,8 @@ ESTIMATE_DEFAULTS = dict(tp=8, pp=8, sequence_parallel=True, recompute="selectiv
 
 
 def estimate_command(
-    model: ModelOpt = DEFAULT_MODEL,
-    system: SystemOpt = DEFAULT_SYSTEM,
+    model: SavedModelOpt = None,
+    system: SavedSystemOpt = None,
     gpus: GpusOpt = None,
     seq_length: SeqOpt = None,
     global_batch: BatchOpt = DEFAULT_BATCH,
@@ -74,7 +72,7 @@ def estimate_command(
     Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
     Example: planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
-    model_spec, system_spec = load_inputs(model, system, gpus, seq_length)
+    model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     job = make_job(global_batch=None, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib, flash_attention=flash_attention)
     knobs = given_knobs(locals())
     if plan_file:

@@ -10,8 +10,6 @@ import typer
 from hardware.errors import SpecError
 from planner.cli_common import (
     DEFAULT_BATCH,
-    DEFAULT_MODEL,
-    DEFAULT_SYSTEM,
     BatchOpt,
     CpOpt,
     DpOpt,
@@ -20,22 +18,22 @@ from planner.cli_common import (
     EpOpt,
     GpusOpt,
     MicroBatchOpt,
-    ModelOpt,
     OffloadActivationsOpt,
     OffloadOptimizerOpt,
     OffloadWeightsOpt,
     PpOpt,
     RecomputeLayersOpt,
     RecomputeOpt,
+    SavedModelOpt,
+    SavedSystemOpt,
     SeqOpt,
     SpOpt,
-    SystemOpt,
     TpOpt,
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
     given_knobs,
-    load_inputs,
+    load_inputs_for_plan,
     make_job,
     plan_from_knobs,
 )
@@ -51,8 +49,8 @@ def _fail(lines: list[str]) -> None:
 
 
 def megatron_command(
-    model: ModelOpt = DEFAULT_MODEL,
-    system: SystemOpt = DEFAULT_SYSTEM,
+    model: SavedModelOpt = None,
+    system: SavedSystemOpt = None,
     gpus: GpusOpt = None,
     seq_length: SeqOpt = None,
     global_batch: BatchOpt = None,
@@ -84,7 +82,7 @@ def _run(o: dict) -> None:
         raise SpecError(f"format: unknown {o['fmt']!r}; allowed: {', '.join(FORMATS)}")
     if o["output"] is not None and o["output"].exists():
         raise SpecError(f"output: {o['output']} already exists; refusing to overwrite it")
-    model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
+    model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
     job = make_job(global_batch=o["global_batch"], dtype=o["dtype"])
     given = given_knobs(o)
     if o["plan_file"] is not None:

@@ -265,7 +265,9 @@ def _plan(o: dict) -> None:
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
     if o["save"] is not None and result.best is not None:
-        data = {"plan": result.best.plan.model_dump(), "model": model.name, "system": system.name,
+        # model/system as the user named them (preset or path), so `megatron/estimate --plan` can reload them
+        data = {"plan": result.best.plan.model_dump(), "model": o["model"], "system": o["system"],
+                "seq_length": model.seq_length, "global_batch": result.best.plan.global_batch,
                 "gpus": system.num_gpus, "step_time_s": result.best.estimate.step_time_s,
                 "objective": result.objective}
         try:

@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hardware import load_system, system_preset_names
-from planner.analytical import estimate
+from planner.analytical import estimate, flops
 from planner.cli import app
 from planner.model import load_model, model_preset_names
 from planner.plan import Plan
@@ -73,3 +73,19 @@ def test_model_yaml_errors(tmp_path):
     missing.write_text("layers: 4\nhidden: 128\n")
     one_line_error(runner.invoke(app, ["estimate", "-m", str(missing)]), "heads", "missing")
     one_line_error(runner.invoke(app, ["estimate", "-m", str(tmp_path / "nope.yaml")]), "does not exist")
+
+
+def test_saved_plan_carries_its_model_and_system(tmp_path):
+    saved = tmp_path / "plan.yaml"
+    result = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64",
+                                 "--save", str(saved)])
+    assert result.exit_code == 0, result.output
+    est = runner.invoke(app, ["estimate", "--plan", str(saved), "--json"])
+    assert est.exit_code == 0, est.output
+    data = json.loads(est.output)
+    assert data["plan"]["tp"] * data["plan"]["pp"] * data["plan"]["dp"] * data["plan"]["cp"] == 16
+    assert data["model_flops"] == pytest.approx(
+        64 * 8192 * flops.model_flops_per_token(load_model("llama3-8b")), rel=1e-12)
+    mg = runner.invoke(app, ["megatron", "--plan", str(saved), "--format", "json"])
+    assert mg.exit_code == 0, mg.output
+    assert json.loads(mg.output)["args"]["--num-layers"] == "32"
