@@ -32,7 +32,7 @@ def describe_plan(est: Estimate) -> str:
     p = est.plan
     return (f"TP {p.tp} · PP {p.pp} · DP {p.dp}" + (f" · CP {p.cp}" if p.cp > 1 else "")
             + (f" · EP {p.ep}" if p.ep > 1 else "") + f" · micro-batch {p.micro_batch}"
-            + f" · global batch {p.global_batch} ({p.num_microbatches} microbatches)"
+            + f" · global batch {p.global_batch} ({p.num_microbatches} microbatch{'es' if p.num_microbatches != 1 else ''})"
             + (f" · VPP {p.vpp}" if p.vpp > 1 else "") + (" · SP" if p.sequence_parallel else "")
             + f" · recompute {p.recompute}" + f" · ZeRO-{p.zero_stage}"
             + "".join(f" · offload {w} {getattr(p, 'offload_' + w):.0%}"

@@ -1,0 +1,27 @@
+"""The files in examples/ load and run as their README says."""
+from pathlib import Path
+
+from hardware import load_system
+from planner import megatron as mg
+from planner.model import load_model
+from planner.plan import JobSpec, load_plan
+from planner.search import plan
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def test_custom_model_and_system_plan():
+    model = load_model(str(EXAMPLES / "custom_model.yaml"))
+    system = load_system(str(EXAMPLES / "custom_system.yaml"))
+    assert round(model.num_params / 1e9, 1) == 13.0  # Llama-2 13B
+    assert system.num_gpus == 256 and system.offload.capacity_gib == 512
+    best = plan(model, system, JobSpec(global_batch=512), top_k=1).best
+    assert best is not None and best.estimate.feasible and best.plan.gpus == 256
+
+
+def test_saved_megatron_example_is_a_valid_launch():
+    p = load_plan(EXAMPLES / "megatron_gpt3_175b.yaml")
+    model, system = load_model("gpt3-175b"), load_system("a100-80g", 1024)
+    job = JobSpec(global_batch=p.global_batch)
+    assert mg.not_expressible(p, model, job) == []
+    assert mg.validate_launch(mg.megatron_args(p, model, job, system), mg.gpu_arch_major(system)) == []
