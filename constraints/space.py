@@ -93,13 +93,17 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     """Legal values of each knob BEFORE pins (dp and global_batch are listed but derived per row)."""
     n = system.num_gpus
     g = model.kv_groups
+
+    def fills(size: int) -> bool:  # a factor of tp·pp·dp·cp must divide the GPUs unless some may idle
+        return job.allow_idle_gpus or n % size == 0
+
     widths = [model.hidden, model.ffn_hidden] + ([model.expert_ffn_hidden] if model.moe else [])
     tp = [d for d in divisors(model.heads)
           if all(w % d == 0 for w in widths) and (g % d == 0 or d % g == 0) and d <= n
-          and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)]
-    pp = [d for d in divisors(model.layers) if d <= n]
+          and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink) and fills(d)]
+    pp = [d for d in divisors(model.layers) if d <= n and fills(d)]
     half = model.seq_length // 2 if model.seq_length % 2 == 0 else 0
-    cp = [1] + [c for c in range(2, CP_CAP + 1) if half and half % c == 0 and c <= n]
+    cp = [1] + [c for c in range(2, CP_CAP + 1) if half and half % c == 0 and c <= n and fills(c)]
     ep = divisors(model.moe.num_experts) if model.moe else [1]
     vpp = list(range(1, VPP_CAP + 1))
     mega = job.framework == "megatron"

@@ -189,7 +189,7 @@ def test_count_256_vs_254_blocks():
 # ------------------------------------------------------------------------------------------------
 
 def test_pin_outside_domain_names_allowed_values():
-    with pytest.raises(SpecError, match="allowed: 1, 2, 3, 4, 6, 8"):
+    with pytest.raises(SpecError, match="allowed: 1, 2, 4, 8$"):  # 3 and 6 do not divide 64 GPUs
         build_space(load_model("gpt3-175b"), load_system("a100-80g", 64), JobSpec(pins={"tp": 5}))
 
 
