@@ -279,6 +279,8 @@ def _plan(o: dict) -> None:
             raise SpecError(f"save: cannot write {o['save']} ({exc.strerror})") from None
         if not o["json_out"]:
             print(f"wrote {o['save']}")
+    if result.best is None:
+        raise typer.Exit(1)  # like `planner check`: 1 = nothing fits (2 is kept for input errors)
 
 
 def _check(o: dict) -> int:
