@@ -121,7 +121,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search for the fastest plans (CP-SAT over the exact model); default: GPT-3 175B on 1024 A100, batch 1536.
 
-        Flags such as --tp or --recompute pin a knob; everything else is searched. Examples:
+        Flags such as --tp or --recompute pin a knob; everything else is searched. Exit code 0 with a
+        plan, 1 when nothing fits (then see `planner check`), 2 for a mistake in the input. Examples:
 
           planner plan -m llama3-70b -s h100-sxm -g 512 -b 1024
 
