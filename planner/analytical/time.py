@@ -102,6 +102,9 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
 
 
 def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
+    """Seconds per step of every plan, as components that add up to `step_time_s`. The critical
+    path is the pipeline's slowest (last) stage: m microbatches of its layers plus the LM head,
+    the bubble, then what data parallelism, offload and the optimizer leave exposed."""
     acc = system.accelerator
     eff = acc.efficiency
     h, t, c = model.hidden, P.tp, P.cp
