@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every seed-study sweep (CSV, PNG, SVG, table.txt) in place. ~32 minutes on 2 cores (a: 14, e: 16).
+# Regenerate every seed-study sweep (CSV, PNG, SVG, table.txt) in place. ~41 minutes on 2 cores (a: 19.5, e: 19).
 # Usage: examples/seed_study/run.sh [a|b|c|d|e ...]   (default: all). --force: the outputs are ours.
 set -euo pipefail
 cd "$(dirname "$0")"
