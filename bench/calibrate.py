@@ -16,10 +16,8 @@ import re
 import time
 from pathlib import Path
 
-import numpy as np
-
 from hardware.load import load_accelerator
-from planner.calibration import DEFAULT_REFERENCE, accuracy_rows, load_reference
+from planner.calibration import DEFAULT_REFERENCE, accuracy_rows, load_reference, log_error
 
 BOUNDS = {"matmul_max": (0.4, 0.98), "matmul_max_fp8": (0.2, 0.98), "matmul_half_dim": (0.0, 1024.0),
           "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0), "layer_overhead_us": (0.0, 2000.0)}
@@ -32,8 +30,7 @@ def objective(cases, system, params) -> float:
     acc = system.accelerator
     eff = acc.efficiency.model_copy(update=params)
     trial = system.model_copy(update={"accelerator": acc.model_copy(update={"efficiency": eff})})
-    rows = accuracy_rows(cases, {acc.name: trial})
-    return float(np.mean([abs(math.log1p(r["error"])) for r in rows]))
+    return log_error(accuracy_rows(cases, {acc.name: trial}))
 
 
 def golden(f, lo, hi, x0, iters=14):

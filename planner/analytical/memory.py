@@ -131,7 +131,6 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
     offload_capacity = system.offload.capacity_bytes if system.offload else 0.0
     return {
-        "params_per_gpu": params,
         "weights_bytes": hbm_weights - vocab_hbm_w, "grads_bytes": hbm_grads - vocab_hbm_g,
         "optimizer_bytes": hbm_optimizer - vocab_hbm_o,
         "embeddings_bytes": vocab_hbm_w + vocab_hbm_g + vocab_hbm_o,
