@@ -1,4 +1,4 @@
-"""The CP-SAT model over a cost table (`constraints.surrogate.Table`).
+"""The CP-SAT model over a cost table (`constraints.cost_table.Table`).
 
 Variables
   row            which table row is the plan: an integer variable whose value literals are the
@@ -9,7 +9,7 @@ Variables
   tp_comm_overlap, dp_comm_overlap, zero_stage, offload_* (in halves)
                  knob values, channelled from `row` with Element constraints
   layout         the row's layout id (for the "distinct layouts" no-goods of `constraints.solve`)
-  cost           the row's integer cost (exact objective, scaled; `surrogate.integer_costs`)
+  cost           the row's integer cost (exact objective, scaled; `cost_table.integer_costs`)
 
 Every rule is a NAMED constraint with its own enforcement literal (`Encoded.rules`), so an
 infeasible model can report which rules bind (`constraints.solve.explain`): divisibility and GPU
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
-from constraints.surrogate import Table
+from constraints.cost_table import Table
 from planner.analytical.estimate import RULE_BITS
 from planner.plan import RECOMPUTE_CODES
 

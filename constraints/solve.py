@@ -19,7 +19,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from constraints.encode import Encoded, encode
-from constraints.surrogate import Table
+from constraints.cost_table import Table
 
 SEED = 0
 WORKERS = 1

@@ -3,7 +3,7 @@
 A *row* is one complete plan, held as numpy columns named like `PlanArrays` fields. The space is
 the set of rows that pass every STRUCTURAL rule (divisibility, GPU count, batch, compatibility
 and, with `job.framework == 'megatron'`, Megatron-LM expressibility) and the user's pins; memory
-fit is NOT a space rule: it is decided by the exact model (`constraints.surrogate`) and enforced
+fit is NOT a space rule: it is decided by the exact model (`constraints.cost_table`) and enforced
 as a named constraint in the CP-SAT model (`constraints.encode`).
 
 Domains (see `knob_domains`)
@@ -31,7 +31,7 @@ Free batch ("batch <= max"): every multiple of micro_batch*dp up to the cap is i
 brute-force oracle enumerates all of them, `expand_batches`), and the objective is time per
 TOKEN, step_time / (global_batch·seq); with a fixed (or pinned) batch it is the step time. How
 the solver side avoids tabulating every batch without losing the optimum is explained in
-`constraints.surrogate`.
+`constraints.cost_table`.
 """
 from __future__ import annotations
 

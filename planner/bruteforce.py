@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.space import build_space, cross, expand_batches, layouts, options
-from constraints.surrogate import MEMORY_BITS, evaluate, order_rows, plan_arrays
+from constraints.cost_table import MEMORY_BITS, evaluate, order_rows, plan_arrays
 from hardware.spec import SystemSpec
 from planner.megatron import not_expressible
 from planner.model import ModelSpec

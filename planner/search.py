@@ -10,7 +10,7 @@ Objective: time per token (step_time / (global_batch·seq)) when the batch is fr
 (job.global_batch is None: any batch up to job.max_global_batch that is a multiple of
 micro_batch·dp), step time when it is fixed. "Top K" means the K best DISTINCT layouts
 (tp, pp, dp, cp, ep, vpp, micro_batch), each with its best batch and memory/overlap options.
-See constraints/space.py, surrogate.py, encode.py and solve.py for the pieces.
+See constraints/space.py, cost_table.py, encode.py and solve.py for the pieces.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from constraints.solve import explain, solve_top_k
 from constraints.space import at_batch, build_space, cross, layouts, options
-from constraints.surrogate import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
+from constraints.cost_table import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate

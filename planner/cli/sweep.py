@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hardware.errors import SpecError
-from planner.cli_common import (
+from planner.cli.common import (
     DtypeOpt,
     FrameworkOpt,
     GpusOpt,

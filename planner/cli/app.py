@@ -1,4 +1,4 @@
-"""`planner`: the typer app. Each sub-command lives in its own cli_*.py module."""
+"""`planner`: the typer app. Each sub-command lives in its own module of this package."""
 from __future__ import annotations
 
 import importlib
@@ -8,7 +8,7 @@ from typer.core import TyperGroup
 
 from hardware.errors import SpecError
 
-COMMAND_MODULES = ("cli_search", "cli_estimate", "cli_megatron", "cli_checkpoint", "cli_sweep", "cli_validate")
+COMMAND_MODULES = ("search", "estimate", "megatron", "checkpoint", "sweep", "validate")
 
 
 class _UserErrorsAsOneLine(TyperGroup):
@@ -35,9 +35,9 @@ def _root() -> None:
 
 for _name in COMMAND_MODULES:
     try:
-        _module = importlib.import_module(f"planner.{_name}")
+        _module = importlib.import_module(f"planner.cli.{_name}")
     except ModuleNotFoundError as exc:  # a command whose module has not landed yet
-        if exc.name != f"planner.{_name}":
+        if exc.name != f"planner.cli.{_name}":
             raise
         continue
     _module.register(app)

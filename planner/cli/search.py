@@ -12,7 +12,7 @@ from rich.table import Table
 
 from hardware.errors import SpecError
 from hardware.load import load_system, system_preset_names
-from planner.cli_common import (
+from planner.cli.common import (
     DEFAULT_BATCH,
     DEFAULT_MODEL,
     DEFAULT_SYSTEM,

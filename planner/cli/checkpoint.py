@@ -10,7 +10,7 @@ import typer
 
 from hardware.errors import SpecError
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report
-from planner.cli_common import DEFAULT_MODEL, DEFAULT_SYSTEM, GpusOpt, JsonOpt, ModelOpt, SystemOpt, load_inputs
+from planner.cli.common import DEFAULT_MODEL, DEFAULT_SYSTEM, GpusOpt, JsonOpt, ModelOpt, SystemOpt, load_inputs
 from planner.plan import make_plan
 
 # Assumption (no single source): an aggregate parallel-file-system write bandwidth of the order

@@ -8,7 +8,7 @@ from rich.console import Console
 
 from hardware.errors import SpecError
 from planner.analytical import estimate
-from planner.cli_common import (
+from planner.cli.common import (
     DEFAULT_BATCH,
     BatchOpt,
     CpOpt,

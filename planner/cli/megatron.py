@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from hardware.errors import SpecError
-from planner.cli_common import (
+from planner.cli.common import (
     DEFAULT_BATCH,
     BatchOpt,
     CpOpt,
