@@ -74,12 +74,16 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     tokens = P.global_batch * model.seq_length
     gpus = P.tp * P.pp * P.dp * P.cp
     peak = system.accelerator.peak(job.dtype)
+    # MFU numerator: the reference convention (full s×s attention, as the published MFUs);
+    # HFU numerator: what the GPUs execute, with the attention core counted exactly as the
+    # time model runs it (causal half with fused attention) plus recomputation.
     model_flops = tokens * flops.model_flops_per_token(model)
-    # hardware FLOPs executed: + recomputed layers' forward (full) or attention core (selective)
-    layer_fwd = flops.layer_matmul_flops_per_token(model) + flops.attention_core_flops_per_token(model)
+    attn_exec = flops.executed_attention_core_flops_per_token(model, job.flash_attention)
+    layer_fwd = flops.layer_matmul_flops_per_token(model) + attn_exec
+    executed = 3.0 * (model.layers * layer_fwd + flops.logit_flops_per_token(model))
     rc_layers = P.full_recompute_layers(model.layers) * P.pp
-    extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * flops.attention_core_flops_per_token(model), 0.0)
-    hw_flops = model_flops + tokens * extra
+    extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * attn_exec, 0.0)
+    hw_flops = tokens * (executed + extra)
     step = times["step_time_s"]
     out = {**times, **mem}
     out.update({

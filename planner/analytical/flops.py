@@ -40,11 +40,25 @@ def layer_matmul_flops_per_token(model: ModelSpec) -> float:
     return attention_matmul_flops_per_token(model) + mlp_matmul_flops_per_token(model)
 
 
-def attention_core_flops_per_token(model: ModelSpec, seq_length: int | None = None) -> float:
-    """QKᵀ and attention·V forward for one token against the full sequence: 4·s·h
-    (Narayanan eq. 3 counts the whole s×s score matrix; causal kernels skip half of it)."""
+# Fraction of the s×s score matrix a causal fused kernel computes: the blocks above the diagonal
+# are skipped, s(s+1)/2 of s² ≈ one half (FlashAttention-2, Dao 2023 §3.1 "causal masking").
+CAUSAL_FRACTION = 0.5
+
+
+def attention_core_flops_per_token(model: ModelSpec, seq_length: int | None = None,
+                                   causal: bool = False) -> float:
+    """QKᵀ and attention·V forward for one token: 4·s·h against the full sequence (Narayanan
+    eq. 3, and the convention of every MFU in ../shared/reference: NeMo/Bridge/dgxc count the
+    whole s×s score matrix); `causal=True` gives what a causal fused kernel executes (half)."""
     s = seq_length or model.seq_length
-    return 4.0 * s * model.hidden
+    return 4.0 * s * model.hidden * (CAUSAL_FRACTION if causal else 1.0)
+
+
+def executed_attention_core_flops_per_token(model: ModelSpec, flash_attention: bool) -> float:
+    """Attention-core FLOPs the GPU runs: fused (flash) kernels skip the masked half, the unfused
+    path computes the full score matrix and masks it. The time model and the hardware-FLOP count
+    (HFU) both use this, so they cannot disagree."""
+    return attention_core_flops_per_token(model, causal=flash_attention)
 
 
 def logit_flops_per_token(model: ModelSpec) -> float:
@@ -53,7 +67,9 @@ def logit_flops_per_token(model: ModelSpec) -> float:
 
 
 def model_flops_per_token(model: ModelSpec) -> float:
-    """Forward + backward (3×) model FLOPs, no recompute: the numerator of MFU."""
+    """Forward + backward (3×) model FLOPs, no recompute: the numerator of MFU. Attention is
+    counted over the full s×s matrix (non-causal), as the published MFUs we validate against
+    count it, so at long sequence MFU exceeds the executed fraction of peak (see HFU)."""
     per_layer = layer_matmul_flops_per_token(model) + attention_core_flops_per_token(model)
     return 3.0 * (model.layers * per_layer + logit_flops_per_token(model))
 

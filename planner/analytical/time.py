@@ -83,12 +83,12 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff, job.dtype)
         + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff, job.dtype)
     )
-    # Attention core at its own ceiling; causal fused kernels skip the masked half.
-    core_flops = flops.attention_core_flops_per_token(model) * tokens / t
-    causal = 0.5 if job.flash_attention else 1.0
-    # the kernel sees the local query chunk: with context parallelism each step is s/cp long
+    # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
+    # count the hardware-FLOP total uses).
+    core_flops = flops.executed_attention_core_flops_per_token(model, job.flash_attention) * tokens / t
+    # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
     chunk = model.seq_length / P.cp
-    attention = causal * core_flops / (peak_attn * eff.attention_max * chunk / (chunk + eff.attention_half_seq))
+    attention = core_flops / (peak_attn * eff.attention_max * chunk / (chunk + eff.attention_half_seq))
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     sp = (P.sequence_parallel > 0) & (t > 1)
     topk = model.moe.top_k if model.moe else 1
@@ -97,8 +97,23 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
-    return {"gemm": gemm, "attention": attention + score_bytes / hbm,
+    return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
             "elementwise": elem_bytes / hbm + eff.layer_overhead_us * 1e-6}
+
+
+# Ring attention merges each step's partial output into the running one: read the running fp32
+# output and log-sum-exp, read the step's, write the merged (TransformerEngine
+# attention/dot_product_attention/context_parallel.py, AttnFuncWithCPAndKVP2P: the
+# flash_attn_fwd_out_correction after every step but the first). fp32 output, 3 passes.
+CP_CORRECTION_PASSES = 3.0
+CP_CORRECTION_BYTES = 4.0
+
+
+def cp_output_correction_s(model: ModelSpec, P: PlanArrays, hbm_bytes_per_s: float) -> np.ndarray:
+    """Memory-bound merge of cp−1 ring steps' partial attention outputs, one layer forward."""
+    tokens = P.micro_batch * model.seq_length / P.cp
+    per_step = CP_CORRECTION_PASSES * CP_CORRECTION_BYTES * tokens * model.heads * model.head_dim / P.tp
+    return (P.cp - 1) * per_step / hbm_bytes_per_s
 
 
 def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
@@ -128,13 +143,17 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     tp_fwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
     tp_bwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_BWD)
 
-    # --- context parallel: ring attention passes K,V around the cp ranks, hidden behind the
-    # attention kernel of each step (Liu et al. 2023, Ring Attention §3); backward moves K,V and dK,dV.
+    # --- context parallel: ring attention passes K,V around the cp ranks (Liu et al. 2023, Ring
+    # Attention §3; Megatron's default cp_comm_type "p2p", TE AttnFuncWithCPAndKVP2P): cp−1 sends
+    # of the local K,V, each hidden behind one step's attention kernel (1/cp of the layer's
+    # attention, the load-balanced causal halves make the steps equal); backward moves K,V and
+    # dK,dV (twice the bytes) behind twice the compute.
     cp_bw, cp_lat = comm.group_link(system, c, t)
     kv_bytes = tokens * 2.0 * model.kv_hidden / t * act_bytes
-    cp_step = comm.p2p_s(kv_bytes, cp_bw, cp_lat) * (c - 1)
-    cp_fwd = np.where(c > 1, np.maximum(0.0, cp_step - layer["attention"]), 0.0)
-    cp_bwd = np.where(c > 1, np.maximum(0.0, 2 * cp_step - BACKWARD_FACTOR * layer["attention"]), 0.0)
+    cp_send = comm.p2p_s(kv_bytes, cp_bw, cp_lat)
+    attn_step = layer["attention"] / c
+    cp_fwd = np.where(c > 1, (c - 1) * np.maximum(0.0, cp_send - attn_step), 0.0)
+    cp_bwd = np.where(c > 1, (c - 1) * np.maximum(0.0, 2 * cp_send - BACKWARD_FACTOR * attn_step), 0.0)
 
     # --- expert parallel: dispatch + combine all-to-all per MoE layer forward, same backward
     # (Lepikhin et al. 2020, GShard §2.2), not overlapped.
