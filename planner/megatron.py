@@ -118,9 +118,12 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("ep: expert parallelism needs a MoE model")
         elif model.moe.num_experts % plan.ep:
             reasons.append(f"ep: experts ({model.moe.num_experts}) must be a multiple of ep ({plan.ep})")
-        if (plan.dp * plan.cp) % plan.ep:
-            reasons.append(f"ep: world size must be divisible by tp*ep*pp, i.e. dp*cp ({plan.dp * plan.cp}) "
-                           f"by ep ({plan.ep})")
+    grid = plan.expert_tp * plan.ep * plan.pp
+    if plan.gpus % grid:  # MA 2c: Megatron MoE parallel folding (megatron/core/parallel_state.py)
+        reasons.append(f"ep: world size ({plan.gpus}) must be divisible by etp*ep*pp "
+                       f"({plan.expert_tp}*{plan.ep}*{plan.pp})")
+    if model.moe is not None and model.expert_ffn_hidden % plan.expert_tp:
+        reasons.append(f"etp: moe ffn ({model.expert_ffn_hidden}) must be divisible by etp ({plan.expert_tp})")
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         # Megatron-core MoE: "When using MoE and tensor parallelism, sequence parallelism must be
         # used." (not in MA; kept as a conservative rule for emission only).
@@ -194,6 +197,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--context-parallel-size", plan.cp)
     if model.moe is not None or plan.ep > 1:
         add("--expert-model-parallel-size", plan.ep)
+        if plan.expert_tp != plan.tp:  # None = tp, Megatron's default
+            add("--expert-tensor-parallel-size", plan.expert_tp)
     sp = plan.sequence_parallel and plan.tp > 1  # MA 2a: SP at tp=1 is dropped by Megatron
     if sp:
         add("--sequence-parallel")

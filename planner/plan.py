@@ -11,11 +11,16 @@ from hardware.errors import SpecError, one_line, read_yaml_mapping
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 ComputeDtype = Literal["bf16", "fp16", "fp8"]
+# Who implements sharded data parallelism (ZeRO stage 2/3); the stage says what is sharded.
+# "megatron": Megatron-Core (distributed optimizer for ZeRO-1, Megatron-FSDP for 2/3);
+# "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
+DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
+DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
 
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
          "recompute", "zero_stage", "offload_weights", "offload_activations", "offload_optimizer",
-         "tp_comm_overlap", "dp_comm_overlap")
+         "tp_comm_overlap", "dp_comm_overlap", "etp")
 
 
 class Plan(BaseModel):
@@ -27,7 +32,10 @@ class Plan(BaseModel):
     pp: PositiveInt = 1
     dp: PositiveInt = 1
     cp: PositiveInt = 1
-    ep: PositiveInt = Field(default=1, description="expert parallel (MoE); carved out of dp*cp")
+    ep: PositiveInt = Field(default=1, description="expert parallel (MoE); Megatron parallel folding: "
+                            "world % (etp*ep*pp) == 0")
+    etp: PositiveInt | None = Field(default=None, description="expert tensor parallel (MoE); None = tp, "
+                                    "Megatron's default")
     micro_batch: PositiveInt = 1
     global_batch: PositiveInt = 1
     vpp: PositiveInt = Field(default=1, description="virtual stages per pipeline rank (interleaving)")
@@ -42,6 +50,7 @@ class Plan(BaseModel):
     offload_optimizer: NonNegativeFloat = Field(default=0.0, le=1.0)
     tp_comm_overlap: bool = False
     dp_comm_overlap: bool = True
+    dp_impl: DpImpl = Field(default="megatron", description="implementation of sharded data parallelism")
 
     @model_validator(mode="after")
     def _batch(self) -> "Plan":
@@ -53,6 +62,15 @@ class Plan(BaseModel):
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel size: world / (etp·ep·pp) (megatron/core/parallel_state.py)."""
+        return self.gpus // (self.expert_tp * self.ep * self.pp)
 
     @property
     def num_microbatches(self) -> int:
@@ -68,6 +86,8 @@ class Plan(BaseModel):
             parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         parts.append(f"mb{self.micro_batch}")
@@ -76,6 +96,8 @@ class Plan(BaseModel):
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         parts.append(f"zero{self.zero_stage}")
+        if self.dp_impl != "megatron":
+            parts.append(self.dp_impl)
         for what in ("weights", "activations", "optimizer"):
             frac = getattr(self, f"offload_{what}")
             if frac:
@@ -151,4 +173,4 @@ def make_plan(**fields) -> Plan:
 
 
 __all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan",
-           "SpecError"]
+           "SpecError", "DpImpl", "DP_IMPL_CODES"]

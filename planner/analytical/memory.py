@@ -61,21 +61,27 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
 def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(transformer-block dense, vocabulary, expert) parameters held by one GPU of the first
     stage. TP shards every matrix (norms are replicated: negligible and ignored); EP shards the
-    experts (expert TP = tp, as Megatron's default); the stage holds one V×h matrix (embedding,
+    experts over etp·ep (Megatron parallel folding; etp = tp by default); the stage holds one V×h matrix (embedding,
     or the LM head on the last stage; both when pp = 1 and the embeddings are untied)."""
     layers_per_stage = model.layers / P.pp
     blocks = layers_per_stage * model.non_expert_params_per_layer / P.tp
     vocab_matrices = np.where((P.pp == 1) & (not model.tied_embeddings), 2.0, 1.0)
     vocab = vocab_matrices * model.vocab * model.hidden / P.tp
-    expert = layers_per_stage * model.expert_params_per_layer / (P.tp * P.ep)
+    expert = layers_per_stage * model.expert_params_per_layer / (P.etp * P.ep)
     return blocks, vocab, expert
+
+
+def expert_dp(P: PlanArrays) -> np.ndarray:
+    """Expert-data-parallel size: world / (etp·ep·pp) (Megatron MoE parallel folding)."""
+    return P.tp * P.dp * P.cp / (P.etp * P.ep)
 
 
 def model_state_elems(dense, expert, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Elements of (weights, grads, optimizer state) one GPU keeps. ZeRO / distributed-optimizer
     sharding (Rajbhandari et al. 2020, ZeRO §5; Megatron's distributed optimizer = stage 1:
-    6 + 12/d bytes per parameter): dense weights are replicated over dp·cp, experts over dp·cp/ep."""
-    sharded = dense / (P.dp * P.cp) + expert / np.maximum(P.dp * P.cp / P.ep, 1.0)
+    6 + 12/d bytes per parameter): dense weights are replicated over dp·cp, experts over the
+    expert-data-parallel group world/(etp·ep·pp) = tp·dp·cp/(etp·ep) (megatron/core/parallel_state.py)."""
+    sharded = dense / (P.dp * P.cp) + expert / np.maximum(expert_dp(P), 1.0)
     params = dense + expert
     z = P.zero_stage
     return np.where(z >= 3, sharded, params), np.where(z >= 2, sharded, params), np.where(z >= 1, sharded, params)
