@@ -8,6 +8,7 @@ from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloa
                       ValidationError, model_validator)
 
 from hardware.errors import one_line, read_yaml_mapping, resolve_preset_or_file
+from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -274,9 +275,14 @@ def model_preset_names() -> list[str]:
 
 
 def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
-    """Preset name or YAML path -> ModelSpec; `overrides` replace fields (e.g. seq_length)."""
-    path, label = resolve_preset_or_file(ref, PRESET_DIR, "model")
-    data = read_yaml_mapping(path, "model")
+    """Preset name, model YAML, Hugging Face config.json or a directory holding one -> ModelSpec;
+    `overrides` replace fields (e.g. seq_length)."""
+    config_json = hf_config.find_config_json(ref)
+    if config_json is not None:
+        data, label = hf_config.model_fields(config_json), f"Hugging Face config {config_json}"
+    else:
+        path, label = resolve_preset_or_file(ref, PRESET_DIR, "model")
+        data = read_yaml_mapping(path, "model")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         return ModelSpec.model_validate(data)
