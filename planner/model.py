@@ -109,11 +109,16 @@ class ModelSpec(BaseModel):
 
     @property
     def q_hidden(self) -> int:
-        """Width of all query heads (= hidden unless head_dim is set apart)."""
-        return self.heads * self.head_dim
+        """Width of all query heads (= hidden unless head_dim is set apart; MLA: heads·(nope+rope))."""
+        return self.heads * (self.mla.qk_head_dim if self.mla else self.head_dim)
 
     @property
     def kv_hidden(self) -> int:
+        """Width of the keys (= of the values): kv_groups·head_dim. MLA's keys (heads·(nope+rope))
+        and values (heads·v_head_dim) differ; kv_hidden is then their mean, so that 2·kv_hidden
+        is the K+V width that attention stores and context parallelism exchanges."""
+        if self.mla:
+            return self.heads * (self.mla.qk_head_dim + self.mla.v_head_dim) // 2
         return self.kv_groups * self.head_dim
 
     @property

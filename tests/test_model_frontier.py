@@ -28,6 +28,9 @@ def test_deepseek_v3_mla_weights_by_hand():
     expected = q_a + q_norm + q_b + kv_a + kv_norm + kv_b + o
     assert load_model("deepseek-v3").attention_params == expected
     assert expected == 187_107_328  # 187.1M per layer
+    # widths attention stores / CP exchanges: Q 128·192; K 128·192 + V 128·128
+    m = load_model("deepseek-v3")
+    assert m.q_hidden == 24576 and 2 * m.kv_hidden == 128 * 192 + 128 * 128
 
 
 def test_mla_without_query_compression():
