@@ -85,9 +85,12 @@ class ModelSpec(BaseModel):
         # resolve head_dim here so that `model.head_dim` is always the width actually used
         if isinstance(data, dict) and data.get("head_dim") is None:
             hidden, heads = data.get("hidden"), data.get("heads")
+            mla = data.get("mla")
             if (isinstance(hidden, int) and isinstance(heads, int) and not isinstance(hidden, bool)
                     and heads > 0 and hidden % heads == 0):
                 data = {**data, "head_dim": hidden // heads}
+            elif isinstance(mla, dict) and isinstance(mla.get("v_head_dim"), int):
+                data = {**data, "head_dim": mla["v_head_dim"]}  # MLA's widths live in `mla`
         return data
 
     @model_validator(mode="after")

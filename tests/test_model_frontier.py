@@ -40,6 +40,9 @@ def test_mla_without_query_compression():
     q = 2048 * 16 * 192
     kv = 2048 * 576 + 512 + 512 * 16 * 256
     assert m.attention_params == q + kv + 16 * 128 * 2048
+    # MLA needs no hidden/heads divisibility: its head widths are its own
+    odd = ModelSpec(layers=2, hidden=2000, heads=16, seq_length=4096, vocab=1000, biases=False, mla=mla)
+    assert odd.q_hidden == 16 * 192
 
 
 @pytest.mark.parametrize("preset,total_b,non_embedding_b,active_b", [
