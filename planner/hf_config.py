@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Iterable
 
 from hardware.errors import SpecError
 
@@ -41,14 +42,17 @@ APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 
 
-def find_config_json(ref: str) -> Path | None:
+def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:
     """The config.json that `ref` names (a .json file, or a directory holding config.json), else
-    None (then `ref` is a preset or a YAML file)."""
+    None (then `ref` is a preset or a YAML file). A directory without config.json that is named
+    like a preset does not hide the preset."""
     path = Path(ref)
     if path.suffix == ".json":
         return path
     if path.is_dir():
         config = path / "config.json"
+        if not config.is_file() and ref in set(preset_names):
+            return None
         if not config.is_file():
             raise SpecError(f"model: directory {ref} holds no config.json (give a Hugging Face model "
                             "directory, a config.json, a model YAML or a preset)")

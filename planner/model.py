@@ -285,7 +285,7 @@ def model_preset_names() -> list[str]:
 def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
     """Preset name, model YAML, Hugging Face config.json or a directory holding one -> ModelSpec;
     `overrides` replace fields (e.g. seq_length)."""
-    config_json = hf_config.find_config_json(ref)
+    config_json = hf_config.find_config_json(ref, model_preset_names())
     if config_json is not None:
         data, label = hf_config.model_fields(config_json), f"Hugging Face config {config_json}"
     else:

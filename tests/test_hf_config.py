@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from hardware.errors import SpecError
 from planner.cli import app
-from planner.hf_config import HF_DEFAULT_SEQ_LENGTH
+from planner.hf_config import HF_DEFAULT_SEQ_LENGTH, find_config_json
 from planner.model import load_model
 
 HF = Path(__file__).parent / "fixtures" / "hf"
@@ -110,3 +110,12 @@ def test_cli_plans_from_a_config_directory(fixture, name):
                                       "-b", "1024", "--top", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["model"] == name
+
+
+def test_a_directory_named_like_a_preset_is_not_taken_for_a_model_dir(tmp_path, monkeypatch):
+    # (that a preset-named file or directory does not hide the preset at all is resolve_preset_or_file's job)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama3-8b").mkdir()
+    assert find_config_json("llama3-8b", ["llama3-8b"]) is None
+    with pytest.raises(SpecError, match="holds no config.json"):
+        find_config_json(str(tmp_path / "llama3-8b"), ["llama3-8b"])
