@@ -83,8 +83,9 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     # time model runs it (causal half with fused attention) plus recomputation.
     model_flops = tokens * flops.model_flops_per_token(model)
     attn_exec = flops.executed_attention_core_flops_per_token(model, job.flash_attention)
+    skipped = flops.attention_core_flops_per_token(model) - attn_exec
     layer_fwd = flops.layer_matmul_flops_per_token(model) + attn_exec
-    executed = 3.0 * (model.layers * layer_fwd + flops.logit_flops_per_token(model))
+    executed = flops.model_flops_per_token(model) - 3.0 * (model.layers + model.mtp_layers) * skipped
     rc_layers = P.full_recompute_layers(model.layers) * P.pp
     extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * attn_exec, 0.0)
     hw_flops = tokens * (executed + extra)

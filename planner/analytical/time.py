@@ -69,37 +69,127 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
     out_w = flops.attention_out_width(model)  # = h unless head_dim is set apart (Qwen3) or MLA
-    mlp_w = flops.mlp_width(model)
-    ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
-    if model.moe:
-        # each GPU holds E/ep experts and processes tokens·top_k rows in total
-        rows_mlp = tokens * model.moe.top_k
-        expert_rows = tokens * P.ep * model.moe.top_k / model.moe.num_experts
-    else:
-        rows_mlp = tokens
-        expert_rows = tokens
-    gemm = (
+    attn_gemm = (
         _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
         + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff, job.dtype)
     )
+    hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    # The MLP: dense layers and MoE layers (a MoE model's leading dense layers) averaged per layer,
+    # so that layers/pp × this is the stage's total (the stage aggregation stays as it is).
+    dense_gemm, dense_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm)
+    if model.moe:
+        moe = moe_mlp_fwd_s(model, system, job, P)
+        f_moe = model.moe_layers / model.layers
+        mlp_gemm = (1 - f_moe) * dense_gemm + f_moe * moe["gemm"]
+        mlp_elem = (1 - f_moe) * dense_elem + f_moe * moe["elementwise"]
+    else:
+        mlp_gemm, mlp_elem = dense_gemm, dense_elem
+    gemm = attn_gemm + mlp_gemm
     # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
     # count the hardware-FLOP total uses).
     core_flops = flops.executed_attention_core_flops_per_token(model, job.flash_attention) * tokens / t
     # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
     chunk = model.seq_length / P.cp
     attention = core_flops / (peak_attn * eff.attention_max * chunk / (chunk + eff.attention_half_seq))
-    hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
-    sp = (P.sequence_parallel > 0) & (t > 1)
-    topk = model.moe.top_k if model.moe else 1
-    elem_bytes = 2.0 * tokens * (ELEMENTWISE_PASSES_HIDDEN * h / np.where(sp, t, 1.0)
-                                 + ELEMENTWISE_PASSES_FFN * ffn * topk / t)
+    elem_bytes = 2.0 * tokens * ELEMENTWISE_PASSES_HIDDEN * h / np.where(sp, t, 1.0)
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": elem_bytes / hbm + eff.layer_overhead_us * 1e-6}
+            "elementwise": elem_bytes / hbm + mlp_elem + eff.layer_overhead_us * 1e-6}
+
+
+def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_per_s):
+    """(GEMM s, element-wise s) of a dense MLP of width `ffn` over `rows` tokens, sharded over t:
+    up (+gate) and down GEMMs, and the activation function's ELEMENTWISE_PASSES_FFN passes."""
+    h = model.hidden
+    up_w = (2 if model.activation == "swiglu" else 1) * ffn
+    gemm = (_gemm_time(2 * rows * h * up_w / t, np.minimum(np.minimum(rows, h), up_w / t), peak, eff, dtype)
+            + _gemm_time(2 * rows * ffn * h / t, np.minimum(np.minimum(rows, ffn / t), h), peak, eff, dtype))
+    return gemm, 2.0 * rows * ELEMENTWISE_PASSES_FFN * ffn / t / hbm_bytes_per_s
+
+
+# --- MoE layer mechanisms (Megatron-Core moe/: router.py, token_dispatcher.py, experts.py) ----
+# Busiest expert / mean expert load with dropless routing and the auxiliary load-balancing loss
+# (the grouped GEMM and the all-to-all wait for the busiest rank). Named, fitted; 1 = perfect.
+MOE_IMBALANCE_DROPLESS = 1.15
+# Achieved / link bandwidth of NCCL all-to-all (many small messages, no ring pipelining) relative
+# to the ring collectives the network tier's efficiency describes. Named, fitted.
+A2A_BW_EFFICIENCY = 0.6
+# Router: fp32 logits, softmax (or sigmoid) + top-k + the aux-loss statistics: ~4 passes over
+# tokens×E fp32 (router.py: TopKRouter.routing).
+ROUTER_PASSES = 4.0
+# Permutation and unpermutation (moe_utils.permute / unpermute): each reads and writes every
+# routed row once; unpermute also reads the probabilities (negligible). 2 ops × (read + write).
+PERMUTE_PASSES = 4.0
+
+
+def moe_load_imbalance(model: ModelSpec) -> float:
+    """Busiest-expert load over the mean: dropless routing runs the real imbalance; a capacity
+    factor drops tokens above `capacity_factor` × mean (GShard §2.2), capping it."""
+    cf = model.moe.capacity_factor
+    return MOE_IMBALANCE_DROPLESS if cf is None else min(MOE_IMBALANCE_DROPLESS, max(cf, 1.0))
+
+
+def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """One MoE layer's MLP, one microbatch, one GPU, forward, seconds by mechanism:
+    router GEMM (h×E) + softmax/top-k; permute/unpermute (memory-bound); the routed experts'
+    grouped GEMM at the efficiency of its per-expert row count; shared experts (a dense MLP on
+    every token, attention tp); the activation passes. Load imbalance scales what waits on the
+    busiest expert. Dispatch/combine communication is in `moe_dispatch_s`."""
+    acc = system.accelerator
+    eff = acc.efficiency
+    peak = acc.peak(job.dtype)
+    hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    h, t, E, k = model.hidden, P.tp, model.moe.num_experts, model.moe.top_k
+    tokens = P.micro_batch * model.seq_length / P.cp  # per tensor-parallel group
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    routed_tokens = tokens / np.where(sp, t, 1.0)  # what one rank routes (SP shards tokens)
+    imbalance = moe_load_imbalance(model)
+    # router: a tokens×h by h×E GEMM, its fp32 softmax/top-k element-wise
+    router = _gemm_time(2 * routed_tokens * h * E, np.minimum(np.minimum(routed_tokens, h), E), peak, eff, job.dtype) \
+        + ROUTER_PASSES * 4.0 * routed_tokens * E / hbm
+    permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * h / hbm
+    # experts: one GPU holds E/ep experts, 1/etp of each; rows per local expert per microbatch =
+    # tokens·top_k·etp·ep/(E·t) (= tokens·top_k·ep/E at etp = tp); its FLOPs are 1/t of the
+    # tensor-parallel group's routed work whatever the folding.
+    ffn = model.expert_ffn_hidden
+    up_w = (2 if model.activation == "swiglu" else 1) * ffn
+    rows_per_expert = tokens * k * P.etp * P.ep / (E * t)
+    expert_gemm = (_gemm_time(2 * tokens * k * h * up_w / t, np.minimum(np.minimum(rows_per_expert, h), up_w / P.etp),
+                              peak, eff, job.dtype)
+                   + _gemm_time(2 * tokens * k * ffn * h / t, np.minimum(np.minimum(rows_per_expert, ffn / P.etp), h),
+                                peak, eff, job.dtype))
+    expert_act = 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    shared_gemm, shared_elem = (0.0, 0.0)
+    if model.moe.shared_experts:
+        shared_gemm, shared_elem = dense_mlp_fwd_s(model, model.moe.shared_experts * model.shared_expert_ffn_hidden,
+                                                   tokens, t, peak, eff, job.dtype, hbm)
+    return {"gemm": imbalance * expert_gemm + shared_gemm + router,
+            "elementwise": imbalance * expert_act + permute + shared_elem,
+            "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
+            "shared_expert_s": shared_gemm + shared_elem}
+
+
+def moe_dispatch_s(model: ModelSpec, system: SystemSpec, P: PlanArrays, act_bytes: float = 2.0) -> np.ndarray:
+    """Dispatch + combine all-to-all of one MoE layer forward, one microbatch (Lepikhin et al.
+    2020, GShard §2.2; Megatron MoEAlltoAllTokenDispatcher): each rank sends its routed rows
+    (tokens·top_k·h) to the ep ranks holding their experts and gets them back. The ep group is
+    strided by etp in Megatron's expert rank order (etp → ep → expert-dp), so it stays inside the
+    NVLink domain (72 GPUs on NVL72) while etp·ep fits there and crosses the NICs otherwise
+    (`comm.group_link`). With etp > 1 the expert-TP group all-gathers the received rows and
+    reduce-scatters the outputs. The busiest rank receives `moe_load_imbalance` × the mean."""
+    h, t, k = model.hidden, P.tp, model.moe.top_k
+    tokens = P.micro_batch * model.seq_length / P.cp
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    rows = tokens / np.where(sp, t, 1.0) * k
+    imbalance = moe_load_imbalance(model)
+    bw, lat = comm.group_link(system, P.ep, P.etp)
+    a2a = comm.all_to_all_s(rows * h * act_bytes * imbalance, P.ep, bw * A2A_BW_EFFICIENCY, lat)
+    etp_bw, etp_lat = comm.group_link(system, P.etp, 1)
+    etp_xchg = comm.all_gather_s(rows * h * act_bytes * P.etp, P.etp, etp_bw, etp_lat)
+    return 2.0 * a2a + 2.0 * etp_xchg
 
 
 # Ring attention merges each step's partial output into the running one: read the running fp32
@@ -113,8 +203,26 @@ CP_CORRECTION_BYTES = 4.0
 def cp_output_correction_s(model: ModelSpec, P: PlanArrays, hbm_bytes_per_s: float) -> np.ndarray:
     """Memory-bound merge of cp−1 ring steps' partial attention outputs, one layer forward."""
     tokens = P.micro_batch * model.seq_length / P.cp
-    per_step = CP_CORRECTION_PASSES * CP_CORRECTION_BYTES * tokens * model.heads * model.head_dim / P.tp
+    per_step = CP_CORRECTION_PASSES * CP_CORRECTION_BYTES * tokens * flops.attention_out_width(model) / P.tp
     return (P.cp - 1) * per_step / hbm_bytes_per_s
+
+
+def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, job: JobSpec,
+              P: PlanArrays) -> np.ndarray:
+    """Forward seconds of the MTP modules of one microbatch on the last stage (DeepSeek-V3 §2.2):
+    each runs one more transformer layer (`layer`, with its MoE dispatch), the 2h→h projection
+    of [norm(h); norm(embedding)] and the shared output head again (`logit_fwd_s`)."""
+    if not model.mtp_layers:
+        return np.zeros(len(P))
+    acc = system.accelerator
+    tokens = P.micro_batch * model.seq_length / P.cp
+    h, t = model.hidden, P.tp
+    proj = _gemm_time(2 * tokens * 2 * h * h / t, np.minimum(np.minimum(tokens, h / t), 2 * h),
+                      acc.peak(job.dtype), acc.efficiency, job.dtype)
+    block = layer["gemm"] + layer["attention"] + layer["elementwise"]
+    if model.moe:
+        block = block + moe_dispatch_s(model, system, P)
+    return model.mtp_layers * (block + proj + logit_fwd_s)
 
 
 def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
@@ -156,12 +264,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     cp_fwd = np.where(c > 1, (c - 1) * np.maximum(0.0, cp_send - attn_step), 0.0)
     cp_bwd = np.where(c > 1, (c - 1) * np.maximum(0.0, 2 * cp_send - BACKWARD_FACTOR * attn_step), 0.0)
 
-    # --- expert parallel: dispatch + combine all-to-all per MoE layer forward, same backward
-    # (Lepikhin et al. 2020, GShard §2.2), not overlapped.
+    # --- expert parallel: dispatch + combine per MoE layer forward, the same backward, not
+    # overlapped; averaged over the layers like the compute (leading dense layers have none).
     if model.moe:
-        ep_bw, ep_lat = comm.group_link(system, P.ep, t * c)
-        a2a = comm.all_to_all_s(tokens * model.moe.top_k * h * act_bytes, P.ep, ep_bw, ep_lat)
-        ep_fwd = ep_bwd = 2 * a2a
+        ep_fwd = ep_bwd = moe_dispatch_s(model, system, P, act_bytes) * model.moe_layers / model.layers
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 
@@ -178,6 +284,8 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
     logit_fwd = logit_fwd + CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
         acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
+    # MTP modules (DeepSeek-V3 §2.2) run on the last stage after the LM head, like it.
+    logit_fwd = logit_fwd + mtp_fwd_s(model, layer, logit_fwd, system, job, P)
     logit_bwd = BACKWARD_FACTOR * logit_fwd
 
     stage_fwd = layers_per_stage * fwd_compute
