@@ -147,4 +147,5 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
         "hbm_bytes": hbm_total, "hbm_capacity_bytes": np.full(len(P), capacity),
         "offload_bytes": offload_bytes, "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
         "activations_per_microbatch_bytes": act_mb, "opt_elems": opt_elems, "params_elems": params,
+        "expert_params_elems": np.broadcast_to(expert, (len(P),)),
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, flops
+from planner.analytical import comm, data_parallel, flops
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -301,30 +301,21 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
     pp_p2p = np.where(p > 1, 2 * (p - 1) * v * p2p + np.where(v > 1, 0.0, 2 * m * p2p), 0.0)
 
-    # --- data parallel: gradients (and, sharded, parameters) over the dp·cp replicas.
+    # --- data parallel (planner/analytical/data_parallel.py): dense parameters over the dp·cp
+    # replicas (stride tp); expert parameters over expert-DP = tp·dp·cp/(etp·ep) (stride etp·ep,
+    # Megatron MoE parallel folding).
     bpp = job.bytes_per_param
     dense = mem["params_elems"]
+    expert = mem["expert_params_elems"]
     dp_bw, dp_lat = comm.group_link(system, dp * c, t)
-    n_dp = dp * c
-    z = P.zero_stage
-    grad_rs = comm.reduce_scatter_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
-    param_ag = comm.all_gather_s(dense * bpp.weights, n_dp, dp_bw, dp_lat)
-    grad_ar = comm.all_reduce_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
+    n_edp = t * dp * c / (P.etp * P.ep)
+    edp_bw, edp_lat = comm.group_link(system, n_edp, P.etp * P.ep)
+    groups = [(dense - expert, dp * c, dp_bw, dp_lat), (expert, n_edp, edp_bw, edp_lat)]
     # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
     mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
-    hide = P.dp_comm_overlap > 0
-    # Megatron overlaps the gradient reduce with the last microbatch's backward and the
-    # parameter all-gather with the first microbatch's forward (--overlap-grad-reduce/-param-gather).
-    exposed_ar = np.where(hide, overlapped_collective_s(grad_ar, mb_bwd, p, v), grad_ar)
-    exposed_sharded = np.where(hide, overlapped_collective_s(grad_rs, mb_bwd, p, v)
-                               + overlapped_collective_s(param_ag, mb_fwd, p, v), grad_rs + param_ag)
-    # ZeRO-3: gather parameters for forward and backward and reduce-scatter gradients for
-    # every microbatch (Rajbhandari et al. 2020 §5.3), overlapped with that microbatch.
-    # ZeRO-3 issues one collective per layer, so each pays the ring latency (n−1)·α.
-    per_layer_latency = (layers_per_stage - 1) * (n_dp - 1) * dp_lat
-    zero3_mb = 2 * param_ag + grad_rs + 3 * per_layer_latency
-    exposed_zero3 = m * np.where(hide, np.maximum(0.0, zero3_mb - (mb_fwd + mb_bwd)), zero3_mb)
-    dp_comm = np.where(z == 0, exposed_ar, np.where(z >= 3, exposed_zero3, exposed_sharded))
+    dp_comm = data_parallel.dp_comm_exposed_s(
+        groups, P.zero_stage, P.dp_impl, m, mb_fwd, mb_bwd, p, v, layers_per_stage, P.dp_comm_overlap > 0,
+        bpp.grad_reduce, bpp.weights, overlapped_collective_s)
 
     # --- optimizer step, memory-bound on HBM; the offloaded share runs where its state lives.
     opt_elems = mem["opt_elems"]
