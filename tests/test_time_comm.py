@@ -140,5 +140,5 @@ def test_cp_output_correction_hand_derived():
     P = PlanArrays.from_columns(2, m.layers, tp=np.array([1, 2]), cp=np.array([4, 4]), micro_batch=1)
     got = cp_output_correction_s(m, P, 1e12)
     tokens = 8192 / 4
-    assert got[0] == pytest.approx(3 * 3 * 4 * tokens * 4096 / 1e12)
+    assert got[0] == pytest.approx(3 * 3 * 2 * tokens * 4096 / 1e12)
     assert got[1] == pytest.approx(got[0] / 2)

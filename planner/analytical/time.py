@@ -185,8 +185,7 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, P: PlanArrays, act_byte
     sp = (P.sequence_parallel > 0) & (t > 1)
     rows = tokens / np.where(sp, t, 1.0) * k
     imbalance = moe_load_imbalance(model)
-    bw, lat = comm.group_link(system, P.ep, P.etp)
-    a2a = comm.all_to_all_s(rows * h * act_bytes * imbalance, P.ep, bw * A2A_BW_EFFICIENCY, lat)
+    a2a = comm.all_to_all_placed_s(system, rows * h * act_bytes * imbalance, P.ep, P.etp, A2A_BW_EFFICIENCY)
     etp_bw, etp_lat = comm.group_link(system, P.etp, 1)
     etp_xchg = comm.all_gather_s(rows * h * act_bytes * P.etp, P.etp, etp_bw, etp_lat)
     return 2.0 * a2a + 2.0 * etp_xchg
@@ -195,9 +194,10 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, P: PlanArrays, act_byte
 # Ring attention merges each step's partial output into the running one: read the running fp32
 # output and log-sum-exp, read the step's, write the merged (TransformerEngine
 # attention/dot_product_attention/context_parallel.py, AttnFuncWithCPAndKVP2P: the
-# flash_attn_fwd_out_correction after every step but the first). fp32 output, 3 passes.
+# flash_attn_fwd_out_correction after every step but the first): 3 passes over the output in the
+# activation dtype (2 bytes; the fp32 log-sum-exp is one value per head and token, negligible).
 CP_CORRECTION_PASSES = 3.0
-CP_CORRECTION_BYTES = 4.0
+CP_CORRECTION_BYTES = 2.0
 
 
 def cp_output_correction_s(model: ModelSpec, P: PlanArrays, hbm_bytes_per_s: float) -> np.ndarray:
