@@ -123,10 +123,11 @@ def encode(table: Table, assumptions: bool = False) -> Encoded:
     table_rule("hidden_tp", ("tp",), lambda t: all(w % t == 0 for w in widths))
     table_rule("layers_pp", ("pp", "vpp"), lambda p, v: model_spec.layers % (p * v) == 0 and (v == 1 or p > 1))
     table_rule("cp_seq", ("cp",), lambda c: c == 1 or model_spec.seq_length % (2 * c) == 0)
-    eff = model_spec.expert_ffn_hidden if model_spec.moe else 1
+    moe = model_spec.moe is not None
+    eff = model_spec.expert_ffn_hidden
     table_rule("experts_ep", ("ep", "etp", "tp", "pp", "dp", "cp"),
-               lambda e, x, t, p, d, c: E % e == 0 and (t * p * d * c) % (x * e * p) == 0 and eff % x == 0
-               and ((e == 1 and x == t) or model_spec.moe is not None))
+               lambda e, x, t, p, d, c: E % e == 0 and (t * p * d * c) % (x * e * p) == 0
+               and (eff % x == 0 if moe else (e == 1 and x == t)))
     table_rule("vpp_microbatches", ("pp", "vpp", "m"), lambda p, v, k: v == 1 or (k >= p and k % p == 0))
     table_rule("sp_needs_tp", ("tp", "sequence_parallel"), lambda t, s: not s or t > 1)
     table_rule("tp_overlap_needs_sp", ("sequence_parallel", "tp_comm_overlap"), lambda s, o: not o or s)
