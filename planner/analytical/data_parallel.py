@@ -77,5 +77,6 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
         ag3 = comm.all_gather_s(elems * weight_bytes, n, bw3, 0.0)
         lat3 = np.where(n > 1, (n - 1) * lat, 0.0)
         z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd, mb_bwd, layers, hide, FSDP_OVERLAP_FRACTION)
-        total = total + np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3)))
+        # a group with nothing to reduce (no experts) issues no collective
+        total = total + np.where(elems > 0, np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3))), 0.0)
     return total
