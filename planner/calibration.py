@@ -116,9 +116,11 @@ def _case(rec: dict) -> RefCase | Skipped:
     if gbs % (mb * dp):
         return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
     try:
-        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=gbs, vpp=vpp,
-                    sequence_parallel=sp, recompute=recompute, zero_stage=zero, dp_comm_overlap=not era_2021,
-                    tp_comm_overlap=sp and not era_2021)
+        # ZeRO-3 rows here are DeepSpeed's (Narayanan Table 2 baseline): costed as DeepSpeed
+        plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=par.get("etp"), micro_batch=mb, global_batch=gbs,
+                    vpp=vpp, sequence_parallel=sp, recompute=recompute, zero_stage=zero,
+                    dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021,
+                    dp_impl="deepspeed" if zero == 3 else "megatron")
     except ValueError as exc:
         return Skipped(rid, f"plan not representable: {exc}")
     prec = str(rec.get("precision"))

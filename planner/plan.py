@@ -16,6 +16,11 @@ ComputeDtype = Literal["bf16", "fp16", "fp8"]
 # "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
 DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
 DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
+# MoE token dispatcher (Megatron --moe-token-dispatcher-type): "alltoall" sends one copy per
+# routed expert; "deepep" (flex dispatcher with DeepEP) sends a token once per remote NVLink
+# domain and fans it out over NVLink there.
+MoeDispatcher = Literal["alltoall", "deepep"]
+MOE_DISPATCHER_CODES: dict[str, int] = {"alltoall": 0, "deepep": 1}
 
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
@@ -51,6 +56,7 @@ class Plan(BaseModel):
     tp_comm_overlap: bool = False
     dp_comm_overlap: bool = True
     dp_impl: DpImpl = Field(default="megatron", description="implementation of sharded data parallelism")
+    moe_dispatcher: MoeDispatcher = Field(default="alltoall", description="MoE token dispatcher")
 
     @model_validator(mode="after")
     def _batch(self) -> "Plan":
@@ -98,6 +104,8 @@ class Plan(BaseModel):
         parts.append(f"zero{self.zero_stage}")
         if self.dp_impl != "megatron":
             parts.append(self.dp_impl)
+        if self.moe_dispatcher != "alltoall":
+            parts.append(self.moe_dispatcher)
         for what in ("weights", "activations", "optimizer"):
             frac = getattr(self, f"offload_{what}")
             if frac:
@@ -173,4 +181,4 @@ def make_plan(**fields) -> Plan:
 
 
 __all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan",
-           "SpecError", "DpImpl", "DP_IMPL_CODES"]
+           "SpecError", "DpImpl", "DP_IMPL_CODES", "MoeDispatcher", "MOE_DISPATCHER_CODES"]

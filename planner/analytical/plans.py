@@ -5,10 +5,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from planner.plan import DP_IMPL_CODES, RECOMPUTE_CODES, Plan
+from planner.plan import DP_IMPL_CODES, MOE_DISPATCHER_CODES, RECOMPUTE_CODES, Plan
 
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
 DP_IMPL_NAMES = {code: name for name, code in DP_IMPL_CODES.items()}
+DISPATCHER_NAMES = {code: name for name, code in MOE_DISPATCHER_CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class PlanArrays:
     tp_comm_overlap: np.ndarray
     dp_comm_overlap: np.ndarray
     dp_impl: np.ndarray
+    moe_dispatcher: np.ndarray
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -61,6 +63,8 @@ class PlanArrays:
                 value = 0  # 0 = same as tp (Megatron's default), resolved below
             elif f.name == "dp_impl":
                 value = DP_IMPL_CODES[default.dp_impl]
+            elif f.name == "moe_dispatcher":
+                value = MOE_DISPATCHER_CODES[default.moe_dispatcher]
             else:
                 value = getattr(default, f.name)
             out[f.name] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,)).copy()
@@ -83,6 +87,8 @@ class PlanArrays:
                     cols[name].append(p.etp or 0)
                 elif name == "dp_impl":
                     cols[name].append(DP_IMPL_CODES[p.dp_impl])
+                elif name == "moe_dispatcher":
+                    cols[name].append(MOE_DISPATCHER_CODES[p.moe_dispatcher])
                 else:
                     cols[name].append(float(getattr(p, name)))
         return cls.from_columns(len(plans), layers, **{k: np.array(v) for k, v in cols.items()})
@@ -94,7 +100,8 @@ class PlanArrays:
         return Plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
             ep=int(self.ep[i]), etp=None if self.etp[i] == self.tp[i] else int(self.etp[i]),
-            dp_impl=DP_IMPL_NAMES[int(self.dp_impl[i])], micro_batch=int(self.micro_batch[i]),
+            dp_impl=DP_IMPL_NAMES[int(self.dp_impl[i])],
+            moe_dispatcher=DISPATCHER_NAMES[int(self.moe_dispatcher[i])], micro_batch=int(self.micro_batch[i]),
             global_batch=int(self.global_batch[i]), vpp=int(self.vpp[i]),
             sequence_parallel=bool(self.sequence_parallel[i]), recompute=rc,
             recompute_num_layers=k,
