@@ -124,6 +124,17 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
                        f"({plan.expert_tp}*{plan.ep}*{plan.pp})")
     if model.moe is not None and model.expert_ffn_hidden % plan.expert_tp:
         reasons.append(f"etp: moe ffn ({model.expert_ffn_hidden}) must be divisible by etp ({plan.expert_tp})")
+    if plan.dp_impl == "deepspeed":
+        reasons.append("dp_impl: DeepSpeed ZeRO is not part of Megatron-LM")
+    if plan.dp_impl == "torch-fsdp2":  # megatron/training/arguments.py, --use-torch-fsdp2 asserts
+        if plan.zero_stage != 3:
+            reasons.append("dp_impl: torch-fsdp2 shards parameters (zero_stage 3)")
+        if plan.pp > 1 or plan.ep > 1:
+            reasons.append("dp_impl: --use-torch-fsdp2 is not supported with pipeline or expert parallelism")
+        if model.tied_embeddings:
+            reasons.append("dp_impl: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
+    if plan.moe_dispatcher == "deepep" and model.moe is None:
+        reasons.append("moe_dispatcher: deepep needs a MoE model")
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         # Megatron-core MoE: "When using MoE and tensor parallelism, sequence parallelism must be
         # used." (not in MA; kept as a conservative rule for emission only).
@@ -221,7 +232,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--recompute-num-layers", k)
 
     # Optimizer sharding and DP overlap (MA 1, 2a).
-    fsdp = plan.zero_stage >= 2
+    torch_fsdp2 = plan.dp_impl == "torch-fsdp2"
+    fsdp = plan.zero_stage >= 2 and not torch_fsdp2
     dist_opt = plan.zero_stage == 1
     if dist_opt:
         add("--use-distributed-optimizer")
@@ -230,6 +242,12 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--data-parallel-sharding-strategy",
             "optim_grads_params" if plan.zero_stage == 3 else "optim_grads")
         add("--ckpt-format", "fsdp_dtensor")  # Megatron FSDP checkpoints only in this format
+    if torch_fsdp2:
+        add("--use-torch-fsdp2")
+        add("--ckpt-format", "torch_dist")  # --use-torch-fsdp2 requires torch_dist or torch_dcp
+    if plan.moe_dispatcher == "deepep":  # megatron-core 0.19: flex dispatcher, DeepEP backend
+        add("--moe-token-dispatcher-type", "flex")
+        add("--moe-flex-dispatcher-backend", "deepep")
     if plan.dp_comm_overlap:
         add("--overlap-grad-reduce")
         if dist_opt:
@@ -289,7 +307,7 @@ def _build_parser() -> _Parser:
                  "--untie-embeddings-and-output-weights", "--sequence-parallel",
                  "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                  "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
-                 "--bf16", "--fp16", "--use-megatron-fsdp", "--mock-data"):
+                 "--bf16", "--fp16", "--use-megatron-fsdp", "--use-torch-fsdp2", "--mock-data"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
@@ -314,6 +332,8 @@ def _build_parser() -> _Parser:
                "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads",
                                                      "optim_grads_params"),
                "--fp8-format": ("e4m3", "hybrid"),
+               "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+               "--moe-flex-dispatcher-backend": ("deepep", "hybridep", "ncclep"),
                "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")}
     for name, allowed in choices.items():
         p.add_argument(name, choices=allowed, default=None)

@@ -172,3 +172,32 @@ def test_expert_state_sharded_over_etp_ep_and_expert_dp():
     dense_opt = (blocks + vocab) / 16
     assert mem["opt_elems"][0] == pytest.approx(dense_opt[0] + expert[0] / 1)
     assert mem["opt_elems"][1] == pytest.approx(dense_opt[1] + expert[1] / 1)
+
+
+def test_dispatcher_and_fsdp2_emission():
+    s = load_system("h100-sxm", 256)
+    ok = QWEN3.model_copy(update={"layers": 96})
+    plan = Plan(tp=2, pp=8, dp=16, ep=32, etp=1, global_batch=2048, sequence_parallel=True, moe_dispatcher="deepep")
+    argv = mg.megatron_args(plan, ok, JobSpec(), s).argv()
+    i = argv.index("--moe-token-dispatcher-type")
+    assert argv[i + 1] == "flex" and argv[argv.index("--moe-flex-dispatcher-backend") + 1] == "deepep"
+    # DeepSpeed is not Megatron; FSDP2 inside Megatron has Megatron's own restrictions
+    assert mg.not_expressible(Plan(dp=8, global_batch=8, zero_stage=3, dp_impl="deepspeed"), ok, JobSpec())
+    assert any("pipeline or expert" in r for r in mg.not_expressible(
+        Plan(pp=2, dp=4, global_batch=8, zero_stage=3, dp_impl="torch-fsdp2"), ok, JobSpec()))
+
+
+def test_deepep_crosses_each_remote_domain_once():
+    """ep 32 at stride 1 on DGX H100: G = 4 nodes; a token with 8 experts reaches on average
+    3·(1 − (3/4)^8) = 2.70 remote nodes, instead of sending 8·24/32 = 6 copies off-node."""
+    s = load_system("h100-sxm", 256)
+    base = dict(tp=2, pp=8, dp=16, ep=32, etp=1, sequence_parallel=1, micro_batch=1, global_batch=2048)
+    a2a = tm.moe_dispatch_s(QWEN3, s, _pa(QWEN3, **base, moe_dispatcher=0))
+    dep = tm.moe_dispatch_s(QWEN3, s, _pa(QWEN3, **base, moe_dispatcher=1))
+    routed = 4096 / 2
+    imb, eff = tm.moe_load_imbalance(QWEN3), tm.A2A_BW_EFFICIENCY
+    nic = 50e9 * 0.8 * eff
+    lat = 31 * 8e-6
+    assert a2a[0] == pytest.approx(2 * (routed * 8 * 4096 * 2 * imb * 24 / 32 / nic + lat))
+    remote = 3 * (1 - 0.75 ** 8)
+    assert dep[0] == pytest.approx(2 * (routed * 4096 * 2 * imb * remote / nic + lat))
