@@ -201,3 +201,15 @@ def test_deepep_crosses_each_remote_domain_once():
     assert a2a[0] == pytest.approx(2 * (routed * 8 * 4096 * 2 * imb * 24 / 32 / nic + lat))
     remote = 3 * (1 - 0.75 ** 8)
     assert dep[0] == pytest.approx(2 * (routed * 4096 * 2 * imb * remote / nic + lat))
+
+
+def test_moe_activation_coefficients_hand_derived():
+    """Qwen3-235B per token and layer, in units of h bytes: attention (2·a·d + 4·g·d + 2·a·d)/h =
+    (16384 + 2048 + 16384)/4096 = 8.5; MoE: 6·top_k·ffn_e/h = 18, permuted inputs 2·top_k = 16,
+    router fp32 logits + probs 8·E/h = 0.25."""
+    from planner.analytical.memory import activation_coefficients
+    unsharded, sharded, _ = activation_coefficients(QWEN3)
+    assert unsharded == 8.0  # no dropout
+    assert sharded == pytest.approx(8.5 + 18 + 16 + 0.25)
+    dense3 = QWEN3.model_copy(update={"moe": QWEN3.moe.model_copy(update={"first_dense_layers": 47})})
+    assert activation_coefficients(dense3)[1] == pytest.approx(8.5 + 0.5 * (6 * 12288 / 4096) + 0.5 * 34.25)

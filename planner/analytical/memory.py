@@ -21,16 +21,25 @@ def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
     dropout masks 2), the terms it shards (24 = attention Q,K,V and projection input 8 + GeLU
     input/output 16) and the s² attention-score term (5as/h), in units of s·b·h bytes.
     Generalised: K,V are g/a as wide (GQA); the MLP terms scale with ffn/h (SwiGLU stores the
-    fused gate+up output 2f and the product f); MoE stores top_k expert MLPs per token."""
+    fused gate+up output 2f and the product f); MoE: see below."""
     h = model.hidden
     # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
     unsharded = 10.0 if model.dropout else 8.0
     # Q (a·d wide), K and V (g·d each) and the projection input (a·d_v): 2+4g/a+2 when a·d = h
     attention = (2.0 * model.q_hidden + 4.0 * model.kv_hidden + 2.0 * attention_out_width(model)) / h
-    ffn = model.expert_ffn_hidden if model.moe else model.ffn_hidden
-    mlp = (6.0 if model.activation == "swiglu" else 4.0) * ffn / h
+    act = 6.0 if model.activation == "swiglu" else 4.0
+    mlp = act * model.ffn_hidden / h
     if model.moe:
-        mlp *= model.moe.top_k
+        moe = model.moe
+        # a MoE layer stores, per token: top_k expert MLPs; the permuted expert inputs (one bf16
+        # copy of the token per routed expert, kept for FC1's weight gradient: 2·top_k); the
+        # router's fp32 logits and probabilities (8·E/h); the shared experts' MLP terms
+        # (Megatron-Core moe/: token_dispatcher permute, router.py, shared_experts.py)
+        moe_mlp = (act * moe.top_k * model.expert_ffn_hidden / h + 2.0 * moe.top_k + 8.0 * moe.num_experts / h
+                   + act * moe.shared_experts * model.shared_expert_ffn_hidden / h)
+        # leading dense layers keep the dense MLP: averaged per layer like the time model
+        f_moe = model.moe_layers / model.layers
+        mlp = (1 - f_moe) * mlp + f_moe * moe_mlp
     score = 5.0 * model.heads * model.seq_length / h
     return unsharded, attention + mlp, score
 
