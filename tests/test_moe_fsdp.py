@@ -213,3 +213,17 @@ def test_moe_activation_coefficients_hand_derived():
     assert sharded == pytest.approx(8.5 + 18 + 16 + 0.25)
     dense3 = QWEN3.model_copy(update={"moe": QWEN3.moe.model_copy(update={"first_dense_layers": 47})})
     assert activation_coefficients(dense3)[1] == pytest.approx(8.5 + 0.5 * (6 * 12288 / 4096) + 0.5 * 34.25)
+
+
+def test_cli_flags_for_folding_dispatcher_and_dp_impl():
+    from typer.testing import CliRunner
+    from planner.cli import app
+    r = CliRunner().invoke(app, ["megatron", "-m", "qwen3-235b-a22b", "-s", "h100-sxm", "-g", "256", "-b", "2048",
+                                 "--tp", "2", "--pp", "2", "--ep", "32", "--etp", "1", "--sequence-parallel",
+                                 "--moe-dispatcher", "deepep", "--format", "args"])
+    assert r.exit_code == 0, r.output
+    assert "--expert-tensor-parallel-size 1" in r.output and "--moe-token-dispatcher-type flex" in r.output
+    bad = CliRunner().invoke(app, ["estimate", "-m", "qwen3-235b-a22b", "-s", "h100-sxm", "-g", "256",
+                                   "--dp-impl", "fsdp9"])
+    assert bad.exit_code == 2 and "dp_impl" in bad.output and "torch-fsdp2" in bad.output
+    assert "Traceback" not in bad.output

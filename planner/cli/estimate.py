@@ -15,7 +15,10 @@ from planner.cli.common import (
     DpOpt,
     DpOverlapOpt,
     DtypeOpt,
+    DpImplOpt,
     EpOpt,
+    EtpOpt,
+    MoeDispatcherOpt,
     GpusOpt,
     JsonOpt,
     MicroBatchOpt,
@@ -64,6 +67,7 @@ def estimate_command(
     offload_weights: OffloadWeightsOpt = None, offload_activations: OffloadActivationsOpt = None,
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
+    etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
     flash_attention: Annotated[bool, typer.Option(help="Fused (flash) attention: no s² activations.")] = True,
     json_out: JsonOpt = False,
 ) -> None:

@@ -15,7 +15,10 @@ from planner.cli.common import (
     DpOpt,
     DpOverlapOpt,
     DtypeOpt,
+    DpImplOpt,
     EpOpt,
+    EtpOpt,
+    MoeDispatcherOpt,
     GpusOpt,
     MicroBatchOpt,
     OffloadActivationsOpt,
@@ -63,6 +66,7 @@ def megatron_command(
     offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
     offload_weights: OffloadWeightsOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
+    etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
     fmt: Annotated[str, typer.Option("--format", help="Output: script (bash), args (one line) or json.")] = "script",
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write to this file (never overwrites an existing file).")] = None,
