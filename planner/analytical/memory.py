@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
+from planner.analytical.flops import attention_out_width
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -24,7 +25,8 @@ def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
     h = model.hidden
     # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
     unsharded = 10.0 if model.dropout else 8.0
-    attention = 2.0 + 4.0 * model.kv_groups / model.heads + 2.0
+    # Q (a·d wide), K and V (g·d each) and the projection input (a·d_v): 2+4g/a+2 when a·d = h
+    attention = (2.0 * model.q_hidden + 4.0 * model.kv_hidden + 2.0 * attention_out_width(model)) / h
     ffn = model.expert_ffn_hidden if model.moe else model.ffn_hidden
     mlp = (6.0 if model.activation == "swiglu" else 4.0) * ffn / h
     if model.moe:

@@ -68,6 +68,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
+    out_w = flops.attention_out_width(model)  # = h unless head_dim is set apart (Qwen3) or MLA
     mlp_w = flops.mlp_width(model)
     ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
     if model.moe:
@@ -79,7 +80,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         expert_rows = tokens
     gemm = (
         _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * tokens * h * h / t, np.minimum(np.minimum(tokens, h / t), h), peak_gemm, eff, job.dtype)
+        + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
         + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff, job.dtype)
         + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff, job.dtype)
     )
