@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from hardware import load_system
 from planner import megatron as mg
+from planner.megatron import rules
 from planner.cli import app
 from planner.model import load_model
 from planner.plan import JobSpec, Plan, load_plan
@@ -62,7 +63,7 @@ def test_valid_base_and_list_form():
     (["--overlap-p2p-communication"], "--overlap-p2p-communication"),
 ])
 def test_flags_that_do_not_exist_are_unrecognized(extra, shown):
-    argv = mg._to_argv(base()) + extra
+    argv = rules._to_argv(base()) + extra
     assert check(argv) == [f"unrecognized arguments: {shown}"]
 
 
@@ -73,16 +74,16 @@ def test_bad_choice_is_an_argparse_error():
 
 def test_both_vpp_flags():
     args = base(num_layers_per_virtual_pipeline_stage=2, num_virtual_stages_per_pipeline_rank=2)
-    assert mg.MSG_VPP_ONE_OF in check(args)
-    assert mg.MSG_VPP_ONE_OF.endswith("rank,--pipeline-model-parallel-layout. ")
+    assert rules.MSG_VPP_ONE_OF in check(args)
+    assert rules.MSG_VPP_ONE_OF.endswith("rank,--pipeline-model-parallel-layout. ")
 
 
 def test_vpp_needs_pp_greater_than_one():
     args = base(pipeline_model_parallel_size=1, tensor_model_parallel_size=2,
                 num_virtual_stages_per_pipeline_rank=2, global_batch_size=8)
-    assert mg.MSG_INTERLEAVED_PP in check(args)
+    assert rules.MSG_INTERLEAVED_PP in check(args)
     args = base(num_virtual_stages_per_pipeline_rank=2, no_overlap_p2p_communication=True)
-    assert mg.MSG_INTERLEAVED_PP_NO_OVERLAP in check(args)
+    assert rules.MSG_INTERLEAVED_PP_NO_OVERLAP in check(args)
 
 
 def test_vpp_one_is_not_interleaving():
@@ -111,15 +112,15 @@ def test_vpp_microbatches_multiple_of_pp():
 
 def test_vpp_layer_divisibility():
     args = base(num_layers=12, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2)
-    assert check(args, world=16) == [mg.MSG_VPP_LAYERS_STAGE]
+    assert check(args, world=16) == [rules.MSG_VPP_LAYERS_STAGE]
     args = base(num_layers=10, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2)
-    assert check(args, world=16) == [mg.MSG_VPP_LAYERS_PP]
+    assert check(args, world=16) == [rules.MSG_VPP_LAYERS_PP]
     args = base(num_layers=12, pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=4)
     assert len(check(args)) == 1 and "must be divisible" in check(args)[0]
     args = base(num_layers=10, pipeline_model_parallel_size=4)
-    assert check(args, world=16) == [mg.MSG_LAYERS_PP]
+    assert check(args, world=16) == [rules.MSG_LAYERS_PP]
     args = base(num_layers_per_virtual_pipeline_stage=2, decoder_first_pipeline_num_layers=3)
-    assert mg.MSG_VPP_UNEVEN in check(args)
+    assert rules.MSG_VPP_UNEVEN in check(args)
 
 
 def test_world_size_and_global_batch():
@@ -131,31 +132,31 @@ def test_world_size_and_global_batch():
 
 def test_overlap_param_gather_rules():
     assert check(base(overlap_param_gather=True, overlap_grad_reduce=True)) == [
-        mg.MSG_PARAM_GATHER_DISTOPT]
+        rules.MSG_PARAM_GATHER_DISTOPT]
     assert check(base(overlap_param_gather=True, use_distributed_optimizer=True)) == [
-        mg.MSG_PARAM_GATHER_GRAD_REDUCE]
+        rules.MSG_PARAM_GATHER_GRAD_REDUCE]
     assert check(base(overlap_param_gather=True, overlap_grad_reduce=True,
                       use_distributed_optimizer=True)) == []
 
 
 def test_tp_comm_overlap_needs_sp_and_sp_at_tp1_is_dropped():
-    assert check(base(tp_comm_overlap=True)) == [mg.MSG_TP_COMM_OVERLAP]
+    assert check(base(tp_comm_overlap=True)) == [rules.MSG_TP_COMM_OVERLAP]
     assert check(base(tp_comm_overlap=True, sequence_parallel=True)) == []
     tp1 = base(tensor_model_parallel_size=1, global_batch_size=8)
     assert check({**tp1, "--sequence-parallel": True}, env={}) == []  # silently dropped
     assert check({**tp1, "--sequence-parallel": True, "--tp-comm-overlap": True}, env={}) == [
-        mg.MSG_TP_COMM_OVERLAP]
+        rules.MSG_TP_COMM_OVERLAP]
 
 
 def test_cuda_device_max_connections():
-    assert check(base(), env={}) == [mg.MSG_CUDA_MAX_CONN]
-    assert check(base(), env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == [mg.MSG_CUDA_MAX_CONN]
+    assert check(base(), env={}) == [rules.MSG_CUDA_MAX_CONN]
+    assert check(base(), env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == [rules.MSG_CUDA_MAX_CONN]
     assert check(base(), env={}, arch=10) == []      # Blackwell: no longer required
     cp = base(tensor_model_parallel_size=1, context_parallel_size=2)
-    assert check(cp, env={}) == [mg.MSG_CUDA_MAX_CONN]
+    assert check(cp, env={}) == [rules.MSG_CUDA_MAX_CONN]
     fsdp = base(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
     assert check(fsdp, env={}) == []
-    assert check(fsdp, env=ENV) == [mg.MSG_FSDP_MAX_CONN]
+    assert check(fsdp, env=ENV) == [rules.MSG_FSDP_MAX_CONN]
 
 
 def test_heads_and_query_groups_vs_tp():
@@ -179,15 +180,15 @@ def test_cpu_offloading_rules():
     assert check({**one, "--cpu-offloading-num-layers": 4}, env={}) == []
     assert check({**one, "--cpu-offloading-num-layers": 8}, env={}) == [
         "CPU offloading can be done only for layers less than 8"]
-    assert check(base(cpu_offloading_num_layers=2)) == [mg.MSG_CPU_OFFLOAD_PP]
+    assert check(base(cpu_offloading_num_layers=2)) == [rules.MSG_CPU_OFFLOAD_PP]
     rc = {**one, "--cpu-offloading-num-layers": 2, "--recompute-granularity": "selective"}
-    assert check(rc, env={}) == [mg.MSG_CPU_OFFLOAD_RECOMPUTE]
+    assert check(rc, env={}) == [rules.MSG_CPU_OFFLOAD_RECOMPUTE]
 
 
 def test_moe_rules():
-    assert check(base(expert_model_parallel_size=2)) == [mg.MSG_EP_NEEDS_EXPERTS]
+    assert check(base(expert_model_parallel_size=2)) == [rules.MSG_EP_NEEDS_EXPERTS]
     assert check(base(num_experts=6, expert_model_parallel_size=4), world=16) == [
-        mg.MSG_EXPERTS_EP]
+        rules.MSG_EXPERTS_EP]
     assert check(base(num_experts=8, expert_model_parallel_size=2)) == []
     # expert grid: etp(2) * ep(4) * pp(2) = 16 does not divide 8
     assert check(base(num_experts=8, expert_model_parallel_size=4)) == [
@@ -196,14 +197,14 @@ def test_moe_rules():
 
 def test_optimizer_offload_needs_precision_aware_optimizer():
     args = base(use_distributed_optimizer=True, optimizer_cpu_offload=True)
-    assert check(args) == [mg.MSG_OPT_OFFLOAD]
+    assert check(args) == [rules.MSG_OPT_OFFLOAD]
     assert check({**args, "--use-precision-aware-optimizer": True}) == []
 
 
 def test_shape_precision_and_positions():
     assert check(base(tensor_model_parallel_size=1, context_parallel_size=2, seq_length=2050,
-                      max_position_embeddings=4096)) == [mg.MSG_CP_SEQ]
-    assert check(base(fp16=True)) == [mg.MSG_FP16_BF16]
+                      max_position_embeddings=4096)) == [rules.MSG_CP_SEQ]
+    assert check(base(fp16=True)) == [rules.MSG_FP16_BF16]
     assert check(base(hidden_size=1000)) == [
         "hidden_size (1000) must be divisible by num_attention_heads (16) (bare assert in Megatron)"]
     assert check(base(max_position_embeddings=1024)) == [
@@ -213,7 +214,7 @@ def test_shape_precision_and_positions():
 
 def test_recompute_rules():
     assert check(base(recompute_granularity="selective", recompute_method="block")) == [
-        mg.MSG_RECOMPUTE_SELECTIVE_METHOD]
+        rules.MSG_RECOMPUTE_SELECTIVE_METHOD]
     assert check(base(recompute_granularity="selective", recompute_num_layers=1)) == [
         "When using recompute_granularity: selective recompute_num_layers must be None."]
     assert check(base(recompute_granularity="full", recompute_num_layers=1)) == [

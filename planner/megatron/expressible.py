@@ -1,0 +1,79 @@
+"""What a plan cannot be in Megatron-LM (plan-level rules, cheap: the search calls them on many
+plans). Section numbers ("MA 2a") refer to shared/reference/megatron_args.md."""
+from __future__ import annotations
+
+from hardware.spec import SystemSpec
+from planner.model import ModelSpec
+from planner.plan import JobSpec, Plan
+
+def _cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
+    k = round(plan.offload_activations * model.layers)
+    return min(max(k, 1), model.layers - 1)
+
+
+def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """Reasons this plan cannot be launched with Megatron-LM (empty = expressible). Cheap: the
+    search calls it on many plans. Batch divisibility is already a Plan invariant."""
+    reasons: list[str] = []
+    layers = model.layers
+    if plan.offload_weights > 0:
+        reasons.append("offload_weights: Megatron-LM has no flag to offload weights to host memory")
+    if plan.offload_activations > 0:
+        # MA 2b: cpu offloading needs num_layers > k >= 1, no PP and no recompute.
+        if plan.pp > 1:
+            reasons.append("offload_activations: Megatron's --cpu-offloading-num-layers does not "
+                           "support pipeline parallelism (pp must be 1)")
+        if plan.recompute != "none":
+            reasons.append("offload_activations: Megatron's CPU offloading does not work with "
+                           "activation recomputation (recompute must be none)")
+        if layers < 2:
+            reasons.append("offload_activations: CPU offloading needs at least 2 layers")
+    if plan.offload_optimizer > 0 and plan.zero_stage != 1:
+        # MA 3: --optimizer-cpu-offload goes with the distributed optimizer.
+        reasons.append("offload_optimizer: --optimizer-cpu-offload needs the distributed optimizer "
+                       f"(zero_stage 1), got zero_stage {plan.zero_stage}")
+    if plan.vpp > 1:
+        # MA 2a: interleaving needs pp > 1; MA 2c: microbatches >= pp and a multiple of pp.
+        if plan.pp == 1:
+            reasons.append("vpp: the interleaved schedule needs pp > 1")
+        else:
+            m = plan.num_microbatches
+            if m < plan.pp or m % plan.pp:
+                reasons.append(f"vpp: the interleaved schedule needs the number of microbatches ({m}) "
+                               f"to be >= pp and a multiple of pp ({plan.pp})")
+    if layers % (plan.pp * plan.vpp):
+        reasons.append(f"layers ({layers}) must be divisible by pp*vpp ({plan.pp}*{plan.vpp})")
+    if model.heads % plan.tp:  # MA 2b
+        reasons.append(f"heads ({model.heads}) must be a multiple of tp ({plan.tp})")
+    g = model.kv_groups
+    if g < model.heads and g % plan.tp and plan.tp % g:  # MA 2b
+        reasons.append(f"query_groups ({g}) must be a multiple or divisor of tp ({plan.tp})")
+    if plan.cp > 1 and model.seq_length % (2 * plan.cp):  # MA 2a
+        reasons.append(f"seq_length ({model.seq_length}) must be a multiple of 2*cp ({2 * plan.cp})")
+    if plan.ep > 1:  # MA 2a, 2c (expert grid; etp defaults to tp)
+        if model.moe is None:
+            reasons.append("ep: expert parallelism needs a MoE model")
+        elif model.moe.num_experts % plan.ep:
+            reasons.append(f"ep: experts ({model.moe.num_experts}) must be a multiple of ep ({plan.ep})")
+        if (plan.dp * plan.cp) % plan.ep:
+            reasons.append(f"ep: world size must be divisible by tp*ep*pp, i.e. dp*cp ({plan.dp * plan.cp}) "
+                           f"by ep ({plan.ep})")
+    if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
+        # Megatron-core MoE: "When using MoE and tensor parallelism, sequence parallelism must be
+        # used." (not in MA; kept as a conservative rule for emission only).
+        reasons.append("sequence_parallel: Megatron MoE layers with tp > 1 need sequence_parallel")
+    if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:  # MA 2a
+        reasons.append("tp_comm_overlap: Megatron overlaps TP communication only with sequence_parallel")
+    return reasons
+
+
+def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:
+    """torchrun needs the same process count on every node and enough GPUs."""
+    problems = []
+    if plan.gpus > system.num_gpus:
+        problems.append(f"the plan needs {plan.gpus} GPUs but the system has {system.num_gpus}")
+    if plan.gpus > system.gpus_per_node and plan.gpus % system.gpus_per_node:
+        problems.append(f"torchrun: {plan.gpus} GPUs is not a whole number of "
+                        f"{system.gpus_per_node}-GPU nodes")
+    return problems
+
