@@ -246,7 +246,7 @@ def emit(model: str, system: str, gpus: int, dtype: str = "bf16", **plan):
 
 
 def roundtrip(launch: mg.MegatronLaunch, model, system, plan: Plan) -> dict:
-    script = mg.render(launch, "script", vocab_size=model.vocab)
+    script = mg.render(launch, "script")
     env, argv, torchrun = mg.parse_script(script)
     assert env == launch.env
     assert mg.validate_megatron_args(argv, plan.gpus, env, mg.gpu_arch_major(system)) == []
@@ -307,15 +307,17 @@ def test_fp16_blackwell_fsdp_and_offload():
     flags = launch.flags()
     assert "--fp16" in flags and "--bf16" not in flags
     assert launch.value("--data-parallel-sharding-strategy") == "optim_grads_params"
-    assert "--use-distributed-optimizer" not in flags and "--overlap-param-gather" not in flags
-    assert launch.env == {}  # Blackwell, and FSDP wants it unset anyway
+    # Megatron-FSDP forces both overlaps on for ZeRO-3 (megatron_fsdp.py): the launch says so
+    assert "--use-distributed-optimizer" not in flags and "--overlap-param-gather" in flags
+    assert "--init-model-with-meta-device" in flags
+    assert launch.env == {} and launch.unset_env == ["CUDA_DEVICE_MAX_CONNECTIONS"]
     launch, m, s, p = emit("llama3-8b", "h100-sxm", 8, dp=8, micro_batch=1, global_batch=64,
                            offload_activations=0.25, offload_optimizer=0.5)
     roundtrip(launch, m, s, p)
     assert launch.value("--cpu-offloading-num-layers") == str(round(0.25 * m.layers))
     assert launch.value("--optimizer-offload-fraction") == "0.5"
     assert "--use-precision-aware-optimizer" in launch.flags()
-    assert launch.env == {}  # tp = cp = 1
+    assert launch.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # what NVIDIA's scripts set
 
 
 def test_not_expressible_reasons():
@@ -386,7 +388,7 @@ def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
 def test_script_is_valid_bash():
     launch, m, *_ = emit("gpt3-175b", "a100-80g", 1024, tp=8, pp=8, dp=16, micro_batch=1,
                          global_batch=1536)
-    script = mg.render(launch, "script", vocab_size=m.vocab)
+    script = mg.render(launch, "script")
     assert '--data-path "$DATA_PATH"' in script and "--tokenizer-type" in script
     if shutil.which("bash"):
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)
@@ -407,7 +409,8 @@ def test_cli_script_from_plan_file():
     result = runner.invoke(app, ["megatron", "--plan", str(EXAMPLE), "-m", "gpt3-175b",
                                  "-s", "a100-80g"])
     assert result.exit_code == 0, result.output
-    assert "torchrun --nnodes 128 --nproc-per-node 8 --node-rank $NODE_RANK" in result.stdout
+    assert "NNODES=128\n" in result.stdout
+    assert "torchrun --nnodes $NNODES --nproc-per-node 8 --node-rank $NODE_RANK" in result.stdout
     env, argv, _ = mg.parse_script(result.stdout)
     assert mg.validate_megatron_args(argv, 1024, env, 8) == []
     assert "--num-virtual-stages-per-pipeline-rank" in argv

@@ -7,16 +7,15 @@
   script.py       render(launch, 'script'|'args'|'json'), parse_script(script)
 """
 from planner.megatron.emit import megatron_args
-from planner.megatron.expressible import launch_problems, not_expressible
-from planner.megatron.launch import NONEXISTENT_FLAGS, MegatronLaunch
+from planner.megatron.expressible import launch_problems, launch_refusals, not_expressible
+from planner.megatron.launch import NONEXISTENT_FLAGS, MegatronLaunch, gpu_arch_major
 from planner.megatron.rules import (
-    gpu_arch_major,
     parse_megatron_args,
     validate_launch,
     validate_megatron_args,
 )
 from planner.megatron.script import parse_script, render
 
-__all__ = ["MegatronLaunch", "megatron_args", "not_expressible", "launch_problems",
+__all__ = ["MegatronLaunch", "megatron_args", "not_expressible", "launch_problems", "launch_refusals",
            "validate_megatron_args", "validate_launch", "parse_megatron_args", "render",
            "parse_script", "gpu_arch_major", "NONEXISTENT_FLAGS"]

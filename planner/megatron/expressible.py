@@ -64,6 +64,39 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         reasons.append("sequence_parallel: Megatron MoE layers with tp > 1 need sequence_parallel")
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:  # MA 2a
         reasons.append("tp_comm_overlap: Megatron overlaps TP communication only with sequence_parallel")
+    k = plan.recompute_num_layers
+    if plan.recompute == "full" and k is not None and plan.vpp > 1 and k < layers // plan.pp and k % plan.vpp:
+        # Megatron's --recompute-num-layers counts per virtual chunk: k per stage runs as
+        # vpp·ceil(k/vpp) or vpp·floor(k/vpp), never k.
+        reasons.append(f"recompute_num_layers: Megatron recomputes the same number of layers in each of the "
+                       f"{plan.vpp} virtual chunks; {k} per pipeline stage is not a multiple of vpp ({plan.vpp})")
+    if plan.fp8_param_gather:
+        if job.dtype not in ("fp8", "fp8-cs", "mxfp8"):
+            reasons.append(f"fp8_param_gather: needs an FP8 dtype (fp8, fp8-cs or mxfp8), got {job.dtype}")
+        if plan.zero_stage == 0:
+            reasons.append("fp8_param_gather: Megatron gathers FP8 parameters only with the distributed "
+                           "optimizer or FSDP (zero_stage >= 1)")
+    if plan.grad_reduce_in_bf16 and job.dtype == "fp16":
+        reasons.append("grad_reduce_in_bf16: Megatron applies --grad-reduce-in-bf16 only to bf16-based "
+                       "training, not fp16")
+    return reasons
+
+
+def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec) -> list[str]:
+    """Why `planner megatron` must not emit this plan for this system (empty = emit): plan-level
+    rules, torchrun geometry, precision the GPU lacks, and overlap Megatron-FSDP would force."""
+    from planner.megatron.emit import PRECISION_MIN_ARCH
+    from planner.megatron.launch import gpu_arch_major
+
+    reasons = not_expressible(plan, model, job) + launch_problems(plan, system)
+    arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
+    if arch < need:
+        reasons.append(f"dtype: {job.dtype} needs compute capability {need}.x or newer; "
+                       f"{system.accelerator.name} is {arch}.x")
+    if plan.zero_stage >= 2 and not plan.dp_comm_overlap and plan.dp * plan.cp > 1:
+        # megatron_fsdp.py forces overlap_grad_reduce (and overlap_param_gather for ZeRO-3) on.
+        reasons.append("dp_comm_overlap: Megatron-FSDP (zero_stage 2/3) always overlaps the gradient "
+                       "reduce-scatter and parameter gather; the plan costs them exposed")
     return reasons
 
 

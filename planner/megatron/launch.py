@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hardware.spec import SystemSpec
+
 ENTRYPOINT = "pretrain_gpt.py"
 MASTER_PORT = 6000
 
@@ -24,6 +26,7 @@ class MegatronLaunch:
 
     args: list[Arg]
     env: dict[str, str] = field(default_factory=dict)
+    unset_env: list[str] = field(default_factory=list)   # variables the launch must NOT inherit
     nnodes: int = 1
     gpus_per_node: int = 1          # torchrun --nproc-per-node
     world_size: int = 1
@@ -47,3 +50,14 @@ class MegatronLaunch:
                 return v
         raise KeyError(flag)
 
+
+
+def gpu_arch_major(system: SystemSpec) -> int:
+    """Compute-capability major of the accelerator, from its name (A100 8, H100/H200/GH200 9,
+    B200/GB200 10)."""
+    name = system.accelerator.name.upper()
+    if name.startswith(("B", "GB")):
+        return 10
+    if name.startswith("A"):
+        return 8
+    return 9

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from typing import Iterable, Mapping
 
-from hardware.spec import SystemSpec
 from planner.megatron.launch import ENTRYPOINT, MegatronLaunch
 
 class _ArgError(Exception):
@@ -26,7 +25,9 @@ def _build_parser() -> _Parser:
                  "--untie-embeddings-and-output-weights", "--sequence-parallel",
                  "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                  "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
-                 "--bf16", "--fp16", "--use-megatron-fsdp", "--mock-data"):
+                 "--bf16", "--fp16", "--use-megatron-fsdp", "--mock-data", "--moe-grouped-gemm",
+                 "--init-model-with-meta-device", "--fp8-param-gather", "--grad-reduce-in-bf16",
+                 "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
@@ -40,7 +41,8 @@ def _build_parser() -> _Parser:
             "--decoder-first-pipeline-num-layers": None, "--decoder-last-pipeline-num-layers": None,
             "--context-parallel-size": 1, "--micro-batch-size": None, "--global-batch-size": None,
             "--recompute-num-layers": None, "--cpu-offloading-num-layers": 0, "--vocab-size": None,
-            "--make-vocab-size-divisible-by": 128}
+            "--make-vocab-size-divisible-by": 128, "--manual-gc-interval": 0, "--log-interval": 100,
+            "--save-interval": None}
     for name, default in ints.items():
         p.add_argument(name, type=int, default=default)
     choices = {"--recompute-granularity": ("full", "selective"),
@@ -51,13 +53,20 @@ def _build_parser() -> _Parser:
                "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads",
                                                      "optim_grads_params"),
                "--fp8-format": ("e4m3", "hybrid"),
-               "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")}
+               "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
+               "--fp4-format": ("e2m1",), "--fp4-recipe": ("nvfp4", "custom"),
+               "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+               "--moe-router-dtype": ("fp32", "fp64"),
+               "--cross-entropy-fusion-impl": ("native", "te"),
+               "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
     for name, allowed in choices.items():
         p.add_argument(name, choices=allowed, default=None)
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
+    p.add_argument("--attention-dropout", type=float, default=0.1)
+    p.add_argument("--hidden-dropout", type=float, default=0.1)
     # Free-form values (placeholders in the script may hold unexpanded "$VARS").
     for name in ("--pipeline-model-parallel-layout", "--ckpt-format", "--tokenizer-type",
-                 "--tokenizer-model", "--split", "--train-iters", "--lr"):
+                 "--tokenizer-model", "--split", "--train-iters", "--lr", "--save", "--load"):
         p.add_argument(name, default=None)
     p.add_argument("--data-path", nargs="*", default=None)
     return p
@@ -99,6 +108,11 @@ MSG_OPT_OFFLOAD = ("The optimizer cpu offload must be used in conjunction with "
                    "`--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the "
                    "code path of this flag.")
 MSG_CPU_OFFLOAD_PP = "Currently there is no support for Pipeline parallelism with CPU offloading"
+MSG_FP8_PARAM_GATHER = ("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
+                        "megatron fsdp, or inference mode")
+MSG_FP4_FP8 = "--fp4-format and --fp8-format cannot be used simultaneously. Please choose one."
+MSG_CE_TE = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. Use "
+             "--cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
 MSG_CPU_OFFLOAD_RECOMPUTE = "CPU offloading does not work when activation recomputation is enabled"
 
 
@@ -240,6 +254,15 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
         if not a.overlap_grad_reduce:
             err(MSG_PARAM_GATHER_GRAD_REDUCE)
 
+    # arguments.py: FP8 parameters need a sharded optimizer; FP4 and FP8 exclude each other;
+    # the TE cross-entropy kernel is refused in 0.19.2.
+    if a.fp8_param_gather and not (a.use_distributed_optimizer or a.use_megatron_fsdp):
+        err(MSG_FP8_PARAM_GATHER)
+    if a.fp4_format is not None and a.fp8_format is not None:
+        err(MSG_FP4_FP8)
+    if a.cross_entropy_loss_fusion and a.cross_entropy_fusion_impl == "te":
+        err(MSG_CE_TE)
+
     # MA 2a: fp16 and bf16 are mutually exclusive.
     if a.fp16 and a.bf16:
         err(MSG_FP16_BF16)
@@ -321,15 +344,4 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
 
 def validate_launch(launch: MegatronLaunch, gpu_arch_major: int = 9) -> list[str]:
     return validate_megatron_args(launch.argv(), launch.world_size, launch.env, gpu_arch_major)
-
-
-def gpu_arch_major(system: SystemSpec) -> int:
-    """Compute-capability major of the accelerator, from its name (A100 8, H100/H200/GH200 9,
-    B200/GB200 10)."""
-    name = system.accelerator.name.upper()
-    if name.startswith(("B", "GB")):
-        return 10
-    if name.startswith("A"):
-        return 8
-    return 9
 

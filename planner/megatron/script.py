@@ -8,34 +8,39 @@ from typing import Literal
 from planner.megatron.launch import ENTRYPOINT, MASTER_PORT, MegatronLaunch
 
 
-# Data, tokenizer and schedule are not part of a plan: the script leaves them as shell variables.
+# Data, tokenizer, schedule and where checkpoints go are not part of a plan: the script leaves
+# them as shell variables.
 PLACEHOLDER_VARS = {
     "DATA_PATH": "${DATA_PATH:?set DATA_PATH to a Megatron .bin/.idx prefix}",
     "TOKENIZER_TYPE": "${TOKENIZER_TYPE:-NullTokenizer}",
     "TRAIN_ITERS": "${TRAIN_ITERS:-1000}",
     "LR": "${LR:-1.0e-4}",
+    "CHECKPOINT_DIR": "${CHECKPOINT_DIR:-checkpoints}",
 }
+PLACEHOLDER_ARGS = [("--data-path", '"$DATA_PATH"'), ("--split", "949,50,1"),
+                    ("--tokenizer-type", '"$TOKENIZER_TYPE"'), ("--train-iters", '"$TRAIN_ITERS"'),
+                    ("--lr", '"$LR"'), ("--save", '"$CHECKPOINT_DIR"'), ("--load", '"$CHECKPOINT_DIR"')]
+
+# A multi-node launch without its rendezvous settings hangs in torchrun instead of failing.
+_RENDEZVOUS_CHECK = "\n".join([
+    'if [ "$NNODES" -gt 1 ]; then',
+    '  : "${MASTER_ADDR:?set MASTER_ADDR (the rank-0 node address) for a multi-node launch}"',
+    '  : "${NODE_RANK:?set NODE_RANK (this node rank, 0..NNODES-1) for a multi-node launch}"',
+    'fi',
+    'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
+    'NODE_RANK="${NODE_RANK:-0}"',
+])
 
 
-def _placeholders(vocab_size: int | None) -> list[tuple[str, str]]:
-    out = [("--data-path", '"$DATA_PATH"'), ("--split", "949,50,1"),
-           ("--tokenizer-type", '"$TOKENIZER_TYPE"')]
-    if vocab_size is not None:
-        out.append(("--vocab-size", str(vocab_size)))
-    out += [("--train-iters", '"$TRAIN_ITERS"'), ("--lr", '"$LR"')]
-    return out
-
-
-def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "script",
-           vocab_size: int | None = None) -> str:
-    """'args': one line of flags; 'json': a dict; 'script': a ready-to-run bash script.
-    `vocab_size` (the model's) goes into the script's tokenizer placeholders."""
+def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "script") -> str:
+    """'args': one line of flags; 'json': a dict; 'script': a ready-to-run bash script."""
     if format == "args":
         return shlex.join(launch.argv())
     if format == "json":
         return json.dumps({
-            "entrypoint": launch.entrypoint, "env": launch.env, "nnodes": launch.nnodes,
-            "nproc_per_node": launch.gpus_per_node, "world_size": launch.world_size,
+            "entrypoint": launch.entrypoint, "env": launch.env, "unset_env": launch.unset_env,
+            "nnodes": launch.nnodes, "nproc_per_node": launch.gpus_per_node,
+            "world_size": launch.world_size,
             "args": {f: (True if v is None else v) for f, v in launch.args},
             "argv": launch.argv(), "notes": launch.notes,
         }, indent=2)
@@ -46,18 +51,20 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
              "# checkout on each of the nodes, with NODE_RANK and MASTER_ADDR set.",
              "set -euo pipefail", ""]
     lines += [f"# NOTE: {notice}" for notice in launch.notes]
+    lines += [f"unset {key}" for key in launch.unset_env]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()]
-    lines += ['NODE_RANK="${NODE_RANK:-0}"', 'MASTER_ADDR="${MASTER_ADDR:-localhost}"', "",
-              "# PLACEHOLDERS: data, tokenizer and schedule are not part of the plan; replace them",
-              "# (e.g. TOKENIZER_TYPE=HuggingFaceTokenizer plus --tokenizer-model) for a real run."]
+    lines += [f"NNODES={launch.nnodes}", _RENDEZVOUS_CHECK, "",
+              "# PLACEHOLDERS: data, tokenizer, schedule and checkpoint directory are not part of the",
+              "# plan; replace them (e.g. TOKENIZER_TYPE=HuggingFaceTokenizer plus --tokenizer-model,",
+              "# whose vocabulary must be the model's --vocab-size) for a real run."]
     lines += [f'{key}="{value}"' for key, value in PLACEHOLDER_VARS.items()]
     lines.append("")
-    body = [f"torchrun --nnodes {launch.nnodes} --nproc-per-node {launch.gpus_per_node} "
+    body = [f"torchrun --nnodes $NNODES --nproc-per-node {launch.gpus_per_node} "
             f"--node-rank $NODE_RANK --master-addr $MASTER_ADDR --master-port {MASTER_PORT} "
             f"{launch.entrypoint}"]
     body += [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}")
              for flag, value in launch.args]
-    body += [f"    {flag} {value}" for flag, value in _placeholders(vocab_size)]
+    body += [f"    {flag} {value}" for flag, value in PLACEHOLDER_ARGS]
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
 
 
@@ -65,6 +72,7 @@ def parse_script(script: str) -> tuple[dict[str, str], list[str], dict[str, str]
     """Inverse of render('script'), for tests and tools: (exported env, pretrain_gpt.py argv,
     torchrun options). Placeholder values stay unexpanded ("$DATA_PATH")."""
     env: dict[str, str] = {}
+    nnodes = ""
     argv: list[str] = []
     torchrun: dict[str, str] = {}
     for line in script.replace("\\\n", " ").splitlines():
@@ -72,8 +80,10 @@ def parse_script(script: str) -> tuple[dict[str, str], list[str], dict[str, str]
         if s.startswith("export "):
             key, _, value = s[len("export "):].partition("=")
             env[key] = shlex.split(value)[0] if value else ""
+        elif s.startswith("NNODES="):
+            nnodes = s[len("NNODES="):]
         elif s.startswith("torchrun "):
-            words = shlex.split(s)
+            words = shlex.split(s.replace("$NNODES", nnodes))
             at = words.index(ENTRYPOINT)
             head = words[1:at]
             torchrun = {head[i]: head[i + 1] for i in range(0, len(head), 2)}
