@@ -101,7 +101,8 @@ MSG_TP_COMM_OVERLAP = ("Tensor parallel communication/GEMM overlap can happen on
                        "parallelism is enabled")
 MSG_CUDA_MAX_CONN = ("Using tensor model parallelism or context parallelism require setting the "
                      "environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
-MSG_FSDP_MAX_CONN = "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one"
+# Megatron-FSDP block of validate_args (the Torch-FSDP2 block words it differently)
+MSG_FSDP_MAX_CONN = "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."
 MSG_EP_NEEDS_EXPERTS = "num_experts must be non None to use expert model parallelism"
 MSG_EXPERTS_EP = "Number of experts should be a multiple of expert model parallel_size."
 MSG_OPT_OFFLOAD = ("The optimizer cpu offload must be used in conjunction with "

@@ -13,10 +13,20 @@ import sys
 sys.argv = [sys.argv[0]]
 import validate_megatron_args as checker  # noqa: E402  (the shared checker; imports Megatron)
 
+# Namespace fields the round trip reads beyond the checker's own list.
+checker.NS_FIELDS += [f for f in ("fp4", "fp4_recipe", "optimizer_offload_fraction",
+                                  "init_model_with_meta_device", "save_interval", "log_throughput",
+                                  "log_interval", "make_vocab_size_divisible_by", "manual_gc_interval",
+                                  "save", "load") if f not in checker.NS_FIELDS]
+
 
 def _child(case: dict, write_fd: int) -> None:
     arch = int(case.get("arch", 9))
     checker.A.get_device_arch_version = lambda: arch
+    # --moe-grouped-gemm asks torch.cuda for the compute capability (arguments.py, needs >= 8):
+    # answer as the emulated GPU does (FAKE_GPU_ARCH semantics), not as this CPU-only torch.
+    import torch
+    torch.cuda.get_device_capability = lambda *args, **kwargs: (arch, 0)
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # as the checker does: only the launch's env
     for key, value in case.get("env", {}).items():
         os.environ[key] = str(value)
