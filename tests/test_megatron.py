@@ -457,12 +457,51 @@ def test_cli_bad_plans_exit_2_with_one_line(flags, needle):
     assert len(lines) == 1 and needle in lines[0], result.stderr
 
 
-def test_cli_without_plan_uses_the_search_or_says_it_is_missing():
-    try:
-        from planner.search import best_plan  # noqa: F401
-    except ImportError:
-        result = runner.invoke(app, ["megatron"])
-        assert result.exit_code == 2
-        assert "the search is not available" in result.stderr
-    else:
-        pytest.skip("planner.search.best_plan exists; covered by the search tests")
+# ----------------------------------------------------------------------------------------------
+# Issue 11 item 5: the same rule and memory checks as `planner estimate`, any batch, no silent
+# substitutions, and the same default plan as `planner plan`
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, needle", [
+    (["-g", "0"], "gpus: must be a positive integer, got 0"),
+    (["-g", "64", "-b", "64", "--tp", "1", "--pp", "1"], "GiB over"),
+    (["--dtype", "fp8", "--tp", "8", "--pp", "8"], "fp8 needs compute capability 9.x"),
+    (["-m", "llama3-8b", "-s", "b200", "-g", "8", "--dp", "8", "--dtype", "fp16",
+      "--grad-reduce-in-bf16"], "grad_reduce_in_bf16"),
+    (["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--dp", "8", "-b", "8", "--zero-stage", "3",
+      "--no-dp-comm-overlap"], "Megatron-FSDP"),
+    (["--tp", "8", "--pp", "8", "--vpp", "2", "--recompute", "full", "--recompute-num-layers", "5"],
+     "not a multiple of vpp"),
+])
+def test_cli_refuses_what_breaks_with_one_line(flags, needle):
+    result = runner.invoke(app, ["megatron", *flags])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_cli_memory_refusal_says_by_how_much():
+    from planner.analytical import estimate
+    result = runner.invoke(app, ["megatron", "-g", "64", "-b", "64", "--tp", "1", "--pp", "1"])
+    est = estimate(load_model("gpt3-175b"), load_system("a100-80g", 64),
+                   Plan(dp=64, global_batch=64), JobSpec())
+    over_gib = (est.hbm_bytes - est.hbm_capacity_bytes) / 2**30
+    assert f"{over_gib:.2f} GiB over" in result.stderr and over_gib > 900
+
+
+def test_cli_takes_any_batch_the_user_gives():
+    result = runner.invoke(app, ["megatron", "-b", "4096", "--tp", "8", "--pp", "8", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["args"]["--global-batch-size"] == "4096"
+
+
+def test_bare_cli_emits_planner_plans_best_plan():
+    from planner.search import best_plan
+    result = runner.invoke(app, ["megatron", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    args = json.loads(result.stdout)["args"]
+    best = best_plan(load_model("gpt3-175b"), load_system("a100-80g"), JobSpec(global_batch=1536))
+    assert args["--global-batch-size"] == "1536" == str(best.global_batch)
+    assert (int(args["--tensor-model-parallel-size"]), int(args["--pipeline-model-parallel-size"]),
+            int(args.get("--context-parallel-size", 1)), int(args["--micro-batch-size"])) == \
+        (best.tp, best.pp, best.cp, best.micro_batch)

@@ -6,6 +6,8 @@ with partial recompute). The argument lists come from the rendered bash script, 
 own flags are what Megatron sees."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hardware import load_system
@@ -13,7 +15,7 @@ from planner import megatron as mg
 from planner.megatron.emit import DROPOUT_PROBABILITY
 from planner.model import load_model
 from planner.plan import JobSpec, Plan
-from tests.megatron_parser import dtype_from_megatron, find_or_build_parser, plan_from_megatron
+from tests.megatron_parser import ROOT, dtype_from_megatron, find_or_build_parser, plan_from_megatron
 
 # (model, system, gpus, dtype, plan fields)
 CASES = [
@@ -64,10 +66,59 @@ def _checker_case(model, system, gpus, dtype, fields):
     return case, m, plan, job, launch
 
 
-def test_megatron_parses_every_launch_back_to_its_plan(megatron_parser):
-    built = [_checker_case(*c) for c in CASES]
-    results = megatron_parser.parse_many([b[0] for b in built])
-    for (case, m, plan, job, launch), res in zip(built, results):
+SAVED = [  # `planner plan --save` runs whose files `planner megatron --plan` must launch as saved
+    ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "512", "--dtype", "fp8"],
+    ["-m", "MODEL_YAML", "-s", "h100-sxm", "-g", "16", "-b", "64", "--dtype", "fp16", "--zero-stage", "3"],
+]
+DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1e-4"]
+
+
+def _saved_case(flags, tmp, monkeypatch):
+    """plan --save from one directory (a relative model YAML path), megatron --plan from another."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.plan import load_plan
+    from planner.planfile import saved_job
+    runner, work, elsewhere = CliRunner(), tmp / "work", tmp / "elsewhere"
+    work.mkdir(parents=True)
+    elsewhere.mkdir()
+    (work / "model.yaml").write_text((ROOT / "planner" / "presets" / "llama3-8b.yaml").read_text())
+    flags = [("model.yaml" if f == "MODEL_YAML" else f) for f in flags]
+    monkeypatch.chdir(work)
+    saved = runner.invoke(app, ["plan", *flags, "--save", "plan.yaml"])
+    assert saved.exit_code == 0, saved.output
+    monkeypatch.chdir(elsewhere)
+    out = runner.invoke(app, ["megatron", "--plan", str(work / "plan.yaml"), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    plan = load_plan(work / "plan.yaml")
+    job = saved_job(work / "plan.yaml", plan)
+    case = {"argv": data["argv"] + DATA_ARGS, "world_size": data["world_size"], "env": data["env"],
+            "arch": 9}
+    return case, load_model(str(work / "model.yaml")) if "model.yaml" in flags else load_model(flags[1]), plan, job
+
+
+@pytest.fixture(scope="module")
+def parsed(megatron_parser, tmp_path_factory):
+    """Every argument list of this module through ONE checker process (the import costs ~7 s)."""
+    mp = pytest.MonkeyPatch()
+    try:
+        built = [_checker_case(*c)[:4] for c in CASES]
+        saved = [_saved_case(f, tmp_path_factory.mktemp(f"saved{i}"), mp) for i, f in enumerate(SAVED)]
+    finally:
+        mp.undo()
+    base = built[4][0]
+    bad = [dict(base, argv=base["argv"] + ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]),
+           dict(base, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]  # Megatron-FSDP wants it unset
+    results = megatron_parser.parse_many([b[0] for b in built + saved] + bad)
+    n, k = len(built), len(saved)
+    return {"built": list(zip(built, results[:n])), "saved": list(zip(saved, results[n:n + k])),
+            "bad": list(zip(bad, results[n + k:]))}
+
+
+def test_megatron_parses_every_launch_back_to_its_plan(parsed):
+    for (case, m, plan, job), res in parsed["built"]:
         label = f"{m.name} {plan.short()} {job.dtype}"
         assert res["ok"], (label, res.get("error"))
         ns, cfg = res["ns"], res["cfg"]
@@ -101,13 +152,19 @@ def test_megatron_parses_every_launch_back_to_its_plan(megatron_parser):
         assert ns["save"] == ns["load"] == PLACEHOLDERS["$CHECKPOINT_DIR"], label
 
 
-def test_megatron_rejects_what_we_refuse(megatron_parser):
+def test_saved_plan_and_its_launch_agree(parsed):
+    """`planner plan --save F` and `planner megatron --plan F`: same batch, dtype and every knob."""
+    for (case, m, plan, job), res in parsed["saved"]:
+        assert res["ok"], res.get("error")
+        assert plan_from_megatron(res["ns"], res["cfg"], m) == plan
+        assert dtype_from_megatron(res["ns"]) == job.dtype
+        assert res["ns"]["global_batch_size"] == plan.global_batch
+        assert res["ns"]["vocab_size"] == m.vocab
+
+
+def test_megatron_rejects_what_we_refuse(parsed):
     """Where our fast rules refuse an argument list, Megatron does too (same messages)."""
-    base = _checker_case(*CASES[4])[0]
-    bad = [dict(base, argv=base["argv"] + ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]),
-           dict(base, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]  # Megatron-FSDP wants it unset
-    results = megatron_parser.parse_many(bad)
-    for case, res in zip(bad, results):
+    for case, res in parsed["bad"]:
         ours = mg.validate_megatron_args(case["argv"], case["world_size"], case["env"], case["arch"])
         assert ours and not res["ok"]
         assert any(msg.split(".")[0][:40] in res["error"] for msg in ours), (ours, res["error"])
