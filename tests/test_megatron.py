@@ -228,6 +228,9 @@ def test_recompute_rules():
 
 def test_fp8_flags():
     assert check(base(fp8_format="hybrid", fp8_recipe="delayed")) == []
+    assert check(base(fp8_format="hybrid", fp8_param_gather=True)) == [rules.MSG_FP8_PARAM_GATHER]
+    assert check(base(fp8_format="hybrid", fp8_param_gather=True, use_distributed_optimizer=True)) == []
+    assert check(base(fp8_format="e4m3", fp4_format="e2m1")) == [rules.MSG_FP4_FP8]
     assert "invalid choice" in check(base(fp8_format="e5m2"))[0]
 
 

@@ -123,6 +123,7 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         assert res["ok"], (label, res.get("error"))
         ns, cfg = res["ns"], res["cfg"]
         assert plan_from_megatron(ns, cfg, m) == plan, label
+        assert ns["overlap_param_gather"] == (plan.dp_comm_overlap and plan.zero_stage in (1, 3)), label
         assert dtype_from_megatron(ns) == job.dtype, label
         # the model: shape, vocabulary (unpadded where tp divides it), dropout
         assert (cfg["num_layers"], cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["num_attention_heads"],

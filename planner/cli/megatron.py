@@ -23,7 +23,6 @@ from planner.cli.common import (
     PpOpt,
     RecomputeLayersOpt,
     RecomputeOpt,
-    ReserveOpt,
     SavedModelOpt,
     SavedSystemOpt,
     SeqOpt,
@@ -44,6 +43,9 @@ GIB = 2**30
 # Plan switches only `planner megatron` takes as flags (a plan file may carry them too).
 PERF_KNOBS = ("cross_entropy_fusion", "grad_reduce_in_bf16", "fp8_param_gather")
 
+MegatronReserveOpt = Annotated[Optional[float], typer.Option(
+    "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB; "
+                              "default: the plan file's, else 2).")]
 MegatronDtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), "
                     "mxfp8 or nvfp4 (Blackwell). Default: the plan file's, else bf16.")]
@@ -60,7 +62,7 @@ def megatron_command(
     seq_length: SeqOpt = None,
     global_batch: BatchOpt = None,
     dtype: MegatronDtypeOpt = None,
-    hbm_reserve_gib: ReserveOpt = 2.0,
+    hbm_reserve_gib: MegatronReserveOpt = None,
     plan_file: Annotated[Optional[Path], typer.Option(
         "--plan", help="Plan file (YAML/JSON; a top-level `plan:` mapping as `planner plan --save` writes).")] = None,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
@@ -95,13 +97,15 @@ def _job(o: dict, plan=None):
         raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
     saved = saved_job(o["plan_file"], plan) if plan is not None else None
     if saved is not None:
-        if o["dtype"] is not None and o["dtype"] != saved.dtype:
-            raise SpecError(f"dtype: {o['dtype']} differs from the plan file's dtype ({saved.dtype})")
+        for name, value in (("dtype", o["dtype"]), ("hbm_reserve_gib", o["hbm_reserve_gib"])):
+            if value is not None and value != getattr(saved, name):
+                raise SpecError(f"{name.replace('_', '-')}: {value} differs from the plan file's "
+                                f"({getattr(saved, name)})")
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
     return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or "bf16",
-                    hbm_reserve_gib=o["hbm_reserve_gib"])
+                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"])
 
 
 def _plan_and_job(o: dict, model, system):

@@ -46,6 +46,9 @@ FP8_PARAM_DTYPES = ("fp8", "fp8-cs", "mxfp8")
 MANUAL_GC_INTERVAL = 100
 LOG_INTERVAL = 10
 
+# Not emitted: --use-nccl-ub (NCCL user buffers free SMs during collectives; the model has no
+# SM-contention term, so it could not say what the flag buys) and --tp-comm-overlap-cfg tuning.
+
 # Extra argument groups other parts of the planner contribute (e.g. uneven pipeline layouts):
 # each is called with (plan, model) and returns flags appended after the parallel sizes.
 EXTRA_ARG_GROUPS: list[Callable[[Plan, ModelSpec], list[Arg]]] = []
