@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from planner.megatron.expressible import offload_fraction_of_layers
 from planner.model import ModelSpec
 from planner.plan import Plan
 
@@ -73,7 +74,8 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
         ep=cfg["expert_model_parallel_size"], micro_batch=ns["micro_batch_size"],
         global_batch=ns["global_batch_size"], vpp=vpp, sequence_parallel=cfg["sequence_parallel"],
         recompute=recompute, recompute_num_layers=k, zero_stage=zero,
-        offload_activations=cfg["cpu_offloading_num_layers"] / model.layers if cfg["cpu_offloading"] else 0.0,
+        offload_activations=(offload_fraction_of_layers(cfg["cpu_offloading_num_layers"], model.layers)
+                             if cfg["cpu_offloading"] else 0.0),
         offload_optimizer=ns["optimizer_offload_fraction"] if ns["optimizer_cpu_offload"] else 0.0,
         tp_comm_overlap=cfg["tp_comm_overlap"], dp_comm_overlap=ns["overlap_grad_reduce"],
         cross_entropy_fusion=cfg["cross_entropy_loss_fusion"],

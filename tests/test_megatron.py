@@ -508,3 +508,12 @@ def test_bare_cli_emits_planner_plans_best_plan():
     assert (int(args["--tensor-model-parallel-size"]), int(args["--pipeline-model-parallel-size"]),
             int(args.get("--context-parallel-size", 1)), int(args["--micro-batch-size"])) == \
         (best.tp, best.pp, best.cp, best.micro_batch)
+
+
+def test_activation_offload_runs_as_whole_layers_never_the_last_one():
+    m, s = load_model("llama3-405b"), load_system("h100-offload-1tib", 8)  # 126 layers
+    for frac, layers, exact in ((1.0, 125, True), (0.25, 32, False), (0.5, 63, True)):
+        plan = Plan(dp=8, global_batch=8, offload_activations=frac)
+        launch = mg.megatron_args(plan, m, JobSpec(), s)
+        assert launch.value("--cpu-offloading-num-layers") == str(layers)
+        assert (not any("offload_activations" in n for n in launch.notes)) == exact

@@ -13,7 +13,7 @@ import math
 from typing import Callable
 
 from hardware.spec import SystemSpec
-from planner.megatron.expressible import _cpu_offload_layers
+from planner.megatron.expressible import cpu_offload_layers, offload_fraction_of_layers
 from planner.megatron.launch import Arg, MegatronLaunch, gpu_arch_major  # noqa: F401
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -187,7 +187,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
 
     # Offload (MA 1, 2a, 2b).
     if plan.offload_activations > 0:
-        add("--cpu-offloading-num-layers", _cpu_offload_layers(plan, model))
+        k = cpu_offload_layers(plan, model)
+        add("--cpu-offloading-num-layers", k)
     if plan.offload_optimizer > 0:
         add("--optimizer-cpu-offload")
         add("--use-precision-aware-optimizer")
@@ -219,6 +220,11 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     notes = []
     if plan.offload_weights > 0:
         notes.append("offload_weights is not expressible in Megatron-LM and was left out")
+    if plan.offload_activations > 0:
+        ran = offload_fraction_of_layers(cpu_offload_layers(plan, model), model.layers)
+        if ran != plan.offload_activations:
+            notes.append(f"offload_activations {plan.offload_activations:g} of {model.layers} layers runs as "
+                         f"{cpu_offload_layers(plan, model)} whole layers ({ran:.4g})")
     return MegatronLaunch(args=a, env=env, unset_env=unset_env,
                           nnodes=math.ceil(gpus / system.gpus_per_node),
                           gpus_per_node=min(gpus, system.gpus_per_node), world_size=gpus, notes=notes)

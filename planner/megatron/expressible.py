@@ -2,13 +2,25 @@
 plans). Section numbers ("MA 2a") refer to shared/reference/megatron_args.md."""
 from __future__ import annotations
 
+import math
+
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
-def _cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
-    k = round(plan.offload_activations * model.layers)
+def cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
+    """--cpu-offloading-num-layers for the plan's activation-offload fraction f. Megatron offloads
+    whole layers and never the last one (MA 2a: 1 <= k < layers; its backward starts at once), and
+    the model keeps two layers' worth in HBM whatever f is, so f = 1 means k = layers - 1. Other
+    fractions round UP to whole layers: never less offloaded than the memory check assumed."""
+    k = math.ceil(plan.offload_activations * model.layers - 1e-9)
     return min(max(k, 1), model.layers - 1)
+
+
+def offload_fraction_of_layers(k: int, layers: int) -> float:
+    """The activation-offload fraction a launch with k offloaded layers runs (inverse of
+    cpu_offload_layers on the fractions Megatron can express)."""
+    return 1.0 if k == layers - 1 else k / layers
 
 
 def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
