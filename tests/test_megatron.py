@@ -517,3 +517,20 @@ def test_activation_offload_runs_as_whole_layers_never_the_last_one():
         launch = mg.megatron_args(plan, m, JobSpec(), s)
         assert launch.value("--cpu-offloading-num-layers") == str(layers)
         assert (not any("offload_activations" in n for n in launch.notes)) == exact
+
+
+@pytest.mark.parametrize("storage", [[], ["--write-gb-per-s", "20", "--gpu-mtbf-hours", "20000"]])
+def test_cli_checkpoints_at_planner_checkpoints_interval(storage):
+    from planner.analytical import estimate
+    where = ["-m", "llama3-70b", "-s", "h100-sxm", "-g", "64"]
+    ckpt = runner.invoke(app, ["checkpoint", *where, "--json", *storage])
+    assert ckpt.exit_code == 0, ckpt.output
+    daly_s = json.loads(ckpt.stdout)["daly_interval_s"]
+    result = runner.invoke(app, ["megatron", *where, "-b", "128", "--tp", "8", "--pp", "4",
+                                 "--sequence-parallel", "--recompute", "selective", "--format", "json", *storage])
+    assert result.exit_code == 0, result.output
+    plan = Plan(tp=8, pp=4, dp=2, global_batch=128, sequence_parallel=True, recompute="selective")
+    step_s = estimate(load_model("llama3-70b"), load_system("h100-sxm", 64), plan, JobSpec()).step_time_s
+    data = json.loads(result.stdout)["args"]
+    assert data["--save-interval"] == str(max(1, round(daly_s / step_s)))
+    assert data["--log-throughput"] is True

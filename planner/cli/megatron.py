@@ -74,6 +74,11 @@ def megatron_command(
     cross_entropy_fusion: _flag("cross-entropy-fusion", "Fused cross-entropy kernels (costed).") = None,
     grad_reduce_in_bf16: _flag("grad-reduce-in-bf16", "16-bit gradient buffers and DP reduce (costed).") = None,
     fp8_param_gather: _flag("fp8-param-gather", "FP8 weights, gathered in FP8 (costed; FP8 dtypes).") = None,
+    write_gb_per_s: Annotated[Optional[float], typer.Option(
+        "--write-gb-per-s", help="Checkpoint storage write bandwidth, GB/s, as `planner checkpoint` "
+                                 "(default: its default).")] = None,
+    gpu_mtbf_hours: Annotated[Optional[float], typer.Option(
+        "--gpu-mtbf-hours", help="Per-GPU MTBF in hours, as `planner checkpoint` (default: its default).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Output: script (bash), args (one line) or json.")] = "script",
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write to this file (never overwrites an existing file).")] = None,
@@ -150,13 +155,15 @@ def fit_problems(est, system) -> list[str]:
     return out
 
 
-def save_interval_iters(model, system, plan, step_time_s: float) -> int:
-    """Iterations between checkpoints: `planner checkpoint`'s Daly interval (its default storage
-    bandwidth and MTBF) over the plan's step time."""
+def save_interval_iters(model, system, plan, step_time_s: float, write_gb_per_s: float | None = None,
+                        gpu_mtbf_hours: float | None = None) -> int:
+    """Iterations between checkpoints: `planner checkpoint`'s Daly interval (same storage bandwidth
+    and MTBF defaults) over the plan's step time."""
     from planner.checkpoint import checkpoint_report
     from planner.cli.checkpoint import DEFAULT_WRITE_GB_PER_S
-    report = checkpoint_report(model, system, plan, write_gb_per_s=DEFAULT_WRITE_GB_PER_S,
-                               read_gb_per_s=DEFAULT_WRITE_GB_PER_S)
+    bandwidth = DEFAULT_WRITE_GB_PER_S if write_gb_per_s is None else write_gb_per_s
+    report = checkpoint_report(model, system, plan, write_gb_per_s=bandwidth, read_gb_per_s=bandwidth,
+                               gpu_mtbf_hours=gpu_mtbf_hours)
     return max(1, round(report.daly_interval_s / step_time_s))
 
 
@@ -183,7 +190,8 @@ def _run(o: dict) -> None:
     if problems:
         raise SpecError("; ".join(problems))
     launch = mg.megatron_args(plan, model, job, system,
-                              save_interval=save_interval_iters(model, system, plan, est.step_time_s))
+                              save_interval=save_interval_iters(model, system, plan, est.step_time_s,
+                                                                o["write_gb_per_s"], o["gpu_mtbf_hours"]))
     problems = mg.validate_launch(launch, mg.gpu_arch_major(system))
     if problems:
         raise SpecError("megatron: " + "; ".join(problems))
