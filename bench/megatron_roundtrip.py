@@ -1,4 +1,4 @@
-"""Every preset model × system: `planner plan`'s best plan (bf16, and fp8 where the GPU has it)
+"""Every preset model × system: `planner plan`'s best plan (bf16, fp16, and fp8 where the GPU has it)
 -> `planner megatron`'s launch -> Megatron-LM's own parser (megatron-core 0.19.2 on CPU) -> back
 to a Plan, which must equal the original (issue 11, "Done when").
 
@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--systems", default=",".join(system_preset_names()))
     ap.add_argument("--gpus", type=int, default=None, help="default: each system preset's count")
     ap.add_argument("--batch", type=int, default=1536)
+    ap.add_argument("--dtypes", default="bf16,fp16,fp8", help="fp8 only where the GPU has it (sm_90+)")
     args = ap.parse_args()
     cases, labels, t0 = [], [], time.perf_counter()
     for model_name in args.models.split(","):
@@ -40,7 +41,9 @@ def main() -> int:
         for system_name in args.systems.split(","):
             system = load_system(system_name, args.gpus)
             arch = mg.gpu_arch_major(system)
-            for dtype in ("bf16", "fp8") if arch >= 9 else ("bf16",):
+            for dtype in args.dtypes.split(","):
+                if arch < mg.emit.PRECISION_MIN_ARCH[dtype]:
+                    continue
                 job = JobSpec(global_batch=args.batch, max_global_batch=max(3072, args.batch), dtype=dtype)
                 best = search(model, system, job, top_k=1).best
                 label = f"{model_name} {system_name} {dtype}"
