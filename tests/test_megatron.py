@@ -467,6 +467,8 @@ def test_cli_bad_plans_exit_2_with_one_line(flags, needle):
 
 @pytest.mark.parametrize("flags, needle", [
     (["-g", "0"], "gpus: must be a positive integer, got 0"),
+    (["--tp", "0"], "tp: must be a positive integer, got 0"),
+    (["--tp", "8", "--pp", "8", "--micro-batch", "0"], "micro-batch: must be a positive integer"),
     (["-g", "64", "-b", "64", "--tp", "1", "--pp", "1"], "GiB over"),
     (["--dtype", "fp8", "--tp", "8", "--pp", "8"], "fp8 needs compute capability 9.x"),
     (["-m", "llama3-8b", "-s", "b200", "-g", "8", "--dp", "8", "--dtype", "fp16",

@@ -113,7 +113,13 @@ def _job(o: dict, plan=None):
                     hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"])
 
 
+POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
+
+
 def _plan_and_job(o: dict, model, system):
+    for knob in POSITIVE_KNOBS:
+        if o[knob] is not None and o[knob] < 1:
+            raise SpecError(f"{knob.replace('_', '-')}: must be a positive integer, got {o[knob]}")
     given = given_knobs(o)
     perf = {k: o[k] for k in PERF_KNOBS if o[k] is not None}
     if o["plan_file"] is not None:
