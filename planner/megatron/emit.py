@@ -14,7 +14,7 @@ from typing import Callable
 
 from hardware.spec import SystemSpec
 from planner.megatron.expressible import cpu_offload_layers, offload_fraction_of_layers
-from planner.megatron.launch import Arg, MegatronLaunch, gpu_arch_major  # noqa: F401
+from planner.megatron.launch import Arg, MegatronLaunch
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 

@@ -8,10 +8,11 @@ from hardware.spec import SystemSpec
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
+
 def cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
     """--cpu-offloading-num-layers for the plan's activation-offload fraction f. Megatron offloads
     whole layers and never the last one (MA 2a: 1 <= k < layers; its backward starts at once), and
-    the model keeps two layers' worth in HBM whatever f is, so f = 1 means k = layers - 1. Other
+    the memory model keeps at least two layers' worth in HBM anyway, so f = 1 means k = layers - 1. Other
     fractions round UP to whole layers: never less offloaded than the memory check assumed."""
     k = math.ceil(plan.offload_activations * model.layers - 1e-9)
     return min(max(k, 1), model.layers - 1)
