@@ -69,8 +69,12 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
         zero = SHARDING[ns["data_parallel_sharding_strategy"]]
     else:
         zero = 1 if ns["use_distributed_optimizer"] else 0
+    extra = {}
+    if "etp" in Plan.model_fields:  # expert tensor parallel, where Plan has it: what Megatron runs
+        default, etp = Plan.model_fields["etp"].default, cfg["expert_tensor_parallel_size"]
+        extra["etp"] = default if default in (None, tp) and etp == tp else etp
     return Plan(
-        tp=tp, pp=pp, dp=ns["data_parallel_size"], cp=cfg["context_parallel_size"],
+        **extra, tp=tp, pp=pp, dp=ns["data_parallel_size"], cp=cfg["context_parallel_size"],
         ep=cfg["expert_model_parallel_size"], micro_batch=ns["micro_batch_size"],
         global_batch=ns["global_batch_size"], vpp=vpp, sequence_parallel=cfg["sequence_parallel"],
         recompute=recompute, recompute_num_layers=k, zero_stage=zero,
