@@ -4,8 +4,6 @@ block weights, gathered in FP8) and --cross-entropy-loss-fusion (22 of 38 bytes 
 moved in forward; counted from Megatron's cross_entropy.py / fused_cross_entropy.py)."""
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from hardware import load_system
@@ -66,4 +64,4 @@ def test_cross_entropy_fusion_saves_its_share_of_the_element_wise_passes():
     saved = m * (1 - CROSS_ENTROPY_FUSED_SHARE) * passes_s
     assert off.time_breakdown_s["forward_s"] - on.time_breakdown_s["forward_s"] == pytest.approx(saved)
     assert off.hbm_bytes == on.hbm_bytes  # the fused path keeps the fp32 softmax
-    assert math.isclose(off.time_breakdown_s["backward_s"] - on.time_breakdown_s["backward_s"], 2 * saved)
+    assert off.time_breakdown_s["backward_s"] == on.time_breakdown_s["backward_s"]  # same gradient kernel
