@@ -42,7 +42,7 @@ def main() -> int:
             system = load_system(system_name, args.gpus)
             arch = mg.gpu_arch_major(system)
             for dtype in args.dtypes.split(","):
-                if arch < mg.emit.PRECISION_MIN_ARCH[dtype]:
+                if arch < mg.expressible.PRECISION_MIN_ARCH[dtype]:
                     continue
                 job = JobSpec(global_batch=args.batch, max_global_batch=max(3072, args.batch), dtype=dtype)
                 best = search(model, system, job, top_k=1).best

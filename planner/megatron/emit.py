@@ -35,12 +35,6 @@ PRECISION_FLAGS: dict[str, list[Arg]] = {
     "mxfp8": [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")],
     "nvfp4": [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")],
 }
-# Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
-# (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
-PRECISION_MIN_ARCH: dict[str, int] = {"bf16": 8, "fp16": 7, "fp8": 9, "fp8-cs": 9, "mxfp8": 10,
-                                      "nvfp4": 10}
-FP8_PARAM_DTYPES = ("fp8", "fp8-cs", "mxfp8")
-
 # Tuned NVIDIA recipes run Python's garbage collector by hand every 100 steps (--manual-gc
 # --manual-gc-interval 100); the analytical model has no term for automatic GC pauses.
 MANUAL_GC_INTERVAL = 100
@@ -56,18 +50,13 @@ EXTRA_ARG_GROUPS: list[Callable[[Plan, ModelSpec], list[Arg]]] = []
 
 def vocab_divisor(vocab: int, tp: int) -> int:
     """--make-vocab-size-divisible-by d: Megatron pads the vocabulary to a multiple of d·tp
-    (megatron/training/tokenizer: _vocab_size_with_padding). The largest power of two <= 128
+    (megatron/core/tokenizers/utils/build_tokenizer.py, vocab_size_with_padding). The largest power of two <= 128
     (Megatron's default) that leaves the model's vocabulary unpadded; 1 if none does, which pads
     by fewer than tp rows."""
     for d in (128, 64, 32, 16, 8, 4, 2, 1):
         if vocab % (d * tp) == 0:
             return d
     return 1
-
-
-def padded_vocab(vocab: int, tp: int) -> int:
-    step = vocab_divisor(vocab, tp) * tp
-    return -(-vocab // step) * step
 
 
 def recompute_layers_per_chunk(plan: Plan, model: ModelSpec) -> int:

@@ -5,8 +5,16 @@ from __future__ import annotations
 import math
 
 from hardware.spec import SystemSpec
+from planner.megatron.launch import gpu_arch_major
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
+
+# Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
+# (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
+PRECISION_MIN_ARCH: dict[str, int] = {"bf16": 8, "fp16": 7, "fp8": 9, "fp8-cs": 9, "mxfp8": 10,
+                                      "nvfp4": 10}
+# Precisions whose compute weights Megatron can keep (and gather) in FP8 (--fp8-param-gather).
+FP8_PARAM_DTYPES = ("fp8", "fp8-cs", "mxfp8")
 
 
 def cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
@@ -84,8 +92,9 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         reasons.append(f"recompute_num_layers: Megatron recomputes the same number of layers in each of the "
                        f"{plan.vpp} virtual chunks; {k} per pipeline stage is not a multiple of vpp ({plan.vpp})")
     if plan.fp8_param_gather:
-        if job.dtype not in ("fp8", "fp8-cs", "mxfp8"):
-            reasons.append(f"fp8_param_gather: needs an FP8 dtype (fp8, fp8-cs or mxfp8), got {job.dtype}")
+        if job.dtype not in FP8_PARAM_DTYPES:
+            reasons.append(f"fp8_param_gather: needs an FP8 dtype ({', '.join(FP8_PARAM_DTYPES)}), "
+                           f"got {job.dtype}")
         if plan.zero_stage == 0:
             reasons.append("fp8_param_gather: Megatron gathers FP8 parameters only with the distributed "
                            "optimizer or FSDP (zero_stage >= 1)")
@@ -98,9 +107,6 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
 def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec) -> list[str]:
     """Why `planner megatron` must not emit this plan for this system (empty = emit): plan-level
     rules, torchrun geometry, precision the GPU lacks, and overlap Megatron-FSDP would force."""
-    from planner.megatron.emit import PRECISION_MIN_ARCH
-    from planner.megatron.launch import gpu_arch_major
-
     reasons = not_expressible(plan, model, job) + launch_problems(plan, system)
     arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
     if arch < need:
