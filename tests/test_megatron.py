@@ -536,3 +536,26 @@ def test_cli_checkpoints_at_planner_checkpoints_interval(storage):
     data = json.loads(result.stdout)["args"]
     assert data["--save-interval"] == str(max(1, round(daly_s / step_s)))
     assert data["--log-throughput"] is True
+
+
+@pytest.mark.parametrize("vocab, tp, divisor", [
+    (51200, 8, 128),    # GPT-3 preset: 51200 = 2^11·25, already a multiple of 128·8
+    (128256, 8, 32),    # Llama 3: 2^8·501, so at most 32·8 divides it
+    (128256, 4, 64),
+    (32000, 2, 128),    # Mixtral: 2^8·125
+    (50257, 8, 1),      # odd: no divisor leaves it unpadded; 1 pads by < tp rows
+])
+def test_vocab_divisor_leaves_the_vocabulary_unpadded(vocab, tp, divisor):
+    from planner.megatron.emit import vocab_divisor
+    assert vocab_divisor(vocab, tp) == divisor
+
+
+@pytest.mark.parametrize("dtype, system, refused", [
+    ("fp8", "a100-80g", True), ("fp8-cs", "a100-80g", True), ("mxfp8", "h100-sxm", True),
+    ("nvfp4", "h200", True), ("fp8", "h100-sxm", False), ("mxfp8", "b200", False),
+    ("nvfp4", "b200", False), ("fp16", "a100-80g", False),
+])
+def test_precision_needs_the_gpu_generation(dtype, system, refused):
+    m, s = load_model("llama3-8b"), load_system(system, 8)
+    reasons = mg.launch_refusals(Plan(dp=8, global_batch=8), m, JobSpec(dtype=dtype), s)
+    assert bool(reasons) == refused and all("compute capability" in r for r in reasons)
