@@ -358,8 +358,10 @@ def _random_plans(rng: random.Random, n: int):
                     zero_stage=rng.choice([0, 1, 1, 2, 3]),
                     offload_activations=rng.choice([0.0, 0.0, 0.25]),
                     offload_optimizer=rng.choice([0.0, 0.0, 1.0]),
-                    tp_comm_overlap=rng.random() < 0.3, dp_comm_overlap=rng.random() < 0.7)
-        yield model, system, gpus, rng.choice(["bf16", "fp16", "fp8"]), plan
+                    tp_comm_overlap=rng.random() < 0.3, dp_comm_overlap=rng.random() < 0.7,
+                    cross_entropy_fusion=rng.random() < 0.3, grad_reduce_in_bf16=rng.random() < 0.3,
+                    fp8_param_gather=rng.random() < 0.3)
+        yield model, system, gpus, rng.choice(["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]), plan
 
 
 def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
@@ -381,7 +383,7 @@ def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
         assert not set(mg.NONEXISTENT_FLAGS) & set(argv)
         assert not ("--num-virtual-stages-per-pipeline-rank" in argv
                     and "--num-layers-per-virtual-pipeline-stage" in argv)
-        if mg.not_expressible(plan, m, job) or mg.launch_problems(plan, s):
+        if mg.launch_refusals(plan, m, job, s):
             continue
         assert mg.validate_launch(launch, mg.gpu_arch_major(s)) == [], plan.short()
         accepted += 1
