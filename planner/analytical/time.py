@@ -33,6 +33,13 @@ ELEMENTWISE_PASSES_HIDDEN = 12.0
 ELEMENTWISE_PASSES_FFN = 2.0
 # Cross-entropy: logits cast to fp32, max, exp-sum, normalise: ~3 passes forward.
 CROSS_ENTROPY_PASSES = 3.0
+# --cross-entropy-loss-fusion (native impl) runs the same three steps as fused kernels. Bytes per
+# fp32 logit element moved in forward, counted from Megatron-LM core/tensor_parallel/cross_entropy.py
+# (cast 2+4, max 4, subtract 4+4, exp 4+4, sum 4, divide 4+4 = 38) and core/fusions/
+# fused_cross_entropy.py (cast+max 2+4, subtract+exp+sum 4+4, divide 4+4 = 22): the fused
+# share of the element-wise cross-entropy time in forward (the backward's one gradient kernel is
+# the same in both files). The fused path keeps the fp32 softmax, so memory is unchanged.
+CROSS_ENTROPY_FUSED_SHARE = 22.0 / 38.0
 # Unfused attention writes and re-reads the s×s scores (scale/mask/softmax, dropout): 4 passes.
 UNFUSED_SCORE_PASSES = 4.0
 
@@ -157,9 +164,11 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
                            acc.peak(job.dtype), eff, job.dtype)
     # fp32 cross-entropy over the vocabulary shard: softmax and its gradient make
     # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
-    logit_fwd = logit_fwd + CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
+    ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
         acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
-    logit_bwd = BACKWARD_FACTOR * logit_fwd
+    # the backward stays as it was: its gradient kernel is the same in both paths
+    logit_bwd = BACKWARD_FACTOR * (logit_fwd + ce_unfused)
+    logit_fwd = logit_fwd + np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
 
     stage_fwd = layers_per_stage * fwd_compute
     stage_bwd = layers_per_stage * bwd_compute
@@ -180,9 +189,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     dp_bw, dp_lat = comm.group_link(system, dp * c, t)
     n_dp = dp * c
     z = P.zero_stage
-    grad_rs = comm.reduce_scatter_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
-    param_ag = comm.all_gather_s(dense * bpp.weights, n_dp, dp_bw, dp_lat)
-    grad_ar = comm.all_reduce_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
+    # bytes on the wire: 16-bit with --grad-reduce-in-bf16, FP8 weights with --fp8-param-gather
+    grad_rs = comm.reduce_scatter_s(mem["grad_reduce_bytes"], n_dp, dp_bw, dp_lat)
+    param_ag = comm.all_gather_s(mem["param_gather_bytes"], n_dp, dp_bw, dp_lat)
+    grad_ar = comm.all_reduce_s(mem["grad_reduce_bytes"], n_dp, dp_bw, dp_lat)
     # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
     mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
     hide = P.dp_comm_overlap > 0
