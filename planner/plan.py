@@ -10,7 +10,11 @@ from hardware.errors import SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
-ComputeDtype = Literal["bf16", "fp16", "fp8"]
+# fp8 = FP8 with delayed scaling (Transformer Engine DelayedScaling); fp8-cs = FP8 with per-tensor
+# current scaling (Float8CurrentScaling); mxfp8 = block-scaled FP8 (MXFP8BlockScaling, Blackwell);
+# nvfp4 = FP4 with 16-element block scales (NVFP4BlockScaling, Blackwell). planner/analytical/precision.py
+# says which GEMMs run in them and what their scaling passes cost.
+ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]
 
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
