@@ -492,7 +492,8 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
     if not path.is_file():
         raise SpecError(f"reference: {path} not found (pass --reference PATH to a measured_runs-style YAML)")
     try:
-        data = yaml.safe_load(path.read_text())
+        # the C loader when PyYAML has it: the three files are 1 MB of YAML
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         raise SpecError(f"reference {path}: malformed YAML") from None
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
