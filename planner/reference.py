@@ -230,7 +230,7 @@ def _recompute(text, assumptions: list[str], default: str, why_default: str) -> 
 
 
 def _fsdp_dtype(r: _Record, assumptions: list[str]) -> str:
-    low_recipe = str(r.get("parallel.lowp_recipe") or "").lower()
+    low_recipe = str(r.get("parallel.lowp_recipe") or "").lower() + " " + str(r.get("parallel.precision") or "").lower()
     f8_recipe = str(r.get("parallel.float8_recipe") or "").lower()
     if "nvfp4" in low_recipe:
         return "nvfp4"
