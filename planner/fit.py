@@ -24,7 +24,7 @@ BOUNDS = {"matmul_max": (0.3, 0.98), "matmul_max_fp8": (0.2, 0.98), "matmul_half
           "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0), "layer_overhead_us": (0.0, 2000.0)}
 PARAMETER_PRIORITY = ("matmul_max", "matmul_max_fp8", "hbm_efficiency", "layer_overhead_us",
                       "matmul_half_dim", "attention_max")
-FIT_ROWS_PER_PARAMETER = 4
+FIT_ROWS_PER_PARAMETER = 5
 # Fit group (the accelerator whose rows are fitted) -> accelerators that take its parameters.
 FIT_GROUPS = {
     "A100-SXM4-80GB": ("A100-SXM4-80GB", "A100-SXM4-40GB"),
