@@ -119,6 +119,7 @@ class MemoryTier(_Strict):
 class SystemSpec(_Strict):
     name: str
     description: str = ""
+    source: str = Field(default="", description="datasheet / product page the figures come from")
     accelerator: Accelerator
     num_gpus: PositiveInt
     gpus_per_node: PositiveInt

@@ -108,3 +108,14 @@ def test_calibrate_reproduces_the_presets(fitted):
                 assert lo <= value <= hi
                 if name in ("matmul_max", "matmul_max_fp8", "attention_max", "hbm_efficiency"):
                     assert 0 < value <= 1
+
+
+def test_presets_lists_the_new_systems_with_sources():
+    result = runner.invoke(app, ["presets"])
+    assert result.exit_code == 0, result.output
+    for name, url in (("gb200-nvl72", "nvidia.com/en-us/data-center/gb200-nvl72"),
+                      ("gb300-nvl72", "nvidia.com/en-us/data-center/gb300-nvl72"),
+                      ("b300", "nvidia.com/en-us/data-center/dgx-b300"), ("h100-grand-teton", "2410.06511")):
+        line = next(ln for ln in result.output.splitlines() if ln.startswith(f"{name}:"))
+        assert url in line
+    assert "nvfp4" in next(ln for ln in result.output.splitlines() if ln.startswith("gb300-nvl72:"))
