@@ -10,8 +10,11 @@ from hardware.errors import SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
-# fp8: delayed scaling (hybrid E4M3/E5M2); fp8-cs: per-tensor current scaling; mxfp8: block-scaled
-# (32-element E8M0 scales); nvfp4: FP4 E2M1 with block scales. Megatron flags: planner/megatron/emit.py.
+# fp8 = FP8 with delayed scaling (Transformer Engine DelayedScaling, hybrid E4M3/E5M2); fp8-cs = FP8
+# with per-tensor current scaling (Float8CurrentScaling); mxfp8 = block-scaled FP8 (MXFP8BlockScaling,
+# 32-element E8M0 scales, Blackwell); nvfp4 = FP4 E2M1 with 16-element block scales (NVFP4BlockScaling,
+# Blackwell). planner/analytical/precision.py says which GEMMs run in them and what their scaling
+# passes cost; planner/megatron/emit.py maps them to Megatron flags.
 ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]
 COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4")
 

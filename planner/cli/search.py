@@ -203,7 +203,8 @@ def register(app: typer.Typer) -> None:
                             "experts": m.moe.num_experts if m.moe else None} for m in models],
                 "systems": [{"name": s.name, "accelerator": s.accelerator.name, "gpus": s.num_gpus,
                              "gpus_per_node": s.gpus_per_node, "hbm_gib": s.accelerator.hbm_capacity_gib,
-                             "nvlink_domain": s.nvlink_domain_gpus,
+                             "nvlink_domain": s.nvlink_domain_gpus, "peak_flops": s.accelerator.peak_flops,
+                             "source": s.source,
                              "offload_gib": s.offload.capacity_gib if s.offload else None} for s in systems]},
                 indent=2))
             return
@@ -224,6 +225,9 @@ def register(app: typer.Typer) -> None:
             t.add_row(s.name, s.accelerator.name, str(s.num_gpus), str(s.gpus_per_node), str(s.nvlink_domain_gpus),
                       f"{s.accelerator.hbm_capacity_gib:g}", f"{s.accelerator.peak_flops.get('bf16', 0) / 1e12:,.0f}", off)
         console.print(t)
+        for s in systems:  # where each system's figures come from (details in hardware/presets/*.yaml)
+            dtypes = ", ".join(sorted(k for k in s.accelerator.peak_flops if k not in ("fp32", "tf32")))
+            console.print(f"{s.name}: {dtypes}; source: {s.source or '-'}", soft_wrap=True)
 
     app.command("plan")(plan_command)
     app.command("check")(check_command)
