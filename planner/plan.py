@@ -10,7 +10,13 @@ from hardware.errors import SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
-ComputeDtype = Literal["bf16", "fp16", "fp8"]
+# fp8 = FP8 with delayed scaling (Transformer Engine DelayedScaling, hybrid E4M3/E5M2); fp8-cs = FP8
+# with per-tensor current scaling (Float8CurrentScaling); mxfp8 = block-scaled FP8 (MXFP8BlockScaling,
+# 32-element E8M0 scales, Blackwell); nvfp4 = FP4 E2M1 with 16-element block scales (NVFP4BlockScaling,
+# Blackwell). planner/analytical/precision.py says which GEMMs run in them and what their scaling
+# passes cost; planner/megatron/emit.py maps them to Megatron flags.
+ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]
+COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4")
 # Who implements sharded data parallelism (ZeRO stage 2/3); the stage says what is sharded.
 # "megatron": Megatron-Core (distributed optimizer for ZeRO-1, Megatron-FSDP for 2/3);
 # "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
@@ -55,6 +61,13 @@ class Plan(BaseModel):
     offload_optimizer: NonNegativeFloat = Field(default=0.0, le=1.0)
     tp_comm_overlap: bool = False
     dp_comm_overlap: bool = True
+    # Performance switches the model costs (planner/analytical) and `planner megatron` emits.
+    cross_entropy_fusion: bool = Field(
+        default=False, description="fused cross-entropy kernels (Megatron --cross-entropy-loss-fusion)")
+    grad_reduce_in_bf16: bool = Field(
+        default=False, description="16-bit gradient buffers and reduce (Megatron --grad-reduce-in-bf16)")
+    fp8_param_gather: bool = Field(
+        default=False, description="FP8 compute weights, gathered in FP8 (Megatron --fp8-param-gather)")
     dp_impl: DpImpl = Field(default="megatron", description="implementation of sharded data parallelism")
     moe_dispatcher: MoeDispatcher = Field(default="alltoall", description="MoE token dispatcher")
 
@@ -106,6 +119,10 @@ class Plan(BaseModel):
             parts.append(self.dp_impl)
         if self.moe_dispatcher != "alltoall":
             parts.append(self.moe_dispatcher)
+        for knob, label in (("cross_entropy_fusion", "ce-fused"), ("grad_reduce_in_bf16", "grad-bf16"),
+                            ("fp8_param_gather", "fp8-ag")):
+            if getattr(self, knob):
+                parts.append(label)
         for what in ("weights", "activations", "optimizer"):
             frac = getattr(self, f"offload_{what}")
             if frac:
@@ -180,5 +197,5 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan",
+__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan", "COMPUTE_DTYPES",
            "SpecError", "DpImpl", "DP_IMPL_CODES", "MoeDispatcher", "MOE_DISPATCHER_CODES"]

@@ -13,7 +13,8 @@ LAYERS = [
     (0, ("hardware",)),
     (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties")),
     (2, ("planner.analytical",)),
-    (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.report")),
+    (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.reference", "planner.fit",
+         "planner.report")),
     (4, ("constraints",)),
     (5, ("planner.search", "planner.bruteforce", "planner.sweep")),
     (6, ("planner",)),  # the package __init__: the public API facade

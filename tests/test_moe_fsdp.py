@@ -220,7 +220,7 @@ def test_cli_flags_for_folding_dispatcher_and_dp_impl():
     from planner.cli import app
     r = CliRunner().invoke(app, ["megatron", "-m", "qwen3-235b-a22b", "-s", "h100-sxm", "-g", "256", "-b", "2048",
                                  "--tp", "2", "--pp", "2", "--ep", "32", "--etp", "1", "--sequence-parallel",
-                                 "--moe-dispatcher", "deepep", "--format", "args"])
+                                 "--moe-dispatcher", "deepep", "--recompute", "full", "--format", "args"])
     assert r.exit_code == 0, r.output
     assert "--expert-tensor-parallel-size 1" in r.output and "--moe-token-dispatcher-type flex" in r.output
     bad = CliRunner().invoke(app, ["estimate", "-m", "qwen3-235b-a22b", "-s", "h100-sxm", "-g", "256",

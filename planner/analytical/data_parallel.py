@@ -58,27 +58,26 @@ def zero3_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hid
     return m * np.where(hide, fwd + bwd, layers * (2 * ag_l + rs_l))
 
 
-def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide, grad_bytes, weight_bytes,
-                      overlapped):
-    """Exposed DP communication per step. `groups` lists (elements, ranks, bandwidth, latency) of
-    each replica group (dense parameters over dp·cp; expert parameters over expert-DP); their
-    collectives run one after the other on the same links."""
+def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide, overlapped):
+    """Exposed DP communication per step. `groups` lists (gradient bytes, parameter bytes, ranks,
+    bandwidth, latency) of each replica group (dense parameters over dp·cp; expert parameters over
+    expert-DP); their collectives run one after the other on the same links."""
     deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
     total = 0.0
-    for elems, n, bw, lat in groups:
+    for grad_bytes, weight_bytes, n, bw, lat in groups:
         bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
-        grad_ar = comm.all_reduce_s(elems * grad_bytes, n, bw, lat)
-        grad_rs = comm.reduce_scatter_s(elems * grad_bytes, n, bw, lat)
-        param_ag = comm.all_gather_s(elems * weight_bytes, n, bw, lat)
+        grad_ar = comm.all_reduce_s(grad_bytes, n, bw, lat)
+        grad_rs = comm.reduce_scatter_s(grad_bytes, n, bw, lat)
+        param_ag = comm.all_gather_s(weight_bytes, n, bw, lat)
         z0 = np.where(hide, overlapped(grad_ar, mb_bwd, p, v), grad_ar)
         z1 = np.where(hide, overlapped(grad_rs, mb_bwd, p, v) + overlapped(param_ag, mb_fwd, p, v),
                       grad_rs + param_ag)
         z2 = zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped)
         # per-layer collectives: bandwidth part from the whole-stage volume, latency per call
-        rs3 = comm.reduce_scatter_s(elems * grad_bytes, n, bw3, 0.0)
-        ag3 = comm.all_gather_s(elems * weight_bytes, n, bw3, 0.0)
+        rs3 = comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0)
+        ag3 = comm.all_gather_s(weight_bytes, n, bw3, 0.0)
         lat3 = np.where(n > 1, (n - 1) * lat, 0.0)
         z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd, mb_bwd, layers, hide, FSDP_OVERLAP_FRACTION)
         # a group with nothing to reduce (no experts) issues no collective
-        total = total + np.where(elems > 0, np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3))), 0.0)
+        total = total + np.where(grad_bytes + weight_bytes > 0, np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3))), 0.0)
     return total

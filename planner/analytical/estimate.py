@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hardware.spec import SystemSpec
-from planner.analytical import flops
+from planner.analytical import flops, precision
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import PlanArrays
 from planner.analytical.time import step_time
@@ -77,7 +77,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     times = step_time(model, system, job, P, mem)
     tokens = P.global_batch * model.seq_length
     gpus = P.tp * P.pp * P.dp * P.cp
-    peak = system.accelerator.peak(job.dtype)
+    peak = system.accelerator.peak(precision.gemm_peak_key(job.dtype))
     # MFU numerator: the reference convention (full s×s attention, as the published MFUs);
     # HFU numerator: what the GPUs execute, with the attention core counted exactly as the
     # time model runs it (causal half with fused attention) plus recomputation.

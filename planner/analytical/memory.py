@@ -98,6 +98,29 @@ def model_state_elems(dense, expert, P: PlanArrays) -> tuple[np.ndarray, np.ndar
     return np.where(z >= 3, sharded, params), np.where(z >= 2, sharded, params), np.where(z >= 1, sharded, params)
 
 
+# Bytes per element of the model state that two Megatron switches change. Source: Megatron-LM
+# megatron/core/distributed/param_and_grad_buffer.py (group_params_for_buffers): the parameter
+# buffer stores FP8 parameters as torch.uint8 (1 B) when --fp8-param-gather keeps the compute
+# weights in FP8, and the gradient buffer is fp32 only while grad_reduce_in_fp32 holds, which
+# --grad-reduce-in-bf16 turns off (megatron/training/arguments.py) -> 2-byte gradients, reduced
+# in 16 bits. Embedding and LM head are never FP8 (Transformer Engine quantises the transformer
+# blocks' Linear layers only), so they keep `bpp.weights`.
+FP8_WEIGHT_BYTES = 1.0
+BF16_GRAD_BYTES = 2.0
+
+
+def block_weight_bytes_per_elem(job: JobSpec, P: PlanArrays) -> np.ndarray:
+    """Bytes per transformer-block weight element on the GPU (and in the DP parameter gather)."""
+    return np.where(P.fp8_param_gather > 0, FP8_WEIGHT_BYTES, job.bytes_per_param.weights)
+
+
+def grad_bytes_per_elem(job: JobSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes per gradient element kept, bytes per gradient element on the DP wire)."""
+    bpp = job.bytes_per_param
+    bf16 = P.grad_reduce_in_bf16 > 0
+    return np.where(bf16, BF16_GRAD_BYTES, bpp.grads), np.where(bf16, BF16_GRAD_BYTES, bpp.grad_reduce)
+
+
 def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
     """Bytes per GPU: HBM by category, offload-tier use by category, and the HBM budget."""
     bpp = job.bytes_per_param
@@ -108,10 +131,12 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
 
     layers_per_stage = model.layers / P.pp
     # ZeRO-3 gathers two layers at a time (the one computing, the one prefetching).
-    gathered = np.where(P.zero_stage >= 3, 2.0 * params / layers_per_stage * bpp.weights, 0.0)
+    block_wb = block_weight_bytes_per_elem(job, P)
+    grad_b, grad_wire_b = grad_bytes_per_elem(job, P)
+    gathered = np.where(P.zero_stage >= 3, 2.0 * params / layers_per_stage * block_wb, 0.0)
 
-    weights = weight_elems * bpp.weights
-    grads = grad_elems * bpp.grads
+    weights = weight_elems * block_wb + vocab_w * (bpp.weights - block_wb)
+    grads = grad_elems * grad_b
     optimizer = opt_elems * bpp.optimizer_total
 
     stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, P)
@@ -136,7 +161,7 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     offload_bytes = sum(offloaded.values())
     # the embedding / LM-head share of the model state in HBM, reported on its own line
     vocab_hbm_w = _kept(vocab_w * bpp.weights, P.offload_weights)
-    vocab_hbm_g = _kept(vocab_g * bpp.grads, P.offload_weights)
+    vocab_hbm_g = _kept(vocab_g * grad_b, P.offload_weights)
     vocab_hbm_o = vocab_o * bpp.optimizer_total * (1.0 - P.offload_optimizer)
 
     # Transient buffers: one layer recomputed in full, and the fp32 logits of the LM head
@@ -157,4 +182,7 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
         "offload_bytes": offload_bytes, "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
         "activations_per_microbatch_bytes": act_mb, "opt_elems": opt_elems, "params_elems": params,
         "expert_params_elems": np.broadcast_to(expert, (len(P),)),
+        # what one DP gradient reduce / parameter all-gather moves per GPU's model copy
+        "grad_reduce_bytes": params * grad_wire_b,
+        "param_gather_bytes": (blocks + expert) * block_wb + vocab * bpp.weights,
     }

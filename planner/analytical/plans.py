@@ -43,6 +43,9 @@ class PlanArrays:
     dp_comm_overlap: np.ndarray
     dp_impl: np.ndarray
     moe_dispatcher: np.ndarray
+    cross_entropy_fusion: np.ndarray
+    grad_reduce_in_bf16: np.ndarray
+    fp8_param_gather: np.ndarray
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -108,7 +111,10 @@ class PlanArrays:
             zero_stage=int(self.zero_stage[i]), offload_weights=float(self.offload_weights[i]),
             offload_activations=float(self.offload_activations[i]),
             offload_optimizer=float(self.offload_optimizer[i]),
-            tp_comm_overlap=bool(self.tp_comm_overlap[i]), dp_comm_overlap=bool(self.dp_comm_overlap[i]))
+            tp_comm_overlap=bool(self.tp_comm_overlap[i]), dp_comm_overlap=bool(self.dp_comm_overlap[i]),
+            cross_entropy_fusion=bool(self.cross_entropy_fusion[i]),
+            grad_reduce_in_bf16=bool(self.grad_reduce_in_bf16[i]),
+            fp8_param_gather=bool(self.fp8_param_gather[i]))
 
     def take(self, index: np.ndarray) -> "PlanArrays":
         return PlanArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, data_parallel, flops
+from planner.analytical import comm, data_parallel, flops, precision
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -33,6 +33,13 @@ ELEMENTWISE_PASSES_HIDDEN = 12.0
 ELEMENTWISE_PASSES_FFN = 2.0
 # Cross-entropy: logits cast to fp32, max, exp-sum, normalise: ~3 passes forward.
 CROSS_ENTROPY_PASSES = 3.0
+# --cross-entropy-loss-fusion (native impl) runs the same three steps as fused kernels. Bytes per
+# fp32 logit element moved in forward, counted from Megatron-LM core/tensor_parallel/cross_entropy.py
+# (cast 2+4, max 4, subtract 4+4, exp 4+4, sum 4, divide 4+4 = 38) and core/fusions/
+# fused_cross_entropy.py (cast+max 2+4, subtract+exp+sum 4+4, divide 4+4 = 22): the fused
+# share of the element-wise cross-entropy time in forward (the backward's one gradient kernel is
+# the same in both files). The fused path keeps the fp32 softmax, so memory is unchanged.
+CROSS_ENTROPY_FUSED_SHARE = 22.0 / 38.0
 # Unfused attention writes and re-reads the s×s scores (scale/mask/softmax, dropout): 4 passes.
 UNFUSED_SCORE_PASSES = 4.0
 
@@ -63,8 +70,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     """One layer, one microbatch, one GPU, forward: GEMMs, attention core, element-wise."""
     acc = system.accelerator
     eff = acc.efficiency
-    peak_gemm = acc.peak(job.dtype)
-    peak_attn = acc.peak("bf16" if job.dtype == "fp8" else job.dtype)
+    peak_gemm = acc.peak(precision.gemm_peak_key(job.dtype))
+    peak_attn = acc.peak(precision.high_precision_dtype(job.dtype))
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
@@ -95,9 +102,16 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     elem_bytes = 2.0 * tokens * ELEMENTWISE_PASSES_HIDDEN * h / np.where(sp, t, 1.0)
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
+    mlp_w = flops.mlp_width(model)
+    ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
+    topk = model.moe.top_k if model.moe else 1
+    # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
+    # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
+    quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
+        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk) / (1 + BACKWARD_FACTOR)
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": elem_bytes / hbm + mlp_elem + eff.layer_overhead_us * 1e-6}
+            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6}
 
 
 def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_per_s):
@@ -143,7 +157,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     busiest expert. Dispatch/combine communication is in `moe_dispatch_s`."""
     acc = system.accelerator
     eff = acc.efficiency
-    peak = acc.peak(job.dtype)
+    peak = acc.peak(precision.gemm_peak_key(job.dtype))
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     h, t, E, k = model.hidden, P.tp, model.moe.num_experts, model.moe.top_k
     tokens = P.micro_batch * model.seq_length / P.cp  # per tensor-parallel group
@@ -231,7 +245,7 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
     tokens = P.micro_batch * model.seq_length / P.cp
     h, t = model.hidden, P.tp
     proj = _gemm_time(2 * tokens * 2 * h * h / t, np.minimum(np.minimum(tokens, h / t), 2 * h),
-                      acc.peak(job.dtype), acc.efficiency, job.dtype)
+                      acc.peak(precision.gemm_peak_key(job.dtype)), acc.efficiency, job.dtype)
     block = layer["gemm"] + layer["attention"] + layer["elementwise"]
     if model.moe:
         block = block + moe_dispatch_s(model, system, P)
@@ -289,17 +303,23 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     k_full = P.full_recompute_layers(model.layers)
     recompute_compute = k_full * fwd_compute + np.where(P.recompute == 1, layers_per_stage * layer["attention"], 0.0)
 
-    # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward.
+    # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward; outside the
+    # low-precision autocast (Megatron's output layer is not a TE module), so bf16/fp16.
+    head_dtype = precision.high_precision_dtype(job.dtype)
     logit_fwd = _gemm_time(2 * tokens * h * model.vocab / t,
                            np.minimum(np.minimum(tokens, h), model.vocab / t),
-                           acc.peak(job.dtype), eff, job.dtype)
+                           acc.peak(head_dtype), eff, head_dtype)
     # fp32 cross-entropy over the vocabulary shard: softmax and its gradient make
     # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
-    logit_fwd = logit_fwd + CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
+    ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
         acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
+    # the backward stays as it was: its gradient kernel is the same in both paths
+    logit_bwd = BACKWARD_FACTOR * (logit_fwd + ce_unfused)
+    logit_fwd = logit_fwd + np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
     # MTP modules (DeepSeek-V3 §2.2) run on the last stage after the LM head, like it.
-    logit_fwd = logit_fwd + mtp_fwd_s(model, layer, logit_fwd, system, job, P)
-    logit_bwd = BACKWARD_FACTOR * logit_fwd
+    mtp = mtp_fwd_s(model, layer, logit_fwd, system, job, P)
+    logit_fwd = logit_fwd + mtp
+    logit_bwd = logit_bwd + BACKWARD_FACTOR * mtp
 
     stage_fwd = layers_per_stage * fwd_compute
     stage_bwd = layers_per_stage * bwd_compute
@@ -323,12 +343,17 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     dp_bw, dp_lat = comm.group_link(system, dp * c, t)
     n_edp = t * dp * c / (P.etp * P.ep)
     edp_bw, edp_lat = comm.group_link(system, n_edp, P.etp * P.ep)
-    groups = [(dense - expert, dp * c, dp_bw, dp_lat), (expert, n_edp, edp_bw, edp_lat)]
+    # bytes on the wire (memory.py: 16-bit with --grad-reduce-in-bf16, FP8 weights with
+    # --fp8-param-gather), split between the groups by their share of the parameters
+    f_exp = np.where(dense > 0, expert / np.maximum(dense, 1.0), 0.0)
+    grad_b, weight_b = mem["grad_reduce_bytes"], mem["param_gather_bytes"]
+    groups = [((1 - f_exp) * grad_b, (1 - f_exp) * weight_b, dp * c, dp_bw, dp_lat),
+              (f_exp * grad_b, f_exp * weight_b, n_edp, edp_bw, edp_lat)]
     # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
     mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
     dp_comm = data_parallel.dp_comm_exposed_s(
         groups, P.zero_stage, P.dp_impl, m, mb_fwd, mb_bwd, p, v, layers_per_stage, P.dp_comm_overlap > 0,
-        bpp.grad_reduce, bpp.weights, overlapped_collective_s)
+        overlapped_collective_s)
 
     # --- optimizer step, memory-bound on HBM; the offloaded share runs where its state lives.
     opt_elems = mem["opt_elems"]

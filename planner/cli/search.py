@@ -203,7 +203,8 @@ def register(app: typer.Typer) -> None:
                             "experts": m.moe.num_experts if m.moe else None} for m in models],
                 "systems": [{"name": s.name, "accelerator": s.accelerator.name, "gpus": s.num_gpus,
                              "gpus_per_node": s.gpus_per_node, "hbm_gib": s.accelerator.hbm_capacity_gib,
-                             "nvlink_domain": s.nvlink_domain_gpus,
+                             "nvlink_domain": s.nvlink_domain_gpus, "peak_flops": s.accelerator.peak_flops,
+                             "source": s.source,
                              "offload_gib": s.offload.capacity_gib if s.offload else None} for s in systems]},
                 indent=2))
             return
@@ -224,6 +225,9 @@ def register(app: typer.Typer) -> None:
             t.add_row(s.name, s.accelerator.name, str(s.num_gpus), str(s.gpus_per_node), str(s.nvlink_domain_gpus),
                       f"{s.accelerator.hbm_capacity_gib:g}", f"{s.accelerator.peak_flops.get('bf16', 0) / 1e12:,.0f}", off)
         console.print(t)
+        for s in systems:  # where each system's figures come from (details in hardware/presets/*.yaml)
+            dtypes = ", ".join(sorted(k for k in s.accelerator.peak_flops if k not in ("fp32", "tf32")))
+            console.print(f"{s.name}: {dtypes}; source: {s.source or '-'}", soft_wrap=True)
 
     app.command("plan")(plan_command)
     app.command("check")(check_command)
@@ -266,11 +270,10 @@ def _plan(o: dict) -> None:
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
     if o["save"] is not None and result.best is not None:
-        # model/system as the user named them (preset or path), so `megatron/estimate --plan` can reload them
-        data = {"plan": result.best.plan.model_dump(), "model": o["model"], "system": o["system"],
-                "seq_length": model.seq_length, "global_batch": result.best.plan.global_batch,
-                "gpus": system.num_gpus, "step_time_s": result.best.estimate.step_time_s,
-                "objective": result.objective}
+        # everything the launch needs (planner/planfile.py), so `megatron/estimate --plan` agree
+        from planner.planfile import plan_file_data
+        data = plan_file_data(result.best.plan, o["model"], o["system"], model, system, job,
+                              step_time_s=result.best.estimate.step_time_s, objective=result.objective)
         try:
             with open(o["save"], "x") as handle:
                 yaml.safe_dump(data, handle, sort_keys=False)
