@@ -1,19 +1,17 @@
 """Evaluate (and grid-fit) issue 9's named MoE / sharded-DP parameters on measured rows.
 
-Rows (all with a published layout and a step time or tokens/s):
-  moe       Grok-1 proxies (measured_runs.yaml, dgxc 25.04) and the Megatron MoE ModelZoo
-            Qwen3-235B-A22B H100 rows (fsdp_moe_runs.yaml, step_time_s published)
-  fsdp      torchtitan FSDP2 bf16 rows on H100 (fsdp_moe_runs.yaml; Grand Teton H100 96 GB/500 W
-            run on the DGX H100 preset: an assumption, said in the output)
-  deepspeed DeepSpeed ZeRO-3 rows of measured_runs.yaml (Narayanan Table 2 baseline)
-  dense     every other fitted row of measured_runs.yaml (must not get worse)
+Rows: every comparable record of the three reference files, through planner/reference.py:
+  moe       every MoE run (Grok-1, Qwen3, Llama-4, DeepSeek-V3 where the layout is even)
+  fsdp      dense runs with sharded gradients/parameters (torchtitan FSDP2, llm-foundry FSDP,
+            Megatron-FSDP)
+  deepspeed DeepSpeed ZeRO-3 rows (Narayanan Table 2 baseline)
+  dense     every other row (must not get worse)
 
 Parameters fitted (module constants, physical meaning in their comments):
   planner.analytical.time.MOE_IMBALANCE_DROPLESS, planner.analytical.time.A2A_BW_EFFICIENCY,
   planner.analytical.data_parallel.FSDP_OVERLAP_FRACTION,
   planner.analytical.data_parallel.DEEPSPEED_ZERO3_BW_EFFICIENCY.
-Leave-one-family-out: each MoE family (grok, qwen3) is predicted with the parameters fitted
-without it.
+Leave-one-family-out: each MoE family is predicted with the MoE parameters fitted without it.
 
 Usage: python bench/fsdp_moe_eval.py [--fit]
 """
@@ -26,97 +24,35 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hardware import load_system  # noqa: E402
 from planner.analytical import PlanArrays, data_parallel, estimate_many  # noqa: E402
 from planner.analytical import time as tm  # noqa: E402
-from planner.calibration import load_reference  # noqa: E402
-from planner.model import ModelSpec, load_model  # noqa: E402
-from planner.plan import JobSpec, Plan  # noqa: E402
-
-FSDP_MOE = ROOT.parent / "shared" / "reference" / "fsdp_moe_runs.yaml"
-if not FSDP_MOE.exists():
-    FSDP_MOE = Path("../shared/reference/fsdp_moe_runs.yaml")
-
+from planner.reference import load_reference  # noqa: E402
 
 class Row:
-    def __init__(self, rid, family, group, model, system, plan, job, measured_s, note=""):
-        self.id, self.family, self.group = rid, family, group
-        self.model, self.system, self.plan, self.job = model, system, plan, job
-        self.measured_s, self.note = measured_s, note
+    def __init__(self, case):
+        self.case = case
+        self.id, self.family = case.id, case.family
+        self.model, self.system, self.plan, self.job = case.model, case.system, case.plan, case.job
+        self.measured_s = case.measured_step_s
+        self.note = "; ".join(case.assumptions[-2:])
+        fw = case.framework
+        self.group = ("moe" if case.model.moe else
+                      "deepspeed" if "DeepSpeed" in fw else
+                      "fsdp" if ("FSDP" in fw or case.plan.zero_stage >= 2) else "dense")
 
     def predict(self) -> float:
         P = PlanArrays.from_plans([self.plan], self.model.layers)
         return float(estimate_many(self.model, self.system, self.job, P)["step_time_s"][0])
 
 
-def _qwen3_235b(seq: int) -> ModelSpec:
-    # yanring/Megatron-MoE-ModelZoo model_configs/benchmarking/Qwen3-235B-A22B.yaml (kv_channels 128)
-    return ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, head_dim=128, query_groups=4,
-                     ffn=12288, seq_length=seq, vocab=151936, activation="swiglu", tied_embeddings=False,
-                     position_embedding="rope", biases=False, dropout=False,
-                     moe={"num_experts": 128, "top_k": 8, "expert_ffn": 1536})
-
-
-def fsdp_moe_rows() -> list[Row]:
-    recs = yaml.safe_load(FSDP_MOE.read_text())["records"]
-    out = []
-    for r in recs:
-        par, meas, sysrec = r["parallel"], r["measured"], r["system"]
-        gpus = int(sysrec["gpus"])
-        if r["source_group"] == "megatron_moe_modelzoo" and sysrec["gpu"] == "H100" \
-                and r["model"]["name"] == "Qwen3-235B-A22B" and meas.get("step_time_s"):
-            tp, pp, cp, ep = par["tp"], par["pp"], par.get("cp") or 1, par["ep"]
-            etp = par.get("etp") or tp
-            dp = gpus // (tp * pp * cp)
-            rc = str(par.get("recompute"))
-            recompute = "full" if rc == "full" else "selective" if rc != "None" else "none"
-            fsdp = "fsdp" in r["id"]
-            plan = Plan(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=par["microbatch"],
-                        global_batch=par["global_batch"], vpp=par.get("vpp") or 1, sequence_parallel=tp > 1,
-                        recompute=recompute, zero_stage=3 if fsdp else 1, tp_comm_overlap=tp > 1,
-                        moe_dispatcher="deepep" if "deepep" in r["id"] else "alltoall")
-            out.append(Row(r["id"], "qwen3", "moe", _qwen3_235b(r["model"]["seq"]), load_system("h100-sxm", gpus),
-                           plan, JobSpec(global_batch=par["global_batch"], hbm_reserve_gib=0.0),
-                           float(meas["step_time_s"]), "recompute of norm/act modules taken as selective"))
-        if r["source_group"] == "torchtitan" and "H100" in sysrec["gpu"] and not par.get("float8") \
-                and par.get("global_batch") and r["model"].get("seq") and (par.get("pp") or 1) == 1 \
-                and (par.get("cp") or 1) == 1 and meas.get("tokens_per_sec_per_gpu"):
-            name = {"Llama 3.1 8B": "llama3-8b", "Llama 3.1 70B": "llama3-70b",
-                    "Llama 3.1 405B": "llama3-405b"}.get(r["model"]["name"])
-            if name is None:
-                continue
-            seq = int(r["model"]["seq"])
-            model = load_model(name, {"seq_length": seq})
-            tp, gb = par["tp"] or 1, par["global_batch"]
-            dp = gpus // tp
-            rc = str(par.get("recompute"))
-            plan = Plan(tp=tp, dp=dp, micro_batch=gb // dp, global_batch=gb, sequence_parallel=tp > 1,
-                        recompute="full" if rc.startswith("full") else "selective", zero_stage=3,
-                        dp_impl="torch-fsdp2")
-            step = gb * seq / (float(meas["tokens_per_sec_per_gpu"]) * gpus)
-            out.append(Row(r["id"], "torchtitan", "fsdp", model, load_system("h100-sxm", gpus), plan,
-                           JobSpec(global_batch=gb, hbm_reserve_gib=0.0), step,
-                           "Grand Teton H100 (96 GB, 500 W) run on the DGX H100 preset"))
-    return out
-
-
-def measured_rows() -> list[Row]:
+def all_rows() -> list[Row]:
+    """Every comparable record of the three reference files (planner/reference.py's loader)."""
     cases, _ = load_reference()
-    out = []
-    for c in cases:
-        if c.model.moe:
-            group, fam = "moe", "grok"
-        elif not c.fit:
-            group, fam = "deepspeed", "deepspeed"
-        else:
-            group, fam = "dense", c.source
-        out.append(Row(c.id, fam, group, c.model, c.system, c.plan, c.job, c.measured_step_s))
-    return out
+    return [Row(c) for c in cases]
 
 
 PARAMS = {
@@ -169,7 +105,7 @@ def main() -> None:
     ap.add_argument("--fit", action="store_true", help="grid-fit the named parameters, then report")
     ap.add_argument("--rows", action="store_true", help="print every row")
     args = ap.parse_args()
-    rows = measured_rows() + fsdp_moe_rows()
+    rows = all_rows()
     current = {name: getattr(mod, name) for (mod, name) in PARAMS}
     print("parameters in the code:", current)
     report(rows, "current")
