@@ -124,6 +124,9 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
                       capacity_factor=cfg["moe_expert_capacity_factor"])
     mla = None
     if cfg["multi_latent_attention"]:
+        # MLA runs Megatron's YaRN RoPE; at scaling factor 1 it is plain RoPE (no interpolation,
+        # mscale 1: core/models/common/embeddings/yarn_rotary_pos_embedding.py), the pre-training model's
+        assert cfg["rope_type"] == "yarn" and cfg["rotary_scaling_factor"] == 1.0, cfg["rope_type"]
         mla = MLASpec(q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
                       qk_nope_head_dim=cfg["qk_head_dim"], qk_rope_head_dim=cfg["qk_pos_emb_head_dim"],
                       v_head_dim=cfg["v_head_dim"])

@@ -75,6 +75,9 @@ def attention_args(model: ModelSpec) -> list[Arg]:
     part (DeepSeek's qk_nope_head_dim), --qk-pos-emb-head-dim the decoupled RoPE part."""
     a: list[Arg] = []
     if model.mla is not None:
+        # Megatron's MLA uses YaRN RoPE; --rotary-scaling-factor keeps its default 1.0, at which
+        # YaRN is plain RoPE (equal interpolated and extrapolated frequencies, mscale 1:
+        # yarn_rotary_pos_embedding.py), as DeepSeek-V3 pre-trains at 4K.
         mla = model.mla
         a.append(("--multi-latent-attention", None))
         if mla.q_lora_rank is not None:  # Megatron's default None: queries not compressed
