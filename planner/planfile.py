@@ -61,4 +61,18 @@ def saved_job(path: str | Path, plan: Plan) -> JobSpec | None:
         raise one_line(err, f"plan ({path}): job") from None
 
 
-__all__ = ["SAVED_JOB_FIELDS", "reference", "plan_file_data", "saved_job"]
+def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
+    """The saved job of a plan file, checked against the settings a user gave on the command line
+    (None = not given): the file says how the plan was costed, so a different value is an error
+    rather than a silent re-costing. None for a bare plan mapping without job settings."""
+    saved = saved_job(path, plan)
+    if saved is None:
+        return None
+    for name, value in given.items():
+        if value is not None and value != getattr(saved, name):
+            raise SpecError(f"{name.replace('_', '-')}: {value} differs from the plan file's "
+                            f"({getattr(saved, name)})")
+    return saved
+
+
+__all__ = ["SAVED_JOB_FIELDS", "reference", "plan_file_data", "saved_job", "job_for_plan_file"]
