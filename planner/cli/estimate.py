@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from hardware.errors import SpecError
 from planner.analytical import estimate
@@ -34,6 +33,8 @@ from planner.cli.common import (
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
+    MAX_GLOBAL_BATCH,
+    check_int,
     given_knobs,
     load_inputs_for_plan,
     make_job,
@@ -53,7 +54,7 @@ def estimate_command(
     system: SavedSystemOpt = None,
     gpus: GpusOpt = None,
     seq_length: SeqOpt = None,
-    global_batch: BatchOpt = DEFAULT_BATCH,
+    global_batch: BatchOpt = None,
     dtype: DtypeOpt = "bf16",
     hbm_reserve_gib: ReserveOpt = 2.0,
     plan_file: Annotated[Optional[str], typer.Option(
@@ -70,6 +71,7 @@ def estimate_command(
     """Time and memory of ONE plan under the exact analytical model.
 
     Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
+    Exit code 0 when the plan fits, 1 when it does not (memory or a rule), 2 for an input error.
     Example: planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
@@ -80,10 +82,12 @@ def estimate_command(
             raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
                             f"--{next(iter(knobs)).replace('_', '-')})")
         plan = load_plan(plan_file)
+        if global_batch is not None and global_batch != plan.global_batch:
+            raise SpecError(f"global-batch: {global_batch} differs from the plan file's global_batch "
+                            f"({plan.global_batch}); give one or the other")
     else:
-        if global_batch is None or global_batch < 1:
-            raise SpecError(f"global-batch: must be a positive integer, got {global_batch}")
-        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch, ESTIMATE_DEFAULTS)
+        check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
+        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS)
     if plan.gpus != system_spec.num_gpus:
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
@@ -91,7 +95,10 @@ def estimate_command(
     if json_out:
         print(estimate_json(est))
     else:
+        from rich.console import Console
         print_estimate(Console(), model_spec, system_spec, est)
+    if not est.feasible:
+        raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,6 @@
 """`planner plan`, `planner check`, `planner count`, `planner presets`: the search from the CLI."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -11,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hardware.errors import SpecError
+from planner.report import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
     DEFAULT_BATCH,
@@ -43,7 +43,11 @@ from planner.cli.common import (
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
+    MAX_GLOBAL_BATCH,
+    MAX_TOP,
+    check_int,
     given_knobs,
+    refuse_contradictions,
     load_inputs,
     make_job,
 )
@@ -60,13 +64,15 @@ Opt = typer.Option
 
 
 def _inputs(o: dict):
-    if o["global_batch"] is not None and o["global_batch"] < 1:
-        raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
-    if o["max_global_batch"] < 1:
-        raise SpecError(f"max-global-batch: must be a positive integer, got {o['max_global_batch']}")
+    check_int("global-batch", o["global_batch"], 1, MAX_GLOBAL_BATCH)
+    check_int("max-global-batch", o["max_global_batch"], 1, MAX_GLOBAL_BATCH)
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
+    if o["free_batch"] and o["global_batch"] is not None:
+        raise SpecError(f"global-batch: --global-batch {o['global_batch']} fixes the batch and --free-batch "
+                        "lets the search pick it; give one (use --max-global-batch to cap a free batch)")
     gb = None if o["free_batch"] else (o["global_batch"] or DEFAULT_BATCH)
     pins = given_knobs(o)
+    refuse_contradictions(pins, o["framework"])
     max_gb = max(o["max_global_batch"], gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
@@ -183,7 +189,7 @@ def register(app: typer.Typer) -> None:
         model_spec, system_spec, job = _inputs(o)
         n = count(model_spec, system_spec, job)
         if json_out:
-            print(json.dumps({"model": model_spec.name, "system": system_spec.name,
+            print(json_text({"model": model_spec.name, "system": system_spec.name,
                               "gpus": system_spec.num_gpus, "mappings": n,
                               "global_batch": job.global_batch, "max_global_batch": job.max_global_batch}))
         else:
@@ -197,7 +203,7 @@ def register(app: typer.Typer) -> None:
         models = [load_model(n) for n in model_preset_names()]
         systems = [load_system(n) for n in system_preset_names()]
         if json_out:
-            print(json.dumps({
+            print(json_text({
                 "models": [{"name": m.name, "params": m.num_params, "layers": m.layers, "hidden": m.hidden,
                             "heads": m.heads, "kv_groups": m.kv_groups, "seq_length": m.seq_length,
                             "experts": m.moe.num_experts if m.moe else None} for m in models],
@@ -233,17 +239,16 @@ def register(app: typer.Typer) -> None:
 
 def _plan(o: dict) -> None:
     from planner.search import plan as search
-    if o["top"] < 1:
-        raise SpecError(f"top: must be a positive integer, got {o['top']}")
+    check_int("top", o["top"], 1, MAX_TOP)
     if o["save"] is not None and o["save"].exists():
         raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it")
     model, system, job = _inputs(o)
     result = search(model, system, job, top_k=o["top"])
     free = job.global_batch is None
     if o["json_out"]:
-        print(json.dumps({"model": model.name, "system": system.name, "gpus": system.num_gpus,
+        print(json_text({"model": model.name, "system": system.name, "gpus": system.num_gpus,
                           "objective": result.objective, "plans": [_plan_json(r) for r in result.ranked],
-                          "stats": result.stats}, indent=2, default=float))
+                          "stats": result.stats}))
     else:
         console = Console()
         if result.best is None:
@@ -289,10 +294,10 @@ def _check(o: dict) -> int:
     model, system, job = _inputs(o)
     res = check(model, system, job)
     if o["json_out"]:
-        print(json.dumps({"feasible": res.feasible, "model": model.name, "system": system.name,
+        print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
                           "gpus": system.num_gpus,
                           "best": _plan_json(res.best) if res.best else None, "reasons": res.reasons,
-                          "binding_rules": res.binding_rules, "numbers": res.numbers}, indent=2, default=float))
+                          "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
     console = Console()
     if res.feasible:

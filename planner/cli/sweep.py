@@ -1,7 +1,6 @@
 """`planner sweep`: the best plan over a one- or two-parameter grid -> CSV + PNG/SVG plot."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hardware.errors import SpecError
+from planner.report import json_text
 from planner.cli.common import (
     DtypeOpt,
     FrameworkOpt,
@@ -138,8 +138,8 @@ def register(app: typer.Typer) -> None:
         write_csv(rows, spec, paths["csv"])
         plot(rows, spec, out / name)
         if json_out:
-            print(json.dumps({"columns": columns(spec), "rows": _json_rows(rows),
-                              "files": {k: str(v) for k, v in paths.items()}}, indent=2))
+            print(json_text({"columns": columns(spec), "rows": _json_rows(rows),
+                              "files": {k: str(v) for k, v in paths.items()}}))
             return
         console = Console()
         console.print(_summary_table(rows, spec))

@@ -1,10 +1,11 @@
 """`planner validate`: the analytical model against published measured runs."""
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
+
+from planner.report import json_text
 from rich.console import Console
 from rich.table import Table
 
@@ -30,8 +31,8 @@ def register(app: typer.Typer) -> None:
         rows = accuracy_rows(cases)
         by_source, by_gpu, by_fw = summarize(rows, "source"), summarize(rows, "gpu"), summarize(rows, "framework")
         if json_out:
-            print(json.dumps({"rows": rows, "by_source": by_source, "by_gpu": by_gpu, "by_framework": by_fw,
-                              "skipped": [s.__dict__ for s in skipped]}, indent=2))
+            print(json_text({"rows": rows, "by_source": by_source, "by_gpu": by_gpu, "by_framework": by_fw,
+                              "skipped": [s.__dict__ for s in skipped]}))
             return
         console = Console(width=200)
         if rows_out:
