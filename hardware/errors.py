@@ -56,6 +56,8 @@ def read_yaml_mapping(path: Path, what: str) -> dict:
         raise SpecError(f"{what} {path}: malformed YAML{at}{detail}") from None
     except OSError as exc:
         raise SpecError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    if data is None:
+        raise SpecError(f"{what} {path}: the file is empty; expected a YAML mapping of fields")
     if not isinstance(data, dict):
         raise SpecError(f"{what} {path}: expected a YAML mapping of fields, got {type(data).__name__}")
     return data

@@ -136,6 +136,8 @@ class JobSpec(BaseModel):
 def load_plan(path: str | Path) -> Plan:
     data = read_yaml_mapping(Path(path), "plan")
     data = data.get("plan", data)  # accept a saved `planner plan --save` file too
+    if not isinstance(data, dict):
+        raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {type(data).__name__}")
     try:
         refuse_loose_types(data, Plan, "plan")
         return Plan.model_validate(data)

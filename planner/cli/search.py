@@ -272,7 +272,8 @@ def _plan(o: dict) -> None:
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
     if o["save"] is not None and result.best is not None:
         # model/system as the user named them (preset or path), so `megatron/estimate --plan` can reload them
-        data = {"plan": result.best.plan.model_dump(), "model": o["model"], "system": o["system"],
+        data = {"plan": result.best.plan.model_dump(), "model": _portable(o["model"], "model"),
+                "system": _portable(o["system"], "system"),
                 "seq_length": model.seq_length, "global_batch": result.best.plan.global_batch,
                 "gpus": system.num_gpus, "step_time_s": result.best.estimate.step_time_s,
                 "objective": result.objective}
@@ -287,6 +288,16 @@ def _plan(o: dict) -> None:
             print(f"wrote {o['save']}")
     if result.best is None:
         raise typer.Exit(1)  # like `planner check`: 1 = nothing fits (2 is kept for input errors)
+
+
+def _portable(ref: str, what: str) -> str:
+    """A preset name as given; a file as an absolute path, so the saved plan loads from any folder."""
+    from hardware.load import PRESET_DIR as SYSTEM_PRESETS
+    from planner.model import PRESET_DIR as MODEL_PRESETS
+    presets = MODEL_PRESETS if what == "model" else SYSTEM_PRESETS
+    from hardware.errors import resolve_preset_or_file
+    path, label = resolve_preset_or_file(ref, presets, what)
+    return ref if label.startswith("preset") else str(path.resolve())
 
 
 def _check(o: dict) -> int:

@@ -5,11 +5,35 @@ from typing import Annotated, Optional
 
 import typer
 
+from hardware.errors import SpecError
+
 from planner.report import json_text
 from rich.console import Console
 from rich.table import Table
 
 from planner.calibration import DEFAULT_REFERENCE, accuracy_rows, load_reference, summarize
+
+
+def _load_checked(reference: str):
+    """load_reference behind a guard: whatever file the user names (empty, binary, a folder, a
+    model YAML) is refused in one line before the loader sees it."""
+    from pathlib import Path
+
+    from hardware.errors import SpecError, read_yaml_mapping
+    path = Path(reference)
+    if path.exists():
+        data = read_yaml_mapping(path, "reference")
+        records = data.get("records")
+        if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
+            raise SpecError(f"reference {path}: expected a measured-runs file (a `records:` list of runs, "
+                            f"like ../shared/reference/measured_runs.yaml)")
+    try:
+        return load_reference(reference)
+    except SpecError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SpecError(f"reference {path}: a record is not a measured run "
+                        f"({type(exc).__name__}: {exc})") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -25,9 +49,14 @@ def register(app: typer.Typer) -> None:
         Prints per-row error, then mean |error| and max by source and by accelerator. Rows the
         model cannot express (no published layout, no preset for the GPU) are listed as skipped.
         """
-        cases, skipped = load_reference(reference)
+        cases, skipped = _load_checked(reference)
         if source:
+            all_cases = cases
             cases = [c for c in cases if c.id.startswith(source)]
+            if not cases:
+                prefixes = sorted({c.id.split("_")[0].split("-")[0] for c in all_cases})
+                raise SpecError(f"source: no reference run id starts with {source!r}; ids start with e.g. "
+                                f"{', '.join(prefixes[:12])}")
         rows = accuracy_rows(cases)
         by_source, by_gpu, by_fw = summarize(rows, "source"), summarize(rows, "gpu"), summarize(rows, "framework")
         if json_out:
