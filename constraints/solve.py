@@ -56,8 +56,11 @@ def _interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> 
         while worker.is_alive():
             worker.join(0.05)
     except KeyboardInterrupt:
-        solver.StopSearch()
-        worker.join(1.0)
+        # until the solve returns: a stop that lands before the search starts is reset by it, and a
+        # thread still inside the solver when Python exits aborts the process
+        while worker.is_alive():
+            solver.StopSearch()
+            worker.join(0.01)
         raise
     return done["code"]
 
