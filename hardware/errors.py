@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # yaml and pydantic load on first use: this module is on every CLI path
+    from pydantic import ValidationError
 
 
 class SpecError(ValueError):
@@ -29,24 +31,28 @@ def one_line(err: ValidationError, where: str) -> SpecError:
 MAX_YAML_BYTES = 1 << 20
 
 
-class _NoAliasLoader(yaml.SafeLoader):
-    """safe_load without aliases: `*ref` can expand exponentially ("billion laughs"), and no
-    spec file needs them."""
+def _no_alias_loader():
+    """safe_load's loader without aliases: `*ref` can expand exponentially ("billion laughs"), and
+    no spec file needs them."""
+    import yaml
 
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark
-            raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
-        return super().compose_node(parent, index)
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+    return NoAliasLoader
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict:
+    import yaml
     try:
         if path.is_dir():
             raise SpecError(f"{what} {path}: is a folder, expected a YAML file")
         if path.stat().st_size > MAX_YAML_BYTES:
             raise SpecError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a spec file")
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_NoAliasLoader)  # noqa: S506 (safe loader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_no_alias_loader())  # noqa: S506 (safe loader)
     except UnicodeDecodeError:
         raise SpecError(f"{what} {path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:

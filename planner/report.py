@@ -8,6 +8,7 @@ from rich.table import Table
 
 from hardware.spec import SystemSpec
 from planner.analytical.estimate import RULES, Estimate
+from planner.jsonout import json_safe, json_text  # noqa: F401 (re-exported)
 from planner.model import ModelSpec
 
 GIB = 2**30
@@ -77,26 +78,6 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
         console.print("[bold red]Not feasible:[/bold red]")
         for rule in est.violations:
             console.print(f"  - {rule}: {RULES[rule]}")
-
-
-def json_safe(value):
-    """JSON has no Infinity/NaN: write them as the strings "inf", "-inf", "nan" (numpy scalars too)."""
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()  # numpy scalar -> Python
-    if isinstance(value, float) and value != value:
-        return "nan"
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
-def json_text(data, indent: int | None = 2) -> str:
-    """Valid JSON (strict: no Infinity/NaN tokens) for everything the CLI prints under --json."""
-    return json.dumps(json_safe(data), indent=indent, allow_nan=False)
 
 
 def estimate_json(est: Estimate) -> str:

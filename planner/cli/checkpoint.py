@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from hardware.errors import SpecError
-from planner.report import json_text
+from planner.jsonout import json_text
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report
 from planner.cli.common import (
     DEFAULT_MODEL, DEFAULT_SYSTEM, GpusOpt, JsonOpt, ModelOpt, SystemOpt, check_float, load_inputs)

@@ -5,12 +5,9 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
-from rich.console import Console
-from rich.table import Table
 
 from hardware.errors import SpecError
-from planner.report import json_text
+from planner.jsonout import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
     DEFAULT_BATCH,
@@ -52,7 +49,6 @@ from planner.cli.common import (
     make_job,
 )
 from planner.model import load_model, model_preset_names
-from planner.report import TIME_LABELS, describe_plan, print_estimate
 
 GIB = 2**30
 
@@ -83,6 +79,7 @@ def _inputs(o: dict):
 
 def _why_lost(best, alt, seq: int, free: bool) -> str:
     """The biggest time-component differences of `alt` vs `best`, per token or per step."""
+    from planner.report import TIME_LABELS
     nb = best.plan.global_batch * seq if free else 1.0
     na = alt.plan.global_batch * seq if free else 1.0
     diffs = []
@@ -213,6 +210,8 @@ def register(app: typer.Typer) -> None:
                              "offload_gib": s.offload.capacity_gib if s.offload else None} for s in systems]},
                 indent=2))
             return
+        from rich.console import Console
+        from rich.table import Table
         console = Console()
         t = Table(title="Model presets (--model)")
         for col in ("name", "params (B)", "layers", "hidden", "heads", "kv groups", "ffn", "seq", "MoE"):
@@ -250,6 +249,10 @@ def _plan(o: dict) -> None:
                           "objective": result.objective, "plans": [_plan_json(r) for r in result.ranked],
                           "stats": result.stats}))
     else:
+        from rich.console import Console
+        from rich.table import Table
+
+        from planner.report import print_estimate
         console = Console()
         if result.best is None:
             console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
@@ -277,6 +280,7 @@ def _plan(o: dict) -> None:
                 "seq_length": model.seq_length, "global_batch": result.best.plan.global_batch,
                 "gpus": system.num_gpus, "step_time_s": result.best.estimate.step_time_s,
                 "objective": result.objective}
+        import yaml
         try:
             with open(o["save"], "x") as handle:
                 yaml.safe_dump(data, handle, sort_keys=False)
@@ -310,6 +314,9 @@ def _check(o: dict) -> int:
                           "best": _plan_json(res.best) if res.best else None, "reasons": res.reasons,
                           "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
+    from rich.console import Console
+
+    from planner.report import describe_plan
     console = Console()
     if res.feasible:
         console.print(f"[bold green]yes[/bold green]: {model.name} trains on {system.num_gpus}× "

@@ -11,7 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hardware.errors import SpecError
-from planner.report import json_text
+from planner.jsonout import json_text
 from planner.cli.common import (
     DtypeOpt,
     FrameworkOpt,

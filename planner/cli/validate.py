@@ -7,7 +7,7 @@ import typer
 
 from hardware.errors import SpecError
 
-from planner.report import json_text
+from planner.jsonout import json_text
 from rich.console import Console
 from rich.table import Table
 
