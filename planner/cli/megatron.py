@@ -1,7 +1,6 @@
 """`planner megatron`: a plan -> a Megatron-LM launch (script, args or JSON) that Megatron accepts."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -43,9 +42,8 @@ FORMATS = ("script", "args", "json")
 
 
 def _fail(lines: list[str]) -> None:
-    for line in lines:
-        print(f"error: {line}", file=sys.stderr)
-    raise typer.Exit(2)
+    """Every problem, on one line (the app prints it and exits 2)."""
+    raise SpecError("; ".join(lines))
 
 
 def megatron_command(
