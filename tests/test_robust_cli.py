@@ -225,6 +225,7 @@ def test_sweep_keeps_finished_points_and_resumes(tmp_path):
     log = rerun_dir / "sweep.points.jsonl"
     assert len(log.read_text().splitlines()) == 1 + 2  # header + two finished points
     assert not (rerun_dir / "sweep.csv").exists()
+    (rerun_dir / "sweep.csv").write_text("half-written by the killed run\n")  # killed while writing outputs
     calls.clear()
     sweep_mod.evaluate_point = counting
     try:

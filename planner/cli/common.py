@@ -17,9 +17,11 @@ DEFAULT_GPUS = 1024
 DEFAULT_BATCH = 1536
 
 ModelOpt = Annotated[str, typer.Option(
-    "--model", "-m", help="Model preset (see `planner presets`) or a model YAML file.")]
+    "--model", "-m", help="Model preset (see `planner presets`) or a path to a model YAML file; a bare "
+                          "preset name always means the preset (write ./NAME for a file of that name).")]
 SystemOpt = Annotated[str, typer.Option(
-    "--system", "-s", help="System preset (see `planner presets`) or a system YAML file.")]
+    "--system", "-s", help="System preset (see `planner presets`) or a path to a system YAML file; a bare "
+                           "preset name always means the preset.")]
 GpusOpt = Annotated[Optional[int], typer.Option(
     "--gpus", "-g", help="Number of GPUs (default: the system preset's count).")]
 SeqOpt = Annotated[Optional[int], typer.Option(

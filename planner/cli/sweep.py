@@ -117,7 +117,12 @@ def register(app: typer.Typer) -> None:
         if out.exists() and not out.is_dir():
             raise SpecError(f"out: {out} exists and is not a folder")
         paths = output_paths(out, name)
-        refuse_overwrite(paths, force)
+        log_path = out / f"{name}.points.jsonl"
+        resuming = log_path.is_file() and not force
+        # Outputs a resumed sweep left half-written (killed while plotting) are its own to replace.
+        ours = {k for k, v in paths.items() if v.exists()} if resuming else set()
+        if not resuming:
+            refuse_overwrite(paths, force)
         if ray:
             from planner.sweep import import_ray
             import_ray()
@@ -132,7 +137,7 @@ def register(app: typer.Typer) -> None:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SpecError(f"out: cannot create the folder {out} ({exc.strerror})") from None
-        log = PointLog(out / f"{name}.points.jsonl", spec, force)  # fails here, before any work, if unwritable
+        log = PointLog(log_path, spec, force)  # fails here, before any work, if unwritable
         order = {point_key(p.params): p.index for p in points}
         todo = [p for p in points if point_key(p.params) not in log.done]
         err = Console(stderr=True)
@@ -157,7 +162,8 @@ def register(app: typer.Typer) -> None:
         rows = sorted(old_rows + new_rows, key=lambda r: order[r["_key"]])
         for r in rows:
             r.pop("_key")
-        refuse_overwrite(paths, force)  # again: the sweep may have run for minutes
+        # again: the sweep may have run for minutes, and someone may have written there meanwhile
+        refuse_overwrite({k: v for k, v in paths.items() if k not in ours}, force)
         write_csv(rows, spec, paths["csv"])
         plot(rows, spec, out / name)
         log.close(remove=True)  # the CSV now holds every point
