@@ -260,3 +260,13 @@ def test_sweep_log_of_another_sweep_is_not_mixed_in(tmp_path):
     out.mkdir()
     (out / "sweep.points.jsonl").write_text(json.dumps({"sweep": {"model": "other"}}) + "\n")
     assert "different sweep" in assert_one_line_error(run(_sweep_args(out)))
+
+
+@pytest.mark.parametrize(("changes", "word"), [({"num_gpus": True}, "num_gpus"), ({"gpus_per_nod": 8}, "gpus_per_nod")])
+def test_system_yaml_is_strict(tmp_path, changes, word):
+    from hardware.load import PRESET_DIR as SYSTEM_PRESETS
+    data = yaml.safe_load((SYSTEM_PRESETS / "h100-sxm.yaml").read_text())
+    data.update(changes)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert word in assert_one_line_error(run(["count", "-s", str(path)]))
