@@ -270,3 +270,14 @@ def test_system_yaml_is_strict(tmp_path, changes, word):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))
     assert word in assert_one_line_error(run(["count", "-s", str(path)]))
+
+
+def test_every_listed_command_loads_and_helps():
+    from planner.cli.app import COMMANDS
+    for name in COMMANDS:
+        result = run([name, "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        assert f"planner {name}" in result.output
+        assert "--install-completion" not in result.output
+    top = run(["--help"])
+    assert all(name in top.output for name in COMMANDS)

@@ -2,7 +2,7 @@
 
 Commands are loaded when they are invoked, not at start: `planner --help` must not pay for
 OR-tools, numpy or rich (issue 10, item 6). COMMANDS holds each command's module and the one
-line `planner --help` shows for it (tests check it matches the command's own docstring).
+line `planner --help` shows for it (tests check that every listed command loads from its module).
 """
 from __future__ import annotations
 
