@@ -277,7 +277,7 @@ def test_every_listed_command_loads_and_helps():
     for name in COMMANDS:
         result = run([name, "--help"])
         assert result.exit_code == 0, (name, result.output)
-        assert f"planner {name}" in result.output
+        assert f" {name} [OPTIONS]" in result.output
         assert "--install-completion" not in result.output
     top = run(["--help"])
     assert all(name in top.output for name in COMMANDS)
