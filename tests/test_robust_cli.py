@@ -95,6 +95,14 @@ def test_estimate_refuses_batch_differing_from_plan_file(tmp_path):
     assert run(["estimate", "--plan", str(plan_file), "-b", "1536"]).exit_code == 0
 
 
+def test_check_json_is_strict_and_exit_1_when_nothing_fits():
+    # GPT-3 175B on 8 A100: the weights alone (175e9 × 2 B = 350 GB) exceed 8 × 80 GB with Adam state
+    result = run(["check", "-m", "gpt3-175b", "-s", "a100-80g", "-g", "8", "-b", "64", "--json"])
+    assert result.exit_code == 1
+    data = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert data["feasible"] is False and data["numbers"]["min_hbm_bytes"] > data["numbers"]["usable_hbm_bytes"]
+
+
 def test_json_never_holds_infinity():
     # no offload tier: offload capacity is 0, time/size ratios may be inf; the JSON must stay strict
     result = run(["estimate", "-g", "64", "--tp", "1", "--pp", "1", "--json"])
