@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
                       ValidationError, model_validator)
 
-from hardware.errors import one_line, read_yaml_mapping, resolve_preset_or_file
+from hardware.errors import one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -297,6 +297,7 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         data = read_yaml_mapping(path, "model")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
+        refuse_loose_types(data, ModelSpec, "model")
         return ModelSpec.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"model ({label})") from None

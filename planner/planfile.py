@@ -21,13 +21,14 @@ from planner.plan import JobSpec, Plan
 SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework")
 
 
-def reference(ref: str) -> str:
-    """A model/system reference as it must be saved: a preset name as is, a file as its absolute
+def reference(ref: str, what: str) -> str:
+    """A model/system reference as it must be saved: a preset name as is (a bare preset name
+    always means the preset), anything else (YAML, config.json, model directory) as its absolute
     path (a relative one breaks `--plan` from another directory)."""
-    path = Path(ref)
-    if path.suffix in (".yaml", ".yml", ".json") or path.is_file():
-        return str(path.resolve())
-    return ref
+    from hardware.load import PRESET_DIR as SYSTEM_PRESETS
+    from planner.model import PRESET_DIR as MODEL_PRESETS
+    presets = MODEL_PRESETS if what == "model" else SYSTEM_PRESETS
+    return ref if (presets / f"{ref}.yaml").is_file() else str(Path(ref).resolve())
 
 
 def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec, system: SystemSpec,
@@ -35,7 +36,7 @@ def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec
     """The mapping `planner plan --save` writes; `results` (step_time_s, objective …) are kept
     for the reader and ignored on load."""
     job_data = job.model_dump(include=set(SAVED_JOB_FIELDS))
-    return {"plan": plan.model_dump(), "model": reference(model_ref), "system": reference(system_ref),
+    return {"plan": plan.model_dump(), "model": reference(model_ref, "model"), "system": reference(system_ref, "system"),
             "gpus": system.num_gpus, "seq_length": model.seq_length,
             "global_batch": plan.global_batch, "job": job_data, **results}
 

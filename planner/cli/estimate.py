@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from hardware.errors import SpecError
 from planner.analytical import estimate
@@ -32,6 +31,8 @@ from planner.cli.common import (
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
+    MAX_GLOBAL_BATCH,
+    check_int,
     given_knobs,
     load_inputs_for_plan,
     make_job,
@@ -52,9 +53,10 @@ def estimate_command(
     system: SavedSystemOpt = None,
     gpus: GpusOpt = None,
     seq_length: SeqOpt = None,
-    global_batch: BatchOpt = DEFAULT_BATCH,
+    global_batch: BatchOpt = None,
     dtype: Annotated[Optional[str], typer.Option(
-        "--dtype", help="Compute precision: bf16, fp16 or fp8 (default: the plan file's, else bf16).")] = None,
+        "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), "
+                        "mxfp8 or nvfp4 (Blackwell only); default: the plan file's, else bf16.")] = None,
     hbm_reserve_gib: Annotated[Optional[float], typer.Option(
         "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation "
                                   "(GiB; default: the plan file's, else 2).")] = None,
@@ -74,6 +76,7 @@ def estimate_command(
     """Time and memory of ONE plan under the exact analytical model.
 
     Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
+    Exit code 0 when the plan fits, 1 when it does not (memory or a rule), 2 for an input error.
     Example: planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
@@ -84,13 +87,15 @@ def estimate_command(
             raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
                             f"--{next(iter(knobs)).replace('_', '-')})")
         plan = load_plan(plan_file)
+        if global_batch is not None and global_batch != plan.global_batch:
+            raise SpecError(f"global-batch: {global_batch} differs from the plan file's global_batch "
+                            f"({plan.global_batch}); give one or the other")
         # cost the plan as it was saved (dtype, reserve, attention), as `planner megatron --plan` does
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
                                 flash_attention=flash_attention)
     else:
-        if global_batch is None or global_batch < 1:
-            raise SpecError(f"global-batch: must be a positive integer, got {global_batch}")
-        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch, ESTIMATE_DEFAULTS)
+        check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
+        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS)
     if job is None:
         job = make_job(global_batch=None, dtype=dtype or "bf16",
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
@@ -102,7 +107,10 @@ def estimate_command(
     if json_out:
         print(estimate_json(est))
     else:
+        from rich.console import Console
         print_estimate(Console(), model_spec, system_spec, est)
+    if not est.feasible:
+        raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 
 
 def register(app: typer.Typer) -> None:
