@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
 
-from hardware.errors import SpecError, one_line, read_yaml_mapping
+from hardware.errors import refuse_loose_types, SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
@@ -183,7 +183,10 @@ class JobSpec(BaseModel):
 def load_plan(path: str | Path) -> Plan:
     data = read_yaml_mapping(Path(path), "plan")
     data = data.get("plan", data)  # accept a saved `planner plan --save` file too
+    if not isinstance(data, dict):
+        raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {type(data).__name__}")
     try:
+        refuse_loose_types(data, Plan, "plan")
         return Plan.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"plan ({path})") from None

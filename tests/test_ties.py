@@ -49,5 +49,8 @@ def test_default_example_no_longer_picks_cp2():
     twin = best.plan.model_copy(update={"cp": 2, "dp": best.plan.dp // 2, "micro_batch": best.plan.micro_batch * 2})
     twin_s = estimate(model, system, twin, job).step_time_s
     assert twin_s > best.objective * (1 + TIE_REL_TOL)
+    for other in found.ranked[1:]:
+        if other.plan.cp > 1:
+            assert other.objective >= best.objective
     oracle = brute_force(model, system, job, top_k=3)
     assert [r.plan for r in found.ranked] == oracle.plans

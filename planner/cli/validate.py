@@ -1,10 +1,13 @@
 """`planner validate`: the analytical model against published measured runs."""
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
+
+from hardware.errors import SpecError
+
+from planner.jsonout import json_text
 from rich.console import Console
 from rich.table import Table
 
@@ -19,6 +22,27 @@ def _lofo_rows(cases, rows: list[dict]) -> list[dict]:
     prepared = fit.prepare(cases)
     lofo = fit.lofo_predictions(prepared, fit.fit_all(prepared))
     return [{**r, "predicted_s": lofo[r["id"]], "error": lofo[r["id"]] / r["measured_s"] - 1.0} for r in rows]
+
+
+def _load_checked(references: list[str] | None):
+    """load_reference behind a guard: whatever file the user names (empty, binary, a folder, a
+    model YAML) is refused in one line before the loader sees it."""
+    from pathlib import Path
+
+    from hardware.errors import SpecError, read_yaml_mapping
+    for path in map(Path, references or ()):
+        if path.exists():
+            data = read_yaml_mapping(path, "reference")
+            records = data.get("records")
+            if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
+                raise SpecError(f"reference {path}: expected a measured-runs file (a `records:` list of runs, "
+                                f"like ../shared/reference/measured_runs.yaml)")
+    try:
+        return load_reference(references or None)
+    except SpecError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SpecError(f"reference: a record is not a measured run ({type(exc).__name__}: {exc})") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -41,9 +65,14 @@ def register(app: typer.Typer) -> None:
 
         Example: planner validate --summary --lofo
         """
-        cases, skipped = load_reference(reference or None)
+        cases, skipped = _load_checked(reference)
         if source:
+            all_cases = cases
             cases = [c for c in cases if c.id.startswith(source)]
+            if not cases:
+                prefixes = sorted({c.id.split("_")[0].split("-")[0] for c in all_cases})
+                raise SpecError(f"source: no reference run id starts with {source!r}; ids start with e.g. "
+                                f"{', '.join(prefixes[:12])}")
         rows = accuracy_rows(cases)
         lofo_rows = _lofo_rows(cases, rows) if lofo else None
         summaries = {key: summarize(rows, key) for key, _ in GROUP_KEYS}
@@ -53,7 +82,7 @@ def register(app: typer.Typer) -> None:
                    "read": len(cases), "files": [str(p) for p in (reference or DEFAULT_REFERENCES)]}
             if lofo_rows:
                 out["lofo_rows"], out["lofo_summary"] = lofo_rows, lofo_summaries
-            print(json.dumps(out, indent=2))
+            print(json_text(out))
             return
         console = Console(width=200)
         if rows_out:
