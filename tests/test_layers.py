@@ -11,9 +11,9 @@ API = set(planner.__all__)
 # (layer, module prefixes) low to high, as in docs/design.md "Layers and who may import whom"
 LAYERS = [
     (0, ("hardware",)),
-    (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties")),
+    (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties", "planner.jsonout")),
     (2, ("planner.analytical",)),
-    (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.reference", "planner.fit",
+    (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.reference", "planner.fit", "planner.planfile",
          "planner.report")),
     (4, ("constraints",)),
     (5, ("planner.search", "planner.bruteforce", "planner.sweep")),
