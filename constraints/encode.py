@@ -30,7 +30,7 @@ from planner.analytical.estimate import RULE_BITS
 from planner.plan import RECOMPUTE_CODES
 
 HALVES = ("offload_weights", "offload_activations", "offload_optimizer")
-KNOB_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "m", "global_batch", "recompute",
+KNOB_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "m", "global_batch", "recompute",
                 "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "zero_stage") + HALVES
 
 RULE_TEXT = {
@@ -40,7 +40,7 @@ RULE_TEXT = {
     "hidden_tp": "hidden and ffn sizes must be divisible by tp",
     "layers_pp": "layers must be divisible by pp·vpp, and vpp > 1 needs pp > 1",
     "cp_seq": "sequence length must be a multiple of 2·cp",
-    "experts_ep": "experts must be divisible by ep, and ep must divide dp·cp",
+    "experts_ep": "experts must be divisible by ep, expert ffn by etp, and tp·pp·dp·cp by etp·ep·pp",
     "batch": "global batch = microbatches · micro_batch · dp",
     "batch_size": "global batch must equal the fixed batch (or stay within the cap)",
     "vpp_microbatches": "with interleaving the number of microbatches must be a multiple of pp",
@@ -123,8 +123,11 @@ def encode(table: Table, assumptions: bool = False) -> Encoded:
     table_rule("hidden_tp", ("tp",), lambda t: all(w % t == 0 for w in widths))
     table_rule("layers_pp", ("pp", "vpp"), lambda p, v: model_spec.layers % (p * v) == 0 and (v == 1 or p > 1))
     table_rule("cp_seq", ("cp",), lambda c: c == 1 or model_spec.seq_length % (2 * c) == 0)
-    table_rule("experts_ep", ("ep", "dp", "cp"),
-               lambda e, d, c: E % e == 0 and (d * c) % e == 0 and (e == 1 or model_spec.moe is not None))
+    moe = model_spec.moe is not None
+    eff = model_spec.expert_ffn_hidden
+    table_rule("experts_ep", ("ep", "etp", "tp", "pp", "dp", "cp"),
+               lambda e, x, t, p, d, c: E % e == 0 and (t * p * d * c) % (x * e * p) == 0
+               and (eff % x == 0 if moe else (e == 1 and x == t)))
     table_rule("vpp_microbatches", ("pp", "vpp", "m"), lambda p, v, k: v == 1 or (k >= p and k % p == 0))
     table_rule("sp_needs_tp", ("tp", "sequence_parallel"), lambda t, s: not s or t > 1)
     table_rule("tp_overlap_needs_sp", ("sequence_parallel", "tp_comm_overlap"), lambda s, o: not o or s)

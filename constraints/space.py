@@ -12,6 +12,10 @@ Domains (see `knob_domains`)
   pp           divisors of layers, <= GPUs
   cp           1 and the divisors c <= 8 of seq/2 (so that seq % 2c == 0)
   ep           divisors of the number of experts (MoE only; else 1)
+  etp          expert tensor parallel (MoE only; else = tp): tp (Megatron's default) or 1 (the folded
+               layout published MoE recipes use); a pin may name any divisor of the expert ffn
+               within the NVLink domain. ep and etp need only world % (etp·ep·pp) == 0
+               (Megatron MoE parallel folding, megatron/core/parallel_state.py)
   vpp          1..8 with layers % (pp*vpp) == 0 (vpp > 1 needs pp > 1)
   dp           GPUs / (tp*pp*cp); with `allow_idle_gpus` any dp that leaves GPUs idle but keeps
                the used count a whole number of nodes (or at most one node), limited to the
@@ -54,7 +58,7 @@ OFFLOAD_GRID = (0.0, 0.5, 1.0)
 # The parallel layout: two rows with the same values here are the same "mapping of the model
 # onto the GPUs"; the search returns the K best DISTINCT layouts, each with its best batch and
 # memory options.
-LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch")
+LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch")
 # Memory / overlap options (one table, crossed with the layouts).
 OPTION_KEYS = ("recompute", "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "zero_stage",
                "offload_weights", "offload_activations", "offload_optimizer")
@@ -105,13 +109,15 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     half = model.seq_length // 2 if model.seq_length % 2 == 0 else 0
     cp = [1] + [c for c in range(2, CP_CAP + 1) if half and half % c == 0 and c <= n and fills(c)]
     ep = divisors(model.moe.num_experts) if model.moe else [1]
+    etp = [d for d in divisors(model.expert_ffn_hidden) if d <= n
+           and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
     vpp = list(range(1, VPP_CAP + 1))
     mega = job.framework == "megatron"
     offload = system.offload is not None and job.allow_offload
     off = OFFLOAD_GRID if offload else (0.0,)
     cap = job.global_batch or job.max_global_batch
     return {
-        "tp": tuple(tp), "pp": tuple(pp), "cp": tuple(cp), "ep": tuple(ep), "vpp": tuple(vpp),
+        "tp": tuple(tp), "pp": tuple(pp), "cp": tuple(cp), "ep": tuple(ep), "etp": tuple(etp), "vpp": tuple(vpp),
         "dp": tuple(range(1, n + 1)) if job.allow_idle_gpus else tuple(sorted({n // (a * b * c)
               for a in tp for b in pp for c in cp if n % (a * b * c) == 0})),
         "micro_batch": tuple(m for m in MICRO_BATCHES if m <= cap),
@@ -232,8 +238,10 @@ def layouts(space: Space) -> dict[str, np.ndarray]:
         for dp in _dp_choices(space, used):
             if dp not in d["dp"]:
                 continue
-            for ep in d["ep"]:
-                if experts % ep or (dp * cp) % ep:
+            world = used * dp
+            etps = [x for x in d["etp"] if x in (1, tp) or len(d["etp"]) == 1] if model.moe else [tp]
+            for ep, etp in itertools.product(d["ep"], etps):
+                if experts % ep or world % (etp * ep * pp):
                     continue
                 for vpp in d["vpp"]:
                     if model.layers % (pp * vpp) or (vpp > 1 and pp == 1):
@@ -251,7 +259,7 @@ def layouts(space: Space) -> dict[str, np.ndarray]:
                             spans = [(g // unit, g // unit, 1) for g in gb_dom if g % unit == 0
                                      and (vpp == 1 or ((g // unit) % pp == 0 and g // unit >= pp))]
                         for span in spans:
-                            for k, v in zip(names, (tp, pp, dp, cp, ep, vpp, mb) + span):
+                            for k, v in zip(names, (tp, pp, dp, cp, ep, etp, vpp, mb) + span):
                                 cols[k].append(v)
     return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
 

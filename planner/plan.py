@@ -17,11 +17,21 @@ RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 # passes cost; planner/megatron/emit.py maps them to Megatron flags.
 ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]
 COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4")
+# Who implements sharded data parallelism (ZeRO stage 2/3); the stage says what is sharded.
+# "megatron": Megatron-Core (distributed optimizer for ZeRO-1, Megatron-FSDP for 2/3);
+# "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
+DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
+DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
+# MoE token dispatcher (Megatron --moe-token-dispatcher-type): "alltoall" sends one copy per
+# routed expert; "deepep" (flex dispatcher with DeepEP) sends a token once per remote NVLink
+# domain and fans it out over NVLink there.
+MoeDispatcher = Literal["alltoall", "deepep"]
+MOE_DISPATCHER_CODES: dict[str, int] = {"alltoall": 0, "deepep": 1}
 
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
          "recompute", "zero_stage", "offload_weights", "offload_activations", "offload_optimizer",
-         "tp_comm_overlap", "dp_comm_overlap")
+         "tp_comm_overlap", "dp_comm_overlap", "etp")
 
 
 class Plan(BaseModel):
@@ -33,7 +43,10 @@ class Plan(BaseModel):
     pp: PositiveInt = 1
     dp: PositiveInt = 1
     cp: PositiveInt = 1
-    ep: PositiveInt = Field(default=1, description="expert parallel (MoE); carved out of dp*cp")
+    ep: PositiveInt = Field(default=1, description="expert parallel (MoE); Megatron parallel folding: "
+                            "world % (etp*ep*pp) == 0")
+    etp: PositiveInt | None = Field(default=None, description="expert tensor parallel (MoE); None = tp, "
+                                    "Megatron's default")
     micro_batch: PositiveInt = 1
     global_batch: PositiveInt = 1
     vpp: PositiveInt = Field(default=1, description="virtual stages per pipeline rank (interleaving)")
@@ -55,6 +68,8 @@ class Plan(BaseModel):
         default=False, description="16-bit gradient buffers and reduce (Megatron --grad-reduce-in-bf16)")
     fp8_param_gather: bool = Field(
         default=False, description="FP8 compute weights, gathered in FP8 (Megatron --fp8-param-gather)")
+    dp_impl: DpImpl = Field(default="megatron", description="implementation of sharded data parallelism")
+    moe_dispatcher: MoeDispatcher = Field(default="alltoall", description="MoE token dispatcher")
 
     @model_validator(mode="after")
     def _batch(self) -> "Plan":
@@ -66,6 +81,15 @@ class Plan(BaseModel):
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel size: world / (etp·ep·pp) (megatron/core/parallel_state.py)."""
+        return self.gpus // (self.expert_tp * self.ep * self.pp)
 
     @property
     def num_microbatches(self) -> int:
@@ -81,6 +105,8 @@ class Plan(BaseModel):
             parts.append(f"cp{self.cp}")
         if self.ep > 1:
             parts.append(f"ep{self.ep}")
+        if self.etp is not None and self.etp != self.tp:
+            parts.append(f"etp{self.etp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         parts.append(f"mb{self.micro_batch}")
@@ -89,6 +115,10 @@ class Plan(BaseModel):
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         parts.append(f"zero{self.zero_stage}")
+        if self.dp_impl != "megatron":
+            parts.append(self.dp_impl)
+        if self.moe_dispatcher != "alltoall":
+            parts.append(self.moe_dispatcher)
         for knob, label in (("cross_entropy_fusion", "ce-fused"), ("grad_reduce_in_bf16", "grad-bf16"),
                             ("fp8_param_gather", "fp8-ag")):
             if getattr(self, knob):
@@ -171,4 +201,4 @@ def make_plan(**fields) -> Plan:
 
 
 __all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan", "COMPUTE_DTYPES",
-           "SpecError"]
+           "SpecError", "DpImpl", "DP_IMPL_CODES", "MoeDispatcher", "MOE_DISPATCHER_CODES"]

@@ -271,10 +271,12 @@ def _source_measured(rid: str) -> str:
 
 
 def _maybe_dp_impl(plan_fields: dict, framework: str) -> dict:
-    """Helper "fidelity" adds a Plan field naming the sharded-DP implementation; set it when present."""
-    for name in ("dp_impl", "dp_implementation", "sharding_impl"):
-        if name in Plan.model_fields:
-            plan_fields[name] = framework
+    """Plan.dp_impl names the sharded-DP implementation: DeepSpeed ZeRO, PyTorch FSDP (torchtitan
+    FSDP2, llm-foundry's FSDP: costed alike), else Megatron (Megatron-FSDP)."""
+    low = framework.lower()
+    plan_fields["dp_impl"] = ("deepspeed" if "deepspeed" in low else
+                              "torch-fsdp2" if ("torchtitan" in low or "foundry" in low or "pytorch" in low)
+                              else "megatron")
     return plan_fields
 
 
@@ -351,14 +353,18 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         if fsdp_degree != dp * cp:
             assumptions.append(f"parameters sharded over dp·cp = {dp * cp} (record: fsdp {fsdp_degree})")
     ep = r.int("parallel.ep", 1)
-    if model.moe and (dp * cp) % ep:
-        assumptions.append(f"ep {ep} folded across tp/pp (ep does not divide dp·cp = {dp * cp})")
+    etp = r.int("parallel.etp", 0, minimum=0) or None
+    if model.moe and etp is None and gpus % (tp * ep * pp):
+        # Megatron needs world % (etp·ep·pp) == 0 (parallel_state.py); with etp = tp this layout
+        # could not run, so the recipe folded the experts to etp 1
+        etp = 1
+        assumptions.append(f"etp 1 (tp·ep·pp = {tp * ep * pp} does not divide {gpus} GPUs)")
     gbs = r.int("parallel.global_batch")
     if gbs is None:
         return Skipped(rid, "global batch not published")
     if gbs % (mb * dp):
         return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
-    plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=gbs, vpp=vpp,
+    plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
                        sequence_parallel=sp, recompute=recompute, zero_stage=zero,
                        dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021)
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
@@ -458,7 +464,8 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         assumptions.append(f"ep {ep} folded across tp/pp (ep does not divide dp·cp = {dp * cp})")
     recompute = _recompute(r.get("parallel.recompute"), assumptions, "none", "no recompute (not stated)")
     sp = tp > 1  # torchtitan TP and Megatron-Core with TP shard the sequence (SP) by default
-    plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=gbs, vpp=vpp,
+    etp = r.int("parallel.etp", 0, minimum=0) or None  # expert tensor parallel (None = tp)
+    plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
                        sequence_parallel=sp, recompute=recompute, zero_stage=zero, dp_comm_overlap=True,
                        tp_comm_overlap=sp and (megatron or r.get("parallel.async_tp") is True))
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)

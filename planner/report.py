@@ -72,7 +72,10 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     console.print(describe_plan(est))
     for table in estimate_tables(est, title):
         console.print(table)
-    console.print(f"MFU {est.mfu:.1%} · HFU {est.hfu:.1%} · {est.tokens_per_s:,.0f} tokens/s · "
+    # MFU counts the full s×s attention (Narayanan eq. 3, as the published MFUs); HFU counts what
+    # runs (causal half, recompute), so at long sequence MFU may exceed the kernels' ceilings.
+    console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
+                  f"{est.tokens_per_s:,.0f} tokens/s · "
                   f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:.0f} model TFLOP/s per GPU")
     if est.violations:
         console.print("[bold red]Not feasible:[/bold red]")

@@ -48,5 +48,29 @@ all_gather_s = reduce_scatter_s
 all_to_all_s = reduce_scatter_s
 
 
+def all_to_all_placed_s(system: SystemSpec, nbytes, n, stride, efficiency: float = 1.0, outer_bytes=None):
+    """All-to-all of `nbytes` per rank over `n` ranks spaced `stride` apart, placed on the links:
+    each rank keeps 1/n, sends to the k−1 peers inside its innermost domain over that tier and to
+    the n−k others through its OWN outer link (every GPU has its NIC: no ring channels to borrow,
+    unlike `group_link`), both at once; `efficiency` is the all-to-all's achieved fraction of
+    the links' (already derated) bandwidth. Latency: one step per peer, as the ring forms.
+    `outer_bytes` overrides what leaves the domain (a deduplicating dispatcher sends less)."""
+    nbytes, n, stride = np.broadcast_arrays(*(np.asarray(x, dtype=np.float64) for x in (nbytes, n, stride)))
+    inner = system.network[0]
+    span = n * stride
+    k = np.clip(inner.domain_gpus / stride, 1.0, n)
+    inside = nbytes * (k - 1) / n / (inner.bandwidth_bytes_per_s * efficiency)
+    t = inside
+    lat = np.full(n.shape, inner.latency_s)
+    for prev, tier in zip(system.network[:-1], system.network[1:]):
+        crosses = span > prev.domain_gpus
+        k_prev = np.clip(prev.domain_gpus / stride, 1.0, n)
+        out_b = nbytes * (n - k_prev) / n if outer_bytes is None else outer_bytes
+        outside = out_b / (tier.bandwidth_bytes_per_s * efficiency)
+        t = np.where(crosses, np.maximum(t, outside), t)
+        lat = np.where(crosses, tier.latency_s, lat)
+    return np.where(n > 1, t + (n - 1) * lat, 0.0)
+
+
 def p2p_s(nbytes, bw, lat):
     return nbytes / bw + lat

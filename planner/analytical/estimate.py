@@ -26,7 +26,7 @@ RULES: dict[str, str] = {
     "batch": "global batch must be a multiple of micro_batch·dp",
     "vpp_needs_pp": "interleaving (vpp > 1) needs pp > 1",
     "vpp_microbatches": "with interleaving the number of microbatches must be a multiple of pp",
-    "experts_ep": "experts must be divisible by ep, and ep must divide dp·cp",
+    "experts_ep": "experts must be divisible by ep, expert ffn by etp, and the GPU count by etp·ep·pp",
     "cp_seq": "sequence length must be a multiple of 2·cp",
     "tp_overlap_needs_sp": "tp comm overlap needs sequence parallelism",
     "hbm": "per-GPU memory exceeds HBM capacity minus the reserve",
@@ -51,7 +51,11 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         "batch": P.global_batch % (P.micro_batch * dp) != 0,
         "vpp_needs_pp": (v > 1) & (p == 1),
         "vpp_microbatches": (v > 1) & ((m < p) | (np.mod(m, p) != 0)),
-        "experts_ep": (E % P.ep != 0) | (np.mod(dp * c, P.ep) != 0) | ((P.ep > 1) & (model.moe is None)),
+        # Megatron MoE parallel folding: experts get their own (etp, ep, expert-dp) grid over the
+        # same GPUs; only world % (etp·ep·pp) == 0 is required (megatron/core/parallel_state.py)
+        "experts_ep": (E % P.ep != 0) | (np.mod(gpus, P.etp * P.ep * p) != 0)
+        | ((np.mod(model.expert_ffn_hidden, P.etp) != 0) if model.moe else False)
+        | (((P.ep > 1) | (P.etp != t)) & (model.moe is None)),
         "cp_seq": (c > 1) & (model.seq_length % (2 * c) != 0),
         "tp_overlap_needs_sp": (P.tp_comm_overlap > 0) & ~((P.sequence_parallel > 0) & (t > 1)),
         "hbm": mem["hbm_bytes"] > mem["hbm_capacity_bytes"],
@@ -74,12 +78,17 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     tokens = P.global_batch * model.seq_length
     gpus = P.tp * P.pp * P.dp * P.cp
     peak = system.accelerator.peak(precision.gemm_peak_key(job.dtype))
+    # MFU numerator: the reference convention (full s×s attention, as the published MFUs);
+    # HFU numerator: what the GPUs execute, with the attention core counted exactly as the
+    # time model runs it (causal half with fused attention) plus recomputation.
     model_flops = tokens * flops.model_flops_per_token(model)
-    # hardware FLOPs executed: + recomputed layers' forward (full) or attention core (selective)
-    layer_fwd = flops.layer_matmul_flops_per_token(model) + flops.attention_core_flops_per_token(model)
+    attn_exec = flops.executed_attention_core_flops_per_token(model, job.flash_attention)
+    skipped = flops.attention_core_flops_per_token(model) - attn_exec
+    layer_fwd = flops.layer_matmul_flops_per_token(model) + attn_exec
+    executed = flops.model_flops_per_token(model) - 3.0 * (model.layers + model.mtp_layers) * skipped
     rc_layers = P.full_recompute_layers(model.layers) * P.pp
-    extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * flops.attention_core_flops_per_token(model), 0.0)
-    hw_flops = model_flops + tokens * extra
+    extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * attn_exec, 0.0)
+    hw_flops = tokens * (executed + extra)
     step = times["step_time_s"]
     out = {**times, **mem}
     out.update({

@@ -79,14 +79,30 @@ def transformer_matmul_flops_per_token(model: ModelSpec) -> float:
     return model.dense_layers * dense + model.moe_layers * layer_matmul_flops_per_token(model)
 
 
-def attention_core_flops_per_token(model: ModelSpec, seq_length: int | None = None) -> float:
-    """QKᵀ and attention·V forward for one token against the full sequence: 2·s·a·d_qk + 2·s·a·d_v,
-    = 4·s·h for plain multi-head attention (Narayanan eq. 3 counts the whole s×s score matrix;
-    causal kernels skip half of it). MLA: d_qk = nope + rope, d_v = v_head_dim."""
+# Fraction of the s×s score matrix a causal fused kernel computes: the blocks above the diagonal
+# are skipped, s(s+1)/2 of s² ≈ one half (FlashAttention-2, Dao 2023 §3.1 "causal masking").
+CAUSAL_FRACTION = 0.5
+
+
+def attention_core_flops_per_token(model: ModelSpec, seq_length: int | None = None,
+                                   causal: bool = False) -> float:
+    """QKᵀ and attention·V forward for one token: 2·s·a·d_qk + 2·s·a·d_v against the full
+    sequence, = 4·s·h for plain multi-head attention (Narayanan eq. 3, and the convention of every
+    MFU in ../shared/reference: NeMo/Bridge/dgxc count the whole s×s score matrix); MLA: d_qk =
+    nope + rope, d_v = v_head_dim. `causal=True` gives what a causal fused kernel executes (half)."""
     s = seq_length or model.seq_length
     if model.mla:
-        return 2.0 * s * model.heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
-    return 4.0 * s * model.q_hidden
+        full = 2.0 * s * model.heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
+    else:
+        full = 4.0 * s * model.q_hidden
+    return full * (CAUSAL_FRACTION if causal else 1.0)
+
+
+def executed_attention_core_flops_per_token(model: ModelSpec, flash_attention: bool) -> float:
+    """Attention-core FLOPs the GPU runs: fused (flash) kernels skip the masked half, the unfused
+    path computes the full score matrix and masks it. The time model and the hardware-FLOP count
+    (HFU) both use this, so they cannot disagree."""
+    return attention_core_flops_per_token(model, causal=flash_attention)
 
 
 def logit_flops_per_token(model: ModelSpec) -> float:
@@ -103,7 +119,9 @@ def mtp_flops_per_token(model: ModelSpec) -> float:
 
 
 def model_flops_per_token(model: ModelSpec) -> float:
-    """Forward + backward (3×) model FLOPs, no recompute: the numerator of MFU."""
+    """Forward + backward (3×) model FLOPs, no recompute: the numerator of MFU. Attention is
+    counted over the full s×s matrix (non-causal), as the published MFUs we validate against
+    count it, so at long sequence MFU exceeds the executed fraction of peak (see HFU)."""
     layers = transformer_matmul_flops_per_token(model) + model.layers * attention_core_flops_per_token(model)
     return 3.0 * (layers + logit_flops_per_token(model) + mtp_flops_per_token(model))
 

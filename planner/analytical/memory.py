@@ -21,16 +21,25 @@ def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
     dropout masks 2), the terms it shards (24 = attention Q,K,V and projection input 8 + GeLU
     input/output 16) and the s² attention-score term (5as/h), in units of s·b·h bytes.
     Generalised: K,V are g/a as wide (GQA); the MLP terms scale with ffn/h (SwiGLU stores the
-    fused gate+up output 2f and the product f); MoE stores top_k expert MLPs per token."""
+    fused gate+up output 2f and the product f); MoE: see below."""
     h = model.hidden
     # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
     unsharded = 10.0 if model.dropout else 8.0
     # Q (a·d wide), K and V (g·d each) and the projection input (a·d_v): 2+4g/a+2 when a·d = h
     attention = (2.0 * model.q_hidden + 4.0 * model.kv_hidden + 2.0 * attention_out_width(model)) / h
-    ffn = model.expert_ffn_hidden if model.moe else model.ffn_hidden
-    mlp = (6.0 if model.activation == "swiglu" else 4.0) * ffn / h
+    act = 6.0 if model.activation == "swiglu" else 4.0
+    mlp = act * model.ffn_hidden / h
     if model.moe:
-        mlp *= model.moe.top_k
+        moe = model.moe
+        # a MoE layer stores, per token: top_k expert MLPs; the permuted expert inputs (one bf16
+        # copy of the token per routed expert, kept for FC1's weight gradient: 2·top_k); the
+        # router's fp32 logits and probabilities (8·E/h); the shared experts' MLP terms
+        # (Megatron-Core moe/: token_dispatcher permute, router.py, shared_experts.py)
+        moe_mlp = (act * moe.top_k * model.expert_ffn_hidden / h + 2.0 * moe.top_k + 8.0 * moe.num_experts / h
+                   + act * moe.shared_experts * model.shared_expert_ffn_hidden / h)
+        # leading dense layers keep the dense MLP: averaged per layer like the time model
+        f_moe = model.moe_layers / model.layers
+        mlp = (1 - f_moe) * mlp + f_moe * moe_mlp
     score = 5.0 * model.heads * model.seq_length / h
     return unsharded, attention + mlp, score
 
@@ -63,21 +72,27 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
 def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(transformer-block dense, vocabulary, expert) parameters held by one GPU of the first
     stage. TP shards every matrix (norms are replicated: negligible and ignored); EP shards the
-    experts (expert TP = tp, as Megatron's default); the stage holds one V×h matrix (embedding,
+    experts over etp·ep (Megatron parallel folding; etp = tp by default); the stage holds one V×h matrix (embedding,
     or the LM head on the last stage; both when pp = 1 and the embeddings are untied)."""
     layers_per_stage = model.layers / P.pp
     blocks = layers_per_stage * model.non_expert_params_per_layer / P.tp
     vocab_matrices = np.where((P.pp == 1) & (not model.tied_embeddings), 2.0, 1.0)
     vocab = vocab_matrices * model.vocab * model.hidden / P.tp
-    expert = layers_per_stage * model.expert_params_per_layer / (P.tp * P.ep)
+    expert = layers_per_stage * model.expert_params_per_layer / (P.etp * P.ep)
     return blocks, vocab, expert
+
+
+def expert_dp(P: PlanArrays) -> np.ndarray:
+    """Expert-data-parallel size: world / (etp·ep·pp) (Megatron MoE parallel folding)."""
+    return P.tp * P.dp * P.cp / (P.etp * P.ep)
 
 
 def model_state_elems(dense, expert, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Elements of (weights, grads, optimizer state) one GPU keeps. ZeRO / distributed-optimizer
     sharding (Rajbhandari et al. 2020, ZeRO §5; Megatron's distributed optimizer = stage 1:
-    6 + 12/d bytes per parameter): dense weights are replicated over dp·cp, experts over dp·cp/ep."""
-    sharded = dense / (P.dp * P.cp) + expert / np.maximum(P.dp * P.cp / P.ep, 1.0)
+    6 + 12/d bytes per parameter): dense weights are replicated over dp·cp, experts over the
+    expert-data-parallel group world/(etp·ep·pp) = tp·dp·cp/(etp·ep) (megatron/core/parallel_state.py)."""
+    sharded = dense / (P.dp * P.cp) + expert / np.maximum(expert_dp(P), 1.0)
     params = dense + expert
     z = P.zero_stage
     return np.where(z >= 3, sharded, params), np.where(z >= 2, sharded, params), np.where(z >= 1, sharded, params)
@@ -166,6 +181,7 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
         "hbm_bytes": hbm_total, "hbm_capacity_bytes": np.full(len(P), capacity),
         "offload_bytes": offload_bytes, "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
         "activations_per_microbatch_bytes": act_mb, "opt_elems": opt_elems, "params_elems": params,
+        "expert_params_elems": np.broadcast_to(expert, (len(P),)),
         # what one DP gradient reduce / parameter all-gather moves per GPU's model copy
         "grad_reduce_bytes": params * grad_wire_b,
         "param_gather_bytes": (blocks + expert) * block_wb + vocab * bpp.weights,

@@ -5,9 +5,11 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from planner.plan import RECOMPUTE_CODES, Plan
+from planner.plan import DP_IMPL_CODES, MOE_DISPATCHER_CODES, RECOMPUTE_CODES, Plan
 
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
+DP_IMPL_NAMES = {code: name for name, code in DP_IMPL_CODES.items()}
+DISPATCHER_NAMES = {code: name for name, code in MOE_DISPATCHER_CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class PlanArrays:
     dp: np.ndarray
     cp: np.ndarray
     ep: np.ndarray
+    etp: np.ndarray
     micro_batch: np.ndarray
     global_batch: np.ndarray
     vpp: np.ndarray
@@ -38,6 +41,8 @@ class PlanArrays:
     offload_optimizer: np.ndarray
     tp_comm_overlap: np.ndarray
     dp_comm_overlap: np.ndarray
+    dp_impl: np.ndarray
+    moe_dispatcher: np.ndarray
     cross_entropy_fusion: np.ndarray
     grad_reduce_in_bf16: np.ndarray
     fp8_param_gather: np.ndarray
@@ -57,9 +62,16 @@ class PlanArrays:
                 value = 0  # 0 = all layers of the stage, resolved below
             elif f.name == "recompute":
                 value = RECOMPUTE_CODES[default.recompute]
+            elif f.name == "etp":
+                value = 0  # 0 = same as tp (Megatron's default), resolved below
+            elif f.name == "dp_impl":
+                value = DP_IMPL_CODES[default.dp_impl]
+            elif f.name == "moe_dispatcher":
+                value = MOE_DISPATCHER_CODES[default.moe_dispatcher]
             else:
                 value = getattr(default, f.name)
             out[f.name] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,)).copy()
+        out["etp"] = np.where(out["etp"] > 0, out["etp"], out["tp"])
         # 0 means "every layer of the stage"; a count above the stage's layers means the same
         all_layers = out["recompute_layers"] >= layers / out["pp"]
         out["recompute_layers"] = np.where(all_layers, 0.0, np.maximum(out["recompute_layers"], 0.0))
@@ -74,6 +86,12 @@ class PlanArrays:
                     cols[name].append(RECOMPUTE_CODES[p.recompute])
                 elif name == "recompute_layers":
                     cols[name].append(p.recompute_num_layers or 0)
+                elif name == "etp":
+                    cols[name].append(p.etp or 0)
+                elif name == "dp_impl":
+                    cols[name].append(DP_IMPL_CODES[p.dp_impl])
+                elif name == "moe_dispatcher":
+                    cols[name].append(MOE_DISPATCHER_CODES[p.moe_dispatcher])
                 else:
                     cols[name].append(float(getattr(p, name)))
         return cls.from_columns(len(plans), layers, **{k: np.array(v) for k, v in cols.items()})
@@ -84,7 +102,9 @@ class PlanArrays:
         k = int(self.recompute_layers[i]) if rc == "full" and self.recompute_layers[i] > 0 else None
         return Plan(
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
-            ep=int(self.ep[i]), micro_batch=int(self.micro_batch[i]),
+            ep=int(self.ep[i]), etp=None if self.etp[i] == self.tp[i] else int(self.etp[i]),
+            dp_impl=DP_IMPL_NAMES[int(self.dp_impl[i])],
+            moe_dispatcher=DISPATCHER_NAMES[int(self.moe_dispatcher[i])], micro_batch=int(self.micro_batch[i]),
             global_batch=int(self.global_batch[i]), vpp=int(self.vpp[i]),
             sequence_parallel=bool(self.sequence_parallel[i]), recompute=rc,
             recompute_num_layers=k,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, flops, precision
+from planner.analytical import comm, data_parallel, flops, precision
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -76,41 +76,180 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
     out_w = flops.attention_out_width(model)  # = h unless head_dim is set apart (Qwen3) or MLA
-    mlp_w = flops.mlp_width(model)
-    ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
-    if model.moe:
-        # each GPU holds E/ep experts and processes tokens·top_k rows in total
-        rows_mlp = tokens * model.moe.top_k
-        expert_rows = tokens * P.ep * model.moe.top_k / model.moe.num_experts
-    else:
-        rows_mlp = tokens
-        expert_rows = tokens
-    gemm = (
+    attn_gemm = (
         _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
         + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff, job.dtype)
     )
-    # Attention core at its own ceiling; causal fused kernels skip the masked half.
-    core_flops = flops.attention_core_flops_per_token(model) * tokens / t
-    causal = 0.5 if job.flash_attention else 1.0
-    # the kernel sees the local query chunk: with context parallelism each step is s/cp long
-    chunk = model.seq_length / P.cp
-    attention = causal * core_flops / (peak_attn * eff.attention_max * chunk / (chunk + eff.attention_half_seq))
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     sp = (P.sequence_parallel > 0) & (t > 1)
-    topk = model.moe.top_k if model.moe else 1
-    elem_bytes = 2.0 * tokens * (ELEMENTWISE_PASSES_HIDDEN * h / np.where(sp, t, 1.0)
-                                 + ELEMENTWISE_PASSES_FFN * ffn * topk / t)
+    # The MLP: dense layers and MoE layers (a MoE model's leading dense layers) averaged per layer,
+    # so that layers/pp × this is the stage's total (the stage aggregation stays as it is).
+    dense_gemm, dense_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm)
+    if model.moe:
+        moe = moe_mlp_fwd_s(model, system, job, P)
+        f_moe = model.moe_layers / model.layers
+        mlp_gemm = (1 - f_moe) * dense_gemm + f_moe * moe["gemm"]
+        mlp_elem = (1 - f_moe) * dense_elem + f_moe * moe["elementwise"]
+    else:
+        mlp_gemm, mlp_elem = dense_gemm, dense_elem
+    gemm = attn_gemm + mlp_gemm
+    # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
+    # count the hardware-FLOP total uses).
+    core_flops = flops.executed_attention_core_flops_per_token(model, job.flash_attention) * tokens / t
+    # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
+    chunk = model.seq_length / P.cp
+    attention = core_flops / (peak_attn * eff.attention_max * chunk / (chunk + eff.attention_half_seq))
+    elem_bytes = 2.0 * tokens * ELEMENTWISE_PASSES_HIDDEN * h / np.where(sp, t, 1.0)
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
+    mlp_w = flops.mlp_width(model)
+    ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
+    topk = model.moe.top_k if model.moe else 1
     # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
     quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
         precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk) / (1 + BACKWARD_FACTOR)
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
-    return {"gemm": gemm, "attention": attention + score_bytes / hbm,
-            "elementwise": (elem_bytes + quant_bytes) / hbm + eff.layer_overhead_us * 1e-6}
+    return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
+            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6}
+
+
+def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_per_s):
+    """(GEMM s, element-wise s) of a dense MLP of width `ffn` over `rows` tokens, sharded over t:
+    up (+gate) and down GEMMs, and the activation function's ELEMENTWISE_PASSES_FFN passes."""
+    h = model.hidden
+    up_w = (2 if model.activation == "swiglu" else 1) * ffn
+    gemm = (_gemm_time(2 * rows * h * up_w / t, np.minimum(np.minimum(rows, h), up_w / t), peak, eff, dtype)
+            + _gemm_time(2 * rows * ffn * h / t, np.minimum(np.minimum(rows, ffn / t), h), peak, eff, dtype))
+    return gemm, 2.0 * rows * ELEMENTWISE_PASSES_FFN * ffn / t / hbm_bytes_per_s
+
+
+# --- MoE layer mechanisms (Megatron-Core moe/: router.py, token_dispatcher.py, experts.py) ----
+# Busiest expert / mean expert load with dropless routing and the auxiliary load-balancing loss
+# (the grouped GEMM and the all-to-all wait for the busiest rank). Named; 1 = perfect. Fitted by
+# bench/fsdp_moe_eval.py --fit on the Grok-1 proxies + ModelZoo Qwen3-235B H100 rows (families
+# weighted equally): 1.4, at the top of its grid: the fit leans on it for what the model lacks.
+MOE_IMBALANCE_DROPLESS = 1.4
+# Achieved / link bandwidth of NCCL all-to-all (many small messages, no ring pipelining) relative
+# to the ring collectives the network tier's efficiency describes. Named; fitted with the
+# imbalance above: 1.0 (the tier's own 0.8 of nominal is then what all-to-all achieves).
+A2A_BW_EFFICIENCY = 1.0
+# Router: fp32 logits, softmax (or sigmoid) + top-k + the aux-loss statistics: ~4 passes over
+# tokens×E fp32 (router.py: TopKRouter.routing).
+ROUTER_PASSES = 4.0
+# Permutation and unpermutation (moe_utils.permute / unpermute): each reads and writes every
+# routed row once; unpermute also reads the probabilities (negligible). 2 ops × (read + write).
+PERMUTE_PASSES = 4.0
+
+
+def moe_load_imbalance(model: ModelSpec) -> float:
+    """Busiest-expert load over the mean: dropless routing runs the real imbalance; a capacity
+    factor drops tokens above `capacity_factor` × mean (GShard §2.2), capping it."""
+    cf = model.moe.capacity_factor
+    return MOE_IMBALANCE_DROPLESS if cf is None else min(MOE_IMBALANCE_DROPLESS, max(cf, 1.0))
+
+
+def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """One MoE layer's MLP, one microbatch, one GPU, forward, seconds by mechanism:
+    router GEMM (h×E) + softmax/top-k; permute/unpermute (memory-bound); the routed experts'
+    grouped GEMM at the efficiency of its per-expert row count; shared experts (a dense MLP on
+    every token, attention tp); the activation passes. Load imbalance scales what waits on the
+    busiest expert. Dispatch/combine communication is in `moe_dispatch_s`."""
+    acc = system.accelerator
+    eff = acc.efficiency
+    peak = acc.peak(precision.gemm_peak_key(job.dtype))
+    hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    h, t, E, k = model.hidden, P.tp, model.moe.num_experts, model.moe.top_k
+    tokens = P.micro_batch * model.seq_length / P.cp  # per tensor-parallel group
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    routed_tokens = tokens / np.where(sp, t, 1.0)  # what one rank routes (SP shards tokens)
+    imbalance = moe_load_imbalance(model)
+    # router: a tokens×h by h×E GEMM, its fp32 softmax/top-k element-wise
+    router = _gemm_time(2 * routed_tokens * h * E, np.minimum(np.minimum(routed_tokens, h), E), peak, eff, job.dtype) \
+        + ROUTER_PASSES * 4.0 * routed_tokens * E / hbm
+    permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * h / hbm
+    # experts: one GPU holds E/ep experts, 1/etp of each; rows per local expert per microbatch =
+    # tokens·top_k·etp·ep/(E·t) (= tokens·top_k·ep/E at etp = tp); its FLOPs are 1/t of the
+    # tensor-parallel group's routed work whatever the folding.
+    ffn = model.expert_ffn_hidden
+    up_w = (2 if model.activation == "swiglu" else 1) * ffn
+    rows_per_expert = tokens * k * P.etp * P.ep / (E * t)
+    expert_gemm = (_gemm_time(2 * tokens * k * h * up_w / t, np.minimum(np.minimum(rows_per_expert, h), up_w / P.etp),
+                              peak, eff, job.dtype)
+                   + _gemm_time(2 * tokens * k * ffn * h / t, np.minimum(np.minimum(rows_per_expert, ffn / P.etp), h),
+                                peak, eff, job.dtype))
+    expert_act = 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    shared_gemm, shared_elem = (0.0, 0.0)
+    if model.moe.shared_experts:
+        shared_gemm, shared_elem = dense_mlp_fwd_s(model, model.moe.shared_experts * model.shared_expert_ffn_hidden,
+                                                   tokens, t, peak, eff, job.dtype, hbm)
+    return {"gemm": imbalance * expert_gemm + shared_gemm + router,
+            "elementwise": imbalance * expert_act + permute + shared_elem,
+            "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
+            "shared_expert_s": shared_gemm + shared_elem}
+
+
+def moe_dispatch_s(model: ModelSpec, system: SystemSpec, P: PlanArrays, act_bytes: float = 2.0) -> np.ndarray:
+    """Dispatch + combine all-to-all of one MoE layer forward, one microbatch (Lepikhin et al.
+    2020, GShard §2.2; Megatron MoEAlltoAllTokenDispatcher): each rank sends its routed rows
+    (tokens·top_k·h) to the ep ranks holding their experts and gets them back. The ep group is
+    strided by etp in Megatron's expert rank order (etp → ep → expert-dp), so it stays inside the
+    NVLink domain (72 GPUs on NVL72) while etp·ep fits there and crosses the NICs otherwise
+    (`comm.group_link`). With etp > 1 the expert-TP group all-gathers the received rows and
+    reduce-scatters the outputs. The busiest rank receives `moe_load_imbalance` × the mean."""
+    h, t, k = model.hidden, P.tp, model.moe.top_k
+    tokens = P.micro_batch * model.seq_length / P.cp
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    rows = tokens / np.where(sp, t, 1.0) * k
+    imbalance = moe_load_imbalance(model)
+    nbytes = rows * h * act_bytes * imbalance
+    # DeepEP: a token crosses to each remote domain that holds >= 1 of its k experts once; with
+    # experts spread evenly over G = ep/k_in domains, E[remote domains] = (G−1)(1 − (1 − 1/G)^k)
+    # (DeepSeek-V3 §3.2.2 node-limited dispatch; DeepEP normal kernels: RDMA then NVLink forward)
+    k_in = np.clip(system.network[0].domain_gpus / P.etp, 1.0, P.ep)
+    G = np.maximum(P.ep / k_in, 1.0)
+    remote = (G - 1.0) * (1.0 - (1.0 - 1.0 / G) ** k)
+    dedup_outer = tokens / np.where(sp, t, 1.0) * h * act_bytes * imbalance * remote
+    plain_outer = nbytes * (P.ep - k_in) / P.ep
+    outer = np.where(P.moe_dispatcher == 1, np.minimum(dedup_outer, plain_outer), plain_outer)
+    a2a = comm.all_to_all_placed_s(system, nbytes, P.ep, P.etp, A2A_BW_EFFICIENCY, outer_bytes=outer)
+    etp_bw, etp_lat = comm.group_link(system, P.etp, 1)
+    etp_xchg = comm.all_gather_s(rows * h * act_bytes * P.etp, P.etp, etp_bw, etp_lat)
+    return 2.0 * a2a + 2.0 * etp_xchg
+
+
+# Ring attention merges each step's partial output into the running one: read the running fp32
+# output and log-sum-exp, read the step's, write the merged (TransformerEngine
+# attention/dot_product_attention/context_parallel.py, AttnFuncWithCPAndKVP2P: the
+# flash_attn_fwd_out_correction after every step but the first): 3 passes over the output in the
+# activation dtype (2 bytes; the fp32 log-sum-exp is one value per head and token, negligible).
+CP_CORRECTION_PASSES = 3.0
+CP_CORRECTION_BYTES = 2.0
+
+
+def cp_output_correction_s(model: ModelSpec, P: PlanArrays, hbm_bytes_per_s: float) -> np.ndarray:
+    """Memory-bound merge of cp−1 ring steps' partial attention outputs, one layer forward."""
+    tokens = P.micro_batch * model.seq_length / P.cp
+    per_step = CP_CORRECTION_PASSES * CP_CORRECTION_BYTES * tokens * flops.attention_out_width(model) / P.tp
+    return (P.cp - 1) * per_step / hbm_bytes_per_s
+
+
+def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, job: JobSpec,
+              P: PlanArrays) -> np.ndarray:
+    """Forward seconds of the MTP modules of one microbatch on the last stage (DeepSeek-V3 §2.2):
+    each runs one more transformer layer (`layer`, with its MoE dispatch), the 2h→h projection
+    of [norm(h); norm(embedding)] and the shared output head again (`logit_fwd_s`)."""
+    if not model.mtp_layers:
+        return np.zeros(len(P))
+    acc = system.accelerator
+    tokens = P.micro_batch * model.seq_length / P.cp
+    h, t = model.hidden, P.tp
+    proj = _gemm_time(2 * tokens * 2 * h * h / t, np.minimum(np.minimum(tokens, h / t), 2 * h),
+                      acc.peak(precision.gemm_peak_key(job.dtype)), acc.efficiency, job.dtype)
+    block = layer["gemm"] + layer["attention"] + layer["elementwise"]
+    if model.moe:
+        block = block + moe_dispatch_s(model, system, P)
+    return model.mtp_layers * (block + proj + logit_fwd_s)
 
 
 def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
@@ -140,20 +279,22 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     tp_fwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
     tp_bwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_BWD)
 
-    # --- context parallel: ring attention passes K,V around the cp ranks, hidden behind the
-    # attention kernel of each step (Liu et al. 2023, Ring Attention §3); backward moves K,V and dK,dV.
+    # --- context parallel: ring attention passes K,V around the cp ranks (Liu et al. 2023, Ring
+    # Attention §3; Megatron's default cp_comm_type "p2p", TE AttnFuncWithCPAndKVP2P): cp−1 sends
+    # of the local K,V, each hidden behind one step's attention kernel (1/cp of the layer's
+    # attention, the load-balanced causal halves make the steps equal); backward moves K,V and
+    # dK,dV (twice the bytes) behind twice the compute.
     cp_bw, cp_lat = comm.group_link(system, c, t)
     kv_bytes = tokens * 2.0 * model.kv_hidden / t * act_bytes
-    cp_step = comm.p2p_s(kv_bytes, cp_bw, cp_lat) * (c - 1)
-    cp_fwd = np.where(c > 1, np.maximum(0.0, cp_step - layer["attention"]), 0.0)
-    cp_bwd = np.where(c > 1, np.maximum(0.0, 2 * cp_step - BACKWARD_FACTOR * layer["attention"]), 0.0)
+    cp_send = comm.p2p_s(kv_bytes, cp_bw, cp_lat)
+    attn_step = layer["attention"] / c
+    cp_fwd = np.where(c > 1, (c - 1) * np.maximum(0.0, cp_send - attn_step), 0.0)
+    cp_bwd = np.where(c > 1, (c - 1) * np.maximum(0.0, 2 * cp_send - BACKWARD_FACTOR * attn_step), 0.0)
 
-    # --- expert parallel: dispatch + combine all-to-all per MoE layer forward, same backward
-    # (Lepikhin et al. 2020, GShard §2.2), not overlapped.
+    # --- expert parallel: dispatch + combine per MoE layer forward, the same backward, not
+    # overlapped; averaged over the layers like the compute (leading dense layers have none).
     if model.moe:
-        ep_bw, ep_lat = comm.group_link(system, P.ep, t * c)
-        a2a = comm.all_to_all_s(tokens * model.moe.top_k * h * act_bytes, P.ep, ep_bw, ep_lat)
-        ep_fwd = ep_bwd = 2 * a2a
+        ep_fwd = ep_bwd = moe_dispatch_s(model, system, P, act_bytes) * model.moe_layers / model.layers
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 
@@ -175,6 +316,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # the backward stays as it was: its gradient kernel is the same in both paths
     logit_bwd = BACKWARD_FACTOR * (logit_fwd + ce_unfused)
     logit_fwd = logit_fwd + np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
+    # MTP modules (DeepSeek-V3 §2.2) run on the last stage after the LM head, like it.
+    mtp = mtp_fwd_s(model, layer, logit_fwd, system, job, P)
+    logit_fwd = logit_fwd + mtp
+    logit_bwd = logit_bwd + BACKWARD_FACTOR * mtp
 
     stage_fwd = layers_per_stage * fwd_compute
     stage_bwd = layers_per_stage * bwd_compute
@@ -189,31 +334,26 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
     pp_p2p = np.where(p > 1, 2 * (p - 1) * v * p2p + np.where(v > 1, 0.0, 2 * m * p2p), 0.0)
 
-    # --- data parallel: gradients (and, sharded, parameters) over the dp·cp replicas.
+    # --- data parallel (planner/analytical/data_parallel.py): dense parameters over the dp·cp
+    # replicas (stride tp); expert parameters over expert-DP = tp·dp·cp/(etp·ep) (stride etp·ep,
+    # Megatron MoE parallel folding).
     bpp = job.bytes_per_param
     dense = mem["params_elems"]
+    expert = mem["expert_params_elems"]
     dp_bw, dp_lat = comm.group_link(system, dp * c, t)
-    n_dp = dp * c
-    z = P.zero_stage
-    # bytes on the wire: 16-bit with --grad-reduce-in-bf16, FP8 weights with --fp8-param-gather
-    grad_rs = comm.reduce_scatter_s(mem["grad_reduce_bytes"], n_dp, dp_bw, dp_lat)
-    param_ag = comm.all_gather_s(mem["param_gather_bytes"], n_dp, dp_bw, dp_lat)
-    grad_ar = comm.all_reduce_s(mem["grad_reduce_bytes"], n_dp, dp_bw, dp_lat)
+    n_edp = t * dp * c / (P.etp * P.ep)
+    edp_bw, edp_lat = comm.group_link(system, n_edp, P.etp * P.ep)
+    # bytes on the wire (memory.py: 16-bit with --grad-reduce-in-bf16, FP8 weights with
+    # --fp8-param-gather), split between the groups by their share of the parameters
+    f_exp = np.where(dense > 0, expert / np.maximum(dense, 1.0), 0.0)
+    grad_b, weight_b = mem["grad_reduce_bytes"], mem["param_gather_bytes"]
+    groups = [((1 - f_exp) * grad_b, (1 - f_exp) * weight_b, dp * c, dp_bw, dp_lat),
+              (f_exp * grad_b, f_exp * weight_b, n_edp, edp_bw, edp_lat)]
     # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
     mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
-    hide = P.dp_comm_overlap > 0
-    # Megatron overlaps the gradient reduce with the last microbatch's backward and the
-    # parameter all-gather with the first microbatch's forward (--overlap-grad-reduce/-param-gather).
-    exposed_ar = np.where(hide, overlapped_collective_s(grad_ar, mb_bwd, p, v), grad_ar)
-    exposed_sharded = np.where(hide, overlapped_collective_s(grad_rs, mb_bwd, p, v)
-                               + overlapped_collective_s(param_ag, mb_fwd, p, v), grad_rs + param_ag)
-    # ZeRO-3: gather parameters for forward and backward and reduce-scatter gradients for
-    # every microbatch (Rajbhandari et al. 2020 §5.3), overlapped with that microbatch.
-    # ZeRO-3 issues one collective per layer, so each pays the ring latency (n−1)·α.
-    per_layer_latency = (layers_per_stage - 1) * (n_dp - 1) * dp_lat
-    zero3_mb = 2 * param_ag + grad_rs + 3 * per_layer_latency
-    exposed_zero3 = m * np.where(hide, np.maximum(0.0, zero3_mb - (mb_fwd + mb_bwd)), zero3_mb)
-    dp_comm = np.where(z == 0, exposed_ar, np.where(z >= 3, exposed_zero3, exposed_sharded))
+    dp_comm = data_parallel.dp_comm_exposed_s(
+        groups, P.zero_stage, P.dp_impl, m, mb_fwd, mb_bwd, p, v, layers_per_stage, P.dp_comm_overlap > 0,
+        overlapped_collective_s)
 
     # --- optimizer step, memory-bound on HBM; the offloaded share runs where its state lives.
     opt_elems = mem["opt_elems"]

@@ -145,9 +145,16 @@ TpOverlapOpt = Annotated[Optional[bool], typer.Option(
 DpOverlapOpt = Annotated[Optional[bool], typer.Option(
     "--dp-comm-overlap/--no-dp-comm-overlap", help="Overlap DP gradient reduce / parameter gather.")]
 
+EtpOpt = Annotated[Optional[int], typer.Option(
+    "--etp", help="Expert tensor-parallel size (MoE; default tp). Needs GPUs % (etp·ep·pp) == 0.")]
+DpImplOpt = Annotated[Optional[str], typer.Option(
+    "--dp-impl", help="Sharded data parallel implementation: megatron, torch-fsdp2 or deepspeed.")]
+MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
+    "--moe-dispatcher", help="MoE token dispatcher: alltoall or deepep.")]
+
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
                    "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
-                   "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap")
+                   "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap", "etp", "dp_impl", "moe_dispatcher")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
 

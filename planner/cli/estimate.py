@@ -13,7 +13,10 @@ from planner.cli.common import (
     CpOpt,
     DpOpt,
     DpOverlapOpt,
+    DpImplOpt,
     EpOpt,
+    EtpOpt,
+    MoeDispatcherOpt,
     GpusOpt,
     JsonOpt,
     MicroBatchOpt,
@@ -68,6 +71,7 @@ def estimate_command(
     offload_weights: OffloadWeightsOpt = None, offload_activations: OffloadActivationsOpt = None,
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
+    etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
     flash_attention: Annotated[Optional[bool], typer.Option(
         "--flash-attention/--no-flash-attention",
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,

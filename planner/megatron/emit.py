@@ -99,8 +99,9 @@ def moe_layer_pattern(model: ModelSpec) -> str:
     return f"([0]*{k}+[1]*{model.layers - k})"
 
 
-def moe_args(model: ModelSpec) -> list[Arg]:
-    """The experts as the model costs them (empty for dense models)."""
+def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
+    """The experts as the model costs them (empty for dense models); `dispatcher` is
+    Plan.moe_dispatcher."""
     moe = model.moe
     if moe is None:
         return []
@@ -121,7 +122,11 @@ def moe_args(model: ModelSpec) -> list[Arg]:
               ("--moe-token-drop-policy", "probs")]
     # The model costs an all-to-all dispatch and grouped expert GEMMs (time.py); Megatron's
     # defaults are the allgather dispatcher and one GEMM per expert.
-    a += [("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None),
+    if dispatcher == "deepep":  # megatron-core 0.19: the flex dispatcher with its DeepEP backend
+        a += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
+    else:
+        a.append(("--moe-token-dispatcher-type", "alltoall"))
+    a += [("--moe-grouped-gemm", None),
           ("--moe-router-dtype", "fp32")]  # the router is not costed; fp32 as NVIDIA's recipes
     return a
 
@@ -172,7 +177,7 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     add("--attention-dropout", f"{dropout:g}")
     add("--hidden-dropout", f"{dropout:g}")
     a.extend(attention_args(model))
-    a.extend(moe_args(model))
+    a.extend(moe_args(model, plan.moe_dispatcher))
     if model.mtp_layers:
         add("--mtp-num-layers", model.mtp_layers)  # DeepSeek-V3 §2.2 modules, costed in flops.py
 
@@ -185,9 +190,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--context-parallel-size", plan.cp)
     if model.moe is not None or plan.ep > 1:
         add("--expert-model-parallel-size", plan.ep)
-        etp = getattr(plan, "etp", None)
-        if etp is not None:
-            add("--expert-tensor-parallel-size", etp)
+        if plan.etp is not None:  # None = tp, Megatron's default
+            add("--expert-tensor-parallel-size", plan.etp)
     sp = plan.sequence_parallel and plan.tp > 1  # MA 2a: SP at tp=1 is dropped by Megatron
     if sp:
         add("--sequence-parallel")
@@ -208,7 +212,11 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
 
     # Optimizer sharding and DP overlap (MA 1, 2a). Megatron-FSDP (ZeRO-2/3) forces the overlap
     # on (megatron_fsdp.py); the flags are emitted so that the parsed arguments say so too.
-    fsdp = plan.zero_stage >= 2
+    torch_fsdp2 = plan.dp_impl == "torch-fsdp2"
+    fsdp = plan.zero_stage >= 2 and not torch_fsdp2
+    if torch_fsdp2:
+        add("--use-torch-fsdp2")
+        add("--ckpt-format", "torch_dist")  # --use-torch-fsdp2 requires torch_dist or torch_dcp
     if plan.zero_stage == 1:
         add("--use-distributed-optimizer")
     if fsdp:

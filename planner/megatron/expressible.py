@@ -79,10 +79,24 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("ep: expert parallelism needs a MoE model")
         elif model.moe.num_experts % plan.ep:
             reasons.append(f"ep: experts ({model.moe.num_experts}) must be a multiple of ep ({plan.ep})")
-        if (plan.dp * plan.cp) % plan.ep:
-            reasons.append(f"ep: world size must be divisible by tp*ep*pp, i.e. dp*cp ({plan.dp * plan.cp}) "
-                           f"by ep ({plan.ep})")
-    etp = getattr(plan, "etp", None) or plan.tp  # Megatron's default expert TP is tp
+    grid = plan.expert_tp * plan.ep * plan.pp
+    if plan.gpus % grid:  # MA 2c: Megatron MoE parallel folding (megatron/core/parallel_state.py)
+        reasons.append(f"ep: world size ({plan.gpus}) must be divisible by etp*ep*pp "
+                       f"({plan.expert_tp}*{plan.ep}*{plan.pp})")
+    if model.moe is not None and model.expert_ffn_hidden % plan.expert_tp:
+        reasons.append(f"etp: moe ffn ({model.expert_ffn_hidden}) must be divisible by etp ({plan.expert_tp})")
+    if plan.dp_impl == "deepspeed":
+        reasons.append("dp_impl: DeepSpeed ZeRO is not part of Megatron-LM")
+    if plan.dp_impl == "torch-fsdp2":  # megatron/training/arguments.py, --use-torch-fsdp2 asserts
+        if plan.zero_stage != 3:
+            reasons.append("dp_impl: torch-fsdp2 shards parameters (zero_stage 3)")
+        if plan.pp > 1 or plan.ep > 1:
+            reasons.append("dp_impl: --use-torch-fsdp2 is not supported with pipeline or expert parallelism")
+        if model.tied_embeddings:
+            reasons.append("dp_impl: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
+    if plan.moe_dispatcher == "deepep" and model.moe is None:
+        reasons.append("moe_dispatcher: deepep needs a MoE model")
+    etp = plan.expert_tp  # Megatron's default expert TP is tp
     if model.moe is not None and model.biases and etp > 1:
         # transformer_config.py: "Bias in Moe is only supported when ETP==1" (GPT-OSS has biases)
         reasons.append(f"tp: Megatron's MoE layers with biases need expert tensor parallel 1, got {etp} "

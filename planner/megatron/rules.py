@@ -25,7 +25,7 @@ def _build_parser() -> _Parser:
                  "--untie-embeddings-and-output-weights", "--sequence-parallel",
                  "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
                  "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
-                 "--bf16", "--fp16", "--use-megatron-fsdp", "--mock-data", "--moe-grouped-gemm",
+                 "--bf16", "--fp16", "--use-megatron-fsdp", "--use-torch-fsdp2", "--mock-data", "--moe-grouped-gemm",
                  "--init-model-with-meta-device", "--fp8-param-gather", "--grad-reduce-in-bf16",
                  "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput",
                  "--multi-latent-attention", "--qk-layernorm"):
@@ -59,6 +59,7 @@ def _build_parser() -> _Parser:
                "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
                "--fp4-format": ("e2m1",), "--fp4-recipe": ("nvfp4", "custom"),
                "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+               "--moe-flex-dispatcher-backend": ("deepep", "hybridep", "ncclep"),
                "--moe-router-dtype": ("fp32", "fp64"),
                "--moe-token-drop-policy": ("probs", "position"),
                "--cross-entropy-fusion-impl": ("native", "te"),
