@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from hardware.errors import SpecError, one_line, read_yaml_mapping
 
@@ -42,12 +42,35 @@ class Plan(BaseModel):
     offload_optimizer: NonNegativeFloat = Field(default=0.0, le=1.0)
     tp_comm_overlap: bool = False
     dp_comm_overlap: bool = True
+    # --- pipeline layout (issue 8): explicit per-virtual-stage choices, Megatron's order
+    # (virtual stage s runs on pipeline rank s % pp, as model chunk s // pp).
+    stage_layers: tuple[NonNegativeInt, ...] | None = Field(
+        default=None, description="transformer layers per virtual stage, length pp*vpp (None = even/balanced split)")
+    stage_recompute_layers: tuple[NonNegativeInt, ...] | None = Field(
+        default=None, description="layers recomputed in full per virtual stage (needs stage_layers; "
+                                  "None = derived from recompute / recompute_num_layers)")
 
     @model_validator(mode="after")
     def _batch(self) -> "Plan":
         if self.global_batch % (self.micro_batch * self.dp):
             raise ValueError(f"global_batch ({self.global_batch}) must be a multiple of "
                              f"micro_batch*dp ({self.micro_batch}*{self.dp})")
+        return self
+
+    @model_validator(mode="after")
+    def _layout(self) -> "Plan":
+        stages = self.pp * self.vpp
+        if self.stage_layers is not None and len(self.stage_layers) != stages:
+            raise ValueError(f"stage_layers has {len(self.stage_layers)} entries; pp*vpp = {stages}")
+        if self.stage_recompute_layers is not None:
+            if self.stage_layers is None:
+                raise ValueError("stage_recompute_layers needs stage_layers")
+            if len(self.stage_recompute_layers) != stages or any(
+                    k > n for k, n in zip(self.stage_recompute_layers, self.stage_layers)):
+                raise ValueError("stage_recompute_layers must have pp*vpp entries, each at most "
+                                 "that stage's layers")
+            if any(self.stage_recompute_layers) and self.recompute != "full":
+                raise ValueError("stage_recompute_layers needs recompute: full")
         return self
 
     @property
@@ -70,6 +93,8 @@ class Plan(BaseModel):
             parts.append(f"ep{self.ep}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
+        if self.stage_layers is not None:
+            parts.append("layout[" + ",".join(map(str, self.stage_layers)) + "]")
         parts.append(f"mb{self.micro_batch}")
         if self.sequence_parallel:
             parts.append("sp")

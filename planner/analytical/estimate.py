@@ -22,7 +22,8 @@ RULES: dict[str, str] = {
     "heads_tp": "attention heads must be divisible by tp",
     "groups_tp": "query groups must be a multiple or a divisor of tp",
     "hidden_tp": "hidden and ffn sizes must be divisible by tp",
-    "layers_pp": "layers must be divisible by pp·vpp",
+    "layers_pp": "the pipeline layout must hold every layer: at least one layer per virtual stage "
+                 "(pp·vpp <= layers), or stage_layers summing to the layers",
     "batch": "global batch must be a multiple of micro_batch·dp",
     "vpp_needs_pp": "interleaving (vpp > 1) needs pp > 1",
     "vpp_microbatches": "with interleaving the number of microbatches must be a multiple of pp",
@@ -47,7 +48,7 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         "groups_tp": (g % t != 0) & (t % g != 0),
         "hidden_tp": (model.hidden % t != 0) | (model.ffn_hidden % t != 0)
         | ((model.expert_ffn_hidden % t != 0) if model.moe else False),
-        "layers_pp": model.layers % (p * v) != 0,
+        "layers_pp": layout_breaks(model.layers, P),
         "batch": P.global_batch % (P.micro_batch * dp) != 0,
         "vpp_needs_pp": (v > 1) & (p == 1),
         "vpp_microbatches": (v > 1) & ((m < p) | (np.mod(m, p) != 0)),
@@ -61,6 +62,15 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     for name, broken in checks.items():
         bits |= np.where(np.broadcast_to(broken, (len(P),)), RULE_BITS[name], 0)
     return bits
+
+
+def layout_breaks(layers: int, P: PlanArrays) -> np.ndarray:
+    """Default split: every virtual stage needs a layer; explicit: the stages sum to the layers."""
+    broken = layers < P.pp * P.vpp
+    for i, explicit in enumerate(P.stage_layout):
+        if explicit is not None:
+            broken[i] = sum(explicit[0]) != layers
+    return broken
 
 
 def violated_rules(bits: int) -> list[str]:
@@ -77,7 +87,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     model_flops = tokens * flops.model_flops_per_token(model)
     # hardware FLOPs executed: + recomputed layers' forward (full) or attention core (selective)
     layer_fwd = flops.layer_matmul_flops_per_token(model) + flops.attention_core_flops_per_token(model)
-    rc_layers = P.full_recompute_layers(model.layers) * P.pp
+    rc_layers = P.recompute_total
     extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * flops.attention_core_flops_per_token(model), 0.0)
     hw_flops = model_flops + tokens * extra
     step = times["step_time_s"]

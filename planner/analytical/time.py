@@ -11,6 +11,7 @@ import numpy as np
 
 from hardware.spec import SystemSpec
 from planner.analytical import comm, flops
+from planner.analytical.memory import at_rank
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -110,7 +111,6 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     h, t, c = model.hidden, P.tp, P.cp
     p, v, dp = P.pp, P.vpp, P.dp
     m = P.global_batch / (P.micro_batch * dp)
-    layers_per_stage = model.layers / p
     tokens = P.micro_batch * model.seq_length / c
     act_bytes = 2.0  # 16-bit activations on the wire
 
@@ -145,10 +145,9 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 
-    # Recompute: full reruns the forward (with its communication) of k layers per stage;
-    # selective reruns the attention core (Korthikanti et al. 2022 §5).
-    k_full = P.full_recompute_layers(model.layers)
-    recompute_compute = k_full * fwd_compute + np.where(P.recompute == 1, layers_per_stage * layer["attention"], 0.0)
+    # Recompute: full reruns the forward (with its communication) of its k layers; selective
+    # reruns the attention core of every layer (Korthikanti et al. 2022 §5).
+    selective = np.where(P.recompute == 1, layer["attention"], 0.0)
 
     # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward.
     logit_fwd = _gemm_time(2 * tokens * h * model.vocab / t,
@@ -160,15 +159,38 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
         acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
     logit_bwd = BACKWARD_FACTOR * logit_fwd
 
-    stage_fwd = layers_per_stage * fwd_compute
-    stage_bwd = layers_per_stage * bwd_compute
-    stage_tp = layers_per_stage * (tp_fwd + tp_bwd) + k_full * tp_fwd
-    stage_cpep = layers_per_stage * (cp_fwd + cp_bwd + ep_fwd + ep_bwd) + k_full * (cp_fwd + ep_fwd)
+    # --- per pipeline rank (representative ranks, (n, R)): one microbatch's forward + backward
+    # over its n_r layers, k_r of them recomputed in full; the last rank adds the LM head.
+    # The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2).
+    col = lambda x: np.asarray(x, dtype=np.float64)[:, None] if np.ndim(x) == 1 else x
+    n_r, k_r = P.rank_layers, P.rank_recompute
+    last_r = P.rank_index == col(p) - 1
+    per_layer_comm = tp_fwd + tp_bwd + cp_fwd + cp_bwd + ep_fwd + ep_bwd
+    recompute_comm = tp_fwd + cp_fwd + ep_fwd
+    rank_time = (n_r * col(fwd_compute + bwd_compute + selective + per_layer_comm)
+                 + k_r * col(fwd_compute + recompute_comm) + last_r * col(logit_fwd + logit_bwd))
+    slow = np.argmax(rank_time, axis=1)
+    def at(x):
+        return at_rank(col(x) if np.ndim(x) == 1 else x, slow, rank_time.shape)
+    n_slow, k_slow, last_slow = at(n_r), at(k_r), at(last_r)
+    layers_per_stage = n_slow
+
+    stage_fwd = n_slow * fwd_compute
+    stage_bwd = n_slow * bwd_compute
+    recompute_compute = k_slow * fwd_compute + n_slow * selective
+    stage_tp = n_slow * (tp_fwd + tp_bwd) + k_slow * tp_fwd
+    stage_cpep = n_slow * (cp_fwd + cp_bwd + ep_fwd + ep_bwd) + k_slow * (cp_fwd + ep_fwd)
     stage_mb = stage_fwd + stage_bwd + recompute_compute + stage_tp + stage_cpep
 
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
     # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
-    bubble = (p - 1) / v * stage_mb
+    # Uneven stages: filling and draining the pipeline passes one microbatch through every OTHER
+    # rank once, (sum of all ranks' microbatch times − the slowest's)/v; for equal stages this is
+    # SC'21's (p−1)/v stage-times. The sum over all ranks is exact from totals: every layer once,
+    # recompute_total recomputed layers, one LM head.
+    all_ranks = (P.num_layers * (fwd_compute + bwd_compute + selective + per_layer_comm)
+                 + P.recompute_total * (fwd_compute + recompute_comm) + logit_fwd + logit_bwd)
+    bubble = np.where(p > 1, np.maximum(all_ranks - at(rank_time), 0.0) / v, 0.0)
     pp_bw, pp_lat = comm.group_link(system, 2, t * c * dp)
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
     pp_p2p = np.where(p > 1, 2 * (p - 1) * v * p2p + np.where(v > 1, 0.0, 2 * m * p2p), 0.0)
@@ -218,8 +240,8 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     else:
         offload = np.zeros(len(P))
 
-    logits_fwd_total = m * logit_fwd
-    logits_bwd_total = m * logit_bwd
+    logits_fwd_total = m * last_slow * logit_fwd
+    logits_bwd_total = m * last_slow * logit_bwd
     parts = {
         "forward_s": m * stage_fwd + logits_fwd_total,
         "backward_s": m * stage_bwd + logits_bwd_total,
@@ -233,4 +255,5 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
         "optimizer_step_s": optimizer,
     }
     parts["step_time_s"] = sum(parts.values())
+    parts["pipeline_slowest_rank"] = at(P.rank_index)
     return parts
