@@ -111,10 +111,8 @@ def at_rank(values, index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return np.take_along_axis(full, index[:, None], axis=1)[:, 0]
 
 
-def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
-    """Bytes per GPU of the plan's fullest pipeline rank: HBM by category, offload-tier use by
-    category, and the HBM budget. Every representative rank is costed ((n, R) arrays) and the
-    one with the most HBM is reported (`memory_rank`)."""
+def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
+    """Bytes per GPU of every representative pipeline rank, (n, R) arrays by category."""
     C = RankColumns(P)
     bpp = job.bytes_per_param
     blocks, vocab, expert = stage_params(model, P)
@@ -147,9 +145,9 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     hbm_grads = _kept(grads, C.offload_weights)
     hbm_optimizer = optimizer * (1.0 - C.offload_optimizer)
     hbm_activations = _kept(activations, C.offload_activations)
-    offloaded = {"weights_grads_bytes": (weights - hbm_weights) + (grads - hbm_grads),
-                 "optimizer_bytes": optimizer - hbm_optimizer,
-                 "activations_bytes": activations - hbm_activations}
+    offloaded = {"weights_grads": (weights - hbm_weights) + (grads - hbm_grads),
+                 "optimizer": optimizer - hbm_optimizer,
+                 "activations": activations - hbm_activations}
     offload_bytes = sum(offloaded.values())
     # the embedding / LM-head share of the model state in HBM, reported on its own line
     vocab_hbm_w = _kept(vocab_w * bpp.weights, C.offload_weights)
@@ -163,20 +161,36 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     workspace = gathered + np.where(C.recompute == 2, full_per_layer, 0.0) + 4.0 * sbV / C.tp
 
     hbm_total = hbm_weights + hbm_grads + hbm_optimizer + hbm_activations + workspace
-    worst = np.argmax(hbm_total, axis=1)
+    shape = hbm_total.shape
+    full = lambda x: np.broadcast_to(np.asarray(x, dtype=np.float64), shape)  # noqa: E731
+    return {"hbm": hbm_total, "weights": full(hbm_weights - vocab_hbm_w), "grads": full(hbm_grads - vocab_hbm_g),
+            "optimizer": full(hbm_optimizer - vocab_hbm_o),
+            "embeddings": full(vocab_hbm_w + vocab_hbm_g + vocab_hbm_o), "activations": full(hbm_activations),
+            "workspace": full(workspace), "offload": full(offload_bytes),
+            **{f"offload_{k}": full(v) for k, v in offloaded.items()},
+            "activations_per_microbatch": full(act_mb), "opt_elems": full(opt_elems), "params_elems": full(params)}
+
+
+def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
+    """Bytes per GPU of the plan's fullest pipeline rank: HBM by category, offload-tier use by
+    category, and the HBM budget. Every representative rank is costed ((n, R) arrays) and the
+    one with the most HBM is reported (`memory_rank`). The optimizer step and the DP gradient
+    reduce wait for the rank with the MOST parameters, so those counts are the max over ranks."""
+    r = rank_memory(model, system, job, P)
+    worst = np.argmax(r["hbm"], axis=1)
     def at(x):
-        return at_rank(x, worst, hbm_total.shape)
+        return at_rank(x, worst, r["hbm"].shape)
     capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
     offload_capacity = system.offload.capacity_bytes if system.offload else 0.0
     return {
-        "weights_bytes": at(hbm_weights - vocab_hbm_w), "grads_bytes": at(hbm_grads - vocab_hbm_g),
-        "optimizer_bytes": at(hbm_optimizer - vocab_hbm_o),
-        "embeddings_bytes": at(vocab_hbm_w + vocab_hbm_g + vocab_hbm_o),
-        "activations_bytes": at(hbm_activations), "workspace_bytes": at(workspace),
-        **{f"offload_{k}": at(v) for k, v in offloaded.items()},
-        "hbm_bytes": at(hbm_total), "hbm_capacity_bytes": np.full(len(P), capacity),
-        "offload_bytes": np.max(np.broadcast_to(offload_bytes, hbm_total.shape), axis=1),
+        "weights_bytes": at(r["weights"]), "grads_bytes": at(r["grads"]), "optimizer_bytes": at(r["optimizer"]),
+        "embeddings_bytes": at(r["embeddings"]), "activations_bytes": at(r["activations"]),
+        "workspace_bytes": at(r["workspace"]),
+        **{f"offload_{k}_bytes": at(r[f"offload_{k}"]) for k in ("weights_grads", "optimizer", "activations")},
+        "hbm_bytes": at(r["hbm"]), "hbm_capacity_bytes": np.full(len(P), capacity),
+        "offload_bytes": np.max(r["offload"], axis=1),
         "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
-        "activations_per_microbatch_bytes": at(act_mb), "opt_elems": at(opt_elems), "params_elems": at(params),
+        "activations_per_microbatch_bytes": at(r["activations_per_microbatch"]),
+        "opt_elems": np.max(r["opt_elems"], axis=1), "params_elems": np.max(r["params_elems"], axis=1),
         "memory_rank": at(P.rank_index),
     }

@@ -102,15 +102,12 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
             "elementwise": elem_bytes / hbm + eff.layer_overhead_us * 1e-6}
 
 
-def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
-    """Seconds per step of every plan, as components that add up to `step_time_s`. The critical
-    path is the pipeline's slowest (last) stage: m microbatches of its layers plus the LM head,
-    the bubble, then what data parallelism, offload and the optimizer leave exposed."""
+def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """One microbatch, one GPU: seconds per layer (forward / backward compute, exposed TP, CP
+    and EP communication, selective recompute) and of the LM head; (n,) arrays."""
     acc = system.accelerator
     eff = acc.efficiency
     h, t, c = model.hidden, P.tp, P.cp
-    p, v, dp = P.pp, P.vpp, P.dp
-    m = P.global_batch / (P.micro_batch * dp)
     tokens = P.micro_batch * model.seq_length / c
     act_bytes = 2.0  # 16-bit activations on the wire
 
@@ -158,20 +155,55 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     logit_fwd = logit_fwd + CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
         acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
     logit_bwd = BACKWARD_FACTOR * logit_fwd
+    return {"fwd_compute": fwd_compute, "bwd_compute": bwd_compute, "attention": layer["attention"],
+            "selective": selective, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd, "cp_bwd": cp_bwd,
+            "ep_fwd": ep_fwd, "ep_bwd": ep_bwd, "logit_fwd": logit_fwd, "logit_bwd": logit_bwd}
+
+
+def _col(x):
+    return np.asarray(x, dtype=np.float64)[:, None] if np.ndim(x) == 1 else x
+
+
+def rank_microbatch_s(terms: dict, P: PlanArrays) -> np.ndarray:
+    """(n, R): one microbatch's forward + backward on each representative rank: its n_r layers,
+    k_r of them recomputed in full (forward and its communication again), and on the last rank
+    the LM head. The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2)."""
+    x = terms
+    per_layer = x["fwd_compute"] + x["bwd_compute"] + x["selective"] + x["tp_fwd"] + x["tp_bwd"] \
+        + x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"]
+    recomputed = x["fwd_compute"] + x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]
+    last = P.rank_index == _col(P.pp) - 1
+    return (P.rank_layers * _col(per_layer) + P.rank_recompute * _col(recomputed)
+            + last * _col(x["logit_fwd"] + x["logit_bwd"]))
+
+
+def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
+    """Seconds per step of every plan, as components that add up to `step_time_s`. The critical
+    path is the pipeline's slowest rank: m microbatches of its layers (plus the LM head on the
+    last rank), the bubble, then what data parallelism, offload and the optimizer leave exposed."""
+    acc = system.accelerator
+    eff = acc.efficiency
+    h, t, c = model.hidden, P.tp, P.cp
+    p, v, dp = P.pp, P.vpp, P.dp
+    m = P.global_batch / (P.micro_batch * dp)
+    tokens = P.micro_batch * model.seq_length / c
+    act_bytes = 2.0  # 16-bit activations on the wire
+    terms = per_layer_terms(model, system, job, P)
+    fwd_compute, bwd_compute, selective = terms["fwd_compute"], terms["bwd_compute"], terms["selective"]
+    tp_fwd, tp_bwd, cp_fwd, cp_bwd = terms["tp_fwd"], terms["tp_bwd"], terms["cp_fwd"], terms["cp_bwd"]
+    ep_fwd, ep_bwd, logit_fwd, logit_bwd = terms["ep_fwd"], terms["ep_bwd"], terms["logit_fwd"], terms["logit_bwd"]
 
     # --- per pipeline rank (representative ranks, (n, R)): one microbatch's forward + backward
     # over its n_r layers, k_r of them recomputed in full; the last rank adds the LM head.
     # The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2).
-    col = lambda x: np.asarray(x, dtype=np.float64)[:, None] if np.ndim(x) == 1 else x
     n_r, k_r = P.rank_layers, P.rank_recompute
-    last_r = P.rank_index == col(p) - 1
+    last_r = P.rank_index == _col(p) - 1
     per_layer_comm = tp_fwd + tp_bwd + cp_fwd + cp_bwd + ep_fwd + ep_bwd
     recompute_comm = tp_fwd + cp_fwd + ep_fwd
-    rank_time = (n_r * col(fwd_compute + bwd_compute + selective + per_layer_comm)
-                 + k_r * col(fwd_compute + recompute_comm) + last_r * col(logit_fwd + logit_bwd))
+    rank_time = rank_microbatch_s(terms, P)
     slow = np.argmax(rank_time, axis=1)
     def at(x):
-        return at_rank(col(x) if np.ndim(x) == 1 else x, slow, rank_time.shape)
+        return at_rank(_col(x), slow, rank_time.shape)
     n_slow, k_slow, last_slow = at(n_r), at(k_r), at(last_r)
     layers_per_stage = n_slow
 
