@@ -5,7 +5,8 @@ overlap option, no dominance pruning), evaluates every row with `estimate_many`,
 the model itself finds feasible (`violations == 0`, i.e. its own divisibility, batch,
 compatibility and memory rules) and, with framework 'megatron', that `megatron.not_expressible`
 accepts, then returns the best row of each distinct layout (tp, pp, dp, cp, ep, vpp,
-micro_batch), best first, with the same objective and tie-break as the search. Only for spaces
+micro_batch), best first, with the same objective and tie-break as the search (planner.ties
+re-ranks near-equal layouts simplest first). Only for spaces
 small enough to enumerate (the tests use up to a few hundred thousand rows).
 """
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hardware.spec import SystemSpec
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
+from planner.ties import needs_more, rank_with_ties
 
 
 @dataclass
@@ -66,8 +68,10 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
         seen.add(g)
         plans.append(plan)
         objectives.append(float(obj[i]))
-        if top_k is not None and len(plans) >= top_k:
+        if top_k is not None and len(plans) > top_k and not needs_more(objectives, top_k, False):
             break
+    order = rank_with_ties(objectives, plans, top_k)
+    plans, objectives = [plans[j] for j in order], [objectives[j] for j in order]
     return BruteForce(plans, objectives, n, len(ok),
                       {"seconds": time.perf_counter() - t0, "structural_rejects": structural,
                        "not_expressible_skips": skipped})

@@ -4,9 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
+                      ValidationError, model_validator)
 
 from hardware.errors import one_line, read_yaml_mapping, resolve_preset_or_file
+from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -14,16 +16,42 @@ Activation = Literal["gelu", "swiglu", "squared_relu"]
 
 
 class MoESpec(BaseModel):
+    """Mixture of experts in the MLP of (all but the first `first_dense_layers`) layers."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
     num_experts: PositiveInt
     top_k: PositiveInt
     expert_ffn: PositiveInt | None = Field(default=None, description="default: the dense ffn")
+    shared_experts: NonNegativeInt = Field(default=0, description="experts every token passes through")
+    shared_expert_ffn: PositiveInt | None = Field(default=None, description="width of EACH shared expert; "
+                                                  "default: expert_ffn")
+    first_dense_layers: NonNegativeInt = Field(default=0, description="leading layers with the dense ffn "
+                                               "instead of experts (DeepSeek-V3: 3)")
+    capacity_factor: PositiveFloat | None = Field(default=None, description="token-drop capacity; "
+                                                  "None = dropless")
 
     @model_validator(mode="after")
     def _topk(self) -> "MoESpec":
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
         return self
+
+
+class MLASpec(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434 §2.1, eqs. 9-19; DeepSeek-V3
+    config.json field names). Queries and keys/values pass through low-rank latents; each head's
+    query/key is a no-position part plus a decoupled RoPE part whose key is shared by all heads."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    q_lora_rank: PositiveInt | None = Field(default=None, description="None = queries not compressed")
+    kv_lora_rank: PositiveInt
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
 class ModelSpec(BaseModel):
@@ -35,6 +63,8 @@ class ModelSpec(BaseModel):
     layers: PositiveInt
     hidden: PositiveInt
     heads: PositiveInt
+    head_dim: PositiveInt | None = Field(default=None, description="width of one attention head; "
+                                         "default hidden // heads (Qwen3, Gemma set it apart)")
     query_groups: PositiveInt | None = Field(default=None, description="KV groups (GQA); default = heads")
     ffn: PositiveInt | None = Field(default=None, description="MLP hidden width; default 4*hidden")
     seq_length: PositiveInt
@@ -45,13 +75,34 @@ class ModelSpec(BaseModel):
     biases: bool = True
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    mtp_layers: NonNegativeInt = Field(default=0, description="multi-token-prediction modules "
+                                       "(DeepSeek-V3: 1), each a block + 2h->h projection")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_head_dim(cls, data):
+        # resolve head_dim here so that `model.head_dim` is always the width actually used
+        if isinstance(data, dict) and data.get("head_dim") is None:
+            hidden, heads = data.get("hidden"), data.get("heads")
+            mla = data.get("mla")
+            if (isinstance(hidden, int) and isinstance(heads, int) and not isinstance(hidden, bool)
+                    and heads > 0 and hidden % heads == 0):
+                data = {**data, "head_dim": hidden // heads}
+            elif isinstance(mla, dict) and isinstance(mla.get("v_head_dim"), int):
+                data = {**data, "head_dim": mla["v_head_dim"]}  # MLA's widths live in `mla`
+        return data
 
     @model_validator(mode="after")
     def _shape(self) -> "ModelSpec":
-        if self.hidden % self.heads:
-            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads})")
+        if self.head_dim is None:
+            raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}), "
+                             "or give head_dim")
         if self.heads % self.kv_groups:
             raise ValueError(f"query_groups ({self.kv_groups}) must divide heads ({self.heads})")
+        if self.moe and self.moe.first_dense_layers >= self.layers:
+            raise ValueError(f"moe.first_dense_layers ({self.moe.first_dense_layers}) must be < "
+                             f"layers ({self.layers})")
         return self
 
     # ---- derived widths -------------------------------------------------------------------
@@ -60,11 +111,17 @@ class ModelSpec(BaseModel):
         return self.query_groups or self.heads
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_hidden(self) -> int:
+        """Width of all query heads (= hidden unless head_dim is set apart; MLA: heads·(nope+rope))."""
+        return self.heads * (self.mla.qk_head_dim if self.mla else self.head_dim)
 
     @property
     def kv_hidden(self) -> int:
+        """Width of the keys (= of the values): kv_groups·head_dim. MLA's keys (heads·(nope+rope))
+        and values (heads·v_head_dim) differ; kv_hidden is then their mean, so that 2·kv_hidden
+        is the K+V width that attention stores and context parallelism exchanges."""
+        if self.mla:
+            return self.heads * (self.mla.qk_head_dim + self.mla.v_head_dim) // 2
         return self.kv_groups * self.head_dim
 
     @property
@@ -76,17 +133,38 @@ class ModelSpec(BaseModel):
         return (self.moe.expert_ffn if self.moe and self.moe.expert_ffn else None) or self.ffn_hidden
 
     @property
+    def shared_expert_ffn_hidden(self) -> int:
+        """Width of each shared expert (0 without shared experts)."""
+        if not self.moe or not self.moe.shared_experts:
+            return 0
+        return self.moe.shared_expert_ffn or self.expert_ffn_hidden
+
+    @property
     def mlp_matrices(self) -> int:
         """Weight matrices of width ffn in one MLP: up+down, plus the gate for SwiGLU."""
         return 3 if self.activation == "swiglu" else 2
 
+    # ---- layer kinds: dense MLP layers and MoE layers ------------------------------------
+    @property
+    def dense_layers(self) -> int:
+        """Layers whose MLP is the dense ffn (all layers of a dense model)."""
+        return self.moe.first_dense_layers if self.moe else self.layers
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.dense_layers
+
     # ---- parameter counts (Narayanan et al. SC'21 sec 3.2: P = 12lh^2(1 + 13/12h + (V+s)/12lh)
-    # for GPT; generalised here to GQA, SwiGLU and MoE) ------------------------------------
+    # for GPT; generalised here to GQA, head_dim, SwiGLU, MoE and MLA) -----------------------
     @property
     def attention_params(self) -> int:
+        """One layer's attention weights (+ biases; + MLA's two latent norms)."""
         h = self.hidden
-        weights = h * (h + 2 * self.kv_hidden) + h * h  # QKV + output projection
-        return weights + ((h + 2 * self.kv_hidden) + h if self.biases else 0)
+        if self.mla:
+            return _mla_params(h, self.heads, self.mla)
+        qkv = self.q_hidden + 2 * self.kv_hidden
+        weights = h * qkv + self.q_hidden * h  # QKV + output projection
+        return weights + (qkv + h if self.biases else 0)
 
     def _mlp_params(self, ffn: int) -> int:
         weights = self.mlp_matrices * self.hidden * ffn
@@ -99,22 +177,59 @@ class ModelSpec(BaseModel):
 
     @property
     def expert_params_per_layer(self) -> int:
-        """All experts of one MoE layer (0 for dense models)."""
+        """All routed experts of one MoE layer (0 for dense models): the part EP shards."""
         return self.moe.num_experts * self._mlp_params(self.expert_ffn_hidden) if self.moe else 0
+
+    @property
+    def shared_expert_params_per_layer(self) -> int:
+        return self.moe.shared_experts * self._mlp_params(self.shared_expert_ffn_hidden) if self.moe else 0
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.moe.num_experts if self.moe else 0
 
     @property
     def norm_params(self) -> int:
         return 2 * (2 if self.biases else 1) * self.hidden  # two norms per layer (+bias for LayerNorm)
 
     @property
+    def dense_layer_params(self) -> int:
+        """One layer with the dense MLP."""
+        return self.attention_params + self.dense_mlp_params + self.norm_params
+
+    @property
+    def moe_layer_non_expert_params(self) -> int:
+        """One MoE layer without its routed experts: attention, router, shared experts, norms."""
+        return self.attention_params + self.router_params + self.shared_expert_params_per_layer \
+            + self.norm_params
+
+    @property
+    def moe_layer_params(self) -> int:
+        return self.moe_layer_non_expert_params + self.expert_params_per_layer if self.moe else 0
+
+    @property
     def non_expert_params_per_layer(self) -> int:
-        router = self.hidden * self.moe.num_experts if self.moe else 0
-        mlp = 0 if self.moe else self.dense_mlp_params
-        return self.attention_params + mlp + router + self.norm_params
+        """The repeated layer without routed experts: the MoE layer for MoE models (an upper bound
+        for their few leading dense layers, see dense_layer_params), else the dense layer."""
+        return self.moe_layer_non_expert_params if self.moe else self.dense_layer_params
 
     @property
     def params_per_layer(self) -> int:
+        """The repeated layer (the MoE layer for MoE models)."""
         return self.non_expert_params_per_layer + self.expert_params_per_layer
+
+    @property
+    def transformer_params(self) -> int:
+        """All layers of the main stack, dense and MoE layers counted as what they are."""
+        return self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
+
+    @property
+    def mtp_params(self) -> int:
+        """DeepSeek-V3 §2.2 MTP modules: each a layer of the repeated kind, the projection
+        M ∈ R^{h×2h}, and the norms of its two inputs and of its output; embedding and output
+        head are shared with the main model (DeepSeek-V3 config: num_nextn_predict_layers)."""
+        norm = (2 if self.biases else 1) * self.hidden
+        return self.mtp_layers * (self.params_per_layer + 2 * self.hidden * self.hidden + 3 * norm)
 
     @property
     def embedding_params(self) -> int:
@@ -129,16 +244,38 @@ class ModelSpec(BaseModel):
 
     @property
     def num_params(self) -> int:
-        return self.layers * self.params_per_layer + self.embedding_params + self.output_params
+        """Every parameter, MTP modules included."""
+        return self.transformer_params + self.mtp_params + self.embedding_params + self.output_params
+
+    @property
+    def active_expert_params_per_layer(self) -> int:
+        """Routed-expert parameters one token uses in one MoE layer (top_k experts)."""
+        return self.moe.top_k * self._mlp_params(self.expert_ffn_hidden) if self.moe else 0
 
     @property
     def active_params(self) -> int:
-        """Parameters touched per token (MoE: only top_k experts)."""
+        """Parameters touched per token in the main model (MoE: only top_k experts; without
+        the MTP modules, as DeepSeek-V3 reports its 37B)."""
         if not self.moe:
-            return self.num_params
-        active_experts = self.moe.top_k * self._mlp_params(self.expert_ffn_hidden)
-        return self.layers * (self.non_expert_params_per_layer + active_experts) + \
+            return self.num_params - self.mtp_params
+        moe_layer = self.moe_layer_non_expert_params + self.active_expert_params_per_layer
+        return self.dense_layers * self.dense_layer_params + self.moe_layers * moe_layer + \
             self.embedding_params + self.output_params
+
+
+def _mla_params(hidden: int, heads: int, mla: MLASpec) -> int:
+    """MLA weights with the DeepSeek-V3 checkpoint's shapes: q_a_proj h×q_lora + q_a_layernorm +
+    q_b_proj q_lora×heads·(nope+rope) (or q_proj h×heads·(nope+rope)); kv_a_proj_with_mqa
+    h×(kv_lora+rope) + kv_a_layernorm; kv_b_proj kv_lora×heads·(nope+v); o_proj heads·v×h.
+    No biases (attention_bias: false)."""
+    q_out = heads * mla.qk_head_dim
+    if mla.q_lora_rank:
+        q = hidden * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * q_out
+    else:
+        q = hidden * q_out
+    kv = hidden * (mla.kv_lora_rank + mla.qk_rope_head_dim) + mla.kv_lora_rank \
+        + mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return q + kv + heads * mla.v_head_dim * hidden
 
 
 def model_preset_names() -> list[str]:
@@ -146,9 +283,14 @@ def model_preset_names() -> list[str]:
 
 
 def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
-    """Preset name or YAML path -> ModelSpec; `overrides` replace fields (e.g. seq_length)."""
-    path, label = resolve_preset_or_file(ref, PRESET_DIR, "model")
-    data = read_yaml_mapping(path, "model")
+    """Preset name, model YAML, Hugging Face config.json or a directory holding one -> ModelSpec;
+    `overrides` replace fields (e.g. seq_length)."""
+    config_json = hf_config.find_config_json(ref, model_preset_names())
+    if config_json is not None:
+        data, label = hf_config.model_fields(config_json), f"Hugging Face config {config_json}"
+    else:
+        path, label = resolve_preset_or_file(ref, PRESET_DIR, "model")
+        data = read_yaml_mapping(path, "model")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         return ModelSpec.model_validate(data)

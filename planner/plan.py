@@ -10,7 +10,10 @@ from hardware.errors import SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
-ComputeDtype = Literal["bf16", "fp16", "fp8"]
+# fp8: delayed scaling (hybrid E4M3/E5M2); fp8-cs: per-tensor current scaling; mxfp8: block-scaled
+# (32-element E8M0 scales); nvfp4: FP4 E2M1 with block scales. Megatron flags: planner/megatron/emit.py.
+ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]
+COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4")
 
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
@@ -42,6 +45,13 @@ class Plan(BaseModel):
     offload_optimizer: NonNegativeFloat = Field(default=0.0, le=1.0)
     tp_comm_overlap: bool = False
     dp_comm_overlap: bool = True
+    # Performance switches the model costs (planner/analytical) and `planner megatron` emits.
+    cross_entropy_fusion: bool = Field(
+        default=False, description="fused cross-entropy kernels (Megatron --cross-entropy-loss-fusion)")
+    grad_reduce_in_bf16: bool = Field(
+        default=False, description="16-bit gradient buffers and reduce (Megatron --grad-reduce-in-bf16)")
+    fp8_param_gather: bool = Field(
+        default=False, description="FP8 compute weights, gathered in FP8 (Megatron --fp8-param-gather)")
     # --- pipeline layout (issue 8): explicit per-virtual-stage choices, Megatron's order
     # (virtual stage s runs on pipeline rank s % pp, as model chunk s // pp).
     stage_layers: tuple[NonNegativeInt, ...] | None = Field(
@@ -101,6 +111,10 @@ class Plan(BaseModel):
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         parts.append(f"zero{self.zero_stage}")
+        for knob, label in (("cross_entropy_fusion", "ce-fused"), ("grad_reduce_in_bf16", "grad-bf16"),
+                            ("fp8_param_gather", "fp8-ag")):
+            if getattr(self, knob):
+                parts.append(label)
         for what in ("weights", "activations", "optimizer"):
             frac = getattr(self, f"offload_{what}")
             if frac:
@@ -175,5 +189,5 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan",
+__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan", "COMPUTE_DTYPES",
            "SpecError"]

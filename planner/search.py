@@ -9,7 +9,8 @@ Public API
 Objective: time per token (step_time / (global_batch·seq)) when the batch is free
 (job.global_batch is None: any batch up to job.max_global_batch that is a multiple of
 micro_batch·dp), step time when it is fixed. "Top K" means the K best DISTINCT layouts
-(tp, pp, dp, cp, ep, vpp, micro_batch), each with its best batch and memory/overlap options.
+(tp, pp, dp, cp, ep, vpp, micro_batch), each with its best batch and memory/overlap options. Near-equal layouts (within
+0.1 %) are re-ranked simplest first by planner.ties, hooked in `plan` after the solver.
 See constraints/space.py, cost_table.py, encode.py and solve.py for the pieces.
 """
 from __future__ import annotations
@@ -29,11 +30,13 @@ from planner.analytical import Estimate, estimate
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
+from planner.ties import needs_more, rank_with_ties
 
 HYPOTHETICAL_OFFLOAD_GIB = 4096.0
 MIN_OFFLOAD_GIB = 64.0
 HYPOTHETICAL_OFFLOAD_GB_S = 100.0
 MAX_GPU_FACTOR = 64
+TIE_LOOKAHEAD = 4  # extra layouts fetched beyond top_k so that near-ties can be re-ranked
 
 
 @dataclass
@@ -80,12 +83,21 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)
-    table = tabulate(space, top_k=top_k)
-    sols = solve_top_k(table, top_k, time_limit_s)
+    # ties: fetch the objective-ordered layouts until every one within TIE_REL_TOL of the K-th is
+    # in, then re-rank them with planner.ties (the simpler of near-equal plans first)
+    want = top_k + TIE_LOOKAHEAD
+    while True:
+        table = tabulate(space, top_k=want)
+        sols = solve_top_k(table, want, time_limit_s)
+        objectives = [float(table.res["objective"][i]) for i in sols.indices]
+        if not needs_more(objectives, top_k, exhausted=len(objectives) < want):
+            break
+        want *= 2
     t1 = time.perf_counter()
+    plans = [_row_plan(table, i) for i in sols.indices]
+    order = rank_with_ties(objectives, plans, top_k)
     ranked, mismatches, dropped = [], 0, 0
-    for i in sols.indices:
-        p = _row_plan(table, i)
+    for i, p in zip([sols.indices[j] for j in order], [plans[j] for j in order]):
         if job.framework == "megatron" and not_expressible(p, model, job):
             dropped += 1  # cannot happen: the space encodes the same rules
             continue

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from hardware import load_system
 from planner import megatron as mg
+from planner.megatron import rules
 from planner.cli import app
 from planner.model import load_model
 from planner.plan import JobSpec, Plan, load_plan
@@ -62,7 +63,7 @@ def test_valid_base_and_list_form():
     (["--overlap-p2p-communication"], "--overlap-p2p-communication"),
 ])
 def test_flags_that_do_not_exist_are_unrecognized(extra, shown):
-    argv = mg._to_argv(base()) + extra
+    argv = rules._to_argv(base()) + extra
     assert check(argv) == [f"unrecognized arguments: {shown}"]
 
 
@@ -73,16 +74,16 @@ def test_bad_choice_is_an_argparse_error():
 
 def test_both_vpp_flags():
     args = base(num_layers_per_virtual_pipeline_stage=2, num_virtual_stages_per_pipeline_rank=2)
-    assert mg.MSG_VPP_ONE_OF in check(args)
-    assert mg.MSG_VPP_ONE_OF.endswith("rank,--pipeline-model-parallel-layout. ")
+    assert rules.MSG_VPP_ONE_OF in check(args)
+    assert rules.MSG_VPP_ONE_OF.endswith("rank,--pipeline-model-parallel-layout. ")
 
 
 def test_vpp_needs_pp_greater_than_one():
     args = base(pipeline_model_parallel_size=1, tensor_model_parallel_size=2,
                 num_virtual_stages_per_pipeline_rank=2, global_batch_size=8)
-    assert mg.MSG_INTERLEAVED_PP in check(args)
+    assert rules.MSG_INTERLEAVED_PP in check(args)
     args = base(num_virtual_stages_per_pipeline_rank=2, no_overlap_p2p_communication=True)
-    assert mg.MSG_INTERLEAVED_PP_NO_OVERLAP in check(args)
+    assert rules.MSG_INTERLEAVED_PP_NO_OVERLAP in check(args)
 
 
 def test_vpp_one_is_not_interleaving():
@@ -111,15 +112,15 @@ def test_vpp_microbatches_multiple_of_pp():
 
 def test_vpp_layer_divisibility():
     args = base(num_layers=12, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2)
-    assert check(args, world=16) == [mg.MSG_VPP_LAYERS_STAGE]
+    assert check(args, world=16) == [rules.MSG_VPP_LAYERS_STAGE]
     args = base(num_layers=10, pipeline_model_parallel_size=4, num_layers_per_virtual_pipeline_stage=2)
-    assert check(args, world=16) == [mg.MSG_VPP_LAYERS_PP]
+    assert check(args, world=16) == [rules.MSG_VPP_LAYERS_PP]
     args = base(num_layers=12, pipeline_model_parallel_size=2, num_virtual_stages_per_pipeline_rank=4)
     assert len(check(args)) == 1 and "must be divisible" in check(args)[0]
     args = base(num_layers=10, pipeline_model_parallel_size=4)
-    assert check(args, world=16) == [mg.MSG_LAYERS_PP]
+    assert check(args, world=16) == [rules.MSG_LAYERS_PP]
     args = base(num_layers_per_virtual_pipeline_stage=2, decoder_first_pipeline_num_layers=3)
-    assert mg.MSG_VPP_UNEVEN in check(args)
+    assert rules.MSG_VPP_UNEVEN in check(args)
 
 
 def test_world_size_and_global_batch():
@@ -131,31 +132,31 @@ def test_world_size_and_global_batch():
 
 def test_overlap_param_gather_rules():
     assert check(base(overlap_param_gather=True, overlap_grad_reduce=True)) == [
-        mg.MSG_PARAM_GATHER_DISTOPT]
+        rules.MSG_PARAM_GATHER_DISTOPT]
     assert check(base(overlap_param_gather=True, use_distributed_optimizer=True)) == [
-        mg.MSG_PARAM_GATHER_GRAD_REDUCE]
+        rules.MSG_PARAM_GATHER_GRAD_REDUCE]
     assert check(base(overlap_param_gather=True, overlap_grad_reduce=True,
                       use_distributed_optimizer=True)) == []
 
 
 def test_tp_comm_overlap_needs_sp_and_sp_at_tp1_is_dropped():
-    assert check(base(tp_comm_overlap=True)) == [mg.MSG_TP_COMM_OVERLAP]
+    assert check(base(tp_comm_overlap=True)) == [rules.MSG_TP_COMM_OVERLAP]
     assert check(base(tp_comm_overlap=True, sequence_parallel=True)) == []
     tp1 = base(tensor_model_parallel_size=1, global_batch_size=8)
     assert check({**tp1, "--sequence-parallel": True}, env={}) == []  # silently dropped
     assert check({**tp1, "--sequence-parallel": True, "--tp-comm-overlap": True}, env={}) == [
-        mg.MSG_TP_COMM_OVERLAP]
+        rules.MSG_TP_COMM_OVERLAP]
 
 
 def test_cuda_device_max_connections():
-    assert check(base(), env={}) == [mg.MSG_CUDA_MAX_CONN]
-    assert check(base(), env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == [mg.MSG_CUDA_MAX_CONN]
+    assert check(base(), env={}) == [rules.MSG_CUDA_MAX_CONN]
+    assert check(base(), env={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}) == [rules.MSG_CUDA_MAX_CONN]
     assert check(base(), env={}, arch=10) == []      # Blackwell: no longer required
     cp = base(tensor_model_parallel_size=1, context_parallel_size=2)
-    assert check(cp, env={}) == [mg.MSG_CUDA_MAX_CONN]
+    assert check(cp, env={}) == [rules.MSG_CUDA_MAX_CONN]
     fsdp = base(use_megatron_fsdp=True, data_parallel_sharding_strategy="optim_grads_params")
     assert check(fsdp, env={}) == []
-    assert check(fsdp, env=ENV) == [mg.MSG_FSDP_MAX_CONN]
+    assert check(fsdp, env=ENV) == [rules.MSG_FSDP_MAX_CONN]
 
 
 def test_heads_and_query_groups_vs_tp():
@@ -179,15 +180,15 @@ def test_cpu_offloading_rules():
     assert check({**one, "--cpu-offloading-num-layers": 4}, env={}) == []
     assert check({**one, "--cpu-offloading-num-layers": 8}, env={}) == [
         "CPU offloading can be done only for layers less than 8"]
-    assert check(base(cpu_offloading_num_layers=2)) == [mg.MSG_CPU_OFFLOAD_PP]
+    assert check(base(cpu_offloading_num_layers=2)) == [rules.MSG_CPU_OFFLOAD_PP]
     rc = {**one, "--cpu-offloading-num-layers": 2, "--recompute-granularity": "selective"}
-    assert check(rc, env={}) == [mg.MSG_CPU_OFFLOAD_RECOMPUTE]
+    assert check(rc, env={}) == [rules.MSG_CPU_OFFLOAD_RECOMPUTE]
 
 
 def test_moe_rules():
-    assert check(base(expert_model_parallel_size=2)) == [mg.MSG_EP_NEEDS_EXPERTS]
+    assert check(base(expert_model_parallel_size=2)) == [rules.MSG_EP_NEEDS_EXPERTS]
     assert check(base(num_experts=6, expert_model_parallel_size=4), world=16) == [
-        mg.MSG_EXPERTS_EP]
+        rules.MSG_EXPERTS_EP]
     assert check(base(num_experts=8, expert_model_parallel_size=2)) == []
     # expert grid: etp(2) * ep(4) * pp(2) = 16 does not divide 8
     assert check(base(num_experts=8, expert_model_parallel_size=4)) == [
@@ -196,14 +197,14 @@ def test_moe_rules():
 
 def test_optimizer_offload_needs_precision_aware_optimizer():
     args = base(use_distributed_optimizer=True, optimizer_cpu_offload=True)
-    assert check(args) == [mg.MSG_OPT_OFFLOAD]
+    assert check(args) == [rules.MSG_OPT_OFFLOAD]
     assert check({**args, "--use-precision-aware-optimizer": True}) == []
 
 
 def test_shape_precision_and_positions():
     assert check(base(tensor_model_parallel_size=1, context_parallel_size=2, seq_length=2050,
-                      max_position_embeddings=4096)) == [mg.MSG_CP_SEQ]
-    assert check(base(fp16=True)) == [mg.MSG_FP16_BF16]
+                      max_position_embeddings=4096)) == [rules.MSG_CP_SEQ]
+    assert check(base(fp16=True)) == [rules.MSG_FP16_BF16]
     assert check(base(hidden_size=1000)) == [
         "hidden_size (1000) must be divisible by num_attention_heads (16) (bare assert in Megatron)"]
     assert check(base(max_position_embeddings=1024)) == [
@@ -213,7 +214,7 @@ def test_shape_precision_and_positions():
 
 def test_recompute_rules():
     assert check(base(recompute_granularity="selective", recompute_method="block")) == [
-        mg.MSG_RECOMPUTE_SELECTIVE_METHOD]
+        rules.MSG_RECOMPUTE_SELECTIVE_METHOD]
     assert check(base(recompute_granularity="selective", recompute_num_layers=1)) == [
         "When using recompute_granularity: selective recompute_num_layers must be None."]
     assert check(base(recompute_granularity="full", recompute_num_layers=1)) == [
@@ -227,6 +228,9 @@ def test_recompute_rules():
 
 def test_fp8_flags():
     assert check(base(fp8_format="hybrid", fp8_recipe="delayed")) == []
+    assert check(base(fp8_format="hybrid", fp8_param_gather=True)) == [rules.MSG_FP8_PARAM_GATHER]
+    assert check(base(fp8_format="hybrid", fp8_param_gather=True, use_distributed_optimizer=True)) == []
+    assert check(base(fp8_format="e4m3", fp4_format="e2m1")) == [rules.MSG_FP4_FP8]
     assert "invalid choice" in check(base(fp8_format="e5m2"))[0]
 
 
@@ -245,7 +249,7 @@ def emit(model: str, system: str, gpus: int, dtype: str = "bf16", **plan):
 
 
 def roundtrip(launch: mg.MegatronLaunch, model, system, plan: Plan) -> dict:
-    script = mg.render(launch, "script", vocab_size=model.vocab)
+    script = mg.render(launch, "script")
     env, argv, torchrun = mg.parse_script(script)
     assert env == launch.env
     assert mg.validate_megatron_args(argv, plan.gpus, env, mg.gpu_arch_major(system)) == []
@@ -306,15 +310,17 @@ def test_fp16_blackwell_fsdp_and_offload():
     flags = launch.flags()
     assert "--fp16" in flags and "--bf16" not in flags
     assert launch.value("--data-parallel-sharding-strategy") == "optim_grads_params"
-    assert "--use-distributed-optimizer" not in flags and "--overlap-param-gather" not in flags
-    assert launch.env == {}  # Blackwell, and FSDP wants it unset anyway
+    # Megatron-FSDP forces both overlaps on for ZeRO-3 (megatron_fsdp.py): the launch says so
+    assert "--use-distributed-optimizer" not in flags and "--overlap-param-gather" in flags
+    assert "--init-model-with-meta-device" in flags
+    assert launch.env == {} and launch.unset_env == ["CUDA_DEVICE_MAX_CONNECTIONS"]
     launch, m, s, p = emit("llama3-8b", "h100-sxm", 8, dp=8, micro_batch=1, global_batch=64,
                            offload_activations=0.25, offload_optimizer=0.5)
     roundtrip(launch, m, s, p)
     assert launch.value("--cpu-offloading-num-layers") == str(round(0.25 * m.layers))
     assert launch.value("--optimizer-offload-fraction") == "0.5"
     assert "--use-precision-aware-optimizer" in launch.flags()
-    assert launch.env == {}  # tp = cp = 1
+    assert launch.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # what NVIDIA's scripts set
 
 
 def test_not_expressible_reasons():
@@ -352,8 +358,10 @@ def _random_plans(rng: random.Random, n: int):
                     zero_stage=rng.choice([0, 1, 1, 2, 3]),
                     offload_activations=rng.choice([0.0, 0.0, 0.25]),
                     offload_optimizer=rng.choice([0.0, 0.0, 1.0]),
-                    tp_comm_overlap=rng.random() < 0.3, dp_comm_overlap=rng.random() < 0.7)
-        yield model, system, gpus, rng.choice(["bf16", "fp16", "fp8"]), plan
+                    tp_comm_overlap=rng.random() < 0.3, dp_comm_overlap=rng.random() < 0.7,
+                    cross_entropy_fusion=rng.random() < 0.3, grad_reduce_in_bf16=rng.random() < 0.3,
+                    fp8_param_gather=rng.random() < 0.3)
+        yield model, system, gpus, rng.choice(["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]), plan
 
 
 def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
@@ -375,7 +383,7 @@ def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
         assert not set(mg.NONEXISTENT_FLAGS) & set(argv)
         assert not ("--num-virtual-stages-per-pipeline-rank" in argv
                     and "--num-layers-per-virtual-pipeline-stage" in argv)
-        if mg.not_expressible(plan, m, job) or mg.launch_problems(plan, s):
+        if mg.launch_refusals(plan, m, job, s):
             continue
         assert mg.validate_launch(launch, mg.gpu_arch_major(s)) == [], plan.short()
         accepted += 1
@@ -385,7 +393,7 @@ def test_random_expressible_plans_are_accepted_and_never_use_missing_flags():
 def test_script_is_valid_bash():
     launch, m, *_ = emit("gpt3-175b", "a100-80g", 1024, tp=8, pp=8, dp=16, micro_batch=1,
                          global_batch=1536)
-    script = mg.render(launch, "script", vocab_size=m.vocab)
+    script = mg.render(launch, "script")
     assert '--data-path "$DATA_PATH"' in script and "--tokenizer-type" in script
     if shutil.which("bash"):
         subprocess.run(["bash", "-n"], input=script, text=True, check=True)
@@ -406,7 +414,8 @@ def test_cli_script_from_plan_file():
     result = runner.invoke(app, ["megatron", "--plan", str(EXAMPLE), "-m", "gpt3-175b",
                                  "-s", "a100-80g"])
     assert result.exit_code == 0, result.output
-    assert "torchrun --nnodes 128 --nproc-per-node 8 --node-rank $NODE_RANK" in result.stdout
+    assert "NNODES=128\n" in result.stdout
+    assert "torchrun --nnodes $NNODES --nproc-per-node 8 --node-rank $NODE_RANK" in result.stdout
     env, argv, _ = mg.parse_script(result.stdout)
     assert mg.validate_megatron_args(argv, 1024, env, 8) == []
     assert "--num-virtual-stages-per-pipeline-rank" in argv
@@ -453,12 +462,102 @@ def test_cli_bad_plans_exit_2_with_one_line(flags, needle):
     assert len(lines) == 1 and needle in lines[0], result.stderr
 
 
-def test_cli_without_plan_uses_the_search_or_says_it_is_missing():
-    try:
-        from planner.search import best_plan  # noqa: F401
-    except ImportError:
-        result = runner.invoke(app, ["megatron"])
-        assert result.exit_code == 2
-        assert "the search is not available" in result.stderr
-    else:
-        pytest.skip("planner.search.best_plan exists; covered by the search tests")
+# ----------------------------------------------------------------------------------------------
+# Issue 11 item 5: the same rule and memory checks as `planner estimate`, any batch, no silent
+# substitutions, and the same default plan as `planner plan`
+# ----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flags, needle", [
+    (["-g", "0"], "gpus: must be a positive integer, got 0"),
+    (["--tp", "0"], "tp: must be a positive integer, got 0"),
+    (["--tp", "8", "--pp", "8", "--micro-batch", "0"], "micro-batch: must be a positive integer"),
+    (["-g", "64", "-b", "64", "--tp", "1", "--pp", "1"], "GiB over"),
+    (["--dtype", "fp8", "--tp", "8", "--pp", "8"], "fp8 needs compute capability 9.x"),
+    (["-m", "llama3-8b", "-s", "b200", "-g", "8", "--dp", "8", "--dtype", "fp16",
+      "--grad-reduce-in-bf16"], "grad_reduce_in_bf16"),
+    (["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--dp", "8", "-b", "8", "--zero-stage", "3",
+      "--no-dp-comm-overlap"], "Megatron-FSDP"),
+    (["--tp", "8", "--pp", "8", "--vpp", "2", "--recompute", "full", "--recompute-num-layers", "5"],
+     "not a multiple of vpp"),
+])
+def test_cli_refuses_what_breaks_with_one_line(flags, needle):
+    result = runner.invoke(app, ["megatron", *flags])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], result.stderr
+
+
+def test_cli_memory_refusal_says_by_how_much():
+    from planner.analytical import estimate
+    result = runner.invoke(app, ["megatron", "-g", "64", "-b", "64", "--tp", "1", "--pp", "1"])
+    est = estimate(load_model("gpt3-175b"), load_system("a100-80g", 64),
+                   Plan(dp=64, global_batch=64), JobSpec())
+    over_gib = (est.hbm_bytes - est.hbm_capacity_bytes) / 2**30
+    assert f"{over_gib:.2f} GiB over" in result.stderr and over_gib > 900
+
+
+def test_cli_takes_any_batch_the_user_gives():
+    result = runner.invoke(app, ["megatron", "-b", "4096", "--tp", "8", "--pp", "8", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["args"]["--global-batch-size"] == "4096"
+
+
+def test_bare_cli_emits_planner_plans_best_plan():
+    from planner.search import best_plan
+    result = runner.invoke(app, ["megatron", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    args = json.loads(result.stdout)["args"]
+    m, s, job = load_model("gpt3-175b"), load_system("a100-80g"), JobSpec(global_batch=1536)
+    best = best_plan(m, s, job)  # what `planner plan` (no flags) ranks first
+    expected = {f: (True if v is None else v) for f, v in mg.megatron_args(best, m, job, s).args}
+    assert args.pop("--save-interval") and args == expected
+    assert args["--global-batch-size"] == "1536"
+
+
+def test_activation_offload_runs_as_whole_layers_never_the_last_one():
+    m, s = load_model("llama3-405b"), load_system("h100-offload-1tib", 8)  # 126 layers
+    for frac, layers, exact in ((1.0, 125, True), (0.25, 32, False), (0.5, 63, True)):
+        plan = Plan(dp=8, global_batch=8, offload_activations=frac)
+        launch = mg.megatron_args(plan, m, JobSpec(), s)
+        assert launch.value("--cpu-offloading-num-layers") == str(layers)
+        assert (not any("offload_activations" in n for n in launch.notes)) == exact
+
+
+@pytest.mark.parametrize("storage", [[], ["--write-gb-per-s", "20", "--gpu-mtbf-hours", "20000"]])
+def test_cli_checkpoints_at_planner_checkpoints_interval(storage):
+    from planner.analytical import estimate
+    where = ["-m", "llama3-70b", "-s", "h100-sxm", "-g", "64"]
+    ckpt = runner.invoke(app, ["checkpoint", *where, "--json", *storage])
+    assert ckpt.exit_code == 0, ckpt.output
+    daly_s = json.loads(ckpt.stdout)["daly_interval_s"]
+    result = runner.invoke(app, ["megatron", *where, "-b", "128", "--tp", "8", "--pp", "4",
+                                 "--sequence-parallel", "--recompute", "selective", "--format", "json", *storage])
+    assert result.exit_code == 0, result.output
+    plan = Plan(tp=8, pp=4, dp=2, global_batch=128, sequence_parallel=True, recompute="selective")
+    step_s = estimate(load_model("llama3-70b"), load_system("h100-sxm", 64), plan, JobSpec()).step_time_s
+    data = json.loads(result.stdout)["args"]
+    assert data["--save-interval"] == str(max(1, round(daly_s / step_s)))
+    assert data["--log-throughput"] is True
+
+
+@pytest.mark.parametrize("vocab, tp, divisor", [
+    (51200, 8, 128),    # GPT-3 preset: 51200 = 2^11·25, already a multiple of 128·8
+    (128256, 8, 32),    # Llama 3: 2^8·501, so at most 32·8 divides it
+    (128256, 4, 64),
+    (32000, 2, 128),    # Mixtral: 2^8·125
+    (50257, 8, 1),      # odd: no divisor leaves it unpadded; 1 pads by < tp rows
+])
+def test_vocab_divisor_leaves_the_vocabulary_unpadded(vocab, tp, divisor):
+    from planner.megatron.emit import vocab_divisor
+    assert vocab_divisor(vocab, tp) == divisor
+
+
+@pytest.mark.parametrize("dtype, system, refused", [
+    ("fp8", "a100-80g", True), ("fp8-cs", "a100-80g", True), ("mxfp8", "h100-sxm", True),
+    ("nvfp4", "h200", True), ("fp8", "h100-sxm", False), ("mxfp8", "b200", False),
+    ("nvfp4", "b200", False), ("fp16", "a100-80g", False),
+])
+def test_precision_needs_the_gpu_generation(dtype, system, refused):
+    m, s = load_model("llama3-8b"), load_system(system, 8)
+    reasons = mg.launch_refusals(Plan(dp=8, global_batch=8), m, JobSpec(dtype=dtype), s)
+    assert bool(reasons) == refused and all("compute capability" in r for r in reasons)

@@ -29,7 +29,7 @@ def test_searched_plans_emit_valid_megatron(system_name, model_name, dtype):
         assert mg.not_expressible(p, model, job) == []
         launch = mg.megatron_args(p, model, job, system)
         assert mg.validate_launch(launch, mg.gpu_arch_major(system)) == []
-        env, argv, torchrun = mg.parse_script(mg.render(launch, "script", vocab_size=model.vocab))
+        env, argv, torchrun = mg.parse_script(mg.render(launch, "script"))
         args = mg.parse_megatron_args(argv)
         tp, pp = args.tensor_model_parallel_size, args.pipeline_model_parallel_size
         cp = args.context_parallel_size

@@ -4,15 +4,39 @@ Source: Narayanan et al., SC'21, eq. (3): F = 96·B·s·l·h²·(1 + s/6h + V/16
 full recompute (72·... without). Its pieces per token and layer: 24h² matmul FLOPs forward
 (2 FLOPs per multiply-add over the 12h² weights), 4sh for the attention scores and the
 attention-weighted values, and 2hV for the logits; backward = 2 × forward. Generalised here to
-GQA (K/V width g·h/a), SwiGLU (three ffn matrices) and MoE (top_k experts per token).
+GQA (K/V width g·h/a), head_dim apart from h/a (query width a·d), SwiGLU (three ffn matrices),
+MoE (top_k routed + shared experts per token; leading dense layers), MLA (DeepSeek-V2 §2.1: the
+low-rank projections' weights, scores over nope+rope, values of v_head_dim) and DeepSeek-V3's MTP
+modules (§2.2: one more layer + the 2h→h projection + the shared head's logits per module).
 """
 from __future__ import annotations
 
 from planner.model import ModelSpec
 
 
+def attention_in_weights(model: ModelSpec) -> int:
+    """Weight elements of the projections from the hidden state to queries, keys and values:
+    Q, K, V (h×(a·d + 2·g·d)), or MLA's q_a/q_b (or q_proj), kv_a_proj_with_mqa and kv_b."""
+    h = model.hidden
+    mla = model.mla
+    if mla is None:
+        return h * (model.q_hidden + 2 * model.kv_hidden)
+    q_out = model.heads * mla.qk_head_dim
+    q = h * mla.q_lora_rank + mla.q_lora_rank * q_out if mla.q_lora_rank else h * q_out
+    kv = h * (mla.kv_lora_rank + mla.qk_rope_head_dim) \
+        + mla.kv_lora_rank * model.heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+    return q + kv
+
+
+def attention_out_width(model: ModelSpec) -> int:
+    """Input width of the output projection: all heads' values (a·d, or a·v_head_dim for MLA)."""
+    return model.heads * model.mla.v_head_dim if model.mla else model.q_hidden
+
+
 def qkv_out_width(model: ModelSpec) -> int:
-    return model.hidden + 2 * model.kv_hidden
+    """Output width of the fused QKV GEMM from h (MLA: the width of one h×w GEMM with the same
+    weights, its low-rank chain folded into one equivalent matmul)."""
+    return attention_in_weights(model) // model.hidden
 
 
 def mlp_width(model: ModelSpec) -> int:
@@ -22,29 +46,47 @@ def mlp_width(model: ModelSpec) -> int:
 
 
 def attention_matmul_flops_per_token(model: ModelSpec) -> float:
-    h = model.hidden
-    return 2.0 * (h * qkv_out_width(model) + h * h)
+    return 2.0 * (attention_in_weights(model) + attention_out_width(model) * model.hidden)
+
+
+def _mlp_flops(model: ModelSpec, ffn: int) -> float:
+    return 2.0 * model.mlp_matrices * model.hidden * ffn
+
+
+def dense_mlp_matmul_flops_per_token(model: ModelSpec) -> float:
+    return _mlp_flops(model, model.ffn_hidden)
 
 
 def mlp_matmul_flops_per_token(model: ModelSpec) -> float:
-    """One token's MLP GEMMs: top_k experts for MoE, plus the router."""
-    ffn = model.expert_ffn_hidden if model.moe else model.ffn_hidden
-    dense = 2.0 * model.mlp_matrices * model.hidden * ffn
+    """One token's MLP GEMMs in the repeated layer: for MoE the top_k routed experts, the shared
+    experts and the router; else the dense MLP."""
     if model.moe:
-        return model.moe.top_k * dense + 2.0 * model.hidden * model.moe.num_experts
-    return dense
+        return model.moe.top_k * _mlp_flops(model, model.expert_ffn_hidden) \
+            + model.moe.shared_experts * _mlp_flops(model, model.shared_expert_ffn_hidden) \
+            + 2.0 * model.hidden * model.moe.num_experts
+    return dense_mlp_matmul_flops_per_token(model)
 
 
 def layer_matmul_flops_per_token(model: ModelSpec) -> float:
-    """Forward GEMM FLOPs of one layer for one token (Narayanan eq. 3: 24h² for GPT)."""
+    """Forward GEMM FLOPs of the repeated layer (the MoE layer of a MoE model) for one token
+    (Narayanan eq. 3: 24h² for GPT)."""
     return attention_matmul_flops_per_token(model) + mlp_matmul_flops_per_token(model)
 
 
+def transformer_matmul_flops_per_token(model: ModelSpec) -> float:
+    """Forward GEMM FLOPs of all layers, leading dense layers counted with the dense MLP."""
+    dense = attention_matmul_flops_per_token(model) + dense_mlp_matmul_flops_per_token(model)
+    return model.dense_layers * dense + model.moe_layers * layer_matmul_flops_per_token(model)
+
+
 def attention_core_flops_per_token(model: ModelSpec, seq_length: int | None = None) -> float:
-    """QKᵀ and attention·V forward for one token against the full sequence: 4·s·h
-    (Narayanan eq. 3 counts the whole s×s score matrix; causal kernels skip half of it)."""
+    """QKᵀ and attention·V forward for one token against the full sequence: 2·s·a·d_qk + 2·s·a·d_v,
+    = 4·s·h for plain multi-head attention (Narayanan eq. 3 counts the whole s×s score matrix;
+    causal kernels skip half of it). MLA: d_qk = nope + rope, d_v = v_head_dim."""
     s = seq_length or model.seq_length
-    return 4.0 * s * model.hidden
+    if model.mla:
+        return 2.0 * s * model.heads * (model.mla.qk_head_dim + model.mla.v_head_dim)
+    return 4.0 * s * model.q_hidden
 
 
 def logit_flops_per_token(model: ModelSpec) -> float:
@@ -52,19 +94,27 @@ def logit_flops_per_token(model: ModelSpec) -> float:
     return 2.0 * model.hidden * model.vocab
 
 
+def mtp_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of DeepSeek-V3's MTP modules (§2.2): each runs one more layer, the 2h→h
+    projection and the shared output head on every token."""
+    per_module = layer_matmul_flops_per_token(model) + attention_core_flops_per_token(model) \
+        + 2.0 * 2 * model.hidden * model.hidden + logit_flops_per_token(model)
+    return model.mtp_layers * per_module
+
+
 def model_flops_per_token(model: ModelSpec) -> float:
     """Forward + backward (3×) model FLOPs, no recompute: the numerator of MFU."""
-    per_layer = layer_matmul_flops_per_token(model) + attention_core_flops_per_token(model)
-    return 3.0 * (model.layers * per_layer + logit_flops_per_token(model))
+    layers = transformer_matmul_flops_per_token(model) + model.layers * attention_core_flops_per_token(model)
+    return 3.0 * (layers + logit_flops_per_token(model) + mtp_flops_per_token(model))
 
 
 def hardware_flops_per_token(model: ModelSpec, recompute: str) -> float:
     """FLOPs actually executed: full recompute adds one layer forward (eq. 3's 96 vs 72),
     selective recompute adds the attention-core forward (Korthikanti et al. 2022 §5)."""
-    extra = {"none": 0.0,
-             "selective": attention_core_flops_per_token(model),
-             "full": layer_matmul_flops_per_token(model) + attention_core_flops_per_token(model)}[recompute]
-    return model_flops_per_token(model) + model.layers * extra
+    core = model.layers * attention_core_flops_per_token(model)
+    extra = {"none": 0.0, "selective": core,
+             "full": transformer_matmul_flops_per_token(model) + core}[recompute]
+    return model_flops_per_token(model) + extra
 
 
 def narayanan_eq3_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
+from planner.analytical.flops import attention_out_width
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -24,7 +25,8 @@ def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
     h = model.hidden
     # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
     unsharded = 10.0 if model.dropout else 8.0
-    attention = 2.0 + 4.0 * model.kv_groups / model.heads + 2.0
+    # Q (a·d wide), K and V (g·d each) and the projection input (a·d_v): 2+4g/a+2 when a·d = h
+    attention = (2.0 * model.q_hidden + 4.0 * model.kv_hidden + 2.0 * attention_out_width(model)) / h
     ffn = model.expert_ffn_hidden if model.moe else model.ffn_hidden
     mlp = (6.0 if model.activation == "swiglu" else 4.0) * ffn / h
     if model.moe:
@@ -105,6 +107,29 @@ def model_state_elems(dense, expert, P: PlanArrays) -> tuple[np.ndarray, np.ndar
     return np.where(z >= 3, sharded, params), np.where(z >= 2, sharded, params), np.where(z >= 1, sharded, params)
 
 
+# Bytes per element of the model state that two Megatron switches change. Source: Megatron-LM
+# megatron/core/distributed/param_and_grad_buffer.py (group_params_for_buffers): the parameter
+# buffer stores FP8 parameters as torch.uint8 (1 B) when --fp8-param-gather keeps the compute
+# weights in FP8, and the gradient buffer is fp32 only while grad_reduce_in_fp32 holds, which
+# --grad-reduce-in-bf16 turns off (megatron/training/arguments.py) -> 2-byte gradients, reduced
+# in 16 bits. Embedding and LM head are never FP8 (Transformer Engine quantises the transformer
+# blocks' Linear layers only), so they keep `bpp.weights`.
+FP8_WEIGHT_BYTES = 1.0
+BF16_GRAD_BYTES = 2.0
+
+
+def block_weight_bytes_per_elem(job: JobSpec, P: PlanArrays) -> np.ndarray:
+    """Bytes per transformer-block weight element on the GPU (and in the DP parameter gather)."""
+    return np.where(P.fp8_param_gather > 0, FP8_WEIGHT_BYTES, job.bytes_per_param.weights)
+
+
+def grad_bytes_per_elem(job: JobSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes per gradient element kept, bytes per gradient element on the DP wire)."""
+    bpp = job.bytes_per_param
+    bf16 = P.grad_reduce_in_bf16 > 0
+    return np.where(bf16, BF16_GRAD_BYTES, bpp.grads), np.where(bf16, BF16_GRAD_BYTES, bpp.grad_reduce)
+
+
 def at_rank(values, index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """Row i's entry in column index[i] of `values` broadcast to the (n, R) rank shape."""
     full = np.broadcast_to(np.asarray(values, dtype=np.float64), shape)
@@ -123,10 +148,12 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     layers_here = P.rank_layers
     some_layers = np.maximum(layers_here, 1.0)
     # ZeRO-3 gathers two layers at a time (the one computing, the one prefetching).
-    gathered = np.where(C.zero_stage >= 3, 2.0 * params / some_layers * bpp.weights, 0.0)
+    block_wb = block_weight_bytes_per_elem(job, C)
+    grad_b, grad_wire_b = grad_bytes_per_elem(job, C)
+    gathered = np.where(C.zero_stage >= 3, 2.0 * params / some_layers * block_wb, 0.0)
 
-    weights = weight_elems * bpp.weights
-    grads = grad_elems * bpp.grads
+    weights = weight_elems * block_wb + vocab_w * (bpp.weights - block_wb)
+    grads = grad_elems * grad_b
     optimizer = opt_elems * bpp.optimizer_total
 
     stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, C)
@@ -151,7 +178,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     offload_bytes = sum(offloaded.values())
     # the embedding / LM-head share of the model state in HBM, reported on its own line
     vocab_hbm_w = _kept(vocab_w * bpp.weights, C.offload_weights)
-    vocab_hbm_g = _kept(vocab_g * bpp.grads, C.offload_weights)
+    vocab_hbm_g = _kept(vocab_g * grad_b, C.offload_weights)
     vocab_hbm_o = vocab_o * bpp.optimizer_total * (1.0 - C.offload_optimizer)
 
     # Transient buffers: one layer recomputed in full, and the fp32 logits of the LM head
@@ -168,7 +195,9 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
             "embeddings": full(vocab_hbm_w + vocab_hbm_g + vocab_hbm_o), "activations": full(hbm_activations),
             "workspace": full(workspace), "offload": full(offload_bytes),
             **{f"offload_{k}": full(v) for k, v in offloaded.items()},
-            "activations_per_microbatch": full(act_mb), "opt_elems": full(opt_elems), "params_elems": full(params)}
+            "activations_per_microbatch": full(act_mb), "opt_elems": full(opt_elems), "params_elems": full(params),
+            "grad_reduce": full(params * grad_wire_b),
+            "param_gather": full((blocks + expert) * block_wb + vocab * bpp.weights)}
 
 
 def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
@@ -193,4 +222,8 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
         "activations_per_microbatch_bytes": at(r["activations_per_microbatch"]),
         "opt_elems": np.max(r["opt_elems"], axis=1), "params_elems": np.max(r["params_elems"], axis=1),
         "memory_rank": at(P.rank_index),
+        # what one DP gradient reduce / parameter all-gather moves per GPU's model copy: the rank
+        # with the most parameters
+        "grad_reduce_bytes": np.max(r["grad_reduce"], axis=1),
+        "param_gather_bytes": np.max(r["param_gather"], axis=1),
     }

@@ -41,6 +41,9 @@ class PlanArrays:
     offload_optimizer: np.ndarray
     tp_comm_overlap: np.ndarray
     dp_comm_overlap: np.ndarray
+    cross_entropy_fusion: np.ndarray
+    grad_reduce_in_bf16: np.ndarray
+    fp8_param_gather: np.ndarray
     rank_index: np.ndarray = None      # (n, R) pipeline rank of each representative
     rank_layers: np.ndarray = None     # (n, R) transformer layers on that rank
     rank_recompute: np.ndarray = None  # (n, R) of those, layers recomputed in full
@@ -120,7 +123,10 @@ class PlanArrays:
             zero_stage=int(self.zero_stage[i]), offload_weights=float(self.offload_weights[i]),
             offload_activations=float(self.offload_activations[i]),
             offload_optimizer=float(self.offload_optimizer[i]),
-            tp_comm_overlap=bool(self.tp_comm_overlap[i]), dp_comm_overlap=bool(self.dp_comm_overlap[i]))
+            tp_comm_overlap=bool(self.tp_comm_overlap[i]), dp_comm_overlap=bool(self.dp_comm_overlap[i]),
+            cross_entropy_fusion=bool(self.cross_entropy_fusion[i]),
+            grad_reduce_in_bf16=bool(self.grad_reduce_in_bf16[i]),
+            fp8_param_gather=bool(self.fp8_param_gather[i]))
 
     def take(self, index: np.ndarray) -> "PlanArrays":
         return PlanArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})

@@ -34,6 +34,13 @@ ELEMENTWISE_PASSES_HIDDEN = 12.0
 ELEMENTWISE_PASSES_FFN = 2.0
 # Cross-entropy: logits cast to fp32, max, exp-sum, normalise: ~3 passes forward.
 CROSS_ENTROPY_PASSES = 3.0
+# --cross-entropy-loss-fusion (native impl) runs the same three steps as fused kernels. Bytes per
+# fp32 logit element moved in forward, counted from Megatron-LM core/tensor_parallel/cross_entropy.py
+# (cast 2+4, max 4, subtract 4+4, exp 4+4, sum 4, divide 4+4 = 38) and core/fusions/
+# fused_cross_entropy.py (cast+max 2+4, subtract+exp+sum 4+4, divide 4+4 = 22): the fused
+# share of the element-wise cross-entropy time in forward (the backward's one gradient kernel is
+# the same in both files). The fused path keeps the fp32 softmax, so memory is unchanged.
+CROSS_ENTROPY_FUSED_SHARE = 22.0 / 38.0
 # Unfused attention writes and re-reads the s×s scores (scale/mask/softmax, dropout): 4 passes.
 UNFUSED_SCORE_PASSES = 4.0
 
@@ -69,6 +76,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
+    out_w = flops.attention_out_width(model)  # = h unless head_dim is set apart (Qwen3) or MLA
     mlp_w = flops.mlp_width(model)
     ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
     if model.moe:
@@ -80,7 +88,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         expert_rows = tokens
     gemm = (
         _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * tokens * h * h / t, np.minimum(np.minimum(tokens, h / t), h), peak_gemm, eff, job.dtype)
+        + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
         + _gemm_time(2 * rows_mlp * h * mlp_w / t, np.minimum(np.minimum(expert_rows, h), mlp_w / t), peak_gemm, eff, job.dtype)
         + _gemm_time(2 * rows_mlp * ffn * h / t, np.minimum(np.minimum(expert_rows, ffn / t), h), peak_gemm, eff, job.dtype)
     )
@@ -152,9 +160,11 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
                            acc.peak(job.dtype), eff, job.dtype)
     # fp32 cross-entropy over the vocabulary shard: softmax and its gradient make
     # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
-    logit_fwd = logit_fwd + CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
+    ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
         acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
-    logit_bwd = BACKWARD_FACTOR * logit_fwd
+    # the backward stays as it was: its gradient kernel is the same in both paths
+    logit_bwd = BACKWARD_FACTOR * (logit_fwd + ce_unfused)
+    logit_fwd = logit_fwd + np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
     return {"fwd_compute": fwd_compute, "bwd_compute": bwd_compute, "attention": layer["attention"],
             "selective": selective, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd, "cp_bwd": cp_bwd,
             "ep_fwd": ep_fwd, "ep_bwd": ep_bwd, "logit_fwd": logit_fwd, "logit_bwd": logit_bwd}
@@ -233,9 +243,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     dp_bw, dp_lat = comm.group_link(system, dp * c, t)
     n_dp = dp * c
     z = P.zero_stage
-    grad_rs = comm.reduce_scatter_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
-    param_ag = comm.all_gather_s(dense * bpp.weights, n_dp, dp_bw, dp_lat)
-    grad_ar = comm.all_reduce_s(dense * bpp.grad_reduce, n_dp, dp_bw, dp_lat)
+    # bytes on the wire: 16-bit with --grad-reduce-in-bf16, FP8 weights with --fp8-param-gather
+    grad_rs = comm.reduce_scatter_s(mem["grad_reduce_bytes"], n_dp, dp_bw, dp_lat)
+    param_ag = comm.all_gather_s(mem["param_gather_bytes"], n_dp, dp_bw, dp_lat)
+    grad_ar = comm.all_reduce_s(mem["grad_reduce_bytes"], n_dp, dp_bw, dp_lat)
     # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
     mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
     hide = P.dp_comm_overlap > 0

@@ -17,13 +17,15 @@ DEFAULT_GPUS = 1024
 DEFAULT_BATCH = 1536
 
 ModelOpt = Annotated[str, typer.Option(
-    "--model", "-m", help="Model preset (see `planner presets`) or a model YAML file.")]
+    "--model", "-m", help="Model preset (see `planner presets`), a model YAML file, or a Hugging Face config.json "
+    "(or the model directory holding it).")]
 SystemOpt = Annotated[str, typer.Option(
     "--system", "-s", help="System preset (see `planner presets`) or a system YAML file.")]
 GpusOpt = Annotated[Optional[int], typer.Option(
     "--gpus", "-g", help="Number of GPUs (default: the system preset's count).")]
 SeqOpt = Annotated[Optional[int], typer.Option(
-    "--seq-length", help="Override the model's sequence length (tokens).")]
+    "--seq-length", help="Override the model's sequence length (tokens). A Hugging Face config.json "
+    "defaults to 4096 (or its max_position_embeddings if smaller), not its full context.")]
 BatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", "-b", help="Global batch in sequences (fixed).")]
 MaxBatchOpt = Annotated[int, typer.Option(

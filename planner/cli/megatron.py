@@ -1,7 +1,7 @@
-"""`planner megatron`: a plan -> a Megatron-LM launch (script, args or JSON) that Megatron accepts."""
+"""`planner megatron`: a plan -> a Megatron-LM launch (script, args or JSON) that Megatron accepts,
+that means the plan, and that the model says fits."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,7 +14,6 @@ from planner.cli.common import (
     CpOpt,
     DpOpt,
     DpOverlapOpt,
-    DtypeOpt,
     EpOpt,
     GpusOpt,
     MicroBatchOpt,
@@ -40,12 +39,20 @@ from planner.cli.common import (
 from planner.plan import load_plan
 
 FORMATS = ("script", "args", "json")
+GIB = 2**30
+# Plan switches only `planner megatron` takes as flags (a plan file may carry them too).
+PERF_KNOBS = ("cross_entropy_fusion", "grad_reduce_in_bf16", "fp8_param_gather")
+
+MegatronReserveOpt = Annotated[Optional[float], typer.Option(
+    "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB; "
+                              "default: the plan file's, else 2).")]
+MegatronDtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), "
+                    "mxfp8 or nvfp4 (Blackwell). Default: the plan file's, else bf16.")]
 
 
-def _fail(lines: list[str]) -> None:
-    for line in lines:
-        print(f"error: {line}", file=sys.stderr)
-    raise typer.Exit(2)
+def _flag(name: str, text: str):
+    return Annotated[Optional[bool], typer.Option(f"--{name}/--no-{name}", help=text)]
 
 
 def megatron_command(
@@ -54,7 +61,8 @@ def megatron_command(
     gpus: GpusOpt = None,
     seq_length: SeqOpt = None,
     global_batch: BatchOpt = None,
-    dtype: DtypeOpt = "bf16",
+    dtype: MegatronDtypeOpt = None,
+    hbm_reserve_gib: MegatronReserveOpt = None,
     plan_file: Annotated[Optional[Path], typer.Option(
         "--plan", help="Plan file (YAML/JSON; a top-level `plan:` mapping as `planner plan --save` writes).")] = None,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
@@ -63,6 +71,14 @@ def megatron_command(
     offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
     offload_weights: OffloadWeightsOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
+    cross_entropy_fusion: _flag("cross-entropy-fusion", "Fused cross-entropy kernels (costed).") = None,
+    grad_reduce_in_bf16: _flag("grad-reduce-in-bf16", "16-bit gradient buffers and DP reduce (costed).") = None,
+    fp8_param_gather: _flag("fp8-param-gather", "FP8 weights, gathered in FP8 (costed; FP8 dtypes).") = None,
+    write_gb_per_s: Annotated[Optional[float], typer.Option(
+        "--write-gb-per-s", help="Checkpoint storage write bandwidth, GB/s, as `planner checkpoint` "
+                                 "(default: its default).")] = None,
+    gpu_mtbf_hours: Annotated[Optional[float], typer.Option(
+        "--gpu-mtbf-hours", help="Per-GPU MTBF in hours, as `planner checkpoint` (default: its default).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Output: script (bash), args (one line) or json.")] = "script",
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write to this file (never overwrites an existing file).")] = None,
@@ -70,50 +86,122 @@ def megatron_command(
     """Emit Megatron-LM `pretrain_gpt.py` arguments (and a torchrun script) for a plan.
 
     The plan comes from --plan FILE, from plan flags (unset knobs: tp=pp=cp=1, dp fills the GPUs),
-    or, with neither, from the search (`planner plan`'s best plan).
+    or, with neither, from the search: `planner plan`'s best plan for the same options (global
+    batch 1536 unless -b is given). The plan must pass the rules and memory check of
+    `planner estimate`; otherwise exit 2 with what breaks. The script saves checkpoints at the
+    Daly interval of `planner checkpoint` and logs throughput.
+    Example: planner megatron -m llama3-70b -s h100-sxm -g 64 -b 128 --tp 8 --pp 4 --sequence-parallel
     """
     _run(locals())
 
 
+def _job(o: dict, plan=None):
+    """JobSpec for the launch: a plan file's saved job settings, unless the user overrides them."""
+    from planner.planfile import saved_job
+    if o["global_batch"] is not None and o["global_batch"] < 1:
+        raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
+    saved = saved_job(o["plan_file"], plan) if plan is not None else None
+    if saved is not None:
+        for name, value in (("dtype", o["dtype"]), ("hbm_reserve_gib", o["hbm_reserve_gib"])):
+            if value is not None and value != getattr(saved, name):
+                raise SpecError(f"{name.replace('_', '-')}: {value} differs from the plan file's "
+                                f"({getattr(saved, name)})")
+        return saved
+    batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
+    # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
+    return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or "bf16",
+                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"])
+
+
+POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
+
+
+def _plan_and_job(o: dict, model, system):
+    for knob in POSITIVE_KNOBS:
+        if o[knob] is not None and o[knob] < 1:
+            raise SpecError(f"{knob.replace('_', '-')}: must be a positive integer, got {o[knob]}")
+    given = given_knobs(o)
+    perf = {k: o[k] for k in PERF_KNOBS if o[k] is not None}
+    if o["plan_file"] is not None:
+        if given or perf:
+            raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
+                            f"--{next(iter({**given, **perf})).replace('_', '-')})")
+        plan = load_plan(o["plan_file"])
+        if o["global_batch"] is not None and o["global_batch"] != plan.global_batch:
+            raise SpecError(f"global-batch: {o['global_batch']} differs from the plan's "
+                            f"global_batch ({plan.global_batch})")
+        return plan, _job(o, plan)
+    job = _job(o)
+    if any(o[k] is not None for k in ("tp", "pp", "dp")):
+        return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch), job
+    if given or perf:
+        raise SpecError("plan: give --tp/--pp/--dp with the other plan flags, or --plan FILE")
+    from planner.search import best_plan
+    plan = best_plan(model, system, job)
+    if plan is None:
+        raise SpecError("plan: the search found no plan that fits; give --plan FILE or --tp/--pp/--dp "
+                        "(see `planner check`)")
+    return plan, job
+
+
+def fit_problems(est, system) -> list[str]:
+    """`planner estimate`'s verdict as one-line reasons, with the amounts."""
+    from planner.analytical.estimate import RULES
+    out = []
+    for rule in est.violations:
+        if rule == "hbm":
+            cap = est.hbm_capacity_bytes
+            out.append(f"memory: the plan needs {est.hbm_bytes / GIB:.2f} GiB per GPU but {system.name} has "
+                       f"{cap / GIB:.2f} GiB usable (HBM minus the reserve): {(est.hbm_bytes - cap) / GIB:.2f} GiB over")
+        elif rule == "offload_capacity":
+            out.append(f"offload: the plan offloads {est.offload_bytes / GIB:.2f} GiB per GPU but the tier holds "
+                       f"{est.offload_capacity_bytes / GIB:.2f} GiB")
+        else:
+            out.append(f"{rule}: {RULES[rule]}")
+    return out
+
+
+def save_interval_iters(model, system, plan, step_time_s: float, write_gb_per_s: float | None = None,
+                        gpu_mtbf_hours: float | None = None) -> int:
+    """Iterations between checkpoints: `planner checkpoint`'s Daly interval (same storage bandwidth
+    and MTBF defaults) over the plan's step time."""
+    from planner.checkpoint import checkpoint_report
+    from planner.cli.checkpoint import DEFAULT_WRITE_GB_PER_S
+    bandwidth = DEFAULT_WRITE_GB_PER_S if write_gb_per_s is None else write_gb_per_s
+    report = checkpoint_report(model, system, plan, write_gb_per_s=bandwidth, read_gb_per_s=bandwidth,
+                               gpu_mtbf_hours=gpu_mtbf_hours)
+    return max(1, round(report.daly_interval_s / step_time_s))
+
+
 def _run(o: dict) -> None:
     from planner import megatron as mg
+    from planner.analytical import estimate
 
     if o["fmt"] not in FORMATS:
         raise SpecError(f"format: unknown {o['fmt']!r}; allowed: {', '.join(FORMATS)}")
+    if o["gpus"] is not None and o["gpus"] < 1:
+        raise SpecError(f"gpus: must be a positive integer, got {o['gpus']}")
     if o["output"] is not None and o["output"].exists():
         raise SpecError(f"output: {o['output']} already exists; refusing to overwrite it")
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
-    job = make_job(global_batch=o["global_batch"], dtype=o["dtype"])
-    given = given_knobs(o)
-    if o["plan_file"] is not None:
-        if given:
-            raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
-                            f"--{next(iter(given)).replace('_', '-')})")
-        plan = load_plan(o["plan_file"])
-        if job.global_batch is not None and job.global_batch != plan.global_batch:
-            raise SpecError(f"global-batch: {job.global_batch} differs from the plan's "
-                            f"global_batch ({plan.global_batch})")
-    elif any(o[k] is not None for k in ("tp", "pp", "dp")):
-        plan = plan_from_knobs(given, system.num_gpus, job.global_batch or DEFAULT_BATCH)
-    else:
-        if given:
-            raise SpecError("plan: give --tp/--pp/--dp with the other plan flags, or --plan FILE")
-        try:
-            from planner.search import best_plan
-        except ImportError:
-            raise SpecError("plan: give --plan FILE or --tp/--pp/--dp; the search is not available") from None
-        plan = best_plan(model, system, job)
-        if plan is None:
-            raise SpecError("plan: the search found no plan that fits; give --plan FILE or --tp/--pp/--dp")
+    plan, job = _plan_and_job(o, model, system)
 
-    problems = mg.not_expressible(plan, model, job) + mg.launch_problems(plan, system)
+    problems = mg.launch_refusals(plan, model, job, system)
+    if not problems:
+        if plan.gpus != system.num_gpus:
+            problems = [f"plan: tp·pp·dp·cp = {plan.gpus} but the system has {system.num_gpus} GPUs"]
+        else:
+            est = estimate(model, system, plan, job)
+            problems = fit_problems(est, system)
     if problems:
-        _fail(problems)
-    launch = mg.megatron_args(plan, model, job, system)
+        raise SpecError("; ".join(problems))
+    launch = mg.megatron_args(plan, model, job, system,
+                              save_interval=save_interval_iters(model, system, plan, est.step_time_s,
+                                                                o["write_gb_per_s"], o["gpu_mtbf_hours"]))
     problems = mg.validate_launch(launch, mg.gpu_arch_major(system))
     if problems:
-        _fail(problems)
-    text = mg.render(launch, o["fmt"], vocab_size=model.vocab)
+        raise SpecError("megatron: " + "; ".join(problems))
+    text = mg.render(launch, o["fmt"])
     if o["output"] is None:
         typer.echo(text, nl=not text.endswith("\n"))
         return

@@ -266,11 +266,10 @@ def _plan(o: dict) -> None:
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
     if o["save"] is not None and result.best is not None:
-        # model/system as the user named them (preset or path), so `megatron/estimate --plan` can reload them
-        data = {"plan": result.best.plan.model_dump(), "model": o["model"], "system": o["system"],
-                "seq_length": model.seq_length, "global_batch": result.best.plan.global_batch,
-                "gpus": system.num_gpus, "step_time_s": result.best.estimate.step_time_s,
-                "objective": result.objective}
+        # everything the launch needs (planner/planfile.py), so `megatron/estimate --plan` agree
+        from planner.planfile import plan_file_data
+        data = plan_file_data(result.best.plan, o["model"], o["system"], model, system, job,
+                              step_time_s=result.best.estimate.step_time_s, objective=result.objective)
         try:
             with open(o["save"], "x") as handle:
                 yaml.safe_dump(data, handle, sort_keys=False)

@@ -1,0 +1,160 @@
+"""A Hugging Face `config.json` as a model: its fields mapped onto ModelSpec's.
+
+One mapping serves every decoder-only architecture; `model_type` only chooses the defaults that a
+config may leave out (tied embeddings, the MLP's activation, which MoE field names it uses).
+What ModelSpec cannot express is approximated and named in APPROXIMATIONS: sliding-window layers
+are costed as full attention, GeGLU as SwiGLU (same three matrices), Qwen2's q/k/v biases, Qwen3's
+and Gemma-3's per-head q/k norms, Gemma's extra norms and GPT-OSS's attention sinks are not
+counted (each under 0.01 % of the parameters).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+from hardware.errors import SpecError
+
+# Training runs pre-train at 4k–8k tokens and extend the context later; max_position_embeddings
+# (often 128k) is the inference limit, so it is only an upper bound here.
+HF_DEFAULT_SEQ_LENGTH = 4096
+
+# model_type -> (defaults for fields a config may omit, what is approximated)
+ARCHITECTURES: dict[str, tuple[dict, str]] = {
+    "llama": ({"tie_word_embeddings": False}, ""),
+    "mistral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
+    "mixtral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
+    "qwen2": ({"tie_word_embeddings": False}, "q/k/v biases not counted"),
+    "qwen2_moe": ({"tie_word_embeddings": False}, "q/k/v biases not counted"),
+    "qwen3": ({"tie_word_embeddings": True}, "per-head q/k norms not counted"),
+    "qwen3_moe": ({"tie_word_embeddings": False}, "per-head q/k norms not counted"),
+    "deepseek_v3": ({"tie_word_embeddings": False}, ""),
+    "gpt_oss": ({"tie_word_embeddings": False, "attention_bias": True},
+                "sliding-window layers costed as full attention; attention sinks not counted"),
+    "gemma": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
+    "gemma2": ({"tie_word_embeddings": True},
+               "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
+    "gemma3_text": ({"tie_word_embeddings": True},
+                    "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
+}
+APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
+
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+
+
+def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:
+    """The config.json that `ref` names (a .json file, or a directory holding config.json), else
+    None (then `ref` is a preset or a YAML file). A directory without config.json that is named
+    like a preset does not hide the preset."""
+    path = Path(ref)
+    if path.suffix == ".json":
+        return path
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file() and ref in set(preset_names):
+            return None
+        if not config.is_file():
+            raise SpecError(f"model: directory {ref} holds no config.json (give a Hugging Face model "
+                            "directory, a config.json, a model YAML or a preset)")
+        return config
+    return None
+
+
+def read_config(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise SpecError(f"model {path}: cannot read ({exc.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
+        raise SpecError(f"model {path}: not a JSON config{where}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"model {path}: expected a JSON object of fields, got {type(data).__name__}")
+    # multimodal wrappers (Gemma-3, Llama-4, Qwen-VL) keep the language model under text_config
+    if isinstance(data.get("text_config"), dict):
+        data = {**data, **data["text_config"], "model_type": data["text_config"].get("model_type",
+                                                                                     data.get("model_type"))}
+    return data
+
+
+def _name(cfg: dict, path: Path) -> str:
+    given = cfg.get("_name_or_path")
+    if isinstance(given, str) and given:
+        return given.rstrip("/").split("/")[-1]
+    return path.parent.name or "hf-model"
+
+
+def model_fields(path: Path) -> dict:
+    """config.json -> the fields of a ModelSpec (validated by the caller)."""
+    cfg = read_config(path)
+    model_type = cfg.get("model_type")
+    defaults = ARCHITECTURES.get(model_type, ({}, ""))[0]
+    cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
+    missing = [f for f in REQUIRED if f not in cfg]
+    moe_keys = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)]
+    if not moe_keys and "intermediate_size" not in cfg:
+        missing.append("intermediate_size")
+    if missing:
+        known = ", ".join(sorted(ARCHITECTURES))
+        raise SpecError(f"model {path} (model_type {model_type!r}): missing {', '.join(missing)}; "
+                        f"architectures read: {known}")
+
+    act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
+    # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
+    gated = model_type in ARCHITECTURES or act in ("silu", "swish")
+    max_pos = cfg.get("max_position_embeddings")
+    seq = min(HF_DEFAULT_SEQ_LENGTH, max_pos) if isinstance(max_pos, int) and max_pos > 0 else \
+        HF_DEFAULT_SEQ_LENGTH
+    fields = {
+        "name": _name(cfg, path),
+        "layers": cfg["num_hidden_layers"],
+        "hidden": cfg["hidden_size"],
+        "heads": cfg["num_attention_heads"],
+        "query_groups": cfg.get("num_key_value_heads"),
+        "head_dim": cfg.get("head_dim"),
+        "ffn": cfg.get("intermediate_size"),
+        "seq_length": seq,
+        "vocab": cfg["vocab_size"],
+        "activation": "swiglu" if gated else "gelu",
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
+        "position_embedding": "rope",
+        "biases": bool(cfg.get("attention_bias", False)),
+        "dropout": False,
+    }
+    fields.update(_moe_fields(cfg, path, moe_keys))
+    if cfg.get("kv_lora_rank"):
+        fields["mla"] = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                                 "qk_rope_head_dim", "v_head_dim")}
+        fields["head_dim"] = None  # MLA's head widths live in `mla`
+    if cfg.get("num_nextn_predict_layers"):
+        fields["mtp_layers"] = cfg["num_nextn_predict_layers"]
+    return fields
+
+
+def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
+    if not moe_keys:
+        return {}
+    experts = cfg[moe_keys[0]]
+    # Mixtral and GPT-OSS size experts with intermediate_size; Qwen-MoE and DeepSeek with
+    # moe_intermediate_size (their intermediate_size is the dense layers' width)
+    expert_ffn = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
+    moe = {"num_experts": experts, "top_k": cfg.get("num_experts_per_tok") or cfg.get("experts_per_token"),
+           "expert_ffn": expert_ffn}
+    first_dense = cfg.get("first_k_dense_replace", 0)
+    dense_only = cfg.get("mlp_only_layers") or []
+    if dense_only:
+        if not isinstance(dense_only, list) or dense_only != list(range(len(dense_only))):
+            raise SpecError(f"model {path}: mlp_only_layers {dense_only} is not supported (only leading "
+                            "dense layers, i.e. [0, 1, ..., k-1])")
+        first_dense = len(dense_only)
+    for key in ("moe_layer_freq", "decoder_sparse_step"):
+        if cfg.get(key, 1) != 1:
+            raise SpecError(f"model {path}: {key} {cfg[key]} is not supported (allowed: 1, every layer "
+                            "after the leading dense ones is MoE)")
+    moe["first_dense_layers"] = first_dense
+    if cfg.get("n_shared_experts"):
+        moe["shared_experts"] = cfg["n_shared_experts"]
+    elif cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of this width
+        moe["shared_experts"] = 1
+        moe["shared_expert_ffn"] = cfg["shared_expert_intermediate_size"]
+    return {"moe": moe}

@@ -1,0 +1,219 @@
+"""Plan -> Megatron-LM `pretrain_gpt.py` flags, environment and torchrun geometry (MA 3).
+
+Every field the analytical model uses is emitted explicitly, so that Megatron's defaults never
+decide it: shape, vocabulary, dropout, parallel sizes, batch, precision recipe, recompute (per
+virtual chunk, as Megatron counts), MoE dispatcher / grouped GEMM / router dtype, sharding and
+overlap, offload, the performance switches a Plan carries, and the environment.
+Section numbers ("MA 2a") refer to shared/reference/megatron_args.md; other facts cite the
+megatron-core 0.19.2 source file they come from.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from hardware.spec import SystemSpec
+from planner.megatron.expressible import cpu_offload_layers, offload_fraction_of_layers
+from planner.megatron.launch import Arg, MegatronLaunch
+from planner.model import ModelSpec
+from planner.plan import JobSpec, Plan
+
+# Megatron's default dropout (arguments.py: --attention-dropout / --hidden-dropout 0.1), which
+# the model's `dropout: true` means (GPT-3); `dropout: false` (Llama, Mixtral) must emit 0.
+DROPOUT_PROBABILITY = 0.1
+
+# Precision name (planner.plan.ComputeDtype) -> Megatron flags (megatron/training/arguments.py
+# --fp8-format/--fp8-recipe/--fp4-format/--fp4-recipe, accepted by megatron-core 0.19.2's parser).
+# fp8: delayed scaling with the hybrid format (E4M3 forward, E5M2 gradients); fp8-cs: per-tensor
+# current scaling ("tensorwise"); mxfp8: E4M3 with 32-element block scales (Transformer Engine's
+# MXFP8BlockScaling uses E4M3 for every tensor); nvfp4: E2M1 with NVFP4 block scales.
+PRECISION_FLAGS: dict[str, list[Arg]] = {
+    "bf16": [("--bf16", None)],
+    "fp16": [("--fp16", None)],
+    "fp8": [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")],
+    "fp8-cs": [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")],
+    "mxfp8": [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")],
+    "nvfp4": [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")],
+}
+# Tuned NVIDIA recipes run Python's garbage collector by hand every 100 steps (--manual-gc
+# --manual-gc-interval 100); the analytical model has no term for automatic GC pauses.
+MANUAL_GC_INTERVAL = 100
+LOG_INTERVAL = 10
+
+# Not emitted: --use-nccl-ub (NCCL user buffers free SMs during collectives; the model has no
+# SM-contention term, so it could not say what the flag buys) and --tp-comm-overlap-cfg tuning.
+
+# Extra argument groups other parts of the planner contribute (e.g. uneven pipeline layouts):
+# each is called with (plan, model) and returns flags appended after the parallel sizes.
+EXTRA_ARG_GROUPS: list[Callable[[Plan, ModelSpec], list[Arg]]] = []
+
+
+def vocab_divisor(vocab: int, tp: int) -> int:
+    """--make-vocab-size-divisible-by d: Megatron pads the vocabulary to a multiple of d·tp
+    (megatron/core/tokenizers/utils/build_tokenizer.py, vocab_size_with_padding). The largest power of two <= 128
+    (Megatron's default) that leaves the model's vocabulary unpadded; 1 if none does, which pads
+    by fewer than tp rows."""
+    for d in (128, 64, 32, 16, 8, 4, 2, 1):
+        if vocab % (d * tp) == 0:
+            return d
+    return 1
+
+
+def recompute_layers_per_chunk(plan: Plan, model: ModelSpec) -> int:
+    """--recompute-num-layers: Megatron counts per virtual chunk (transformer_block.py, block
+    method: the first k layers of each chunk); the Plan counts per pipeline stage."""
+    per_chunk = model.layers // (plan.pp * plan.vpp)
+    if plan.recompute_num_layers is None:
+        return per_chunk
+    return min(plan.recompute_num_layers // plan.vpp, per_chunk)
+
+
+def cuda_max_connections(plan: Plan) -> tuple[dict[str, str], list[str]]:
+    """(exported env, unset env). Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is unset or
+    > 1 (arguments.py); everything else runs with 1 (required with tp/cp > 1 before Blackwell,
+    MA 2a, and what NVIDIA's launch scripts set)."""
+    if plan.zero_stage >= 2:
+        return {}, ["CUDA_DEVICE_MAX_CONNECTIONS"]
+    return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, []
+
+
+def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec,
+                  save_interval: int | None = None) -> MegatronLaunch:
+    """The Megatron-LM flags, env and torchrun geometry for `plan`. It does not refuse plans:
+    call `not_expressible` / `launch_refusals` first (and `validate_megatron_args` on the
+    result). `save_interval`: iterations between checkpoints (`planner checkpoint`'s interval)."""
+    a: list[Arg] = []
+
+    def add(flag: str, value: object = None) -> None:
+        a.append((flag, None if value is None else str(value)))
+
+    # Model shape (MA 1) and vocabulary (the LM head the model costs).
+    add("--num-layers", model.layers)
+    add("--hidden-size", model.hidden)
+    add("--ffn-hidden-size", model.ffn_hidden)
+    add("--num-attention-heads", model.heads)
+    if model.kv_groups < model.heads:
+        add("--group-query-attention")  # MA 0.4: --num-query-groups is ignored without it
+        add("--num-query-groups", model.kv_groups)
+    add("--seq-length", model.seq_length)
+    add("--max-position-embeddings", model.seq_length)
+    if model.position_embedding == "rope":
+        add("--position-embedding-type", "rope")
+    if model.activation == "swiglu":
+        add("--swiglu")
+    elif model.activation == "squared_relu":
+        add("--squared-relu")
+    if not model.biases:
+        add("--normalization", "RMSNorm")
+        add("--disable-bias-linear")
+    if not model.tied_embeddings:
+        add("--untie-embeddings-and-output-weights")
+    add("--vocab-size", model.vocab)
+    add("--make-vocab-size-divisible-by", vocab_divisor(model.vocab, plan.tp))
+    dropout = DROPOUT_PROBABILITY if model.dropout else 0.0
+    add("--attention-dropout", f"{dropout:g}")
+    add("--hidden-dropout", f"{dropout:g}")
+    if model.moe is not None:
+        add("--num-experts", model.moe.num_experts)
+        add("--moe-router-topk", model.moe.top_k)
+        add("--moe-ffn-hidden-size", model.expert_ffn_hidden)
+        # The model costs an all-to-all dispatch and grouped expert GEMMs (time.py); Megatron's
+        # defaults are the allgather dispatcher and one GEMM per expert.
+        add("--moe-token-dispatcher-type", "alltoall")
+        add("--moe-grouped-gemm")
+        add("--moe-router-dtype", "fp32")  # the router is not costed; fp32 as NVIDIA's recipes
+
+    # Parallelism (MA 3): DP is derived by Megatron from WORLD_SIZE, never emitted.
+    add("--tensor-model-parallel-size", plan.tp)
+    add("--pipeline-model-parallel-size", plan.pp)
+    if plan.vpp > 1:
+        add("--num-virtual-stages-per-pipeline-rank", plan.vpp)  # never also the per-stage form
+    if plan.cp > 1:
+        add("--context-parallel-size", plan.cp)
+    if model.moe is not None or plan.ep > 1:
+        add("--expert-model-parallel-size", plan.ep)
+        etp = getattr(plan, "etp", None)
+        if etp is not None:
+            add("--expert-tensor-parallel-size", etp)
+    sp = plan.sequence_parallel and plan.tp > 1  # MA 2a: SP at tp=1 is dropped by Megatron
+    if sp:
+        add("--sequence-parallel")
+    for group in EXTRA_ARG_GROUPS:  # e.g. uneven pipeline layouts
+        a.extend(group(plan, model))
+
+    # Batch.
+    add("--micro-batch-size", plan.micro_batch)
+    add("--global-batch-size", plan.global_batch)
+
+    # Recompute (MA 1, 3): block recomputes the first k layers of every virtual chunk.
+    if plan.recompute == "selective":
+        add("--recompute-granularity", "selective")
+    elif plan.recompute == "full":
+        add("--recompute-granularity", "full")
+        add("--recompute-method", "block")
+        add("--recompute-num-layers", recompute_layers_per_chunk(plan, model))
+
+    # Optimizer sharding and DP overlap (MA 1, 2a). Megatron-FSDP (ZeRO-2/3) forces the overlap
+    # on (megatron_fsdp.py); the flags are emitted so that the parsed arguments say so too.
+    fsdp = plan.zero_stage >= 2
+    if plan.zero_stage == 1:
+        add("--use-distributed-optimizer")
+    if fsdp:
+        add("--use-megatron-fsdp")
+        add("--data-parallel-sharding-strategy",
+            "optim_grads_params" if plan.zero_stage == 3 else "optim_grads")
+        add("--ckpt-format", "fsdp_dtensor")  # Megatron FSDP checkpoints only in this format
+        if plan.zero_stage == 3:
+            # ZeRO-3 keeps 1/dp of the weights: build them on the meta device and materialise the
+            # shards, never the whole stage (otherwise the start-up peak is the unsharded model).
+            add("--init-model-with-meta-device")
+    if plan.dp_comm_overlap or fsdp:
+        add("--overlap-grad-reduce")
+        if plan.zero_stage == 1 or plan.zero_stage == 3:
+            add("--overlap-param-gather")
+    if plan.tp_comm_overlap and sp:
+        add("--tp-comm-overlap")
+
+    # Offload (MA 1, 2a, 2b).
+    if plan.offload_activations > 0:
+        k = cpu_offload_layers(plan, model)
+        add("--cpu-offloading-num-layers", k)
+    if plan.offload_optimizer > 0:
+        add("--optimizer-cpu-offload")
+        add("--use-precision-aware-optimizer")
+        add("--optimizer-offload-fraction", f"{plan.offload_optimizer:g}")
+
+    # Precision (MA 1, 3) and the switches the model costs.
+    a.extend(PRECISION_FLAGS[job.dtype])
+    if plan.fp8_param_gather:
+        add("--fp8-param-gather")
+    if plan.grad_reduce_in_bf16:
+        add("--grad-reduce-in-bf16")
+    if plan.cross_entropy_fusion:
+        add("--cross-entropy-loss-fusion")
+        add("--cross-entropy-fusion-impl", "native")  # 0.19.2 refuses 'te' (stability)
+    # The attention the model costs: cuDNN fused attention (the measured curve) or, without
+    # flash attention, the unfused kernel that stores the s² scores.
+    add("--attention-backend", "fused" if job.flash_attention else "unfused")
+    add("--manual-gc")
+    add("--manual-gc-interval", MANUAL_GC_INTERVAL)
+
+    # Logging and checkpoints.
+    add("--log-interval", LOG_INTERVAL)
+    add("--log-throughput")
+    if save_interval is not None:
+        add("--save-interval", save_interval)
+
+    env, unset_env = cuda_max_connections(plan)
+    gpus = plan.gpus
+    notes = []
+    if plan.offload_weights > 0:
+        notes.append("offload_weights is not expressible in Megatron-LM and was left out")
+    if plan.offload_activations > 0:
+        ran = offload_fraction_of_layers(cpu_offload_layers(plan, model), model.layers)
+        if ran != plan.offload_activations:
+            notes.append(f"offload_activations {plan.offload_activations:g} of {model.layers} layers runs as "
+                         f"{cpu_offload_layers(plan, model)} whole layers ({ran:.4g})")
+    return MegatronLaunch(args=a, env=env, unset_env=unset_env,
+                          nnodes=math.ceil(gpus / system.gpus_per_node),
+                          gpus_per_node=min(gpus, system.gpus_per_node), world_size=gpus, notes=notes)

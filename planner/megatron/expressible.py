@@ -1,0 +1,131 @@
+"""What a plan cannot be in Megatron-LM (plan-level rules, cheap: the search calls them on many
+plans). Section numbers ("MA 2a") refer to shared/reference/megatron_args.md."""
+from __future__ import annotations
+
+import math
+
+from hardware.spec import SystemSpec
+from planner.megatron.launch import gpu_arch_major
+from planner.model import ModelSpec
+from planner.plan import JobSpec, Plan
+
+# Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
+# (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
+PRECISION_MIN_ARCH: dict[str, int] = {"bf16": 8, "fp16": 7, "fp8": 9, "fp8-cs": 9, "mxfp8": 10,
+                                      "nvfp4": 10}
+# Precisions whose compute weights Megatron can keep (and gather) in FP8 (--fp8-param-gather).
+FP8_PARAM_DTYPES = ("fp8", "fp8-cs", "mxfp8")
+
+
+def cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
+    """--cpu-offloading-num-layers for the plan's activation-offload fraction f. Megatron offloads
+    whole layers and never the last one (MA 2a: 1 <= k < layers; its backward starts at once), and
+    the memory model keeps at least two layers' worth in HBM anyway, so f = 1 means k = layers - 1. Other
+    fractions round UP to whole layers: never less offloaded than the memory check assumed."""
+    k = math.ceil(plan.offload_activations * model.layers - 1e-9)
+    return min(max(k, 1), model.layers - 1)
+
+
+def offload_fraction_of_layers(k: int, layers: int) -> float:
+    """The activation-offload fraction a launch with k offloaded layers runs (inverse of
+    cpu_offload_layers on the fractions Megatron can express)."""
+    return 1.0 if k == layers - 1 else k / layers
+
+
+def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """Reasons this plan cannot be launched with Megatron-LM (empty = expressible). Cheap: the
+    search calls it on many plans. Batch divisibility is already a Plan invariant."""
+    reasons: list[str] = []
+    layers = model.layers
+    if plan.offload_weights > 0:
+        reasons.append("offload_weights: Megatron-LM has no flag to offload weights to host memory")
+    if plan.offload_activations > 0:
+        # MA 2b: cpu offloading needs num_layers > k >= 1, no PP and no recompute.
+        if plan.pp > 1:
+            reasons.append("offload_activations: Megatron's --cpu-offloading-num-layers does not "
+                           "support pipeline parallelism (pp must be 1)")
+        if plan.recompute != "none":
+            reasons.append("offload_activations: Megatron's CPU offloading does not work with "
+                           "activation recomputation (recompute must be none)")
+        if layers < 2:
+            reasons.append("offload_activations: CPU offloading needs at least 2 layers")
+    if plan.offload_optimizer > 0 and plan.zero_stage != 1:
+        # MA 3: --optimizer-cpu-offload goes with the distributed optimizer.
+        reasons.append("offload_optimizer: --optimizer-cpu-offload needs the distributed optimizer "
+                       f"(zero_stage 1), got zero_stage {plan.zero_stage}")
+    if plan.vpp > 1:
+        # MA 2a: interleaving needs pp > 1; MA 2c: microbatches >= pp and a multiple of pp.
+        if plan.pp == 1:
+            reasons.append("vpp: the interleaved schedule needs pp > 1")
+        else:
+            m = plan.num_microbatches
+            if m < plan.pp or m % plan.pp:
+                reasons.append(f"vpp: the interleaved schedule needs the number of microbatches ({m}) "
+                               f"to be >= pp and a multiple of pp ({plan.pp})")
+    if layers % (plan.pp * plan.vpp):
+        reasons.append(f"layers ({layers}) must be divisible by pp*vpp ({plan.pp}*{plan.vpp})")
+    if model.heads % plan.tp:  # MA 2b
+        reasons.append(f"heads ({model.heads}) must be a multiple of tp ({plan.tp})")
+    g = model.kv_groups
+    if g < model.heads and g % plan.tp and plan.tp % g:  # MA 2b
+        reasons.append(f"query_groups ({g}) must be a multiple or divisor of tp ({plan.tp})")
+    if plan.cp > 1 and model.seq_length % (2 * plan.cp):  # MA 2a
+        reasons.append(f"seq_length ({model.seq_length}) must be a multiple of 2*cp ({2 * plan.cp})")
+    if plan.ep > 1:  # MA 2a, 2c (expert grid; etp defaults to tp)
+        if model.moe is None:
+            reasons.append("ep: expert parallelism needs a MoE model")
+        elif model.moe.num_experts % plan.ep:
+            reasons.append(f"ep: experts ({model.moe.num_experts}) must be a multiple of ep ({plan.ep})")
+        if (plan.dp * plan.cp) % plan.ep:
+            reasons.append(f"ep: world size must be divisible by tp*ep*pp, i.e. dp*cp ({plan.dp * plan.cp}) "
+                           f"by ep ({plan.ep})")
+    if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
+        # Megatron-core MoE: "When using MoE and tensor parallelism, sequence parallelism must be
+        # used." (not in MA; kept as a conservative rule for emission only).
+        reasons.append("sequence_parallel: Megatron MoE layers with tp > 1 need sequence_parallel")
+    if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:  # MA 2a
+        reasons.append("tp_comm_overlap: Megatron overlaps TP communication only with sequence_parallel")
+    k = plan.recompute_num_layers
+    if plan.recompute == "full" and k is not None and plan.vpp > 1 and k < layers // plan.pp and k % plan.vpp:
+        # Megatron's --recompute-num-layers counts per virtual chunk: k per stage runs as
+        # vpp·ceil(k/vpp) or vpp·floor(k/vpp), never k.
+        reasons.append(f"recompute_num_layers: Megatron recomputes the same number of layers in each of the "
+                       f"{plan.vpp} virtual chunks; {k} per pipeline stage is not a multiple of vpp ({plan.vpp})")
+    if plan.fp8_param_gather:
+        if job.dtype not in FP8_PARAM_DTYPES:
+            reasons.append(f"fp8_param_gather: needs an FP8 dtype ({', '.join(FP8_PARAM_DTYPES)}), "
+                           f"got {job.dtype}")
+        if plan.zero_stage == 0:
+            reasons.append("fp8_param_gather: Megatron gathers FP8 parameters only with the distributed "
+                           "optimizer or FSDP (zero_stage >= 1)")
+    if plan.grad_reduce_in_bf16 and job.dtype == "fp16":
+        reasons.append("grad_reduce_in_bf16: Megatron applies --grad-reduce-in-bf16 only to bf16-based "
+                       "training, not fp16")
+    return reasons
+
+
+def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec) -> list[str]:
+    """Why `planner megatron` must not emit this plan for this system (empty = emit): plan-level
+    rules, torchrun geometry, precision the GPU lacks, and overlap Megatron-FSDP would force."""
+    reasons = not_expressible(plan, model, job) + launch_problems(plan, system)
+    arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
+    if arch < need:
+        reasons.append(f"dtype: {job.dtype} needs compute capability {need}.x or newer; "
+                       f"{system.accelerator.name} is {arch}.x")
+    if plan.zero_stage >= 2 and not plan.dp_comm_overlap and plan.dp * plan.cp > 1:
+        # megatron_fsdp.py forces overlap_grad_reduce (and overlap_param_gather for ZeRO-3) on.
+        reasons.append("dp_comm_overlap: Megatron-FSDP (zero_stage 2/3) always overlaps the gradient "
+                       "reduce-scatter and parameter gather; the plan costs them exposed")
+    return reasons
+
+
+def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:
+    """torchrun needs the same process count on every node and enough GPUs."""
+    problems = []
+    if plan.gpus > system.num_gpus:
+        problems.append(f"the plan needs {plan.gpus} GPUs but the system has {system.num_gpus}")
+    if plan.gpus > system.gpus_per_node and plan.gpus % system.gpus_per_node:
+        problems.append(f"torchrun: {plan.gpus} GPUs is not a whole number of "
+                        f"{system.gpus_per_node}-GPU nodes")
+    return problems
+

@@ -1,0 +1,348 @@
+"""Megatron-LM's own rules on an argument list, with Megatron's own messages (MA 2a validate_args,
+2b TransformerConfig, 2c runtime; shared/reference/megatron_args.md). A fast, dependency-free
+re-implementation; the real parser (../shared/tools/megatron_check) checks it in the tests."""
+from __future__ import annotations
+
+import argparse
+from typing import Iterable, Mapping
+
+from planner.megatron.launch import ENTRYPOINT, MegatronLaunch
+
+class _ArgError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print and exit(2)
+        raise _ArgError(message)
+
+
+def _build_parser() -> _Parser:
+    # Megatron's parser is built with allow_abbrev=False: `--fp8` is NOT `--fp8-format`.
+    p = _Parser(prog=ENTRYPOINT, allow_abbrev=False, add_help=False)
+    flag = lambda name: p.add_argument(name, action="store_true")  # noqa: E731
+    for name in ("--group-query-attention", "--swiglu", "--squared-relu", "--disable-bias-linear",
+                 "--untie-embeddings-and-output-weights", "--sequence-parallel",
+                 "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+                 "--tp-comm-overlap", "--optimizer-cpu-offload", "--use-precision-aware-optimizer",
+                 "--bf16", "--fp16", "--use-megatron-fsdp", "--mock-data", "--moe-grouped-gemm",
+                 "--init-model-with-meta-device", "--fp8-param-gather", "--grad-reduce-in-bf16",
+                 "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput"):
+        flag(name)
+    p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
+    ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
+            "--num-attention-heads": None, "--num-query-groups": 1, "--kv-channels": None,
+            "--seq-length": None, "--max-position-embeddings": None, "--num-experts": None,
+            "--moe-router-topk": 2, "--moe-ffn-hidden-size": None, "--expert-model-parallel-size": 1,
+            "--expert-tensor-parallel-size": None, "--tensor-model-parallel-size": 1,
+            "--pipeline-model-parallel-size": 1, "--num-layers-per-virtual-pipeline-stage": None,
+            "--num-virtual-stages-per-pipeline-rank": None,
+            "--microbatch-group-size-per-virtual-pipeline-stage": None,
+            "--decoder-first-pipeline-num-layers": None, "--decoder-last-pipeline-num-layers": None,
+            "--context-parallel-size": 1, "--micro-batch-size": None, "--global-batch-size": None,
+            "--recompute-num-layers": None, "--cpu-offloading-num-layers": 0, "--vocab-size": None,
+            "--make-vocab-size-divisible-by": 128, "--manual-gc-interval": 0, "--log-interval": 100,
+            "--save-interval": None}
+    for name, default in ints.items():
+        p.add_argument(name, type=int, default=default)
+    choices = {"--recompute-granularity": ("full", "selective"),
+               "--recompute-method": ("uniform", "block"),
+               "--normalization": ("LayerNorm", "RMSNorm"),
+               "--position-embedding-type": ("learned_absolute", "rope", "yarn", "mrope", "relative",
+                                             "none"),
+               "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads",
+                                                     "optim_grads_params"),
+               "--fp8-format": ("e4m3", "hybrid"),
+               "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
+               "--fp4-format": ("e2m1",), "--fp4-recipe": ("nvfp4", "custom"),
+               "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
+               "--moe-router-dtype": ("fp32", "fp64"),
+               "--cross-entropy-fusion-impl": ("native", "te"),
+               "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
+    for name, allowed in choices.items():
+        p.add_argument(name, choices=allowed, default=None)
+    p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
+    p.add_argument("--attention-dropout", type=float, default=0.1)
+    p.add_argument("--hidden-dropout", type=float, default=0.1)
+    # Free-form values (placeholders in the script may hold unexpanded "$VARS").
+    for name in ("--pipeline-model-parallel-layout", "--ckpt-format", "--tokenizer-type",
+                 "--tokenizer-model", "--split", "--train-iters", "--lr", "--save", "--load"):
+        p.add_argument(name, default=None)
+    p.add_argument("--data-path", nargs="*", default=None)
+    return p
+
+
+_PARSER = _build_parser()
+
+# Messages (MA sections given where each is checked).
+MSG_VPP_ONE_OF = ("No more than one of the following arguments can be set at the same time: "
+                  "--num-layers-per-virtual-pipeline-stage, --num-virtual-stages-per-pipeline-rank,"
+                  "--pipeline-model-parallel-layout. ")
+MSG_VPP_UNEVEN = ("please use --num-virtual-stages-per-pipeline-rank to specify virtual pipeline "
+                  "parallel degree when enable uneven pipeline parallelism")
+MSG_VPP_LAYERS_PP = "number of layers of the model must be divisible pipeline model parallel size"
+MSG_VPP_LAYERS_STAGE = ("number of layers per pipeline stage must be divisible number of layers per "
+                        "virtual pipeline stage")
+MSG_LAYERS_PP = "Number of layers should be divisible by the pipeline-model-parallel size"
+MSG_INTERLEAVED_PP = ("When interleaved schedule is used, pipeline-model-parallel size should be "
+                      "greater than 1")
+MSG_INTERLEAVED_PP_NO_OVERLAP = (
+    "When interleaved schedule is used and p2p communication overlap is disabled, "
+    "pipeline-model-parallel size should be greater than 2 to avoid having multiple "
+    "p2p sends and recvs between same 2 ranks per communication batch")
+MSG_PARAM_GATHER_DISTOPT = ("--overlap-param-gather only supported with distributed optimizer, "
+                            "megatron fsdp, or dist_muon")
+MSG_PARAM_GATHER_GRAD_REDUCE = "Must use --overlap-param-gather with --overlap-grad-reduce"
+MSG_FP16_BF16 = "--fp16 and --bf16 are mutually exclusive (bare `assert not args.bf16` in Megatron)"
+MSG_CP_SEQ = "seq-length should be a multiple of 2 * context-parallel-size if context-parallel-size > 1."
+MSG_RECOMPUTE_SELECTIVE_METHOD = ("recompute method is not yet supported for selective recomputing "
+                                  "granularity")
+MSG_TP_COMM_OVERLAP = ("Tensor parallel communication/GEMM overlap can happen only when sequence "
+                       "parallelism is enabled")
+MSG_CUDA_MAX_CONN = ("Using tensor model parallelism or context parallelism require setting the "
+                     "environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")
+# Megatron-FSDP block of validate_args (the Torch-FSDP2 block words it differently)
+MSG_FSDP_MAX_CONN = "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."
+MSG_EP_NEEDS_EXPERTS = "num_experts must be non None to use expert model parallelism"
+MSG_EXPERTS_EP = "Number of experts should be a multiple of expert model parallel_size."
+MSG_OPT_OFFLOAD = ("The optimizer cpu offload must be used in conjunction with "
+                   "`--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the "
+                   "code path of this flag.")
+MSG_CPU_OFFLOAD_PP = "Currently there is no support for Pipeline parallelism with CPU offloading"
+MSG_FP8_PARAM_GATHER = ("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
+                        "megatron fsdp, or inference mode")
+MSG_FP4_FP8 = "--fp4-format and --fp8-format cannot be used simultaneously. Please choose one."
+MSG_CE_TE = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. Use "
+             "--cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
+MSG_CPU_OFFLOAD_RECOMPUTE = "CPU offloading does not work when activation recomputation is enabled"
+
+
+def _to_argv(args: Iterable[str] | Mapping[str, object] | MegatronLaunch) -> list[str]:
+    if isinstance(args, MegatronLaunch):
+        return args.argv()
+    if isinstance(args, Mapping):
+        argv: list[str] = []
+        for key, value in args.items():
+            flag = key if key.startswith("-") else "--" + key.replace("_", "-")
+            if value is False:
+                continue
+            argv.append(flag)
+            if value is None or value is True:
+                continue
+            if isinstance(value, (list, tuple)):
+                argv.extend(str(v) for v in value)
+            else:
+                argv.append(str(value))
+        return argv
+    argv = []
+    for item in args:
+        if isinstance(item, tuple):
+            argv.append(item[0])
+            if item[1] is not None:
+                argv.append(str(item[1]))
+        else:
+            argv.append(str(item))
+    return argv
+
+
+def parse_megatron_args(args) -> argparse.Namespace:
+    """Parse with the supported flags; raises ValueError with argparse's message."""
+    argv = _to_argv(args)
+    try:
+        ns, extras = _PARSER.parse_known_args(argv)
+    except _ArgError as err:
+        raise ValueError(str(err)) from None
+    if extras:
+        raise ValueError("unrecognized arguments: " + " ".join(extras))
+    return ns
+
+
+def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None = None,
+                           gpu_arch_major: int = 9) -> list[str]:
+    """Megatron's checks (MA 2a validate_args, 2b TransformerConfig, 2c runtime) on an argument
+    list or {flag: value} dict. Returns the violated messages; empty means Megatron accepts it."""
+    env = env or {}
+    try:
+        a = parse_megatron_args(args)
+    except ValueError as err:  # argparse exits before any other check runs
+        return [str(err)]
+    errors: list[str] = []
+    err = errors.append
+
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
+        if getattr(a, name) is None:  # MA 2a required args
+            err(f"{name} argument is None")
+    if a.micro_batch_size is None:  # MA 2a (bare assert)
+        err("micro_batch_size argument is None")
+    if errors:
+        return errors
+
+    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
+    layers = a.num_layers
+
+    # MA 2a: world size and DP; CP counts toward the model size.
+    total_model_size = tp * pp * cp
+    dp = None
+    if world_size % total_model_size:
+        err(f"world size ({world_size}) is not divisible by total_model_size ({total_model_size=})")
+    else:
+        dp = world_size // total_model_size
+
+    # MA 2a / microbatch calculator: GBS % (mbs * dp).
+    num_microbatches = None
+    if dp is not None:
+        gbs = a.global_batch_size if a.global_batch_size is not None else a.micro_batch_size * dp
+        mbs_dp = a.micro_batch_size * dp
+        if gbs % mbs_dp:
+            err(f"global batch size ({gbs}) is not divisible by micro batch size "
+                f"({a.micro_batch_size}) times data parallel size ({dp})")
+        else:
+            num_microbatches = gbs // mbs_dp
+
+    # MA 2a: virtual pipeline.
+    vpp_sources = [a.num_layers_per_virtual_pipeline_stage, a.num_virtual_stages_per_pipeline_rank,
+                   a.pipeline_model_parallel_layout]
+    uneven = (a.decoder_first_pipeline_num_layers is not None
+              or a.decoder_last_pipeline_num_layers is not None)
+    vpp = None
+    if sum(v is not None for v in vpp_sources) > 1:
+        err(MSG_VPP_ONE_OF)
+    elif a.pipeline_model_parallel_layout is not None:
+        vpp = None  # the layout string is not interpreted here
+    elif a.num_layers_per_virtual_pipeline_stage is not None:
+        if uneven:
+            err(MSG_VPP_UNEVEN)
+        elif layers % pp:
+            err(MSG_VPP_LAYERS_PP)
+        elif (layers // pp) % a.num_layers_per_virtual_pipeline_stage:
+            err(MSG_VPP_LAYERS_STAGE)
+        else:
+            vpp = (layers // pp) // a.num_layers_per_virtual_pipeline_stage
+    elif a.num_virtual_stages_per_pipeline_rank is not None:
+        vpp = a.num_virtual_stages_per_pipeline_rank
+        # MA 2a leaves layers % (pp*vpp) to TransformerConfig / layout code.
+        if not uneven and layers % (pp * vpp):
+            err(f"number of layers ({layers}) must be divisible by pipeline-model-parallel size "
+                f"times virtual stages per pipeline rank ({pp}*{vpp})")
+    elif not uneven and layers % pp:
+        err(MSG_LAYERS_PP)
+    if vpp == 1:  # MA 2a: VPP == 1 is normalised to None
+        vpp = None
+    if vpp is not None:
+        if a.overlap_p2p_comm and pp <= 1:
+            err(MSG_INTERLEAVED_PP)
+        elif not a.overlap_p2p_comm and pp <= 2:
+            err(MSG_INTERLEAVED_PP_NO_OVERLAP)
+        # MA 2c: interleaved schedule at run time; N defaults to PP.
+        if pp > 1 and num_microbatches is not None:
+            n = a.microbatch_group_size_per_virtual_pipeline_stage or pp
+            if n > num_microbatches or n < pp:
+                err("The number of contiguous micro-batches in a virtual pipeline stage"
+                    f"should range in [PP={pp} , M={num_microbatches}]")
+            else:
+                final = num_microbatches % n
+                if 0 < final < pp:
+                    err("The remainder of M (the total micro-batches) divided by N (number of "
+                        "contiguous micro-batches in a virtual pipeline stage) should be 0, "
+                        "or larger than or equal to the pipeline-parallel size, but it is "
+                        f"{final}. Otherwise, it introduces dependency bubbles in the pipeline "
+                        "and reduces throughput.")
+
+    # MA 2a: DP overlap.
+    if a.overlap_param_gather:
+        if not (a.use_distributed_optimizer or a.use_megatron_fsdp):
+            err(MSG_PARAM_GATHER_DISTOPT)
+        if not a.overlap_grad_reduce:
+            err(MSG_PARAM_GATHER_GRAD_REDUCE)
+
+    # arguments.py: FP8 parameters need a sharded optimizer; FP4 and FP8 exclude each other;
+    # the TE cross-entropy kernel is refused in 0.19.2.
+    if a.fp8_param_gather and not (a.use_distributed_optimizer or a.use_megatron_fsdp):
+        err(MSG_FP8_PARAM_GATHER)
+    if a.fp4_format is not None and a.fp8_format is not None:
+        err(MSG_FP4_FP8)
+    if a.cross_entropy_loss_fusion and a.cross_entropy_fusion_impl == "te":
+        err(MSG_CE_TE)
+
+    # MA 2a: fp16 and bf16 are mutually exclusive.
+    if a.fp16 and a.bf16:
+        err(MSG_FP16_BF16)
+
+    # MA 2a: heads and hidden (bare assert, only without --kv-channels).
+    if a.kv_channels is None and a.hidden_size % a.num_attention_heads:
+        err(f"hidden_size ({a.hidden_size}) must be divisible by num_attention_heads "
+            f"({a.num_attention_heads}) (bare assert in Megatron)")
+
+    # MA 2a: CP and sequence length; positions.
+    if a.seq_length is not None and cp > 1 and a.seq_length % (2 * cp):
+        err(MSG_CP_SEQ)
+    if a.seq_length is not None and a.max_position_embeddings < a.seq_length:
+        err(f"max_position_embeddings ({a.max_position_embeddings}) must be greater than or equal "
+            f"to seq_length ({a.seq_length}).")
+
+    # MA 2a: recompute.
+    if a.recompute_granularity == "selective" and a.recompute_method is not None:
+        err(MSG_RECOMPUTE_SELECTIVE_METHOD)
+
+    # MA 2a: SP with tp == 1 is silently dropped, then TP comm overlap needs SP.
+    sequence_parallel = a.sequence_parallel and tp > 1
+    if a.tp_comm_overlap and not sequence_parallel:
+        err(MSG_TP_COMM_OVERLAP)
+
+    # MA 2a: CUDA_DEVICE_MAX_CONNECTIONS before Blackwell, unless FSDP.
+    if (tp > 1 or cp > 1) and gpu_arch_major < 10 and not a.use_megatron_fsdp:
+        if env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
+            err(MSG_CUDA_MAX_CONN)
+    # Megatron-FSDP asserts the opposite (validate_args, Megatron FSDP block; not in MA).
+    if a.use_megatron_fsdp and env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1":
+        err(MSG_FSDP_MAX_CONN)
+
+    # MA 2a: MoE.
+    ep = a.expert_model_parallel_size
+    if ep > 1:
+        if a.num_experts is None:
+            err(MSG_EP_NEEDS_EXPERTS)
+        elif a.num_experts % ep:
+            err(MSG_EXPERTS_EP)
+
+    # MA 2a: optimizer CPU offload.
+    if a.optimizer_cpu_offload and not a.use_precision_aware_optimizer:
+        err(MSG_OPT_OFFLOAD)
+
+    # MA 2b: TransformerConfig.
+    if a.num_attention_heads % tp:
+        err(f"num_attention_heads ({a.num_attention_heads}) must be a multiple of "
+            f"tensor_model_parallel_size ({tp}).")
+    if a.group_query_attention:  # MA 0.4: the groups only count with --group-query-attention
+        g = a.num_query_groups
+        if g % tp and tp % g:
+            err(f"num_query_groups ({g}) must be a multiple or divisor of "
+                f"tensor_model_parallel_size ({tp}).")
+    if a.cpu_offloading_num_layers > 0:  # MA 2a: this turns cpu_offloading on
+        if a.cpu_offloading_num_layers >= layers:
+            err(f"CPU offloading can be done only for layers less than {layers}")
+        if pp > 1:
+            err(MSG_CPU_OFFLOAD_PP)
+        if a.recompute_granularity is not None:
+            err(MSG_CPU_OFFLOAD_RECOMPUTE)
+    g = a.recompute_granularity
+    if g == "full" and a.recompute_method is None:
+        err(f'Using recompute_granularity: {g} so recompute_method must be "block" or "uniform"')
+    if g == "full" and a.recompute_num_layers is None:
+        err(f"When using recompute_granularity: {g} recompute_num_layers must be between "
+            f"1 and num_layers_per_pipeline_rank: {layers // pp}")
+    elif g == "selective" and a.recompute_num_layers is not None:
+        err(f"When using recompute_granularity: {g} recompute_num_layers must be None.")
+
+    # MA 2c: expert grid (etp defaults to tp).
+    etp = a.expert_tensor_parallel_size or tp
+    grid = etp * ep * pp
+    if world_size % grid:
+        err(f"world_size ({world_size}) is not divisible by expert_tensor_model_pipeline_parallel "
+            f"size ({grid})")
+    return errors
+
+
+def validate_launch(launch: MegatronLaunch, gpu_arch_major: int = 9) -> list[str]:
+    return validate_megatron_args(launch.argv(), launch.world_size, launch.env, gpu_arch_major)
+

@@ -1,0 +1,97 @@
+"""Megatron-LM's own parser (../shared/tools/megatron_check, megatron-core 0.19.2 on CPU) for
+the tests: a session fixture that finds or builds its environment (bounded time) or skips with
+the reason, and the inverse mapping of its parsed arguments back to a Plan and job settings."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from planner.megatron.expressible import offload_fraction_of_layers
+from planner.model import ModelSpec
+from planner.plan import Plan
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKER_DIR = ROOT.parent / "shared" / "tools" / "megatron_check"
+BATCH_DRIVER = Path(__file__).resolve().parent / "tools" / "megatron_parse_many.py"
+SETUP_TIMEOUT_S = 600
+
+
+class MegatronParser:
+    """Runs many argument lists through the checker in one process (see BATCH_DRIVER)."""
+
+    def __init__(self, python: str, wheel: str):
+        self.python, self.wheel = python, wheel
+
+    def parse_many(self, cases: list[dict]) -> list[dict]:
+        env = {**os.environ, "PYTHONPATH": f"{self.wheel}:{CHECKER_DIR}"}
+        env.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
+        done = subprocess.run([self.python, str(BATCH_DRIVER)], input=json.dumps(cases), text=True,
+                              capture_output=True, env=env, cwd=CHECKER_DIR, timeout=600)
+        lines = done.stdout.strip().splitlines()
+        assert done.returncode == 0 and lines, done.stderr[-2000:]
+        return json.loads(lines[-1])
+
+
+def find_or_build_parser() -> MegatronParser:
+    setup = CHECKER_DIR / "setup.sh"
+    if not setup.is_file():
+        pytest.skip(f"Megatron's parser: {setup} not found (the shared checker is not available)")
+    try:  # idempotent: prints at once when /tmp already holds the environment
+        done = subprocess.run(["bash", str(setup)], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"Megatron's parser: setup.sh did not finish within {SETUP_TIMEOUT_S} s")
+    words = done.stdout.strip().splitlines()[-1].split() if done.stdout.strip() else []
+    if done.returncode != 0 or len(words) != 2:
+        pytest.skip(f"Megatron's parser: setup.sh failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
+    return MegatronParser(*words)
+
+
+# ---- parsed arguments -> what the plan says -----------------------------------------------------
+
+SHARDING = {"optim_grads": 2, "optim_grads_params": 3}
+PRECISIONS = {("hybrid", "delayed"): "fp8", ("hybrid", "tensorwise"): "fp8-cs", ("e4m3", "mxfp8"): "mxfp8"}
+
+
+def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
+    """The Plan Megatron will run, read from its parsed namespace and TransformerConfig."""
+    tp, pp = cfg["tensor_model_parallel_size"], cfg["pipeline_model_parallel_size"]
+    vpp = cfg["virtual_pipeline_model_parallel_size"] or 1
+    recompute, k = cfg["recompute_granularity"] or "none", None
+    if recompute == "full":
+        assert cfg["recompute_method"] == "block"
+        per_chunk = model.layers // (pp * vpp)
+        k = None if cfg["recompute_num_layers"] == per_chunk else cfg["recompute_num_layers"] * vpp
+    if ns["use_megatron_fsdp"]:
+        zero = SHARDING[ns["data_parallel_sharding_strategy"]]
+    else:
+        zero = 1 if ns["use_distributed_optimizer"] else 0
+    extra = {}
+    if "etp" in Plan.model_fields:  # expert tensor parallel, where Plan has it: what Megatron runs
+        default, etp = Plan.model_fields["etp"].default, cfg["expert_tensor_parallel_size"]
+        extra["etp"] = default if default in (None, tp) and etp == tp else etp
+    return Plan(
+        **extra, tp=tp, pp=pp, dp=ns["data_parallel_size"], cp=cfg["context_parallel_size"],
+        ep=cfg["expert_model_parallel_size"], micro_batch=ns["micro_batch_size"],
+        global_batch=ns["global_batch_size"], vpp=vpp, sequence_parallel=cfg["sequence_parallel"],
+        recompute=recompute, recompute_num_layers=k, zero_stage=zero,
+        offload_activations=(offload_fraction_of_layers(cfg["cpu_offloading_num_layers"], model.layers)
+                             if cfg["cpu_offloading"] else 0.0),
+        offload_optimizer=ns["optimizer_offload_fraction"] if ns["optimizer_cpu_offload"] else 0.0,
+        tp_comm_overlap=cfg["tp_comm_overlap"], dp_comm_overlap=ns["overlap_grad_reduce"],
+        cross_entropy_fusion=cfg["cross_entropy_loss_fusion"],
+        grad_reduce_in_bf16=ns["grad_reduce_in_bf16"] and not ns["accumulate_allreduce_grads_in_fp32"],
+        fp8_param_gather=ns["fp8_param_gather"])
+
+
+def dtype_from_megatron(ns: dict) -> str:
+    if ns["fp4"] is not None:
+        assert (ns["fp4"], ns["fp4_recipe"]) == ("e2m1", "nvfp4") and ns["bf16"]
+        return "nvfp4"
+    if ns["fp8"] is not None:
+        assert ns["bf16"]
+        return PRECISIONS[ns["fp8"], ns["fp8_recipe"]]
+    return "fp16" if ns["fp16"] else "bf16"

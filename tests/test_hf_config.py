@@ -1,0 +1,121 @@
+"""Hugging Face config.json as a model input: published totals within 1 %, same model as the
+presets, and one-line errors for what cannot be read."""
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware.errors import SpecError
+from planner.cli import app
+from planner.hf_config import HF_DEFAULT_SEQ_LENGTH, find_config_json
+from planner.model import load_model
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+@pytest.mark.parametrize("fixture,total_b,active_b", [
+    ("llama-3.1-70b", 70.6, 70.6),
+    ("qwen3-30b-a3b", 30.5, 3.3),
+    ("qwen3-235b-a22b", 235, 22),
+    ("mixtral-8x7b", 46.7, 12.9),
+    ("gemma-2-9b", 9.24, 9.24),
+])
+def test_totals_match_published_within_one_percent(fixture, total_b, active_b):
+    m = load_model(str(HF / fixture))
+    assert m.num_params / 1e9 == pytest.approx(total_b, rel=0.01)
+    # Qwen3-30B-A3B prints 3.3B for 3.35B: the card's two digits, not our 1 %
+    assert m.active_params / 1e9 == pytest.approx(active_b, rel=0.02 if fixture == "qwen3-30b-a3b" else 0.01)
+
+
+def test_deepseek_v3_config_reads_mla_moe_and_mtp():
+    m = load_model(str(HF / "deepseek-v3" / "config.json"))
+    assert (m.num_params - m.mtp_params) / 1e9 == pytest.approx(671, rel=0.01)
+    assert m.num_params / 1e9 == pytest.approx(685, rel=0.01)
+    assert m.mla.q_lora_rank == 1536 and m.mla.kv_lora_rank == 512 and m.mla.v_head_dim == 128
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.shared_experts, m.moe.first_dense_layers) == (256, 8, 1, 3)
+    assert m.mtp_layers == 1 and not m.tied_embeddings
+
+
+def test_gpt_oss_total_and_active_match_the_model_card():
+    m = load_model(str(HF / "gpt-oss-120b"))
+    assert m.num_params / 1e9 == pytest.approx(116.83, rel=0.01)
+    assert (m.active_params - m.embedding_params) / 1e9 == pytest.approx(5.13, rel=0.01)
+    assert m.biases and m.moe.expert_ffn == 2880
+
+
+@pytest.mark.parametrize("fixture,preset", [
+    ("deepseek-v3", "deepseek-v3"), ("qwen3-235b-a22b", "qwen3-235b-a22b"), ("qwen3-30b-a3b", "qwen3-30b-a3b"),
+    ("mixtral-8x7b", "mixtral-8x7b"), ("gpt-oss-120b", "gpt-oss-120b"),
+])
+def test_config_and_preset_are_the_same_model(fixture, preset):
+    a, b = load_model(str(HF / fixture)), load_model(preset)
+    assert (a.num_params, a.active_params) == (b.num_params, b.active_params)
+
+
+def test_gemma3_reads_the_text_config_of_a_multimodal_wrapper():
+    m = load_model(str(HF / "gemma-3-12b"))
+    assert (m.layers, m.hidden, m.heads, m.head_dim, m.kv_groups) == (48, 3840, 16, 256, 8)
+    assert m.q_hidden == 4096 and m.tied_embeddings and m.vocab == 262208
+
+
+def test_sequence_length_defaults_and_overrides():
+    # max_position_embeddings (131072) is the inference limit: training default is 4096
+    assert load_model(str(HF / "llama-3.1-70b")).seq_length == HF_DEFAULT_SEQ_LENGTH == 4096
+    assert load_model(str(HF / "llama-3.1-70b"), {"seq_length": 8192}).seq_length == 8192
+
+
+def test_short_context_models_keep_their_max_position(tmp_path):
+    cfg = json.loads((HF / "llama-3.1-70b" / "config.json").read_text())
+    cfg["max_position_embeddings"] = 2048
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_model(str(tmp_path)).seq_length == 2048
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"model_type": "rwkv", "num_hidden_layers": None, "hidden_size": None},
+     "model_type 'rwkv'): missing num_hidden_layers, hidden_size"),
+    ({"moe_layer_freq": 2, "n_routed_experts": 8, "num_experts_per_tok": 2}, "moe_layer_freq 2 is not supported"),
+    ({"mlp_only_layers": [3, 7], "num_experts": 8, "num_experts_per_tok": 2}, "mlp_only_layers [3, 7]"),
+    ({"hidden_size": -5}, "hidden: Input should be greater than 0"),
+])
+def test_unreadable_configs_are_one_line_errors(tmp_path, edit, message):
+    cfg = json.loads((HF / "llama-3.1-70b" / "config.json").read_text())
+    cfg.update(edit)
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")
+                       .replace("]", r"\]")) as err:
+        load_model(str(tmp_path))
+    assert "\n" not in str(err.value)
+
+
+def test_not_json_and_empty_directory(tmp_path):
+    with pytest.raises(SpecError, match="holds no config.json"):
+        load_model(str(tmp_path))
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(SpecError, match="not a JSON config at line 1"):
+        load_model(str(bad))
+    bad.write_text("[1, 2]")
+    with pytest.raises(SpecError, match="expected a JSON object"):
+        load_model(str(bad))
+
+
+@pytest.mark.parametrize("fixture,name", [("llama-3.1-70b", "Llama-3.1-70B"), ("qwen3-30b-a3b", "Qwen3-30B-A3B"),
+                                          ("deepseek-v3", "DeepSeek-V3")])
+def test_cli_plans_from_a_config_directory(fixture, name):
+    gpus = {"deepseek-v3": "1024"}.get(fixture, "64")
+    result = CliRunner().invoke(app, ["plan", "-m", str(HF / fixture), "-s", "h100-sxm", "-g", gpus,
+                                      "-b", "1024", "--top", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["model"] == name
+
+
+def test_a_directory_named_like_a_preset_is_not_taken_for_a_model_dir(tmp_path, monkeypatch):
+    # (that a preset-named file or directory does not hide the preset at all is resolve_preset_or_file's job)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama3-8b").mkdir()
+    assert find_config_json("llama3-8b", ["llama3-8b"]) is None
+    with pytest.raises(SpecError, match="holds no config.json"):
+        find_config_json(str(tmp_path / "llama3-8b"), ["llama3-8b"])

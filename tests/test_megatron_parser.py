@@ -1,0 +1,171 @@
+"""Issue 11: the launch `planner megatron` emits means the plan. Each launch goes through
+Megatron-LM's own parser (megatron-core 0.19.2, ../shared/tools/megatron_check), and the parsed
+arguments are mapped back to a Plan and job settings that must equal the original, across
+preset models × systems (dense, MoE with ep, fp8 recipes, fp16, FSDP, offload, interleaving
+with partial recompute). The argument lists come from the rendered bash script, so the script's
+own flags are what Megatron sees."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hardware import load_system
+from planner import megatron as mg
+from planner.megatron.emit import DROPOUT_PROBABILITY
+from planner.model import load_model
+from planner.plan import JobSpec, Plan
+from tests.megatron_parser import ROOT, dtype_from_megatron, find_or_build_parser, plan_from_megatron
+
+# (model, system, gpus, dtype, plan fields)
+CASES = [
+    ("gpt3-175b", "a100-80g", 1024, "bf16",  # interleaved, 4 of 12 layers per stage recomputed
+     dict(tp=8, pp=8, dp=16, vpp=2, micro_batch=1, global_batch=1536, sequence_parallel=True,
+          recompute="full", recompute_num_layers=4)),
+    ("llama3-70b", "h100-sxm", 512, "fp8",
+     dict(tp=8, pp=4, dp=16, micro_batch=1, global_batch=512, sequence_parallel=True,
+          recompute="selective", tp_comm_overlap=True, fp8_param_gather=True,
+          grad_reduce_in_bf16=True, cross_entropy_fusion=True)),
+    ("mixtral-8x7b", "h100-sxm", 64, "fp8-cs",
+     dict(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True,
+          recompute="full")),
+    ("llama3-8b", "b200", 16, "fp16",
+     dict(tp=2, dp=8, micro_batch=2, global_batch=64, sequence_parallel=True, zero_stage=3)),
+    ("llama3-8b", "h100-sxm", 16, "bf16",
+     dict(cp=2, dp=8, micro_batch=1, global_batch=64, zero_stage=2)),
+    ("llama3-8b", "h100-sxm", 8, "bf16",
+     dict(dp=8, micro_batch=1, global_batch=64, offload_activations=0.25, offload_optimizer=0.5)),
+    ("llama3-70b", "b200", 64, "mxfp8",
+     dict(tp=4, pp=2, dp=8, vpp=5, micro_batch=1, global_batch=128, sequence_parallel=True,
+          fp8_param_gather=True)),
+    ("mixtral-8x7b", "b200", 32, "nvfp4",
+     dict(tp=1, pp=2, dp=16, ep=8, micro_batch=2, global_batch=256, zero_stage=1)),
+]
+# Script placeholders -> values the CPU checker can use (no data on this machine).
+PLACEHOLDERS = {"$TOKENIZER_TYPE": "NullTokenizer", "$TRAIN_ITERS": "10", "$LR": "1e-4",
+                "$CHECKPOINT_DIR": "/tmp/planner-ckpt"}
+
+
+@pytest.fixture(scope="session")
+def megatron_parser():
+    return find_or_build_parser()
+
+
+def _checker_case(model, system, gpus, dtype, fields):
+    m, s = load_model(model), load_system(system, gpus)
+    plan, job = Plan(**fields), JobSpec(dtype=dtype)
+    assert mg.launch_refusals(plan, m, job, s) == []
+    launch = mg.megatron_args(plan, m, job, s, save_interval=500)
+    assert mg.validate_launch(launch, mg.gpu_arch_major(s)) == []  # our fast rules agree
+    env, argv, torchrun = mg.parse_script(mg.render(launch, "script"))
+    assert int(torchrun["--nnodes"]) * int(torchrun["--nproc-per-node"]) == plan.gpus
+    at = argv.index("--data-path")
+    argv = argv[:at] + ["--mock-data"] + argv[at + 2:]
+    argv = [PLACEHOLDERS.get(word, word) for word in argv]
+    case = {"argv": argv, "world_size": plan.gpus, "env": env, "arch": mg.gpu_arch_major(s)}
+    return case, m, plan, job, launch
+
+
+SAVED = [  # `planner plan --save` runs whose files `planner megatron --plan` must launch as saved
+    ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "512", "--dtype", "fp8"],
+    ["-m", "MODEL_YAML", "-s", "h100-sxm", "-g", "16", "-b", "64", "--dtype", "fp16", "--zero-stage", "3"],
+]
+DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1e-4"]
+
+
+def _saved_case(flags, tmp, monkeypatch):
+    """plan --save from one directory (a relative model YAML path), megatron --plan from another."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    from planner.plan import load_plan
+    from planner.planfile import saved_job
+    runner, work, elsewhere = CliRunner(), tmp / "work", tmp / "elsewhere"
+    work.mkdir(parents=True)
+    elsewhere.mkdir()
+    (work / "model.yaml").write_text((ROOT / "planner" / "presets" / "llama3-8b.yaml").read_text())
+    flags = [("model.yaml" if f == "MODEL_YAML" else f) for f in flags]
+    monkeypatch.chdir(work)
+    saved = runner.invoke(app, ["plan", *flags, "--save", "plan.yaml"])
+    assert saved.exit_code == 0, saved.output
+    monkeypatch.chdir(elsewhere)
+    out = runner.invoke(app, ["megatron", "--plan", str(work / "plan.yaml"), "--format", "json"])
+    assert out.exit_code == 0, out.output
+    data = json.loads(out.stdout)
+    plan = load_plan(work / "plan.yaml")
+    job = saved_job(work / "plan.yaml", plan)
+    case = {"argv": data["argv"] + DATA_ARGS, "world_size": data["world_size"], "env": data["env"],
+            "arch": 9}
+    return case, load_model(str(work / "model.yaml")) if "model.yaml" in flags else load_model(flags[1]), plan, job
+
+
+@pytest.fixture(scope="module")
+def parsed(megatron_parser, tmp_path_factory):
+    """Every argument list of this module through ONE checker process (the import costs ~7 s)."""
+    mp = pytest.MonkeyPatch()
+    try:
+        built = [_checker_case(*c)[:4] for c in CASES]
+        saved = [_saved_case(f, tmp_path_factory.mktemp(f"saved{i}"), mp) for i, f in enumerate(SAVED)]
+    finally:
+        mp.undo()
+    base = built[4][0]
+    bad = [dict(base, argv=base["argv"] + ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]),
+           dict(base, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]  # Megatron-FSDP wants it unset
+    results = megatron_parser.parse_many([b[0] for b in built + saved] + bad)
+    n, k = len(built), len(saved)
+    return {"built": list(zip(built, results[:n])), "saved": list(zip(saved, results[n:n + k])),
+            "bad": list(zip(bad, results[n + k:]))}
+
+
+def test_megatron_parses_every_launch_back_to_its_plan(parsed):
+    for (case, m, plan, job), res in parsed["built"]:
+        label = f"{m.name} {plan.short()} {job.dtype}"
+        assert res["ok"], (label, res.get("error"))
+        ns, cfg = res["ns"], res["cfg"]
+        assert plan_from_megatron(ns, cfg, m) == plan, label
+        assert ns["overlap_param_gather"] == (plan.dp_comm_overlap and plan.zero_stage in (1, 3)), label
+        assert dtype_from_megatron(ns) == job.dtype, label
+        # the model: shape, vocabulary (unpadded where tp divides it), dropout
+        assert (cfg["num_layers"], cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["num_attention_heads"],
+                cfg["num_query_groups"], ns["seq_length"]) == \
+            (m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_groups, m.seq_length), label
+        assert ns["vocab_size"] == m.vocab and res["tokenizer"]["ok"], label
+        if m.vocab % plan.tp == 0:
+            assert res["tokenizer"]["padded_vocab_size"] == m.vocab, label
+        dropout = DROPOUT_PROBABILITY if m.dropout else 0.0
+        assert cfg["attention_dropout"] == cfg["hidden_dropout"] == dropout, label
+        assert cfg["gated_linear_unit"] == (m.activation == "swiglu"), label
+        assert cfg["add_bias_linear"] == m.biases, label
+        assert ns["untie_embeddings_and_output_weights"] == (not m.tied_embeddings), label
+        # MoE as the model costs it: all-to-all dispatch, grouped GEMMs, fp32 router, etp = tp
+        if m.moe is not None:
+            assert (cfg["num_moe_experts"], cfg["moe_router_topk"], cfg["moe_ffn_hidden_size"]) == \
+                (m.moe.num_experts, m.moe.top_k, m.expert_ffn_hidden), label
+            assert cfg["moe_token_dispatcher_type"] == "alltoall" and cfg["moe_grouped_gemm"], label
+            assert ns["moe_router_dtype"] == "fp32" and cfg["expert_tensor_parallel_size"] == plan.tp, label
+        # attention kernel the model costs (flash/cuDNN: no s² activations)
+        assert cfg["attention_backend"] == "AttnBackend.fused", label
+        # FSDP: Megatron-FSDP builds ZeRO-3 shards from the meta device, env unset
+        assert ns["init_model_with_meta_device"] == (plan.zero_stage == 3), label
+        assert ("CUDA_DEVICE_MAX_CONNECTIONS" in case["env"]) == (plan.zero_stage < 2), label
+        # checkpoints and throughput logs
+        assert (ns["save_interval"], ns["log_throughput"]) == (500, True), label
+        assert ns["save"] == ns["load"] == PLACEHOLDERS["$CHECKPOINT_DIR"], label
+
+
+def test_saved_plan_and_its_launch_agree(parsed):
+    """`planner plan --save F` and `planner megatron --plan F`: same batch, dtype and every knob."""
+    for (case, m, plan, job), res in parsed["saved"]:
+        assert res["ok"], res.get("error")
+        assert plan_from_megatron(res["ns"], res["cfg"], m) == plan
+        assert dtype_from_megatron(res["ns"]) == job.dtype
+        assert res["ns"]["global_batch_size"] == plan.global_batch
+        assert res["ns"]["vocab_size"] == m.vocab
+
+
+def test_megatron_rejects_what_we_refuse(parsed):
+    """Where our fast rules refuse an argument list, Megatron does too (same messages)."""
+    for case, res in parsed["bad"]:
+        ours = mg.validate_megatron_args(case["argv"], case["world_size"], case["env"], case["arch"])
+        assert ours and not res["ok"]
+        assert any(msg.split(".")[0][:40] in res["error"] for msg in ours), (ours, res["error"])

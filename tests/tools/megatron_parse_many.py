@@ -1,0 +1,59 @@
+"""Run the shared Megatron argument checker (../shared/tools/megatron_check) on many argument
+lists in ONE process: import megatron-core once (~7 s), then fork a fresh child per list, because
+Megatron's parser keeps global state. Runs under the checker's own Python, not the project's:
+
+    PYTHONPATH=<wheel dir>:<checker dir> <checker python> megatron_parse_many.py < cases.json
+
+stdin: a JSON list of {"argv": [...], "world_size": N, "env": {NAME: value}, "arch": 8|9|10};
+stdout (last line): a JSON list of the checker's result objects, in the same order."""
+import json
+import os
+import sys
+
+sys.argv = [sys.argv[0]]
+import validate_megatron_args as checker  # noqa: E402  (the shared checker; imports Megatron)
+
+# Namespace fields the round trip reads beyond the checker's own list.
+checker.NS_FIELDS += [f for f in ("fp4", "fp4_recipe", "optimizer_offload_fraction",
+                                  "init_model_with_meta_device", "save_interval", "log_throughput",
+                                  "log_interval", "make_vocab_size_divisible_by", "manual_gc_interval",
+                                  "save", "load") if f not in checker.NS_FIELDS]
+
+
+def _child(case: dict, write_fd: int) -> None:
+    arch = int(case.get("arch", 9))
+    checker.A.get_device_arch_version = lambda: arch
+    # --moe-grouped-gemm asks torch.cuda for the compute capability (arguments.py, needs >= 8):
+    # answer as the emulated GPU does (FAKE_GPU_ARCH semantics), not as this CPU-only torch.
+    import torch
+    torch.cuda.get_device_capability = lambda *args, **kwargs: (arch, 0)
+    os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)  # as the checker does: only the launch's env
+    for key, value in case.get("env", {}).items():
+        os.environ[key] = str(value)
+    result = checker.validate(case["argv"], int(case["world_size"]))
+    with os.fdopen(write_fd, "w") as out:
+        out.write(json.dumps(result))
+
+
+def main() -> None:
+    cases = json.load(sys.stdin)
+    results = []
+    for case in cases:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read_fd)
+            try:
+                _child(case, write_fd)
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        with os.fdopen(read_fd) as inp:
+            text = inp.read()
+        os.waitpid(pid, 0)
+        results.append(json.loads(text) if text else {"ok": False, "error": "checker child died"})
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
