@@ -19,6 +19,8 @@ get_num_layers_to_build), read from its source:
 """
 from __future__ import annotations
 
+import re
+
 from hardware.errors import SpecError
 
 
@@ -104,7 +106,7 @@ def layout_from_flags(layers: int, pp: int, vpp: int, *, account_embedding: bool
     return tuple(out)
 
 
-def layout_string(layout: tuple[int, ...]) -> str:
+def layout_string(layout: tuple[int, ...], mtp_layers: int = 0) -> str:
     """--pipeline-model-parallel-layout: 'E' + stages of 't' separated by '|' + 'L', with runs of
     equal stages written Megatron's way, (t*n|)*k."""
     def stage(n: int) -> str:
@@ -117,10 +119,64 @@ def layout_string(layout: tuple[int, ...]) -> str:
         else:
             runs.append([n, 1])
     text = "".join(f"({stage(n)}|)*{k}" if k > 1 else f"{stage(n)}|" for n, k in runs)
-    return "E" + text + stage(layout[-1]) + "L"
+    # MTP modules run after the last decoder layer, in the last stage (Megatron's layout rules)
+    return "E" + text + stage(layout[-1]) + "m" * mtp_layers + "L"
 
 
-def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...] | None) -> list[str]:
+def plan_layout(plan, layers: int) -> tuple[int, ...]:
+    """The layout a Plan runs: its explicit stage_layers, else the default (balanced) split."""
+    return tuple(plan.stage_layers) if plan.stage_layers is not None else balanced_layout(layers, plan.pp, plan.vpp)
+
+
+def pipeline_args(plan, layers: int, mtp_layers: int = 0) -> list[tuple[str, object]]:
+    """Megatron's pipeline-layout flags for `plan` as (flag, value) pairs (value None: a switch):
+    the virtual-stage count and the simplest layout flag set (`megatron_layout_args`). A layout
+    string already fixes vpp, and Megatron refuses both at once (arguments.py)."""
+    flags = megatron_layout_args(layers, plan.pp, plan.vpp, plan_layout(plan, layers), mtp_layers)
+    out: list[tuple[str, object]] = []
+    if plan.vpp > 1 and "--pipeline-model-parallel-layout" not in flags:
+        out.append(("--num-virtual-stages-per-pipeline-rank", plan.vpp))
+    i = 0
+    while i < len(flags):
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            out.append((flags[i], flags[i + 1]))
+            i += 2
+        else:
+            out.append((flags[i], None))
+            i += 1
+    return out
+
+
+def recompute_per_chunk(plan) -> int | None:
+    """--recompute-num-layers (block) for an explicit per-stage recompute, else None."""
+    return max(plan.stage_recompute_layers) if plan.stage_recompute_layers else None
+
+
+def layout_not_expressible(plan, layers: int) -> list[str]:
+    """Why Megatron cannot run the plan's layout (empty: it can)."""
+    reasons = []
+    if plan.stage_layers is None and layers < plan.pp * plan.vpp:
+        reasons.append(f"layers ({layers}) must be at least pp*vpp ({plan.pp}*{plan.vpp})")
+    if plan.stage_layers is not None and sum(plan.stage_layers) != layers:
+        reasons.append(f"stage_layers sum to {sum(plan.stage_layers)}, the model has {layers} layers")
+    if plan.stage_recompute_layers:
+        k = max(plan.stage_recompute_layers)
+        if tuple(plan.stage_recompute_layers) != tuple(min(k, n) for n in plan.stage_layers):
+            reasons.append("stage_recompute_layers: Megatron's --recompute-method block recomputes "
+                           "min(k, layers) of every virtual stage for one k")
+    return reasons
+
+
+def layout_string_stages(text: str) -> int:
+    """Virtual stages in a --pipeline-model-parallel-layout string, unrolled as Megatron does
+    (PipelineParallelLayerLayout.parse_str_to_list: (..)*n groups, then x*n runs)."""
+    text = text.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    return text.count("|") + 1
+
+
+def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...] | None,
+                         mtp_layers: int = 0) -> list[str]:
     """The simplest flag set that makes Megatron build `layout` (None or even: no flag)."""
     if layout is None or layout == even_layout(layers, pp, vpp):
         return []
@@ -140,8 +196,8 @@ def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...]
                             + (["--decoder-last-pipeline-num-layers", str(last)] if last else []))
             except SpecError:
                 pass
-    return ["--pipeline-model-parallel-layout", layout_string(layout)]
+    return ["--pipeline-model-parallel-layout", layout_string(layout, mtp_layers)]
 
 
-__all__ = ["balanced_layout", "even_layout", "layout_from_flags", "layout_string", "megatron_layout_args",
+__all__ = ["pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_string", "megatron_layout_args",
            "rank_layers", "rank_of_stage"]
