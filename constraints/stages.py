@@ -43,7 +43,7 @@ from planner.analytical import PlanArrays
 from planner.analytical.memory import rank_memory
 from planner.analytical.time import OPTIMIZER_BYTES_PER_PARAM, per_layer_terms, rank_microbatch_s
 from planner.model import ModelSpec
-from planner.pipeline_layout import balanced_layout
+from planner.pipeline_layout import balanced_layout, rank_layers
 from planner.plan import JobSpec, Plan
 
 SEED = 0
@@ -187,8 +187,19 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S) -> S
         return StageSolution(None, 0, name, False, len(proto.variables), len(proto.constraints), wall)
     layers = tuple(int(solver.Value(x)) for x in n)
     kval = int(solver.Value(k)) if problem.recompute else 0
+    if kval == 0:
+        # without recompute only a rank's total matters to the model: spread it evenly over the
+        # rank's chunks (Megatron's simplest flags; the same cost)
+        loads = rank_layers(layers, p)
+        layers = tuple(_even_chunks(loads[s % p], v, s % p == 0)[s // p] for s in range(S))
     return StageSolution(layers, kval, name, status == cp_model.OPTIMAL, len(proto.variables),
                          len(proto.constraints), wall, int(solver.ObjectiveValue()))
+
+
+def _even_chunks(n: int, v: int, short_first: bool) -> list[int]:
+    q, e = divmod(n, v)
+    chunks = [q + 1] * e + [q] * (v - e)
+    return chunks[::-1] if short_first else chunks
 
 
 def plan_with_stages(plan: Plan, solution: StageSolution) -> Plan:

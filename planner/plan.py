@@ -104,7 +104,9 @@ class Plan(BaseModel):
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
         if self.stage_layers is not None:
-            parts.append("layout[" + ",".join(map(str, self.stage_layers)) + "]")
+            parts.append("layers[" + compress_runs(self.stage_layers) + "]")
+        if self.stage_recompute_layers is not None and any(self.stage_recompute_layers):
+            parts.append(f"rc-k{max(self.stage_recompute_layers)}")
         parts.append(f"mb{self.micro_batch}")
         if self.sequence_parallel:
             parts.append("sp")
@@ -120,6 +122,19 @@ class Plan(BaseModel):
             if frac:
                 parts.append(f"off-{what[:3]}{frac:.2g}")
         return " ".join(parts)
+
+
+def compress_runs(values) -> str:
+    """1,2,2,2,1 -> '1,2x3,1'."""
+    out, i = [], 0
+    values = list(values)
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}x{j - i}" if j - i > 1 else str(values[i]))
+        i = j
+    return ",".join(out)
 
 
 class BytesPerParam(BaseModel):

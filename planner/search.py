@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.solve import explain, solve_top_k
+from constraints.stages import plan_with_stages, solve_stages, stage_problem
 from constraints.space import at_batch, build_space, cross, layouts, options
 from constraints.cost_table import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
 from hardware.errors import SpecError
@@ -44,6 +45,7 @@ class Ranked:
     plan: Plan
     estimate: Estimate
     objective: float          # seconds per token (free batch) or per step (fixed batch)
+    stages: dict | None = None  # what the per-stage CP-SAT model decided (constraints.stages)
 
 
 @dataclass
@@ -106,13 +108,47 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
         if not math.isclose(obj, float(table.res["objective"][i]), rel_tol=1e-9):
             mismatches += 1
         ranked.append(Ranked(plan=p, estimate=est, objective=obj))
+    t_stages = time.perf_counter()
+    ranked = refine_stages(model, system, job, ranked, space.free_batch, top_k)
     stats = dict(table.stats)
     stats.update(sols.stats)
+    stats["stages_s"] = time.perf_counter() - t_stages
     stats.update({"status": sols.status, "rescore_s": time.perf_counter() - t1,
                   "rescore_mismatches": mismatches, "not_expressible_dropped": dropped,
                   "total_s": time.perf_counter() - t0, "free_batch": space.free_batch})
     return SearchResult(ranked=ranked, objective="time per token" if space.free_batch else "step time",
                         stats=stats)
+
+
+def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: list[Ranked],
+                  free: bool, top_k: int) -> list[Ranked]:
+    """Per-stage choices of every reported pipelined plan, by CP-SAT (constraints.stages): the
+    layers per virtual stage and the block-recompute count under per-rank memory. The solver's
+    answer is re-scored by the exact model and kept when it is feasible, expressible and no
+    slower; then the list is re-ranked (ties: planner.ties)."""
+    out = []
+    for r in ranked:
+        problem = stage_problem(model, system, job, r.plan)
+        if problem is None:
+            out.append(r)
+            continue
+        sol = solve_stages(problem)
+        info = {"variables": sol.variables, "constraints": sol.constraints, "status": sol.status,
+                "proven_optimal": sol.proven_optimal, "solve_s": sol.wall_s,
+                "stage_layers": list(sol.stage_layers) if sol.stage_layers else None,
+                "recompute_layers_per_stage": sol.recompute_layers, "kept": False}
+        best = Ranked(plan=r.plan, estimate=r.estimate, objective=r.objective, stages=info)
+        if sol.stage_layers is not None:
+            cand = plan_with_stages(r.plan, sol)
+            est = estimate(model, system, cand, job)
+            obj = _objective(est, model.seq_length, free)
+            ok = est.feasible and not (job.framework == "megatron" and not_expressible(cand, model, job))
+            if ok and obj < r.objective * (1 - 1e-12):
+                info["kept"] = True
+                best = Ranked(plan=cand, estimate=est, objective=obj, stages=info)
+        out.append(best)
+    out.sort(key=lambda r: r.objective)  # stable: equal objectives keep the search's order
+    return [out[i] for i in rank_with_ties([r.objective for r in out], [r.plan for r in out], top_k)]
 
 
 def best_plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> Plan | None:
