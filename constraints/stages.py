@@ -49,8 +49,10 @@ from planner.plan import JobSpec, Plan
 SEED = 0
 WORKERS = 1
 TIME_LIMIT_S = 10.0
-TIME_SCALE = 10**9   # the default split's objective maps to ~1e9 integer units
-BYTES_SCALE = 2**20  # memory in MiB (rounded up: never admits a split the model rejects)
+TIME_SCALE = 10**6   # one microbatch on the balanced split's rank ~ 1e6 integer units (finer
+                     # scales made CP-SAT slow to prove; coarser ones lost near-ties: tests)
+MEMORY_STEPS = 10**7  # memory unit = capacity / 1e7 (~8 KB on 80 GB), coefficients rounded up:
+                      # the solver never admits a split the model rejects
 PARAM_UNIT = 1e3     # parameters counted in thousands
 
 
@@ -62,17 +64,17 @@ class StageProblem:
     pp: int
     vpp: int
     microbatches: int
-    recompute: bool                 # full recompute allowed (k >= 0 chosen), else k = 0
+    recompute: bool                 # full recompute: k >= 1 chosen (k = 0 is the recompute-none problem)
     a: int                          # per layer, per microbatch (scaled time)
     b: int                          # per recomputed layer
     h: int                          # LM head (last rank)
     opt: int                        # optimizer step per parameter element (scaled time)
-    c: tuple[int, ...]              # per rank: fixed memory (MiB)
+    c: tuple[int, ...]              # per rank: fixed memory (capacity / MEMORY_STEPS units)
     w: tuple[int, ...]              # per rank: memory per layer
     x: tuple[int, ...]              # per rank: memory change per recomputed layer (<= 0)
     p0: tuple[int, ...]             # per rank: fixed parameters (elements)
     p1: int                         # parameters per layer
-    capacity: int                   # MiB
+    capacity: int                   # the same units
 
 
 @dataclass(frozen=True)
@@ -124,24 +126,26 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
     pr = _probe(model, system, job, plan)
     m = plan.num_microbatches
     v = plan.vpp
-    # time unit: the default split's pipeline time ~ TIME_SCALE
-    ref = (m + plan.pp) * (model.layers / plan.pp * (pr["a"] + max(pr["b"], 0.0)) + pr["h"])
+    # time unit: one microbatch on a rank of the balanced split ~ TIME_SCALE
+    ref = model.layers / plan.pp * (pr["a"] + max(pr["b"], 0.0)) + pr["h"]
     unit = ref / TIME_SCALE
     opt_per_param = pr["opt_s_per_elem"] * pr["opt_elems_per_param"] * v
     capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
-    mib = lambda x: int(np.ceil(x / BYTES_SCALE))  # noqa: E731
+    unit_bytes = max(capacity, 1.0) / MEMORY_STEPS
+    mib = lambda x: int(np.ceil(x / unit_bytes))  # noqa: E731
     return StageProblem(
         layers=model.layers, pp=plan.pp, vpp=v, microbatches=m, recompute=plan.recompute == "full",
         a=max(1, round(pr["a"] / unit)), b=max(0, round(pr["b"] / unit)), h=max(0, round(pr["h"] / unit)),
         opt=round(opt_per_param / unit * PARAM_UNIT),
         c=tuple(mib(x) for x in pr["c"]), w=tuple(mib(x) for x in pr["w"]), x=tuple(mib(x) for x in pr["x"]),
         p0=tuple(int(round(x / PARAM_UNIT)) for x in pr["p0"]), p1=max(0, int(round(pr["p1"] / PARAM_UNIT))),
-        capacity=int(capacity // BYTES_SCALE))
+        capacity=int(capacity // unit_bytes))
 
 
 @functools.lru_cache(maxsize=4096)
-def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S) -> StageSolution:
-    """CP-SAT over the per-stage variables (see the module docstring)."""
+def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_value: int | None = None) -> StageSolution:
+    """CP-SAT over the per-stage variables (see the module docstring); `k_value` fixes the
+    recompute count."""
     t0 = time.perf_counter()
     L, p, v = problem.layers, problem.pp, problem.vpp
     S = p * v
@@ -149,7 +153,7 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S) -> S
     n = [md.NewIntVar(1, L - S + 1, f"n{s}") for s in range(S)]
     md.Add(sum(n) == L)
     kmax = L - S + 1 if problem.recompute else 0
-    k = md.NewIntVar(0, kmax, "k")
+    k = md.NewIntVar(1 if problem.recompute else 0, kmax, "k") if k_value is None else k_value
     ks = []
     for s in range(S):
         if problem.recompute:
@@ -196,6 +200,30 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S) -> S
                          len(proto.constraints), wall, int(solver.ObjectiveValue()))
 
 
+def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> tuple[Plan | None, StageSolution | None]:
+    """The per-stage optimum of `plan`'s layout: under full recompute, the better of k >= 1
+    (recompute costs and buffers) and k = 0 (the plan without recompute, whose memory has no
+    recompute buffer), by the solver's objective. (None, None): no per-stage problem."""
+    problem = stage_problem(model, system, job, plan)
+    if problem is None:
+        return None, None
+    sol = solve_stages(problem)
+    if plan.recompute == "full":
+        plain = plan.model_copy(update={"recompute": "none", "recompute_num_layers": None,
+                                        "stage_recompute_layers": None})
+        alt = solve_stages(stage_problem(model, system, job, plain))
+        merged = dict(variables=sol.variables + alt.variables, constraints=sol.constraints + alt.constraints,
+                      wall_s=sol.wall_s + alt.wall_s,
+                      # proven: each sub-problem solved to optimality or proven infeasible
+                      proven_optimal=all(x.status in ("OPTIMAL", "INFEASIBLE") for x in (sol, alt)))
+        if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective < sol.objective):
+            sol, plan = alt, plain
+        sol = replace(sol, **merged)
+    if sol.stage_layers is None:
+        return None, sol
+    return plan_with_stages(plan, sol), sol
+
+
 def _even_chunks(n: int, v: int, short_first: bool) -> list[int]:
     q, e = divmod(n, v)
     chunks = [q + 1] * e + [q] * (v - e)
@@ -219,5 +247,5 @@ def default_stage_layers(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     return plan.stage_layers or balanced_layout(model.layers, plan.pp, plan.vpp)
 
 
-__all__ = ["StageProblem", "StageSolution", "stage_problem", "solve_stages", "plan_with_stages",
+__all__ = ["StageProblem", "StageSolution", "stage_problem", "solve_stages", "best_stages", "plan_with_stages",
            "default_stage_layers", "SEED", "WORKERS"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.solve import explain, solve_top_k
-from constraints.stages import plan_with_stages, solve_stages, stage_problem
+from constraints.stages import best_stages
 from constraints.space import at_batch, build_space, cross, layouts, options
 from constraints.cost_table import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
 from hardware.errors import SpecError
@@ -128,18 +128,16 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
     slower; then the list is re-ranked (ties: planner.ties)."""
     out = []
     for r in ranked:
-        problem = stage_problem(model, system, job, r.plan)
-        if problem is None:
+        cand, sol = best_stages(model, system, job, r.plan)
+        if sol is None:
             out.append(r)
             continue
-        sol = solve_stages(problem)
         info = {"variables": sol.variables, "constraints": sol.constraints, "status": sol.status,
                 "proven_optimal": sol.proven_optimal, "solve_s": sol.wall_s,
                 "stage_layers": list(sol.stage_layers) if sol.stage_layers else None,
                 "recompute_layers_per_stage": sol.recompute_layers, "kept": False}
         best = Ranked(plan=r.plan, estimate=r.estimate, objective=r.objective, stages=info)
-        if sol.stage_layers is not None:
-            cand = plan_with_stages(r.plan, sol)
+        if cand is not None:
             est = estimate(model, system, cand, job)
             obj = _objective(est, model.seq_length, free)
             ok = est.feasible and not (job.framework == "megatron" and not_expressible(cand, model, job))
