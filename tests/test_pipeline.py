@@ -159,3 +159,15 @@ def test_cpsat_per_stage_has_zero_regret(model, pp, vpp, rc, squeeze):
 
 def test_compositions_count():
     assert sum(1 for _ in compositions(10, 4)) == 84  # C(9, 3)
+
+
+def test_search_reports_what_the_per_stage_solver_decided():
+    from planner.search import plan as search
+    res = search(load_model("llama3.1-405b"), load_system("h100-sxm", 1024), JobSpec(global_batch=1536, dtype="fp8"),
+                 top_k=2)
+    piped = [r for r in res.ranked if r.plan.pp > 1 and r.plan.zero_stage < 3 and not r.plan.uses_offload]
+    assert piped, [r.plan.short() for r in res.ranked]
+    st = piped[0].stages
+    assert st is not None and st["variables"] > 0 and st["constraints"] > 0 and st["solve_s"] >= 0
+    assert st["status"] in ("OPTIMAL", "FEASIBLE", "INFEASIBLE") and isinstance(st["proven_optimal"], bool)
+    assert st["kept"] == (piped[0].plan.stage_layers is not None and list(piped[0].plan.stage_layers) == st["stage_layers"])
