@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from hardware.spec import SystemSpec
 from planner.analytical import flops
 from planner.analytical.memory import memory_breakdown
-from planner.analytical.plans import PlanArrays
+from planner.analytical.plans import PlanArrays, has_layout
 from planner.analytical.time import step_time
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -67,9 +67,8 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
 def layout_breaks(layers: int, P: PlanArrays) -> np.ndarray:
     """Default split: every virtual stage needs a layer; explicit: the stages sum to the layers."""
     broken = layers < P.pp * P.vpp
-    for i, explicit in enumerate(P.stage_layout):
-        if explicit is not None:
-            broken[i] = sum(explicit[0]) != layers
+    for i in np.flatnonzero(has_layout(P.stage_layout)):
+        broken[i] = sum(P.stage_layout[i][0]) != layers
     return broken
 
 

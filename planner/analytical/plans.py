@@ -75,7 +75,7 @@ class PlanArrays:
         layouts = cols.get("stage_layout")
         out["stage_layout"] = np.empty(n, dtype=object) if layouts is None else np.asarray(layouts, dtype=object)
         # (default split: no rank holds more than ceil(layers/pp), so k >= layers/pp is "all")
-        explicit = np.array([x is not None for x in out["stage_layout"]], dtype=bool)
+        explicit = np.zeros(n, dtype=bool) if layouts is None else has_layout(out["stage_layout"])
         all_layers = (out["recompute_layers"] >= layers / out["pp"]) & ~explicit
         out["recompute_layers"] = np.where(all_layers, 0.0, np.maximum(out["recompute_layers"], 0.0))
         out.update(_rank_columns(layers, out))
@@ -132,6 +132,11 @@ class PlanArrays:
         return PlanArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 
 
+def has_layout(stage_layout: np.ndarray) -> np.ndarray:
+    """Rows with an explicit layout (elementwise `is not None`, in C)."""
+    return np.not_equal(stage_layout, None)
+
+
 RANK_FIELDS = ("rank_index", "rank_layers", "rank_recompute", "recompute_total", "num_layers")
 
 
@@ -160,8 +165,8 @@ def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndar
     def recomputed(nl_):
         return np.where(full, np.where(k > 0, np.minimum(k, nl_), nl_), 0.0)
     total = np.where(even, p * recomputed(layers / p), extra * recomputed(q + 1) + (p - extra) * recomputed(q))
-    explicit = [i for i in range(n) if cols["stage_layout"][i] is not None]
-    if not explicit:
+    explicit = np.flatnonzero(has_layout(cols["stage_layout"]))
+    if not len(explicit):
         return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "recompute_total": total,
             "num_layers": np.full(n, float(layers))}
     width = max(3, max(int(p[i]) for i in explicit))
