@@ -21,7 +21,7 @@ Domains (see `knob_domains`)
   dp           GPUs / (tp*pp*cp); with `allow_idle_gpus` any dp that leaves GPUs idle but keeps
                the used count a whole number of nodes (or at most one node), limited to the
                largest dp, powers of two and divisors of the fixed batch
-  micro_batch  1, 2, 4, 8, 16 with micro_batch*dp <= batch
+  micro_batch  1, 2, 3, 4, 6, 8, 12, 16 with micro_batch*dp <= batch (non-powers of two: issue 8)
   global_batch job.global_batch if fixed; otherwise every multiple of micro_batch*dp up to
                job.max_global_batch ("free batch"; the objective is then time per token)
   recompute    none, selective, full (all layers of a stage)
@@ -52,7 +52,7 @@ from planner.plan import KNOBS, RECOMPUTE_CODES, JobSpec
 
 CP_CAP = 8
 VPP_CAP = 8
-MICRO_BATCHES = (1, 2, 4, 8, 16)
+MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # not only powers of two (issue 8); must divide the batch per dp
 ZERO_STAGES = (0, 1, 3)
 OFFLOAD_GRID = (0.0, 0.5, 1.0)
 
