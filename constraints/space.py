@@ -22,6 +22,7 @@ Domains (see `knob_domains`)
                the used count a whole number of nodes (or at most one node), limited to the
                largest dp, powers of two and divisors of the fixed batch
   micro_batch  1, 2, 3, 4, 6, 8, 12, 16 with micro_batch*dp <= batch (non-powers of two: issue 8)
+               when the batch is fixed; 1, 2, 4, 8, 16 when it is free (search speed)
   global_batch job.global_batch if fixed; otherwise every multiple of micro_batch*dp up to
                job.max_global_batch ("free batch"; the objective is then time per token)
   recompute    none, selective, full (all layers of a stage)
@@ -52,7 +53,8 @@ from planner.plan import KNOBS, RECOMPUTE_CODES, JobSpec
 
 CP_CAP = 8
 VPP_CAP = 8
-MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # not only powers of two (issue 8); must divide the batch per dp
+MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
+FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
 ZERO_STAGES = (0, 1, 3)
 OFFLOAD_GRID = (0.0, 0.5, 1.0)
 
@@ -121,7 +123,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "tp": tuple(tp), "pp": tuple(pp), "cp": tuple(cp), "ep": tuple(ep), "vpp": tuple(vpp),
         "dp": tuple(range(1, n + 1)) if job.allow_idle_gpus else tuple(sorted({n // (a * b * c)
               for a in tp for b in pp for c in cp if n % (a * b * c) == 0})),
-        "micro_batch": tuple(m for m in MICRO_BATCHES if m <= cap),
+        "micro_batch": tuple(m for m in (MICRO_BATCHES if job.global_batch else FREE_BATCH_MICRO_BATCHES)
+                             if m <= cap),
         "global_batch": (job.global_batch,) if job.global_batch else tuple(range(1, cap + 1)),
         "recompute": tuple(RECOMPUTE_CODES.values()),
         "sequence_parallel": (0, 1), "tp_comm_overlap": (0, 1), "dp_comm_overlap": (0, 1),

@@ -149,7 +149,8 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
         if gpus % (tp * pp * cp):
             continue
         dp = gpus // (tp * pp * cp)
-        for ep, vpp, mb, gb in itertools.product(range(1, E + 1), range(1, 9), (1, 2, 3, 4, 6, 8, 12, 16), batches):
+        mbs = (1, 2, 3, 4, 6, 8, 12, 16) if job.global_batch else (1, 2, 4, 8, 16)
+        for ep, vpp, mb, gb in itertools.product(range(1, E + 1), range(1, 9), mbs, batches):
             if E % ep or (dp * cp) % ep or model.layers < pp * vpp or (vpp > 1 and pp == 1):
                 continue
             if mb > cap or gb % (mb * dp):
