@@ -1,6 +1,6 @@
 """Every preset model × system: `planner plan`'s best plan (bf16, fp16, and fp8 where the GPU has it)
 -> `planner megatron`'s launch -> Megatron-LM's own parser (megatron-core 0.19.2 on CPU) -> back
-to a Plan, which must equal the original (issue 11, "Done when").
+to a Plan and a model, which must equal the original (issue 11, "Done when").
 
     python bench/megatron_roundtrip.py [--models a,b] [--systems x,y] [--gpus N] [--batch B]
 
@@ -22,7 +22,13 @@ from planner import megatron as mg  # noqa: E402
 from planner.model import load_model, model_preset_names  # noqa: E402
 from planner.plan import JobSpec  # noqa: E402
 from planner.search import plan as search  # noqa: E402
-from tests.megatron_parser import dtype_from_megatron, find_or_build_parser, plan_from_megatron  # noqa: E402
+from tests.megatron_parser import (  # noqa: E402
+    dtype_from_megatron,
+    find_or_build_parser,
+    model_from_megatron,
+    model_shape,
+    plan_from_megatron,
+)
 
 DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1e-4"]
 
@@ -67,11 +73,13 @@ def main() -> int:
             verdict = f"MEGATRON REFUSES: {res['error']}"
         else:
             back, back_dtype = plan_from_megatron(res["ns"], res["cfg"], model), dtype_from_megatron(res["ns"])
-            same = back == plan and back_dtype == dtype and res["ns"]["vocab_size"] == model.vocab
-            verdict = "ok" if same else f"DIFFERS: {back.short()} {back_dtype}"
+            built, want = model_shape(model_from_megatron(res["ns"], res["cfg"])), model_shape(model)
+            same = back == plan and back_dtype == dtype and built == want
+            diff = [f"{k} {built[k]} != {want[k]}" for k in want if built[k] != want[k]]
+            verdict = "ok" if same else f"DIFFERS: {back.short()} {back_dtype} {'; '.join(diff)}"
         bad += verdict != "ok"
         print(f"{label}: {plan.short()}: {verdict}")
-    print(f"{len(results) - bad}/{len(results)} launches parse back to their plan "
+    print(f"{len(results) - bad}/{len(results)} launches parse back to their plan and model "
           f"(Megatron parser {time.perf_counter() - t1:.1f} s)")
     return 1 if bad else 0
 

@@ -38,7 +38,31 @@ def _solver(time_limit: float) -> cp_model.CpSolver:
     s.parameters.num_workers = WORKERS
     s.parameters.random_seed = SEED
     s.parameters.max_time_in_seconds = time_limit
+    # CP-SAT installs its own SIGINT handler (it stops the search and returns) unless told not to;
+    # then Ctrl-C never reaches Python and `planner plan --top 1000` runs on. Let Python have it.
+    s.parameters.catch_sigint_signal = False
     return s
+
+
+def _interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> int:
+    """solver.Solve in a helper thread (it releases the GIL) so that the main thread stays in
+    Python and gets Ctrl-C at once; then the search is stopped and KeyboardInterrupt goes on.
+    A late round of `plan --top 1000` solves for seconds, which a blocked main thread would wait out."""
+    import threading
+    done: dict = {}
+    worker = threading.Thread(target=lambda: done.setdefault("code", solver.Solve(model)), daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        # until the solve returns: a stop that lands before the search starts is reset by it, and a
+        # thread still inside the solver when Python exits aborts the process
+        while worker.is_alive():
+            solver.StopSearch()
+            worker.join(0.01)
+        raise
+    return done["code"]
 
 
 def solve_top_k(table: Table, k: int = 1, time_limit_s: float = TIME_LIMIT_S,
@@ -61,7 +85,7 @@ def solve_top_k(table: Table, k: int = 1, time_limit_s: float = TIME_LIMIT_S,
             break
         solver = _solver(time_limit_s)
         t1 = time.perf_counter()
-        code = solver.Solve(enc.model)
+        code = _interruptible_solve(solver, enc.model)
         solve_s += time.perf_counter() - t1
         status = solver.StatusName(code)
         got = int(solver.Value(enc.row)) if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
@@ -92,7 +116,7 @@ def explain(table: Table, time_limit_s: float = TIME_LIMIT_S) -> list[str]:
         enc.model.ClearAssumptions()
         enc.model.AddAssumptions([enc.rules[n] for n in names])
         solver = _solver(time_limit_s)
-        code = solver.Solve(enc.model)
+        code = _interruptible_solve(solver, enc.model)
         if code != cp_model.INFEASIBLE:
             return False, []
         return True, [by_index[i] for i in solver.SufficientAssumptionsForInfeasibility() if i in by_index]

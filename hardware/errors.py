@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import ValidationError
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # yaml and pydantic load on first use: this module is on every CLI path
+    from pydantic import ValidationError
 
 
 class SpecError(ValueError):
@@ -25,22 +27,55 @@ def one_line(err: ValidationError, where: str) -> SpecError:
     return SpecError(f"{where}: {loc}: {msg}{tail}")
 
 
+# A spec file is a few hundred bytes; anything this large is not one (and would be slow to parse).
+MAX_YAML_BYTES = 1 << 20
+
+
+def _no_alias_loader():
+    """safe_load's loader without aliases: `*ref` can expand exponentially ("billion laughs"), and
+    no spec file needs them."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
+            return super().compose_node(parent, index)
+    return NoAliasLoader
+
+
 def read_yaml_mapping(path: Path, what: str) -> dict:
+    import yaml
     try:
-        data = yaml.safe_load(path.read_text())
+        if path.is_dir():
+            raise SpecError(f"{what} {path}: is a folder, expected a YAML file")
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise SpecError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a spec file")
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_no_alias_loader())  # noqa: S506 (safe loader)
+    except UnicodeDecodeError:
+        raise SpecError(f"{what} {path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise SpecError(f"{what} {path}: malformed YAML{at}") from None
+        detail = "" if mark is not None else f" ({exc})"
+        raise SpecError(f"{what} {path}: malformed YAML{at}{detail}") from None
     except OSError as exc:
         raise SpecError(f"{what} {path}: cannot read ({exc.strerror})") from None
+    if data is None:
+        raise SpecError(f"{what} {path}: the file is empty; expected a YAML mapping of fields")
     if not isinstance(data, dict):
         raise SpecError(f"{what} {path}: expected a YAML mapping of fields, got {type(data).__name__}")
     return data
 
 
 def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path, str]:
-    """A preset name or a path to a YAML file -> (path, label)."""
+    """A preset name or a path to a YAML file -> (path, label).
+
+    A bare preset name always means the preset, even when a file of that name sits in the current
+    folder (write ./NAME to mean the file); anything else is a path."""
+    if ref and "/" not in ref and "\\" not in ref and (preset_dir / f"{ref}.yaml").is_file():
+        return preset_dir / f"{ref}.yaml", f"preset {ref}"
     candidate = Path(ref)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         if not candidate.is_file():
@@ -51,3 +86,34 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
         names = ", ".join(sorted(p.stem for p in preset_dir.glob("*.yaml")))
         raise SpecError(f"{what}: unknown preset {ref!r}; allowed: {names} (or a path to a .yaml file)")
     return preset, f"preset {ref}"
+
+
+def refuse_loose_types(data: dict, schema, where: str) -> None:
+    """YAML `layers: true` or `hidden: "4096"` would pass pydantic's lax mode as 1 or 4096: refuse
+    a bool or a string where the field takes neither (recursing into nested specs)."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    def allowed(annotation) -> set:
+        origin = typing.get_origin(annotation)
+        if origin in (typing.Union, types.UnionType):
+            return set().union(*(allowed(a) for a in typing.get_args(annotation)))
+        if origin is typing.Annotated:
+            return allowed(typing.get_args(annotation)[0])
+        if origin is typing.Literal:
+            return {type(a) for a in typing.get_args(annotation)}
+        return {origin or annotation}
+
+    for name, field in schema.model_fields.items():
+        if name not in data:
+            continue
+        value, kinds = data[name], allowed(field.annotation)
+        if isinstance(value, bool) and bool not in kinds:
+            raise SpecError(f"{where}: {name}: expected a number, got {str(value).lower()}")
+        if isinstance(value, str) and str not in kinds and kinds & {int, float}:
+            raise SpecError(f"{where}: {name}: expected a number, got the string {value!r}")
+        nested = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+        if nested and isinstance(value, dict):
+            refuse_loose_types(value, nested[0], f"{where}: {name}")

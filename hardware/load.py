@@ -5,7 +5,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hardware.errors import SpecError, one_line, read_yaml_mapping, resolve_preset_or_file
+from hardware.errors import refuse_loose_types, SpecError, one_line, read_yaml_mapping, resolve_preset_or_file
 from hardware.spec import Accelerator, SystemSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -20,6 +20,7 @@ def load_accelerator(ref: str) -> Accelerator:
     path, label = resolve_preset_or_file(ref, ACCELERATOR_DIR, "accelerator")
     data = read_yaml_mapping(path, "accelerator")
     try:
+        refuse_loose_types(data, Accelerator, "accelerator")
         return Accelerator.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"accelerator ({label})") from None
@@ -36,6 +37,7 @@ def load_system(ref: str, num_gpus: int | None = None) -> SystemSpec:
             raise SpecError(f"gpus: must be a positive integer, got {num_gpus}")
         data["num_gpus"] = num_gpus
     try:
+        refuse_loose_types(data, SystemSpec, "system")
         return SystemSpec.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"system ({label})") from None

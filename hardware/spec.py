@@ -14,7 +14,12 @@ from hardware.errors import SpecError
 GIB = 2**30
 GB = 1e9
 
-Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+# Peak-FLOP keys of an accelerator. "fp8" is the per-tensor-scaled FP8 MMA (Hopper and later);
+# "mxfp8" the block-scaled FP8 MMA (OCP MX, 32-element blocks; Blackwell only); "nvfp4" FP4 E2M1
+# with 16-element E4M3 block scales (Blackwell only).
+Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
+# Compute dtypes whose GEMMs run in 8 bits or fewer: they take the low-precision GEMM curve.
+LOW_PRECISION = ("fp8", "fp8-cs", "mxfp8", "nvfp4")
 
 
 class _Strict(BaseModel):
@@ -46,10 +51,12 @@ class ComputeEfficiency(_Strict):
     layer_overhead_us: float = Field(default=0.0, ge=0)
 
     def matmul_ceiling(self, dtype: str) -> float:
-        return self.matmul_max_fp8 if dtype == "fp8" and self.matmul_max_fp8 else self.matmul_max
+        """GEMM ceiling for a compute dtype; every 8-bit-or-less recipe shares the fp8 one (the
+        same fraction of its own, higher, peak): one fitted parameter, not one per recipe."""
+        return self.matmul_max_fp8 if dtype in LOW_PRECISION and self.matmul_max_fp8 else self.matmul_max
 
     def matmul_half(self, dtype: str) -> float:
-        fp8 = dtype == "fp8" and self.matmul_half_dim_fp8 is not None
+        fp8 = dtype in LOW_PRECISION and self.matmul_half_dim_fp8 is not None
         return self.matmul_half_dim_fp8 if fp8 else self.matmul_half_dim
 
 
@@ -112,6 +119,7 @@ class MemoryTier(_Strict):
 class SystemSpec(_Strict):
     name: str
     description: str = ""
+    source: str = Field(default="", description="datasheet / product page the figures come from")
     accelerator: Accelerator
     num_gpus: PositiveInt
     gpus_per_node: PositiveInt

@@ -3,9 +3,9 @@
 One mapping serves every decoder-only architecture; `model_type` only chooses the defaults that a
 config may leave out (tied embeddings, the MLP's activation, which MoE field names it uses).
 What ModelSpec cannot express is approximated and named in APPROXIMATIONS: sliding-window layers
-are costed as full attention, GeGLU as SwiGLU (same three matrices), Qwen2's q/k/v biases, Qwen3's
-and Gemma-3's per-head q/k norms, Gemma's extra norms and GPT-OSS's attention sinks are not
-counted (each under 0.01 % of the parameters).
+are costed as full attention, GeGLU as SwiGLU (same three matrices), Qwen2's q/k/v biases,
+Gemma's extra norms and GPT-OSS's attention sinks are not counted (each under 0.01 % of the
+parameters). Qwen3's and Gemma-3's per-head q/k norms are `qk_norm`.
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "mixtral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
     "qwen2": ({"tie_word_embeddings": False}, "q/k/v biases not counted"),
     "qwen2_moe": ({"tie_word_embeddings": False}, "q/k/v biases not counted"),
-    "qwen3": ({"tie_word_embeddings": True}, "per-head q/k norms not counted"),
-    "qwen3_moe": ({"tie_word_embeddings": False}, "per-head q/k norms not counted"),
+    "qwen3": ({"tie_word_embeddings": True}, ""),
+    "qwen3_moe": ({"tie_word_embeddings": False}, ""),
     "deepseek_v3": ({"tie_word_embeddings": False}, ""),
     "gpt_oss": ({"tie_word_embeddings": False, "attention_bias": True},
                 "sliding-window layers costed as full attention; attention sinks not counted"),
@@ -38,6 +38,8 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                     "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
 }
 APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
+# Architectures that normalise each query and key head (HF modeling code: q_norm / k_norm).
+QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text")
 
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 
@@ -120,6 +122,7 @@ def model_fields(path: Path) -> dict:
         "position_embedding": "rope",
         "biases": bool(cfg.get("attention_bias", False)),
         "dropout": False,
+        "qk_norm": model_type in QK_NORM_TYPES,
     }
     fields.update(_moe_fields(cfg, path, moe_keys))
     if cfg.get("kv_lora_rank"):

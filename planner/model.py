@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
                       ValidationError, model_validator)
 
-from hardware.errors import one_line, read_yaml_mapping, resolve_preset_or_file
+from hardware.errors import one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -74,6 +74,8 @@ class ModelSpec(BaseModel):
     position_embedding: Literal["learned", "rope"] = "learned"
     biases: bool = True
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
+    qk_norm: bool = Field(default=False, description="a norm over each query and key head before "
+                          "attention (Qwen3, Gemma-3; Megatron --qk-layernorm)")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     mtp_layers: NonNegativeInt = Field(default=0, description="multi-token-prediction modules "
@@ -164,7 +166,9 @@ class ModelSpec(BaseModel):
             return _mla_params(h, self.heads, self.mla)
         qkv = self.q_hidden + 2 * self.kv_hidden
         weights = h * qkv + self.q_hidden * h  # QKV + output projection
-        return weights + (qkv + h if self.biases else 0)
+        # q/k norms: one head_dim-wide norm each, shared by all heads (HF Qwen3Attention q_norm/k_norm)
+        qk_norm = 2 * (2 if self.biases else 1) * self.head_dim if self.qk_norm else 0
+        return weights + (qkv + h if self.biases else 0) + qk_norm
 
     def _mlp_params(self, ffn: int) -> int:
         weights = self.mlp_matrices * self.hidden * ffn
@@ -293,6 +297,7 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         data = read_yaml_mapping(path, "model")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
+        refuse_loose_types(data, ModelSpec, "model")
         return ModelSpec.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"model ({label})") from None

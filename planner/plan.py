@@ -6,12 +6,15 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
-from hardware.errors import SpecError, one_line, read_yaml_mapping
+from hardware.errors import refuse_loose_types, SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
-# fp8: delayed scaling (hybrid E4M3/E5M2); fp8-cs: per-tensor current scaling; mxfp8: block-scaled
-# (32-element E8M0 scales); nvfp4: FP4 E2M1 with block scales. Megatron flags: planner/megatron/emit.py.
+# fp8 = FP8 with delayed scaling (Transformer Engine DelayedScaling, hybrid E4M3/E5M2); fp8-cs = FP8
+# with per-tensor current scaling (Float8CurrentScaling); mxfp8 = block-scaled FP8 (MXFP8BlockScaling,
+# 32-element E8M0 scales, Blackwell); nvfp4 = FP4 E2M1 with 16-element block scales (NVFP4BlockScaling,
+# Blackwell). planner/analytical/precision.py says which GEMMs run in them and what their scaling
+# passes cost; planner/megatron/emit.py maps them to Megatron flags.
 ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]
 COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4")
 
@@ -190,7 +193,10 @@ class JobSpec(BaseModel):
 def load_plan(path: str | Path) -> Plan:
     data = read_yaml_mapping(Path(path), "plan")
     data = data.get("plan", data)  # accept a saved `planner plan --save` file too
+    if not isinstance(data, dict):
+        raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {type(data).__name__}")
     try:
+        refuse_loose_types(data, Plan, "plan")
         return Plan.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"plan ({path})") from None

@@ -21,13 +21,14 @@ from planner.plan import JobSpec, Plan
 SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework")
 
 
-def reference(ref: str) -> str:
-    """A model/system reference as it must be saved: a preset name as is, a file as its absolute
+def reference(ref: str, what: str) -> str:
+    """A model/system reference as it must be saved: a preset name as is (a bare preset name
+    always means the preset), anything else (YAML, config.json, model directory) as its absolute
     path (a relative one breaks `--plan` from another directory)."""
-    path = Path(ref)
-    if path.suffix in (".yaml", ".yml", ".json") or path.is_file():
-        return str(path.resolve())
-    return ref
+    from hardware.load import PRESET_DIR as SYSTEM_PRESETS
+    from planner.model import PRESET_DIR as MODEL_PRESETS
+    presets = MODEL_PRESETS if what == "model" else SYSTEM_PRESETS
+    return ref if (presets / f"{ref}.yaml").is_file() else str(Path(ref).resolve())
 
 
 def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec, system: SystemSpec,
@@ -35,7 +36,7 @@ def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec
     """The mapping `planner plan --save` writes; `results` (step_time_s, objective …) are kept
     for the reader and ignored on load."""
     job_data = job.model_dump(include=set(SAVED_JOB_FIELDS))
-    return {"plan": plan.model_dump(), "model": reference(model_ref), "system": reference(system_ref),
+    return {"plan": plan.model_dump(), "model": reference(model_ref, "model"), "system": reference(system_ref, "system"),
             "gpus": system.num_gpus, "seq_length": model.seq_length,
             "global_batch": plan.global_batch, "job": job_data, **results}
 
@@ -61,4 +62,18 @@ def saved_job(path: str | Path, plan: Plan) -> JobSpec | None:
         raise one_line(err, f"plan ({path}): job") from None
 
 
-__all__ = ["SAVED_JOB_FIELDS", "reference", "plan_file_data", "saved_job"]
+def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
+    """The saved job of a plan file, checked against the settings a user gave on the command line
+    (None = not given): the file says how the plan was costed, so a different value is an error
+    rather than a silent re-costing. None for a bare plan mapping without job settings."""
+    saved = saved_job(path, plan)
+    if saved is None:
+        return None
+    for name, value in given.items():
+        if value is not None and value != getattr(saved, name):
+            raise SpecError(f"{name.replace('_', '-')}: {value} differs from the plan file's "
+                            f"({getattr(saved, name)})")
+    return saved
+
+
+__all__ = ["SAVED_JOB_FIELDS", "reference", "plan_file_data", "saved_job", "job_for_plan_file"]

@@ -9,6 +9,7 @@ from rich.table import Table
 from hardware.spec import SystemSpec
 from planner.plan import compress_runs
 from planner.analytical.estimate import RULES, Estimate
+from planner.jsonout import json_safe, json_text  # noqa: F401 (re-exported)
 from planner.model import ModelSpec
 
 GIB = 2**30
@@ -86,4 +87,4 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
 def estimate_json(est: Estimate) -> str:
     data = est.model_dump()
     data["feasible"] = est.feasible
-    return json.dumps(data, indent=2)
+    return json_text(data)

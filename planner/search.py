@@ -228,22 +228,39 @@ def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
     return float(hbm[i]), float(np.min(hbm)), best_plan_, cap
 
 
+def _plan_unless_bound(model: ModelSpec, system: SystemSpec, job: JobSpec) -> SearchResult:
+    """plan(top_k=1), but an empty answer at once when the memory bound already excludes every plan
+    (see check): the what-ifs below probe many systems on which nothing fits."""
+    space = build_space(model, system, job)
+    if len(layouts(space)["tp"]):
+        hbm_min, _, small_plan, cap = _min_footprint(space)
+        if small_plan is not None and hbm_min > cap:
+            return SearchResult(ranked=[], objective="", stats={"status": "INFEASIBLE (memory bound)"})
+    return plan(model, system, job, top_k=1)
+
+
 def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> CheckResult:
     """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much."""
     job = job or JobSpec()
-    result = plan(model, system, job, top_k=1)
-    if result.best is not None:
-        return CheckResult(feasible=True, best=result.best)
     space = build_space(model, system, job)
     reasons: list[str] = []
     numbers: dict = {}
     lay = layouts(space)
     if not len(lay["tp"]):
         return _structural(model, system, job, space)
-
-    table = tabulate(space, top_k=None)
-    binding = explain(table)
     hbm_min, _, small_plan, cap = _min_footprint(space)
+    if small_plan is None:  # layouts exist, but no option combination goes with any of them
+        return _structural(model, system, job, space)
+    if hbm_min <= cap:  # the memory bound does not rule everything out: search
+        result = plan(model, system, job, top_k=1)
+        if result.best is not None:
+            return CheckResult(feasible=True, best=result.best)
+        binding = explain(tabulate(space, top_k=None))
+    else:
+        # Exact without searching: every valid plan at its smallest legal batch (memory never falls
+        # as the batch grows) needs more HBM than usable, or more offload than the tier holds. The
+        # CP-SAT core would name the same two memory rules after a minute on a large space.
+        binding = ["memory_fit_hbm", "memory_fit_offload"] if space.system.offload else ["memory_fit_hbm"]
     numbers.update({"min_hbm_bytes": hbm_min, "usable_hbm_bytes": cap})
     if hbm_min > cap:
         reasons.append(f"memory: the smallest per-GPU footprint over all otherwise-valid plans is "
@@ -255,7 +272,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     factor = 2
     while factor <= MAX_GPU_FACTOR:
         bigger = system.with_changes(num_gpus=n * factor)
-        r = plan(model, bigger, job, top_k=1)
+        r = _plan_unless_bound(model, bigger, job)
         if r.best is not None:
             numbers["gpus_needed"] = n * factor
             reasons.append(f"GPUs: it fits on {n * factor} GPUs ({factor}x; best there: "
@@ -269,13 +286,13 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     tier = MemoryTier(name="hypothetical", capacity_gib=HYPOTHETICAL_OFFLOAD_GIB, bandwidth_gb_per_s=bw)
     hypo = system.with_changes(offload=tier.model_dump())
     hypo_job = job.model_copy(update={"allow_offload": True})
-    r = plan(model, hypo, hypo_job, top_k=1)
+    r = _plan_unless_bound(model, hypo, hypo_job)
     if r.best is not None:
         # the smallest power-of-two tier (GiB per GPU) that still fits, halving from the maximum
         tier_gib = HYPOTHETICAL_OFFLOAD_GIB
         while tier_gib / 2 >= MIN_OFFLOAD_GIB:
             smaller = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib / 2})
-            r_small = plan(model, smaller, hypo_job, top_k=1)
+            r_small = _plan_unless_bound(model, smaller, hypo_job)
             if r_small.best is None:
                 break
             tier_gib, r = tier_gib / 2, r_small
@@ -292,7 +309,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
         msg = (f"offload: no {job.framework}-expressible plan fits even with "
                f"{HYPOTHETICAL_OFFLOAD_GIB:g} GiB of offload memory per GPU at {bw:g} GB/s")
         if job.framework == "megatron":
-            r = plan(model, hypo, hypo_job.model_copy(update={"framework": "any"}), top_k=1)
+            r = _plan_unless_bound(model, hypo, hypo_job.model_copy(update={"framework": "any"}))
             if r.best is not None:
                 numbers["offload_needed_bytes_any_framework"] = r.best.estimate.offload_bytes
                 msg += (f"; with a framework that offloads weights (--framework any) the fastest fitting plan uses "
@@ -300,14 +317,14 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
                         f"{r.best.estimate.step_time_s:.2f} s per step)")
         reasons.append(msg)
     if job.tp_within_nvlink and "gpus_needed" not in numbers:
-        wide = plan(model, system, job.model_copy(update={"tp_within_nvlink": False}), top_k=1)
+        wide = _plan_unless_bound(model, system, job.model_copy(update={"tp_within_nvlink": False}))
         if wide.best is not None:
             reasons.append(f"tensor parallelism: with TP beyond the {system.nvlink_domain_gpus}-GPU NVLink "
                            f"domain (--tp-across-nodes) it fits: {wide.best.plan.short()}, "
                            f"{wide.best.estimate.step_time_s:.2f} s per step")
     if job.pins:
         free_job = job.model_copy(update={"pins": {}})
-        r = plan(model, system, free_job, top_k=1)
+        r = _plan_unless_bound(model, system, free_job)
         if r.best is not None:
             reasons.append(f"pins: without your pins ({_pins(job)}) it fits: {r.best.plan.short()}")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=list(binding),

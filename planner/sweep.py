@@ -50,6 +50,9 @@ INFINITE_GB_PER_S = 1.0e6          # "infinite" offload bandwidth: 1 PB/s per GP
 DEFAULT_OFFLOAD_GB_PER_S = 100.0   # bandwidth of an offload tier the sweep adds to a system without one
 DEFAULT_OFFLOAD_GIB = 1024.0       # capacity of a tier added when only the bandwidth is varied
 MAX_POINTS = 1000
+# Far beyond any real machine: a geometric range that runs past these is refused before any work.
+MAX_VALUE = {"gpus": 1 << 20, "nvlink_domain": 1 << 20, "max_batch": 1 << 20, "hbm_gib": 1e6,
+             "offload_gib": 1e9, "offload_gb_per_s": INFINITE_GB_PER_S}
 
 ParamName = Literal["gpus", "hbm_gib", "offload_gib", "offload_gb_per_s", "nvlink_domain", "model",
                     "max_batch"]
@@ -108,7 +111,7 @@ def _parse_range(name: str, text: str) -> list[float]:
             values.append(v)
             v *= factor
             if len(values) > MAX_POINTS:
-                break
+                raise _bad(f"{name}: range {text!r} has more than {MAX_POINTS} values")
     else:
         step = _number(name, step_text.lstrip("+"))
         if not step > 0:
@@ -126,7 +129,11 @@ def _check_value(name: str, v: float) -> float | int:
             raise _bad(f"{name}: {v:g} is not an integer")
         if v < 1:
             raise _bad(f"{name}: must be positive, got {int(v)}")
+        if v > MAX_VALUE[name]:
+            raise _bad(f"{name}: {v:g} is beyond the largest allowed value {MAX_VALUE[name]:,}")
         return int(v)
+    if math.isfinite(v) and v > MAX_VALUE[name]:
+        raise _bad(f"{name}: {v:g} is beyond the largest allowed value {MAX_VALUE[name]:g}")
     if name == "offload_gib":
         if v < 0:
             raise _bad(f"offload_gib: must be >= 0 (0 = no offload tier), got {v:g}")
@@ -382,14 +389,29 @@ def _run_local(points: list[Point], workers: int, on_result: Progress | None) ->
             if on_result:
                 on_result(rows[-1])
         return rows
-    # spawn, not fork: the parent has OR-tools loaded and forking a process with solver threads is unsafe
-    with ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=get_context("spawn")) as pool:
+    # spawn, not fork: the parent has OR-tools loaded and forking a process with solver threads is unsafe.
+    # Workers ignore SIGINT: Ctrl-C is the parent's to handle, and it ends them (below) at once.
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=get_context("spawn"),
+                               initializer=_ignore_sigint)
+    try:
         futures = [pool.submit(evaluate_point, p) for p in points]
         for fut in as_completed(futures):
             rows.append(fut.result())
             if on_result:
                 on_result(rows[-1])
+    except BaseException:
+        # Ctrl-C or a failed point: do not wait for the running points (minutes), end the workers
+        for proc in list((pool._processes or {}).values()):  # noqa: SLF001 - no public way to kill them
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     return rows
+
+
+def _ignore_sigint() -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def import_ray():
@@ -450,6 +472,67 @@ def write_csv(rows: list[dict], spec: SweepSpec, path: str | Path) -> Path:
         for r in rows:
             w.writerow([_fmt(r.get(c, "")) for c in cols])
     return path
+
+
+class PointLog:
+    """Finished points, one JSON line each, appended as they complete (`NAME.points.jsonl`).
+
+    A killed sweep keeps every finished point; a rerun with the same inputs skips them. The first
+    line records the sweep's inputs, so a log of a different sweep is never mixed in. Opened (and
+    so checked writable) before any point runs."""
+
+    def __init__(self, path: Path, spec: SweepSpec, force: bool):
+        import json
+        self.path = path
+        self.header = {"sweep": json.loads(spec.model_dump_json())}
+        self.done: dict[str, dict] = {}
+        if force and path.is_file():
+            path.unlink()
+        if path.is_file():
+            self._load()
+        try:
+            new = not path.is_file()
+            self._fh = path.open("a", encoding="utf-8")
+            if new:
+                self._write(self.header)
+        except OSError as exc:
+            raise SpecError(f"out: cannot write {path} ({exc.strerror})") from None
+
+    def _load(self) -> None:
+        import json
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+            header = json.loads(lines[0]) if lines else None
+            rows = []
+            for line in lines[1:]:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    break  # a line cut by a kill: that point runs again
+        except (OSError, UnicodeDecodeError, ValueError):
+            header = None
+        if header != self.header:
+            raise SpecError(f"out: {self.path} holds the points of a different sweep (other inputs); "
+                            "pass --force to start over, or another --name")
+        self.done = {point_key(r["_params"]): r for r in rows if "_params" in r}
+
+    def _write(self, record: dict) -> None:
+        import json
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()  # a killed process keeps what is flushed
+
+    def add(self, row: dict, params: dict) -> None:
+        self._write({**{k: v for k, v in row.items() if k != "_index"}, "_params": params})
+
+    def close(self, remove: bool = False) -> None:
+        self._fh.close()
+        if remove:
+            self.path.unlink(missing_ok=True)
+
+
+def point_key(params: dict) -> str:
+    import json
+    return json.dumps(params, sort_keys=True)
 
 
 def output_paths(out_dir: str | Path, name: str = "sweep") -> dict[str, Path]:

@@ -5,7 +5,12 @@ import pytest
 from hardware import load_system
 from planner.model import load_model
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "measured_runs.yaml"
+from planner.reference import REFERENCE_DIR
+
+# The packaged copy of the published runs (planner/data/reference); the shared original beside the
+# repository, when there is one, must equal it (tests/test_reference_loader.py).
+REFERENCE = REFERENCE_DIR / "measured_runs.yaml"
+SHARED_REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
 
 
 @pytest.fixture(scope="session")

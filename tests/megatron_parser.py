@@ -4,6 +4,7 @@ the reason, and the inverse mapping of its parsed arguments back to a Plan and j
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
-from planner.model import ModelSpec
+from planner.model import MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,3 +96,64 @@ def dtype_from_megatron(ns: dict) -> str:
         assert ns["bf16"]
         return PRECISIONS[ns["fp8"], ns["fp8_recipe"]]
     return "fp16" if ns["fp16"] else "bf16"
+
+
+# ---- parsed arguments -> the model Megatron builds ------------------------------------------------
+
+ACTIVATIONS = {"silu": "swiglu", "squared_relu": "squared_relu", "gelu": "gelu"}
+
+
+def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpec:
+    """The ModelSpec of the network Megatron builds from its parsed arguments. Megatron knows one
+    shared-expert MLP of the summed width, so shared experts come back as 1 × that width."""
+    # the checker prints callables: "<function silu at 0x…>", "<built-in function gelu>"
+    act_name = re.search(r"function (\w+)", cfg["activation_func"]).group(1)
+    assert (act_name == "silu") == bool(cfg["gated_linear_unit"]), (act, cfg["gated_linear_unit"])
+    moe = None
+    if cfg["num_moe_experts"]:
+        freq = cfg["moe_layer_freq"]
+        pattern = [1] * cfg["num_layers"] if freq == 1 else freq
+        assert isinstance(pattern, list) and len(pattern) == cfg["num_layers"], freq
+        first_dense = pattern.index(1)
+        assert pattern == [0] * first_dense + [1] * (len(pattern) - first_dense), pattern  # leading only
+        assert not cfg["moe_pad_expert_input_to_capacity"]
+        shared = cfg["moe_shared_expert_intermediate_size"]
+        moe = MoESpec(num_experts=cfg["num_moe_experts"], top_k=cfg["moe_router_topk"],
+                      expert_ffn=cfg["moe_ffn_hidden_size"], shared_experts=1 if shared else 0,
+                      shared_expert_ffn=shared, first_dense_layers=first_dense,
+                      capacity_factor=cfg["moe_expert_capacity_factor"])
+    mla = None
+    if cfg["multi_latent_attention"]:
+        # MLA runs Megatron's YaRN RoPE; at scaling factor 1 it is plain RoPE (no interpolation,
+        # mscale 1: core/models/common/embeddings/yarn_rotary_pos_embedding.py), the pre-training model's
+        assert cfg["rope_type"] == "yarn" and cfg["rotary_scaling_factor"] == 1.0, cfg["rope_type"]
+        mla = MLASpec(q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
+                      qk_nope_head_dim=cfg["qk_head_dim"], qk_rope_head_dim=cfg["qk_pos_emb_head_dim"],
+                      v_head_dim=cfg["v_head_dim"])
+    assert cfg["attention_dropout"] == cfg["hidden_dropout"]
+    return ModelSpec(
+        name=name, layers=cfg["num_layers"], hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],
+        head_dim=cfg["kv_channels"], query_groups=cfg["num_query_groups"], ffn=cfg["ffn_hidden_size"],
+        seq_length=ns["seq_length"], vocab=ns["vocab_size"], activation=ACTIVATIONS[act_name],
+        tied_embeddings=not ns["untie_embeddings_and_output_weights"],
+        position_embedding="rope" if ns["position_embedding_type"] == "rope" else "learned",
+        biases=cfg["add_bias_linear"], dropout=cfg["attention_dropout"] > 0, qk_norm=cfg["qk_layernorm"],
+        moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0)
+
+
+def model_shape(m: ModelSpec) -> dict:
+    """What the cost model reads from a ModelSpec, in forms that do not depend on how the spec was
+    written (query_groups None = heads; n shared experts of width w = one of width n·w)."""
+    moe = m.moe
+    return {
+        "layers": m.layers, "hidden": m.hidden, "heads": m.heads, "kv_groups": m.kv_groups,
+        "head_dim": m.head_dim, "q_hidden": m.q_hidden, "kv_hidden": m.kv_hidden, "ffn": m.ffn_hidden,
+        "seq_length": m.seq_length, "vocab": m.vocab, "activation": m.activation,
+        "tied_embeddings": m.tied_embeddings, "position_embedding": m.position_embedding,
+        "biases": m.biases, "dropout": m.dropout, "qk_norm": m.qk_norm, "mtp_layers": m.mtp_layers,
+        "mla": m.mla.model_dump() if m.mla else None,
+        "experts": moe and (moe.num_experts, moe.top_k, m.expert_ffn_hidden,
+                            moe.shared_experts * m.shared_expert_ffn_hidden, moe.first_dense_layers,
+                            moe.capacity_factor),
+        "dense_layers": m.dense_layers, "moe_layers": m.moe_layers,
+    }

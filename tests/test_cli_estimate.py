@@ -89,3 +89,27 @@ def test_saved_plan_carries_its_model_and_system(tmp_path):
     mg = runner.invoke(app, ["megatron", "--plan", str(saved), "--format", "json"])
     assert mg.exit_code == 0, mg.output
     assert json.loads(mg.output)["args"]["--num-layers"] == "32"
+
+
+def test_estimate_plan_file_costs_the_saved_job(tmp_path):
+    """`estimate --plan F` uses the dtype/reserve the plan was saved with, as `megatron --plan F`."""
+    saved = tmp_path / "plan.yaml"
+    result = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64",
+                                 "--dtype", "fp8", "--hbm-reserve-gib", "4", "--save", str(saved)])
+    assert result.exit_code == 0, result.output
+    from_file = json.loads(runner.invoke(app, ["estimate", "--plan", str(saved), "--json"]).output)
+    p = from_file["plan"]
+    flags = ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64", "--json",
+             "--tp", str(p["tp"]), "--pp", str(p["pp"]), "--dp", str(p["dp"]), "--cp", str(p["cp"]),
+             "--micro-batch", str(p["micro_batch"]), "--recompute", p["recompute"],
+             "--zero-stage", str(p["zero_stage"]),
+             "--sequence-parallel" if p["sequence_parallel"] else "--no-sequence-parallel"]
+    fp8 = json.loads(runner.invoke(app, flags + ["--dtype", "fp8", "--hbm-reserve-gib", "4"]).output)
+    bf16 = json.loads(runner.invoke(app, flags).output)
+    assert from_file["step_time_s"] == fp8["step_time_s"] != bf16["step_time_s"]
+    assert from_file["hbm_capacity_bytes"] == fp8["hbm_capacity_bytes"] != bf16["hbm_capacity_bytes"]
+    # the same setting given again is fine; a different one is refused in one line
+    again = runner.invoke(app, ["estimate", "--plan", str(saved), "--dtype", "fp8", "--json"])
+    assert again.exit_code == 0 and json.loads(again.output)["step_time_s"] == fp8["step_time_s"]
+    one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved), "--dtype", "bf16"]),
+                   "dtype", "differs", "fp8")

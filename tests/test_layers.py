@@ -11,9 +11,11 @@ API = set(planner.__all__)
 # (layer, module prefixes) low to high, as in docs/design.md "Layers and who may import whom"
 LAYERS = [
     (0, ("hardware",)),
-    (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties", "planner.pipeline_layout")),
+    (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties", "planner.jsonout",
+         "planner.pipeline_layout")),
     (2, ("planner.analytical",)),
-    (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.report")),
+    (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.reference", "planner.fit", "planner.planfile",
+         "planner.report")),
     (4, ("constraints",)),
     (5, ("planner.search", "planner.bruteforce", "planner.sweep")),
     (6, ("planner",)),  # the package __init__: the public API facade

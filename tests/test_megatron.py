@@ -187,11 +187,12 @@ def test_cpu_offloading_rules():
 
 def test_moe_rules():
     assert check(base(expert_model_parallel_size=2)) == [rules.MSG_EP_NEEDS_EXPERTS]
-    assert check(base(num_experts=6, expert_model_parallel_size=4), world=16) == [
+    nobias = {"disable_bias_linear": True}  # experts with biases need etp 1 (own test below)
+    assert check(base(num_experts=6, expert_model_parallel_size=4, **nobias), world=16) == [
         rules.MSG_EXPERTS_EP]
-    assert check(base(num_experts=8, expert_model_parallel_size=2)) == []
+    assert check(base(num_experts=8, expert_model_parallel_size=2, **nobias)) == []
     # expert grid: etp(2) * ep(4) * pp(2) = 16 does not divide 8
-    assert check(base(num_experts=8, expert_model_parallel_size=4)) == [
+    assert check(base(num_experts=8, expert_model_parallel_size=4, **nobias)) == [
         "world_size (8) is not divisible by expert_tensor_model_pipeline_parallel size (16)"]
 
 
@@ -321,6 +322,57 @@ def test_fp16_blackwell_fsdp_and_offload():
     assert launch.value("--optimizer-offload-fraction") == "0.5"
     assert "--use-precision-aware-optimizer" in launch.flags()
     assert launch.env == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}  # what NVIDIA's scripts set
+
+
+def test_deepseek_v3_shape_flags():
+    launch, m, s, p = emit("deepseek-v3", "h100-sxm", 1024, tp=2, dp=512, ep=64, micro_batch=1,
+                           global_batch=1024, sequence_parallel=True)
+    a = roundtrip(launch, m, s, p)
+    # DeepSeek-V3 config.json: q_lora_rank 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128
+    assert a["multi_latent_attention"] and not a["group_query_attention"] and a["kv_channels"] is None
+    assert (a["q_lora_rank"], a["kv_lora_rank"], a["qk_head_dim"], a["qk_pos_emb_head_dim"],
+            a["v_head_dim"]) == (1536, 512, 128, 64, 128)
+    # first_k_dense_replace 3 of 61 layers; n_shared_experts 1 × moe_intermediate_size 2048; 1 MTP
+    pattern = a["moe_layer_freq"]
+    assert pattern == "([0]*3+[1]*58)" and eval(pattern) == [0, 0, 0] + [1] * 58  # noqa: S307
+    assert a["moe_shared_expert_intermediate_size"] == 2048 and a["mtp_num_layers"] == 1
+    assert (a["num_experts"], a["moe_router_topk"], a["moe_ffn_hidden_size"], a["ffn_hidden_size"]) == \
+        (256, 8, 2048, 18432)
+    assert a["moe_expert_capacity_factor"] is None  # dropless, as the model says
+
+
+def test_head_dim_qk_norm_shared_width_and_capacity_flags():
+    # Qwen3-30B-A3B: head_dim 128 while hidden/heads = 2048/32 = 64; q/k RMSNorm
+    launch, m, s, p = emit("qwen3-30b-a3b", "h100-sxm", 64, tp=2, pp=4, dp=8, ep=8, micro_batch=1,
+                           global_batch=256, sequence_parallel=True)
+    a = roundtrip(launch, m, s, p)
+    assert a["kv_channels"] == 128 and a["qk_layernorm"] and a["moe_layer_freq"] == "1"
+    assert a["moe_shared_expert_intermediate_size"] is None and a["mtp_num_layers"] is None
+    # Llama: head_dim = hidden/heads, no q/k norm: Megatron's defaults already mean the model
+    launch, *_ = emit("llama3-8b", "h100-sxm", 8, dp=8, micro_batch=1, global_batch=64)
+    assert "--kv-channels" not in launch.flags() and "--qk-layernorm" not in launch.flags()
+    # 2 shared experts of 512 = one shared MLP of 1024; capacity 1.25 drops by probability, no pad
+    moe = m.moe.model_copy(update={"shared_experts": 2, "shared_expert_ffn": 512, "capacity_factor": 1.25})
+    launch = mg.megatron_args(p, m.model_copy(update={"moe": moe}), JobSpec(), s)
+    assert launch.value("--moe-shared-expert-intermediate-size") == "1024"
+    assert launch.value("--moe-expert-capacity-factor") == "1.25"
+    assert launch.value("--moe-token-drop-policy") == "probs"
+    assert "--moe-pad-expert-input-to-capacity" not in launch.flags()
+
+
+def test_megatron_refuses_moe_biases_beyond_expert_tp_1_and_mla_with_groups():
+    oss, job = load_model("gpt-oss-120b"), JobSpec()
+    plan = Plan(tp=2, dp=32, ep=8, global_batch=64, sequence_parallel=True)
+    assert any("expert tensor parallel 1" in r for r in mg.not_expressible(plan, oss, job))
+    assert not any("expert tensor" in r for r in mg.not_expressible(Plan(dp=64, ep=8, global_batch=64),
+                                                                      oss, job))
+    assert rules.MSG_MOE_BIAS_ETP in check(base(num_experts=8, sequence_parallel=True))
+    assert rules.MSG_MOE_BIAS_ETP not in check(base(num_experts=8, sequence_parallel=True,
+                                                    disable_bias_linear=True))
+    dsv3 = load_model("deepseek-v3").model_copy(update={"query_groups": 8})
+    assert any("multi-latent" in r for r in mg.not_expressible(Plan(dp=8, global_batch=8), dsv3, job))
+    assert rules.MSG_MLA_GQA in check(base(multi_latent_attention=True, group_query_attention=True,
+                                           num_query_groups=2))
 
 
 def test_not_expressible_reasons():

@@ -13,9 +13,16 @@ import pytest
 from hardware import load_system
 from planner import megatron as mg
 from planner.megatron.emit import DROPOUT_PROBABILITY
-from planner.model import load_model
+from planner.model import ModelSpec, load_model
 from planner.plan import JobSpec, Plan
-from tests.megatron_parser import ROOT, dtype_from_megatron, find_or_build_parser, plan_from_megatron
+from tests.megatron_parser import (
+    ROOT,
+    dtype_from_megatron,
+    find_or_build_parser,
+    model_from_megatron,
+    model_shape,
+    plan_from_megatron,
+)
 
 # (model, system, gpus, dtype, plan fields)
 CASES = [
@@ -40,6 +47,16 @@ CASES = [
           fp8_param_gather=True)),
     ("mixtral-8x7b", "b200", 32, "nvfp4",
      dict(tp=1, pp=2, dp=16, ep=8, micro_batch=2, global_batch=256, zero_stage=1)),
+    # frontier shapes: MLA + shared expert + 3 dense layers + MTP; head_dim apart from hidden/heads
+    # with q/k norms (and a token-drop capacity); head_dim apart with biases and hidden % heads != 0
+    ("deepseek-v3", "h100-sxm", 1024, "fp8",
+     dict(tp=2, dp=512, ep=64, micro_batch=1, global_batch=1024, sequence_parallel=True,
+          recompute="full", zero_stage=1)),
+    (("qwen3-30b-a3b", {"capacity_factor": 1.25}), "h100-sxm", 64, "bf16",
+     dict(tp=2, pp=4, dp=8, ep=8, vpp=2, micro_batch=1, global_batch=256, sequence_parallel=True,
+          recompute="selective")),
+    ("gpt-oss-120b", "b200", 64, "mxfp8",  # experts with biases: Megatron needs expert TP 1
+     dict(pp=2, dp=32, ep=8, micro_batch=1, global_batch=128)),
 ]
 # Script placeholders -> values the CPU checker can use (no data on this machine).
 PLACEHOLDERS = {"$TOKENIZER_TYPE": "NullTokenizer", "$TRAIN_ITERS": "10", "$LR": "1e-4",
@@ -51,8 +68,17 @@ def megatron_parser():
     return find_or_build_parser()
 
 
+def _model(ref) -> ModelSpec:
+    """A preset name, or (preset, MoE fields to change)."""
+    if isinstance(ref, str):
+        return load_model(ref)
+    name, moe = ref
+    m = load_model(name)
+    return m.model_copy(update={"moe": m.moe.model_copy(update=moe)})
+
+
 def _checker_case(model, system, gpus, dtype, fields):
-    m, s = load_model(model), load_system(system, gpus)
+    m, s = _model(model), load_system(system, gpus)
     plan, job = Plan(**fields), JobSpec(dtype=dtype)
     assert mg.launch_refusals(plan, m, job, s) == []
     launch = mg.megatron_args(plan, m, job, s, save_interval=500)
@@ -111,6 +137,11 @@ def parsed(megatron_parser, tmp_path_factory):
     base = built[4][0]
     bad = [dict(base, argv=base["argv"] + ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]),
            dict(base, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]  # Megatron-FSDP wants it unset
+    by_model = {b[1].name: b[0] for b in built}
+    oss, dsv3 = by_model["gpt-oss-120b"], by_model["deepseek-v3"]
+    at = oss["argv"].index("--tensor-model-parallel-size")  # experts with biases at expert TP 2
+    bad += [dict(oss, argv=oss["argv"][:at + 1] + ["2"] + oss["argv"][at + 2:]),
+            dict(dsv3, argv=dsv3["argv"] + ["--group-query-attention", "--num-query-groups", "8"])]
     results = megatron_parser.parse_many([b[0] for b in built + saved] + bad)
     n, k = len(built), len(saved)
     return {"built": list(zip(built, results[:n])), "saved": list(zip(saved, results[n:n + k])),
@@ -125,10 +156,13 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         assert plan_from_megatron(ns, cfg, m) == plan, label
         assert ns["overlap_param_gather"] == (plan.dp_comm_overlap and plan.zero_stage in (1, 3)), label
         assert dtype_from_megatron(ns) == job.dtype, label
-        # the model: shape, vocabulary (unpadded where tp divides it), dropout
-        assert (cfg["num_layers"], cfg["hidden_size"], cfg["ffn_hidden_size"], cfg["num_attention_heads"],
-                cfg["num_query_groups"], ns["seq_length"]) == \
-            (m.layers, m.hidden, m.ffn_hidden, m.heads, m.kv_groups, m.seq_length), label
+        # the model Megatron builds: every shape field the cost model reads (layers, widths, heads,
+        # groups, head dims, MLA, experts, shared experts, dense layers, MTP, vocab, q/k norms)
+        back = model_from_megatron(ns, cfg, m.name)
+        assert model_shape(back) == model_shape(m), label
+        if not m.biases or not (m.moe and m.moe.shared_experts > 1):
+            assert back.num_params == m.num_params, label  # one shared MLP: (n-1)·h fewer biases
+        # the vocabulary (unpadded where tp divides it), dropout
         assert ns["vocab_size"] == m.vocab and res["tokenizer"]["ok"], label
         if m.vocab % plan.tp == 0:
             assert res["tokenizer"]["padded_vocab_size"] == m.vocab, label

@@ -62,7 +62,7 @@ def test_qwen3_moe_totals_match_model_cards(preset, total_b, non_embedding_b, ac
 def test_qwen3_head_dim_apart_from_hidden():
     m = load_model("qwen3-235b-a22b")
     assert m.head_dim == 128 and m.q_hidden == 8192 and m.kv_hidden == 512  # 64·128, 4·128
-    assert m.attention_params == 4096 * (8192 + 2 * 512) + 8192 * 4096
+    assert m.attention_params == 4096 * (8192 + 2 * 512) + 8192 * 4096 + 2 * 128  # + q/k norms
 
 
 def test_gpt_oss_120b_matches_the_model_card_components():
@@ -160,3 +160,12 @@ def test_deepseek_v3_model_flops_agree_with_megatrons_count():
     router = 6 * 7168 * 256 * (58 + 1)
     norms = 6 * ((1536 + 512) * (61 + 1) + 3 * 7168)
     assert ours - router == pytest.approx(megatron - norms, rel=1e-12)
+
+
+def test_qk_norm_adds_one_head_dim_norm_for_queries_and_one_for_keys_per_layer():
+    # HF Qwen3Attention: q_norm = k_norm = Qwen3RMSNorm(head_dim), shared by all heads
+    m = load_model("qwen3-30b-a3b")
+    assert m.qk_norm
+    without = m.model_copy(update={"qk_norm": False})
+    assert m.attention_params - without.attention_params == 2 * 128
+    assert m.num_params - without.num_params == 48 * 2 * 128

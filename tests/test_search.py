@@ -256,7 +256,7 @@ def test_cli_bad_pin_exit_2():
     r = runner.invoke(app, ["plan", "--model", "nope"])
     assert r.exit_code == 2 and "Traceback" not in r.output
     r = runner.invoke(app, ["plan", "--pp", "-2"])
-    assert r.exit_code == 2 and "negative" in r.output
+    assert r.exit_code == 2 and "must be an integer from 1" in r.output
 
 
 def test_cli_count_and_presets():

@@ -37,11 +37,14 @@ def test_needs_more_until_the_prefix_passes_the_tie_window():
 
 
 def test_default_example_no_longer_picks_cp2():
-    # GPT-3 175B on 1024 A100, batch 1536 (README's default): cp 2 ties cp 1 to the microsecond
+    # GPT-3 175B on 1024 A100, batch 1536 (README's default): cp 2 used to tie cp 1 to the
+    # microsecond and win; any cp-2 plan within the tie window must now rank behind cp 1
     model, system, job = load_model("gpt3-175b"), load_system("a100-80g", 1024), JobSpec(global_batch=1536)
     found = plan(model, system, job, top_k=3)
-    best, second = found.ranked[0], found.ranked[1]
+    best = found.ranked[0]
     assert best.plan.cp == 1
-    assert second.plan.cp == 2 and second.objective == pytest.approx(best.objective, rel=TIE_REL_TOL)
+    for other in found.ranked[1:]:
+        if other.plan.cp > 1:
+            assert other.objective >= best.objective
     oracle = brute_force(model, system, job, top_k=3)
     assert [r.plan for r in found.ranked] == oracle.plans

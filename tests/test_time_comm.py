@@ -32,14 +32,19 @@ def test_breakdown_sums_to_step_time(gpt3, a100):
 
 @pytest.mark.parametrize("pp,vpp,m", [(4, 1, 8), (4, 2, 8), (8, 3, 24), (2, 1, 64)])
 def test_pipeline_bubble_fraction_is_p_minus_1_over_m_v(pp, vpp, m):
-    # Narayanan et al. SC'21 §2.2: bubble = (p-1)/(v·m) of the ideal time. A vocab of 1 makes
-    # the LM head negligible so the ideal time is m stage-times.
-    model = ModelSpec(layers=48, hidden=4096, heads=32, seq_length=2048, vocab=1)
+    # Narayanan et al. SC'21 §2.2: bubble = (p-1)/(v·m) of the ideal time (m stage-times). The LM
+    # head runs once per microbatch on the last stage whatever the depth, so doubling the layers
+    # adds exactly m stage-times of the shallower model: that difference is its ideal time.
     system = load_system("a100-80g", 8 * pp)
-    est = estimate(model, system, Plan(tp=8, pp=pp, dp=1, vpp=vpp, global_batch=m))
-    t = est.time_breakdown_s
-    ideal = t["forward_s"] + t["backward_s"] + t["recompute_s"] + t["tp_comm_exposed_s"] + t["cp_ep_comm_exposed_s"]
-    assert t["pp_bubble_s"] / ideal == pytest.approx((pp - 1) / (vpp * m), rel=1e-3)
+
+    def run(layers):
+        model = ModelSpec(layers=layers, hidden=4096, heads=32, seq_length=2048, vocab=1)
+        t = estimate(model, system, Plan(tp=8, pp=pp, dp=1, vpp=vpp, global_batch=m)).time_breakdown_s
+        ideal = t["forward_s"] + t["backward_s"] + t["recompute_s"] + t["tp_comm_exposed_s"] + t["cp_ep_comm_exposed_s"]
+        return ideal, t["pp_bubble_s"]
+
+    (ideal48, bubble48), (ideal96, _) = run(48), run(96)
+    assert bubble48 / (ideal96 - ideal48) == pytest.approx((pp - 1) / (vpp * m), rel=1e-9)
 
 
 def test_mfu_definition(gpt3, a100):

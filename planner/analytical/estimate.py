@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hardware.spec import SystemSpec
-from planner.analytical import flops
+from planner.analytical import flops, precision
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import PlanArrays, has_layout
 from planner.analytical.time import step_time
@@ -82,7 +82,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     times = step_time(model, system, job, P, mem)
     tokens = P.global_batch * model.seq_length
     gpus = P.tp * P.pp * P.dp * P.cp
-    peak = system.accelerator.peak(job.dtype)
+    peak = system.accelerator.peak(precision.gemm_peak_key(job.dtype))
     model_flops = tokens * flops.model_flops_per_token(model)
     # hardware FLOPs executed: + recomputed layers' forward (full) or attention core (selective)
     layer_fwd = flops.layer_matmul_flops_per_token(model) + flops.attention_core_flops_per_token(model)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, flops
+from planner.analytical import comm, flops, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
@@ -71,8 +71,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     """One layer, one microbatch, one GPU, forward: GEMMs, attention core, element-wise."""
     acc = system.accelerator
     eff = acc.efficiency
-    peak_gemm = acc.peak(job.dtype)
-    peak_attn = acc.peak("bf16" if job.dtype == "fp8" else job.dtype)
+    peak_gemm = acc.peak(precision.gemm_peak_key(job.dtype))
+    peak_attn = acc.peak(precision.high_precision_dtype(job.dtype))
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
@@ -105,9 +105,13 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
                                  + ELEMENTWISE_PASSES_FFN * ffn * topk / t)
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
+    # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
+    # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
+    quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
+        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk) / (1 + BACKWARD_FACTOR)
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm,
-            "elementwise": elem_bytes / hbm + eff.layer_overhead_us * 1e-6}
+            "elementwise": (elem_bytes + quant_bytes) / hbm + eff.layer_overhead_us * 1e-6}
 
 
 def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
@@ -154,10 +158,12 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     # reruns the attention core of every layer (Korthikanti et al. 2022 §5).
     selective = np.where(P.recompute == 1, layer["attention"], 0.0)
 
-    # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward.
+    # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward; outside the
+    # low-precision autocast (Megatron's output layer is not a TE module), so bf16/fp16.
+    head_dtype = precision.high_precision_dtype(job.dtype)
     logit_fwd = _gemm_time(2 * tokens * h * model.vocab / t,
                            np.minimum(np.minimum(tokens, h), model.vocab / t),
-                           acc.peak(job.dtype), eff, job.dtype)
+                           acc.peak(head_dtype), eff, head_dtype)
     # fp32 cross-entropy over the vocabulary shard: softmax and its gradient make
     # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
     ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (

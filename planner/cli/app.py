@@ -1,46 +1,114 @@
-"""`planner`: the typer app. Each sub-command lives in its own module of this package."""
+"""`planner`: the typer app. Each sub-command lives in its own module of this package.
+
+Commands are loaded when they are invoked, not at start: `planner --help` must not pay for
+OR-tools, numpy or rich (issue 10, item 6). COMMANDS holds each command's module and the one
+line `planner --help` shows for it (tests check that every listed command loads from its module).
+"""
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import sys
 
 import typer
+from typer import _click as click  # typer vendors its own click
 from typer.core import TyperGroup
+from typer.exceptions import Abort
 
-from hardware.errors import SpecError
+COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("search", "Search for the fastest plans (CP-SAT over the exact model)."),
+    "check": ("search", "Can this model train on this box? yes + best plan (exit 0) or no + why (exit 1)."),
+    "count": ("search", "Number of valid mappings (memory ignored)."),
+    "presets": ("search", "List model and system presets with their key numbers."),
+    "estimate": ("estimate", "Time and memory of ONE plan under the exact analytical model."),
+    "megatron": ("megatron", "Megatron-LM command-line arguments for a plan."),
+    "checkpoint": ("checkpoint", "Checkpoint size, who writes it, storage bandwidth and the optimal interval."),
+    "sweep": ("sweep", "Best plan at every point of a one- or two-parameter grid; writes CSV + plots."),
+    "validate": ("validate", "Predicted vs measured step time for the published reference runs."),
+}
 
-COMMAND_MODULES = ("search", "estimate", "megatron", "checkpoint", "sweep", "validate")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+EXIT_INTERNAL = 70      # EX_SOFTWARE: a bug in planner, not in the input
 
 
-class _UserErrorsAsOneLine(TyperGroup):
-    """A user mistake (SpecError) anywhere in a command: one line on stderr, exit code 2."""
+def _error(message: str, as_json: bool) -> None:
+    """One line: JSON on stdout under --json (so a pipe still parses), else `error: ...` on stderr."""
+    message = " ".join(str(message).split())
+    if as_json:
+        print(json.dumps({"error": message}))
+    else:
+        print(f"error: {message}", file=sys.stderr)
 
-    def invoke(self, ctx):
+
+class _LazyOneLineGroup(TyperGroup):
+    """Loads a command's module on first use, and turns every failure into one line + exit code:
+    2 for input mistakes (SpecError, bad flag values), 130 for Ctrl-C, 70 for a bug."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name: str):
+        if name not in COMMANDS:
+            return None
+        if name not in self.commands:
+            sub = typer.Typer(add_completion=False)
+            importlib.import_module(f"planner.cli.{COMMANDS[name][0]}").register(sub)
+            built = typer.main.get_command(sub)
+            found = built.commands if isinstance(built, TyperGroup) else {built.name: built}
+            for cmd_name, cmd in found.items():
+                self.commands.setdefault(cmd_name, cmd)
+            if name not in found:  # a module that registers one command under a typer-made name
+                self.commands[name] = next(iter(found.values()))
+        return self.commands[name]
+
+    def format_commands(self, ctx, formatter) -> None:
+        # the one-line summaries without importing every command
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, summary) for name, (_, summary) in COMMANDS.items()])
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        from hardware.errors import SpecError
+
+        argv = list(sys.argv[1:] if args is None else args)
+        as_json = "--json" in argv
         try:
-            return super().invoke(ctx)
+            code = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
+                                standalone_mode=False, **extra)
         except SpecError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
+            _error(err, as_json)
+            code = 2
+        except click.exceptions.ClickException as err:  # bad flag value, unknown option, ...
+            hint = f" (see `{err.ctx.command_path} --help`)" if getattr(err, "ctx", None) else ""
+            _error(f"{err.format_message()}{hint}", as_json)
+            code = err.exit_code
+        except (KeyboardInterrupt, Abort):
+            _error("interrupted", as_json)
+            code = EXIT_INTERRUPTED
+        except Exception as err:  # noqa: BLE001 - a user never sees a traceback, but a bug must stay visible
+            if os.environ.get("PLANNER_DEBUG"):
+                raise
+            _error(f"internal error ({type(err).__name__}: {err}); please report it "
+                   "(PLANNER_DEBUG=1 shows the traceback)", as_json)
+            code = EXIT_INTERNAL
+        code = 0 if code is None else code
+        if standalone_mode:
+            sys.exit(code)
+        return code
 
 
 app = typer.Typer(
-    cls=_UserErrorsAsOneLine, add_completion=False, pretty_exceptions_enable=False,
+    cls=_LazyOneLineGroup, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
     help="Plan tensor/pipeline/data parallelism, batch, recompute and offload for LLM training.\n\n"
-         "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`.")
+         "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`. "
+         "-m/-s take a preset name or a path to a YAML file: a bare preset name always means the "
+         "preset (write ./NAME.yaml for a file of that name). Exit codes: 0 done, 1 no plan fits, "
+         "2 input error, 130 interrupted.")
 
 
 @app.callback()
 def _root() -> None:
     """Plan tensor/pipeline/data parallelism, batch, recompute and offload for LLM training."""
-
-
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"planner.cli.{_name}")
-    except ModuleNotFoundError as exc:  # a command whose module has not landed yet
-        if exc.name != f"planner.cli.{_name}":
-            raise
-        continue
-    _module.register(app)
 
 
 def main() -> None:

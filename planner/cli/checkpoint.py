@@ -2,15 +2,16 @@
 optimal checkpoint interval (Young 1974 / Daly 2006) for one model, system and plan layout."""
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated, Optional
 
 import typer
 
 from hardware.errors import SpecError
+from planner.jsonout import json_text
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report
-from planner.cli.common import DEFAULT_MODEL, DEFAULT_SYSTEM, GpusOpt, JsonOpt, ModelOpt, SystemOpt, load_inputs
+from planner.cli.common import (
+    DEFAULT_MODEL, DEFAULT_SYSTEM, GpusOpt, JsonOpt, ModelOpt, SystemOpt, check_float, load_inputs)
 from planner.plan import make_plan
 
 # Assumption (no single source): an aggregate parallel-file-system write bandwidth of the order
@@ -41,6 +42,21 @@ def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | 
         raise SpecError(f"plan: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} must equal the "
                         f"number of GPUs ({num_gpus})")
     return tp, pp, dp, cp
+
+
+# The rules of the exact model that are about how the model splits (not memory, not the batch):
+# a checkpoint of a layout Megatron cannot build is not a checkpoint at all.
+LAYOUT_RULES = ("heads_tp", "groups_tp", "hidden_tp", "layers_pp", "cp_seq")
+
+
+def refuse_layout_the_model_cannot_split(model, system, plan) -> None:
+    from planner.analytical import estimate
+    from planner.analytical.estimate import RULES
+    broken = [r for r in estimate(model, system, plan).violations if r in LAYOUT_RULES]
+    if broken:
+        raise SpecError(f"plan: {plan.short()} does not split {model.name}: " + "; ".join(
+            f"{RULES[r]} (heads {model.heads}, query groups {model.kv_groups}, layers {model.layers})"
+            if i == 0 else RULES[r] for i, r in enumerate(broken)))
 
 
 def _duration(seconds: float) -> str:
@@ -140,24 +156,26 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Checkpoint size, who writes it, storage bandwidth and the optimal checkpoint interval."""
-        try:
-            if gpu_mtbf_hours is not None and node_mtbf_hours is not None:
-                raise SpecError("mtbf: give either --gpu-mtbf-hours or --node-mtbf-hours, not both")
-            if zero_stage not in (0, 1, 2, 3):
-                raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
-            spec, sysspec = load_inputs(model, system, gpus)
-            t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp)
-            plan = make_plan(tp=t, pp=p, dp=d, cp=c, zero_stage=zero_stage, global_batch=d)
-            report = checkpoint_report(
-                spec, sysspec, plan, write_gb_per_s=write_gb_per_s,
-                read_gb_per_s=write_gb_per_s if read_gb_per_s is None else read_gb_per_s,
-                target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
-                node_mtbf_hours=node_mtbf_hours, restart_s=restart_s,
-                include_optimizer=not weights_only)
-        except SpecError as err:
-            typer.echo(f"error: {err}", err=True)
-            raise typer.Exit(2) from None
+        for flag, value in (("write-gb-per-s", write_gb_per_s), ("read-gb-per-s", read_gb_per_s),
+                            ("target-write-s", target_write_s), ("gpu-mtbf-hours", gpu_mtbf_hours),
+                            ("node-mtbf-hours", node_mtbf_hours)):
+            check_float(flag, value, low=1e-9)  # positive and finite: they divide
+        check_float("restart-s", restart_s, low=0.0)
+        if gpu_mtbf_hours is not None and node_mtbf_hours is not None:
+            raise SpecError("mtbf: give either --gpu-mtbf-hours or --node-mtbf-hours, not both")
+        if zero_stage not in (0, 1, 2, 3):
+            raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
+        spec, sysspec = load_inputs(model, system, gpus)
+        t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp)
+        plan = make_plan(tp=t, pp=p, dp=d, cp=c, zero_stage=zero_stage, global_batch=d)
+        refuse_layout_the_model_cannot_split(spec, sysspec, plan)
+        report = checkpoint_report(
+            spec, sysspec, plan, write_gb_per_s=write_gb_per_s,
+            read_gb_per_s=write_gb_per_s if read_gb_per_s is None else read_gb_per_s,
+            target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
+            node_mtbf_hours=node_mtbf_hours, restart_s=restart_s,
+            include_optimizer=not weights_only)
         if as_json:
-            typer.echo(json.dumps(report.model_dump(), indent=2))
+            typer.echo(json_text(report.model_dump()))
         else:
             render(report)

@@ -17,10 +17,12 @@ DEFAULT_GPUS = 1024
 DEFAULT_BATCH = 1536
 
 ModelOpt = Annotated[str, typer.Option(
-    "--model", "-m", help="Model preset (see `planner presets`), a model YAML file, or a Hugging Face config.json "
-    "(or the model directory holding it).")]
+    "--model", "-m", help="Model preset (see `planner presets`), a path to a model YAML file, or a Hugging Face "
+                          "config.json (or the model directory holding it); a bare preset name always means "
+                          "the preset (write ./NAME for a file of that name).")]
 SystemOpt = Annotated[str, typer.Option(
-    "--system", "-s", help="System preset (see `planner presets`) or a system YAML file.")]
+    "--system", "-s", help="System preset (see `planner presets`) or a path to a system YAML file; a bare "
+                           "preset name always means the preset.")]
 GpusOpt = Annotated[Optional[int], typer.Option(
     "--gpus", "-g", help="Number of GPUs (default: the system preset's count).")]
 SeqOpt = Annotated[Optional[int], typer.Option(
@@ -30,7 +32,7 @@ BatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", "-b", help="Global batch in sequences (fixed).")]
 MaxBatchOpt = Annotated[int, typer.Option(
     "--max-global-batch", help="Largest global batch the search may pick when --global-batch is not given.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16 or fp8.")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), mxfp8 or nvfp4 (Blackwell only).")]
 ReserveOpt = Annotated[float, typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
@@ -42,10 +44,37 @@ TpAcrossNodesOpt = Annotated[bool, typer.Option(
     "--tp-across-nodes", help="Let tensor parallelism leave the NVLink domain (costed on the inter-node network).")]
 
 
+# Upper bounds on what a flag may ask for: far beyond any real job, small enough that the search's
+# domains (one entry per batch, per GPU-count divisor) fit in memory and int64 (CP-SAT).
+MAX_GPUS = 1 << 20             # a million GPUs
+MAX_GLOBAL_BATCH = 1 << 20     # sequences per step (Llama 3 405B used 2,048 sequences of 8K)
+MAX_SEQ_LENGTH = 1 << 24       # tokens
+MAX_TOP = 1000                 # layouts `plan --top` may return
+
+
+def check_int(flag: str, value: int | None, low: int = 1, high: int | None = None) -> None:
+    """A flag's integer within [low, high], or one line naming the flag and the allowed range."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        allowed = f"an integer from {low:,} to {high:,}" if high is not None else f"an integer >= {low}"
+        raise SpecError(f"{flag}: must be {allowed}, got {value}")
+
+
+def check_float(flag: str, value: float | None, low: float = 0.0, high: float | None = None) -> None:
+    """A flag's finite number within [low, high] (NaN and inf refused)."""
+    import math
+    if value is None:
+        return
+    if not math.isfinite(value) or value < low or (high is not None and value > high):
+        allowed = f"a number from {low:g} to {high:g}" if high is not None else f"a finite number >= {low:g}"
+        raise SpecError(f"{flag}: must be {allowed}, got {value}")
+
+
 def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | None = None
                 ) -> tuple[ModelSpec, SystemSpec]:
-    if seq_length is not None and seq_length < 1:
-        raise SpecError(f"seq-length: must be a positive integer, got {seq_length}")
+    check_int("seq-length", seq_length, 1, MAX_SEQ_LENGTH)
+    check_int("gpus", gpus, 1, MAX_GPUS)
     return load_model(model, {"seq_length": seq_length}), load_system(system, gpus)
 
 
@@ -65,8 +94,14 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
         from hardware.errors import read_yaml_mapping
         saved = read_yaml_mapping(Path(plan_file), "plan")
         saved = saved if "plan" in saved else {}
-    return load_inputs(model or saved.get("model") or DEFAULT_MODEL, system or saved.get("system") or DEFAULT_SYSTEM,
-                       gpus or saved.get("gpus"), seq_length or saved.get("seq_length"))
+        for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
+            if key in saved and (not isinstance(saved[key], kind) or isinstance(saved[key], bool)):
+                raise SpecError(f"plan {plan_file}: {key}: expected {kind.__name__}, got {saved[key]!r}")
+
+    def given(flag, key):  # a flag the user gave (0 included: it is refused, never replaced)
+        return flag if flag is not None else saved.get(key)
+    return load_inputs(given(model, "model") or DEFAULT_MODEL, given(system, "system") or DEFAULT_SYSTEM,
+                       given(gpus, "gpus"), given(seq_length, "seq_length"))
 
 
 def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtype: str = "bf16",
@@ -74,6 +109,9 @@ def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtyp
     from pydantic import ValidationError
 
     from hardware.errors import one_line
+    check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
+    check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
+    check_float("hbm-reserve-gib", hbm_reserve_gib, 0.0)
     try:
         return JobSpec(global_batch=global_batch, max_global_batch=max_global_batch, dtype=dtype,
                        hbm_reserve_gib=hbm_reserve_gib, **extra)
@@ -111,26 +149,54 @@ PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence
                    "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
                    "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
 
 
 def given_knobs(options: dict) -> dict:
-    """The plan-knob flags the user gave (not None), checked: no negatives, known recompute."""
+    """The plan-knob flags the user gave (not None), checked: sizes >= 1, fractions in [0, 1],
+    zero stage 0-3, known recompute."""
     knobs = {}
     for knob in PLAN_KNOB_FLAGS:
         value = options.get(knob)
         if value is None:
             continue
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
-            raise SpecError(f"{knob.replace('_', '-')}: must not be negative, got {value}")
+        flag = knob.replace("_", "-")
+        if knob in POSITIVE_KNOBS:
+            check_int(flag, value, 1, MAX_GPUS if knob != "micro_batch" else MAX_GLOBAL_BATCH)
+        elif knob == "zero_stage":
+            check_int(flag, value, 0, 3)
+        elif knob.startswith("offload_"):
+            check_float(flag, value, 0.0, 1.0)
         if knob == "recompute" and value not in RECOMPUTE_CHOICES:
             raise SpecError(f"recompute: unknown {value!r}; allowed: {', '.join(RECOMPUTE_CHOICES)}")
         knobs[knob] = value
     return knobs
 
 
+def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
+    """Pins that no plan can satisfy, said as the rule they break (constraints/space.py encodes the
+    same rules; answering here gives one line instead of an empty search)."""
+    tp, pp = knobs.get("tp"), knobs.get("pp")
+    if knobs.get("sequence_parallel") and tp == 1:
+        raise SpecError("sequence-parallel: needs tp > 1 (got --tp 1); drop one of the two")
+    if knobs.get("tp_comm_overlap"):
+        if knobs.get("sequence_parallel") is False:
+            raise SpecError("tp-comm-overlap: needs sequence parallelism (got --no-sequence-parallel)")
+        if tp == 1:
+            raise SpecError("tp-comm-overlap: needs tp > 1 with sequence parallelism (got --tp 1)")
+    if (knobs.get("vpp") or 1) > 1 and pp == 1:
+        raise SpecError(f"vpp: interleaving (vpp {knobs['vpp']}) needs pp > 1 (got --pp 1)")
+    if framework == "megatron" and (knobs.get("offload_activations") or 0) > 0 and (pp or 1) > 1:
+        raise SpecError(f"offload-activations: Megatron-LM offloads activations only without pipeline "
+                        f"parallelism (got --pp {pp}); use --pp 1 or --framework any")
+    if framework == "megatron" and (knobs.get("offload_weights") or 0) > 0:
+        raise SpecError("offload-weights: not expressible in Megatron-LM; use --framework any")
+
+
 def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | None = None):
     """A Plan from given knobs over `defaults`; dp fills the GPUs left by tp·pp·cp."""
     from planner.plan import make_plan
+    refuse_contradictions(knobs, framework="any")
     fields = {**(defaults or {}), **knobs}
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if fields.get("dp") is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from hardware.errors import SpecError
 from planner.analytical import estimate
@@ -14,7 +13,6 @@ from planner.cli.common import (
     CpOpt,
     DpOpt,
     DpOverlapOpt,
-    DtypeOpt,
     EpOpt,
     GpusOpt,
     JsonOpt,
@@ -25,7 +23,6 @@ from planner.cli.common import (
     PpOpt,
     RecomputeLayersOpt,
     RecomputeOpt,
-    ReserveOpt,
     SavedModelOpt,
     SavedSystemOpt,
     SeqOpt,
@@ -34,12 +31,15 @@ from planner.cli.common import (
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
+    MAX_GLOBAL_BATCH,
+    check_int,
     given_knobs,
     load_inputs_for_plan,
     make_job,
     plan_from_knobs,
 )
 from planner.plan import load_plan
+from planner.planfile import job_for_plan_file
 from planner.report import estimate_json, print_estimate
 
 # What `planner estimate` assumes for knobs the user does not give: the Megatron recipe of the
@@ -53,9 +53,13 @@ def estimate_command(
     system: SavedSystemOpt = None,
     gpus: GpusOpt = None,
     seq_length: SeqOpt = None,
-    global_batch: BatchOpt = DEFAULT_BATCH,
-    dtype: DtypeOpt = "bf16",
-    hbm_reserve_gib: ReserveOpt = 2.0,
+    global_batch: BatchOpt = None,
+    dtype: Annotated[Optional[str], typer.Option(
+        "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), "
+                        "mxfp8 or nvfp4 (Blackwell only); default: the plan file's, else bf16.")] = None,
+    hbm_reserve_gib: Annotated[Optional[float], typer.Option(
+        "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation "
+                                  "(GiB; default: the plan file's, else 2).")] = None,
     plan_file: Annotated[Optional[str], typer.Option(
         "--plan", help="Plan YAML/JSON (e.g. from `planner plan --save`) instead of the flags below.")] = None,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
@@ -64,26 +68,38 @@ def estimate_command(
     offload_weights: OffloadWeightsOpt = None, offload_activations: OffloadActivationsOpt = None,
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
-    flash_attention: Annotated[bool, typer.Option(help="Fused (flash) attention: no s² activations.")] = True,
+    flash_attention: Annotated[Optional[bool], typer.Option(
+        "--flash-attention/--no-flash-attention",
+        help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
 
     Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
+    Exit code 0 when the plan fits, 1 when it does not (memory or a rule), 2 for an input error.
     Example: planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
-    job = make_job(global_batch=None, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib, flash_attention=flash_attention)
     knobs = given_knobs(locals())
+    job = None
     if plan_file:
         if knobs:
             raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
                             f"--{next(iter(knobs)).replace('_', '-')})")
         plan = load_plan(plan_file)
+        if global_batch is not None and global_batch != plan.global_batch:
+            raise SpecError(f"global-batch: {global_batch} differs from the plan file's global_batch "
+                            f"({plan.global_batch}); give one or the other")
+        # cost the plan as it was saved (dtype, reserve, attention), as `planner megatron --plan` does
+        job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
+                                flash_attention=flash_attention)
     else:
-        if global_batch is None or global_batch < 1:
-            raise SpecError(f"global-batch: must be a positive integer, got {global_batch}")
-        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch, ESTIMATE_DEFAULTS)
+        check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
+        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS)
+    if job is None:
+        job = make_job(global_batch=None, dtype=dtype or "bf16",
+                       hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
+                       flash_attention=True if flash_attention is None else flash_attention)
     if plan.gpus != system_spec.num_gpus:
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
@@ -91,7 +107,10 @@ def estimate_command(
     if json_out:
         print(estimate_json(est))
     else:
+        from rich.console import Console
         print_estimate(Console(), model_spec, system_spec, est)
+    if not est.feasible:
+        raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,16 +1,13 @@
 """`planner plan`, `planner check`, `planner count`, `planner presets`: the search from the CLI."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
-from rich.console import Console
-from rich.table import Table
 
 from hardware.errors import SpecError
+from planner.jsonout import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
     DEFAULT_BATCH,
@@ -43,12 +40,15 @@ from planner.cli.common import (
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
+    MAX_GLOBAL_BATCH,
+    MAX_TOP,
+    check_int,
     given_knobs,
+    refuse_contradictions,
     load_inputs,
     make_job,
 )
 from planner.model import load_model, model_preset_names
-from planner.report import TIME_LABELS, describe_plan, print_estimate
 
 GIB = 2**30
 
@@ -60,13 +60,15 @@ Opt = typer.Option
 
 
 def _inputs(o: dict):
-    if o["global_batch"] is not None and o["global_batch"] < 1:
-        raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
-    if o["max_global_batch"] < 1:
-        raise SpecError(f"max-global-batch: must be a positive integer, got {o['max_global_batch']}")
+    check_int("global-batch", o["global_batch"], 1, MAX_GLOBAL_BATCH)
+    check_int("max-global-batch", o["max_global_batch"], 1, MAX_GLOBAL_BATCH)
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
+    if o["free_batch"] and o["global_batch"] is not None:
+        raise SpecError(f"global-batch: --global-batch {o['global_batch']} fixes the batch and --free-batch "
+                        "lets the search pick it; give one (use --max-global-batch to cap a free batch)")
     gb = None if o["free_batch"] else (o["global_batch"] or DEFAULT_BATCH)
     pins = given_knobs(o)
+    refuse_contradictions(pins, o["framework"])
     max_gb = max(o["max_global_batch"], gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
@@ -77,6 +79,7 @@ def _inputs(o: dict):
 
 def _why_lost(best, alt, seq: int, free: bool) -> str:
     """The biggest time-component differences of `alt` vs `best`, per token or per step."""
+    from planner.report import TIME_LABELS
     nb = best.plan.global_batch * seq if free else 1.0
     na = alt.plan.global_batch * seq if free else 1.0
     diffs = []
@@ -184,7 +187,7 @@ def register(app: typer.Typer) -> None:
         model_spec, system_spec, job = _inputs(o)
         n = count(model_spec, system_spec, job)
         if json_out:
-            print(json.dumps({"model": model_spec.name, "system": system_spec.name,
+            print(json_text({"model": model_spec.name, "system": system_spec.name,
                               "gpus": system_spec.num_gpus, "mappings": n,
                               "global_batch": job.global_batch, "max_global_batch": job.max_global_batch}))
         else:
@@ -198,16 +201,19 @@ def register(app: typer.Typer) -> None:
         models = [load_model(n) for n in model_preset_names()]
         systems = [load_system(n) for n in system_preset_names()]
         if json_out:
-            print(json.dumps({
+            print(json_text({
                 "models": [{"name": m.name, "params": m.num_params, "layers": m.layers, "hidden": m.hidden,
                             "heads": m.heads, "kv_groups": m.kv_groups, "seq_length": m.seq_length,
                             "experts": m.moe.num_experts if m.moe else None} for m in models],
                 "systems": [{"name": s.name, "accelerator": s.accelerator.name, "gpus": s.num_gpus,
                              "gpus_per_node": s.gpus_per_node, "hbm_gib": s.accelerator.hbm_capacity_gib,
-                             "nvlink_domain": s.nvlink_domain_gpus,
+                             "nvlink_domain": s.nvlink_domain_gpus, "peak_flops": s.accelerator.peak_flops,
+                             "source": s.source,
                              "offload_gib": s.offload.capacity_gib if s.offload else None} for s in systems]},
                 indent=2))
             return
+        from rich.console import Console
+        from rich.table import Table
         console = Console()
         t = Table(title="Model presets (--model)")
         for col in ("name", "params (B)", "layers", "hidden", "heads", "kv groups", "ffn", "seq", "MoE"):
@@ -225,6 +231,9 @@ def register(app: typer.Typer) -> None:
             t.add_row(s.name, s.accelerator.name, str(s.num_gpus), str(s.gpus_per_node), str(s.nvlink_domain_gpus),
                       f"{s.accelerator.hbm_capacity_gib:g}", f"{s.accelerator.peak_flops.get('bf16', 0) / 1e12:,.0f}", off)
         console.print(t)
+        for s in systems:  # where each system's figures come from (details in hardware/presets/*.yaml)
+            dtypes = ", ".join(sorted(k for k in s.accelerator.peak_flops if k not in ("fp32", "tf32")))
+            console.print(f"{s.name}: {dtypes}; source: {s.source or '-'}", soft_wrap=True)
 
     app.command("plan")(plan_command)
     app.command("check")(check_command)
@@ -234,18 +243,21 @@ def register(app: typer.Typer) -> None:
 
 def _plan(o: dict) -> None:
     from planner.search import plan as search
-    if o["top"] < 1:
-        raise SpecError(f"top: must be a positive integer, got {o['top']}")
+    check_int("top", o["top"], 1, MAX_TOP)
     if o["save"] is not None and o["save"].exists():
         raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it")
     model, system, job = _inputs(o)
     result = search(model, system, job, top_k=o["top"])
     free = job.global_batch is None
     if o["json_out"]:
-        print(json.dumps({"model": model.name, "system": system.name, "gpus": system.num_gpus,
+        print(json_text({"model": model.name, "system": system.name, "gpus": system.num_gpus,
                           "objective": result.objective, "plans": [_plan_json(r) for r in result.ranked],
-                          "stats": result.stats}, indent=2, default=float))
+                          "stats": result.stats}))
     else:
+        from rich.console import Console
+        from rich.table import Table
+
+        from planner.report import print_estimate
         console = Console()
         if result.best is None:
             console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
@@ -278,6 +290,7 @@ def _plan(o: dict) -> None:
         from planner.planfile import plan_file_data
         data = plan_file_data(result.best.plan, o["model"], o["system"], model, system, job,
                               step_time_s=result.best.estimate.step_time_s, objective=result.objective)
+        import yaml
         try:
             with open(o["save"], "x") as handle:
                 yaml.safe_dump(data, handle, sort_keys=False)
@@ -296,11 +309,14 @@ def _check(o: dict) -> int:
     model, system, job = _inputs(o)
     res = check(model, system, job)
     if o["json_out"]:
-        print(json.dumps({"feasible": res.feasible, "model": model.name, "system": system.name,
+        print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
                           "gpus": system.num_gpus,
                           "best": _plan_json(res.best) if res.best else None, "reasons": res.reasons,
-                          "binding_rules": res.binding_rules, "numbers": res.numbers}, indent=2, default=float))
+                          "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
+    from rich.console import Console
+
+    from planner.report import describe_plan
     console = Console()
     if res.feasible:
         console.print(f"[bold green]yes[/bold green]: {model.name} trains on {system.num_gpus}× "

@@ -1,7 +1,6 @@
 """`planner sweep`: the best plan over a one- or two-parameter grid -> CSV + PNG/SVG plot."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Annotated, Optional
@@ -12,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from hardware.errors import SpecError
+from planner.jsonout import json_text
 from planner.cli.common import (
     DtypeOpt,
     FrameworkOpt,
@@ -27,12 +27,14 @@ from planner.cli.common import (
 from planner.sweep import (
     ALLOWED,
     Axis,
+    PointLog,
     SweepSpec,
     build_points,
     columns,
     default_workers,
     output_paths,
     plot,
+    point_key,
     refuse_overwrite,
     run_points,
     write_csv,
@@ -93,13 +95,16 @@ def register(app: typer.Typer) -> None:
         ray: Annotated[Optional[str], Opt(
             "--ray", help="Run the grid on an existing Ray cluster at this address (needs `pip install ray`).")] = None,
         name: Annotated[str, Opt("--name", help="Base name of the output files.")] = "sweep",
-        force: Annotated[bool, Opt("--force", help="Overwrite existing output files.")] = False,
+        force: Annotated[bool, Opt("--force", help="Overwrite existing output files and start over (no resume).")] = False,
         explain: Annotated[bool, Opt("--explain/--no-explain",
                                      help="At infeasible points run `check` to say why (slower).")] = True,
         time_limit_s: Annotated[float, Opt("--time-limit", help="CP-SAT time limit per grid point (s).")] = 30.0,
         json_out: JsonOpt = False,
     ) -> None:
         """Best plan at every point of a grid of one or two varied parameters; writes CSV + PNG/SVG.
+
+        Each finished point is appended to OUT/NAME.points.jsonl at once: a sweep that is stopped
+        (Ctrl-C, exit 130) or killed resumes where it stopped when rerun with the same inputs.
 
         Example: planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
         """
@@ -112,7 +117,12 @@ def register(app: typer.Typer) -> None:
         if out.exists() and not out.is_dir():
             raise SpecError(f"out: {out} exists and is not a folder")
         paths = output_paths(out, name)
-        refuse_overwrite(paths, force)
+        log_path = out / f"{name}.points.jsonl"
+        resuming = log_path.is_file() and not force
+        # Outputs a resumed sweep left half-written (killed while plotting) are its own to replace.
+        ours = {k for k, v in paths.items() if v.exists()} if resuming else set()
+        if not resuming:
+            refuse_overwrite(paths, force)
         if ray:
             from planner.sweep import import_ray
             import_ray()
@@ -123,23 +133,43 @@ def register(app: typer.Typer) -> None:
         spec = SweepSpec.build(model=model, system=system, gpus=gpus, seq_length=seq_length, job=job,
                                axes=axes, time_limit_s=time_limit_s, explain=explain)
         points = build_points(spec)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(f"out: cannot create the folder {out} ({exc.strerror})") from None
+        log = PointLog(log_path, spec, force)  # fails here, before any work, if unwritable
+        order = {point_key(p.params): p.index for p in points}
+        todo = [p for p in points if point_key(p.params) not in log.done]
         err = Console(stderr=True)
+        if len(todo) < len(points):
+            err.print(f"resuming: {len(points) - len(todo)} of {len(points)} points already done ({log.path})")
+        params_of = {p.index: p.params for p in todo}
         with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       TextColumn("{task.description}"), console=err, transient=False) as progress:
-            task = progress.add_task("", total=len(points))
+            task = progress.add_task("", total=len(points), completed=len(points) - len(todo))
 
             def tick(row: dict) -> None:
+                log.add(row, params_of[row["_index"]])  # on disk as soon as it is done
                 point = ", ".join(f"{n}={row[n]}" for n in spec.names)
                 progress.update(task, advance=1, description=point)
 
-            rows = run_points(points, workers if workers is not None else default_workers(), ray, tick)
-        out.mkdir(parents=True, exist_ok=True)
-        refuse_overwrite(paths, force)  # again: the sweep may have run for minutes
+            new_rows = run_points(todo, workers if workers is not None else default_workers(), ray, tick) \
+                if todo else []
+        old_rows = [{k: v for k, v in r.items() if k != "_params"} | {"_key": point_key(r["_params"])}
+                    for r in log.done.values()]
+        new_rows = [r | {"_key": point_key(params)} for r, params in
+                    zip(new_rows, [p.params for p in sorted(todo, key=lambda p: p.index)])]
+        rows = sorted(old_rows + new_rows, key=lambda r: order[r["_key"]])
+        for r in rows:
+            r.pop("_key")
+        # again: the sweep may have run for minutes, and someone may have written there meanwhile
+        refuse_overwrite({k: v for k, v in paths.items() if k not in ours}, force)
         write_csv(rows, spec, paths["csv"])
         plot(rows, spec, out / name)
+        log.close(remove=True)  # the CSV now holds every point
         if json_out:
-            print(json.dumps({"columns": columns(spec), "rows": _json_rows(rows),
-                              "files": {k: str(v) for k, v in paths.items()}}, indent=2))
+            print(json_text({"columns": columns(spec), "rows": _json_rows(rows),
+                              "files": {k: str(v) for k, v in paths.items()}}))
             return
         console = Console()
         console.print(_summary_table(rows, spec))

@@ -1,54 +1,117 @@
 """`planner validate`: the analytical model against published measured runs."""
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
+
+from hardware.errors import SpecError
+
+from planner.jsonout import json_text
 from rich.console import Console
 from rich.table import Table
 
-from planner.calibration import DEFAULT_REFERENCE, accuracy_rows, load_reference, summarize
+from planner.calibration import DEFAULT_REFERENCES, accuracy_rows, load_reference, summarize
+
+GROUP_KEYS = (("source", "by source"), ("kind", "dense / MoE"), ("gpu", "by accelerator"),
+              ("framework", "by framework"), ("family", "by model family"))
+
+
+def _lofo_rows(cases, rows: list[dict]) -> list[dict]:
+    from planner import fit  # imported here: only --lofo needs it
+    prepared = fit.prepare(cases)
+    lofo = fit.lofo_predictions(prepared, fit.fit_all(prepared))
+    return [{**r, "predicted_s": lofo[r["id"]], "error": lofo[r["id"]] / r["measured_s"] - 1.0} for r in rows]
+
+
+def _load_checked(references: list[str] | None):
+    """load_reference behind a guard: whatever file the user names (empty, binary, a folder, a
+    model YAML) is refused in one line before the loader sees it."""
+    from pathlib import Path
+
+    from hardware.errors import SpecError, read_yaml_mapping
+    for path in map(Path, references or ()):
+        if path.exists():
+            data = read_yaml_mapping(path, "reference")
+            records = data.get("records")
+            if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
+                raise SpecError(f"reference {path}: expected a measured-runs file (a `records:` list of runs, "
+                                f"like ../shared/reference/measured_runs.yaml)")
+    try:
+        return load_reference(references or None)
+    except SpecError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise SpecError(f"reference: a record is not a measured run ({type(exc).__name__}: {exc})") from None
 
 
 def register(app: typer.Typer) -> None:
     @app.command(name="validate")
     def validate(
-        reference: Annotated[str, typer.Option(help="measured_runs.yaml to compare against.")] = str(DEFAULT_REFERENCE),
-        source: Annotated[Optional[str], typer.Option(help="Only rows whose id starts with this (e.g. dgxc, narayanan2021).")] = None,
+        reference: Annotated[Optional[list[str]], typer.Option(
+            help="Reference YAML file(s) to compare against (repeatable); default: the three packaged files "
+                 "(planner/data/reference).")] = None,
+        source: Annotated[Optional[str], typer.Option(help="Only rows whose id starts with this (e.g. dgxc, narayanan2021, bridge).")] = None,
         rows_out: Annotated[bool, typer.Option("--rows/--summary", help="Print every row, or only the summary.")] = True,
+        lofo: Annotated[bool, typer.Option("--lofo", help="Also leave-one-model-family-out: refit the efficiency "
+                                           "parameters without each family and predict it (about a minute on 2 cores).")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="Machine-readable rows and summary.")] = False,
     ) -> None:
         """Predicted vs measured step time for every reference run the model can express.
 
-        Prints per-row error, then mean |error| and max by source and by accelerator. Rows the
-        model cannot express (no published layout, no preset for the GPU) are listed as skipped.
+        Prints per-row error, then mean |error| and max by source, dense/MoE, accelerator,
+        framework and model family (with --lofo also the leave-one-family-out error beside the
+        in-sample one), then how many records were read and why each skipped one was skipped.
+
+        Example: planner validate --summary --lofo
         """
-        cases, skipped = load_reference(reference)
+        cases, skipped = _load_checked(reference)
         if source:
+            all_cases = cases
             cases = [c for c in cases if c.id.startswith(source)]
+            if not cases:
+                prefixes = sorted({c.id.split("_")[0].split("-")[0] for c in all_cases})
+                raise SpecError(f"source: no reference run id starts with {source!r}; ids start with e.g. "
+                                f"{', '.join(prefixes[:12])}")
         rows = accuracy_rows(cases)
-        by_source, by_gpu, by_fw = summarize(rows, "source"), summarize(rows, "gpu"), summarize(rows, "framework")
+        lofo_rows = _lofo_rows(cases, rows) if lofo else None
+        summaries = {key: summarize(rows, key) for key, _ in GROUP_KEYS}
+        lofo_summaries = {key: summarize(lofo_rows, key) for key, _ in GROUP_KEYS} if lofo_rows else None
         if json_out:
-            print(json.dumps({"rows": rows, "by_source": by_source, "by_gpu": by_gpu, "by_framework": by_fw,
-                              "skipped": [s.__dict__ for s in skipped]}, indent=2))
+            out = {"rows": rows, "summary": summaries, "skipped": [s.__dict__ for s in skipped],
+                   "read": len(cases), "files": [str(p) for p in (reference or DEFAULT_REFERENCES)]}
+            if lofo_rows:
+                out["lofo_rows"], out["lofo_summary"] = lofo_rows, lofo_summaries
+            print(json_text(out))
             return
         console = Console(width=200)
         if rows_out:
             table = Table(title="Predicted vs measured step time", show_edge=False)
-            for col, just in (("run", "left"), ("GPUs", "right"), ("dtype", "left"), ("plan", "left"),
-                              ("measured s", "right"), ("predicted s", "right"), ("error", "right"),
-                              ("assumed", "left")):
-                table.add_column(col, justify=just)
-            for r in rows:
-                table.add_row(r["id"], str(r["gpus"]), r["dtype"], r["plan"], f"{r['measured_s']:.2f}",
-                              f"{r['predicted_s']:.2f}", f"{r['error']:+.1%}", "; ".join(r["assumptions"]))
+            cols = ["run", "GPUs", "dtype", "plan", "measured s", "predicted s", "error"]
+            cols += ["LOFO error"] if lofo_rows else []
+            for col in cols + ["assumed"]:
+                table.add_column(col, justify="left" if col in ("run", "dtype", "plan", "assumed") else "right")
+            for i, r in enumerate(rows):
+                cells = [r["id"], str(r["gpus"]), r["dtype"], r["plan"], f"{r['measured_s']:.2f}",
+                         f"{r['predicted_s']:.2f}", f"{r['error']:+.1%}"]
+                cells += [f"{lofo_rows[i]['error']:+.1%}"] if lofo_rows else []
+                table.add_row(*cells, "; ".join(r["assumptions"]))
             console.print(table)
-        for title, summary in (("by source", by_source), ("by accelerator", by_gpu), ("by framework", by_fw)):
-            table = Table(title=f"Accuracy {title}", show_edge=False)
-            for col in ("group", "rows", "mean |error|", "max |error|"):
+        for key, title in GROUP_KEYS:
+            table = Table(title=f"Accuracy {title}" + (" (in-sample | leave-one-family-out)" if lofo_rows else ""),
+                          show_edge=False)
+            cols = ["group", "rows", "fitted", "mean |error|", "max |error|"]
+            cols += ["LOFO mean", "LOFO max"] if lofo_rows else []
+            for col in cols:
                 table.add_column(col, justify="left" if col == "group" else "right")
-            for name, s in summary.items():
-                table.add_row(name, str(s["rows"]), f"{s['mean_abs_error']:.1%}", f"{s['max_abs_error']:.1%}")
+            for name, s in summaries[key].items():
+                fitted = sum(1 for r in rows if r["fitted"] and (name == "all" or str(r[key]) == name))
+                cells = [name, str(s["rows"]), str(fitted), f"{s['mean_abs_error']:.1%}", f"{s['max_abs_error']:.1%}"]
+                if lofo_summaries:
+                    ls = lofo_summaries[key][name]
+                    cells += [f"{ls['mean_abs_error']:.1%}", f"{ls['max_abs_error']:.1%}"]
+                table.add_row(*cells)
             console.print(table)
-        console.print(f"skipped {len(skipped)} records: " + "; ".join(f"{s.id} ({s.reason})" for s in skipped))
+        console.print(f"read {len(cases) + len(skipped)} records: {len(cases)} compared, {len(skipped)} skipped")
+        for s in skipped:
+            console.print(f"  skipped {s.id}: {s.reason}", soft_wrap=True)

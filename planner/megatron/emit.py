@@ -71,6 +71,64 @@ def recompute_layers_per_chunk(plan: Plan, model: ModelSpec) -> int:
     return min(plan.recompute_num_layers // plan.vpp, per_chunk)
 
 
+def attention_args(model: ModelSpec) -> list[Arg]:
+    """The attention the model costs, beyond heads and groups: the head width when it is not
+    hidden/heads (Qwen3, GPT-OSS), q/k norms, and multi-latent attention. Megatron names the MLA
+    widths after the checkpoint's (arguments.py _add_mla_args): --qk-head-dim is the no-position
+    part (DeepSeek's qk_nope_head_dim), --qk-pos-emb-head-dim the decoupled RoPE part."""
+    a: list[Arg] = []
+    if model.mla is not None:
+        # Megatron's MLA uses YaRN RoPE; --rotary-scaling-factor keeps its default 1.0, at which
+        # YaRN is plain RoPE (equal interpolated and extrapolated frequencies, mscale 1:
+        # yarn_rotary_pos_embedding.py), as DeepSeek-V3 pre-trains at 4K.
+        mla = model.mla
+        a.append(("--multi-latent-attention", None))
+        if mla.q_lora_rank is not None:  # Megatron's default None: queries not compressed
+            a.append(("--q-lora-rank", str(mla.q_lora_rank)))
+        a += [("--kv-lora-rank", str(mla.kv_lora_rank)), ("--qk-head-dim", str(mla.qk_nope_head_dim)),
+              ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)), ("--v-head-dim", str(mla.v_head_dim))]
+    elif model.hidden % model.heads or model.head_dim != model.hidden // model.heads:
+        # Megatron's default kv_channels is hidden // heads (arguments.py validate_args)
+        a.append(("--kv-channels", str(model.head_dim)))
+    if model.qk_norm:
+        a.append(("--qk-layernorm", None))  # Megatron applies --normalization to q and k heads
+    return a
+
+
+def moe_layer_pattern(model: ModelSpec) -> str:
+    """--moe-layer-freq as Megatron's Python-list pattern (arguments.py moe_freq_type: 1 = MoE
+    layer, 0 = dense): the model's leading dense layers, then MoE layers."""
+    k = model.moe.first_dense_layers
+    return f"([0]*{k}+[1]*{model.layers - k})"
+
+
+def moe_args(model: ModelSpec) -> list[Arg]:
+    """The experts as the model costs them (empty for dense models)."""
+    moe = model.moe
+    if moe is None:
+        return []
+    a: list[Arg] = [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
+                    ("--moe-ffn-hidden-size", str(model.expert_ffn_hidden))]
+    if moe.first_dense_layers:
+        a.append(("--moe-layer-freq", moe_layer_pattern(model)))
+    if moe.shared_experts:
+        # Megatron builds the shared experts as ONE MLP of the summed width (transformer_config.py
+        # moe_shared_expert_intermediate_size); same weights and FLOPs as n MLPs of width w.
+        a.append(("--moe-shared-expert-intermediate-size",
+                  str(moe.shared_experts * model.shared_expert_ffn_hidden)))
+    if moe.capacity_factor is not None:
+        # Tokens over capacity are dropped by lowest router probability (Megatron's default
+        # policy, emitted so it cannot change). No --moe-pad-expert-input-to-capacity: padding
+        # would run capacity_factor x the top_k tokens the model costs through every expert.
+        a += [("--moe-expert-capacity-factor", f"{moe.capacity_factor:g}"),
+              ("--moe-token-drop-policy", "probs")]
+    # The model costs an all-to-all dispatch and grouped expert GEMMs (time.py); Megatron's
+    # defaults are the allgather dispatcher and one GEMM per expert.
+    a += [("--moe-token-dispatcher-type", "alltoall"), ("--moe-grouped-gemm", None),
+          ("--moe-router-dtype", "fp32")]  # the router is not costed; fp32 as NVIDIA's recipes
+    return a
+
+
 def cuda_max_connections(plan: Plan) -> tuple[dict[str, str], list[str]]:
     """(exported env, unset env). Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is unset or
     > 1 (arguments.py); everything else runs with 1 (required with tp/cp > 1 before Blackwell,
@@ -116,15 +174,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     dropout = DROPOUT_PROBABILITY if model.dropout else 0.0
     add("--attention-dropout", f"{dropout:g}")
     add("--hidden-dropout", f"{dropout:g}")
-    if model.moe is not None:
-        add("--num-experts", model.moe.num_experts)
-        add("--moe-router-topk", model.moe.top_k)
-        add("--moe-ffn-hidden-size", model.expert_ffn_hidden)
-        # The model costs an all-to-all dispatch and grouped expert GEMMs (time.py); Megatron's
-        # defaults are the allgather dispatcher and one GEMM per expert.
-        add("--moe-token-dispatcher-type", "alltoall")
-        add("--moe-grouped-gemm")
-        add("--moe-router-dtype", "fp32")  # the router is not costed; fp32 as NVIDIA's recipes
+    a.extend(attention_args(model))
+    a.extend(moe_args(model))
+    if model.mtp_layers:
+        add("--mtp-num-layers", model.mtp_layers)  # DeepSeek-V3 §2.2 modules, costed in flops.py
 
     # Parallelism (MA 3): DP is derived by Megatron from WORLD_SIZE, never emitted.
     add("--tensor-model-parallel-size", plan.tp)

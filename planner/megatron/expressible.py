@@ -66,6 +66,9 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     reasons += layout_not_expressible(plan, layers)  # uneven layouts: pipeline_layout.py (issue 8)
     if model.heads % plan.tp:  # MA 2b
         reasons.append(f"heads ({model.heads}) must be a multiple of tp ({plan.tp})")
+    if model.mla is not None and model.kv_groups < model.heads:  # arguments.py validate_args
+        reasons.append("query_groups: Megatron's multi-latent attention has no query groups "
+                       f"(got {model.kv_groups} for {model.heads} heads)")
     g = model.kv_groups
     if g < model.heads and g % plan.tp and plan.tp % g:  # MA 2b
         reasons.append(f"query_groups ({g}) must be a multiple or divisor of tp ({plan.tp})")
@@ -79,6 +82,11 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         if (plan.dp * plan.cp) % plan.ep:
             reasons.append(f"ep: world size must be divisible by tp*ep*pp, i.e. dp*cp ({plan.dp * plan.cp}) "
                            f"by ep ({plan.ep})")
+    etp = getattr(plan, "etp", None) or plan.tp  # Megatron's default expert TP is tp
+    if model.moe is not None and model.biases and etp > 1:
+        # transformer_config.py: "Bias in Moe is only supported when ETP==1" (GPT-OSS has biases)
+        reasons.append(f"tp: Megatron's MoE layers with biases need expert tensor parallel 1, got {etp} "
+                       "(expert TP defaults to tp)")
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         # Megatron-core MoE: "When using MoE and tensor parallelism, sequence parallelism must be
         # used." (not in MA; kept as a conservative rule for emission only).

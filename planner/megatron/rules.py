@@ -29,6 +29,7 @@ def _build_parser() -> _Parser:
                  "--bf16", "--fp16", "--use-megatron-fsdp", "--mock-data", "--moe-grouped-gemm",
                  "--init-model-with-meta-device", "--fp8-param-gather", "--grad-reduce-in-bf16",
                  "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput",
+                 "--multi-latent-attention", "--qk-layernorm",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
@@ -44,7 +45,9 @@ def _build_parser() -> _Parser:
             "--context-parallel-size": 1, "--micro-batch-size": None, "--global-batch-size": None,
             "--recompute-num-layers": None, "--cpu-offloading-num-layers": 0, "--vocab-size": None,
             "--make-vocab-size-divisible-by": 128, "--manual-gc-interval": 0, "--log-interval": 100,
-            "--save-interval": None}
+            "--save-interval": None, "--q-lora-rank": None, "--kv-lora-rank": 32, "--qk-head-dim": 128,
+            "--qk-pos-emb-head-dim": 64, "--v-head-dim": 128, "--moe-shared-expert-intermediate-size": None,
+            "--mtp-num-layers": None}
     for name, default in ints.items():
         p.add_argument(name, type=int, default=default)
     choices = {"--recompute-granularity": ("full", "selective"),
@@ -59,11 +62,14 @@ def _build_parser() -> _Parser:
                "--fp4-format": ("e2m1",), "--fp4-recipe": ("nvfp4", "custom"),
                "--moe-token-dispatcher-type": ("allgather", "alltoall", "flex"),
                "--moe-router-dtype": ("fp32", "fp64"),
+               "--moe-token-drop-policy": ("probs", "position"),
                "--cross-entropy-fusion-impl": ("native", "te"),
                "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
     for name, allowed in choices.items():
         p.add_argument(name, choices=allowed, default=None)
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
+    p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    p.add_argument("--moe-layer-freq", default="1")  # an int or a Python-list pattern
     p.add_argument("--attention-dropout", type=float, default=0.1)
     p.add_argument("--hidden-dropout", type=float, default=0.1)
     # Free-form values (placeholders in the script may hold unexpanded "$VARS").
@@ -116,6 +122,8 @@ MSG_FP8_PARAM_GATHER = ("--fp8-param-gather only supported with distributed opti
 MSG_FP4_FP8 = "--fp4-format and --fp8-format cannot be used simultaneously. Please choose one."
 MSG_CE_TE = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. Use "
              "--cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
+MSG_MOE_BIAS_ETP = "Bias in Moe is only supported when ETP==1"
+MSG_MLA_GQA = "Group query attention is mutually exclusive with multi latent attention."
 MSG_CPU_OFFLOAD_RECOMPUTE = "CPU offloading does not work when activation recomputation is enabled"
 
 
@@ -271,6 +279,10 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     if a.fp16 and a.bf16:
         err(MSG_FP16_BF16)
 
+    # arguments.py: MLA has its own key/value compression, no query groups.
+    if a.multi_latent_attention and a.group_query_attention:
+        err(MSG_MLA_GQA)
+
     # MA 2a: heads and hidden (bare assert, only without --kv-channels).
     if a.kv_channels is None and a.hidden_size % a.num_attention_heads:
         err(f"hidden_size ({a.hidden_size}) must be divisible by num_attention_heads "
@@ -339,6 +351,8 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
 
     # MA 2c: expert grid (etp defaults to tp).
     etp = a.expert_tensor_parallel_size or tp
+    if a.num_experts is not None and not a.disable_bias_linear and etp != 1:  # transformer_config.py
+        err(MSG_MOE_BIAS_ETP)
     grid = etp * ep * pp
     if world_size % grid:
         err(f"world_size ({world_size}) is not divisible by expert_tensor_model_pipeline_parallel "

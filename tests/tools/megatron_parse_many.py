@@ -18,6 +18,17 @@ checker.NS_FIELDS += [f for f in ("fp4", "fp4_recipe", "optimizer_offload_fracti
                                   "init_model_with_meta_device", "save_interval", "log_throughput",
                                   "log_interval", "make_vocab_size_divisible_by", "manual_gc_interval",
                                   "save", "load") if f not in checker.NS_FIELDS]
+# TransformerConfig fields of the model's shape beyond the checker's list (MLA, q/k norms,
+# shared experts, dense/MoE layer pattern, MTP, capacity) and what GPT-OSS would need.
+checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_lora_rank", "qk_head_dim",
+                                   "qk_pos_emb_head_dim", "v_head_dim", "qk_layernorm",
+                                   "moe_shared_expert_intermediate_size", "moe_layer_freq", "mtp_num_layers",
+                                   "moe_expert_capacity_factor", "moe_token_drop_policy",
+                                   "moe_pad_expert_input_to_capacity", "softmax_type", "window_size",
+                                   "glu_linear_offset", "activation_func_clamp_value", "add_qkv_bias",
+                                   "normalization", "position_embedding_type", "seq_length", "rope_type",
+                                   "rotary_scaling_factor", "original_max_position_embeddings")
+                       if f not in checker.CFG_FIELDS]
 
 
 def _child(case: dict, write_fd: int) -> None:

@@ -1,0 +1,56 @@
+"""What each compute dtype means for time: which peak its GEMMs use, which GEMMs run in it, and
+what its scaling (quantisation) passes cost.
+
+Which GEMMs: Transformer Engine's autocast covers the linear layers of the transformer block
+(QKV, attention projection, MLP/expert FC1 and FC2); the attention core (softmax(QK^T)V) and the
+LM head (Megatron's output layer is not a TE module) stay in bf16 (fp16 with fp16 training).
+
+Scaling overhead: before a GEMM can run in 8 or 4 bits, each input is read in 16 bits and written
+in the low-precision format, once row-wise (forward / dgrad operand) and once column-wise (wgrad
+operand), plus its scales. Memory-bound, so it costs bytes / (HBM bandwidth · hbm_efficiency).
+Bytes per quantised element, from the recipes' definitions:
+- fp8 (delayed scaling): read 2 + write 1 + 1; the amax is recorded in the same cast kernel and
+  used next step (TE docs, "Using FP8 with Transformer Engine": DelayedScaling, amax history).
+- fp8-cs (per-tensor current scaling): the tensor's own amax is needed before the cast, one more
+  2-byte read (TE Float8CurrentScaling).
+- mxfp8: one E8M0 scale per 32 elements computed inside the cast, row- and column-wise blocks
+  (OCP Microscaling Formats (MX) Specification v1.0, §5: block size 32, 8-bit shared scale).
+- nvfp4: FP4 E2M1 values (0.5 B) with one E4M3 scale per 16 elements, and a second-level fp32
+  per-tensor scale that needs a global amax pass (NVIDIA, "Pretraining LLMs with NVFP4",
+  arXiv:2509.25149 §2; TE NVFP4BlockScaling).
+Weight casts happen once per step (TE caches them across microbatches) and are not charged.
+"""
+from __future__ import annotations
+
+# Accelerator peak used by the block's GEMMs (hardware.spec.Dtype keys).
+GEMM_PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8",
+                 "nvfp4": "nvfp4"}
+
+QUANTISE_BYTES_PER_ELEMENT = {
+    "bf16": 0.0,
+    "fp16": 0.0,
+    "fp8": 2.0 + 1.0 + 1.0,
+    "fp8-cs": 2.0 + 2.0 + 1.0 + 1.0,
+    "mxfp8": 2.0 + 1.0 + 1.0 + 2 * 1.0 / 32,
+    "nvfp4": 2.0 + 2.0 + 0.5 + 0.5 + 2 * 1.0 / 16,
+}
+
+
+def gemm_peak_key(dtype: str) -> str:
+    return GEMM_PEAK_KEY[dtype]
+
+
+def high_precision_dtype(dtype: str) -> str:
+    """Dtype of the GEMMs left out of low-precision autocast (attention core, LM head)."""
+    return "fp16" if dtype == "fp16" else "bf16"
+
+
+def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float, ffn: float,
+                                 rows_per_token: float) -> float:
+    """Elements quantised per token and layer, forward + backward (whole layer, before TP split):
+    forward the inputs of QKV, projection, FC1 (h each) and FC2 (ffn); backward the output
+    gradients of QKV (qkv_width), projection (h), FC1 (mlp_width) and FC2 (h). MLP terms count
+    once per routed copy of the token (`rows_per_token` = top-k for MoE)."""
+    attention = (hidden + hidden) + (qkv_width + hidden)
+    mlp = (hidden + ffn) + (mlp_width + hidden)
+    return attention + rows_per_token * mlp

@@ -1,0 +1,154 @@
+"""Fit the few compute-efficiency parameters of each accelerator to the published runs, and the
+leave-one-model-family-out (LOFO) check of how well that fit generalises.
+
+Used by `bench/calibrate.py` (writes the presets) and `planner validate --lofo`. Minimises the mean
+|log(predicted/measured)| step time over the fitted rows (reference.FITTED_FRAMEWORKS) of each fit
+group by coordinate descent (golden-section per parameter). Only named physical parameters are
+fitted, each within physical bounds (0 < efficiency <= 1); no per-row factors. A group with few
+rows fits fewer parameters (one per FIT_ROWS_PER_PARAMETER rows, in PARAMETER_PRIORITY order);
+the rest keep their preset values.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.analytical import PlanArrays
+from planner.analytical.memory import memory_breakdown
+from planner.analytical.time import step_time
+from planner.reference import RefCase
+
+BOUNDS = {"matmul_max": (0.3, 0.98), "matmul_max_fp8": (0.2, 0.98), "matmul_half_dim": (0.0, 1024.0),
+          "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0), "layer_overhead_us": (0.0, 2000.0)}
+PARAMETER_PRIORITY = ("matmul_max", "matmul_max_fp8", "hbm_efficiency", "layer_overhead_us",
+                      "matmul_half_dim", "attention_max")
+FIT_ROWS_PER_PARAMETER = 5
+# Fit group (the accelerator whose rows are fitted) -> accelerators that take its parameters.
+FIT_GROUPS = {
+    "A100-SXM4-80GB": ("A100-SXM4-80GB", "A100-SXM4-40GB"),
+    "H100-SXM5-80GB": ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB"),
+    "B200-180GB": ("B200-180GB", "B300-288GB"),
+    "GB200-186GB": ("GB200-186GB", "GB300-288GB"),
+}
+# Kernel-shape parameters measured on an H100 (planner/data/h100_*.csv, bench/kernel_fit.py): kept,
+# not fitted, on H100 and on the Blackwell parts that have no kernel tables of their own.
+MEASURED = ("matmul_half_dim", "matmul_half_dim_fp8", "attention_max", "attention_half_seq")
+FIXED = {"A100-SXM4-80GB": (), "H100-SXM5-80GB": MEASURED, "B200-180GB": MEASURED, "GB200-186GB": MEASURED}
+LOW_PRECISION = ("fp8", "fp8-cs", "mxfp8", "nvfp4")
+# Every fit starts here, not from the presets, so that re-running it reproduces the presets.
+START = {"matmul_max": 0.7, "matmul_max_fp8": 0.6, "matmul_half_dim": 100.0, "attention_max": 0.5,
+         "hbm_efficiency": 0.5, "layer_overhead_us": 100.0}
+# Blackwell groups have few rows: what they do not fit themselves they take from the H100 fit.
+INHERITS = {"B200-180GB": "H100-SXM5-80GB", "GB200-186GB": "H100-SXM5-80GB"}
+
+
+def group_of(accelerator_name: str) -> str | None:
+    return next((g for g, members in FIT_GROUPS.items() if accelerator_name in members), None)
+
+
+@dataclass
+class Prepared:
+    """A case with what does not depend on efficiency precomputed (plan columns, memory)."""
+
+    case: RefCase
+    P: PlanArrays
+    mem: dict
+    group: str | None
+
+    def predict_s(self, params: dict | None = None) -> float:
+        system = self.case.system
+        if params:
+            acc = system.accelerator
+            acc = acc.model_copy(update={"efficiency": acc.efficiency.model_copy(update=params)})
+            system = system.model_copy(update={"accelerator": acc})
+        return float(step_time(self.case.model, system, self.case.job, self.P, self.mem)["step_time_s"][0])
+
+
+def prepare(cases: list[RefCase]) -> list[Prepared]:
+    out = []
+    for c in cases:
+        P = PlanArrays.from_plans([c.plan], c.model.layers)
+        out.append(Prepared(c, P, memory_breakdown(c.model, c.system, c.job, P), group_of(c.system.accelerator.name)))
+    return out
+
+
+def _score(rows: list[Prepared], params: dict) -> float:
+    return float(np.mean([abs(math.log(p.predict_s(params) / p.case.measured_step_s)) for p in rows]))
+
+
+def _golden(f, lo, hi, x0, iters):
+    g = (math.sqrt(5) - 1) / 2
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = f(c), f(d)
+    for _ in range(iters):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = f(d)
+    best, fbest = (c, fc) if fc < fd else (d, fd)
+    f0 = f(x0)
+    return (best, fbest) if fbest < f0 else (x0, f0)
+
+
+def parameters_to_fit(group: str, rows: list[Prepared]) -> list[str]:
+    dtypes = {p.case.job.dtype for p in rows}
+    usable = [n for n in PARAMETER_PRIORITY if n not in FIXED.get(group, ())
+              and (n != "matmul_max_fp8" or dtypes & set(LOW_PRECISION))
+              and (n != "matmul_max" or dtypes - set(LOW_PRECISION))]
+    return usable[:max(1, len(rows) // FIT_ROWS_PER_PARAMETER)]
+
+
+def fit_group(group: str, rows: list[Prepared], inherited: dict | None = None, sweeps: int = 2,
+              iters: int = 11) -> tuple[dict, float]:
+    """Parameters of one group (`inherited` ones it does not fit, plus the fitted ones) and the
+    mean |log error| reached."""
+    inherited = dict(inherited or {})
+    if not rows:
+        return inherited, float("nan")
+    names = parameters_to_fit(group, rows)
+    params = {**inherited, **{n: START[n] for n in names}}
+    score = _score(rows, params)
+    for _ in range(sweeps):
+        for n in names:
+            params[n], score = _golden(lambda x, n=n: _score(rows, {**params, n: x}), *BOUNDS[n], params[n], iters)
+    return params, score
+
+
+def fit_groups(prepared: list[Prepared], keep=lambda case: True) -> dict[str, tuple[dict, float, int]]:
+    """Per group: (parameters, mean |log error|, rows) fitted on the fitted rows that `keep` accepts;
+    groups in INHERITS start from their parent's fitted parameters (which is fitted first)."""
+    out: dict[str, tuple[dict, float, int]] = {}
+    for group in FIT_GROUPS:
+        rows = [p for p in prepared if p.group == group and p.case.fit and keep(p.case)]
+        parent = INHERITS.get(group)
+        inherited = {k: v for k, v in out[parent][0].items() if k not in FIXED.get(group, ())} if parent else {}
+        params, score = fit_group(group, rows, inherited)
+        out[group] = (params, score, len(rows))
+    return out
+
+
+def fit_all(prepared: list[Prepared]) -> dict[str, dict]:
+    """Parameters per fit group from all its fitted rows (what bench/calibrate.py writes)."""
+    return {g: v[0] for g, v in fit_groups(prepared).items()}
+
+
+def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict]) -> dict[str, float]:
+    """Case id -> step time predicted with parameters fitted without the case's model family.
+    A family with no fitted rows changes no fit: its rows keep `full_fit`."""
+    out = {}
+    for family in sorted({p.case.family for p in prepared}):
+        members = [p for p in prepared if p.case.family == family]
+        if any(p.case.fit for p in members):
+            params = {g: v[0] for g, v in fit_groups(prepared, lambda c, f=family: c.family != f).items()}
+        else:
+            params = full_fit
+        for p in members:
+            out[p.case.id] = p.predict_s(params.get(p.group) or None)
+    return out

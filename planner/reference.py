@@ -1,0 +1,522 @@
+"""Published measured runs -> (model, system, plan, job, measured step time) cases.
+
+Reads the three reference files shipped in planner/data/reference/ (or any file in one of their
+two schemas): measured_runs.yaml and bridge_runs.yaml share one schema; fsdp_moe_runs.yaml has its
+own (described in its header). Where a record leaves a knob unstated we fill it with the documented
+default of the framework and era it came from and list the assumption beside the row. A record is
+skipped only when it lacks what a prediction needs (a layout, a time, the model's dimensions, a GPU
+we have a preset for) or when the model cannot yet express it (uneven pipeline stages), and the
+reason is kept per record. A malformed field is a one-line SpecError naming the record and field.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from hardware import load_system
+from hardware.errors import SpecError
+from hardware.spec import SystemSpec
+from planner.analytical.flops import model_flops_per_token, narayanan_eq3_flops
+from planner.model import ModelSpec, MoESpec
+from planner.plan import BytesPerParam, JobSpec, Plan
+
+REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
+REFERENCE_FILES = ("measured_runs.yaml", "bridge_runs.yaml", "fsdp_moe_runs.yaml")
+DEFAULT_REFERENCES = tuple(REFERENCE_DIR / f for f in REFERENCE_FILES)
+
+# Frameworks whose runs the per-accelerator efficiency parameters are fitted on (bench/calibrate.py):
+# the Megatron-Core stack, whose kernels (Transformer Engine) and overlaps the model describes.
+# Runs of other stacks (torchtitan, llm-foundry, DeepSpeed) are predicted and reported, not fitted.
+FITTED_FRAMEWORKS = ("Megatron/NeMo", "Megatron-Bridge", "Megatron-Core")
+
+# Model family of a record, by its model name (first match wins); leave-one-family-out uses it.
+FAMILIES = (
+    ("DeepSeek-V3", r"deepseek"),
+    ("Qwen3", r"qwen3"),
+    ("Llama-4", r"llama[ _-]?4"),
+    ("Llama-3", r"llama[ _-]?3"),
+    ("Llama-2", r"llama[ _-]?2"),
+    ("Nemotron-4", r"nemotron"),
+    ("Grok-1", r"grok"),
+    ("Mixtral", r"mixtral"),
+    ("MPT", r"mpt"),
+    ("GPT", r"gpt"),  # GPT-3 175B and the GPT-style weak-scaling models of Megatron and DeepSpeed
+)
+
+# GPU name in a record -> system preset (first match, case-insensitive), with the assumption made.
+GPU_PRESETS = (
+    (r"v100", None, ""),
+    (r"grand teton|hbm2e 9[56]", "h100-grand-teton", ""),
+    (r"gb300", "gb300-nvl72", ""),
+    (r"gb200", "gb200-nvl72", ""),
+    (r"^b200 \(power-limited\)", "b200", "B200 at its datasheet peak (the run was power-limited)"),
+    (r"^b200", "b200", ""),
+    (r"blackwell", "b200", "Blackwell SKU not stated: B200 assumed"),
+    (r"h200", "h200", ""),
+    (r"h100", "h100-sxm", ""),
+    (r"a100.*40", "a100-40g", ""),
+    (r"a100", "a100-80g", ""),
+)
+
+
+@dataclass
+class RefCase:
+    id: str
+    source: str
+    model: ModelSpec
+    system: SystemSpec
+    plan: Plan
+    job: JobSpec
+    measured_step_s: float
+    how_measured: str
+    assumptions: list[str] = field(default_factory=list)
+    fit: bool = True  # fitted by bench/calibrate.py (FITTED_FRAMEWORKS, not ZeRO-3)
+    framework: str = "Megatron/NeMo"
+    family: str = "other"
+
+    @property
+    def kind(self) -> str:
+        return "MoE" if self.model.moe else "dense"
+
+
+@dataclass
+class Skipped:
+    id: str
+    reason: str
+
+
+class _Record:
+    """Typed access to one record's fields, with one-line errors naming the record and field."""
+
+    def __init__(self, rec: dict):
+        if not isinstance(rec, dict) or "id" not in rec:
+            raise SpecError(f"reference: a record is not a mapping with an id: {str(rec)[:60]!r}")
+        self.rec, self.id = rec, str(rec["id"])
+
+    def get(self, path: str, default=None):
+        node = self.rec
+        for key in path.split("."):
+            if not isinstance(node, dict):
+                raise SpecError(f"reference {self.id}: {path}: expected a mapping above {key!r}")
+            node = node.get(key)
+            if node is None:
+                return default
+        return node
+
+    def int(self, path: str, default: int | None = None, minimum: int = 1) -> int | None:
+        value = self.get(path)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+            raise SpecError(f"reference {self.id}: {path}: expected an integer >= {minimum}, got {value!r}")
+        return int(value)
+
+    def float(self, path: str) -> float | None:
+        value = self.get(path)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise SpecError(f"reference {self.id}: {path}: expected a positive number, got {value!r}")
+        return float(value)
+
+
+def family_of(model_name: str) -> str:
+    low = model_name.lower()
+    return next((fam for fam, pat in FAMILIES if re.search(pat, low)), "other")
+
+
+def system_preset_for(gpu: str) -> tuple[str | None, str]:
+    low = gpu.lower()
+    for pat, preset, assumption in GPU_PRESETS:
+        if re.search(pat, low):
+            return preset, assumption
+    return None, ""
+
+
+# Precision as published -> ComputeDtype. Order matters: "FP8-MX" before "FP8", "FP8-CS" before "FP8".
+_PRECISIONS = (("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp8-cs", "fp8-cs"),
+               ("fp8", "fp8"), ("fp16", "fp16"), ("bf16", "bf16"))
+
+
+def parse_precision(text: str, rid: str, path: str = "precision") -> tuple[str, str]:
+    """Case-insensitive precision name -> (dtype, assumption or '')."""
+    low = text.strip().lower()
+    for token, dtype in _PRECISIONS:
+        if token in low:
+            first = low.split()[0] if low.split() else low
+            if token not in first:  # e.g. "not stated in table (FP8 implied by footnote)"
+                return dtype, f"{dtype} (source: {text!r})"
+            return dtype, ""
+    if low in ("na", "n/a", "none", "not stated", ""):
+        return "bf16", f"bf16 (precision not stated: {text!r})"
+    raise SpecError(f"reference {rid}: {path}: unknown precision {text!r}; allowed: BF16, FP16, FP8, "
+                    "FP8-CS, FP8-MX/MXFP8, NVFP4, na (case-insensitive)")
+
+
+def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
+    moe = r.get("model.moe")
+    if not moe:
+        return None
+    if fsdp_schema:
+        experts, topk, ffn = r.int("model.moe.experts"), r.int("model.moe.topk"), r.int("model.moe.expert_ffn")
+        first_dense = r.int("model.moe.dense_layers_first", 0, minimum=0)
+    else:
+        experts, topk, ffn = r.int("model.moe.num_experts"), r.int("model.moe.topk"), r.int("model.moe.moe_ffn")
+        first_dense = r.int("model.moe.first_k_dense", 0, minimum=0)
+    if experts is None or topk is None:
+        raise SpecError(f"reference {r.id}: model.moe: needs the number of experts and top-k")
+    shared = r.int("model.moe.shared_experts", 0, minimum=0)
+    out = {"num_experts": experts, "top_k": topk, "expert_ffn": ffn}
+    # Fields helper "models" adds to MoESpec; filled only where they exist.
+    optional = {"shared_experts": shared, "shared_expert_ffn": (ffn * shared) if shared and ffn else None,
+                "first_dense_layers": first_dense}
+    out.update({k: v for k, v in optional.items() if k in MoESpec.model_fields and v})
+    return out
+
+
+def _mla(r: _Record) -> dict | None:
+    text = str(r.get("model.attention") or "")
+    m = re.search(r"mla.*q_lora\s*(\d+).*kv_lora\s*(\d+)", text.lower())
+    if not m:
+        return None
+    # DeepSeek-V3 config.json: qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128.
+    return {"q_lora_rank": int(m.group(1)), "kv_lora_rank": int(m.group(2)), "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128}
+
+
+def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
+    name = str(r.get("model.name") or r.id)
+    dims = {k: r.int(f"model.{k}") for k in ("layers", "hidden", "heads", "seq", "vocab")}
+    missing = [k for k, v in dims.items() if v is None]
+    if missing:
+        return f"model dimensions not published ({', '.join(missing)})"
+    act = str(r.get("model.activation") or "gelu").lower()
+    activation = "swiglu" if "swiglu" in act else "squared_relu" if "squared" in act else "gelu"
+    fields = dict(
+        name=name, layers=dims["layers"], hidden=dims["hidden"], heads=dims["heads"],
+        query_groups=r.int("model.query_groups"), ffn=r.int("model.ffn"), seq_length=dims["seq"],
+        vocab=dims["vocab"], activation=activation,
+        tied_embeddings=bool(r.get("model.tied_embeddings", gpt_style)),
+        position_embedding="learned" if gpt_style else "rope", biases=gpt_style,
+        dropout=gpt_style or name.startswith("GPT"), moe=_moe(r, fsdp_schema))
+    optional = {"head_dim": r.int("model.kv_channels"), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0)}
+    fields.update({k: v for k, v in optional.items() if k in ModelSpec.model_fields and v})
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValidationError as err:
+        raise SpecError(f"reference {r.id}: model: {err.errors()[0]['msg']}") from None
+
+
+def _smallest_vpp(layers_per_stage: int) -> int:
+    return next((v for v in range(2, layers_per_stage + 1) if layers_per_stage % v == 0), 1)
+
+
+def _recompute(text, assumptions: list[str], default: str, why_default: str) -> str:
+    if text is None:
+        assumptions.append(why_default)
+        return default
+    low = str(text).lower()
+    if low.startswith("full"):
+        return "full"
+    if low in ("none", "false", "no"):
+        return "none"
+    if low != "selective" and not low.startswith("selective"):
+        assumptions.append(f"selective recompute (source: {text!r})")
+    return "selective"
+
+
+def _fsdp_dtype(r: _Record, assumptions: list[str]) -> str:
+    low_recipe = str(r.get("parallel.lowp_recipe") or "").lower() + " " + str(r.get("parallel.precision") or "").lower()
+    f8_recipe = str(r.get("parallel.float8_recipe") or "").lower()
+    if "nvfp4" in low_recipe:
+        return "nvfp4"
+    if "mxfp8" in low_recipe or "mxfp8" in f8_recipe or r.get("parallel.mxfp8") is True:
+        return "mxfp8"
+    if r.get("parallel.float8") is True or "float8" in f8_recipe:
+        # torchao float8 training scales each tensor (or row) from its current amax: current scaling.
+        if "rowwise" in f8_recipe:
+            assumptions.append("fp8-cs for torchao rowwise scaling")
+        return "fp8-cs"
+    prec = r.get("parallel.precision")
+    if prec is None:
+        return "bf16"
+    dtype, note = parse_precision(str(prec).replace("amp_", ""), r.id, "parallel.precision")
+    if note:
+        assumptions.append(note)
+    return dtype
+
+
+def _framework_fsdp(text: str) -> str:
+    low = text.lower()
+    if "megatron-fsdp" in low:
+        return "Megatron-FSDP"
+    if "megatron" in low:
+        return "Megatron-Core"
+    if "torchtitan" in low:
+        return "torchtitan FSDP2"
+    if "deepspeed" in low:
+        return "DeepSpeed ZeRO-3"
+    if "composer" in low or "foundry" in low:
+        return "llm-foundry FSDP"
+    return text
+
+
+def _source_measured(rid: str) -> str:
+    parts = rid.split("_")
+    return parts[0] + ("_" + parts[1] if rid.startswith(("dgxc", "bridge")) and len(parts) > 1 else "")
+
+
+def _maybe_dp_impl(plan_fields: dict, framework: str) -> dict:
+    """Helper "fidelity" adds a Plan field naming the sharded-DP implementation; set it when present."""
+    for name in ("dp_impl", "dp_implementation", "sharding_impl"):
+        if name in Plan.model_fields:
+            plan_fields[name] = framework
+    return plan_fields
+
+
+def _plan(r: _Record, plan_fields: dict) -> Plan | str:
+    try:
+        return Plan.model_validate(plan_fields)
+    except ValidationError:
+        # an implementation name the fidelity field does not accept: keep zero_stage alone
+        for name in ("dp_impl", "dp_implementation", "sharding_impl"):
+            plan_fields.pop(name, None)
+        try:
+            return Plan.model_validate(plan_fields)
+        except ValidationError as err:
+            return f"plan not representable: {err.errors()[0]['msg']}"
+
+
+def _layout_skip(model: ModelSpec, pp: int, vpp: int) -> str | None:
+    if model.layers % (pp * vpp):
+        return (f"uneven pipeline layout ({model.layers} layers over pp {pp} x vpp {vpp}): the model "
+                "needs equal stages until uneven layouts land")
+    return None
+
+
+def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
+    rid = r.id
+    preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
+    if preset is None:
+        return Skipped(rid, f"no preset for {r.get('system.gpu')}")
+    if r.get("parallel.tp") is None or r.get("parallel.pp") is None:
+        return Skipped(rid, "parallel layout (tp/pp) not published")
+    gpt_style = rid.startswith(("narayanan", "megatron"))
+    model = _model(r, False, gpt_style)
+    if isinstance(model, str):
+        return Skipped(rid, model)
+    assumptions = [gpu_note] if gpu_note else []
+    tp, pp, cp = r.int("parallel.tp"), r.int("parallel.pp"), r.int("parallel.cp", 1)
+    gpus = r.int("system.gpus")
+    if gpus is None:
+        return Skipped(rid, "GPU count not published")
+    if gpus % (tp * pp * cp):
+        raise SpecError(f"reference {rid}: system.gpus: {gpus} is not a multiple of tp·pp·cp = {tp * pp * cp}")
+    dp = gpus // (tp * pp * cp)
+    mb = r.int("parallel.microbatch")
+    if mb is None:
+        mb = 1
+        assumptions.append("micro-batch 1")
+    vpp_raw = r.get("parallel.vpp")
+    if isinstance(vpp_raw, str) and not vpp_raw.strip().isdigit():
+        vpp = _smallest_vpp(model.layers // pp)
+        assumptions.append(f"interleaved, vpp {vpp}")
+    else:
+        vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or 1)
+    if skip := _layout_skip(model, pp, vpp):
+        return Skipped(rid, skip)
+    era_2021 = rid.startswith(("narayanan", "megatron_readme_2020", "megatron_readme_jan2021"))
+    if rid.startswith("megatron_readme_h100"):
+        recompute = _recompute(r.get("parallel.recompute"), assumptions, "selective",
+                               "selective recompute (Megatron-Core default recipe)")
+    else:
+        recompute = _recompute(r.get("parallel.recompute"), assumptions, "none",
+                               "no recompute (NeMo/Bridge H100+ recipes: recompute_layers=0)")
+    sp_raw = r.get("parallel.sequence_parallel")
+    sp = tp > 1 and (sp_raw is True or (isinstance(sp_raw, str) and "likely" in sp_raw)
+                     or (sp_raw is None and not era_2021))
+    if sp_raw is None and sp:
+        assumptions.append("sequence parallel")
+    dist = str(r.get("parallel.distributed_optimizer"))
+    fsdp_degree = r.int("parallel.fsdp", 0, minimum=0) if bridge else 0
+    zero3 = "ZeRO stage 3" in dist or fsdp_degree > 1
+    zero = 3 if zero3 else 1 if ("likely" in dist or (dist == "None" and not era_2021)) else 0
+    framework = "DeepSpeed ZeRO-3" if "ZeRO stage 3" in dist else "Megatron-Bridge" if bridge else "Megatron/NeMo"
+    if fsdp_degree > 1:
+        framework = "Megatron-FSDP"
+        if fsdp_degree != dp * cp:
+            assumptions.append(f"parameters sharded over dp·cp = {dp * cp} (record: fsdp {fsdp_degree})")
+    ep = r.int("parallel.ep", 1)
+    if model.moe and (dp * cp) % ep:
+        assumptions.append(f"ep {ep} folded across tp/pp (ep does not divide dp·cp = {dp * cp})")
+    gbs = r.int("parallel.global_batch")
+    if gbs is None:
+        return Skipped(rid, "global batch not published")
+    if gbs % (mb * dp):
+        return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
+    plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=gbs, vpp=vpp,
+                       sequence_parallel=sp, recompute=recompute, zero_stage=zero,
+                       dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021)
+    plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
+    if isinstance(plan, str):
+        return Skipped(rid, plan)
+    prec = r.get("precision")
+    if prec is None:
+        raise SpecError(f"reference {rid}: precision: required field is missing")
+    dtype, note = parse_precision(str(prec), rid)
+    if note:
+        assumptions.append(note)
+    if bridge and str(prec).strip().lower() == "na":
+        dtype = "fp8"  # bridge_runs.yaml notes: "na" = not stated; the 25.09 tables are fp8 recipes
+        assumptions[-1] = "fp8 (25.09 tables are fp8 recipes)"
+    extra = {}
+    if dtype != "bf16" and dtype != "fp16" and not era_2021:
+        # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.
+        extra["bytes_per_param"] = BytesPerParam(grads=2.0, grad_reduce=2.0)
+        assumptions.append("bf16 gradients (NeMo fp8 perf recipe)")
+    if framework == "DeepSpeed ZeRO-3":
+        # DeepSpeed ZeRO-3 (Narayanan Table 2 baseline) reduces fp16 gradients: 2 bytes on the wire.
+        extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
+        assumptions.append("DeepSpeed fp16 gradient reduce")
+    job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=not era_2021,
+                  hbm_reserve_gib=0.0, **extra)
+    system = load_system(preset, gpus)
+    step = r.float("measured.iteration_time_s")
+    if step is not None:
+        how = "measured step time"
+    elif r.get("derived.iteration_time_s") is not None and (r.get("measured.tokens_per_sec_per_gpu") is not None
+                                                            or r.get("measured.model_tflops_per_gpu") is not None):
+        step, how = r.float("derived.iteration_time_s"), "derived step time (source's tokens/s)"
+    elif r.get("measured.tflops_per_gpu") is not None and rid.startswith("narayanan"):
+        # Narayanan rows print TFLOP/s under eq. 3 (incl. recompute); invert it exactly.
+        f = narayanan_eq3_flops(gbs, model.seq_length, model.layers, model.hidden, model.vocab,
+                                recompute=recompute == "full")
+        step, how = f / (r.float("measured.tflops_per_gpu") * 1e12 * gpus), "eq. 3 FLOPs / published TFLOP/s"
+    elif r.get("measured.tflops_per_gpu") is not None and r.get("derived.iteration_time_s") is not None:
+        step, how = r.float("derived.iteration_time_s"), "derived step time (source's TFLOP/s)"
+    else:
+        return Skipped(rid, "no step time or throughput to compare")
+    source = _source_measured(rid)
+    return RefCase(rid, source, model, system, plan, job, step, how, assumptions,
+                   fit=framework in FITTED_FRAMEWORKS, framework=framework, family=family_of(model.name))
+
+
+def _case_fsdp(r: _Record) -> RefCase | Skipped:
+    rid = r.id
+    preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
+    if preset is None:
+        return Skipped(rid, f"no preset for {r.get('system.gpu')}")
+    framework = _framework_fsdp(str(r.get("parallel.framework") or ""))
+    model = _model(r, True, gpt_style=framework == "DeepSpeed ZeRO-3" or framework == "llm-foundry FSDP")
+    if isinstance(model, str):
+        return Skipped(rid, model)
+    assumptions = [gpu_note] if gpu_note else []
+    tp, pp, cp = r.int("parallel.tp", 1), r.int("parallel.pp", 1), r.int("parallel.cp", 1)
+    gpus = r.int("system.gpus")
+    if gpus is None:
+        return Skipped(rid, "GPU count not published")
+    if gpus % (tp * pp * cp):
+        raise SpecError(f"reference {rid}: system.gpus: {gpus} is not a multiple of tp·pp·cp = {tp * pp * cp}")
+    dp = gpus // (tp * pp * cp)
+    vpp = r.int("parallel.vpp", 1)
+    if vpp == 1 and "interleaved" in str(r.get("parallel.pp_schedule") or "").lower():
+        vpp = _smallest_vpp(model.layers // pp)
+        assumptions.append(f"interleaved, vpp {vpp}")
+    if r.get("parallel.pp_layout"):
+        return Skipped(rid, f"custom pipeline layout {r.get('parallel.pp_layout')!r}: the model needs equal "
+                            "stages until uneven layouts land")
+    if skip := _layout_skip(model, pp, vpp):
+        return Skipped(rid, skip)
+    mb, gbs = r.int("parallel.microbatch"), r.int("parallel.global_batch")
+    accum = r.int("parallel.grad_accum")
+    if mb is None and gbs is None:
+        return Skipped(rid, "neither global batch nor micro-batch published")
+    if mb is None:
+        mb = 1
+        assumptions.append("micro-batch 1")
+    if gbs is None:
+        gbs = mb * dp * (accum or 1)
+        assumptions.append(f"global batch = micro-batch·dp{'·accumulation' if accum else ''} = {gbs}")
+    if gbs % (mb * dp):
+        return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
+    degree = r.int("parallel.fsdp_or_zero3_degree", 0, minimum=0)
+    sharding = str(r.get("parallel.sharding") or "")
+    megatron = framework == "Megatron-Core"
+    zero = 1 if megatron else 2 if "SHARD_GRAD_OP" in sharding else 3 if (degree > 1 or framework != "llm-foundry FSDP") else 0
+    if framework == "llm-foundry FSDP" and degree == 0:
+        zero = 3  # llm-foundry's benchmark YAMLs use FULL_SHARD
+    if zero >= 2 and degree and degree != dp * cp:
+        hsdp = r.int("parallel.hsdp_replicas") or r.int("parallel.shard_group")
+        assumptions.append(f"sharded over dp·cp = {dp * cp} (record: shard group {degree}"
+                           f"{f', {hsdp} replicas' if hsdp else ''}; hybrid sharding not modelled)")
+    ep = r.int("parallel.ep", 1)
+    if model.moe and (dp * cp) % ep:
+        assumptions.append(f"ep {ep} folded across tp/pp (ep does not divide dp·cp = {dp * cp})")
+    recompute = _recompute(r.get("parallel.recompute"), assumptions, "none", "no recompute (not stated)")
+    sp = tp > 1  # torchtitan TP and Megatron-Core with TP shard the sequence (SP) by default
+    plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=gbs, vpp=vpp,
+                       sequence_parallel=sp, recompute=recompute, zero_stage=zero, dp_comm_overlap=True,
+                       tp_comm_overlap=sp and (megatron or r.get("parallel.async_tp") is True))
+    plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
+    if isinstance(plan, str):
+        return Skipped(rid, plan)
+    dtype = _fsdp_dtype(r, assumptions)
+    extra = {}
+    if framework == "DeepSpeed ZeRO-3":
+        extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
+        assumptions.append("DeepSpeed fp16 gradient reduce")
+    job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
+                  hbm_reserve_gib=0.0, **extra)
+    system = load_system(preset, gpus)
+    seq = model.seq_length
+    if (step := r.float("measured.step_time_s")) is not None:
+        how = "measured step time"
+    elif (tps := r.float("measured.tokens_per_sec_per_gpu")) is not None:
+        step, how = gbs * seq / (tps * gpus), "global batch·seq / (tokens/s per GPU · GPUs)"
+    elif (tflops := r.float("measured.tflops_per_gpu")) is not None:
+        step = gbs * seq * model_flops_per_token(model) / (tflops * 1e12 * gpus)
+        how = "our model FLOPs / published TFLOP/s (FLOP conventions may differ)"
+    else:
+        return Skipped(rid, "no step time or throughput to compare")
+    return RefCase(rid, str(r.get("source_group") or rid.split("_")[0]), model, system, plan, job, step, how,
+                   assumptions, fit=framework in FITTED_FRAMEWORKS and zero < 3, framework=framework,
+                   family=family_of(model.name))
+
+
+def load_records(path: Path) -> tuple[list[dict], bool]:
+    """Records of one reference file, and whether it uses the FSDP/MoE schema."""
+    if not path.is_file():
+        raise SpecError(f"reference: {path} not found (pass --reference PATH to a measured_runs-style YAML)")
+    try:
+        # the C loader when PyYAML has it: the three files are 1 MB of YAML
+        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError:
+        raise SpecError(f"reference {path}: malformed YAML") from None
+    if not isinstance(data, dict) or not isinstance(data.get("records"), list):
+        raise SpecError(f"reference {path}: expected a mapping with a 'records' list")
+    records = data["records"]
+    fsdp_schema = any(isinstance(r, dict) and isinstance(r.get("parallel"), dict)
+                      and "fsdp_or_zero3_degree" in r["parallel"] for r in records)
+    return records, fsdp_schema
+
+
+def load_reference(paths: Path | str | list | tuple | None = None) -> tuple[list[RefCase], list[Skipped]]:
+    """Cases and skipped records of one file or several (default: the three packaged files)."""
+    if paths is None:
+        paths = DEFAULT_REFERENCES
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    cases, skipped = [], []
+    for path in paths:
+        path = Path(path)
+        records, fsdp_schema = load_records(path)
+        bridge = path.name.startswith("bridge")
+        for rec in records:
+            r = _Record(rec)
+            out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
+            (cases if isinstance(out, RefCase) else skipped).append(out)
+    return cases, skipped

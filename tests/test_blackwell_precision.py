@@ -1,0 +1,121 @@
+"""New systems and precisions: datasheet peaks per dtype, NVL72 domains, Hopper refusing block-scaled
+formats, the quantisation-pass cost term against hand arithmetic, and where TP goes on NVL72."""
+import pytest
+from typer.testing import CliRunner
+
+from hardware import load_system
+from hardware.errors import SpecError
+from planner.analytical import PlanArrays, estimate
+from planner.analytical.precision import QUANTISE_BYTES_PER_ELEMENT
+from planner.analytical.time import layer_compute_fwd_s
+from planner.cli import app
+from planner.fit import BOUNDS, FIT_GROUPS, fit_groups, prepare
+from planner.model import load_model
+from planner.plan import JobSpec, Plan
+from planner.reference import load_reference
+from planner.search import plan as search_plan
+from tests.conftest import one_line_error
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("preset,dtype,flops", [
+    # GB200 NVL72 page: per 72 GPUs BF16 360 PF, FP8 720 PF, FP4 1,440 PF, with sparsity (dense = half)
+    ("gb200-nvl72", "bf16", 360e15 / 72 / 2), ("gb200-nvl72", "fp8", 720e15 / 72 / 2),
+    ("gb200-nvl72", "mxfp8", 720e15 / 72 / 2), ("gb200-nvl72", "nvfp4", 1440e15 / 72 / 2),
+    # GB300 NVL72 page: FP4 1,080 PF dense per 72 GPUs; FP8 720 PF and BF16 360 PF with sparsity
+    ("gb300-nvl72", "nvfp4", 1080e15 / 72), ("gb300-nvl72", "fp8", 720e15 / 72 / 2),
+    # DGX B300: 72 PF FP8 (sparse) per 8 GPUs; HGX B300 FP4 108 PF dense per 8 GPUs
+    ("b300", "fp8", 72e15 / 8 / 2), ("b300", "nvfp4", 108e15 / 8), ("b300", "bf16", 72e15 / 8 / 4),
+])
+def test_datasheet_peaks(preset, dtype, flops):
+    assert load_system(preset).accelerator.peak(dtype) == pytest.approx(flops)
+
+
+def test_nvl72_domain_and_bandwidth():
+    for preset, hbm_gib in (("gb200-nvl72", 184.0), ("gb300-nvl72", 279.0)):
+        s = load_system(preset)
+        assert s.nvlink_domain_gpus == 72
+        assert s.network[0].bandwidth_gb_per_s == 1800 / 2      # 1.8 TB/s per GPU, both directions
+        assert s.accelerator.hbm_bandwidth_gb_per_s == pytest.approx(576e3 / 72)  # 576 TB/s per rack
+        assert s.accelerator.hbm_capacity_gib == hbm_gib
+    assert load_system("b300").nvlink_domain_gpus == 8
+
+
+@pytest.mark.parametrize("dtype", ["mxfp8", "nvfp4"])
+def test_hopper_has_no_block_scaled_formats(dtype):
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    with pytest.raises(SpecError, match=f"dtype: H100-SXM5-80GB has no {dtype} peak"):
+        estimate(model, system, Plan(dp=8, global_batch=8), JobSpec(dtype=dtype))
+    result = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1",
+                                 "-b", "8", "--dtype", dtype])
+    one_line_error(result, dtype)
+
+
+def test_fp8_current_scaling_costs_one_more_read_pass():
+    """fp8-cs minus fp8 = one 2-byte read of every quantised element (hand count for Llama-3 8B)."""
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    P = PlanArrays.from_plans([Plan(tp=2, dp=4, global_batch=4, sequence_parallel=True)], model.layers)
+    ew = {d: float(layer_compute_fwd_s(model, system, JobSpec(dtype=d), P)["elementwise"][0]) for d in ("fp8", "fp8-cs", "bf16")}
+    h, kv, ffn = 4096, 1024, 14336
+    qkv_w, mlp_w = h + 2 * kv, 2 * ffn
+    elements = (h + h) + (qkv_w + h) + (h + ffn) + (mlp_w + h)    # forward inputs + backward output grads
+    tokens_per_gpu_shard = model.seq_length / 2                   # micro-batch 1, tp 2
+    hbm = system.accelerator.hbm_bandwidth_bytes_per_s * system.accelerator.efficiency.hbm_efficiency
+    per_pass_s = tokens_per_gpu_shard * elements / 3 / hbm        # a third is charged to the forward
+    assert ew["fp8-cs"] - ew["fp8"] == pytest.approx(2.0 * per_pass_s, rel=1e-9)
+    assert ew["fp8"] - ew["bf16"] == pytest.approx(QUANTISE_BYTES_PER_ELEMENT["fp8"] * per_pass_s, rel=1e-9)
+
+
+def test_nvfp4_gemms_twice_as_fast_as_mxfp8_on_gb200():
+    model, system = load_model("llama3-70b"), load_system("gb200-nvl72", 8)
+    P = PlanArrays.from_plans([Plan(tp=8, global_batch=1, sequence_parallel=True)], model.layers)
+    g = {d: float(layer_compute_fwd_s(model, system, JobSpec(dtype=d), P)["gemm"][0]) for d in ("mxfp8", "nvfp4", "fp8")}
+    assert g["mxfp8"] / g["nvfp4"] == pytest.approx(2.0)            # 10 PF vs 5 PF, same GEMM curve
+    assert g["mxfp8"] == pytest.approx(g["fp8"])                    # block-scaled MMA at the FP8 rate
+
+
+def test_llama3_70b_on_two_nvl72_racks_keeps_tp_inside_the_domain():
+    model, system = load_model("llama3-70b"), load_system("gb200-nvl72", 144)
+    best = search_plan(model, system, JobSpec(global_batch=288), top_k=3).best
+    assert best is not None and best.plan.tp <= 72 and best.plan.gpus == 144
+    # tp 16 is allowed on NVL72 (inside the 72-GPU domain) and not on an 8-GPU DGX B200
+    pinned = JobSpec(global_batch=288, pins={"tp": 16})
+    assert search_plan(model, system, pinned, top_k=1).best is not None
+    with pytest.raises(SpecError, match="8-GPU NVLink domain"):
+        search_plan(model, load_system("b200", 144), pinned, top_k=1)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    cases, _ = load_reference()
+    return fit_groups(prepare(cases))
+
+
+def test_calibrate_reproduces_the_presets(fitted):
+    """bench/calibrate.py's fit (planner/fit.py) gives the parameters written in the presets."""
+    for group, (params, _, rows) in fitted.items():
+        assert rows > 0, group
+        for member in FIT_GROUPS[group]:
+            preset = {"A100-SXM4-80GB": "a100-80g", "H100-SXM5-80GB": "h100-sxm", "B200-180GB": "b200",
+                      "GB200-186GB": "gb200-nvl72", "A100-SXM4-40GB": "a100-40g", "H200-SXM-141GB": "h200",
+                      "GH200-96GB": "gh200", "H100-GT-96GB": "h100-grand-teton", "B300-288GB": "b300",
+                      "GB300-288GB": "gb300-nvl72"}[member]
+            eff = load_system(preset).accelerator.efficiency
+            for name, value in params.items():
+                assert getattr(eff, name) == pytest.approx(value, rel=0.01, abs=1.0 if "dim" in name or "us" in name else 0.002), (member, name)
+                lo, hi = BOUNDS[name]
+                assert lo <= value <= hi
+                if name in ("matmul_max", "matmul_max_fp8", "attention_max", "hbm_efficiency"):
+                    assert 0 < value <= 1
+
+
+def test_presets_lists_the_new_systems_with_sources():
+    result = runner.invoke(app, ["presets"])
+    assert result.exit_code == 0, result.output
+    for name, url in (("gb200-nvl72", "nvidia.com/en-us/data-center/gb200-nvl72"),
+                      ("gb300-nvl72", "nvidia.com/en-us/data-center/gb300-nvl72"),
+                      ("b300", "nvidia.com/en-us/data-center/dgx-b300"), ("h100-grand-teton", "2410.06511")):
+        line = next(ln for ln in result.output.splitlines() if ln.startswith(f"{name}:"))
+        assert url in line
+    assert "nvfp4" in next(ln for ln in result.output.splitlines() if ln.startswith("gb300-nvl72:"))

@@ -1,0 +1,142 @@
+"""Reading the published runs: all three files, their schemas, precision names, skips with reasons,
+one-line errors for malformed records, and the packaged copy equal to the shared original."""
+import copy
+import filecmp
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hardware.errors import SpecError
+from planner.cli import app
+from planner.reference import (REFERENCE_DIR, REFERENCE_FILES, Skipped, family_of, load_reference, parse_precision,
+                               system_preset_for)
+from tests.conftest import SHARED_REFERENCE_DIR, one_line_error
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return load_reference()
+
+
+@pytest.fixture(scope="module")
+def records():
+    return {f: yaml.safe_load((REFERENCE_DIR / f).read_text())["records"] for f in REFERENCE_FILES}
+
+
+@pytest.mark.skipif(not SHARED_REFERENCE_DIR.exists(), reason="no shared/reference beside the repository")
+@pytest.mark.parametrize("name", list(REFERENCE_FILES) + ["megatron_args.md"])
+def test_packaged_copy_equals_shared(name):
+    assert filecmp.cmp(REFERENCE_DIR / name, SHARED_REFERENCE_DIR / name, shallow=False)
+
+
+def test_every_record_is_read_or_skipped_with_a_reason(loaded, records):
+    cases, skipped = loaded
+    ids = [c.id for c in cases] + [s.id for s in skipped]
+    assert sorted(ids) == sorted(r["id"] for recs in records.values() for r in recs)
+    assert all(s.reason for s in skipped)
+    # each file contributes compared rows
+    for f, recs in records.items():
+        own = {r["id"] for r in recs}
+        assert sum(c.id in own for c in cases) >= 20, f
+
+
+@pytest.mark.parametrize("text,dtype", [("FP8", "fp8"), ("fp8", "fp8"), ("fp8 (Transformer Engine)", "fp8"),
+                                        ("FP8-CS", "fp8-cs"), ("FP8-MX", "mxfp8"), ("MXFP8", "mxfp8"),
+                                        ("mxfp8", "mxfp8"), ("NVFP4", "nvfp4"), ("BF16", "bf16"),
+                                        ("fp16 mixed", "fp16"), ("na", "bf16")])
+def test_precision_names_are_case_insensitive(text, dtype):
+    assert parse_precision(text, "r1")[0] == dtype
+
+
+def test_unknown_precision_is_a_one_line_error_naming_record_and_field():
+    with pytest.raises(SpecError, match=r"reference r9: precision: unknown precision 'INT4'"):
+        parse_precision("INT4", "r9")
+
+
+def test_upper_case_fp8_bridge_record_is_fp8_not_bf16(loaded, records):
+    # issue 9: `precision: FP8` (as Megatron-Bridge publishes) was read as bf16.
+    cases, _ = loaded
+    by_id = {c.id: c for c in cases}
+    fp8_ids = [r["id"] for r in records["bridge_runs.yaml"] if r["precision"] == "FP8" and r["id"] in by_id]
+    assert fp8_ids and all(by_id[i].job.dtype == "fp8" for i in fp8_ids)
+    mx = [r["id"] for r in records["bridge_runs.yaml"] if r["precision"] in ("MXFP8", "FP8-MX") and r["id"] in by_id]
+    assert mx and all(by_id[i].job.dtype == "mxfp8" for i in mx)
+
+
+def _write(tmp_path, base_file, rid, mutate):
+    data = yaml.safe_load((REFERENCE_DIR / base_file).read_text())
+    rec = copy.deepcopy(next(r for r in data["records"] if r["id"] == rid))
+    mutate(rec)
+    data["records"] = [rec]
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_non_numeric_layout_field_is_a_one_line_error(tmp_path):
+    path = _write(tmp_path, "measured_runs.yaml", "nemo2407_GPT3-5B_64gpu_gbs2048",
+                  lambda r: r["parallel"].update(tp="eight"))
+    with pytest.raises(SpecError, match=r"reference nemo2407_GPT3-5B_64gpu_gbs2048: parallel\.tp: expected an integer"):
+        load_reference(path)
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]),
+                   "nemo2407_GPT3-5B_64gpu_gbs2048", "parallel.tp")
+
+
+def test_malformed_fsdp_record_names_the_field(tmp_path):
+    path = _write(tmp_path, "fsdp_moe_runs.yaml", "torchtitan_llama3-8b_8gpu_fsdp8",
+                  lambda r: r["measured"].update(tokens_per_sec_per_gpu="fast"))
+    with pytest.raises(SpecError, match=r"torchtitan_llama3-8b_8gpu_fsdp8: measured\.tokens_per_sec_per_gpu"):
+        load_reference(path)
+
+
+def test_fsdp_schema_record_maps_to_zero3_and_its_step_time(loaded):
+    cases, _ = loaded
+    c = next(c for c in cases if c.id == "torchtitan_llama3-8b_8gpu_fsdp8")
+    assert c.framework == "torchtitan FSDP2" and c.plan.zero_stage == 3 and c.plan.dp == 8
+    assert c.system.accelerator.name == "H100-GT-96GB" and not c.fit
+    # step time = global batch · seq / (tokens/s per GPU · GPUs) = 16 · 8192 / (5762 · 8)
+    assert c.measured_step_s == pytest.approx(16 * 8192 / (5762 * 8))
+    assert c.family == "Llama-3" and c.kind == "dense"
+
+
+def test_moe_fields_from_the_fsdp_schema(loaded):
+    cases, _ = loaded
+    c = next(c for c in cases if c.id == "torchtitan_llama4-scout_256gpu_fsdp256_ep16_mxfp8")
+    assert (c.model.moe.num_experts, c.model.moe.top_k, c.model.moe.expert_ffn) == (16, 1, 8192)
+    assert c.plan.ep == 16 and c.job.dtype == "mxfp8" and c.system.nvlink_domain_gpus == 72
+
+
+def test_uneven_pipeline_records_are_skipped_with_the_reason(loaded):
+    _, skipped = loaded
+    by_id = {s.id: s for s in skipped}
+    s = by_id["bridge_26.08_DeepSeekV3_DGX-GB200_MXFP8_256gpu_gbs4096"]
+    assert "61 layers over pp 4 x vpp 4" in s.reason
+
+
+def test_gpu_names_map_to_presets():
+    assert system_preset_for("H100 (Grand Teton, HBM2e 96GB, 500W power limit)")[0] == "h100-grand-teton"
+    assert system_preset_for("GB200")[0] == "gb200-nvl72"
+    assert system_preset_for("GB300")[0] == "gb300-nvl72"
+    assert system_preset_for("a100_40gb")[0] == "a100-40g"
+    assert system_preset_for("H100-SXM5-80GB")[0] == "h100-sxm"
+    assert system_preset_for("V100-SXM3-32GB (DGX-2)")[0] is None
+
+
+def test_family_map():
+    assert family_of("LLAMA3.1_405B") == "Llama-3"
+    assert family_of("DeepSeekV3 (w/ MTP)") == "DeepSeek-V3"
+    assert family_of("Qwen3_235B_a22B") == "Qwen3"
+    assert family_of("Nemotron4 340B") == "Nemotron-4"
+    assert family_of("GPT-3 175B") == "GPT"
+
+
+def test_validate_prints_counts_and_skip_reasons():
+    result = runner.invoke(app, ["validate", "--summary"])
+    assert result.exit_code == 0, result.output
+    assert "read 616 records" in result.output
+    assert "skipped bridge_26.08_DeepSeekV3_DGX-GB200_MXFP8_256gpu_gbs4096: uneven pipeline layout" in result.output
+    for title in ("by source", "dense / MoE", "by accelerator", "by framework", "by model family"):
+        assert title in result.output
