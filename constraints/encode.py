@@ -38,7 +38,7 @@ RULE_TEXT = {
     "heads_tp": "attention heads must be divisible by tp",
     "groups_tp": "query groups must be a multiple or a divisor of tp",
     "hidden_tp": "hidden and ffn sizes must be divisible by tp",
-    "layers_pp": "layers must be divisible by pp·vpp, and vpp > 1 needs pp > 1",
+    "layers_pp": "every virtual stage needs a layer (pp·vpp <= layers), and vpp > 1 needs pp > 1",
     "cp_seq": "sequence length must be a multiple of 2·cp",
     "experts_ep": "experts must be divisible by ep, expert ffn by etp, and tp·pp·dp·cp by etp·ep·pp",
     "batch": "global batch = microbatches · micro_batch · dp",
@@ -121,7 +121,7 @@ def encode(table: Table, assumptions: bool = False) -> Encoded:
     table_rule("heads_tp", ("tp",), lambda t: model_spec.heads % t == 0)
     table_rule("groups_tp", ("tp",), lambda t: g % t == 0 or t % g == 0)
     table_rule("hidden_tp", ("tp",), lambda t: all(w % t == 0 for w in widths))
-    table_rule("layers_pp", ("pp", "vpp"), lambda p, v: model_spec.layers % (p * v) == 0 and (v == 1 or p > 1))
+    table_rule("layers_pp", ("pp", "vpp"), lambda p, v: model_spec.layers >= p * v and (v == 1 or p > 1))
     table_rule("cp_seq", ("cp",), lambda c: c == 1 or model_spec.seq_length % (2 * c) == 0)
     moe = model_spec.moe is not None
     eff = model_spec.expert_ffn_hidden

@@ -9,18 +9,24 @@ as a named constraint in the CP-SAT model (`constraints.encode`).
 Domains (see `knob_domains`)
   tp           divisors of heads that divide hidden, ffn (and the expert ffn), with query groups
                a multiple or a divisor of tp, and tp <= GPUs
-  pp           divisors of layers, <= GPUs
+  pp           divisors of layers and (uneven layouts, issue 8) every other pp <= layers that
+               divides the GPUs (any pp <= layers with `allow_idle_gpus`: divisors of layers and
+               powers of two); a pp that does not divide the layers runs the balanced split of
+               `planner.pipeline_layout.balanced_layout`, which the per-stage solver
+               (`constraints.stages`) then refines for the plans it reports
   cp           1 and the divisors c <= 8 of seq/2 (so that seq % 2c == 0)
   ep           divisors of the number of experts (MoE only; else 1)
   etp          expert tensor parallel (MoE only; else = tp): tp (Megatron's default) or 1 (the folded
                layout published MoE recipes use); a pin may name any divisor of the expert ffn
                within the NVLink domain. ep and etp need only world % (etp·ep·pp) == 0
                (Megatron MoE parallel folding, megatron/core/parallel_state.py)
-  vpp          1..8 with layers % (pp*vpp) == 0 (vpp > 1 needs pp > 1)
+  vpp          1..8 with pp*vpp <= layers (vpp > 1 needs pp > 1); a pin may ask for any vpp
+               with pp*vpp <= layers (e.g. 12)
   dp           GPUs / (tp*pp*cp); with `allow_idle_gpus` any dp that leaves GPUs idle but keeps
                the used count a whole number of nodes (or at most one node), limited to the
                largest dp, powers of two and divisors of the fixed batch
-  micro_batch  1, 2, 4, 8, 16 with micro_batch*dp <= batch
+  micro_batch  1, 2, 3, 4, 6, 8, 12, 16 with micro_batch*dp <= batch (non-powers of two: issue 8)
+               when the batch is fixed; 1, 2, 4, 8, 16 when it is free (search speed)
   global_batch job.global_batch if fixed; otherwise every multiple of micro_batch*dp up to
                job.max_global_batch ("free batch"; the objective is then time per token)
   recompute    none, selective, full (all layers of a stage)
@@ -51,7 +57,8 @@ from planner.plan import KNOBS, RECOMPUTE_CODES, JobSpec
 
 CP_CAP = 8
 VPP_CAP = 8
-MICRO_BATCHES = (1, 2, 4, 8, 16)
+MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
+FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
 ZERO_STAGES = (0, 1, 3)
 OFFLOAD_GRID = (0.0, 0.5, 1.0)
 
@@ -105,7 +112,9 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     tp = [d for d in divisors(model.heads)
           if all(w % d == 0 for w in widths) and (g % d == 0 or d % g == 0) and d <= n
           and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink) and fills(d)]
-    pp = [d for d in divisors(model.layers) if d <= n and fills(d)]
+    uneven = {d for d in range(1, model.layers + 1) if n % d == 0} if not job.allow_idle_gpus \
+        else set(_pow2_upto(model.layers))
+    pp = sorted(d for d in set(divisors(model.layers)) | uneven if d <= n and fills(d))
     half = model.seq_length // 2 if model.seq_length % 2 == 0 else 0
     cp = [1] + [c for c in range(2, CP_CAP + 1) if half and half % c == 0 and c <= n and fills(c)]
     ep = divisors(model.moe.num_experts) if model.moe else [1]
@@ -120,7 +129,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "tp": tuple(tp), "pp": tuple(pp), "cp": tuple(cp), "ep": tuple(ep), "etp": tuple(etp), "vpp": tuple(vpp),
         "dp": tuple(range(1, n + 1)) if job.allow_idle_gpus else tuple(sorted({n // (a * b * c)
               for a in tp for b in pp for c in cp if n % (a * b * c) == 0})),
-        "micro_batch": tuple(m for m in MICRO_BATCHES if m <= cap),
+        "micro_batch": tuple(m for m in (MICRO_BATCHES if job.global_batch else FREE_BATCH_MICRO_BATCHES)
+                             if m <= cap),
         "global_batch": (job.global_batch,) if job.global_batch else tuple(range(1, cap + 1)),
         "recompute": tuple(RECOMPUTE_CODES.values()),
         "sequence_parallel": (0, 1), "tp_comm_overlap": (0, 1), "dp_comm_overlap": (0, 1),
@@ -183,6 +193,9 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
                 raise SpecError(f"pin global_batch: {raw} must be a whole number in 1..{job.max_global_batch}")
             domains[knob] = (int(value),)
             continue
+        if knob == "vpp" and value == int(value) and 1 <= value <= model.layers:
+            domains[knob] = (int(value),)  # any interleaving depth may be pinned (e.g. 12)
+            continue
         if knob == "dp" and not any(v == value for v in allowed):
             raise SpecError(f"pin dp: {raw} leaves no tp·pp·cp that fills {system.num_gpus} GPUs; "
                             f"allowed: {_fmt(knob, allowed)}")
@@ -244,7 +257,7 @@ def layouts(space: Space) -> dict[str, np.ndarray]:
                 if experts % ep or world % (etp * ep * pp):
                     continue
                 for vpp in d["vpp"]:
-                    if model.layers % (pp * vpp) or (vpp > 1 and pp == 1):
+                    if model.layers < pp * vpp or (vpp > 1 and pp == 1):
                         continue
                     for mb in d["micro_batch"]:
                         unit = mb * dp

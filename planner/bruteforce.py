@@ -77,4 +77,47 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
                        "not_expressible_skips": skipped})
 
 
-__all__ = ["BruteForce", "brute_force"]
+def compositions(total: int, parts: int):
+    """Every way to write `total` as `parts` positive integers, in lexicographic order."""
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in compositions(total - first, parts - 1):
+            yield (first,) + rest
+
+
+def best_stage_split(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> tuple[Plan | None, float]:
+    """The per-stage oracle: every split of the layers over pp·vpp virtual stages (each >= 1)
+    and, under full recompute, every block recompute count k (k = 0: none), each costed by the
+    exact model; the fastest one that breaks no rule. Small cases only (C(L−1, S−1)·L plans)."""
+    from planner.analytical import PlanArrays, estimate_many  # noqa: PLC0415 (oracle-only import)
+    S = plan.pp * plan.vpp
+    splits = list(compositions(model.layers, S))
+    ks = range(0, max(max(s) for s in splits) + 1) if plan.recompute == "full" else [0]
+    layouts, recompute = [], []
+    for split in splits:
+        for k in ks:
+            if k and k > max(split):
+                continue
+            layouts.append((split, tuple(min(k, n) for n in split) if k else None))
+            recompute.append(2 if k else (0 if plan.recompute == "full" else {"none": 0, "selective": 1}[plan.recompute]))
+    n = len(layouts)
+    base = PlanArrays.from_plans([plan.model_copy(update={"stage_layers": None, "stage_recompute_layers": None,
+                                                          "recompute_num_layers": None})], model.layers)
+    cols = {f: np.repeat(getattr(base, f), n) for f in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch",
+            "vpp", "sequence_parallel", "zero_stage", "offload_weights", "offload_activations",
+            "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap")}
+    stage_layout = np.empty(n, dtype=object)
+    stage_layout[:] = layouts
+    P = PlanArrays.from_columns(n, model.layers, recompute=np.asarray(recompute, dtype=float),
+                                stage_layout=stage_layout, **cols)
+    res = estimate_many(model, system, job, P)
+    ok = np.nonzero(res["violations"] == 0)[0]
+    if not len(ok):
+        return None, float("inf")
+    best = ok[np.argmin(res["step_time_s"][ok])]
+    return P.row(int(best)), float(res["step_time_s"][best])
+
+
+__all__ = ["BruteForce", "brute_force", "best_stage_split", "compositions"]

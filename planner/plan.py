@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveInt, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, model_validator
 
 from hardware.errors import refuse_loose_types, SpecError, one_line, read_yaml_mapping
 
@@ -70,12 +70,35 @@ class Plan(BaseModel):
         default=False, description="FP8 compute weights, gathered in FP8 (Megatron --fp8-param-gather)")
     dp_impl: DpImpl = Field(default="megatron", description="implementation of sharded data parallelism")
     moe_dispatcher: MoeDispatcher = Field(default="alltoall", description="MoE token dispatcher")
+    # --- pipeline layout (issue 8): explicit per-virtual-stage choices, Megatron's order
+    # (virtual stage s runs on pipeline rank s % pp, as model chunk s // pp).
+    stage_layers: tuple[NonNegativeInt, ...] | None = Field(
+        default=None, description="transformer layers per virtual stage, length pp*vpp (None = even/balanced split)")
+    stage_recompute_layers: tuple[NonNegativeInt, ...] | None = Field(
+        default=None, description="layers recomputed in full per virtual stage (needs stage_layers; "
+                                  "None = derived from recompute / recompute_num_layers)")
 
     @model_validator(mode="after")
     def _batch(self) -> "Plan":
         if self.global_batch % (self.micro_batch * self.dp):
             raise ValueError(f"global_batch ({self.global_batch}) must be a multiple of "
                              f"micro_batch*dp ({self.micro_batch}*{self.dp})")
+        return self
+
+    @model_validator(mode="after")
+    def _layout(self) -> "Plan":
+        stages = self.pp * self.vpp
+        if self.stage_layers is not None and len(self.stage_layers) != stages:
+            raise ValueError(f"stage_layers has {len(self.stage_layers)} entries; pp*vpp = {stages}")
+        if self.stage_recompute_layers is not None:
+            if self.stage_layers is None:
+                raise ValueError("stage_recompute_layers needs stage_layers")
+            if len(self.stage_recompute_layers) != stages or any(
+                    k > n for k, n in zip(self.stage_recompute_layers, self.stage_layers)):
+                raise ValueError("stage_recompute_layers must have pp*vpp entries, each at most "
+                                 "that stage's layers")
+            if any(self.stage_recompute_layers) and self.recompute != "full":
+                raise ValueError("stage_recompute_layers needs recompute: full")
         return self
 
     @property
@@ -109,6 +132,10 @@ class Plan(BaseModel):
             parts.append(f"etp{self.etp}")
         if self.vpp > 1:
             parts.append(f"vpp{self.vpp}")
+        if self.stage_layers is not None:
+            parts.append("layers[" + compress_runs(self.stage_layers) + "]")
+        if self.stage_recompute_layers is not None and any(self.stage_recompute_layers):
+            parts.append(f"rc-k{max(self.stage_recompute_layers)}")
         parts.append(f"mb{self.micro_batch}")
         if self.sequence_parallel:
             parts.append("sp")
@@ -128,6 +155,19 @@ class Plan(BaseModel):
             if frac:
                 parts.append(f"off-{what[:3]}{frac:.2g}")
         return " ".join(parts)
+
+
+def compress_runs(values) -> str:
+    """1,2,2,2,1 -> '1,2x3,1'."""
+    out, i = [], 0
+    values = list(values)
+    while i < len(values):
+        j = i
+        while j < len(values) and values[j] == values[i]:
+            j += 1
+        out.append(f"{values[i]}x{j - i}" if j - i > 1 else str(values[i]))
+        i = j
+    return ",".join(out)
 
 
 class BytesPerParam(BaseModel):

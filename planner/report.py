@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hardware.spec import SystemSpec
+from planner.plan import compress_runs
 from planner.analytical.estimate import RULES, Estimate
 from planner.jsonout import json_safe, json_text  # noqa: F401 (re-exported)
 from planner.model import ModelSpec
@@ -34,7 +35,10 @@ def describe_plan(est: Estimate) -> str:
     return (f"TP {p.tp} · PP {p.pp} · DP {p.dp}" + (f" · CP {p.cp}" if p.cp > 1 else "")
             + (f" · EP {p.ep}" if p.ep > 1 else "") + f" · micro-batch {p.micro_batch}"
             + f" · global batch {p.global_batch} ({p.num_microbatches} microbatch{'es' if p.num_microbatches != 1 else ''})"
-            + (f" · VPP {p.vpp}" if p.vpp > 1 else "") + (" · SP" if p.sequence_parallel else "")
+            + (f" · VPP {p.vpp}" if p.vpp > 1 else "")
+            + (f" · layers per virtual stage {compress_runs(p.stage_layers)}" if p.stage_layers else "")
+            + (f" (recomputed {compress_runs(p.stage_recompute_layers)})" if p.stage_recompute_layers else "")
+            + (" · SP" if p.sequence_parallel else "")
             + f" · recompute {p.recompute}" + f" · ZeRO-{p.zero_stage}"
             + "".join(f" · offload {w} {getattr(p, 'offload_' + w):.0%}"
                       for w in ("weights", "activations", "optimizer") if getattr(p, "offload_" + w)))

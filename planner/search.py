@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.solve import explain, solve_top_k
+from constraints.stages import best_stages
 from constraints.space import at_batch, build_space, cross, layouts, options
 from constraints.cost_table import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
 from hardware.errors import SpecError
@@ -36,6 +37,9 @@ HYPOTHETICAL_OFFLOAD_GIB = 4096.0
 MIN_OFFLOAD_GIB = 64.0
 HYPOTHETICAL_OFFLOAD_GB_S = 100.0
 MAX_GPU_FACTOR = 64
+# The per-stage CP-SAT model refines the first STAGE_REFINE_TOP reported plans (each is one or
+# two solves of 0.01-2.5 s; all 50 of a top-50 would break the 10 s budget).
+STAGE_REFINE_TOP = 5
 TIE_LOOKAHEAD = 4  # extra layouts fetched beyond top_k so that near-ties can be re-ranked
 
 
@@ -44,6 +48,7 @@ class Ranked:
     plan: Plan
     estimate: Estimate
     objective: float          # seconds per token (free batch) or per step (fixed batch)
+    stages: dict | None = None  # what the per-stage CP-SAT model decided (constraints.stages)
 
 
 @dataclass
@@ -106,13 +111,48 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
         if not math.isclose(obj, float(table.res["objective"][i]), rel_tol=1e-9):
             mismatches += 1
         ranked.append(Ranked(plan=p, estimate=est, objective=obj))
+    t_stages = time.perf_counter()
+    ranked = refine_stages(model, system, job, ranked, space.free_batch, top_k)
     stats = dict(table.stats)
     stats.update(sols.stats)
+    stats["stages_s"] = time.perf_counter() - t_stages
     stats.update({"status": sols.status, "rescore_s": time.perf_counter() - t1,
                   "rescore_mismatches": mismatches, "not_expressible_dropped": dropped,
                   "total_s": time.perf_counter() - t0, "free_batch": space.free_batch})
     return SearchResult(ranked=ranked, objective="time per token" if space.free_batch else "step time",
                         stats=stats)
+
+
+def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: list[Ranked],
+                  free: bool, top_k: int) -> list[Ranked]:
+    """Per-stage choices of the first STAGE_REFINE_TOP reported pipelined plans, by CP-SAT (constraints.stages): the
+    layers per virtual stage and the block-recompute count under per-rank memory. The solver's
+    answer is re-scored by the exact model and kept when it is feasible, expressible and no
+    slower; then the list is re-ranked (ties: planner.ties)."""
+    out = []
+    for n, r in enumerate(ranked):
+        if n >= STAGE_REFINE_TOP:  # search-speed budget: the first few plans only
+            out.append(r)
+            continue
+        cand, sol = best_stages(model, system, job, r.plan)
+        if sol is None:
+            out.append(r)
+            continue
+        info = {"variables": sol.variables, "constraints": sol.constraints, "status": sol.status,
+                "proven_optimal": sol.proven_optimal, "solve_s": sol.wall_s,
+                "stage_layers": list(sol.stage_layers) if sol.stage_layers else None,
+                "recompute_layers_per_stage": sol.recompute_layers, "kept": False}
+        best = Ranked(plan=r.plan, estimate=r.estimate, objective=r.objective, stages=info)
+        if cand is not None:
+            est = estimate(model, system, cand, job)
+            obj = _objective(est, model.seq_length, free)
+            ok = est.feasible and not (job.framework == "megatron" and not_expressible(cand, model, job))
+            if ok and obj < r.objective * (1 - 1e-12):
+                info["kept"] = True
+                best = Ranked(plan=cand, estimate=est, objective=obj, stages=info)
+        out.append(best)
+    out.sort(key=lambda r: r.objective)  # stable: equal objectives keep the search's order
+    return [out[i] for i in rank_with_ties([r.objective for r in out], [r.plan for r in out], top_k)]
 
 
 def best_plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> Plan | None:

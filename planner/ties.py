@@ -19,7 +19,8 @@ TIE_REL_TOL = 1e-3
 
 def simplicity_key(plan: Plan) -> tuple[int, ...]:
     """Smaller is simpler: the count of extra parallel dimensions in use, then their sizes."""
-    extra = int(plan.cp > 1) + int(plan.ep > 1) + int(plan.vpp > 1)
+    # an uneven pipeline layout (explicit stage_layers, issue 8) counts as one more dimension
+    extra = int(plan.cp > 1) + int(plan.ep > 1) + int(plan.vpp > 1) + int(plan.stage_layers is not None)
     return (extra, plan.cp, plan.ep, plan.vpp, plan.tp)
 
 

@@ -11,7 +11,8 @@ API = set(planner.__all__)
 # (layer, module prefixes) low to high, as in docs/design.md "Layers and who may import whom"
 LAYERS = [
     (0, ("hardware",)),
-    (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties", "planner.jsonout")),
+    (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties", "planner.jsonout",
+         "planner.pipeline_layout")),
     (2, ("planner.analytical",)),
     (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.reference", "planner.fit", "planner.planfile",
          "planner.report")),

@@ -7,6 +7,8 @@ import json
 import math
 
 import pytest
+
+from planner.ties import TIE_REL_TOL
 import yaml
 from typer.testing import CliRunner
 
@@ -119,9 +121,9 @@ def test_check_says_yes():
 
 
 def test_check_structural_no():
-    # 7 GPUs: no tp·pp·cp of a 96-layer, 96-head model divides 7 except 1, and dp=7 cannot
-    # split a batch of 64
-    res = check(load_model("gpt3-175b"), load_system("a100-80g", 7), JobSpec(global_batch=64))
+    # 7 GPUs, pp pinned to 1 (pp 7 would be an uneven split, legal since issue 8): no tp·cp of a
+    # 96-head model divides 7 except 1, and dp=7 cannot split a batch of 64
+    res = check(load_model("gpt3-175b"), load_system("a100-80g", 7), JobSpec(global_batch=64, pins={"pp": 1}))
     assert not res.feasible
     assert any("batch" in r or "gpus" in r for r in res.reasons)
 
@@ -136,7 +138,8 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
     g = model.kv_groups
     tps = [t for t in range(1, gpus + 1) if model.heads % t == 0 and model.hidden % t == 0
            and model.ffn_hidden % t == 0 and (g % t == 0 or t % g == 0)]
-    pps = [p for p in range(1, gpus + 1) if model.layers % p == 0]
+    # uneven pipeline layouts (issue 8): any pp up to the layers that divides the GPUs
+    pps = [p for p in range(1, gpus + 1) if p <= model.layers and gpus % p == 0]
     cps = [c for c in range(1, 9) if c == 1 or (model.seq_length % (2 * c) == 0)]
     cap = job.global_batch or job.max_global_batch
     batches = [job.global_batch] if job.global_batch else list(range(1, cap + 1))
@@ -148,8 +151,9 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
         dp = gpus // (tp * pp * cp)
         # MoE parallel folding: etp is searched over {1, tp}; only gpus % (etp·ep·pp) == 0 binds
         etps = sorted({1, tp}) if model.moe else [tp]
-        for ep, etp, vpp, mb, gb in itertools.product(range(1, E + 1), etps, range(1, 9), (1, 2, 4, 8, 16), batches):
-            if E % ep or gpus % (etp * ep * pp) or model.layers % (pp * vpp) or (vpp > 1 and pp == 1):
+        mbs = (1, 2, 3, 4, 6, 8, 12, 16) if job.global_batch else (1, 2, 4, 8, 16)
+        for ep, etp, vpp, mb, gb in itertools.product(range(1, E + 1), etps, range(1, 9), mbs, batches):
+            if E % ep or gpus % (etp * ep * pp) or model.layers < pp * vpp or (vpp > 1 and pp == 1):
                 continue
             if model.moe and model.expert_ffn_hidden % etp:
                 continue
@@ -185,7 +189,9 @@ def test_count_256_vs_254_blocks():
     sys_ = load_system("h100-offload-1tib", 4096)
     n256 = count(load_model("seed-1t-256blocks"), sys_, JobSpec())
     n254 = count(load_model("seed-1t-254blocks"), sys_, JobSpec())
-    assert n256 > 10 * n254 > 0  # many more mappings with a power-of-two block count (seed: 18.5x)
+    # The seed found 18.5x more mappings with a power-of-two block count; with uneven pipeline
+    # layouts (issue 8) 254 blocks take every pp 256 blocks do except pp 256 itself.
+    assert n256 >= n254 > 0.5 * n256  # measured 10,052,490 vs 7,068,450 (no pp 256, fewer vpp at pp 128)
 
 
 # ------------------------------------------------------------------------------------------------

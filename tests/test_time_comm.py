@@ -104,8 +104,10 @@ def test_divisibility_rules_are_reported():
     s = load_system("h100-sxm", 48)
     est = estimate(m, s, Plan(tp=3, pp=1, dp=16, global_batch=16))
     assert {"heads_tp", "groups_tp"} <= set(est.violations)
-    est = estimate(m, s, Plan(tp=8, pp=3, dp=2, vpp=2, global_batch=4))  # m = 2 < pp
+    # uneven splits are legal now (issue 8), but a layout must place every layer
+    est = estimate(m, s, Plan(tp=8, pp=3, dp=2, vpp=2, global_batch=4, stage_layers=(1,) * 6))  # m = 2 < pp
     assert {"layers_pp", "vpp_microbatches"} <= set(est.violations)
+    assert "layers_pp" not in estimate(m, s, Plan(tp=8, pp=3, dp=2, vpp=2, global_batch=12)).violations
 
 
 def random_columns(rng, n, layers):

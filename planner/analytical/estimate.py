@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from hardware.spec import SystemSpec
 from planner.analytical import flops, precision
 from planner.analytical.memory import memory_breakdown
-from planner.analytical.plans import PlanArrays
+from planner.analytical.plans import PlanArrays, has_layout
 from planner.analytical.time import step_time
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -22,7 +22,8 @@ RULES: dict[str, str] = {
     "heads_tp": "attention heads must be divisible by tp",
     "groups_tp": "query groups must be a multiple or a divisor of tp",
     "hidden_tp": "hidden and ffn sizes must be divisible by tp",
-    "layers_pp": "layers must be divisible by pp·vpp",
+    "layers_pp": "the pipeline layout must hold every layer: at least one layer per virtual stage "
+                 "(pp·vpp <= layers), or stage_layers summing to the layers",
     "batch": "global batch must be a multiple of micro_batch·dp",
     "vpp_needs_pp": "interleaving (vpp > 1) needs pp > 1",
     "vpp_microbatches": "with interleaving the number of microbatches must be a multiple of pp",
@@ -47,7 +48,7 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         "groups_tp": (g % t != 0) & (t % g != 0),
         "hidden_tp": (model.hidden % t != 0) | (model.ffn_hidden % t != 0)
         | ((model.expert_ffn_hidden % t != 0) if model.moe else False),
-        "layers_pp": model.layers % (p * v) != 0,
+        "layers_pp": layout_breaks(model.layers, P),
         "batch": P.global_batch % (P.micro_batch * dp) != 0,
         "vpp_needs_pp": (v > 1) & (p == 1),
         "vpp_microbatches": (v > 1) & ((m < p) | (np.mod(m, p) != 0)),
@@ -65,6 +66,14 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     for name, broken in checks.items():
         bits |= np.where(np.broadcast_to(broken, (len(P),)), RULE_BITS[name], 0)
     return bits
+
+
+def layout_breaks(layers: int, P: PlanArrays) -> np.ndarray:
+    """Default split: every virtual stage needs a layer; explicit: the stages sum to the layers."""
+    broken = layers < P.pp * P.vpp
+    for i in np.flatnonzero(has_layout(P.stage_layout)):
+        broken[i] = sum(P.stage_layout[i][0]) != layers
+    return broken
 
 
 def violated_rules(bits: int) -> list[str]:
@@ -86,7 +95,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     skipped = flops.attention_core_flops_per_token(model) - attn_exec
     layer_fwd = flops.layer_matmul_flops_per_token(model) + attn_exec
     executed = flops.model_flops_per_token(model) - 3.0 * (model.layers + model.mtp_layers) * skipped
-    rc_layers = P.full_recompute_layers(model.layers) * P.pp
+    rc_layers = P.recompute_total
     extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * attn_exec, 0.0)
     hw_flops = tokens * (executed + extra)
     step = times["step_time_s"]

@@ -60,25 +60,49 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
     return np.where(P.recompute == 2, input_only, per_layer), per_layer
 
 
+class RankColumns:
+    """P's 1-D columns as (n, 1), so that per-layer functions broadcast against the (n, R)
+    representative-rank columns without changing their signatures."""
+
+    def __init__(self, P: PlanArrays):
+        self._P = P
+
+    def __getattr__(self, name):
+        value = getattr(self._P, name)
+        return value[:, None] if isinstance(value, np.ndarray) and value.ndim == 1 else value
+
+    def __len__(self) -> int:
+        return len(self._P)
+
+
 def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
-    """Microbatches whose activations the first stage holds under 1F1B: min(pp, m), times the
-    interleaving factor (1 + (p−1)/(p·v)) (Korthikanti et al. 2022 §4.2.3)."""
-    m = P.global_batch / (P.micro_batch * P.dp)
-    p, v = P.pp, P.vpp
-    factor = np.where(v > 1, 1.0 + (p - 1.0) / (p * v), 1.0)
-    return np.minimum(p, m) * factor
+    """Microbatches (in units of a whole rank's activations) that each representative rank r
+    holds at its peak, (n, R). 1F1B: min(pp − r, m) (rank r warms up with pp − r − 1 forwards,
+    Narayanan et al. SC'21 §2.2). Interleaved (Megatron's schedule: 2(pp − r − 1) + (v − 1)·pp
+    warm-up chunk-forwards plus one, each 1/v of the rank): (2(p−r−1) + (v−1)p + 1)/v, which for
+    r = 0 is Korthikanti et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v)); scaled by min(1, m/p)."""
+    C = RankColumns(P)
+    m = C.global_batch / (C.micro_batch * C.dp)
+    p, v, r = C.pp, C.vpp, P.rank_index
+    plain = np.minimum(p - r, m)
+    interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0) / v * np.minimum(1.0, m / p)
+    return np.where(v > 1, interleaved, plain)
 
 
 def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(transformer-block dense, vocabulary, expert) parameters held by one GPU of the first
-    stage. TP shards every matrix (norms are replicated: negligible and ignored); EP shards the
-    experts over etp·ep (Megatron parallel folding; etp = tp by default); the stage holds one V×h matrix (embedding,
-    or the LM head on the last stage; both when pp = 1 and the embeddings are untied)."""
-    layers_per_stage = model.layers / P.pp
-    blocks = layers_per_stage * model.non_expert_params_per_layer / P.tp
-    vocab_matrices = np.where((P.pp == 1) & (not model.tied_embeddings), 2.0, 1.0)
-    vocab = vocab_matrices * model.vocab * model.hidden / P.tp
-    expert = layers_per_stage * model.expert_params_per_layer / (P.etp * P.ep)
+    """(transformer-block dense, vocabulary, expert) parameters held by one GPU of each
+    representative rank, (n, R). TP shards every matrix (norms are replicated: negligible and
+    ignored); EP shards the experts over etp·ep (Megatron parallel folding; etp = tp by default); the first rank holds
+    the embedding and the last the LM head (Megatron keeps a copy of a tied embedding there when
+    pp > 1; with pp = 1 untied embeddings are two matrices on the one rank)."""
+    C = RankColumns(P)
+    n = P.rank_layers
+    blocks = n * model.non_expert_params_per_layer / C.tp
+    first = P.rank_index == 0
+    last = P.rank_index == C.pp - 1
+    vocab_matrices = first * 1.0 + last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
+    vocab = vocab_matrices * model.vocab * model.hidden / C.tp
+    expert = n * model.expert_params_per_layer / (C.etp * C.ep)
     return blocks, vocab, expert
 
 
@@ -121,68 +145,102 @@ def grad_bytes_per_elem(job: JobSpec, P: PlanArrays) -> tuple[np.ndarray, np.nda
     return np.where(bf16, BF16_GRAD_BYTES, bpp.grads), np.where(bf16, BF16_GRAD_BYTES, bpp.grad_reduce)
 
 
-def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
-    """Bytes per GPU: HBM by category, offload-tier use by category, and the HBM budget."""
+def at_rank(values, index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Row i's entry in column index[i] of `values` broadcast to the (n, R) rank shape."""
+    full = np.broadcast_to(np.asarray(values, dtype=np.float64), shape)
+    return np.take_along_axis(full, index[:, None], axis=1)[:, 0]
+
+
+def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
+    """Bytes per GPU of every representative pipeline rank, (n, R) arrays by category."""
+    C = RankColumns(P)
     bpp = job.bytes_per_param
     blocks, vocab, expert = stage_params(model, P)
     params = blocks + vocab + expert
-    weight_elems, grad_elems, opt_elems = model_state_elems(blocks + vocab, expert, P)
-    vocab_w, vocab_g, vocab_o = model_state_elems(vocab, 0.0, P)
+    weight_elems, grad_elems, opt_elems = model_state_elems(blocks + vocab, expert, C)
+    vocab_w, vocab_g, vocab_o = model_state_elems(vocab, 0.0, C)
 
-    layers_per_stage = model.layers / P.pp
+    layers_here = P.rank_layers
+    some_layers = np.maximum(layers_here, 1.0)
     # ZeRO-3 gathers two layers at a time (the one computing, the one prefetching).
-    block_wb = block_weight_bytes_per_elem(job, P)
-    grad_b, grad_wire_b = grad_bytes_per_elem(job, P)
-    gathered = np.where(P.zero_stage >= 3, 2.0 * params / layers_per_stage * block_wb, 0.0)
+    block_wb = block_weight_bytes_per_elem(job, C)
+    grad_b, grad_wire_b = grad_bytes_per_elem(job, C)
+    gathered = np.where(C.zero_stage >= 3, 2.0 * params / some_layers * block_wb, 0.0)
 
     weights = weight_elems * block_wb + vocab_w * (bpp.weights - block_wb)
     grads = grad_elems * grad_b
     optimizer = opt_elems * bpp.optimizer_total
 
-    stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, P)
-    # Partial full recompute: k of the stage's layers keep only their input.
-    k = P.full_recompute_layers(model.layers)
-    act_mb = k * stored_per_layer + (layers_per_stage - k) * np.where(P.recompute == 2, full_per_layer,
-                                                                      stored_per_layer)
+    stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, C)
+    # Partial full recompute: k of the rank's layers keep only their input.
+    k = P.rank_recompute
+    act_mb = k * stored_per_layer + (layers_here - k) * np.where(C.recompute == 2, full_per_layer,
+                                                                 stored_per_layer)
     activations = act_mb * in_flight_microbatches(P)
 
     # Offload: the fraction moved out; HBM keeps at least two layers' worth (one computing,
     # one in transfer) of whatever is offloaded (DESIGN.md, Offload).
-    two_layers = 2.0 / layers_per_stage
+    two_layers = 2.0 / some_layers
     def _kept(total, frac):
         return np.where(frac > 0, total * np.maximum(1.0 - frac, np.minimum(two_layers, 1.0)), total)
-    hbm_weights = _kept(weights, P.offload_weights)
-    hbm_grads = _kept(grads, P.offload_weights)
-    hbm_optimizer = optimizer * (1.0 - P.offload_optimizer)
-    hbm_activations = _kept(activations, P.offload_activations)
-    offloaded = {"weights_grads_bytes": (weights - hbm_weights) + (grads - hbm_grads),
-                 "optimizer_bytes": optimizer - hbm_optimizer,
-                 "activations_bytes": activations - hbm_activations}
+    hbm_weights = _kept(weights, C.offload_weights)
+    hbm_grads = _kept(grads, C.offload_weights)
+    hbm_optimizer = optimizer * (1.0 - C.offload_optimizer)
+    hbm_activations = _kept(activations, C.offload_activations)
+    offloaded = {"weights_grads": (weights - hbm_weights) + (grads - hbm_grads),
+                 "optimizer": optimizer - hbm_optimizer,
+                 "activations": activations - hbm_activations}
     offload_bytes = sum(offloaded.values())
     # the embedding / LM-head share of the model state in HBM, reported on its own line
-    vocab_hbm_w = _kept(vocab_w * bpp.weights, P.offload_weights)
-    vocab_hbm_g = _kept(vocab_g * grad_b, P.offload_weights)
-    vocab_hbm_o = vocab_o * bpp.optimizer_total * (1.0 - P.offload_optimizer)
+    vocab_hbm_w = _kept(vocab_w * bpp.weights, C.offload_weights)
+    vocab_hbm_g = _kept(vocab_g * grad_b, C.offload_weights)
+    vocab_hbm_o = vocab_o * bpp.optimizer_total * (1.0 - C.offload_optimizer)
 
     # Transient buffers: one layer recomputed in full, and the fp32 logits of the LM head
-    # (4·s·b·V/t, Korthikanti et al. 2022 §4.3) on the last stage.
-    sbV = P.micro_batch * model.seq_length / P.cp * model.vocab
-    workspace = gathered + np.where(P.recompute == 2, full_per_layer, 0.0) + 4.0 * sbV / P.tp
+    # (4·s·b·V/t, Korthikanti et al. 2022 §4.3). The logits buffer is charged to every rank
+    # (conservatively, as before per-rank costing), so even splits keep their numbers.
+    sbV = C.micro_batch * model.seq_length / C.cp * model.vocab
+    workspace = gathered + np.where(C.recompute == 2, full_per_layer, 0.0) + 4.0 * sbV / C.tp
 
     hbm_total = hbm_weights + hbm_grads + hbm_optimizer + hbm_activations + workspace
+    shape = hbm_total.shape
+    full = lambda x: np.broadcast_to(np.asarray(x, dtype=np.float64), shape)  # noqa: E731
+    return {"hbm": hbm_total, "weights": full(hbm_weights - vocab_hbm_w), "grads": full(hbm_grads - vocab_hbm_g),
+            "optimizer": full(hbm_optimizer - vocab_hbm_o),
+            "embeddings": full(vocab_hbm_w + vocab_hbm_g + vocab_hbm_o), "activations": full(hbm_activations),
+            "workspace": full(workspace), "offload": full(offload_bytes),
+            **{f"offload_{k}": full(v) for k, v in offloaded.items()},
+            "activations_per_microbatch": full(act_mb), "opt_elems": full(opt_elems), "params_elems": full(params),
+            "expert_params_elems": full(expert),
+            "grad_reduce": full(params * grad_wire_b),
+            "param_gather": full((blocks + expert) * block_wb + vocab * bpp.weights)}
+
+
+def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
+    """Bytes per GPU of the plan's fullest pipeline rank: HBM by category, offload-tier use by
+    category, and the HBM budget. Every representative rank is costed ((n, R) arrays) and the
+    one with the most HBM is reported (`memory_rank`). The optimizer step and the DP gradient
+    reduce wait for the rank with the MOST parameters, so those counts are the max over ranks."""
+    r = rank_memory(model, system, job, P)
+    worst = np.argmax(r["hbm"], axis=1)
+    def at(x):
+        return at_rank(x, worst, r["hbm"].shape)
     capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
     offload_capacity = system.offload.capacity_bytes if system.offload else 0.0
     return {
-        "weights_bytes": hbm_weights - vocab_hbm_w, "grads_bytes": hbm_grads - vocab_hbm_g,
-        "optimizer_bytes": hbm_optimizer - vocab_hbm_o,
-        "embeddings_bytes": vocab_hbm_w + vocab_hbm_g + vocab_hbm_o,
-        "activations_bytes": hbm_activations, "workspace_bytes": workspace,
-        **{f"offload_{k}": v for k, v in offloaded.items()},
-        "hbm_bytes": hbm_total, "hbm_capacity_bytes": np.full(len(P), capacity),
-        "offload_bytes": offload_bytes, "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
-        "activations_per_microbatch_bytes": act_mb, "opt_elems": opt_elems, "params_elems": params,
-        "expert_params_elems": np.broadcast_to(expert, (len(P),)),
-        # what one DP gradient reduce / parameter all-gather moves per GPU's model copy
-        "grad_reduce_bytes": params * grad_wire_b,
-        "param_gather_bytes": (blocks + expert) * block_wb + vocab * bpp.weights,
+        "weights_bytes": at(r["weights"]), "grads_bytes": at(r["grads"]), "optimizer_bytes": at(r["optimizer"]),
+        "embeddings_bytes": at(r["embeddings"]), "activations_bytes": at(r["activations"]),
+        "workspace_bytes": at(r["workspace"]),
+        **{f"offload_{k}_bytes": at(r[f"offload_{k}"]) for k in ("weights_grads", "optimizer", "activations")},
+        "hbm_bytes": at(r["hbm"]), "hbm_capacity_bytes": np.full(len(P), capacity),
+        "offload_bytes": np.max(r["offload"], axis=1),
+        "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
+        "activations_per_microbatch_bytes": at(r["activations_per_microbatch"]),
+        "opt_elems": np.max(r["opt_elems"], axis=1), "params_elems": np.max(r["params_elems"], axis=1),
+        "expert_params_elems": np.max(r["expert_params_elems"], axis=1),
+        "memory_rank": at(P.rank_index),
+        # what one DP gradient reduce / parameter all-gather moves per GPU's model copy: the rank
+        # with the most parameters
+        "grad_reduce_bytes": np.max(r["grad_reduce"], axis=1),
+        "param_gather_bytes": np.max(r["param_gather"], axis=1),
     }

@@ -5,6 +5,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from planner.pipeline_layout import balanced_layout, even_layout
 from planner.plan import DP_IMPL_CODES, MOE_DISPATCHER_CODES, RECOMPUTE_CODES, Plan
 
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
@@ -15,13 +16,15 @@ DISPATCHER_NAMES = {code: name for name, code in MOE_DISPATCHER_CODES.items()}
 @dataclass(frozen=True)
 class PlanArrays:
     """One column per knob; row i is plan i. recompute: 0 none, 1 selective, 2 full;
-    recompute_layers: layers per stage recomputed under full recompute, 0 = all (ignored otherwise)."""
+    recompute_layers: layers per stage recomputed under full recompute, 0 = all (ignored otherwise).
 
-    def full_recompute_layers(self, layers: int) -> np.ndarray:
-        """Layers per stage that keep only their input (0 unless recompute is full)."""
-        per_stage = layers / self.pp
-        k = np.where(self.recompute_layers > 0, np.minimum(self.recompute_layers, per_stage), per_stage)
-        return np.where(self.recompute == 2, k, 0.0)
+    The pipeline layout is held per plan as a few REPRESENTATIVE pipeline ranks (2-D columns
+    rank_index / rank_layers / rank_recompute, one column per representative): the ranks whose
+    time or memory can be the plan's worst. A rank left out has the same layers and recompute as
+    a kept rank of lower index and is neither first nor last, so it is dominated: same compute, fewer
+    in-flight microbatches, no embedding, so the max over representatives equals the max over all
+    ranks (exact reduction). Even and balanced splits need 3 (first, a fullest middle, last);
+    explicit layouts keep every rank. `stage_layout` keeps an explicit Plan layout for `row`."""
 
     tp: np.ndarray
     pp: np.ndarray
@@ -46,6 +49,12 @@ class PlanArrays:
     cross_entropy_fusion: np.ndarray
     grad_reduce_in_bf16: np.ndarray
     fp8_param_gather: np.ndarray
+    rank_index: np.ndarray = None      # (n, R) pipeline rank of each representative
+    rank_layers: np.ndarray = None     # (n, R) transformer layers on that rank
+    rank_recompute: np.ndarray = None  # (n, R) of those, layers recomputed in full
+    recompute_total: np.ndarray = None  # (n,) layers recomputed in full over all ranks
+    num_layers: np.ndarray = None      # (n,) the model's transformer layers
+    stage_layout: np.ndarray = None    # (n,) object: (stage_layers, stage_recompute | None) or None
 
     def __len__(self) -> int:
         return len(self.tp)
@@ -56,6 +65,8 @@ class PlanArrays:
         default = Plan()
         out = {}
         for f in fields(cls):
+            if f.name in RANK_FIELDS or f.name == "stage_layout":
+                continue
             if f.name in cols:
                 value = cols[f.name]
             elif f.name == "recompute_layers":
@@ -73,8 +84,13 @@ class PlanArrays:
             out[f.name] = np.broadcast_to(np.asarray(value, dtype=np.float64), (n,)).copy()
         out["etp"] = np.where(out["etp"] > 0, out["etp"], out["tp"])
         # 0 means "every layer of the stage"; a count above the stage's layers means the same
-        all_layers = out["recompute_layers"] >= layers / out["pp"]
+        layouts = cols.get("stage_layout")
+        out["stage_layout"] = np.empty(n, dtype=object) if layouts is None else np.asarray(layouts, dtype=object)
+        # (default split: no rank holds more than ceil(layers/pp), so k >= layers/pp is "all")
+        explicit = np.zeros(n, dtype=bool) if layouts is None else has_layout(out["stage_layout"])
+        all_layers = (out["recompute_layers"] >= layers / out["pp"]) & ~explicit
         out["recompute_layers"] = np.where(all_layers, 0.0, np.maximum(out["recompute_layers"], 0.0))
+        out.update(_rank_columns(layers, out))
         return cls(**out)
 
     @classmethod
@@ -92,15 +108,31 @@ class PlanArrays:
                     cols[name].append(DP_IMPL_CODES[p.dp_impl])
                 elif name == "moe_dispatcher":
                     cols[name].append(MOE_DISPATCHER_CODES[p.moe_dispatcher])
+                elif name == "stage_layout":
+                    cols[name].append(None if p.stage_layers is None else (p.stage_layers, p.stage_recompute_layers))
+                elif name in RANK_FIELDS:
+                    continue
                 else:
                     cols[name].append(float(getattr(p, name)))
-        return cls.from_columns(len(plans), layers, **{k: np.array(v) for k, v in cols.items()})
+        layouts = np.empty(len(plans), dtype=object)
+        layouts[:] = cols.pop("stage_layout")
+        return cls.from_columns(len(plans), layers, stage_layout=layouts,
+                                **{k: np.array(v) for k, v in cols.items() if k not in RANK_FIELDS})
 
     def row(self, i: int) -> Plan:
         """Plan i back as a pydantic Plan (for reports and Megatron emission)."""
         rc = RECOMPUTE_NAMES[int(self.recompute[i])]
         k = int(self.recompute_layers[i]) if rc == "full" and self.recompute_layers[i] > 0 else None
+        pp, vpp = int(self.pp[i]), int(self.vpp[i])
+        explicit = self.stage_layout[i]
+        if explicit is not None:
+            stage_layers, stage_recompute = explicit
+        else:  # the default split, written out when it is not even (Megatron needs to be told)
+            stage_layers = balanced_layout(int(self.num_layers[i]), pp, vpp)
+            stage_layers = None if stage_layers == even_layout(int(self.num_layers[i]), pp, vpp) else stage_layers
+            stage_recompute = None
         return Plan(
+            stage_layers=stage_layers, stage_recompute_layers=stage_recompute,
             tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
             ep=int(self.ep[i]), etp=None if self.etp[i] == self.tp[i] else int(self.etp[i]),
             dp_impl=DP_IMPL_NAMES[int(self.dp_impl[i])],
@@ -118,3 +150,62 @@ class PlanArrays:
 
     def take(self, index: np.ndarray) -> "PlanArrays":
         return PlanArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def has_layout(stage_layout: np.ndarray) -> np.ndarray:
+    """Rows with an explicit layout (elementwise `is not None`, in C)."""
+    return np.not_equal(stage_layout, None)
+
+
+RANK_FIELDS = ("rank_index", "rank_layers", "rank_recompute", "recompute_total", "num_layers")
+
+
+def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Representative ranks of every row (see PlanArrays). Default split (no explicit layout):
+    ranks 0, 1 (a fullest middle rank: `balanced_layout` puts the extra layers on ranks 1, 2, …
+    first) and pp − 1, vectorised; rows with an explicit layout keep every rank."""
+    p, v = cols["pp"], cols["vpp"]
+    n = len(p)
+    q = np.floor(layers / p)
+    extra = layers - q * p
+    even = np.mod(layers, p * v) == 0
+    # extra layers go to ranks 1..pp-2 first, then rank 0, then the last rank
+    middle = np.maximum(p - 2, 0)
+    first_extra = extra > middle
+    last_extra = extra > middle + 1
+    n0 = np.where(even, layers / p, q + first_extra)
+    n1 = np.where(even, layers / p, q + np.where(p > 2, extra >= 1, np.where(p == 2, last_extra, first_extra)))
+    nl = np.where(even, layers / p, q + np.where(p > 1, last_extra, first_extra))
+    idx = np.stack([np.zeros(n), np.minimum(1.0, p - 1), p - 1], axis=1)
+    nr = np.stack([n0, n1, nl], axis=1)
+    full = cols["recompute"] == 2
+    k = cols["recompute_layers"]
+    kr = np.where(full[:, None], np.where(k[:, None] > 0, np.minimum(k[:, None], nr), nr), 0.0)
+    # total over all ranks: `extra` ranks hold q+1 layers, the rest q
+    def recomputed(nl_):
+        return np.where(full, np.where(k > 0, np.minimum(k, nl_), nl_), 0.0)
+    total = np.where(even, p * recomputed(layers / p), extra * recomputed(q + 1) + (p - extra) * recomputed(q))
+    explicit = np.flatnonzero(has_layout(cols["stage_layout"]))
+    if not len(explicit):
+        return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "recompute_total": total,
+            "num_layers": np.full(n, float(layers))}
+    width = max(3, max(int(p[i]) for i in explicit))
+    pad = lambda a: np.concatenate([a, np.repeat(a[:, :1], width - a.shape[1], axis=1)], axis=1)
+    idx, nr, kr = pad(idx), pad(nr), pad(kr)
+    for i in explicit:
+        stage_layers, stage_recompute = cols["stage_layout"][i]
+        pp_i = int(p[i])
+        loads = np.zeros(pp_i)
+        rec = np.zeros(pp_i)
+        for s, count in enumerate(stage_layers):
+            loads[s % pp_i] += count
+        if stage_recompute is not None:
+            for s, count in enumerate(stage_recompute):
+                rec[s % pp_i] += count
+        elif full[i]:
+            rec = np.minimum(k[i], loads) if k[i] > 0 else loads
+        ranks = np.arange(width) % pp_i  # extra columns repeat ranks: harmless for a max
+        idx[i], nr[i], kr[i] = ranks, loads[ranks], rec[ranks]
+        total[i] = rec.sum()
+    return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "recompute_total": total,
+            "num_layers": np.full(n, float(layers))}

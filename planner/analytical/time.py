@@ -11,6 +11,7 @@ import numpy as np
 
 from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, precision
+from planner.analytical.memory import at_rank
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -252,16 +253,12 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
     return model.mtp_layers * (block + proj + logit_fwd_s)
 
 
-def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
-    """Seconds per step of every plan, as components that add up to `step_time_s`. The critical
-    path is the pipeline's slowest (last) stage: m microbatches of its layers plus the LM head,
-    the bubble, then what data parallelism, offload and the optimizer leave exposed."""
+def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """One microbatch, one GPU: seconds per layer (forward / backward compute, exposed TP, CP
+    and EP communication, selective recompute) and of the LM head; (n,) arrays."""
     acc = system.accelerator
     eff = acc.efficiency
     h, t, c = model.hidden, P.tp, P.cp
-    p, v, dp = P.pp, P.vpp, P.dp
-    m = P.global_batch / (P.micro_batch * dp)
-    layers_per_stage = model.layers / p
     tokens = P.micro_batch * model.seq_length / c
     act_bytes = 2.0  # 16-bit activations on the wire
 
@@ -298,10 +295,9 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 
-    # Recompute: full reruns the forward (with its communication) of k layers per stage;
-    # selective reruns the attention core (Korthikanti et al. 2022 §5).
-    k_full = P.full_recompute_layers(model.layers)
-    recompute_compute = k_full * fwd_compute + np.where(P.recompute == 1, layers_per_stage * layer["attention"], 0.0)
+    # Recompute: full reruns the forward (with its communication) of its k layers; selective
+    # reruns the attention core of every layer (Korthikanti et al. 2022 §5).
+    selective = np.where(P.recompute == 1, layer["attention"], 0.0)
 
     # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward; outside the
     # low-precision autocast (Megatron's output layer is not a TE module), so bf16/fp16.
@@ -320,16 +316,74 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     mtp = mtp_fwd_s(model, layer, logit_fwd, system, job, P)
     logit_fwd = logit_fwd + mtp
     logit_bwd = logit_bwd + BACKWARD_FACTOR * mtp
+    return {"fwd_compute": fwd_compute, "bwd_compute": bwd_compute, "attention": layer["attention"],
+            "selective": selective, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd, "cp_bwd": cp_bwd,
+            "ep_fwd": ep_fwd, "ep_bwd": ep_bwd, "logit_fwd": logit_fwd, "logit_bwd": logit_bwd}
 
-    stage_fwd = layers_per_stage * fwd_compute
-    stage_bwd = layers_per_stage * bwd_compute
-    stage_tp = layers_per_stage * (tp_fwd + tp_bwd) + k_full * tp_fwd
-    stage_cpep = layers_per_stage * (cp_fwd + cp_bwd + ep_fwd + ep_bwd) + k_full * (cp_fwd + ep_fwd)
+
+def _col(x):
+    return np.asarray(x, dtype=np.float64)[:, None] if np.ndim(x) == 1 else x
+
+
+def rank_microbatch_s(terms: dict, P: PlanArrays) -> np.ndarray:
+    """(n, R): one microbatch's forward + backward on each representative rank: its n_r layers,
+    k_r of them recomputed in full (forward and its communication again), and on the last rank
+    the LM head. The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2)."""
+    x = terms
+    per_layer = x["fwd_compute"] + x["bwd_compute"] + x["selective"] + x["tp_fwd"] + x["tp_bwd"] \
+        + x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"]
+    recomputed = x["fwd_compute"] + x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]
+    last = P.rank_index == _col(P.pp) - 1
+    return (P.rank_layers * _col(per_layer) + P.rank_recompute * _col(recomputed)
+            + last * _col(x["logit_fwd"] + x["logit_bwd"]))
+
+
+def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
+    """Seconds per step of every plan, as components that add up to `step_time_s`. The critical
+    path is the pipeline's slowest rank: m microbatches of its layers (plus the LM head on the
+    last rank), the bubble, then what data parallelism, offload and the optimizer leave exposed."""
+    acc = system.accelerator
+    eff = acc.efficiency
+    h, t, c = model.hidden, P.tp, P.cp
+    p, v, dp = P.pp, P.vpp, P.dp
+    m = P.global_batch / (P.micro_batch * dp)
+    tokens = P.micro_batch * model.seq_length / c
+    act_bytes = 2.0  # 16-bit activations on the wire
+    terms = per_layer_terms(model, system, job, P)
+    fwd_compute, bwd_compute, selective = terms["fwd_compute"], terms["bwd_compute"], terms["selective"]
+    tp_fwd, tp_bwd, cp_fwd, cp_bwd = terms["tp_fwd"], terms["tp_bwd"], terms["cp_fwd"], terms["cp_bwd"]
+    ep_fwd, ep_bwd, logit_fwd, logit_bwd = terms["ep_fwd"], terms["ep_bwd"], terms["logit_fwd"], terms["logit_bwd"]
+
+    # --- per pipeline rank (representative ranks, (n, R)): one microbatch's forward + backward
+    # over its n_r layers, k_r of them recomputed in full; the last rank adds the LM head.
+    # The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2).
+    n_r, k_r = P.rank_layers, P.rank_recompute
+    last_r = P.rank_index == _col(p) - 1
+    per_layer_comm = tp_fwd + tp_bwd + cp_fwd + cp_bwd + ep_fwd + ep_bwd
+    recompute_comm = tp_fwd + cp_fwd + ep_fwd
+    rank_time = rank_microbatch_s(terms, P)
+    slow = np.argmax(rank_time, axis=1)
+    def at(x):
+        return at_rank(_col(x), slow, rank_time.shape)
+    n_slow, k_slow, last_slow = at(n_r), at(k_r), at(last_r)
+    layers_per_stage = n_slow
+
+    stage_fwd = n_slow * fwd_compute
+    stage_bwd = n_slow * bwd_compute
+    recompute_compute = k_slow * fwd_compute + n_slow * selective
+    stage_tp = n_slow * (tp_fwd + tp_bwd) + k_slow * tp_fwd
+    stage_cpep = n_slow * (cp_fwd + cp_bwd + ep_fwd + ep_bwd) + k_slow * (cp_fwd + ep_fwd)
     stage_mb = stage_fwd + stage_bwd + recompute_compute + stage_tp + stage_cpep
 
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
     # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
-    bubble = (p - 1) / v * stage_mb
+    # Uneven stages: filling and draining the pipeline passes one microbatch through every OTHER
+    # rank once, (sum of all ranks' microbatch times − the slowest's)/v; for equal stages this is
+    # SC'21's (p−1)/v stage-times. The sum over all ranks is exact from totals: every layer once,
+    # recompute_total recomputed layers, one LM head.
+    all_ranks = (P.num_layers * (fwd_compute + bwd_compute + selective + per_layer_comm)
+                 + P.recompute_total * (fwd_compute + recompute_comm) + logit_fwd + logit_bwd)
+    bubble = np.where(p > 1, np.maximum(all_ranks - at(rank_time), 0.0) / v, 0.0)
     pp_bw, pp_lat = comm.group_link(system, 2, t * c * dp)
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
     pp_p2p = np.where(p > 1, 2 * (p - 1) * v * p2p + np.where(v > 1, 0.0, 2 * m * p2p), 0.0)
@@ -375,8 +429,8 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     else:
         offload = np.zeros(len(P))
 
-    logits_fwd_total = m * logit_fwd
-    logits_bwd_total = m * logit_bwd
+    logits_fwd_total = m * last_slow * logit_fwd
+    logits_bwd_total = m * last_slow * logit_bwd
     parts = {
         "forward_s": m * stage_fwd + logits_fwd_total,
         "backward_s": m * stage_bwd + logits_bwd_total,
@@ -390,4 +444,5 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
         "optimizer_step_s": optimizer,
     }
     parts["step_time_s"] = sum(parts.values())
+    parts["pipeline_slowest_rank"] = at(P.rank_index)
     return parts

@@ -95,6 +95,7 @@ def _why_lost(best, alt, seq: int, free: bool) -> str:
 def _plan_json(r) -> dict:
     data = r.estimate.model_dump()
     data["objective"] = r.objective
+    data["stages"] = getattr(r, "stages", None)  # per-stage CP-SAT decisions (None: pp 1 or not affine)
     return data
 
 
@@ -277,6 +278,13 @@ def _plan(o: dict) -> None:
             s = result.stats
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
+            st = result.best.stages
+            if st:  # the per-stage CP-SAT model (constraints/stages.py)
+                verdict = "proven optimal" if st["proven_optimal"] else st["status"].lower()
+                what = "kept" if st["kept"] else "no better than the balanced split, not used"
+                console.print(f"per-stage CP-SAT: layers per virtual stage + recompute count, "
+                              f"{st['variables']} variables, {st['constraints']} constraints, {verdict} "
+                              f"in {st['solve_s']:.3f} s ({what})")
     if o["save"] is not None and result.best is not None:
         # everything the launch needs (planner/planfile.py), so `megatron/estimate --plan` agree
         from planner.planfile import plan_file_data

@@ -13,6 +13,7 @@ import math
 from typing import Callable
 
 from hardware.spec import SystemSpec
+from planner.pipeline_layout import pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, offload_fraction_of_layers
 from planner.megatron.launch import Arg, MegatronLaunch
 from planner.model import ModelSpec
@@ -62,7 +63,9 @@ def vocab_divisor(vocab: int, tp: int) -> int:
 def recompute_layers_per_chunk(plan: Plan, model: ModelSpec) -> int:
     """--recompute-num-layers: Megatron counts per virtual chunk (transformer_block.py, block
     method: the first k layers of each chunk); the Plan counts per pipeline stage."""
-    per_chunk = model.layers // (plan.pp * plan.vpp)
+    per_chunk = max(plan_layout(plan, model.layers))  # the fullest virtual stage (issue 8: uneven)
+    if recompute_per_chunk(plan) is not None:  # an explicit per-stage recompute (issue 8)
+        return recompute_per_chunk(plan)
     if plan.recompute_num_layers is None:
         return per_chunk
     return min(plan.recompute_num_layers // plan.vpp, per_chunk)
@@ -184,8 +187,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     # Parallelism (MA 3): DP is derived by Megatron from WORLD_SIZE, never emitted.
     add("--tensor-model-parallel-size", plan.tp)
     add("--pipeline-model-parallel-size", plan.pp)
-    if plan.vpp > 1:
-        add("--num-virtual-stages-per-pipeline-rank", plan.vpp)  # never also the per-stage form
+    for flag, value in pipeline_args(plan, model.layers):  # vpp + layout (issue 8)
+        add(flag, value)
     if plan.cp > 1:
         add("--context-parallel-size", plan.cp)
     if model.moe is not None or plan.ep > 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from hardware.spec import SystemSpec
+from planner.pipeline_layout import layout_not_expressible
 from planner.megatron.launch import gpu_arch_major
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -62,8 +63,7 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             if m < plan.pp or m % plan.pp:
                 reasons.append(f"vpp: the interleaved schedule needs the number of microbatches ({m}) "
                                f"to be >= pp and a multiple of pp ({plan.pp})")
-    if layers % (plan.pp * plan.vpp):
-        reasons.append(f"layers ({layers}) must be divisible by pp*vpp ({plan.pp}*{plan.vpp})")
+    reasons += layout_not_expressible(plan, layers)  # uneven layouts: pipeline_layout.py (issue 8)
     if model.heads % plan.tp:  # MA 2b
         reasons.append(f"heads ({model.heads}) must be a multiple of tp ({plan.tp})")
     if model.mla is not None and model.kv_groups < model.heads:  # arguments.py validate_args

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Iterable, Mapping
 
+from planner.pipeline_layout import layout_string_stages
 from planner.megatron.launch import ENTRYPOINT, MegatronLaunch
 
 class _ArgError(Exception):
@@ -28,7 +29,8 @@ def _build_parser() -> _Parser:
                  "--bf16", "--fp16", "--use-megatron-fsdp", "--use-torch-fsdp2", "--mock-data", "--moe-grouped-gemm",
                  "--init-model-with-meta-device", "--fp8-param-gather", "--grad-reduce-in-bf16",
                  "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput",
-                 "--multi-latent-attention", "--qk-layernorm"):
+                 "--multi-latent-attention", "--qk-layernorm",
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
@@ -212,12 +214,13 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     vpp_sources = [a.num_layers_per_virtual_pipeline_stage, a.num_virtual_stages_per_pipeline_rank,
                    a.pipeline_model_parallel_layout]
     uneven = (a.decoder_first_pipeline_num_layers is not None
-              or a.decoder_last_pipeline_num_layers is not None)
+              or a.decoder_last_pipeline_num_layers is not None
+              or a.account_for_embedding_in_pipeline_split or a.account_for_loss_in_pipeline_split)
     vpp = None
     if sum(v is not None for v in vpp_sources) > 1:
         err(MSG_VPP_ONE_OF)
     elif a.pipeline_model_parallel_layout is not None:
-        vpp = None  # the layout string is not interpreted here
+        vpp = layout_string_stages(a.pipeline_model_parallel_layout) // pp  # (issue 8)
     elif a.num_layers_per_virtual_pipeline_stage is not None:
         if uneven:
             err(MSG_VPP_UNEVEN)

@@ -1,0 +1,251 @@
+"""Per-stage choices of one layout, decided by CP-SAT: layers per virtual stage and the
+recompute count, under per-rank memory, minimising the pipeline's step time.
+
+Why a solver here and not an enumeration: the layout-level knobs (tp, pp, dp, ...) have a few
+thousand combinations, but the split of L layers over pp·vpp virtual stages has C(L−1, S−1)
+(126 layers over 64 stages: ~3·10^36). The exact model is LINEAR in the per-rank counts, so
+the problem is a small integer program:
+
+  variables   n_s >= 1 layers of virtual stage s (s = chunk·pp + rank, Megatron's order),
+              k   (full recompute) layers recomputed per virtual stage, Megatron's
+                  --recompute-method block --recompute-num-layers k: stage s recomputes min(k, n_s)
+  rank loads  N_r = Σ_{s ≡ r} n_s,  K_r = Σ_{s ≡ r} min(k, n_s)
+  time        T_r = a·N_r + b·K_r + [r last]·h           (seconds per microbatch, from the model)
+  memory      c_r + w_r·N_r + x_r·K_r <= HBM − reserve  (bytes, from the model, per rank)
+  params      P_r = p0_r + p1·N_r <= Pmax                 (the optimizer step waits for the largest)
+  objective   m·T* + (Σ_r T_r − T*)/vpp + opt·Pmax, T* = max_r T_r; times vpp this is
+              (m·vpp − 1)·T* + b·Σ K_r + vpp·opt·Pmax + const — linear.
+
+Coefficients a, b, h, c_r, w_r, x_r, p0_r, p1 are read from the exact model itself
+(`planner.analytical`) by costing probe ranks with 0 and 1 layer (recomputed or not), so the
+solver and the model cannot drift. They are exact where memory is affine in the counts: no
+ZeRO-3 (it gathers params/N per layer) and no offload (it keeps 2/N of a layer); those rows keep
+the default balanced split. The data-parallel overlap windows (a max(0, ·) of the slowest rank's
+microbatch) are not in the objective; every answer is re-scored by the exact model and kept only
+when it is no worse than the default split.
+
+Symmetry breaking (exact, not a heuristic): chunks of one rank are interchangeable in the model,
+so they are ordered n_{r,0} >= n_{r,1} >= ...; two middle ranks differ only in in-flight
+microbatches (fewer on later ranks), so giving the later rank the larger load never hurts: middle
+ranks' loads are non-decreasing. One worker, fixed seed: deterministic.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from hardware.spec import SystemSpec
+from planner.analytical import PlanArrays
+from planner.analytical.memory import rank_memory
+from planner.analytical.time import OPTIMIZER_BYTES_PER_PARAM, per_layer_terms, rank_microbatch_s
+from planner.model import ModelSpec
+from planner.pipeline_layout import balanced_layout, rank_layers
+from planner.plan import JobSpec, Plan
+
+SEED = 0
+WORKERS = 1
+TIME_LIMIT_S = 10.0
+TIME_SCALE = 10**6   # one microbatch on the balanced split's rank ~ 1e6 integer units (finer
+                     # scales made CP-SAT slow to prove; coarser ones lost near-ties: tests)
+MEMORY_STEPS = 10**7  # memory unit = capacity / 1e7 (~8 KB on 80 GB), coefficients rounded up:
+                      # the solver never admits a split the model rejects
+PARAM_UNIT = 1e3     # parameters counted in thousands
+
+
+@dataclass(frozen=True)
+class StageProblem:
+    """Everything the per-stage choice depends on (hashable: solutions are cached by it)."""
+
+    layers: int
+    pp: int
+    vpp: int
+    microbatches: int
+    recompute: bool                 # full recompute: k >= 1 chosen (k = 0 is the recompute-none problem)
+    a: int                          # per layer, per microbatch (scaled time)
+    b: int                          # per recomputed layer
+    h: int                          # LM head (last rank)
+    opt: int                        # optimizer step per parameter element (scaled time)
+    c: tuple[int, ...]              # per rank: fixed memory (capacity / MEMORY_STEPS units)
+    w: tuple[int, ...]              # per rank: memory per layer
+    x: tuple[int, ...]              # per rank: memory change per recomputed layer (<= 0)
+    p0: tuple[int, ...]             # per rank: fixed parameters (elements)
+    p1: int                         # parameters per layer
+    capacity: int                   # the same units
+
+
+@dataclass(frozen=True)
+class StageSolution:
+    stage_layers: tuple[int, ...] | None
+    recompute_layers: int             # k per virtual stage (0 = none)
+    status: str                       # OPTIMAL, FEASIBLE, INFEASIBLE, ...
+    proven_optimal: bool
+    variables: int
+    constraints: int
+    wall_s: float
+    objective: int | None = None
+
+    @property
+    def stage_recompute(self) -> tuple[int, ...] | None:
+        if self.stage_layers is None or not self.recompute_layers:
+            return None
+        return tuple(min(self.recompute_layers, n) for n in self.stage_layers)
+
+
+def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
+    """Exact per-rank coefficients: cost every rank r with (N, K) = (0, 0), (1, 0), (1, 1)."""
+    P = PlanArrays.from_plans([plan], model.layers)
+    p = plan.pp
+    idx = np.tile(np.arange(p, dtype=np.float64), 3)[None, :]
+    lay = np.repeat([0.0, 1.0, 1.0], p)[None, :]
+    rec = np.repeat([0.0, 0.0, 1.0], p)[None, :]
+    Q = replace(P, rank_index=idx, rank_layers=lay, rank_recompute=rec)
+    mem = rank_memory(model, system, job, Q)
+    hbm, params = mem["hbm"][0], mem["params_elems"][0]
+    times = rank_microbatch_s(per_layer_terms(model, system, job, Q), Q)[0]
+    zero, one, one_rc = slice(0, p), slice(p, 2 * p), slice(2 * p, 3 * p)
+    return {
+        "a": times[one][0] - times[zero][0], "b": times[one_rc][0] - times[one][0], "h": times[zero][p - 1],
+        "c": hbm[zero], "w": hbm[one] - hbm[zero], "x": hbm[one_rc] - hbm[one],
+        "p0": params[zero], "p1": params[one][0] - params[zero][0],
+        "opt_s_per_elem": OPTIMIZER_BYTES_PER_PARAM / (system.accelerator.hbm_bandwidth_bytes_per_s
+                                                       * system.accelerator.efficiency.hbm_efficiency),
+        "opt_elems_per_param": float(mem["opt_elems"][0][p] - mem["opt_elems"][0][0])
+        / max(params[one][0] - params[zero][0], 1e-30),
+    }
+
+
+def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> StageProblem | None:
+    """The per-stage problem of `plan`'s layout, or None when the model is not affine in the
+    counts (ZeRO-3, offload) or there is no pipeline to split."""
+    if plan.pp == 1 or plan.zero_stage >= 3 or plan.uses_offload or model.layers < plan.pp * plan.vpp:
+        return None
+    pr = _probe(model, system, job, plan)
+    m = plan.num_microbatches
+    v = plan.vpp
+    # time unit: one microbatch on a rank of the balanced split ~ TIME_SCALE
+    ref = model.layers / plan.pp * (pr["a"] + max(pr["b"], 0.0)) + pr["h"]
+    unit = ref / TIME_SCALE
+    opt_per_param = pr["opt_s_per_elem"] * pr["opt_elems_per_param"] * v
+    capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
+    unit_bytes = max(capacity, 1.0) / MEMORY_STEPS
+    mib = lambda x: int(np.ceil(x / unit_bytes))  # noqa: E731
+    return StageProblem(
+        layers=model.layers, pp=plan.pp, vpp=v, microbatches=m, recompute=plan.recompute == "full",
+        a=max(1, round(pr["a"] / unit)), b=max(0, round(pr["b"] / unit)), h=max(0, round(pr["h"] / unit)),
+        opt=round(opt_per_param / unit * PARAM_UNIT),
+        c=tuple(mib(x) for x in pr["c"]), w=tuple(mib(x) for x in pr["w"]), x=tuple(mib(x) for x in pr["x"]),
+        p0=tuple(int(round(x / PARAM_UNIT)) for x in pr["p0"]), p1=max(0, int(round(pr["p1"] / PARAM_UNIT))),
+        capacity=int(capacity // unit_bytes))
+
+
+@functools.lru_cache(maxsize=4096)
+def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_value: int | None = None) -> StageSolution:
+    """CP-SAT over the per-stage variables (see the module docstring); `k_value` fixes the
+    recompute count."""
+    t0 = time.perf_counter()
+    L, p, v = problem.layers, problem.pp, problem.vpp
+    S = p * v
+    md = cp_model.CpModel()
+    n = [md.NewIntVar(1, L - S + 1, f"n{s}") for s in range(S)]
+    md.Add(sum(n) == L)
+    kmax = L - S + 1 if problem.recompute else 0
+    k = md.NewIntVar(1 if problem.recompute else 0, kmax, "k") if k_value is None else k_value
+    ks = []
+    for s in range(S):
+        if problem.recompute:
+            ks_s = md.NewIntVar(0, kmax, f"k{s}")
+            md.AddMinEquality(ks_s, [k, n[s]])
+            ks.append(ks_s)
+        else:
+            ks.append(0)
+    N = [sum(n[c * p + r] for c in range(v)) for r in range(p)]
+    K = [sum(ks[c * p + r] for c in range(v)) for r in range(p)]
+    # symmetry breaking (exact, see the docstring)
+    for r in range(p):
+        for c in range(v - 1):
+            md.Add(n[c * p + r] >= n[(c + 1) * p + r])
+    for r in range(1, p - 2):
+        md.Add(N[r] <= N[r + 1])
+    horizon = (problem.a + problem.b) * L + problem.h
+    T = md.NewIntVar(0, horizon, "T")
+    for r in range(p):
+        md.Add(T >= problem.a * N[r] + problem.b * K[r] + (problem.h if r == p - 1 else 0))
+        md.Add(problem.c[r] + problem.w[r] * N[r] + problem.x[r] * K[r] <= problem.capacity)
+    pmax = md.NewIntVar(0, max(problem.p0) + problem.p1 * L, "Pmax")
+    for r in range(p):
+        md.Add(pmax >= problem.p0[r] + problem.p1 * N[r])
+    md.Minimize((problem.microbatches * v - 1) * T + problem.b * sum(K) + problem.opt * pmax)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = WORKERS
+    solver.parameters.random_seed = SEED
+    solver.parameters.max_time_in_seconds = time_limit_s
+    status = solver.Solve(md)
+    proto = md.Proto()
+    name = solver.StatusName(status)
+    wall = time.perf_counter() - t0
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return StageSolution(None, 0, name, False, len(proto.variables), len(proto.constraints), wall)
+    layers = tuple(int(solver.Value(x)) for x in n)
+    kval = int(solver.Value(k)) if problem.recompute else 0
+    if kval == 0:
+        # without recompute only a rank's total matters to the model: spread it evenly over the
+        # rank's chunks (Megatron's simplest flags; the same cost)
+        loads = rank_layers(layers, p)
+        layers = tuple(_even_chunks(loads[s % p], v, s % p == 0)[s // p] for s in range(S))
+    return StageSolution(layers, kval, name, status == cp_model.OPTIMAL, len(proto.variables),
+                         len(proto.constraints), wall, int(solver.ObjectiveValue()))
+
+
+def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> tuple[Plan | None, StageSolution | None]:
+    """The per-stage optimum of `plan`'s layout: under full recompute, the better of k >= 1
+    (recompute costs and buffers) and k = 0 (the plan without recompute, whose memory has no
+    recompute buffer), by the solver's objective. (None, None): no per-stage problem."""
+    problem = stage_problem(model, system, job, plan)
+    if problem is None:
+        return None, None
+    sol = solve_stages(problem)
+    if plan.recompute == "full":
+        plain = plan.model_copy(update={"recompute": "none", "recompute_num_layers": None,
+                                        "stage_recompute_layers": None})
+        alt = solve_stages(stage_problem(model, system, job, plain))
+        merged = dict(variables=sol.variables + alt.variables, constraints=sol.constraints + alt.constraints,
+                      wall_s=sol.wall_s + alt.wall_s,
+                      # proven: each sub-problem solved to optimality or proven infeasible
+                      proven_optimal=all(x.status in ("OPTIMAL", "INFEASIBLE") for x in (sol, alt)))
+        if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective < sol.objective):
+            sol, plan = alt, plain
+        sol = replace(sol, **merged)
+    if sol.stage_layers is None:
+        return None, sol
+    return plan_with_stages(plan, sol), sol
+
+
+def _even_chunks(n: int, v: int, short_first: bool) -> list[int]:
+    q, e = divmod(n, v)
+    chunks = [q + 1] * e + [q] * (v - e)
+    return chunks[::-1] if short_first else chunks
+
+
+def plan_with_stages(plan: Plan, solution: StageSolution) -> Plan:
+    """`plan` with the solver's layout and recompute written into it."""
+    fields = plan.model_dump()
+    fields["stage_layers"] = solution.stage_layers
+    if plan.recompute == "full":
+        if solution.recompute_layers:
+            fields["recompute_num_layers"] = None
+            fields["stage_recompute_layers"] = solution.stage_recompute
+        else:
+            fields.update(recompute="none", recompute_num_layers=None, stage_recompute_layers=None)
+    return Plan.model_validate(fields)
+
+
+def default_stage_layers(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
+    return plan.stage_layers or balanced_layout(model.layers, plan.pp, plan.vpp)
+
+
+__all__ = ["StageProblem", "StageSolution", "stage_problem", "solve_stages", "best_stages", "plan_with_stages",
+           "default_stage_layers", "SEED", "WORKERS"]

@@ -1,0 +1,203 @@
+"""Pipeline layouts: layers per virtual stage, and the Megatron flags that express them.
+
+A layout is a tuple of transformer-layer counts, one per virtual stage, in Megatron's order:
+virtual stage s runs on pipeline rank s % pp as model chunk s // pp
+(megatron/core/transformer/pipeline_parallel_layer_layout.py, 1-D → 2-D conversion). The
+embedding sits on stage 0 and the LM head + loss on stage pp·vpp − 1.
+
+Megatron-core 0.19.2 rules (transformer_config.py __post_init__, transformer_block.py
+get_num_layers_to_build), read from its source:
+- even split: layers % (pp·vpp) == 0;
+- --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: layers + e + l
+  divisible by pp, and that per rank divisible by vpp; every virtual stage gets
+  (layers + e + l)/(pp·vpp), the first virtual stage one fewer (e), the last one fewer (l);
+- --decoder-first/last-pipeline-num-layers F, Lt: F and Lt > 0 and divisible by vpp; the middle
+  pp − (#given) ranks split the rest evenly, each divisible by vpp; a rank's layers split evenly
+  over its vpp chunks; cannot be combined with account-for-*;
+- --pipeline-model-parallel-layout "E...|...|...L": any layout ('t' a layer, '|' between
+  stages, 'E' first, 'L' last, stages may be empty).
+"""
+from __future__ import annotations
+
+import re
+
+from hardware.errors import SpecError
+
+
+def rank_of_stage(stage: int, pp: int) -> int:
+    return stage % pp
+
+
+def rank_layers(layout: tuple[int, ...], pp: int) -> list[int]:
+    """Layers each pipeline rank holds (summed over its virtual stages)."""
+    out = [0] * pp
+    for s, n in enumerate(layout):
+        out[s % pp] += n
+    return out
+
+
+def even_layout(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
+    stages = pp * vpp
+    return (layers // stages,) * stages if layers % stages == 0 else None
+
+
+def _chunks(n: int, vpp: int, short_first: bool) -> list[int]:
+    """n layers over vpp chunks as evenly as possible; the short chunks first or last."""
+    q, e = divmod(n, vpp)
+    big = [q + 1] * e
+    small = [q] * (vpp - e)
+    return small + big if short_first else big + small
+
+
+def balanced_layout(layers: int, pp: int, vpp: int) -> tuple[int, ...]:
+    """The default split of `layers` over pp·vpp virtual stages: even when it divides; otherwise
+    rank loads differ by at most one, with the extra layers on the middle ranks first (the first
+    rank holds the most in-flight activations and the embedding, the last the LM head), and a
+    rank's short chunks next to the embedding (rank 0: chunk 0) or the loss (last rank: its last
+    chunk). For 126 layers on pp 8 vpp 8 this is Megatron's account-for-embedding-and-loss
+    split (1, 2, ..., 2, 1)."""
+    even = even_layout(layers, pp, vpp)
+    if even is not None:
+        return even
+    q, extra = divmod(layers, pp)
+    order = list(range(1, pp - 1)) + [0] + ([pp - 1] if pp > 1 else [])
+    loads = [q] * pp
+    for r in order[:extra]:
+        loads[r] += 1
+    per_rank = [_chunks(n, vpp, short_first=(r == 0)) for r, n in enumerate(loads)]
+    return tuple(per_rank[s % pp][s // pp] for s in range(pp * vpp))
+
+
+def layout_from_flags(layers: int, pp: int, vpp: int, *, account_embedding: bool = False,
+                      account_loss: bool = False, first: int | None = None,
+                      last: int | None = None) -> tuple[int, ...]:
+    """The layout Megatron builds from the named flags (SpecError when Megatron rejects them)."""
+    stages = pp * vpp
+    if (first is not None or last is not None) and (account_embedding or account_loss):
+        raise SpecError("pipeline layout: decoder-first/last cannot be combined with account-for-*")
+    if first is not None or last is not None:
+        loads: list[int | None] = [None] * pp
+        rest, middle = layers, pp
+        for rank, n, name in ((0, first, "first"), (pp - 1, last, "last")):
+            if n is None:
+                continue
+            if n <= 0 or n % vpp:
+                raise SpecError(f"pipeline layout: decoder-{name}-pipeline-num-layers ({n}) must be > 0 "
+                                f"and divisible by vpp ({vpp})")
+            loads[rank] = n
+            rest -= n
+            middle -= 1
+        if bool(rest) != bool(middle) or (middle and (rest % middle or (rest // middle) % vpp)):
+            raise SpecError(f"pipeline layout: {rest} middle layers do not split evenly over {middle} "
+                            f"middle ranks × vpp {vpp}")
+        loads = [n if n is not None else rest // middle for n in loads]
+        return tuple(loads[s % pp] // vpp for s in range(stages))
+    total = layers + int(account_embedding) + int(account_loss)
+    if total % pp or (total // pp) % vpp:
+        raise SpecError(f"pipeline layout: layers + embedding/loss ({total}) must be divisible by pp·vpp "
+                        f"({pp}·{vpp})")
+    out = [total // stages] * stages
+    if account_embedding:
+        out[0] -= 1
+    if account_loss:
+        out[-1] -= 1
+    if min(out) < 0:
+        raise SpecError("pipeline layout: a virtual stage would get fewer than 0 layers")
+    return tuple(out)
+
+
+def layout_string(layout: tuple[int, ...], mtp_layers: int = 0) -> str:
+    """--pipeline-model-parallel-layout: 'E' + stages of 't' separated by '|' + 'L', with runs of
+    equal stages written Megatron's way, (t*n|)*k."""
+    def stage(n: int) -> str:
+        return f"t*{n}" if n > 1 else "t" * n
+
+    runs: list[list[int]] = []  # [layers, count]
+    for n in layout[:-1]:  # the last stage is written on its own, followed by the loss
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    text = "".join(f"({stage(n)}|)*{k}" if k > 1 else f"{stage(n)}|" for n, k in runs)
+    # MTP modules run after the last decoder layer, in the last stage (Megatron's layout rules)
+    return "E" + text + stage(layout[-1]) + "m" * mtp_layers + "L"
+
+
+def plan_layout(plan, layers: int) -> tuple[int, ...]:
+    """The layout a Plan runs: its explicit stage_layers, else the default (balanced) split."""
+    return tuple(plan.stage_layers) if plan.stage_layers is not None else balanced_layout(layers, plan.pp, plan.vpp)
+
+
+def pipeline_args(plan, layers: int, mtp_layers: int = 0) -> list[tuple[str, object]]:
+    """Megatron's pipeline-layout flags for `plan` as (flag, value) pairs (value None: a switch):
+    the virtual-stage count and the simplest layout flag set (`megatron_layout_args`). A layout
+    string already fixes vpp, and Megatron refuses both at once (arguments.py)."""
+    flags = megatron_layout_args(layers, plan.pp, plan.vpp, plan_layout(plan, layers), mtp_layers)
+    out: list[tuple[str, object]] = []
+    if plan.vpp > 1 and "--pipeline-model-parallel-layout" not in flags:
+        out.append(("--num-virtual-stages-per-pipeline-rank", plan.vpp))
+    i = 0
+    while i < len(flags):
+        if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
+            out.append((flags[i], flags[i + 1]))
+            i += 2
+        else:
+            out.append((flags[i], None))
+            i += 1
+    return out
+
+
+def recompute_per_chunk(plan) -> int | None:
+    """--recompute-num-layers (block) for an explicit per-stage recompute, else None."""
+    return max(plan.stage_recompute_layers) if plan.stage_recompute_layers else None
+
+
+def layout_not_expressible(plan, layers: int) -> list[str]:
+    """Why Megatron cannot run the plan's layout (empty: it can)."""
+    reasons = []
+    if plan.stage_layers is None and layers < plan.pp * plan.vpp:
+        reasons.append(f"layers ({layers}) must be at least pp*vpp ({plan.pp}*{plan.vpp})")
+    if plan.stage_layers is not None and sum(plan.stage_layers) != layers:
+        reasons.append(f"stage_layers sum to {sum(plan.stage_layers)}, the model has {layers} layers")
+    if plan.stage_recompute_layers:
+        k = max(plan.stage_recompute_layers)
+        if tuple(plan.stage_recompute_layers) != tuple(min(k, n) for n in plan.stage_layers):
+            reasons.append("stage_recompute_layers: Megatron's --recompute-method block recomputes "
+                           "min(k, layers) of every virtual stage for one k")
+    return reasons
+
+
+def layout_string_stages(text: str) -> int:
+    """Virtual stages in a --pipeline-model-parallel-layout string, unrolled as Megatron does
+    (PipelineParallelLayerLayout.parse_str_to_list: (..)*n groups, then x*n runs)."""
+    text = text.replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    return text.count("|") + 1
+
+
+def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...] | None,
+                         mtp_layers: int = 0) -> list[str]:
+    """The simplest flag set that makes Megatron build `layout` (None or even: no flag)."""
+    if layout is None or layout == even_layout(layers, pp, vpp):
+        return []
+    for emb, loss in ((True, False), (False, True), (True, True)):
+        try:
+            if layout_from_flags(layers, pp, vpp, account_embedding=emb, account_loss=loss) == layout:
+                return (["--account-for-embedding-in-pipeline-split"] if emb else []) + \
+                       (["--account-for-loss-in-pipeline-split"] if loss else [])
+        except SpecError:
+            pass
+    loads = rank_layers(layout, pp)
+    if pp > 2 or (pp == 2 and vpp >= 1):
+        for first, last in ((loads[0], None), (None, loads[-1]), (loads[0], loads[-1])):
+            try:
+                if layout_from_flags(layers, pp, vpp, first=first, last=last) == layout:
+                    return ((["--decoder-first-pipeline-num-layers", str(first)] if first else [])
+                            + (["--decoder-last-pipeline-num-layers", str(last)] if last else []))
+            except SpecError:
+                pass
+    return ["--pipeline-model-parallel-layout", layout_string(layout, mtp_layers)]
+
+
+__all__ = ["pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_string", "megatron_layout_args",
+           "rank_layers", "rank_of_stage"]

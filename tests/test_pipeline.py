@@ -1,0 +1,173 @@
+"""Issue 8: per-rank pipeline model, Megatron's layout flags, per-stage CP-SAT vs brute force."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from constraints.stages import best_stages
+from hardware import load_system
+from hardware.errors import SpecError
+from planner.analytical import estimate
+from planner.bruteforce import best_stage_split, compositions
+from planner.model import ModelSpec, load_model
+from planner.pipeline_layout import (balanced_layout, layout_from_flags, layout_string, layout_string_stages,
+                                     megatron_layout_args, rank_layers)
+from planner.plan import JobSpec, Plan
+
+SMALL = ModelSpec(layers=16, hidden=1024, heads=16, seq_length=2048, vocab=32000)
+
+
+# ---- per-rank model against hand-derived numbers ------------------------------------------------
+
+def _est(layout, pp=4, vpp=1, m=8, **kw):
+    s = load_system("h100-sxm", pp)
+    plan = Plan(pp=pp, vpp=vpp, global_batch=m, stage_layers=layout, **kw)
+    return estimate(SMALL, s, plan, JobSpec())
+
+
+def test_explicit_even_layout_equals_the_default():
+    a, b = _est(None), _est((4, 4, 4, 4))
+    assert a.step_time_s == b.step_time_s and a.hbm_bytes == b.hbm_bytes
+
+
+def test_slowest_rank_sets_steady_state_and_bubble():
+    """Layout (3,4,4,5): the last rank (5 layers + LM head) is the slowest. Per microbatch its
+    forward is one layer more than the even split's; the bubble passes the other ranks once,
+    3+4+4 = 11 layers instead of the even split's 3·4 = 12 (so 11/12 of it)."""
+    m = 8
+    even, uneven = _est((4, 4, 4, 4), m=m), _est((3, 4, 4, 5), m=m)
+    te, tu = even.time_breakdown_s, uneven.time_breakdown_s
+    # per-layer forward from the even plan's stage: (forward - head) / (m * 4) ...
+    fwd_layer = (tu["forward_s"] - te["forward_s"]) / m
+    assert fwd_layer > 0
+    # ... which the even split's forward must equal 4 of, plus the head (head = fwd_even/m - 4 f)
+    head_fwd = te["forward_s"] / m - 4 * fwd_layer
+    assert tu["forward_s"] == pytest.approx(m * (5 * fwd_layer + head_fwd), rel=1e-12)
+    assert tu["pp_bubble_s"] == pytest.approx(te["pp_bubble_s"] * 11 / 12, rel=1e-12)
+
+
+def test_first_rank_holds_pp_microbatches_of_its_layers():
+    """1F1B: rank 0 holds min(pp, m) = 4 microbatches. With (5,4,4,3) it is the fullest rank:
+    5 layers × 4 microbatches of activations against the even split's 4 × 4."""
+    even, uneven = _est((4, 4, 4, 4)), _est((5, 4, 4, 3))
+    ae, au = even.memory_breakdown_bytes["activations_bytes"], uneven.memory_breakdown_bytes["activations_bytes"]
+    assert au == pytest.approx(ae * 5 / 4, rel=1e-12)
+    # and its weights: 5 layers' blocks instead of 4 (embedding counted separately)
+    we, wu = even.memory_breakdown_bytes["weights_bytes"], uneven.memory_breakdown_bytes["weights_bytes"]
+    assert wu == pytest.approx(we * 5 / 4, rel=1e-12)
+
+
+def test_interleaved_rank_in_flight_counts():
+    """Megatron's interleaved warm-up: rank r runs 2(p−r−1) + (v−1)p forward chunks before its
+    first backward, so holds (2(p−r−1) + (v−1)p + 1)/v rank-microbatches: p=4, v=2: rank 0 6.5/2·…
+    Check via a layout that makes rank 1 the fullest: rank 1 holds (2·2 + 4 + 1)/2 = 4.5
+    rank-microbatches against rank 0's 5.5."""
+    # rank 0: chunks 1+1 = 2 layers, rank 1: 5+5 = 10, ranks 2, 3: 1+1
+    layout = (1, 5, 1, 1, 1, 5, 1, 1)
+    one = _est(layout, vpp=2, m=8)
+    even = _est((2,) * 8, vpp=2, m=8)  # rank 0: 4 layers × 5.5 rank-microbatches / ... per layer
+    per_layer_even = even.memory_breakdown_bytes["activations_bytes"] / (4 * 5.5)
+    assert one.memory_breakdown_bytes["activations_bytes"] == pytest.approx(per_layer_even * 10 * 4.5, rel=1e-12)
+
+
+def test_layout_rules_are_checked():
+    with pytest.raises(Exception):
+        Plan(pp=4, stage_layers=(4, 4, 4))  # length != pp*vpp
+    est = _est((4, 4, 4, 5))  # 17 != 16 layers
+    assert "layers_pp" in est.violations
+
+
+# ---- Megatron's layout flags (rules read from megatron-core 0.19.2) ------------------------------
+
+def test_balanced_126_layers_is_account_for_embedding_and_loss():
+    layout = balanced_layout(126, 8, 8)
+    assert layout[0] == 1 and layout[-1] == 1 and set(layout[1:-1]) == {2} and sum(layout) == 126
+    assert megatron_layout_args(126, 8, 8, layout) == ["--account-for-embedding-in-pipeline-split",
+                                                      "--account-for-loss-in-pipeline-split"]
+    assert layout_from_flags(126, 8, 8, account_embedding=True, account_loss=True) == layout
+
+
+def test_decoder_first_last_and_layout_string():
+    layout = (6, 9, 9, 8)
+    assert layout_from_flags(32, 4, 1, first=6, last=8) == layout
+    assert megatron_layout_args(32, 4, 1, layout) == ["--decoder-first-pipeline-num-layers", "6",
+                                                     "--decoder-last-pipeline-num-layers", "8"]
+    with pytest.raises(SpecError):
+        layout_from_flags(32, 4, 2, first=5)  # first must be divisible by vpp
+    odd = (3, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 4, 3, 3)  # DeepSeek-V3's 61 layers on pp 16
+    args = megatron_layout_args(61, 16, 1, odd)
+    assert args[0] == "--pipeline-model-parallel-layout"
+    assert layout_string_stages(args[1]) == 16
+    assert args[1].startswith("E") and args[1].endswith("L")
+
+
+@pytest.mark.parametrize("layers,pp,vpp", [(126, 8, 8), (94, 8, 4), (61, 16, 1), (61, 8, 1), (254, 32, 1),
+                                           (80, 3, 2), (10, 4, 1)])
+def test_balanced_layout_is_balanced(layers, pp, vpp):
+    layout = balanced_layout(layers, pp, vpp)
+    loads = rank_layers(layout, pp)
+    assert sum(layout) == layers and len(layout) == pp * vpp and min(layout) >= 1
+    assert max(loads) - min(loads) <= 1
+    # expand Megatron's string syntax by hand: every stage's 't' count must be the layout
+    text = layout_string(layout)
+    import re
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    assert tuple(stage.count("t") for stage in text.split("|")) == layout
+
+
+# ---- per-stage CP-SAT against the brute-force oracle ------------------------------------------------
+
+def _oracle_cases():
+    """>= 20 small cases: 7 or 12 layers, pp·vpp <= 6, with and without full recompute, HBM from
+    roomy to binding (the reserve leaves a fraction of the balanced split's need)."""
+    model = ModelSpec(layers=12, hidden=2048, heads=16, seq_length=4096, vocab=32000)
+    cases = []
+    for layers, (pp, vpp), rc, squeeze in itertools.product(
+            (7, 12), ((2, 1), (3, 1), (4, 1), (2, 2), (3, 2)), ("none", "full"), (None, 0.85, 0.95)):
+        if pp * vpp > 6 or (layers, pp, vpp) == (12, 3, 2) and rc == "none":
+            continue
+        cases.append((model.model_copy(update={"layers": layers}), pp, vpp, rc, squeeze))
+    return cases
+
+
+def test_enough_oracle_cases():
+    assert len(_oracle_cases()) >= 20
+
+
+@pytest.mark.parametrize("model,pp,vpp,rc,squeeze", _oracle_cases())
+def test_cpsat_per_stage_has_zero_regret(model, pp, vpp, rc, squeeze):
+    system = load_system("h100-sxm", pp)
+    m = 4 * pp
+    plan = Plan(pp=pp, vpp=vpp, global_batch=m, recompute=rc, zero_stage=1)
+    job = JobSpec()
+    if squeeze:  # shrink HBM to a fraction of what the balanced split needs without recompute
+        need = estimate(model, system, plan.model_copy(update={"recompute": "none"}), job).hbm_bytes
+        cap = system.accelerator.hbm_capacity_bytes
+        job = JobSpec(hbm_reserve_gib=(cap - squeeze * need) / 2**30)
+    best, best_s = best_stage_split(model, system, job, plan)
+    chosen, sol = best_stages(model, system, job, plan)
+    if best is None:
+        assert chosen is None
+        return
+    assert sol.proven_optimal
+    got = estimate(model, system, chosen, job)
+    assert got.feasible
+    assert got.step_time_s <= best_s * (1 + 1e-7), (sol, best.stage_layers, best.stage_recompute_layers)
+
+
+def test_compositions_count():
+    assert sum(1 for _ in compositions(10, 4)) == 84  # C(9, 3)
+
+
+def test_search_reports_what_the_per_stage_solver_decided():
+    from planner.search import plan as search
+    res = search(load_model("llama3.1-405b"), load_system("h100-sxm", 1024), JobSpec(global_batch=1536, dtype="fp8"),
+                 top_k=2)
+    piped = [r for r in res.ranked if r.plan.pp > 1 and r.plan.zero_stage < 3 and not r.plan.uses_offload]
+    assert piped, [r.plan.short() for r in res.ranked]
+    st = piped[0].stages
+    assert st is not None and st["variables"] > 0 and st["constraints"] > 0 and st["solve_s"] >= 0
+    assert st["status"] in ("OPTIMAL", "FEASIBLE", "INFEASIBLE") and isinstance(st["proven_optimal"], bool)
+    assert st["kept"] == (piped[0].plan.stage_layers is not None and list(piped[0].plan.stage_layers) == st["stage_layers"])
