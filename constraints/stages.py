@@ -49,6 +49,7 @@ from planner.plan import JobSpec, Plan
 SEED = 0
 WORKERS = 1
 TIME_LIMIT_S = 10.0
+FREE_K_LIMIT_S = 3.0  # the model with k a variable first; if unproven by then, k is enumerated
 TIME_SCALE = 10**6   # one microbatch on the balanced split's rank ~ 1e6 integer units (finer
                      # scales made CP-SAT slow to prove; coarser ones lost near-ties: tests)
 MEMORY_STEPS = 10**7  # memory unit = capacity / 1e7 (~8 KB on 80 GB), coefficients rounded up:
@@ -200,6 +201,30 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
                          len(proto.constraints), wall, int(solver.ObjectiveValue()))
 
 
+def solve_over_k(problem: StageProblem, budget_s: float = TIME_LIMIT_S) -> StageSolution:
+    """The recompute count k enumerated, one CP-SAT model per k (k a constant: min(k, n_s) is
+    then easy for CP-SAT; with k a variable it failed to prove 4-stage problems in 10 s), the
+    best kept. Proven optimal when every k was solved to optimality or infeasibility within the
+    budget."""
+    t0 = time.perf_counter()
+    best, proven, variables, constraints = None, True, 0, 0
+    for k in range(1, problem.layers - problem.pp * problem.vpp + 2):
+        left = budget_s - (time.perf_counter() - t0)
+        if left <= 0:
+            proven = False
+            break
+        sol = solve_stages(problem, left, k)
+        variables, constraints = variables + sol.variables, constraints + sol.constraints
+        proven &= sol.status in ("OPTIMAL", "INFEASIBLE")
+        if sol.stage_layers is not None and (best is None or sol.objective < best.objective):
+            best = sol
+    wall = time.perf_counter() - t0
+    if best is None:
+        return StageSolution(None, 0, "INFEASIBLE" if proven else "UNKNOWN", False, variables, constraints, wall)
+    return replace(best, status="OPTIMAL" if proven else "FEASIBLE", proven_optimal=proven,
+                   variables=variables, constraints=constraints, wall_s=wall)
+
+
 def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> tuple[Plan | None, StageSolution | None]:
     """The per-stage optimum of `plan`'s layout: under full recompute, the better of k >= 1
     (recompute costs and buffers) and k = 0 (the plan without recompute, whose memory has no
@@ -207,7 +232,15 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
     problem = stage_problem(model, system, job, plan)
     if problem is None:
         return None, None
-    sol = solve_stages(problem)
+    sol = solve_stages(problem, FREE_K_LIMIT_S if problem.recompute else TIME_LIMIT_S)
+    if problem.recompute and not sol.proven_optimal:
+        # k as a variable did not prove in time (it happens even on 4 stages): enumerate k
+        alt = solve_over_k(problem)
+        better = alt if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective <= sol.objective) \
+            else sol
+        sol = replace(better, proven_optimal=alt.proven_optimal, status=alt.status if alt.proven_optimal else better.status,
+                      variables=sol.variables + alt.variables, constraints=sol.constraints + alt.constraints,
+                      wall_s=sol.wall_s + alt.wall_s)
     if plan.recompute == "full":
         plain = plan.model_copy(update={"recompute": "none", "recompute_num_layers": None,
                                         "stage_recompute_layers": None})

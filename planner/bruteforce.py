@@ -72,6 +72,15 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
             break
     order = rank_with_ties(objectives, plans, top_k)
     plans, objectives = [plans[j] for j in order], [objectives[j] for j in order]
+    if top_k is not None:
+        # the same per-stage step as the search (issue 8): this oracle checks the layout level
+        # (its own per-stage oracle is best_stage_split), so both refine their top K alike
+        from planner.analytical import estimate  # noqa: PLC0415
+        from planner.search import Ranked, refine_stages  # noqa: PLC0415 (same layer)
+        ranked = [Ranked(plan=p, estimate=estimate(model, system, p, job), objective=o)
+                  for p, o in zip(plans, objectives)]
+        ranked = refine_stages(model, system, job, ranked, space.free_batch, top_k)
+        plans, objectives = [r.plan for r in ranked], [r.objective for r in ranked]
     return BruteForce(plans, objectives, n, len(ok),
                       {"seconds": time.perf_counter() - t0, "structural_rejects": structural,
                        "not_expressible_skips": skipped})

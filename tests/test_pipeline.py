@@ -170,4 +170,5 @@ def test_search_reports_what_the_per_stage_solver_decided():
     st = piped[0].stages
     assert st is not None and st["variables"] > 0 and st["constraints"] > 0 and st["solve_s"] >= 0
     assert st["status"] in ("OPTIMAL", "FEASIBLE", "INFEASIBLE") and isinstance(st["proven_optimal"], bool)
-    assert st["kept"] == (piped[0].plan.stage_layers is not None and list(piped[0].plan.stage_layers) == st["stage_layers"])
+    if st["kept"]:
+        assert list(piped[0].plan.stage_layers) == st["stage_layers"]
