@@ -3,10 +3,12 @@ the tests: a session fixture that finds or builds its environment (bounded time)
 the reason, and the inverse mapping of its parsed arguments back to a Plan and job settings."""
 from __future__ import annotations
 
+import fcntl
 import json
-import re
 import os
+import re
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -41,10 +43,14 @@ def find_or_build_parser() -> MegatronParser:
     setup = CHECKER_DIR / "setup.sh"
     if not setup.is_file():
         pytest.skip(f"Megatron's parser: {setup} not found (the shared checker is not available)")
-    try:  # idempotent: prints at once when /tmp already holds the environment
-        done = subprocess.run(["bash", str(setup)], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"Megatron's parser: setup.sh did not finish within {SETUP_TIMEOUT_S} s")
+    # idempotent: prints at once when /tmp already holds the environment; the lock keeps
+    # parallel test workers (pytest -n 2) from building it twice at the same time
+    with open(Path(tempfile.gettempdir()) / "parplan_megatron_check.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            done = subprocess.run(["bash", str(setup)], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"Megatron's parser: setup.sh did not finish within {SETUP_TIMEOUT_S} s")
     words = done.stdout.strip().splitlines()[-1].split() if done.stdout.strip() else []
     if done.returncode != 0 or len(words) != 2:
         pytest.skip(f"Megatron's parser: setup.sh failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")

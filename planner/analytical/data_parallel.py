@@ -50,7 +50,9 @@ def zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped
 def zero3_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hide, overlap_fraction):
     """ZeRO-3 / FSDP: per layer and microbatch an all-gather before forward, another before
     backward and a reduce-scatter after it; with prefetch each hides behind one layer's compute
-    (up to `overlap_fraction` of it), the first gather of each pass does not."""
+    (up to `overlap_fraction` of it), the first gather of each pass does not. A rank without
+    layers (a layout that breaks `layers_pp`) is costed as one layer, so no 0/0 reaches the user."""
+    layers = np.maximum(layers, 1.0)
     ag_l = param_ag / layers + latency_s
     rs_l = grad_rs / layers + latency_s
     fwd_l, bwd_l = mb_fwd / layers, mb_bwd / layers
