@@ -30,7 +30,8 @@ Domains (see `knob_domains`)
   global_batch job.global_batch if fixed; otherwise every multiple of micro_batch*dp up to
                job.max_global_batch ("free batch"; the objective is then time per token)
   recompute    none, selective, full (all layers of a stage)
-  zero_stage   0 (plain DP), 1 (distributed optimizer), 3 (FSDP); 2 is left out
+  zero_stage   0 (plain DP), 1 (distributed optimizer), 2 (+ sharded gradients: Megatron-FSDP
+               optim_grads, costed with a reduce-scatter every microbatch), 3 (FSDP)
   offload_*    {0, 0.5, 1} of weights / activations / optimizer state, only when the system has an
                offload tier and job.allow_offload (Megatron: no weight offload; activation
                offload only with pp == 1 and no recompute; optimizer offload only with ZeRO-1)
@@ -59,7 +60,7 @@ CP_CAP = 8
 VPP_CAP = 8
 MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
 FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
-ZERO_STAGES = (0, 1, 3)
+ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_GRID = (0.0, 0.5, 1.0)
 
 # The parallel layout: two rows with the same values here are the same "mapping of the model

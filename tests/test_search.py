@@ -163,7 +163,7 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
             if vpp > 1 and (m < pp or m % pp):
                 continue
             for rc, sp, tpo, dpo, z, ow, oa, oo in itertools.product(
-                    range(3), (0, 1), (0, 1), (0, 1), (0, 1, 3), (0.0,), offs, offs):
+                    range(3), (0, 1), (0, 1), (0, 1), (0, 1, 2, 3), (0.0,), offs, offs):
                 if sp and tp == 1 or tpo and not sp:
                     continue
                 if oa and (pp > 1 or rc != 0) or oo and z != 1:
