@@ -45,6 +45,20 @@ def _no_alias_loader():
     return NoAliasLoader
 
 
+def _load_without_aliases(yaml, text: str):
+    """Safe-load `text`, refusing aliases. With libyaml (PyYAML's C extension) the events are
+    checked for aliases, then the text is loaded, both in C: ~10x faster than the pure-Python
+    loader, which matters for start-up (`planner presets` reads every preset)."""
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is None:
+        return yaml.load(text, Loader=_no_alias_loader())  # noqa: S506 (safe loader)
+    for event in yaml.parse(text, Loader=fast):
+        if isinstance(event, yaml.AliasEvent):
+            mark = event.start_mark
+            raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
+    return yaml.load(text, Loader=fast)  # noqa: S506 (safe loader)
+
+
 def read_yaml_mapping(path: Path, what: str) -> dict:
     import yaml
     try:
@@ -52,7 +66,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict:
             raise SpecError(f"{what} {path}: is a folder, expected a YAML file")
         if path.stat().st_size > MAX_YAML_BYTES:
             raise SpecError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a spec file")
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_no_alias_loader())  # noqa: S506 (safe loader)
+        data = _load_without_aliases(yaml, path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise SpecError(f"{what} {path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:
