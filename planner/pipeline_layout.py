@@ -170,9 +170,25 @@ def layout_not_expressible(plan, layers: int) -> list[str]:
 def layout_string_stages(text: str) -> int:
     """Virtual stages in a --pipeline-model-parallel-layout string, unrolled as Megatron does
     (PipelineParallelLayerLayout.parse_str_to_list: (..)*n groups, then x*n runs)."""
-    text = text.replace(",", "")
-    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
-    return text.count("|") + 1
+    return _unroll_layout_string(text).count("|") + 1
+
+
+def _unroll_layout_string(text: str) -> str:
+    """Megatron's unrolling (PipelineParallelLayerLayout.parse_str_to_list): '(..)*n' groups first,
+    then 'x*n' runs of one symbol; ',' is only a separator."""
+    text = text.replace(",", "").replace(" ", "")
+    text = re.sub(r"\(([^()]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    return re.sub(r"([A-Za-z])\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+
+
+def layout_from_string(text: str) -> tuple[int, ...]:
+    """Decoder layers per virtual stage of a --pipeline-model-parallel-layout string: 't' is a
+    decoder layer, '|' a stage boundary, 'E' the embedding, 'L' the loss, 'm' an MTP module (none
+    of these three is a decoder layer). 'Et|(tt|)*30L' → (1, 2 × 30, 0)."""
+    flat = _unroll_layout_string(text)
+    if not flat or set(flat) - set("tEmL|"):
+        raise SpecError(f"pipeline layout {text!r}: symbols must be t, E, L, m, '|', '(..)*n' or 'x*n'")
+    return tuple(stage.count("t") for stage in flat.split("|"))
 
 
 def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...] | None,
@@ -199,5 +215,5 @@ def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...]
     return ["--pipeline-model-parallel-layout", layout_string(layout, mtp_layers)]
 
 
-__all__ = ["pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_string", "megatron_layout_args",
+__all__ = ["pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
            "rank_layers", "rank_of_stage"]

@@ -22,7 +22,8 @@ from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.analytical.flops import model_flops_per_token, narayanan_eq3_flops
 from planner.model import ModelSpec, MoESpec
-from planner.plan import BytesPerParam, JobSpec, Plan
+from planner.pipeline_layout import balanced_layout, even_layout, layout_from_string
+from planner.plan import BytesPerParam, JobSpec, Plan, compress_runs
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
 REFERENCE_FILES = ("measured_runs.yaml", "bridge_runs.yaml", "fsdp_moe_runs.yaml")
@@ -293,11 +294,26 @@ def _plan(r: _Record, plan_fields: dict) -> Plan | str:
             return f"plan not representable: {err.errors()[0]['msg']}"
 
 
-def _layout_skip(model: ModelSpec, pp: int, vpp: int) -> str | None:
-    if model.layers % (pp * vpp):
-        return (f"uneven pipeline layout ({model.layers} layers over pp {pp} x vpp {vpp}): the model "
-                "needs equal stages until uneven layouts land")
-    return None
+def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
+                  assumptions: list[str]) -> tuple[int, ...] | None | str:
+    """Layers per virtual stage for a record (issue 8): the record's own layout string when it has
+    one, None when the layers split evenly, else the balanced split (listed as an assumption: the
+    records do not publish the recipe's layout flags). A str is the reason the record is skipped."""
+    if layout_text:
+        try:
+            layout = layout_from_string(layout_text)
+        except SpecError as err:
+            return str(err)
+        if len(layout) != pp * vpp or sum(layout) != model.layers:
+            return (f"custom pipeline layout {layout_text!r}: {len(layout)} stages of {sum(layout)} layers, "
+                    f"the run has pp·vpp = {pp * vpp} stages of {model.layers} layers")
+        return layout
+    if even_layout(model.layers, pp, vpp) is not None:
+        return None
+    layout = balanced_layout(model.layers, pp, vpp)
+    assumptions.append(f"uneven layout {compress_runs(layout)} layers per virtual stage (balanced split; "
+                       "the recipe's layout flags are not published)")
+    return layout
 
 
 def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
@@ -329,8 +345,9 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         assumptions.append(f"interleaved, vpp {vpp}")
     else:
         vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or 1)
-    if skip := _layout_skip(model, pp, vpp):
-        return Skipped(rid, skip)
+    stage_layers = _stage_layers(model, pp, vpp, None, assumptions)
+    if isinstance(stage_layers, str):
+        return Skipped(rid, stage_layers)
     era_2021 = rid.startswith(("narayanan", "megatron_readme_2020", "megatron_readme_jan2021"))
     if rid.startswith("megatron_readme_h100"):
         recompute = _recompute(r.get("parallel.recompute"), assumptions, "selective",
@@ -365,6 +382,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if gbs % (mb * dp):
         return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
     plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
+                       stage_layers=stage_layers,
                        sequence_parallel=sp, recompute=recompute, zero_stage=zero,
                        dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021)
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
@@ -432,11 +450,9 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     if vpp == 1 and "interleaved" in str(r.get("parallel.pp_schedule") or "").lower():
         vpp = _smallest_vpp(model.layers // pp)
         assumptions.append(f"interleaved, vpp {vpp}")
-    if r.get("parallel.pp_layout"):
-        return Skipped(rid, f"custom pipeline layout {r.get('parallel.pp_layout')!r}: the model needs equal "
-                            "stages until uneven layouts land")
-    if skip := _layout_skip(model, pp, vpp):
-        return Skipped(rid, skip)
+    stage_layers = _stage_layers(model, pp, vpp, str(r.get("parallel.pp_layout") or "") or None, assumptions)
+    if isinstance(stage_layers, str):
+        return Skipped(rid, stage_layers)
     mb, gbs = r.int("parallel.microbatch"), r.int("parallel.global_batch")
     accum = r.int("parallel.grad_accum")
     if mb is None and gbs is None:
@@ -466,6 +482,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     sp = tp > 1  # torchtitan TP and Megatron-Core with TP shard the sequence (SP) by default
     etp = r.int("parallel.etp", 0, minimum=0) or None  # expert tensor parallel (None = tp)
     plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
+                       stage_layers=stage_layers,
                        sequence_parallel=sp, recompute=recompute, zero_stage=zero, dp_comm_overlap=True,
                        tp_comm_overlap=sp and (megatron or r.get("parallel.async_tp") is True))
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)

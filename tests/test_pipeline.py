@@ -11,7 +11,7 @@ from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.bruteforce import best_stage_split, compositions
 from planner.model import ModelSpec, load_model
-from planner.pipeline_layout import (balanced_layout, layout_from_flags, layout_string, layout_string_stages,
+from planner.pipeline_layout import (balanced_layout, layout_from_flags, layout_from_string, layout_string, layout_string_stages,
                                      megatron_layout_args, rank_layers)
 from planner.plan import JobSpec, Plan
 
@@ -172,3 +172,13 @@ def test_search_reports_what_the_per_stage_solver_decided():
     assert st["status"] in ("OPTIMAL", "FEASIBLE", "INFEASIBLE") and isinstance(st["proven_optimal"], bool)
     if st["kept"]:
         assert list(piped[0].plan.stage_layers) == st["stage_layers"]
+
+
+def test_layout_string_parses_to_layers_per_stage():
+    # the DeepSeek-V3 GB200 guide's layout: embedding + 1 layer, 30 stages of 2, the loss alone
+    assert layout_from_string("Et|(tt|)*30L") == (1,) + (2,) * 30 + (0,)
+    assert layout_from_string("Et*3|t*4|tmL") == (3, 4, 1)  # x*n runs; MTP 'm' is not a decoder layer
+    for layout in ((1,) + (2,) * 62 + (1,), (3, 4, 4, 5), (0, 5, 5, 0)):
+        assert layout_from_string(layout_string(layout)) == layout  # round trip with the writer
+    with pytest.raises(SpecError, match="symbols must be"):
+        layout_from_string("Ex|tL")
