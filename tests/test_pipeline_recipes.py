@@ -1,8 +1,8 @@
 """Issue 8, "Done when": NVIDIA's published recipe layouts (../shared/reference/bridge_runs.yaml)
 are inside the space: their uneven layouts break no layout rule, and `planner plan` for a dense
-recipe returns a plan predicted no slower than the recipe itself. (MoE recipes need expert
-parallel folding, helper "fidelity"'s: their ep may exceed dp·cp, so only the layout rule is
-checked for them.)"""
+recipe returns a plan predicted no slower than the recipe itself. MoE recipes use Megatron's
+expert parallel folding (ep may exceed dp·cp; expert tensor parallel 1 where tp·ep·pp exceeds
+the GPUs, as the recipes run)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -45,13 +45,13 @@ def test_every_uneven_recipe_layout_breaks_no_layout_rule():
     for (name, system, gpus, tp, pp, cp, ep, vpp, mb, gb), rid in recipes.items():
         model = load_model(MODELS[name])
         dp = gpus // (tp * pp * cp)
-        plan = Plan(tp=tp, pp=pp, cp=cp, dp=dp, ep=min(ep, dp * cp) if ep > 1 else 1, vpp=vpp,
+        etp = (tp if gpus % (tp * ep * pp) == 0 else 1) if model.moe else None
+        plan = Plan(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, etp=etp, vpp=vpp,
                     micro_batch=mb, global_batch=gb, sequence_parallel=tp > 1)
         est = estimate(model, load_system(system, gpus), plan, JobSpec(global_batch=gb, max_global_batch=max(gb, 3072)))
         assert "layers_pp" not in est.violations, rid
         assert "vpp_needs_pp" not in est.violations, rid
-        if model.moe is None:
-            assert set(est.violations) <= {"hbm"}, (rid, est.violations)
+        assert set(est.violations) <= {"hbm"}, (rid, est.violations)
 
 
 def test_plan_is_no_slower_than_the_405b_h100_recipe():
