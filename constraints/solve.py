@@ -33,7 +33,8 @@ class Solutions:
     stats: dict = field(default_factory=dict)
 
 
-def _solver(time_limit: float) -> cp_model.CpSolver:
+def new_solver(time_limit: float) -> cp_model.CpSolver:
+    """CP-SAT with the project's fixed seed and workers, a time limit, and Ctrl-C left to Python."""
     s = cp_model.CpSolver()
     s.parameters.num_workers = WORKERS
     s.parameters.random_seed = SEED
@@ -44,7 +45,7 @@ def _solver(time_limit: float) -> cp_model.CpSolver:
     return s
 
 
-def _interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> int:
+def interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> int:
     """solver.Solve in a helper thread (it releases the GIL) so that the main thread stays in
     Python and gets Ctrl-C at once; then the search is stopped and KeyboardInterrupt goes on.
     A late round of `plan --top 1000` solves for seconds, which a blocked main thread would wait out."""
@@ -83,9 +84,9 @@ def solve_top_k(table: Table, k: int = 1, time_limit_s: float = TIME_LIMIT_S,
         expected = int(np.argmax(allowed)) if allowed.any() else None
         if not len(table):
             break
-        solver = _solver(time_limit_s)
+        solver = new_solver(time_limit_s)
         t1 = time.perf_counter()
-        code = _interruptible_solve(solver, enc.model)
+        code = interruptible_solve(solver, enc.model)
         solve_s += time.perf_counter() - t1
         status = solver.StatusName(code)
         got = int(solver.Value(enc.row)) if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
@@ -115,8 +116,8 @@ def explain(table: Table, time_limit_s: float = TIME_LIMIT_S) -> list[str]:
     def infeasible(names: list[str]) -> tuple[bool, list[str]]:
         enc.model.ClearAssumptions()
         enc.model.AddAssumptions([enc.rules[n] for n in names])
-        solver = _solver(time_limit_s)
-        code = _interruptible_solve(solver, enc.model)
+        solver = new_solver(time_limit_s)
+        code = interruptible_solve(solver, enc.model)
         if code != cp_model.INFEASIBLE:
             return False, []
         return True, [by_index[i] for i in solver.SufficientAssumptionsForInfeasibility() if i in by_index]

@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from ortools.sat.python import cp_model
 
+from constraints.solve import SEED, WORKERS, interruptible_solve, new_solver
 from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays
 from planner.analytical.memory import rank_memory
@@ -46,8 +47,6 @@ from planner.model import ModelSpec
 from planner.pipeline_layout import balanced_layout, rank_layers
 from planner.plan import JobSpec, Plan
 
-SEED = 0
-WORKERS = 1
 TIME_LIMIT_S = 10.0
 FREE_K_LIMIT_S = 3.0  # the model with k a variable first; if unproven by then, k is enumerated
 TIME_SCALE = 10**6   # one microbatch on the balanced split's rank ~ 1e6 integer units (finer
@@ -180,11 +179,10 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     for r in range(p):
         md.Add(pmax >= problem.p0[r] + problem.p1 * N[r])
     md.Minimize((problem.microbatches * v - 1) * T + problem.b * sum(K) + problem.opt * pmax)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = WORKERS
-    solver.parameters.random_seed = SEED
-    solver.parameters.max_time_in_seconds = time_limit_s
-    status = solver.Solve(md)
+    # the same solver settings and Ctrl-C handling as the row search (constraints.solve): a
+    # SIGINT during this solve must stop it, not abort the process with the solver mid-flight
+    solver = new_solver(time_limit_s)
+    status = interruptible_solve(solver, md)
     proto = md.Proto()
     name = solver.StatusName(status)
     wall = time.perf_counter() - t0
