@@ -342,9 +342,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     gpus = r.int("system.gpus")
     if gpus is None:
         return Skipped(rid, "GPU count not published")
-    if gpus % (tp * pp * cp):
-        raise SpecError(f"reference {rid}: system.gpus: {gpus} is not a multiple of tp·pp·cp = {tp * pp * cp}")
-    dp = gpus // (tp * pp * cp)
+    dp = _data_parallel(rid, gpus, tp * pp * cp)
     mb = r.int("parallel.microbatch")
     if mb is None:
         mb = 1
@@ -439,6 +437,13 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                    fit=fits_hardware(framework, model), framework=framework, family=family_of(model.name))
 
 
+def _data_parallel(rid: str, gpus: int, model_parallel: int) -> int:
+    """dp = GPUs / (tp·pp·cp); a record whose GPU count is not a multiple is malformed."""
+    if gpus % model_parallel:
+        raise SpecError(f"reference {rid}: system.gpus: {gpus} is not a multiple of tp·pp·cp = {model_parallel}")
+    return gpus // model_parallel
+
+
 def _case_fsdp(r: _Record) -> RefCase | Skipped:
     rid = r.id
     preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
@@ -453,9 +458,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     gpus = r.int("system.gpus")
     if gpus is None:
         return Skipped(rid, "GPU count not published")
-    if gpus % (tp * pp * cp):
-        raise SpecError(f"reference {rid}: system.gpus: {gpus} is not a multiple of tp·pp·cp = {tp * pp * cp}")
-    dp = gpus // (tp * pp * cp)
+    dp = _data_parallel(rid, gpus, tp * pp * cp)
     vpp = r.int("parallel.vpp", 1)
     if vpp == 1 and "interleaved" in str(r.get("parallel.pp_schedule") or "").lower():
         vpp = _smallest_vpp(model.layers // pp)
