@@ -34,6 +34,7 @@ from planner.cli.common import (
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
+    POSITIVE_KNOBS,
     given_knobs,
     load_inputs_for_plan,
     make_job,
@@ -101,23 +102,17 @@ def megatron_command(
 
 def _job(o: dict, plan=None):
     """JobSpec for the launch: a plan file's saved job settings, unless the user overrides them."""
-    from planner.planfile import saved_job
+    from planner.planfile import job_for_plan_file
     if o["global_batch"] is not None and o["global_batch"] < 1:
         raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
-    saved = saved_job(o["plan_file"], plan) if plan is not None else None
+    saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"],
+                              hbm_reserve_gib=o["hbm_reserve_gib"]) if plan is not None else None
     if saved is not None:
-        for name, value in (("dtype", o["dtype"]), ("hbm_reserve_gib", o["hbm_reserve_gib"])):
-            if value is not None and value != getattr(saved, name):
-                raise SpecError(f"{name.replace('_', '-')}: {value} differs from the plan file's "
-                                f"({getattr(saved, name)})")
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
     return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or "bf16",
                     hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"])
-
-
-POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
 
 
 def _plan_and_job(o: dict, model, system):
