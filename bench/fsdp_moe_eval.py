@@ -8,7 +8,8 @@ Rows: every comparable record of the three reference files, through planner/refe
   dense     every other row (must not get worse)
 
 Parameters fitted (module constants, physical meaning in their comments):
-  planner.analytical.time.MOE_IMBALANCE_DROPLESS, planner.analytical.time.A2A_BW_EFFICIENCY,
+  planner.analytical.time.A2A_BW_EFFICIENCY, planner.analytical.time.A2A_OVERLAP_EFFICIENCY,
+  planner.reference_moe.MOE_IMBALANCE_LEARNED_DROPLESS (rows with learned dropless routing),
   planner.analytical.data_parallel.FSDP_OVERLAP_FRACTION,
   planner.analytical.data_parallel.DEEPSPEED_ZERO3_BW_EFFICIENCY.
 Leave-one-family-out: each MoE family is predicted with the MoE parameters fitted without it.
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.analytical import PlanArrays, data_parallel, estimate_many  # noqa: E402
 from planner.analytical import time as tm  # noqa: E402
+from planner import reference_moe  # noqa: E402
 from planner.reference import load_reference  # noqa: E402
 
 class Row:
@@ -46,7 +48,10 @@ class Row:
 
     def predict(self) -> float:
         P = PlanArrays.from_plans([self.plan], self.model.layers)
-        return float(estimate_many(self.model, self.system, self.job, P)["step_time_s"][0])
+        job = self.job
+        if self.model.moe and job.moe_load_imbalance != 1.0:  # learned routing: the fitted value
+            job = job.model_copy(update={"moe_load_imbalance": reference_moe.MOE_IMBALANCE_LEARNED_DROPLESS})
+        return float(estimate_many(self.model, self.system, job, P)["step_time_s"][0])
 
 
 def all_rows() -> list[Row]:
@@ -56,12 +61,14 @@ def all_rows() -> list[Row]:
 
 
 PARAMS = {
-    (tm, "MOE_IMBALANCE_DROPLESS"): (1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4),
-    (tm, "A2A_BW_EFFICIENCY"): (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    (reference_moe, "MOE_IMBALANCE_LEARNED_DROPLESS"): (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2.0),
+    (tm, "A2A_BW_EFFICIENCY"): (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    (tm, "A2A_OVERLAP_EFFICIENCY"): (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     (data_parallel, "FSDP_OVERLAP_FRACTION"): (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     (data_parallel, "DEEPSPEED_ZERO3_BW_EFFICIENCY"): (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.7, 1.0),
 }
-GROUP_PARAMS = {"moe": [(tm, "MOE_IMBALANCE_DROPLESS"), (tm, "A2A_BW_EFFICIENCY")],
+GROUP_PARAMS = {"moe": [(reference_moe, "MOE_IMBALANCE_LEARNED_DROPLESS"), (tm, "A2A_BW_EFFICIENCY"),
+                        (tm, "A2A_OVERLAP_EFFICIENCY")],
                 "fsdp": [(data_parallel, "FSDP_OVERLAP_FRACTION")],
                 "deepspeed": [(data_parallel, "DEEPSPEED_ZERO3_BW_EFFICIENCY")]}
 
