@@ -11,6 +11,9 @@ Sources, read for facts only:
   full-iteration MXFP8/NVFP4 recipes and in Qwen3-235B on H100 (tp2 pp8 vpp4 ep32).
 - Megatron MoE ModelZoo tables (fsdp_moe_runs.yaml records): the dispatcher column, "+1f1b
   overlap" in the notes, forced-balance vs dropless routing in the long-context table.
+- NeMo 2.0 performance scripts (NVIDIA/NeMo @8cfedd7 scripts/performance/llm/, and
+  pretrain_grok1_314b.py @5dcb379): only DeepSeek-V3 forces balanced routing; the DGX Cloud
+  Grok-1 proxies ran learned routing.
 Older releases of the archived tables may have run other settings: each applied setting is listed
 among the case's assumptions.
 """
@@ -26,7 +29,7 @@ from planner.plan import Plan
 # (`--moe-imbalance`), not applied to benchmark rows.
 MOE_IMBALANCE_LEARNED_DROPLESS = 1.5
 
-NVIDIA_MOE_SOURCES = ("bridge_", "mcore-modelzoo", "mcore-dsv3-gb200guide")
+NVIDIA_MOE_SOURCES = ("bridge_", "mcore-modelzoo", "mcore-dsv3-gb200guide", "dgxc")
 BLACKWELL = ("B200", "B300", "GB200", "GB300")
 FULL_ITERATION_DTYPES = ("mxfp8", "nvfp4")
 
@@ -47,7 +50,8 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
         return {}, None, []
     notes_l, gpu_u, disp = notes.lower(), gpu.upper(), dispatcher.lower()
     update, assumptions = {}, []
-    dropless = "dropless" in rid or "dropless routing" in notes_l
+    dropless = "dropless" in rid or "dropless routing" in notes_l or (
+        rid.startswith("dgxc") and "DeepSeek" not in model.name)
     imbalance = MOE_IMBALANCE_LEARNED_DROPLESS if dropless else 1.0
     assumptions.append(f"learned dropless routing (imbalance {imbalance:g})" if dropless
                        else "forced-balanced routing (NVIDIA MoE benchmarks)")
@@ -57,6 +61,9 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
         flex = "DeepSeek" in model.name or grace or (blackwell and dtype in FULL_ITERATION_DTYPES)
         overlap = (blackwell and dtype in FULL_ITERATION_DTYPES) or ("H100" in gpu_u and "Qwen3" in model.name)
         why = "Megatron-Bridge perf recipe @067f987"
+    elif rid.startswith("dgxc"):
+        flex = overlap = False
+        why = "NeMo perf script"
     else:
         flex = "deepep" in disp or "hybridep" in disp or "deepep" in rid
         overlap = "1f1b overlap" in notes_l

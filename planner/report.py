@@ -33,7 +33,11 @@ OFFLOAD_LABELS = {"offload_weights_grads_bytes": "weights + gradients", "offload
 def describe_plan(est: Estimate) -> str:
     p = est.plan
     return (f"TP {p.tp} · PP {p.pp} · DP {p.dp}" + (f" · CP {p.cp}" if p.cp > 1 else "")
-            + (f" · EP {p.ep}" if p.ep > 1 else "") + f" · micro-batch {p.micro_batch}"
+            + (f" · EP {p.ep}" if p.ep > 1 else "")
+            + (f" (ETP {p.etp})" if p.ep > 1 and p.etp is not None and p.etp != p.tp else "")
+            + (" · DeepEP dispatch" if p.moe_dispatcher == "deepep" else "")
+            + (" · all-to-all overlap" if p.moe_a2a_overlap else "")
+            + f" · micro-batch {p.micro_batch}"
             + f" · global batch {p.global_batch} ({p.num_microbatches} microbatch{'es' if p.num_microbatches != 1 else ''})"
             + (f" · VPP {p.vpp}" if p.vpp > 1 else "")
             + (f" · layers per virtual stage {compress_runs(p.stage_layers)}" if p.stage_layers else "")

@@ -16,7 +16,9 @@ from planner.cli.common import (
     DpImplOpt,
     EpOpt,
     EtpOpt,
+    MoeA2aOverlapOpt,
     MoeDispatcherOpt,
+    MoeImbalanceOpt,
     GpusOpt,
     JsonOpt,
     MicroBatchOpt,
@@ -72,6 +74,7 @@ def estimate_command(
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
     etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
+    moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = 1.0,
     flash_attention: Annotated[Optional[bool], typer.Option(
         "--flash-attention/--no-flash-attention",
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
@@ -104,6 +107,8 @@ def estimate_command(
         job = make_job(global_batch=None, dtype=dtype or "bf16",
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
                        flash_attention=True if flash_attention is None else flash_attention)
+    if moe_imbalance != job.moe_load_imbalance:
+        job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     if plan.gpus != system_spec.num_gpus:
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")

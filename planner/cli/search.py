@@ -37,6 +37,8 @@ from planner.cli.common import (
     SystemOpt,
     TpAcrossNodesOpt,
     TpOpt,
+    MoeA2aOverlapOpt,
+    MoeImbalanceOpt,
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
@@ -73,7 +75,7 @@ def _inputs(o: dict):
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
-                   tp_within_nvlink=not o["tp_across_nodes"])
+                   tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0))
     return model, system, job
 
 
@@ -116,6 +118,8 @@ def register(app: typer.Typer) -> None:
         recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
+        moe_a2a_overlap: MoeA2aOverlapOpt = None,
+        moe_imbalance: MoeImbalanceOpt = 1.0,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
@@ -151,6 +155,8 @@ def register(app: typer.Typer) -> None:
         recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
+        moe_a2a_overlap: MoeA2aOverlapOpt = None,
+        moe_imbalance: MoeImbalanceOpt = 1.0,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
