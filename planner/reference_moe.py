@@ -5,10 +5,11 @@ Sources, read for facts only:
 - Megatron-Bridge performance recipes (NVIDIA-NeMo/Megatron-Bridge @067f987,
   src/megatron/bridge/perf_recipes/{deepseek,qwen}/*): every MoE benchmark sets
   moe_router_force_load_balancing = True; GB200/GB300 recipes use the flex dispatcher (HybridEP),
-  as do the Blackwell full-iteration MXFP8 recipes and DeepSeek-V3 everywhere (its base recipe asks
-  for HybridEP, which Megatron-Bridge keeps on Ampere/Hopper/Blackwell: flex_dispatcher_backend.py); the
-  expert all-to-all overlap (overlap_moe_expert_parallel_comm + delay_wgrad_compute) is on in the
-  full-iteration MXFP8/NVFP4 recipes and in Qwen3-235B on H100 (tp2 pp8 vpp4 ep32).
+  as does DeepSeek-V3 everywhere (its base recipe asks for HybridEP, which Megatron-Bridge keeps on
+  Ampere/Hopper/Blackwell: flex_dispatcher_backend.py; DeepEP on B200 at ep 32); Qwen3 on H100
+  and B200 uses alltoall. The expert all-to-all overlap (overlap_moe_expert_parallel_comm +
+  delay_wgrad_compute) is on in the full-iteration MXFP8/NVFP4 recipes of DeepSeek-V3 and of the
+  GB200/GB300 systems, and in Qwen3-235B on H100 (tp2 pp8 vpp4 ep32); Qwen3 on B200 sets it off.
 - Megatron MoE ModelZoo tables (fsdp_moe_runs.yaml records): the dispatcher column, "+1f1b
   overlap" in the notes, forced-balance vs dropless routing in the long-context table.
 - NeMo 2.0 performance scripts (NVIDIA/NeMo @8cfedd7 scripts/performance/llm/, and
@@ -30,7 +31,6 @@ from planner.plan import Plan
 MOE_IMBALANCE_LEARNED_DROPLESS = 1.5
 
 NVIDIA_MOE_SOURCES = ("bridge_", "mcore-modelzoo", "mcore-dsv3-gb200guide", "dgxc")
-BLACKWELL = ("B200", "B300", "GB200", "GB300")
 FULL_ITERATION_DTYPES = ("mxfp8", "nvfp4")
 
 
@@ -51,15 +51,15 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
     notes_l, gpu_u, disp = notes.lower(), gpu.upper(), dispatcher.lower()
     update, assumptions = {}, []
     dropless = "dropless" in rid or "dropless routing" in notes_l or (
-        rid.startswith("dgxc") and "DeepSeek" not in model.name)
+        rid.startswith("dgxc") and "deepseek" not in model.name.lower())
     imbalance = MOE_IMBALANCE_LEARNED_DROPLESS if dropless else 1.0
     assumptions.append(f"learned dropless routing (imbalance {imbalance:g})" if dropless
                        else "forced-balanced routing (NVIDIA MoE benchmarks)")
-    blackwell = any(g in gpu_u for g in BLACKWELL)
     grace = gpu_u.startswith("GB")
     if rid.startswith("bridge_"):
-        flex = "DeepSeek" in model.name or grace or (blackwell and dtype in FULL_ITERATION_DTYPES)
-        overlap = (blackwell and dtype in FULL_ITERATION_DTYPES) or ("H100" in gpu_u and "Qwen3" in model.name)
+        deepseek = "deepseek" in model.name.lower()
+        flex = deepseek or grace
+        overlap = (dtype in FULL_ITERATION_DTYPES and (deepseek or grace)) or ("H100" in gpu_u and "qwen3" in model.name.lower())
         why = "Megatron-Bridge perf recipe @067f987"
     elif rid.startswith("dgxc"):
         flex = overlap = False
