@@ -74,7 +74,17 @@ def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
     return [times, memory]
 
 
-def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "") -> None:
+def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
+    """What the MoE time assumes about routing, said where a user sees the plan."""
+    if model.moe is None:
+        return None
+    what = "balanced routing, as NVIDIA's MoE benchmarks force" if imbalance == 1.0 else "routing skew"
+    return (f"MoE: busiest expert rank gets {imbalance:g}× the mean tokens ({what}); "
+            "--moe-imbalance 1.5 models learned dropless routing (fitted on Megatron MoE ModelZoo runs)")
+
+
+def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "",
+                   notes: list[str] | None = None) -> None:
     console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params) on "
                   f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})")
     console.print(describe_plan(est))
@@ -85,6 +95,8 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
                   f"{est.tokens_per_s:,.0f} tokens/s · "
                   f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:.0f} model TFLOP/s per GPU")
+    for note in notes or []:
+        console.print(note)
     if est.violations:
         console.print("[bold red]Not feasible:[/bold red]")
         for rule in est.violations:

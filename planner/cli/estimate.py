@@ -45,7 +45,7 @@ from planner.cli.common import (
 )
 from planner.plan import load_plan
 from planner.planfile import job_for_plan_file
-from planner.report import estimate_json, print_estimate
+from planner.report import estimate_json, moe_routing_note, print_estimate
 
 # What `planner estimate` assumes for knobs the user does not give: the Megatron recipe of the
 # default example (Narayanan et al. SC'21: GPT-3 175B as tp8 pp8) with today's defaults.
@@ -117,7 +117,8 @@ def estimate_command(
         print(estimate_json(est))
     else:
         from rich.console import Console
-        print_estimate(Console(), model_spec, system_spec, est)
+        note = moe_routing_note(model_spec, job.moe_load_imbalance)
+        print_estimate(Console(), model_spec, system_spec, est, notes=[note] if note else None)
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 
