@@ -31,7 +31,7 @@ from planner.plan import RECOMPUTE_CODES
 
 HALVES = ("offload_weights", "offload_activations", "offload_optimizer")
 KNOB_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch", "m", "global_batch", "recompute",
-                "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "zero_stage") + HALVES
+                "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "zero_stage", "moe_a2a_overlap") + HALVES
 
 RULE_TEXT = {
     "gpus": "tp·pp·dp·cp must equal the GPU count (at most it, with idle GPUs allowed)",

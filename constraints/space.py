@@ -36,7 +36,9 @@ Domains (see `knob_domains`)
                offload tier and job.allow_offload (Megatron: no weight offload; activation
                offload only with pp == 1 and no recompute; optimizer offload only with ZeRO-1)
   sequence_parallel on/off (on only with tp > 1); tp_comm_overlap on/off (on only with SP);
-  dp_comm_overlap on/off.
+  dp_comm_overlap on/off; moe_a2a_overlap on/off (MoE only; Megatron's rules: ep > 1, pp = 1 or
+               vpp > 1, no full recompute, at most one MTP layer; it costs one more in-flight
+               microbatch, so it is a real choice where memory binds).
 
 Free batch ("batch <= max"): every multiple of micro_batch*dp up to the cap is in the space (the
 brute-force oracle enumerates all of them, `expand_batches`), and the objective is time per
@@ -69,7 +71,7 @@ OFFLOAD_GRID = (0.0, 0.5, 1.0)
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch")
 # Memory / overlap options (one table, crossed with the layouts).
 OPTION_KEYS = ("recompute", "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "zero_stage",
-               "offload_weights", "offload_activations", "offload_optimizer")
+               "offload_weights", "offload_activations", "offload_optimizer", "moe_a2a_overlap")
 ROW_KEYS = LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS
 
 
@@ -138,6 +140,7 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "zero_stage": ZERO_STAGES,
         "offload_weights": (0.0,) if mega else off,
         "offload_activations": off, "offload_optimizer": off,
+        "moe_a2a_overlap": (0, 1) if model.moe and (model.mtp_layers or 0) <= 1 else (0,),
     }
 
 
@@ -166,7 +169,7 @@ def _fmt(knob: str, values) -> str:
     if knob == "recompute":
         names = {c: n for n, c in RECOMPUTE_CODES.items()}
         return ", ".join(names[int(v)] for v in values)
-    if knob in ("sequence_parallel", "tp_comm_overlap", "dp_comm_overlap"):
+    if knob in ("sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "moe_a2a_overlap"):
         return ", ".join("true" if v else "false" for v in values)
     return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
@@ -307,6 +310,8 @@ def options(space: Space) -> dict[str, np.ndarray]:
         o = dict(zip(OPTION_KEYS, combo))
         if o["tp_comm_overlap"] and not o["sequence_parallel"]:
             continue
+        if o["moe_a2a_overlap"] and o["recompute"] == RECOMPUTE_CODES["full"]:
+            continue
         if mega:
             if o["offload_weights"] > 0:
                 continue
@@ -319,24 +324,41 @@ def options(space: Space) -> dict[str, np.ndarray]:
     return {k: arr[:, i].copy() for i, k in enumerate(OPTION_KEYS)}
 
 
+N_LAYOUT_CLASSES = 8
+
+
+def layout_class(lay: dict[str, np.ndarray]) -> np.ndarray:
+    """What a layout allows of the options, as a class 0..7: bit 2 tp > 1 (SP, TP overlap),
+    bit 1 pp == 1 (Megatron activation offload), bit 0 the expert all-to-all overlap (Megatron:
+    ep > 1 and, with pipelining, interleaving)."""
+    a2a_ok = (lay["ep"] > 1) & ((lay["pp"] == 1) | (lay["vpp"] > 1))
+    return (lay["tp"] > 1).astype(int) * 4 + (lay["pp"] == 1).astype(int) * 2 + a2a_ok.astype(int)
+
+
+def options_allowed(space: Space, opt: dict[str, np.ndarray], cls: int) -> np.ndarray:
+    """Mask of the option rows a layout of class `cls` may take."""
+    ok = np.ones(len(opt["recompute"]), dtype=bool)
+    if not cls & 4:
+        ok &= opt["sequence_parallel"] == 0
+    if space.job.framework == "megatron" and not cls & 2:
+        ok &= opt["offload_activations"] == 0
+    if not cls & 1:
+        ok &= opt["moe_a2a_overlap"] == 0
+    return ok
+
+
 def cross(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Layouts × options, keeping only the compatible pairs: SP (and TP overlap) needs tp > 1;
-    Megatron activation offload needs pp == 1. Every column of `lay` is carried along, and
-    `lay_row` says which layout row each pair came from. Deterministic order."""
-    mega = space.job.framework == "megatron"
+    """Layouts × options, keeping only the compatible pairs (`options_allowed` by
+    `layout_class`). Every column of `lay` is carried along, and `lay_row` says which layout row
+    each pair came from. Deterministic order."""
     parts: dict[str, list] = {k: [] for k in list(lay) + list(OPTION_KEYS) + ["lay_row"]}
     n_lay = len(lay["tp"])
-    lay_cls = (lay["tp"] > 1).astype(int) * 2 + (lay["pp"] == 1).astype(int)
-    for cls in range(4):
+    lay_cls = layout_class(lay)
+    for cls in range(N_LAYOUT_CLASSES):
         li = np.nonzero(lay_cls == cls)[0]
         if not len(li):
             continue
-        ok = np.ones(len(opt["recompute"]), dtype=bool)
-        if not cls & 2:
-            ok &= opt["sequence_parallel"] == 0
-        if mega and not cls & 1:
-            ok &= opt["offload_activations"] == 0
-        oi = np.nonzero(ok)[0]
+        oi = np.nonzero(options_allowed(space, opt, cls))[0]
         if not len(oi):
             continue
         L = np.repeat(li, len(oi))
@@ -361,4 +383,5 @@ def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
 
 
 __all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "enumerate_rows",
+           "layout_class", "options_allowed", "N_LAYOUT_CLASSES",
            "expand_batches", "at_batch", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]

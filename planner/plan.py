@@ -31,7 +31,7 @@ MOE_DISPATCHER_CODES: dict[str, int] = {"alltoall": 0, "deepep": 1}
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
          "recompute", "zero_stage", "offload_weights", "offload_activations", "offload_optimizer",
-         "tp_comm_overlap", "dp_comm_overlap", "etp")
+         "tp_comm_overlap", "dp_comm_overlap", "etp", "moe_a2a_overlap")
 
 
 class Plan(BaseModel):
@@ -70,6 +70,9 @@ class Plan(BaseModel):
         default=False, description="FP8 compute weights, gathered in FP8 (Megatron --fp8-param-gather)")
     dp_impl: DpImpl = Field(default="megatron", description="implementation of sharded data parallelism")
     moe_dispatcher: MoeDispatcher = Field(default="alltoall", description="MoE token dispatcher")
+    moe_a2a_overlap: bool = Field(
+        default=False, description="hide the expert all-to-all behind another microbatch's compute "
+                                   "(Megatron --overlap-moe-expert-parallel-comm, combined 1F1B)")
     # --- pipeline layout (issue 8): explicit per-virtual-stage choices, Megatron's order
     # (virtual stage s runs on pipeline rank s % pp, as model chunk s // pp).
     stage_layers: tuple[NonNegativeInt, ...] | None = Field(
@@ -99,6 +102,13 @@ class Plan(BaseModel):
                                  "that stage's layers")
             if any(self.stage_recompute_layers) and self.recompute != "full":
                 raise ValueError("stage_recompute_layers needs recompute: full")
+        return self
+
+    @model_validator(mode="after")
+    def _a2a_overlap(self) -> "Plan":
+        if self.moe_a2a_overlap and self.ep < 2:
+            raise ValueError("moe_a2a_overlap needs expert parallelism (ep >= 2): there is no "
+                             "all-to-all to hide")
         return self
 
     @property
@@ -146,6 +156,8 @@ class Plan(BaseModel):
             parts.append(self.dp_impl)
         if self.moe_dispatcher != "alltoall":
             parts.append(self.moe_dispatcher)
+        if self.moe_a2a_overlap:
+            parts.append("a2a-overlap")
         for knob, label in (("cross_entropy_fusion", "ce-fused"), ("grad_reduce_in_bf16", "grad-bf16"),
                             ("fp8_param_gather", "fp8-ag")):
             if getattr(self, knob):
@@ -208,6 +220,11 @@ class JobSpec(BaseModel):
     tp_within_nvlink: bool = Field(
         default=True, description="keep tensor parallelism inside one NVLink domain (what practice does)")
     framework: Literal["megatron", "any"] = "megatron"
+    moe_load_imbalance: float = Field(
+        default=1.0, ge=1.0, le=8.0,
+        description="MoE: tokens routed to the busiest expert over the mean (1.0 = balanced routing, "
+                    "what NVIDIA's published MoE benchmarks force with --moe-router-force-load-balancing; "
+                    "learned routing early in training is less even)")
 
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":

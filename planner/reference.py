@@ -24,6 +24,7 @@ from planner.analytical.flops import model_flops_per_token, narayanan_eq3_flops
 from planner.model import ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, compress_runs
+from planner.reference_moe import nvidia_moe_settings
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
 REFERENCE_FILES = ("measured_runs.yaml", "bridge_runs.yaml", "fsdp_moe_runs.yaml")
@@ -414,6 +415,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         # DeepSpeed ZeRO-3 (Narayanan Table 2 baseline) reduces fp16 gradients: 2 bytes on the wire.
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
         assumptions.append("DeepSpeed fp16 gradient reduce")
+    plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=not era_2021,
                   hbm_reserve_gib=0.0, **extra)
     system = load_system(preset, gpus)
@@ -435,6 +437,19 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     source = _source_measured(rid)
     return RefCase(rid, source, model, system, plan, job, step, how, assumptions,
                    fit=fits_hardware(framework, model), framework=framework, family=family_of(model.name))
+
+
+def _with_moe_recipe(r: _Record, model: ModelSpec, plan: Plan, dtype: str, job_extra: dict,
+                     assumptions: list[str]) -> tuple[Plan, dict]:
+    """The routing, dispatcher and all-to-all overlap an NVIDIA MoE benchmark ran with
+    (planner/reference_moe.py), applied to the record's plan and job."""
+    update, imbalance, notes = nvidia_moe_settings(
+        r.id, model, plan, dtype, str(r.get("system.gpu") or ""), str(r.get("notes") or ""),
+        str(r.get("parallel.dispatcher") or ""))
+    assumptions.extend(notes)
+    if imbalance is not None:
+        job_extra = {**job_extra, "moe_load_imbalance": imbalance}
+    return (Plan.model_validate({**plan.model_dump(), **update}) if update else plan), job_extra
 
 
 def _data_parallel(rid: str, gpus: int, model_parallel: int) -> int:
@@ -506,6 +521,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     if framework == "DeepSpeed ZeRO-3":
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
         assumptions.append("DeepSpeed fp16 gradient reduce")
+    plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
                   hbm_reserve_gib=0.0, **extra)
     system = load_system(preset, gpus)

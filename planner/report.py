@@ -33,7 +33,11 @@ OFFLOAD_LABELS = {"offload_weights_grads_bytes": "weights + gradients", "offload
 def describe_plan(est: Estimate) -> str:
     p = est.plan
     return (f"TP {p.tp} · PP {p.pp} · DP {p.dp}" + (f" · CP {p.cp}" if p.cp > 1 else "")
-            + (f" · EP {p.ep}" if p.ep > 1 else "") + f" · micro-batch {p.micro_batch}"
+            + (f" · EP {p.ep}" if p.ep > 1 else "")
+            + (f" (ETP {p.etp})" if p.ep > 1 and p.etp is not None and p.etp != p.tp else "")
+            + (" · DeepEP dispatch" if p.moe_dispatcher == "deepep" else "")
+            + (" · all-to-all overlap" if p.moe_a2a_overlap else "")
+            + f" · micro-batch {p.micro_batch}"
             + f" · global batch {p.global_batch} ({p.num_microbatches} microbatch{'es' if p.num_microbatches != 1 else ''})"
             + (f" · VPP {p.vpp}" if p.vpp > 1 else "")
             + (f" · layers per virtual stage {compress_runs(p.stage_layers)}" if p.stage_layers else "")
@@ -70,7 +74,17 @@ def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
     return [times, memory]
 
 
-def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "") -> None:
+def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
+    """What the MoE time assumes about routing, said where a user sees the plan."""
+    if model.moe is None:
+        return None
+    what = "balanced routing, as NVIDIA's MoE benchmarks force" if imbalance == 1.0 else "routing skew"
+    return (f"MoE: busiest expert rank gets {imbalance:g}× the mean tokens ({what}); "
+            "--moe-imbalance 1.5 models learned dropless routing (fitted on Megatron MoE ModelZoo runs)")
+
+
+def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "",
+                   notes: list[str] | None = None) -> None:
     console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params) on "
                   f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})")
     console.print(describe_plan(est))
@@ -81,6 +95,8 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
                   f"{est.tokens_per_s:,.0f} tokens/s · "
                   f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:.0f} model TFLOP/s per GPU")
+    for note in notes or []:
+        console.print(note)
     if est.violations:
         console.print("[bold red]Not feasible:[/bold red]")
         for rule in est.violations:

@@ -23,7 +23,8 @@ import numpy as np
 
 from constraints.solve import explain, solve_top_k
 from constraints.stages import best_stages
-from constraints.space import at_batch, build_space, cross, layouts, options
+from constraints.space import (N_LAYOUT_CLASSES, at_batch, build_space, cross, layout_class, layouts, options,
+                               options_allowed)
 from constraints.cost_table import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
@@ -188,17 +189,8 @@ def count(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> i
         return 0
     opt = options(space)
     n_m = ((lay["m_max"] - lay["m_min"]) // lay["m_step"] + 1).astype(np.int64)
-    mega = job.framework == "megatron"
-    per_class = []
-    for cls in range(4):
-        ok = np.ones(len(opt["recompute"]), dtype=bool)
-        if not cls & 2:
-            ok &= opt["sequence_parallel"] == 0
-        if mega and not cls & 1:
-            ok &= opt["offload_activations"] == 0
-        per_class.append(int(ok.sum()))
-    cls = (lay["tp"] > 1).astype(int) * 2 + (lay["pp"] == 1).astype(int)
-    return int(np.sum(n_m * np.asarray(per_class, dtype=np.int64)[cls]))
+    per_class = [int(options_allowed(space, opt, c).sum()) for c in range(N_LAYOUT_CLASSES)]
+    return int(np.sum(n_m * np.asarray(per_class, dtype=np.int64)[layout_class(lay)]))
 
 
 # ---------------------------------------------------------------------------------------------

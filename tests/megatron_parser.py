@@ -91,7 +91,8 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
         tp_comm_overlap=cfg["tp_comm_overlap"], dp_comm_overlap=ns["overlap_grad_reduce"],
         cross_entropy_fusion=cfg["cross_entropy_loss_fusion"],
         grad_reduce_in_bf16=ns["grad_reduce_in_bf16"] and not ns["accumulate_allreduce_grads_in_fp32"],
-        fp8_param_gather=ns["fp8_param_gather"])
+        fp8_param_gather=ns["fp8_param_gather"],
+        moe_a2a_overlap=bool(cfg.get("overlap_moe_expert_parallel_comm", False)))
 
 
 def dtype_from_megatron(ns: dict) -> str:

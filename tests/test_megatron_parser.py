@@ -57,6 +57,12 @@ CASES = [
           recompute="selective")),
     ("gpt-oss-120b", "b200", 64, "mxfp8",  # experts with biases: Megatron needs expert TP 1
      dict(pp=2, dp=32, ep=8, micro_batch=1, global_batch=128)),
+    # the expert all-to-all overlap (combined 1F1B): interleaved, and without pipelining
+    ("qwen3-30b-a3b", "h100-sxm", 64, "bf16",
+     dict(tp=2, pp=4, dp=8, ep=8, vpp=2, micro_batch=1, global_batch=256, sequence_parallel=True,
+          recompute="selective", moe_a2a_overlap=True)),
+    ("qwen3-30b-a3b", "b200", 32, "mxfp8",
+     dict(dp=32, ep=32, micro_batch=1, global_batch=256, moe_a2a_overlap=True)),
 ]
 # Script placeholders -> values the CPU checker can use (no data on this machine).
 PLACEHOLDERS = {"$TOKENIZER_TYPE": "NullTokenizer", "$TRAIN_ITERS": "10", "$LR": "1e-4",

@@ -2,12 +2,14 @@
 implementation. Numbers are derived by hand from the formulas' sources, not read back."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from hardware import load_system
 from planner import megatron as mg
-from planner.analytical import PlanArrays, comm, estimate
+from planner.analytical import PlanArrays, comm, estimate, estimate_many
 from planner.analytical import data_parallel as dpc
 from planner.analytical import time as tm
 from planner.analytical.memory import memory_breakdown, stage_params
@@ -110,13 +112,54 @@ def test_moe_layer_mechanisms_hand_derived():
     fc2_eff = tm.gemm_efficiency(eff.matmul_max, eff.matmul_half_dim, np.array([min(rows, 1536 / 2, 4096)]))[0]
     peak = 989.4e12
     gemm = 2 * 4096 * 8 * 4096 * 3072 / 2 / (peak * fc1_eff) + 2 * 4096 * 8 * 1536 * 4096 / 2 / (peak * fc2_eff)
-    assert float(parts["expert_gemm_s"][0]) == pytest.approx(tm.MOE_IMBALANCE_DROPLESS * gemm)
+    # balanced routing: only the sampling spread, 1 + sqrt(2·ln 32 / (2048·8)) (rows per rank)
+    spread = 1 + math.sqrt(2 * math.log(32) / (routed * 8))
+    assert float(parts["expert_gemm_s"][0]) == pytest.approx(spread * gemm)
 
 
-def test_capacity_factor_caps_imbalance():
+def test_load_imbalance_job_skew_sampling_spread_and_capacity_cap():
+    P = _pa(QWEN3, tp=2, pp=8, dp=16, ep=32, sequence_parallel=1, micro_batch=1, global_batch=2048)
+    spread = 1 + math.sqrt(2 * math.log(32) / (2048 * 8))
+    assert float(tm.moe_load_imbalance(QWEN3, JobSpec(), P)[0]) == pytest.approx(spread)
+    assert float(tm.moe_load_imbalance(QWEN3, JobSpec(moe_load_imbalance=1.5), P)[0]) == pytest.approx(1.5 * spread)
+    # ep 1: a single rank, no spread
+    P1 = _pa(QWEN3, tp=1, dp=8, ep=1, micro_batch=1, global_batch=8)
+    assert float(tm.moe_load_imbalance(QWEN3, JobSpec(), P1)[0]) == 1.0
     drop = QWEN3.model_copy(update={"moe": QWEN3.moe.model_copy(update={"capacity_factor": 1.0})})
-    assert tm.moe_load_imbalance(drop) == 1.0
-    assert tm.moe_load_imbalance(QWEN3) == tm.MOE_IMBALANCE_DROPLESS
+    assert float(tm.moe_load_imbalance(drop, JobSpec(moe_load_imbalance=1.5), P)[0]) == 1.0
+    with pytest.raises(ValueError):
+        JobSpec(moe_load_imbalance=0.9)
+
+
+def test_a2a_overlap_hides_behind_the_other_microbatch():
+    """Combined 1F1B (Megatron combined_1f1b.py): pp 8, vpp 4, m = 128 microbatches on rank 0:
+    warm-up 2·7 + 3·8 + 1 = 39 of 512 chunk passes unpaired; the paired rest exposes
+    2a − eff·min(2a, fwd + bwd compute)."""
+    base = dict(tp=2, pp=8, dp=16, ep=32, etp=1, vpp=4, sequence_parallel=1, micro_batch=1, global_batch=2048)
+    P0 = _pa(QWEN3, **base)
+    P1 = _pa(QWEN3, **base, moe_a2a_overlap=1)
+    u = 39 / 512
+    assert float(tm.unpaired_microbatch_fraction(P1)[0]) == pytest.approx(u)
+    a, f, b = 0.004, 0.003, 0.006
+    fwd0, bwd0 = tm.a2a_overlap_exposed_s(np.array([a]), np.array([f]), np.array([b]), P0)
+    assert (fwd0[0], bwd0[0]) == (a, a)
+    fwd1, bwd1 = tm.a2a_overlap_exposed_s(np.array([a]), np.array([f]), np.array([b]), P1)
+    eff = tm.A2A_OVERLAP_EFFICIENCY
+    assert fwd1[0] == pytest.approx(u * a)
+    assert bwd1[0] == pytest.approx(u * a + (1 - u) * (2 * a - eff * min(2 * a, f + b)))
+    # no pipelining: only the first forward and the last backward are unpaired (1/m)
+    Pn = _pa(QWEN3, tp=1, pp=1, dp=64, ep=64, micro_batch=1, global_batch=1024, moe_a2a_overlap=1)
+    assert float(tm.unpaired_microbatch_fraction(Pn)[0]) == pytest.approx(1 / 16)
+    # the whole step gets faster, and one more microbatch chunk is in flight
+    s = load_system("h100-sxm", 256)
+    r0 = estimate_many(QWEN3, s, JobSpec(global_batch=2048), P0)
+    r1 = estimate_many(QWEN3, s, JobSpec(global_batch=2048), P1)
+    assert r1["step_time_s"][0] < r0["step_time_s"][0]
+    from planner.analytical.memory import in_flight_microbatches
+    rank0 = P0.rank_index[0] == 0
+    assert in_flight_microbatches(P0)[0][rank0][0] == pytest.approx(39 / 4)
+    assert in_flight_microbatches(P1)[0][rank0][0] == pytest.approx(40 / 4)
+    assert r1["activations_bytes"][0] > r0["activations_bytes"][0]
 
 
 def test_shared_experts_cost_a_dense_mlp():
@@ -195,10 +238,11 @@ def test_deepep_crosses_each_remote_domain_once():
     3·(1 − (3/4)^8) = 2.70 remote nodes, instead of sending 8·24/32 = 6 copies off-node."""
     s = load_system("h100-sxm", 256)
     base = dict(tp=2, pp=8, dp=16, ep=32, etp=1, sequence_parallel=1, micro_batch=1, global_batch=2048)
-    a2a = tm.moe_dispatch_s(QWEN3, s, _pa(QWEN3, **base, moe_dispatcher=0))
-    dep = tm.moe_dispatch_s(QWEN3, s, _pa(QWEN3, **base, moe_dispatcher=1))
+    job = JobSpec()
+    a2a = tm.moe_dispatch_s(QWEN3, s, job, _pa(QWEN3, **base, moe_dispatcher=0))
+    dep = tm.moe_dispatch_s(QWEN3, s, job, _pa(QWEN3, **base, moe_dispatcher=1))
     routed = 4096 / 2
-    imb, eff = tm.moe_load_imbalance(QWEN3), tm.A2A_BW_EFFICIENCY
+    imb, eff = float(tm.moe_load_imbalance(QWEN3, job, _pa(QWEN3, **base))[0]), tm.A2A_BW_EFFICIENCY
     nic = 50e9 * 0.8 * eff
     lat = 31 * 8e-6
     assert a2a[0] == pytest.approx(2 * (routed * 8 * 4096 * 2 * imb * 24 / 32 / nic + lat))

@@ -162,11 +162,15 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
             m = gb // (mb * dp)
             if vpp > 1 and (m < pp or m % pp):
                 continue
-            for rc, sp, tpo, dpo, z, ow, oa, oo in itertools.product(
-                    range(3), (0, 1), (0, 1), (0, 1), (0, 1, 2, 3), (0.0,), offs, offs):
+            # expert all-to-all overlap (MoE): ep > 1, vpp > 1 when pp > 1, no full recompute
+            a2as = (0, 1) if model.moe else (0,)
+            for rc, sp, tpo, dpo, z, ow, oa, oo, a2a in itertools.product(
+                    range(3), (0, 1), (0, 1), (0, 1), (0, 1, 2, 3), (0.0,), offs, offs, a2as):
                 if sp and tp == 1 or tpo and not sp:
                     continue
                 if oa and (pp > 1 or rc != 0) or oo and z != 1:
+                    continue
+                if a2a and (ep == 1 or (pp > 1 and vpp == 1) or rc == 2):
                     continue
                 total += 1
     return total

@@ -80,12 +80,17 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
     holds at its peak, (n, R). 1F1B: min(pp − r, m) (rank r warms up with pp − r − 1 forwards,
     Narayanan et al. SC'21 §2.2). Interleaved (Megatron's schedule: 2(pp − r − 1) + (v − 1)·pp
     warm-up chunk-forwards plus one, each 1/v of the rank): (2(p−r−1) + (v−1)p + 1)/v, which for
-    r = 0 is Korthikanti et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v)); scaled by min(1, m/p)."""
+    r = 0 is Korthikanti et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v)); scaled by min(1, m/p).
+    MoE all-to-all overlap (combined 1F1B) runs one more warm-up forward so that each 1F1B step
+    pairs independent microbatches (megatron/core/pipeline_parallel/schedules.py,
+    get_pp_rank_microbatches: +1 with overlap_moe_expert_parallel_comm); without pipelining it
+    keeps the next microbatch's forward beside the current backward (combined_1f1b.py)."""
     C = RankColumns(P)
     m = C.global_batch / (C.micro_batch * C.dp)
     p, v, r = C.pp, C.vpp, P.rank_index
-    plain = np.minimum(p - r, m)
-    interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0) / v * np.minimum(1.0, m / p)
+    extra = (C.moe_a2a_overlap > 0) * 1.0
+    plain = np.minimum(p - r + extra, m)
+    interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0 + extra) / v * np.minimum(1.0, m / p)
     return np.where(v > 1, interleaved, plain)
 
 

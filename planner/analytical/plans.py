@@ -46,6 +46,7 @@ class PlanArrays:
     dp_comm_overlap: np.ndarray
     dp_impl: np.ndarray
     moe_dispatcher: np.ndarray
+    moe_a2a_overlap: np.ndarray
     cross_entropy_fusion: np.ndarray
     grad_reduce_in_bf16: np.ndarray
     fp8_param_gather: np.ndarray
@@ -144,6 +145,7 @@ class PlanArrays:
             offload_activations=float(self.offload_activations[i]),
             offload_optimizer=float(self.offload_optimizer[i]),
             tp_comm_overlap=bool(self.tp_comm_overlap[i]), dp_comm_overlap=bool(self.dp_comm_overlap[i]),
+            moe_a2a_overlap=bool(self.moe_a2a_overlap[i]),
             cross_entropy_fusion=bool(self.cross_entropy_fusion[i]),
             grad_reduce_in_bf16=bool(self.grad_reduce_in_bf16[i]),
             fp8_param_gather=bool(self.fp8_param_gather[i]))

@@ -126,15 +126,14 @@ def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_
 
 
 # --- MoE layer mechanisms (Megatron-Core moe/: router.py, token_dispatcher.py, experts.py) ----
-# Busiest expert / mean expert load with dropless routing and the auxiliary load-balancing loss
-# (the grouped GEMM and the all-to-all wait for the busiest rank). Named; 1 = perfect. Fitted by
-# bench/fsdp_moe_eval.py --fit on the Grok-1 proxies + ModelZoo Qwen3-235B H100 rows (families
-# weighted equally): 1.4, at the top of its grid: the fit leans on it for what the model lacks.
-MOE_IMBALANCE_DROPLESS = 1.4
 # Achieved / link bandwidth of NCCL all-to-all (many small messages, no ring pipelining) relative
-# to the ring collectives the network tier's efficiency describes. Named; fitted with the
-# imbalance above: 1.0 (the tier's own 0.8 of nominal is then what all-to-all achieves).
+# to the ring collectives the network tier's efficiency describes. Named; 1.0 = the tier's own
+# efficiency (bench/fsdp_moe_eval.py --fit).
 A2A_BW_EFFICIENCY = 1.0
+# Share of the ideally hideable expert all-to-all that the combined-1F1B overlap hides (1.0 =
+# max(compute, communication)). Named; fitted by bench/fsdp_moe_eval.py on the runs with
+# the overlap on (ModelZoo Qwen3-235B "+1f1b overlap" vs the same run without; Bridge recipes).
+A2A_OVERLAP_EFFICIENCY = 0.3
 # Router: fp32 logits, softmax (or sigmoid) + top-k + the aux-loss statistics: ~4 passes over
 # tokens×E fp32 (router.py: TopKRouter.routing).
 ROUTER_PASSES = 4.0
@@ -143,11 +142,22 @@ ROUTER_PASSES = 4.0
 PERMUTE_PASSES = 4.0
 
 
-def moe_load_imbalance(model: ModelSpec) -> float:
-    """Busiest-expert load over the mean: dropless routing runs the real imbalance; a capacity
-    factor drops tokens above `capacity_factor` × mean (GShard §2.2), capping it."""
+def moe_load_imbalance(model: ModelSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
+    """Rows the busiest expert-parallel rank receives over the mean, (n,).
+
+    Two parts, multiplied: the job's routing skew (`JobSpec.moe_load_imbalance`; 1.0 = balanced,
+    as NVIDIA's benchmarks force with --moe-router-force-load-balancing) and the sampling spread
+    of routing itself: a rank's received rows are ~Poisson with mean μ = routed tokens·top_k, and
+    the largest of ep such counts exceeds μ by about sqrt(2·ln ep·μ) (expected maximum of n
+    Gaussians, e.g. Cramér 1946 §28.6). A capacity factor drops rows above cf × the mean
+    (GShard §2.2), capping the product."""
+    t, k = P.tp, model.moe.top_k
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    mean_rows = P.micro_batch * model.seq_length / P.cp / np.where(sp, t, 1.0) * k
+    spread = 1.0 + np.sqrt(2.0 * np.log(np.maximum(P.ep, 1.0)) / np.maximum(mean_rows, 1.0))
+    imbalance = job.moe_load_imbalance * spread
     cf = model.moe.capacity_factor
-    return MOE_IMBALANCE_DROPLESS if cf is None else min(MOE_IMBALANCE_DROPLESS, max(cf, 1.0))
+    return imbalance if cf is None else np.minimum(imbalance, max(cf, 1.0))
 
 
 def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
@@ -164,7 +174,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     tokens = P.micro_batch * model.seq_length / P.cp  # per tensor-parallel group
     sp = (P.sequence_parallel > 0) & (t > 1)
     routed_tokens = tokens / np.where(sp, t, 1.0)  # what one rank routes (SP shards tokens)
-    imbalance = moe_load_imbalance(model)
+    imbalance = moe_load_imbalance(model, job, P)
     # router: a tokens×h by h×E GEMM, its fp32 softmax/top-k element-wise
     router = _gemm_time(2 * routed_tokens * h * E, np.minimum(np.minimum(routed_tokens, h), E), peak, eff, job.dtype) \
         + ROUTER_PASSES * 4.0 * routed_tokens * E / hbm
@@ -190,7 +200,8 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
             "shared_expert_s": shared_gemm + shared_elem}
 
 
-def moe_dispatch_s(model: ModelSpec, system: SystemSpec, P: PlanArrays, act_bytes: float = 2.0) -> np.ndarray:
+def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
+                   act_bytes: float = 2.0) -> np.ndarray:
     """Dispatch + combine all-to-all of one MoE layer forward, one microbatch (Lepikhin et al.
     2020, GShard §2.2; Megatron MoEAlltoAllTokenDispatcher): each rank sends its routed rows
     (tokens·top_k·h) to the ep ranks holding their experts and gets them back. The ep group is
@@ -202,7 +213,7 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, P: PlanArrays, act_byte
     tokens = P.micro_batch * model.seq_length / P.cp
     sp = (P.sequence_parallel > 0) & (t > 1)
     rows = tokens / np.where(sp, t, 1.0) * k
-    imbalance = moe_load_imbalance(model)
+    imbalance = moe_load_imbalance(model, job, P)
     nbytes = rows * h * act_bytes * imbalance
     # DeepEP: a token crosses to each remote domain that holds >= 1 of its k experts once; with
     # experts spread evenly over G = ep/k_in domains, E[remote domains] = (G−1)(1 − (1 − 1/G)^k)
@@ -217,6 +228,40 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, P: PlanArrays, act_byte
     etp_bw, etp_lat = comm.group_link(system, P.etp, 1)
     etp_xchg = comm.all_gather_s(rows * h * act_bytes * P.etp, P.etp, etp_bw, etp_lat)
     return 2.0 * a2a + 2.0 * etp_xchg
+
+
+def unpaired_microbatch_fraction(P: PlanArrays) -> np.ndarray:
+    """Share of a rank's forward (and backward) chunk passes that the combined 1F1B schedule
+    cannot pair with a pass of another microbatch: the warm-up forwards and cool-down backwards.
+    Interleaved: 2(p−1) + (v−1)·p + 1 warm-up chunk-forwards on rank 0 out of m·v
+    (megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches, +1 with
+    overlap_moe_expert_parallel_comm); without pipelining only the first forward and the last
+    backward (combined_1f1b_schedule_for_no_pipelining)."""
+    m = P.global_batch / (P.micro_batch * P.dp)
+    p, v = P.pp, P.vpp
+    warmup = np.where(p > 1, 2.0 * (p - 1.0) + (v - 1.0) * p + 1.0, 1.0)
+    return np.minimum(1.0, warmup / np.maximum(m * v, 1.0))
+
+
+def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays):
+    """(forward, backward) exposed expert all-to-all per layer and microbatch.
+
+    Without overlap the dispatch + combine block the layer in both passes. With
+    --overlap-moe-expert-parallel-comm (Megatron combined 1F1B, combined_1f1b.py) each steady-state
+    step runs one microbatch's forward beside another's backward, layer by layer, on two streams:
+    the forward's all-to-all hides behind the backward's compute and vice versa, so the pair costs
+    max(compute, communication) at best; A2A_OVERLAP_EFFICIENCY of that ideal is reached (the
+    communication kernels take SMs from the GEMMs and each sub-layer waits for its own tokens).
+    The unpaired warm-up/cool-down passes expose theirs. The hidden part is charged to the
+    backward (the pass it overlaps)."""
+    plain = np.broadcast_to(a2a_s, np.shape(P.tp)).astype(np.float64)
+    u = unpaired_microbatch_fraction(P)
+    hidden = A2A_OVERLAP_EFFICIENCY * np.minimum(2.0 * plain, fwd_compute_s + bwd_compute_s)
+    paired = 2.0 * plain - hidden
+    on = P.moe_a2a_overlap > 0
+    fwd = np.where(on, u * plain, plain)
+    bwd = np.where(on, u * plain + (1.0 - u) * paired, plain)
+    return fwd, bwd
 
 
 # Ring attention merges each step's partial output into the running one: read the running fp32
@@ -249,7 +294,7 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
                       acc.peak(precision.gemm_peak_key(job.dtype)), acc.efficiency, job.dtype)
     block = layer["gemm"] + layer["attention"] + layer["elementwise"]
     if model.moe:
-        block = block + moe_dispatch_s(model, system, P)
+        block = block + moe_dispatch_s(model, system, job, P)
     return model.mtp_layers * (block + proj + logit_fwd_s)
 
 
@@ -288,10 +333,11 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     cp_fwd = np.where(c > 1, (c - 1) * np.maximum(0.0, cp_send - attn_step), 0.0)
     cp_bwd = np.where(c > 1, (c - 1) * np.maximum(0.0, 2 * cp_send - BACKWARD_FACTOR * attn_step), 0.0)
 
-    # --- expert parallel: dispatch + combine per MoE layer forward, the same backward, not
-    # overlapped; averaged over the layers like the compute (leading dense layers have none).
+    # --- expert parallel: dispatch + combine per MoE layer forward, the same backward;
+    # averaged over the layers like the compute (leading dense layers have none).
     if model.moe:
-        ep_fwd = ep_bwd = moe_dispatch_s(model, system, P, act_bytes) * model.moe_layers / model.layers
+        a2a = moe_dispatch_s(model, system, job, P, act_bytes) * model.moe_layers / model.layers
+        ep_fwd, ep_bwd = a2a_overlap_exposed_s(a2a, fwd_compute, bwd_compute, P)
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 

@@ -151,10 +151,20 @@ DpImplOpt = Annotated[Optional[str], typer.Option(
     "--dp-impl", help="Sharded data parallel implementation: megatron, torch-fsdp2 or deepspeed.")]
 MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
     "--moe-dispatcher", help="MoE token dispatcher: alltoall or deepep.")]
+MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
+    "--moe-a2a-overlap/--no-moe-a2a-overlap",
+    help="Hide the expert all-to-all behind another microbatch's compute (Megatron "
+         "--overlap-moe-expert-parallel-comm; needs ep > 1, vpp > 1 when pp > 1, no full recompute).")]
+MoeImbalanceOpt = Annotated[float, typer.Option(
+    "--moe-imbalance",
+    help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "
+         "benchmarks force (--moe-router-force-load-balancing); about 1.5 fits learned dropless routing "
+         "(Qwen3-235B, Megatron MoE ModelZoo).")]
 
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
                    "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
-                   "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap", "etp", "dp_impl", "moe_dispatcher")
+                   "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap", "etp", "dp_impl", "moe_dispatcher",
+                   "moe_a2a_overlap")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
 

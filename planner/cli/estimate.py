@@ -16,7 +16,9 @@ from planner.cli.common import (
     DpImplOpt,
     EpOpt,
     EtpOpt,
+    MoeA2aOverlapOpt,
     MoeDispatcherOpt,
+    MoeImbalanceOpt,
     GpusOpt,
     JsonOpt,
     MicroBatchOpt,
@@ -43,7 +45,7 @@ from planner.cli.common import (
 )
 from planner.plan import load_plan
 from planner.planfile import job_for_plan_file
-from planner.report import estimate_json, print_estimate
+from planner.report import estimate_json, moe_routing_note, print_estimate
 
 # What `planner estimate` assumes for knobs the user does not give: the Megatron recipe of the
 # default example (Narayanan et al. SC'21: GPT-3 175B as tp8 pp8) with today's defaults.
@@ -72,6 +74,7 @@ def estimate_command(
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
     etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
+    moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = 1.0,
     flash_attention: Annotated[Optional[bool], typer.Option(
         "--flash-attention/--no-flash-attention",
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
@@ -104,6 +107,8 @@ def estimate_command(
         job = make_job(global_batch=None, dtype=dtype or "bf16",
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
                        flash_attention=True if flash_attention is None else flash_attention)
+    if moe_imbalance != job.moe_load_imbalance:
+        job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     if plan.gpus != system_spec.num_gpus:
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
@@ -112,7 +117,8 @@ def estimate_command(
         print(estimate_json(est))
     else:
         from rich.console import Console
-        print_estimate(Console(), model_spec, system_spec, est)
+        note = moe_routing_note(model_spec, job.moe_load_imbalance)
+        print_estimate(Console(), model_spec, system_spec, est, notes=[note] if note else None)
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 

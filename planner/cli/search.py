@@ -37,6 +37,8 @@ from planner.cli.common import (
     SystemOpt,
     TpAcrossNodesOpt,
     TpOpt,
+    MoeA2aOverlapOpt,
+    MoeImbalanceOpt,
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
@@ -73,7 +75,7 @@ def _inputs(o: dict):
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
-                   tp_within_nvlink=not o["tp_across_nodes"])
+                   tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0))
     return model, system, job
 
 
@@ -116,6 +118,8 @@ def register(app: typer.Typer) -> None:
         recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
+        moe_a2a_overlap: MoeA2aOverlapOpt = None,
+        moe_imbalance: MoeImbalanceOpt = 1.0,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
@@ -151,6 +155,8 @@ def register(app: typer.Typer) -> None:
         recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
+        moe_a2a_overlap: MoeA2aOverlapOpt = None,
+        moe_imbalance: MoeImbalanceOpt = 1.0,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
@@ -257,13 +263,14 @@ def _plan(o: dict) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from planner.report import print_estimate
+        from planner.report import moe_routing_note, print_estimate
         console = Console()
         if result.best is None:
             console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
         else:
             best = result.best.estimate
-            print_estimate(console, model, system, best, title="Best plan: step time")
+            note = moe_routing_note(model, job.moe_load_imbalance)
+            print_estimate(console, model, system, best, title="Best plan: step time", notes=[note] if note else None)
             if len(result.ranked) > 1:
                 t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
                 for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):

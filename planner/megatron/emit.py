@@ -237,6 +237,11 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
             add("--overlap-param-gather")
     if plan.tp_comm_overlap and sp:
         add("--tp-comm-overlap")
+    if plan.moe_a2a_overlap:
+        # combined 1F1B: one microbatch's all-to-all behind another's compute (time.py); the
+        # weight-gradient GEMMs are delayed to cover the backward dispatch, as NVIDIA's recipes do
+        add("--overlap-moe-expert-parallel-comm")
+        add("--delay-wgrad-compute")
 
     # Offload (MA 1, 2a, 2b).
     if plan.offload_activations > 0:

@@ -96,6 +96,15 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("dp_impl: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
     if plan.moe_dispatcher == "deepep" and model.moe is None:
         reasons.append("moe_dispatcher: deepep needs a MoE model")
+    if plan.moe_a2a_overlap:  # transformer_config.py, overlap_moe_expert_parallel_comm asserts
+        if model.moe is None:
+            reasons.append("moe_a2a_overlap: needs a MoE model")
+        if plan.pp > 1 and plan.vpp < 2:
+            reasons.append("moe_a2a_overlap: with pp > 1 Megatron needs interleaving (vpp > 1)")
+        if plan.recompute == "full":
+            reasons.append("moe_a2a_overlap: Megatron refuses full recompute with the all-to-all overlap")
+        if (model.mtp_layers or 0) > 1:
+            reasons.append("moe_a2a_overlap: Megatron allows at most one MTP layer with the overlap")
     etp = plan.expert_tp  # Megatron's default expert TP is tp
     if model.moe is not None and model.biases and etp > 1:
         # transformer_config.py: "Bias in Moe is only supported when ETP==1" (GPT-OSS has biases)

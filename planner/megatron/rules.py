@@ -30,7 +30,8 @@ def _build_parser() -> _Parser:
                  "--init-model-with-meta-device", "--fp8-param-gather", "--grad-reduce-in-bf16",
                  "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput",
                  "--multi-latent-attention", "--qk-layernorm",
-                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"):
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
@@ -125,6 +126,16 @@ MSG_CE_TE = ("Transformer Engine cross entropy loss fusion is disabled due to st
              "--cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
 MSG_MOE_BIAS_ETP = "Bias in Moe is only supported when ETP==1"
 MSG_MLA_GQA = "Group query attention is mutually exclusive with multi latent attention."
+# core/transformer/transformer_config.py (__post_init__), overlap_moe_expert_parallel_comm checks
+MSG_A2A_VPP = ("If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified when "
+               "pipeline_model_parallel_size > 1")
+MSG_A2A_EP = "overlap_moe_expert_parallel_comm is only supported with expert model parallelism"
+MSG_A2A_DISPATCHER = "overlap_moe_expert_parallel_comm is supported with alltoall/flex token dispatcher"
+MSG_A2A_FULL = "disable full recomputation when enabling overlap_moe_expert_parallel_comm"
+MSG_A2A_METHOD = "disable recomputation method when enabling overlap_moe_expert_parallel_comm"
+MSG_A2A_PRECISION = "overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model"
+MSG_A2A_MTP = "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm."
+MSG_DELAY_WGRAD = "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute"
 MSG_CPU_OFFLOAD_RECOMPUTE = "CPU offloading does not work when activation recomputation is enabled"
 
 
@@ -306,7 +317,9 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
         err(MSG_TP_COMM_OVERLAP)
 
     # MA 2a: CUDA_DEVICE_MAX_CONNECTIONS before Blackwell, unless FSDP.
-    if (tp > 1 or cp > 1) and gpu_arch_major < 10 and not a.use_megatron_fsdp:
+    # (arguments.py: with --overlap-moe-expert-parallel-comm it only warns)
+    if (tp > 1 or cp > 1) and gpu_arch_major < 10 and not a.use_megatron_fsdp \
+            and not a.overlap_moe_expert_parallel_comm:
         if env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
             err(MSG_CUDA_MAX_CONN)
     # Megatron-FSDP asserts the opposite (validate_args, Megatron FSDP block; not in MA).
@@ -349,6 +362,25 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
             f"1 and num_layers_per_pipeline_rank: {layers // pp}")
     elif g == "selective" and a.recompute_num_layers is not None:
         err(f"When using recompute_granularity: {g} recompute_num_layers must be None.")
+
+    # transformer_config.py: the expert all-to-all overlap (combined 1F1B schedule).
+    if a.overlap_moe_expert_parallel_comm:
+        if pp > 1 and (vpp or 1) < 2:  # vpp as derived above (flags or layout string)
+            err(MSG_A2A_VPP)
+        if ep <= 1:
+            err(MSG_A2A_EP)
+        if a.moe_token_dispatcher_type not in ("alltoall", "flex"):
+            err(MSG_A2A_DISPATCHER)
+        if g == "full":
+            err(MSG_A2A_FULL)
+        if a.recompute_method is not None:
+            err(MSG_A2A_METHOD)
+        if not (a.bf16 or a.fp16):
+            err(MSG_A2A_PRECISION)
+        if (a.mtp_num_layers or 0) > 1:
+            err(MSG_A2A_MTP)
+    if a.delay_wgrad_compute and not a.overlap_moe_expert_parallel_comm:
+        err(MSG_DELAY_WGRAD)
 
     # MA 2c: expert grid (etp defaults to tp).
     etp = a.expert_tensor_parallel_size or tp

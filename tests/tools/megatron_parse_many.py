@@ -27,7 +27,8 @@ checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_
                                    "moe_pad_expert_input_to_capacity", "softmax_type", "window_size",
                                    "glu_linear_offset", "activation_func_clamp_value", "add_qkv_bias",
                                    "normalization", "position_embedding_type", "seq_length", "rope_type",
-                                   "rotary_scaling_factor", "original_max_position_embeddings")
+                                   "rotary_scaling_factor", "original_max_position_embeddings",
+                                   "overlap_moe_expert_parallel_comm", "delay_wgrad_compute")
                        if f not in checker.CFG_FIELDS]
 
 
