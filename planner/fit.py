@@ -141,20 +141,24 @@ def fit_all(prepared: list[Prepared]) -> dict[str, dict]:
 
 # --- the PyTorch-native stacks (JobSpec.kernels != "te": torchtitan, llm-foundry) ---------------
 # Their rows are not in the hardware fit above (their kernels are not Transformer Engine's). What
-# they add is fitted on their own rows, after the hardware fit and on top of it, one named
-# parameter per accelerator where no measurement gives it:
-#   attention_max_fa2 on A100: FlashAttention-2's ceiling (measured on H100 only,
-#     planner/data/h100_attention.csv; the half-efficiency sequence is that measurement's 1110);
-#   sustained_clock_fraction on the Grand Teton H100: the clock its 500 W power limit sustains.
-# (field, accelerators that take it, bounds, value when no row is left to fit it: the H100
-# FlashAttention-2 measurement / no power cap.)
-# FlashAttention-2's half-efficiency sequence measured on the H100 (bench/kernel_fit.py on the flash
-# rows of planner/data/h100_attention.csv), used with the ceiling fitted where none is measured.
+# they add is fitted on their own rows, after the hardware fit and on top of it, in this order:
+#   attention_max_fa2: FlashAttention-2's in-training ceiling, per fit group (A100; H100 on the
+#     SXM/H200 rows). As for GEMMs, the lone kernel measured on an H100 (0.286,
+#     planner/data/h100_attention.csv) is the reference and the curve's half-efficiency sequence
+#     (1110, measured) is kept; the ceiling a training step reaches is fitted end to end.
+#   sustained_clock_fraction on the Grand Teton H100: the clock its 500 W power limit sustains,
+#     on its rows, with the H100 FlashAttention-2 ceiling fitted before.
+# (field, accelerators whose rows fit it, accelerators that take it, bounds, value when fewer
+# than FIT_ROWS_PER_PARAMETER rows are left: the measured lone kernel / no power cap, companions.)
+FA2_MEASURED_H100 = 0.286
 FA2_HALF_SEQ_MEASURED = 1110.0
+_H100_FAMILY = ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB")
 TORCH_STACK_FITS = (
-    ("attention_max_fa2", ("A100-SXM4-80GB", "A100-SXM4-40GB"), (0.05, 0.9), 0.286,
-     {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}),
-    ("sustained_clock_fraction", ("H100-GT-96GB",), (0.5, 1.0), 1.0, {}),
+    ("attention_max_fa2", ("A100-SXM4-80GB", "A100-SXM4-40GB"), ("A100-SXM4-80GB", "A100-SXM4-40GB"),
+     (0.05, 0.9), FA2_MEASURED_H100, {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}),
+    ("attention_max_fa2", ("H100-SXM5-80GB", "H200-SXM-141GB"), _H100_FAMILY,
+     (0.05, 0.9), FA2_MEASURED_H100, {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}),
+    ("sustained_clock_fraction", ("H100-GT-96GB",), ("H100-GT-96GB",), (0.5, 1.0), 1.0, {}),
 )
 
 
@@ -168,16 +172,17 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
     section) on the torch-stack rows that `keep` accepts, each accelerator's rows predicted with
     `hardware` (fit group -> parameters). Fewer than FIT_ROWS_PER_PARAMETER rows: the fallback."""
     out: dict[str, dict] = {}
-    for name, accelerators, bounds, fallback, companions in TORCH_STACK_FITS:
+    for name, fitted_on, applies_to, bounds, fallback, companions in TORCH_STACK_FITS:
         rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case)
-                and p.case.system.accelerator.name in accelerators]
+                and p.case.system.accelerator.name in fitted_on]
         value = fallback
         if len(rows) >= FIT_ROWS_PER_PARAMETER:
             def score(x, rows=rows, name=name, companions=companions):
-                return float(np.mean([abs(math.log(p.predict_s({**hardware.get(p.group, {}), **companions, name: x})
-                                                   / p.case.measured_step_s)) for p in rows]))
+                return float(np.mean([abs(math.log(p.predict_s(
+                    {**hardware.get(p.group, {}), **out.get(p.case.system.accelerator.name, {}), **companions, name: x})
+                    / p.case.measured_step_s)) for p in rows]))
             value = _golden(score, *bounds, fallback, iters)[0]
-        for acc in accelerators:
+        for acc in applies_to:
             out.setdefault(acc, {}).update({**companions, name: value})
     return out
 

@@ -460,6 +460,23 @@ def _kernel_stack(r: _Record, framework: str, assumptions: list[str]) -> str:
     return "te"
 
 
+def _torchtitan_default_recompute(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec,
+                                  assumptions: list[str]) -> Plan:
+    """Recompute a torchtitan record leaves unstated: the train configs' default (selective,
+    torchtitan/train_configs/llama3_8b.toml `[activation_checkpoint] mode = "selective"`), or full
+    where the run, which did run, fits HBM only with full recompute under our memory model."""
+    from planner.analytical import PlanArrays, estimate_many  # layer 2; only these rows need it
+    for mode in ("selective", "full"):
+        trial = plan.model_copy(update={"recompute": mode})
+        r = estimate_many(model, system, job, PlanArrays.from_plans([trial], model.layers))
+        if r["hbm_bytes"][0] <= r["hbm_capacity_bytes"][0] or mode == "full":
+            break
+    assumptions[:] = [a for a in assumptions if a != "no recompute (not stated)"]
+    assumptions.append(f"{mode} recompute (not stated; torchtitan's default is selective"
+                       f"{'' if mode == 'selective' else ', which does not fit HBM here'})")
+    return trial
+
+
 def _torchtitan_pp_microbatch(local_batch: int, pp: int, assumptions: list[str]) -> int:
     """torchtitan's tables print the local batch (sequences per data-parallel rank); with pipeline
     parallelism the schedule splits it into `pipeline_parallel_microbatches` microbatches, which
@@ -540,6 +557,8 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
                   hbm_reserve_gib=0.0, kernels=kernels, **extra)
     system = load_system(preset, gpus)
+    if framework == "torchtitan FSDP2" and r.get("parallel.recompute") is None:
+        plan = _torchtitan_default_recompute(model, system, plan, job, assumptions)
     seq = model.seq_length
     if (step := r.float("measured.step_time_s")) is not None:
         how = "measured step time"
