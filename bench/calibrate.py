@@ -40,9 +40,10 @@ def write(group: str, params: dict, torch_stack: dict[str, dict]) -> None:
     shared = {k: v for k, v in {**current, **params}.items() if k not in PER_ACCELERATOR}
     for stem in ACCELERATOR_FILES[group]:
         acc = load_accelerator(stem)
-        own = {k: v for k, v in acc.efficiency.model_dump(exclude_none=True).items()
-               if k in PER_ACCELERATOR and not (k == "sustained_clock_fraction" and v == 1.0)}
+        own = {k: v for k, v in acc.efficiency.model_dump(exclude_none=True).items() if k in PER_ACCELERATOR}
         own.update(torch_stack.get(acc.name, {}))
+        if own.get("sustained_clock_fraction") == 1.0:
+            del own["sustained_clock_fraction"]  # the default: no power cap
         merged = {**shared, **own}
         inner = ", ".join(f"{k}: {round(v) if k in INTEGER_PARAMS else round(v, 3)}" for k, v in merged.items())
         path = Path(__file__).resolve().parents[1] / "hardware/presets/accelerators" / f"{stem}.yaml"
