@@ -13,6 +13,10 @@ Parameters fitted (module constants, physical meaning in their comments):
   planner.analytical.data_parallel.FSDP_OVERLAP_FRACTION,
   planner.analytical.data_parallel.DEEPSPEED_ZERO3_BW_EFFICIENCY.
 Leave-one-family-out: each MoE family is predicted with the MoE parameters fitted without it.
+The kernels of the PyTorch-native stacks (torchtitan, llm-foundry: FlashAttention-2 ceiling per
+fit group, the Grand Teton clock) are fitted by bench/calibrate.py (planner/fit.py
+TORCH_STACK_FITS); their in-sample and leave-one-family-out error by framework is
+`planner validate --summary --lofo`.
 
 Usage: python bench/fsdp_moe_eval.py [--fit]
 """

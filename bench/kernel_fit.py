@@ -10,6 +10,8 @@ bench/calibrate.py, since training loses more than a lone GEMM does).
 
 Attention (cuDNN fused attention, as Transformer Engine uses; head_dim 128): the planner's
 equivalent throughput 3·(causal forward FLOPs)/t(fwd+bwd) follows attention_max · s/(s + s_half).
+The same curve for PyTorch's flash backend (FlashAttention-2, what torchtitan and llm-foundry run)
+is the reference of planner/fit.py's FlashAttention-2 fit.
 """
 from __future__ import annotations
 
@@ -43,8 +45,10 @@ def fit(rows: list[dict], dtype: str) -> tuple[float, float, float, float]:
     return best
 
 
-def fit_attention(rows: list[dict], peak: float = PEAK_FLOPS["bf16"]) -> tuple[float, float, float]:
-    sel = [r for r in rows if r["backend"] == "cudnn" and r["head_dim"] == "128"]
+def fit_attention(rows: list[dict], peak: float = PEAK_FLOPS["bf16"], backend: str = "cudnn") -> tuple[float, float, float]:
+    """(mean |log error|, ceiling, half-efficiency sequence) of one backend's rows: "cudnn" (what
+    Transformer Engine runs) or "flash" (PyTorch SDPA's FlashAttention-2, what the torch stacks run)."""
+    sel = [r for r in rows if r["backend"] == backend and r["head_dim"] == "128"]
     s = np.array([float(r["seq"]) for r in sel])
     eff = np.array([float(r["planner_equiv_tflops"]) for r in sel]) * 1e12 / peak
     best = (np.inf, 0.0, 0.0)
@@ -58,8 +62,12 @@ def fit_attention(rows: list[dict], peak: float = PEAK_FLOPS["bf16"]) -> tuple[f
 
 def main() -> None:
     if len(sys.argv) > 2:
-        err, a, half = fit_attention(list(csv.DictReader(open(sys.argv[2]))))
+        attention_rows = list(csv.DictReader(open(sys.argv[2])))
+        err, a, half = fit_attention(attention_rows)
         print(f"attention: attention_max {a:.3f}, attention_half_seq {half:.0f} (mean |log error| {err:.3f})")
+        err, a, half = fit_attention(attention_rows, backend="flash")
+        print(f"FlashAttention-2 (lone kernel): {a:.3f}, half-efficiency sequence {half:.0f} "
+              f"(mean |log error| {err:.3f}); planner/fit.py FA2_MEASURED_H100, FA2_HALF_SEQ_MEASURED")
     rows = list(csv.DictReader(open(sys.argv[1])))
     for dtype in ("bf16", "fp8"):
         err, e, half, launch = fit(rows, dtype)

@@ -43,6 +43,17 @@ class ComputeEfficiency(_Strict):
     matmul_half_dim_fp8: float | None = Field(default=None, ge=0, description="fp8 GEMMs; default matmul_half_dim")
     attention_max: float = Field(gt=0, le=1)
     attention_half_seq: float = Field(default=0.0, ge=0, description="sequence length at which attention efficiency halves")
+    # FlashAttention-2 (flash-attn 2, PyTorch SDPA's flash backend), what the PyTorch-native stacks
+    # (torchtitan, llm-foundry) run; written for Ampere, it does not use Hopper's TMA/wgmma, so on
+    # H100 it reaches 0.59x of cuDNN's fused attention (planner/data/h100_attention.csv). None = the
+    # fused curve above (no separate measurement for this accelerator).
+    attention_max_fa2: float | None = Field(default=None, gt=0, le=1)
+    attention_half_seq_fa2: float | None = Field(default=None, ge=0)
+    # Sustained SM clock under the system's power limit, as a fraction of the clock the peaks
+    # assume: a GPU capped below its rated board power (Meta's Grand Teton H100 at 500 W instead
+    # of 700 W) lowers its clock under dense GEMM load. Scales GEMM and attention time, not
+    # HBM-bound work. 1 = runs at the rated clock.
+    sustained_clock_fraction: float = Field(default=1.0, gt=0, le=1)
     # Memory-bound element-wise work (norms, activations, dropout, residuals, optimizer) as
     # bytes moved per activation element, run at `hbm_efficiency` of HBM bandwidth.
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
@@ -54,6 +65,14 @@ class ComputeEfficiency(_Strict):
         """GEMM ceiling for a compute dtype; every 8-bit-or-less recipe shares the fp8 one (the
         same fraction of its own, higher, peak): one fitted parameter, not one per recipe."""
         return self.matmul_max_fp8 if dtype in LOW_PRECISION and self.matmul_max_fp8 else self.matmul_max
+
+    def attention_curve(self, kernels: str) -> tuple[float, float]:
+        """(ceiling, half-efficiency sequence) of the attention kernel a kernel stack runs:
+        Transformer Engine's fused (cuDNN) attention, or FlashAttention-2 for the torch stacks."""
+        if kernels != "te" and self.attention_max_fa2 is not None:
+            half = self.attention_half_seq if self.attention_half_seq_fa2 is None else self.attention_half_seq_fa2
+            return self.attention_max_fa2, half
+        return self.attention_max, self.attention_half_seq
 
     def matmul_half(self, dtype: str) -> float:
         fp8 = dtype in LOW_PRECISION and self.matmul_half_dim_fp8 is not None

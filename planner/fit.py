@@ -139,9 +139,65 @@ def fit_all(prepared: list[Prepared]) -> dict[str, dict]:
     return {g: v[0] for g, v in fit_groups(prepared).items()}
 
 
+# --- the PyTorch-native stacks (JobSpec.kernels != "te": torchtitan, llm-foundry) ---------------
+# Their rows are not in the hardware fit above (their kernels are not Transformer Engine's). What
+# they add is fitted on their own rows, after the hardware fit and on top of it, in this order:
+#   attention_max_fa2: FlashAttention-2's in-training ceiling, per fit group (A100; the H100
+#     family, its rows taken at the rated clock). As for GEMMs, the lone kernel measured on an
+#     H100 (0.286, planner/data/h100_attention.csv) is the reference and the curve's
+#     half-efficiency sequence (1110, measured) is kept; the ceiling a training step reaches is
+#     fitted end to end.
+#   sustained_clock_fraction on the Grand Teton H100: the clock its 500 W power limit sustains,
+#     on its rows, with the H100 FlashAttention-2 ceiling fitted before (one coordinate sweep).
+# (field, accelerators whose rows fit it, accelerators that take it, bounds, value when fewer
+# than FIT_ROWS_PER_PARAMETER rows are left: the measured lone kernel / no power cap, companions.)
+FA2_MEASURED_H100 = 0.286
+FA2_HALF_SEQ_MEASURED = 1110.0
+_H100_FAMILY = ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB")
+TORCH_STACK_FITS = (
+    ("attention_max_fa2", ("A100-SXM4-80GB", "A100-SXM4-40GB"), ("A100-SXM4-80GB", "A100-SXM4-40GB"),
+     (0.05, 0.9), FA2_MEASURED_H100, {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}),
+    ("attention_max_fa2", _H100_FAMILY, _H100_FAMILY, (0.05, 0.9), FA2_MEASURED_H100,
+     {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED, "sustained_clock_fraction": 1.0}),
+    ("sustained_clock_fraction", ("H100-GT-96GB",), ("H100-GT-96GB",), (0.5, 1.0), 1.0, {}),
+)
+
+
+def torch_stack_row(case: RefCase) -> bool:
+    return case.job.kernels != "te"
+
+
+def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=lambda case: True,
+                    iters: int = 14) -> dict[str, dict]:
+    """Accelerator name -> {field: value} of TORCH_STACK_FITS, fitted (mean |log error|, golden
+    section) on the torch-stack rows that `keep` accepts, each accelerator's rows predicted with
+    `hardware` (fit group -> parameters). Fewer than FIT_ROWS_PER_PARAMETER rows: the fallback."""
+    out: dict[str, dict] = {}
+    for name, fitted_on, applies_to, bounds, fallback, companions in TORCH_STACK_FITS:
+        rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case)
+                and p.case.system.accelerator.name in fitted_on]
+        value = fallback
+        if len(rows) >= FIT_ROWS_PER_PARAMETER:
+            def score(x, rows=rows, name=name, companions=companions):
+                return float(np.mean([abs(math.log(p.predict_s(
+                    {**hardware.get(p.group, {}), **out.get(p.case.system.accelerator.name, {}), **companions, name: x})
+                    / p.case.measured_step_s)) for p in rows]))
+            value = _golden(score, *bounds, fallback, iters)[0]
+        for acc in applies_to:
+            out.setdefault(acc, {}).update({**companions, name: value})
+    return out
+
+
+def with_torch_stack(p: Prepared, hardware: dict[str, dict], torch_stack: dict[str, dict]) -> dict | None:
+    """The efficiency parameters a prepared case is predicted with (None: its preset's)."""
+    params = {**(hardware.get(p.group) or {}), **torch_stack.get(p.case.system.accelerator.name, {})}
+    return params or None
+
+
 def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict]) -> dict[str, float]:
-    """Case id -> step time predicted with parameters fitted without the case's model family.
-    A family with no fitted rows changes no fit: its rows keep `full_fit`."""
+    """Case id -> step time predicted with parameters fitted without the case's model family:
+    the hardware fit (a family with no fitted rows keeps `full_fit`), then on top of it the
+    torch-stack parameters, refitted without the family."""
     out = {}
     for family in sorted({p.case.family for p in prepared}):
         members = [p for p in prepared if p.case.family == family]
@@ -149,6 +205,10 @@ def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict]) -> dic
             params = {g: v[0] for g, v in fit_groups(prepared, lambda c, f=family: c.family != f).items()}
         else:
             params = full_fit
+        torch_stack = {}
+        if any(torch_stack_row(p.case) for p in members):
+            torch_stack = fit_torch_stack(prepared, params, lambda c, f=family: c.family != f)
         for p in members:
-            out[p.case.id] = p.predict_s(params.get(p.group) or None)
+            out[p.case.id] = p.predict_s(with_torch_stack(p, params, torch_stack) if torch_stack_row(p.case)
+                                         else (params.get(p.group) or None))
     return out

@@ -22,6 +22,8 @@ COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nv
 # "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
 DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
 DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
+KernelStack = Literal["te", "torch-eager", "torch-compile"]
+KERNEL_STACKS: tuple[str, ...] = ("te", "torch-eager", "torch-compile")
 # MoE token dispatcher (Megatron --moe-token-dispatcher-type): "alltoall" sends one copy per
 # routed expert; "deepep" (flex dispatcher with DeepEP) sends a token once per remote NVLink
 # domain and fans it out over NVLink there.
@@ -225,6 +227,11 @@ class JobSpec(BaseModel):
         description="MoE: tokens routed to the busiest expert over the mean (1.0 = balanced routing, "
                     "what NVIDIA's published MoE benchmarks force with --moe-router-force-load-balancing; "
                     "learned routing early in training is less even)")
+    # The kernels the step runs (planner/analytical/kernels.py): "te" Transformer Engine / Megatron
+    # fused kernels (cuDNN attention); "torch-eager" PyTorch eager modules (unfused norm, RoPE and
+    # activation chains, FlashAttention-2); "torch-compile" the same under torch.compile (Inductor
+    # fuses each element-wise chain; FlashAttention-2).
+    kernels: KernelStack = "te"
 
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
@@ -258,4 +265,4 @@ def make_plan(**fields) -> Plan:
 
 
 __all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan", "COMPUTE_DTYPES",
-           "SpecError", "DpImpl", "DP_IMPL_CODES", "MoeDispatcher", "MOE_DISPATCHER_CODES"]
+           "SpecError", "DpImpl", "DP_IMPL_CODES", "KernelStack", "KERNEL_STACKS", "MoeDispatcher", "MOE_DISPATCHER_CODES"]

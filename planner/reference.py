@@ -214,7 +214,8 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         vocab=dims["vocab"], activation=activation,
         tied_embeddings=bool(r.get("model.tied_embeddings", gpt_style)),
         position_embedding="learned" if gpt_style else "rope", biases=gpt_style,
-        dropout=gpt_style or name.startswith("GPT"), moe=_moe(r, fsdp_schema))
+        # MPT: no dropout (llm-foundry MPTConfig defaults resid_pdrop = emb_pdrop = attn_pdrop = 0)
+        dropout=(gpt_style or name.startswith("GPT")) and not name.upper().startswith("MPT"), moe=_moe(r, fsdp_schema))
     optional = {"head_dim": r.int("model.kv_channels"), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0)}
     fields.update({k: v for k, v in optional.items() if k in ModelSpec.model_fields and v})
     try:
@@ -459,6 +460,50 @@ def _data_parallel(rid: str, gpus: int, model_parallel: int) -> int:
     return gpus // model_parallel
 
 
+def _kernel_stack(r: _Record, framework: str, assumptions: list[str]) -> str:
+    """The kernels a run's framework executes (JobSpec.kernels): torchtitan runs its own PyTorch
+    modules, under torch.compile where the record says so; llm-foundry's MPT runs eager PyTorch
+    modules with flash-attn 2 (scripts/train/benchmarking/submit_benchmarks.py: attn_impl flash,
+    the gpu-flash2 install); the Megatron stacks run Transformer Engine."""
+    if framework == "torchtitan FSDP2":
+        compiled = r.get("parallel.compile")
+        if compiled is None:
+            assumptions.append("eager PyTorch kernels (torch.compile not stated)")
+        return "torch-compile" if compiled is True else "torch-eager"
+    if framework == "llm-foundry FSDP":
+        return "torch-eager"
+    return "te"
+
+
+def _torchtitan_default_recompute(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec,
+                                  assumptions: list[str]) -> Plan:
+    """Recompute a torchtitan record leaves unstated: the train configs' default (selective,
+    torchtitan/train_configs/llama3_8b.toml `[activation_checkpoint] mode = "selective"`), or full
+    where the run, which did run, fits HBM only with full recompute under our memory model."""
+    from planner.analytical import PlanArrays, estimate_many  # layer 2; only these rows need it
+    for mode in ("selective", "full"):
+        trial = plan.model_copy(update={"recompute": mode})
+        r = estimate_many(model, system, job, PlanArrays.from_plans([trial], model.layers))
+        if r["hbm_bytes"][0] <= r["hbm_capacity_bytes"][0] or mode == "full":
+            break
+    assumptions[:] = [a for a in assumptions if a != "no recompute (not stated)"]
+    assumptions.append(f"{mode} recompute (not stated; torchtitan's default is selective"
+                       f"{'' if mode == 'selective' else ', which does not fit HBM here'})")
+    return trial
+
+
+def _torchtitan_pp_microbatch(local_batch: int, pp: int, assumptions: list[str]) -> int:
+    """torchtitan's tables print the local batch (sequences per data-parallel rank); with pipeline
+    parallelism the schedule splits it into `pipeline_parallel_microbatches` microbatches, which
+    defaults to the pipeline degree (torchtitan/parallelisms/pipelining_utils.py,
+    build_pipeline_schedule, Dec 2024: `n_microbatches = ... or pipeline_parallel_degree`)."""
+    if local_batch % pp:
+        return local_batch
+    assumptions.append(f"{pp} pipeline microbatches of {local_batch // pp} (torchtitan default: "
+                       f"pp microbatches of the local batch {local_batch})")
+    return local_batch // pp
+
+
 def _case_fsdp(r: _Record) -> RefCase | Skipped:
     rid = r.id
     preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
@@ -491,6 +536,8 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     if gbs is None:
         gbs = mb * dp * (accum or 1)
         assumptions.append(f"global batch = micro-batch·dp{'·accumulation' if accum else ''} = {gbs}")
+    if framework == "torchtitan FSDP2" and pp > 1 and r.int("parallel.pp_microbatches") is None:
+        mb = _torchtitan_pp_microbatch(mb, pp, assumptions)
     if gbs % (mb * dp):
         return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
     degree = r.int("parallel.fsdp_or_zero3_degree", 0, minimum=0)
@@ -522,9 +569,12 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
         assumptions.append("DeepSpeed fp16 gradient reduce")
     plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
+    kernels = _kernel_stack(r, framework, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
-                  hbm_reserve_gib=0.0, **extra)
+                  hbm_reserve_gib=0.0, kernels=kernels, **extra)
     system = load_system(preset, gpus)
+    if framework == "torchtitan FSDP2" and r.get("parallel.recompute") is None:
+        plan = _torchtitan_default_recompute(model, system, plan, job, assumptions)
     seq = model.seq_length
     if (step := r.float("measured.step_time_s")) is not None:
         how = "measured step time"

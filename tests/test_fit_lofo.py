@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.fit import fit_all, lofo_predictions, prepare
+from planner.fit import fit_all, fit_torch_stack, lofo_predictions, prepare, with_torch_stack
 from planner.reference import load_reference
 
 runner = CliRunner()
@@ -38,14 +38,17 @@ def test_lofo_prediction_ignores_the_familys_own_measurements(small):
     assert full_moved["H100-SXM5-80GB"] != full_base["H100-SXM5-80GB"]
 
 
-def test_family_without_fitted_rows_keeps_the_full_fit(small):
+def test_family_without_fitted_rows_keeps_the_full_hardware_fit(small):
+    """MPT has no fitted hardware rows: its rows keep the full hardware fit, with the torch-stack
+    parameters refitted without MPT (planner/fit.py TORCH_STACK_FITS)."""
     prepared = prepare(small)
     full = fit_all(prepared)
     lofo = lofo_predictions(prepared, full)
+    without_mpt = fit_torch_stack(prepared, full, lambda c: c.family != "MPT")
     for p in prepared:
         if p.case.family == "MPT":
             assert not p.case.fit
-            assert lofo[p.case.id] == pytest.approx(p.predict_s(full[p.group]), rel=1e-12)
+            assert lofo[p.case.id] == pytest.approx(p.predict_s(with_torch_stack(p, full, without_mpt)), rel=1e-12)
 
 
 def test_validate_lofo_prints_both_columns():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, data_parallel, flops, precision
+from planner.analytical import comm, data_parallel, flops, kernels, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
@@ -51,7 +51,8 @@ def gemm_efficiency(max_eff: float, half_dim: float, min_dim: np.ndarray) -> np.
 
 
 def _gemm_time(flop_count, min_dim, peak, eff, dtype):
-    return flop_count / (peak * gemm_efficiency(eff.matmul_ceiling(dtype), eff.matmul_half(dtype), min_dim))
+    return flop_count / (peak * eff.sustained_clock_fraction
+                         * gemm_efficiency(eff.matmul_ceiling(dtype), eff.matmul_half(dtype), min_dim))
 
 
 def overlapped_collective_s(total_s, window_s, p, v):
@@ -85,7 +86,11 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     sp = (P.sequence_parallel > 0) & (t > 1)
     # The MLP: dense layers and MoE layers (a MoE model's leading dense layers) averaged per layer,
     # so that layers/pp × this is the stage's total (the stage aggregation stays as it is).
-    dense_gemm, dense_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm)
+    te = job.kernels == "te"
+    torch_hidden_bytes, torch_ffn_bytes = (0.0, 0.0) if te else kernels.torch_elementwise_bytes(model, job.kernels)
+    act_bytes = 2.0 * ELEMENTWISE_PASSES_FFN if te else torch_ffn_bytes
+    dense_gemm, dense_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm,
+                                             act_bytes)
     if model.moe:
         moe = moe_mlp_fwd_s(model, system, job, P)
         f_moe = model.moe_layers / model.layers
@@ -99,8 +104,10 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     core_flops = flops.executed_attention_core_flops_per_token(model, job.flash_attention) * tokens / t
     # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
     chunk = model.seq_length / P.cp
-    attention = core_flops / (peak_attn * eff.attention_max * chunk / (chunk + eff.attention_half_seq))
-    elem_bytes = 2.0 * tokens * ELEMENTWISE_PASSES_HIDDEN * h / np.where(sp, t, 1.0)
+    attn_max, attn_half = eff.attention_curve(job.kernels)  # cuDNN fused (TE) or FlashAttention-2
+    attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * chunk / (chunk + attn_half))
+    hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
+    elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
     mlp_w = flops.mlp_width(model)
@@ -115,14 +122,16 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
             "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6}
 
 
-def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_per_s):
+def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_per_s,
+                    act_bytes: float = 2.0 * ELEMENTWISE_PASSES_FFN):
     """(GEMM s, element-wise s) of a dense MLP of width `ffn` over `rows` tokens, sharded over t:
-    up (+gate) and down GEMMs, and the activation function's ELEMENTWISE_PASSES_FFN passes."""
+    up (+gate) and down GEMMs, and the activation function's `act_bytes` per ffn element
+    (ELEMENTWISE_PASSES_FFN 2-byte passes with fused kernels; kernels.py for the torch stacks)."""
     h = model.hidden
     up_w = (2 if model.activation == "swiglu" else 1) * ffn
     gemm = (_gemm_time(2 * rows * h * up_w / t, np.minimum(np.minimum(rows, h), up_w / t), peak, eff, dtype)
             + _gemm_time(2 * rows * ffn * h / t, np.minimum(np.minimum(rows, ffn / t), h), peak, eff, dtype))
-    return gemm, 2.0 * rows * ELEMENTWISE_PASSES_FFN * ffn / t / hbm_bytes_per_s
+    return gemm, rows * act_bytes * ffn / t / hbm_bytes_per_s
 
 
 # --- MoE layer mechanisms (Megatron-Core moe/: router.py, token_dispatcher.py, experts.py) ----

@@ -1,0 +1,61 @@
+"""What the kernel stack (JobSpec.kernels) costs in element-wise HBM traffic per layer.
+
+Transformer Engine / Megatron ("te") fuse the norms, RoPE and the activation into single kernels;
+the model's historical lump (time.ELEMENTWISE_PASSES_HIDDEN / _FFN, fitted with the hardware
+efficiencies on the Megatron rows) stays what it was. The PyTorch-native stacks run the model's
+own modules: in eager mode every ATen op of a chain is one kernel that reads its inputs from HBM
+and writes its output back; torch.compile (Inductor) fuses each pointwise/reduction chain into
+one kernel that reads the chain's inputs once and writes its outputs once.
+
+Bytes per element moved in forward, counted op by op from the module code of the runs:
+torchtitan's Llama (torchtitan/models/llama/model.py @ 9dec370, the commit of its Dec 2024
+benchmark tables: RMSNorm computes in fp32, RoPE through complex fp32, repeat_kv for GQA, SwiGLU
+as silu(w1 x) * w3 x) and llm-foundry's MPT (low_precision_layernorm = one F.layer_norm kernel,
+nn.GELU, flash-attn on the (b, s, h, d) layout). Backward is charged as time.BACKWARD_FACTOR
+times forward, as for every other element-wise term. Not counted (small): the attention output's
+transpose copy before the output projection in torchtitan.
+"""
+from __future__ import annotations
+
+from planner.model import ModelSpec
+
+# RMSNorm, eager: x.float() 2+4, pow(2) 4+4, mean 4, x*rsqrt 4+4, type_as 4+2, *weight 2+2 = 36.
+EAGER_RMSNORM_BYTES = 36.0
+# One fused norm kernel (F.layer_norm; RMSNorm under Inductor): read 2, write 2.
+FUSED_NORM_BYTES = 4.0
+# RoPE on each q and k element, eager: float() 2+4, complex multiply 4+4, type_as 4+2 = 20.
+EAGER_ROPE_BYTES = 20.0
+FUSED_ROPE_BYTES = 4.0
+# repeat_kv (GQA): expand + reshape copies K and V to all query heads, read 2 + write 2 per output
+# element (each of K and V); Inductor cannot avoid it either (SDPA takes materialised inputs).
+REPEAT_KV_BYTES = 4.0
+# residual add: read 2 + 2, write 2; two per layer in every stack.
+RESIDUAL_ADD_BYTES = 6.0
+# SwiGLU per ffn element: eager silu 2+2 then multiply 2+2+2 = 10; fused one kernel 2+2+2 = 6.
+EAGER_SWIGLU_BYTES = 10.0
+FUSED_SWIGLU_BYTES = 6.0
+# GELU (MPT's nn.GELU; squared ReLU alike): one kernel in either mode, read 2 + write 2.
+GELU_BYTES = 4.0
+
+
+def rms_norm(model: ModelSpec) -> bool:
+    """Llama-style models (RoPE) use RMSNorm; GPT-style (learned positions) LayerNorm."""
+    return model.position_embedding == "rope"
+
+
+def torch_elementwise_bytes(model: ModelSpec, kernels: str) -> tuple[float, float]:
+    """(bytes per token scaling with the hidden side, bytes per token per unit of MLP width) of
+    one layer's forward under a torch stack ("torch-eager" or "torch-compile")."""
+    eager = kernels == "torch-eager"
+    norm = EAGER_RMSNORM_BYTES if (eager and rms_norm(model)) else FUSED_NORM_BYTES
+    hidden = 2 * norm * model.hidden + 2 * RESIDUAL_ADD_BYTES * model.hidden
+    if model.position_embedding == "rope":
+        rope = EAGER_ROPE_BYTES if eager else FUSED_ROPE_BYTES
+        hidden += rope * (model.q_hidden + model.kv_hidden)
+    if model.kv_groups < model.heads:
+        hidden += 2 * REPEAT_KV_BYTES * model.q_hidden
+    if model.activation == "swiglu":
+        per_ffn = EAGER_SWIGLU_BYTES if eager else FUSED_SWIGLU_BYTES
+    else:
+        per_ffn = GELU_BYTES
+    return hidden, per_ffn
