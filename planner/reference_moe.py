@@ -46,8 +46,13 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
                         dispatcher: str = "") -> tuple[dict, float | None, list[str]]:
     """(Plan field updates, JobSpec.moe_load_imbalance or None, assumptions) for an NVIDIA MoE
     benchmark record; nothing for other records or dense models."""
-    if model.moe is None or not rid.startswith(NVIDIA_MOE_SOURCES):
+    if model.moe is None:
         return {}, None, []
+    if not rid.startswith(NVIDIA_MOE_SOURCES):
+        # other stacks train their router as it learns (torchtitan: auxiliary-loss-free bias
+        # balancing, no forced routing), so the learned-routing skew applies
+        return {}, MOE_IMBALANCE_LEARNED_DROPLESS, [
+            f"learned routing (imbalance {MOE_IMBALANCE_LEARNED_DROPLESS:g}; no forced balance outside NVIDIA's benchmarks)"]
     notes_l, gpu_u, disp = notes.lower(), gpu.upper(), dispatcher.lower()
     update, assumptions = {}, []
     dropless = "dropless" in rid or "dropless routing" in notes_l or (

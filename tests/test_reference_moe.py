@@ -42,8 +42,9 @@ def test_learned_routing_rows_and_others():
     # NeMo's perf scripts force balance only for DeepSeek-V3: the Grok proxies ran learned routing
     grok = QWEN3.model_copy(update={"name": "Grok-1 (314B)"})
     assert nvidia_moe_settings("dgxc_v25.04.01_Grok1", grok, PIPE, "bf16", "H100")[1] == MOE_IMBALANCE_LEARNED_DROPLESS
-    # dense models and other sources are left alone
-    assert nvidia_moe_settings("torchtitan_llama4", QWEN3, PIPE, "bf16", "H100") == ({}, None, [])
+    # other stacks route as learned; dense models are left alone
+    update, imb, _ = nvidia_moe_settings("torchtitan_llama4", QWEN3, PIPE, "bf16", "H100")
+    assert update == {} and imb == MOE_IMBALANCE_LEARNED_DROPLESS  # torchtitan trains its router
     dense = load_model("llama3-8b")
     assert nvidia_moe_settings("bridge_x", dense, Plan(dp=8, global_batch=8), "bf16", "H100") == ({}, None, [])
 
