@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.analytical import PlanArrays, data_parallel, estimate_many  # noqa: E402
 from planner.analytical import time as tm  # noqa: E402
+from planner.analytical.layer_kinds import lead_layers  # noqa: E402
 from planner.reference import load_reference  # noqa: E402
 
 class Row:
@@ -45,7 +46,7 @@ class Row:
                       "fsdp" if ("FSDP" in fw or case.plan.zero_stage >= 2) else "dense")
 
     def predict(self) -> float:
-        P = PlanArrays.from_plans([self.plan], self.model.layers)
+        P = PlanArrays.from_plans([self.plan], self.model.layers, lead_layers(self.model))
         return float(estimate_many(self.model, self.system, self.job, P)["step_time_s"][0])
 
 

@@ -41,6 +41,7 @@ from ortools.sat.python import cp_model
 from constraints.solve import SEED, WORKERS, interruptible_solve, new_solver
 from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays
+from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import rank_memory
 from planner.analytical.time import OPTIMIZER_BYTES_PER_PARAM, per_layer_terms, rank_microbatch_s
 from planner.model import ModelSpec
@@ -97,7 +98,7 @@ class StageSolution:
 
 def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
     """Exact per-rank coefficients: cost every rank r with (N, K) = (0, 0), (1, 0), (1, 1)."""
-    P = PlanArrays.from_plans([plan], model.layers)
+    P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))
     p = plan.pp
     idx = np.tile(np.arange(p, dtype=np.float64), 3)[None, :]
     lay = np.repeat([0.0, 1.0, 1.0], p)[None, :]
