@@ -195,3 +195,60 @@ def test_cpsat_per_stage_zero_regret_with_leading_dense_layers(model, pp, vpp, r
     got = estimate(model, system, chosen, job)
     assert got.feasible
     assert got.step_time_s <= best_s * (1 + 1e-7), (sol, best.stage_layers, best.stage_recompute_layers)
+
+
+# ---- the layouts Megatron-Bridge's recipes set, read for the reference rows --------------------
+
+def _bridge_list_layout(stages: list[list[str]]) -> tuple[int, ...]:
+    """Decoder layers per stage of a layout in the list form the Bridge source writes."""
+    return tuple(stage.count("decoder") for stage in stages)
+
+
+def test_deepseek_v3_recipe_layouts_match_the_bridge_helper():
+    """The layout strings reproduce `_get_deepseek_v3_pipeline_layout`'s list-form map
+    (Megatron-Bridge@067f987df03b recipes/deepseek/h100/deepseek_v3.py), transcribed here in that
+    form, and the H100 perf recipe's pp8 vpp4 string "Et|(tt|)*30mL"."""
+    from planner.reference import bridge_recipe_layout
+    last = ["mtp", "loss"]
+    helper = {
+        (4, 1): [["embedding"] + ["decoder"] * 16, ["decoder"] * 16, ["decoder"] * 16, ["decoder"] * 13 + last],
+        (8, 1): [["embedding"] + ["decoder"] * 8] + [["decoder"] * 8] * 6 + [["decoder"] * 5 + last],
+        (4, 2): [["embedding"] + ["decoder"] * 8] + [["decoder"] * 8] * 6 + [["decoder"] * 5 + last],
+        (16, 1): [["embedding"] + ["decoder"] * 4] + [["decoder"] * 4] * 14 + [["decoder"] + last],
+        (8, 2): [["embedding"] + ["decoder"] * 4] + [["decoder"] * 4] * 14 + [["decoder"] + last],
+        (4, 4): [["embedding"] + ["decoder"] * 4] + [["decoder"] * 4] * 14 + [["decoder"] + last],
+    }
+    for (pp, vpp), stages in helper.items():
+        layout, where = bridge_recipe_layout("DeepSeekV3 (w/ MTP)", 61, pp, vpp)
+        assert layout == _bridge_list_layout(stages) and "_get_deepseek_v3_pipeline_layout" in where
+    layout, where = bridge_recipe_layout("DeepSeekV3", 61, 8, 4)
+    assert layout == (1,) + (2,) * 30 + (0,) and "perf_recipes/deepseek/h100" in where
+    assert bridge_recipe_layout("DeepSeekV3", 61, 2, 1) is None  # the helper has none: balanced stays
+    assert bridge_recipe_layout("Llama3 70B", 80, 4, 1) is None
+
+
+def test_qwen3_235b_recipe_layout_is_megatrons_account_for_embedding_and_loss():
+    """94 layers + embedding + loss = 96 = pp·vpp·(96/(pp·vpp)); the first stage one fewer (the
+    embedding), the last one fewer (the loss): Megatron's rule, by hand."""
+    from planner.reference import bridge_recipe_layout
+    assert bridge_recipe_layout("Qwen3_235B_a22B", 94, 8, 4)[0] == (2,) + (3,) * 30 + (2,)
+    assert bridge_recipe_layout("Qwen3_235B_a22B (tokendrop)", 94, 8, 3)[0] == (3,) + (4,) * 22 + (3,)
+    assert bridge_recipe_layout("Qwen3_235B_a22B", 94, 8, 1)[0] == (11,) + (12,) * 6 + (11,)
+    assert bridge_recipe_layout("Qwen3_235B_a22B", 94, 8, 5) is None  # 96 is not a multiple of 40
+
+
+def test_bridge_moe_rows_run_the_recipes_layouts():
+    """Every DeepSeek-V3 / Qwen3-235B Bridge row with a pipeline runs the recipe's layout and cites
+    the source commit; none is left with the balanced-split assumption."""
+    from planner.reference import REFERENCE_DIR, bridge_recipe_layout, load_reference
+    cases, _ = load_reference(REFERENCE_DIR / "bridge_runs.yaml")
+    moe = [c for c in cases if c.model.moe and c.plan.pp > 1]
+    assert len(moe) >= 30
+    dsv3 = 0
+    for c in moe:
+        layout, _ = bridge_recipe_layout(c.model.name, c.model.layers, c.plan.pp, c.plan.vpp)
+        assert tuple(c.plan.stage_layers) == layout, c.id
+        assert any("Megatron-Bridge@067f987df03b" in a for a in c.assumptions), c.id
+        assert not any("balanced split" in a for a in c.assumptions), c.id
+        dsv3 += c.model.layers == 61
+    assert dsv3 >= 15
