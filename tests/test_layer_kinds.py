@@ -252,3 +252,27 @@ def test_bridge_moe_rows_run_the_recipes_layouts():
         assert not any("balanced split" in a for a in c.assumptions), c.id
         dsv3 += c.model.layers == 61
     assert dsv3 >= 15
+
+
+def test_pipeline_ranks_report_composition(tmp_path):
+    """`pipeline_ranks` gives every rank its layers by kind and the same microbatch time as the
+    model; `planner estimate` prints them when ranks differ."""
+    from typer.testing import CliRunner
+
+    from planner.analytical.ranks import pipeline_ranks
+    from planner.cli import app
+    system = load_system("h100-sxm", 4)
+    rows = pipeline_ranks(TINY, system, JobSpec(), PP2_VPP2)
+    assert [(r.layers, r.lead_layers, r.recomputed) for r in rows] == [(3, 1, 2), (5, 1, 2)]
+    P = _arrays([PP2_VPP2])
+    times = rank_microbatch_s(per_layer_terms(TINY, system, JobSpec(), P), P)
+    assert [r.microbatch_s for r in rows] == [_rank(P, times, 0), _rank(P, times, 1)]
+    assert rows[0].describe(TINY, 2) == "1 dense + 2 MoE + embedding"
+    assert rows[1].describe(TINY, 2) == "1 dense + 4 MoE + LM head"
+    import yaml
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY.model_dump(exclude_none=True)))
+    out = CliRunner().invoke(app, ["estimate", "-m", str(path), "-s", "h100-sxm", "-g", "4", "--tp", "1", "--pp", "2",
+                                   "--ep", "2", "--etp", "1", "-b", "8", "--recompute", "none"], env={"COLUMNS": "200"})
+    assert out.exit_code in (0, 1), out.output
+    assert "2 dense + 2 MoE + embedding" in out.output and "4 MoE + LM head" in out.output

@@ -112,7 +112,7 @@ def estimate_command(
         print(estimate_json(est))
     else:
         from rich.console import Console
-        print_estimate(Console(), model_spec, system_spec, est)
+        print_estimate(Console(), model_spec, system_spec, est, job=job)
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 

@@ -263,7 +263,7 @@ def _plan(o: dict) -> None:
             console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
         else:
             best = result.best.estimate
-            print_estimate(console, model, system, best, title="Best plan: step time")
+            print_estimate(console, model, system, best, title="Best plan: step time", job=job)
             if len(result.ranked) > 1:
                 t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
                 for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):
