@@ -112,6 +112,12 @@ def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarra
     vocab_matrices = first * 1.0 + last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
     vocab = vocab_matrices * model.vocab * model.hidden / C.tp
     expert = rank_layer_sum(model, lambda m: m.expert_params_per_layer, n, lead) / (C.etp * C.ep)
+    if model.mtp_layers:
+        # the MTP modules live on the last stage with the loss (DeepSeek-V3 §2.2; Megatron's layout
+        # places 'm' before 'L'): each a repeated layer + the 2h→h projection + norms (mtp_params)
+        mtp_experts = model.mtp_layers * model.expert_params_per_layer
+        blocks = blocks + last * (model.mtp_params - mtp_experts) / C.tp
+        expert = expert + last * mtp_experts / (C.etp * C.ep)
     return blocks, vocab, expert
 
 
@@ -193,6 +199,15 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     else:
         act_mb = k * stored_per_layer + (layers_here - k) * np.where(C.recompute == 2, full_per_layer,
                                                                      stored_per_layer)
+    if model.mtp_layers:
+        # last rank: each MTP module's layer keeps its activations (not in the recompute blocks),
+        # plus its projection's input [norm(h); norm(emb)], 2h wide in 2 bytes (DeepSeek-V3 §2.2
+        # eq. 21), sharded like the layer inputs under sequence parallelism
+        sp = (C.sequence_parallel > 0) & (C.tp > 1)
+        sbh = C.micro_batch * model.seq_length / C.cp * model.hidden
+        mtp_act = model.mtp_layers * (np.where(C.recompute == 2, full_per_layer, stored_per_layer)
+                                      + 4.0 * sbh / np.where(sp, C.tp, 1.0))
+        act_mb = act_mb + (P.rank_index == C.pp - 1) * mtp_act
     activations = act_mb * in_flight_microbatches(P)
 
     # Offload: the fraction moved out; HBM keeps at least two layers' worth (one computing,
