@@ -268,10 +268,13 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
         dr[i], dk[i] = d[ranks], d_rc[ranks]
         total_dk[i] = d_rc.sum()
     if len(default):
-        pairs = np.stack([p[default], v[default]], axis=1)
-        for pv in np.unique(pairs, axis=0):
-            pp_g, vpp_g = int(pv[0]), int(pv[1])
-            rows = default[(pairs[:, 0] == pv[0]) & (pairs[:, 1] == pv[1])]
+        # group rows by (pp, vpp) with one 1-D sort (np.unique(axis=0) sorts rows: seconds on 2 M)
+        key = p[default] * (v[default].max() + 1) + v[default]
+        order = np.argsort(key, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(key[order]) != 0])
+        for g0, g1 in zip(starts, np.r_[starts[1:], len(order)]):
+            rows = default[order[g0:g1]]
+            pp_g, vpp_g = int(p[rows[0]]), int(v[rows[0]])
             layout = balanced_layout(layers, pp_g, vpp_g)
             loads = np.asarray(rank_layers(layout, pp_g), dtype=np.float64)
             d = np.asarray(rank_layers(stage_lead_layers(layout, lead), pp_g), dtype=np.float64)
