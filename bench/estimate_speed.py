@@ -14,6 +14,7 @@ import numpy as np
 
 from hardware import load_system
 from planner.analytical import PlanArrays, estimate_many
+from planner.analytical.layer_kinds import lead_layers
 from planner.model import load_model
 from planner.plan import JobSpec
 
@@ -34,7 +35,7 @@ def main() -> None:
                     global_batch=mb * dp * pick(8, 16, 32), vpp=pick(1, 2, 3), sequence_parallel=pick(0, 1),
                     recompute=pick(0, 1, 2), zero_stage=pick(0, 1, 3), offload_optimizer=pick(0.0, 0.5, 1.0),
                     offload_activations=pick(0.0, 0.5), tp_comm_overlap=pick(0, 1))
-        P = PlanArrays.from_columns(n, model.layers, **cols)
+        P = PlanArrays.from_columns(n, model.layers, lead_layers(model), **cols)
         best = float("inf")
         for _ in range(args.repeats):
             t0 = time.perf_counter()

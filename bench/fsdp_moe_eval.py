@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from planner.analytical import PlanArrays, data_parallel, estimate_many  # noqa: E402
 from planner.analytical import time as tm  # noqa: E402
 from planner import reference_moe  # noqa: E402
+from planner.analytical.layer_kinds import lead_layers  # noqa: E402
 from planner.reference import load_reference  # noqa: E402
 
 class Row:
@@ -51,7 +52,7 @@ class Row:
                       "fsdp" if ("FSDP" in fw or case.plan.zero_stage >= 2) else "dense")
 
     def predict(self) -> float:
-        P = PlanArrays.from_plans([self.plan], self.model.layers)
+        P = PlanArrays.from_plans([self.plan], self.model.layers, lead_layers(self.model))
         job = self.job
         if self.model.moe and job.moe_load_imbalance != 1.0:  # learned routing: the fitted value
             job = job.model_copy(update={"moe_load_imbalance": reference_moe.MOE_IMBALANCE_LEARNED_DROPLESS})

@@ -41,6 +41,7 @@ import numpy as np
 from constraints.space import LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, cross, layouts, options
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
+from planner.analytical.layer_kinds import lead_layers
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
 CHUNK = 400_000
@@ -52,7 +53,7 @@ KEEP_RESULTS = ("step_time_s", "hbm_bytes", "offload_bytes", "violations")
 
 def plan_arrays(space: Space, rows: dict[str, np.ndarray]) -> PlanArrays:
     cols = {k: rows[k] for k in LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS}
-    return PlanArrays.from_columns(len(rows["tp"]), space.model.layers, **cols)
+    return PlanArrays.from_columns(len(rows["tp"]), space.model.layers, lead_layers(space.model), **cols)
 
 
 def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS) -> dict[str, np.ndarray]:

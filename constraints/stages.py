@@ -24,10 +24,17 @@ the default balanced split. The data-parallel overlap windows (a max(0, ·) of t
 microbatch) are not in the objective; every answer is re-scored by the exact model and kept only
 when it is no worse than the default split.
 
+Two layer kinds (a MoE model's first D layers are dense, DeepSeek-V3: 3): they fill the first
+virtual stages in order, so stage s holds d_s = min(n_s, max(0, D − Σ_{s'<s} n_s')) of them
+(only s < D can), recomputed first (block recompute takes a stage's first layers):
+dk_s = min(k, d_s). Every coefficient above has a leading-dense twin (a_d, b_d, w_d, x_d, p1_d),
+and each rank's time, memory and parameters count its D_r = Σ d_s and DK_r = Σ dk_s at those.
+
 Symmetry breaking (exact, not a heuristic): chunks of one rank are interchangeable in the model,
 so they are ordered n_{r,0} >= n_{r,1} >= ...; two middle ranks differ only in in-flight
 microbatches (fewer on later ranks), so giving the later rank the larger load never hurts: middle
-ranks' loads are non-decreasing. One worker, fixed seed: deterministic.
+ranks' loads are non-decreasing. With leading dense layers both hold only where no stage involved
+can hold one (stage index >= D: its prefix is >= D). One worker, fixed seed: deterministic.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ from ortools.sat.python import cp_model
 from constraints.solve import SEED, WORKERS, interruptible_solve, new_solver
 from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays
+from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import rank_memory
 from planner.analytical.time import OPTIMIZER_BYTES_PER_PARAM, per_layer_terms, rank_microbatch_s
 from planner.model import ModelSpec
@@ -75,6 +83,12 @@ class StageProblem:
     p0: tuple[int, ...]             # per rank: fixed parameters (elements)
     p1: int                         # parameters per layer
     capacity: int                   # the same units
+    lead: int = 0                   # leading dense layers of the model (their own coefficients:)
+    a_d: int = 0
+    b_d: int = 0
+    w_d: tuple[int, ...] = ()
+    x_d: tuple[int, ...] = ()
+    p1_d: int = 0
 
 
 @dataclass(frozen=True)
@@ -96,18 +110,26 @@ class StageSolution:
 
 
 def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
-    """Exact per-rank coefficients: cost every rank r with (N, K) = (0, 0), (1, 0), (1, 1)."""
-    P = PlanArrays.from_plans([plan], model.layers)
+    """Exact per-rank coefficients: cost every rank r with (N, K) = (0, 0), (1, 0), (1, 1), and
+    with that one layer a leading dense one, (N, K, D, DK) = (1, 0, 1, 0), (1, 1, 1, 1)."""
+    P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))
     p = plan.pp
-    idx = np.tile(np.arange(p, dtype=np.float64), 3)[None, :]
-    lay = np.repeat([0.0, 1.0, 1.0], p)[None, :]
-    rec = np.repeat([0.0, 0.0, 1.0], p)[None, :]
-    Q = replace(P, rank_index=idx, rank_layers=lay, rank_recompute=rec)
+    idx = np.tile(np.arange(p, dtype=np.float64), 5)[None, :]
+    lay = np.repeat([0.0, 1.0, 1.0, 1.0, 1.0], p)[None, :]
+    rec = np.repeat([0.0, 0.0, 1.0, 0.0, 1.0], p)[None, :]
+    lead = np.repeat([0.0, 0.0, 0.0, 1.0, 1.0], p)[None, :] if lead_layers(model) else np.zeros_like(lay)
+    lead_rc = np.repeat([0.0, 0.0, 0.0, 0.0, 1.0], p)[None, :] if lead_layers(model) else np.zeros_like(lay)
+    Q = replace(P, rank_index=idx, rank_layers=lay, rank_recompute=rec, rank_lead_layers=lead,
+                rank_lead_recompute=lead_rc)
     mem = rank_memory(model, system, job, Q)
     hbm, params = mem["hbm"][0], mem["params_elems"][0]
     times = rank_microbatch_s(per_layer_terms(model, system, job, Q), Q)[0]
     zero, one, one_rc = slice(0, p), slice(p, 2 * p), slice(2 * p, 3 * p)
+    one_d, one_d_rc = slice(3 * p, 4 * p), slice(4 * p, 5 * p)
     return {
+        "a_d": times[one_d][0] - times[zero][0], "b_d": times[one_d_rc][0] - times[one_d][0],
+        "w_d": hbm[one_d] - hbm[zero], "x_d": hbm[one_d_rc] - hbm[one_d],
+        "p1_d": params[one_d][0] - params[zero][0],
         "a": times[one][0] - times[zero][0], "b": times[one_rc][0] - times[one][0], "h": times[zero][p - 1],
         "c": hbm[zero], "w": hbm[one] - hbm[zero], "x": hbm[one_rc] - hbm[one],
         "p0": params[zero], "p1": params[one][0] - params[zero][0],
@@ -139,7 +161,11 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
         opt=round(opt_per_param / unit * PARAM_UNIT),
         c=tuple(mib(x) for x in pr["c"]), w=tuple(mib(x) for x in pr["w"]), x=tuple(mib(x) for x in pr["x"]),
         p0=tuple(int(round(x / PARAM_UNIT)) for x in pr["p0"]), p1=max(0, int(round(pr["p1"] / PARAM_UNIT))),
-        capacity=int(capacity // unit_bytes))
+        capacity=int(capacity // unit_bytes),
+        **({} if not lead_layers(model) else dict(
+            lead=lead_layers(model), a_d=max(1, round(pr["a_d"] / unit)), b_d=max(0, round(pr["b_d"] / unit)),
+            w_d=tuple(mib(x) for x in pr["w_d"]), x_d=tuple(mib(x) for x in pr["x_d"]),
+            p1_d=max(0, int(round(pr["p1_d"] / PARAM_UNIT))))))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -164,21 +190,42 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
             ks.append(0)
     N = [sum(n[c * p + r] for c in range(v)) for r in range(p)]
     K = [sum(ks[c * p + r] for c in range(v)) for r in range(p)]
-    # symmetry breaking (exact, see the docstring)
+    # leading dense layers: d_s of stage s (only s < D can hold any), dk_s of them recomputed
+    D = problem.lead
+    ds, dks = [0] * S, [0] * S
+    for s in range(min(D, S)):
+        left = md.NewIntVar(0, D, f"left{s}")  # leading layers not in stages before s
+        md.AddMaxEquality(left, [0, D - sum(n[:s])])
+        ds[s] = md.NewIntVar(0, D, f"d{s}")
+        md.AddMinEquality(ds[s], [n[s], left])
+        if problem.recompute:
+            dks[s] = md.NewIntVar(0, D, f"dk{s}")
+            md.AddMinEquality(dks[s], [k, ds[s]])
+    Dr = [sum(ds[c * p + r] for c in range(v)) for r in range(p)]
+    DKr = [sum(dks[c * p + r] for c in range(v)) for r in range(p)]
+    # per-kind coefficients: the repeated layer's, plus the leading dense layer's difference
+    a_d, b_d, p1_d = (problem.a_d, problem.b_d, problem.p1_d) if D else (problem.a, problem.b, problem.p1)
+    w_d, x_d = (problem.w_d, problem.x_d) if D else (problem.w, problem.x)
+    # symmetry breaking (exact, see the docstring): only among stages that hold no leading layer
     for r in range(p):
         for c in range(v - 1):
-            md.Add(n[c * p + r] >= n[(c + 1) * p + r])
-    for r in range(1, p - 2):
+            if c * p + r >= D:
+                md.Add(n[c * p + r] >= n[(c + 1) * p + r])
+    for r in range(max(1, D), p - 2):
         md.Add(N[r] <= N[r + 1])
-    horizon = (problem.a + problem.b) * L + problem.h
+    horizon = (max(problem.a, a_d) + max(problem.b, b_d)) * L + problem.h
     T = md.NewIntVar(0, horizon, "T")
     for r in range(p):
-        md.Add(T >= problem.a * N[r] + problem.b * K[r] + (problem.h if r == p - 1 else 0))
-        md.Add(problem.c[r] + problem.w[r] * N[r] + problem.x[r] * K[r] <= problem.capacity)
-    pmax = md.NewIntVar(0, max(problem.p0) + problem.p1 * L, "Pmax")
+        time_r = problem.a * N[r] + (a_d - problem.a) * Dr[r] + problem.b * K[r] + (b_d - problem.b) * DKr[r]
+        md.Add(T >= time_r + (problem.h if r == p - 1 else 0))
+        md.Add(problem.c[r] + problem.w[r] * N[r] + (w_d[r] - problem.w[r]) * Dr[r] + problem.x[r] * K[r]
+               + (x_d[r] - problem.x[r]) * DKr[r] <= problem.capacity)
+    pmax = md.NewIntVar(0, max(problem.p0) + max(problem.p1, p1_d) * L, "Pmax")
     for r in range(p):
-        md.Add(pmax >= problem.p0[r] + problem.p1 * N[r])
-    md.Minimize((problem.microbatches * v - 1) * T + problem.b * sum(K) + problem.opt * pmax)
+        md.Add(pmax >= problem.p0[r] + problem.p1 * N[r] + (p1_d - problem.p1) * Dr[r])
+    # Σ_r T_r: the recompute part varies with the split (the layer part is a constant)
+    recompute_sum = problem.b * sum(K) + (b_d - problem.b) * sum(DKr)
+    md.Minimize((problem.microbatches * v - 1) * T + recompute_sum + problem.opt * pmax)
     # the same solver settings and Ctrl-C handling as the row search (constraints.solve): a
     # SIGINT during this solve must stop it, not abort the process with the solver mid-flight
     solver = new_solver(time_limit_s)
@@ -192,9 +239,11 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     kval = int(solver.Value(k)) if problem.recompute else 0
     if kval == 0:
         # without recompute only a rank's total matters to the model: spread it evenly over the
-        # rank's chunks (Megatron's simplest flags; the same cost)
+        # rank's chunks (Megatron's simplest flags; the same cost). Not on ranks whose stages
+        # can hold leading dense layers (ranks < D): there the chunks' order places them.
         loads = rank_layers(layers, p)
-        layers = tuple(_even_chunks(loads[s % p], v, s % p == 0)[s // p] for s in range(S))
+        layers = tuple(layers[s] if s % p < problem.lead else _even_chunks(loads[s % p], v, s % p == 0)[s // p]
+                       for s in range(S))
     return StageSolution(layers, kval, name, status == cp_model.OPTIMAL, len(proto.variables),
                          len(proto.constraints), wall, int(solver.ObjectiveValue()))
 

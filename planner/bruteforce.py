@@ -12,7 +12,7 @@ small enough to enumerate (the tests use up to a few hundred thousand rows).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -101,6 +101,8 @@ def best_stage_split(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: P
     and, under full recompute, every block recompute count k (k = 0: none), each costed by the
     exact model; the fastest one that breaks no rule. Small cases only (C(L−1, S−1)·L plans)."""
     from planner.analytical import PlanArrays, estimate_many  # noqa: PLC0415 (oracle-only import)
+    from planner.analytical.layer_kinds import lead_layers  # noqa: PLC0415
+    from planner.analytical.plans import RANK_FIELDS  # noqa: PLC0415
     S = plan.pp * plan.vpp
     splits = list(compositions(model.layers, S))
     ks = range(0, max(max(s) for s in splits) + 1) if plan.recompute == "full" else [0]
@@ -113,13 +115,14 @@ def best_stage_split(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: P
             recompute.append(2 if k else (0 if plan.recompute == "full" else {"none": 0, "selective": 1}[plan.recompute]))
     n = len(layouts)
     base = PlanArrays.from_plans([plan.model_copy(update={"stage_layers": None, "stage_recompute_layers": None,
-                                                          "recompute_num_layers": None})], model.layers)
-    cols = {f: np.repeat(getattr(base, f), n) for f in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch",
-            "vpp", "sequence_parallel", "zero_stage", "offload_weights", "offload_activations",
-            "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap")}
+                                                          "recompute_num_layers": None})], model.layers,
+                                lead_layers(model))
+    # every knob of the plan but the per-stage ones (MoE folding, dispatcher and switches included)
+    cols = {f.name: np.repeat(getattr(base, f.name), n) for f in fields(PlanArrays)
+            if f.name not in RANK_FIELDS + ("recompute", "recompute_layers", "stage_layout")}
     stage_layout = np.empty(n, dtype=object)
     stage_layout[:] = layouts
-    P = PlanArrays.from_columns(n, model.layers, recompute=np.asarray(recompute, dtype=float),
+    P = PlanArrays.from_columns(n, model.layers, lead_layers(model), recompute=np.asarray(recompute, dtype=float),
                                 stage_layout=stage_layout, **cols)
     res = estimate_many(model, system, job, P)
     ok = np.nonzero(res["violations"] == 0)[0]

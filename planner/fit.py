@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.analytical import PlanArrays
+from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.time import step_time
 from planner.reference import RefCase
@@ -69,7 +70,7 @@ class Prepared:
 def prepare(cases: list[RefCase]) -> list[Prepared]:
     out = []
     for c in cases:
-        P = PlanArrays.from_plans([c.plan], c.model.layers)
+        P = PlanArrays.from_plans([c.plan], c.model.layers, lead_layers(c.model))
         out.append(Prepared(c, P, memory_breakdown(c.model, c.system, c.job, P), group_of(c.system.accelerator.name)))
     return out
 

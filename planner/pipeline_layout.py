@@ -36,6 +36,18 @@ def rank_layers(layout: tuple[int, ...], pp: int) -> list[int]:
     return out
 
 
+def stage_lead_layers(layout: tuple[int, ...], lead: int) -> tuple[int, ...]:
+    """How many of each virtual stage's layers are among the model's first `lead` layers (a MoE
+    model's leading dense layers). Megatron numbers layers in virtual-stage order: stage
+    s = chunk·pp + rank starts at the sum of the stages before it (transformer_layer.py,
+    get_transformer_layer_offset), so the leading layers fill stage 0, then stage 1, ..."""
+    out, start = [], 0
+    for n in layout:
+        out.append(max(0, min(n, lead - start)))
+        start += n
+    return tuple(out)
+
+
 def even_layout(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
     stages = pp * vpp
     return (layers // stages,) * stages if layers % stages == 0 else None
@@ -215,5 +227,5 @@ def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...]
     return ["--pipeline-model-parallel-layout", layout_string(layout, mtp_layers)]
 
 
-__all__ = ["pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
+__all__ = ["stage_lead_layers", "pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
            "rank_layers", "rank_of_stage"]

@@ -22,7 +22,7 @@ from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.analytical.flops import model_flops_per_token, narayanan_eq3_flops
 from planner.model import ModelSpec, MoESpec
-from planner.pipeline_layout import balanced_layout, even_layout, layout_from_string
+from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, compress_runs
 from planner.reference_moe import nvidia_moe_settings
 
@@ -306,10 +306,55 @@ def _plan(r: _Record, plan_fields: dict) -> Plan | str:
             return f"plan not representable: {err.errors()[0]['msg']}"
 
 
+# --- The layouts Megatron-Bridge's recipes set (the performance tables do not print them) ---------
+# Read from the Megatron-Bridge source at commit 067f987df03b8355b03192d88d70f1709fedf51a (the
+# commit bridge_runs.yaml's 26.08 rows cite; older rows' recipes may have differed, said per row).
+BRIDGE_COMMIT = "067f987df03b"
+# DeepSeek-V3 (61 layers; 'm' = its MTP module, on the last stage with the loss): by (pp, vpp),
+# `_get_deepseek_v3_pipeline_layout`, which set_deepseek_v3_pipeline_model_parallel_layout applies
+# (src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py; pp4 vpp4, pp8 vpp2 and pp16 share one
+# 16-stage layout), and the string the H100 perf recipes pass for pp8 vpp4
+# (src/megatron/bridge/perf_recipes/deepseek/h100/deepseek_v3.py; Megatron-Core's DeepSeek-V3 GB200
+# guide runs the same "Et|(tt|)*30L").
+_DSV3_HELPER = "recipes/deepseek/h100/deepseek_v3.py _get_deepseek_v3_pipeline_layout"
+_DSV3_16 = "Et*4|(t*4|)*14tmL"
+_DSV3_8 = "Et*8|(t*8|)*6t*5mL"
+DEEPSEEK_V3_LAYOUTS: dict[tuple[int, int], tuple[str, str]] = {
+    (4, 1): ("Et*16|t*16|t*16|t*13mL", _DSV3_HELPER),
+    (8, 1): (_DSV3_8, _DSV3_HELPER), (4, 2): (_DSV3_8, _DSV3_HELPER),
+    (16, 1): (_DSV3_16, _DSV3_HELPER), (8, 2): (_DSV3_16, _DSV3_HELPER), (4, 4): (_DSV3_16, _DSV3_HELPER),
+    (8, 4): ("Et|(tt|)*30mL", "perf_recipes/deepseek/h100/deepseek_v3.py (pp8 vpp4)"),
+}
+# Qwen3-235B-A22B (94 layers): the base pretrain recipe sets account_for_embedding_in_pipeline_split
+# and account_for_loss_in_pipeline_split (src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py,
+# qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config); the perf recipes start from it
+# (perf_recipes/qwen/common.py) and change only pp / vpp.
+_QWEN3_235B = "recipes/qwen/h100/qwen3_moe.py account_for_embedding/loss_in_pipeline_split"
+
+
+def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int) -> tuple[tuple[int, ...], str] | None:
+    """(layers per virtual stage, where in the Megatron-Bridge source it is set) of the Bridge
+    recipe for this model at pp × vpp, or None where the source sets none we know of."""
+    key = re.sub(r"[^a-z0-9]", "", model_name.lower())
+    if pp == 1:
+        return None
+    if key.startswith("deepseekv3") and layers == 61 and (pp, vpp) in DEEPSEEK_V3_LAYOUTS:
+        text, where = DEEPSEEK_V3_LAYOUTS[(pp, vpp)]
+        return layout_from_string(text), f"{where} {text!r}"
+    if key.startswith("qwen3235ba22b") and layers == 94:
+        try:
+            return layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True), _QWEN3_235B
+        except SpecError:
+            return None
+    return None
+
+
 def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
-                  assumptions: list[str]) -> tuple[int, ...] | None | str:
+                  assumptions: list[str], recipe: tuple[tuple[int, ...], str] | None = None
+                  ) -> tuple[int, ...] | None | str:
     """Layers per virtual stage for a record (issue 8): the record's own layout string when it has
-    one, None when the layers split evenly, else the balanced split (listed as an assumption: the
+    one; the layout the recipe's source sets (`bridge_recipe_layout`, cited in the assumption);
+    None when the layers split evenly; else the balanced split (listed as an assumption: the
     records do not publish the recipe's layout flags). A str is the reason the record is skipped."""
     if layout_text:
         try:
@@ -320,6 +365,11 @@ def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
             return (f"custom pipeline layout {layout_text!r}: {len(layout)} stages of {sum(layout)} layers, "
                     f"the run has pp·vpp = {pp * vpp} stages of {model.layers} layers")
         return layout
+    if recipe is not None and len(recipe[0]) == pp * vpp and sum(recipe[0]) == model.layers:
+        layout, where = recipe
+        assumptions.append(f"layout {compress_runs(layout)} layers per virtual stage as the recipe sets it "
+                           f"(Megatron-Bridge@{BRIDGE_COMMIT} {where})")
+        return None if layout == even_layout(model.layers, pp, vpp) else layout
     if even_layout(model.layers, pp, vpp) is not None:
         return None
     layout = balanced_layout(model.layers, pp, vpp)
@@ -355,7 +405,8 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         assumptions.append(f"interleaved, vpp {vpp}")
     else:
         vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or 1)
-    stage_layers = _stage_layers(model, pp, vpp, None, assumptions)
+    recipe = bridge_recipe_layout(str(r.get("model.name") or ""), model.layers, pp, vpp) if bridge else None
+    stage_layers = _stage_layers(model, pp, vpp, None, assumptions, recipe)
     if isinstance(stage_layers, str):
         return Skipped(rid, stage_layers)
     era_2021 = rid.startswith(("narayanan", "megatron_readme_2020", "megatron_readme_jan2021"))

@@ -10,7 +10,10 @@ from hardware.spec import SystemSpec
 from planner.plan import compress_runs
 from planner.analytical.estimate import RULES, Estimate
 from planner.jsonout import json_safe, json_text  # noqa: F401 (re-exported)
+from planner.analytical.layer_kinds import lead_layers
+from planner.analytical.ranks import pipeline_ranks
 from planner.model import ModelSpec
+from planner.plan import JobSpec, Plan
 
 GIB = 2**30
 
@@ -83,13 +86,45 @@ def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
             "--moe-imbalance 1.5 models learned dropless routing (fitted on Megatron MoE ModelZoo runs)")
 
 
+def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> Table | None:
+    """Layers by kind, microbatch time and HBM of each pipeline rank, runs of equal ranks merged;
+    None when every rank holds the same layers (nothing to tell)."""
+    if plan.pp == 1:
+        return None
+    rows = pipeline_ranks(model, system, job, plan)
+    described = [(r.describe(model, plan.pp), r) for r in rows]
+    if len({(r.layers, r.lead_layers, r.recomputed) for r in rows}) == 1 and not lead_layers(model):
+        return None
+    table = Table(title="Pipeline ranks (layers per rank, all its virtual stages)", show_edge=False)
+    for col in ("rank", "layers", "recomputed", "microbatch s", "HBM GiB"):
+        table.add_column(col, justify="left" if col in ("rank", "layers") else "right")
+    slowest = max(r.microbatch_s for r in rows)
+    i = 0
+    while i < len(described):  # merge runs of ranks that hold the same and cost the same
+        j = i
+        while j + 1 < len(described) and described[j + 1][0] == described[i][0] and \
+                described[j + 1][1].recomputed == described[i][1].recomputed and \
+                described[j + 1][1].microbatch_s == described[i][1].microbatch_s:
+            j += 1
+        text, r = described[i]
+        mark = " (slowest)" if r.microbatch_s == slowest else ""
+        hbm = [x.hbm_bytes / GIB for _, x in described[i:j + 1]]  # in-flight microbatches fall with the rank
+        table.add_row(f"{i}" if i == j else f"{i}-{j}", text, str(r.recomputed), f"{r.microbatch_s:.4f}{mark}",
+                      f"{max(hbm):.2f}" if i == j else f"{max(hbm):.2f}-{min(hbm):.2f}")
+        i = j + 1
+    return table
+
+
 def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "",
-                   notes: list[str] | None = None) -> None:
+                   job: JobSpec | None = None, notes: list[str] | None = None) -> None:
     console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params) on "
                   f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})")
     console.print(describe_plan(est))
     for table in estimate_tables(est, title):
         console.print(table)
+    ranks = pipeline_ranks_table(model, system, job, est.plan) if job is not None else None
+    if ranks is not None:
+        console.print(ranks)
     # MFU counts the full s×s attention (Narayanan eq. 3, as the published MFUs); HFU counts what
     # runs (causal half, recompute), so at long sequence MFU may exceed the kernels' ceilings.
     console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs, as published MFUs) · HFU {est.hfu:.1%} (executed) · "

@@ -258,8 +258,12 @@ def test_moe_activation_coefficients_hand_derived():
     unsharded, sharded, _ = activation_coefficients(QWEN3)
     assert unsharded == 8.0  # no dropout
     assert sharded == pytest.approx(8.5 + 18 + 16 + 0.25)
-    dense3 = QWEN3.model_copy(update={"moe": QWEN3.moe.model_copy(update={"first_dense_layers": 47})})
-    assert activation_coefficients(dense3)[1] == pytest.approx(8.5 + 0.5 * (6 * 12288 / 4096) + 0.5 * 34.25)
+    # leading dense layers are their own kind (no averaging): the MoE layer keeps its
+    # coefficients, the dense twin has the dense SwiGLU MLP 6·ffn/h = 6·12288/4096 = 18
+    from planner.analytical.layer_kinds import lead_layer_model
+    dense47 = QWEN3.model_copy(update={"moe": QWEN3.moe.model_copy(update={"first_dense_layers": 47})})
+    assert activation_coefficients(dense47)[1] == pytest.approx(8.5 + 18 + 16 + 0.25)
+    assert activation_coefficients(lead_layer_model(dense47))[1] == pytest.approx(8.5 + 6 * 12288 / 4096)
 
 
 def test_cli_flags_for_folding_dispatcher_and_dp_impl():

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hardware.spec import SystemSpec
 from planner.analytical import flops, precision
+from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import PlanArrays, has_layout
 from planner.analytical.time import step_time
@@ -96,7 +97,12 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     layer_fwd = flops.layer_matmul_flops_per_token(model) + attn_exec
     executed = flops.model_flops_per_token(model) - 3.0 * (model.layers + model.mtp_layers) * skipped
     rc_layers = P.recompute_total
-    extra = rc_layers * layer_fwd + np.where(P.recompute == 1, model.layers * attn_exec, 0.0)
+    if lead_layers(model):  # recomputed leading dense layers rerun the dense layer's GEMMs
+        lead_fwd = flops.layer_matmul_flops_per_token(lead_layer_model(model)) + attn_exec
+        extra = (rc_layers - P.lead_recompute_total) * layer_fwd + P.lead_recompute_total * lead_fwd
+    else:
+        extra = rc_layers * layer_fwd
+    extra = extra + np.where(P.recompute == 1, model.layers * attn_exec, 0.0)
     hw_flops = tokens * (executed + extra)
     step = times["step_time_s"]
     out = {**times, **mem}
@@ -158,5 +164,5 @@ def estimate_from_row(result: dict[str, np.ndarray], i: int, plan: Plan) -> Esti
 def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:
     """Exact model for one plan."""
     job = job or JobSpec()
-    result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers))
+    result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, lead_layers(model)))
     return estimate_from_row(result, 0, plan)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
+from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
@@ -21,7 +22,8 @@ def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
     dropout masks 2), the terms it shards (24 = attention Q,K,V and projection input 8 + GeLU
     input/output 16) and the s² attention-score term (5as/h), in units of s·b·h bytes.
     Generalised: K,V are g/a as wide (GQA); the MLP terms scale with ffn/h (SwiGLU stores the
-    fused gate+up output 2f and the product f); MoE: see below."""
+    fused gate+up output 2f and the product f); MoE: see below. Of the repeated layer (the MoE
+    layer of a MoE model)."""
     h = model.hidden
     # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
     unsharded = 10.0 if model.dropout else 8.0
@@ -35,11 +37,9 @@ def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
         # copy of the token per routed expert, kept for FC1's weight gradient: 2·top_k); the
         # router's fp32 logits and probabilities (8·E/h); the shared experts' MLP terms
         # (Megatron-Core moe/: token_dispatcher permute, router.py, shared_experts.py)
-        moe_mlp = (act * moe.top_k * model.expert_ffn_hidden / h + 2.0 * moe.top_k + 8.0 * moe.num_experts / h
-                   + act * moe.shared_experts * model.shared_expert_ffn_hidden / h)
-        # leading dense layers keep the dense MLP: averaged per layer like the time model
-        f_moe = model.moe_layers / model.layers
-        mlp = (1 - f_moe) * mlp + f_moe * moe_mlp
+        mlp = (act * moe.top_k * model.expert_ffn_hidden / h + 2.0 * moe.top_k + 8.0 * moe.num_experts / h
+               + act * moe.shared_experts * model.shared_expert_ffn_hidden / h)
+        # (leading dense layers keep the dense MLP: their own kind, layer_kinds.lead_layer_model)
     score = 5.0 * model.heads * model.seq_length / h
     return unsharded, attention + mlp, score
 
@@ -94,6 +94,14 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
     return np.where(v > 1, interleaved, plain)
 
 
+def rank_layer_sum(model: ModelSpec, per_layer, n, lead):
+    """Σ over n layers of a rank, `lead` of them a MoE model's leading dense layers, of
+    per_layer(model of that layer kind) (layer_kinds); n·per_layer(model) with one kind."""
+    if not layer_kinds.lead_layers(model):
+        return n * per_layer(model)
+    return (n - lead) * per_layer(model) + lead * per_layer(layer_kinds.lead_layer_model(model))
+
+
 def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(transformer-block dense, vocabulary, expert) parameters held by one GPU of each
     representative rank, (n, R). TP shards every matrix (norms are replicated: negligible and
@@ -101,13 +109,20 @@ def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarra
     the embedding and the last the LM head (Megatron keeps a copy of a tied embedding there when
     pp > 1; with pp = 1 untied embeddings are two matrices on the one rank)."""
     C = RankColumns(P)
-    n = P.rank_layers
-    blocks = n * model.non_expert_params_per_layer / C.tp
+    n, lead = P.rank_layers, P.rank_lead_layers
+    # leading dense layers: the dense layer's parameters, no experts (lead_layer_model)
+    blocks = rank_layer_sum(model, lambda m: m.non_expert_params_per_layer, n, lead) / C.tp
     first = P.rank_index == 0
     last = P.rank_index == C.pp - 1
     vocab_matrices = first * 1.0 + last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
     vocab = vocab_matrices * model.vocab * model.hidden / C.tp
-    expert = n * model.expert_params_per_layer / (C.etp * C.ep)
+    expert = rank_layer_sum(model, lambda m: m.expert_params_per_layer, n, lead) / (C.etp * C.ep)
+    if model.mtp_layers:
+        # the MTP modules live on the last stage with the loss (DeepSeek-V3 §2.2; Megatron's layout
+        # places 'm' before 'L'): each a repeated layer + the 2h→h projection + norms (mtp_params)
+        mtp_experts = model.mtp_layers * model.expert_params_per_layer
+        blocks = blocks + last * (model.mtp_params - mtp_experts) / C.tp
+        expert = expert + last * mtp_experts / (C.etp * C.ep)
     return blocks, vocab, expert
 
 
@@ -177,10 +192,27 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     optimizer = opt_elems * bpp.optimizer_total
 
     stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, C)
-    # Partial full recompute: k of the rank's layers keep only their input.
-    k = P.rank_recompute
-    act_mb = k * stored_per_layer + (layers_here - k) * np.where(C.recompute == 2, full_per_layer,
-                                                                 stored_per_layer)
+    # Partial full recompute: k of the rank's layers keep only their input (the leading dense
+    # layers, a rank's first, are recomputed first: rank_lead_recompute of them).
+    k, lead, lead_k = P.rank_recompute, P.rank_lead_layers, P.rank_lead_recompute
+    if layer_kinds.lead_layers(model):
+        lead_stored, lead_full = activation_bytes_per_layer(layer_kinds.lead_layer_model(model), job, C)
+        not_recomputed = np.where(C.recompute == 2, full_per_layer, stored_per_layer)
+        lead_not_recomputed = np.where(C.recompute == 2, lead_full, lead_stored)
+        act_mb = ((k - lead_k) * stored_per_layer + lead_k * lead_stored
+                  + (layers_here - lead - (k - lead_k)) * not_recomputed + (lead - lead_k) * lead_not_recomputed)
+    else:
+        act_mb = k * stored_per_layer + (layers_here - k) * np.where(C.recompute == 2, full_per_layer,
+                                                                     stored_per_layer)
+    if model.mtp_layers:
+        # last rank: each MTP module's layer keeps its activations (not in the recompute blocks),
+        # plus its projection's input [norm(h); norm(emb)], 2h wide in 2 bytes (DeepSeek-V3 §2.2
+        # eq. 21), sharded like the layer inputs under sequence parallelism
+        sp = (C.sequence_parallel > 0) & (C.tp > 1)
+        sbh = C.micro_batch * model.seq_length / C.cp * model.hidden
+        mtp_act = model.mtp_layers * (np.where(C.recompute == 2, full_per_layer, stored_per_layer)
+                                      + 4.0 * sbh / np.where(sp, C.tp, 1.0))
+        act_mb = act_mb + (P.rank_index == C.pp - 1) * mtp_act
     activations = act_mb * in_flight_microbatches(P)
 
     # Offload: the fraction moved out; HBM keeps at least two layers' worth (one computing,

@@ -5,7 +5,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from planner.pipeline_layout import balanced_layout, even_layout
+from planner.pipeline_layout import balanced_layout, even_layout, rank_layers, stage_lead_layers
 from planner.plan import DP_IMPL_CODES, MOE_DISPATCHER_CODES, RECOMPUTE_CODES, Plan
 
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
@@ -24,7 +24,13 @@ class PlanArrays:
     a kept rank of lower index and is neither first nor last, so it is dominated: same compute, fewer
     in-flight microbatches, no embedding, so the max over representatives equals the max over all
     ranks (exact reduction). Even and balanced splits need 3 (first, a fullest middle, last);
-    explicit layouts keep every rank. `stage_layout` keeps an explicit Plan layout for `row`."""
+    explicit layouts keep every rank. `stage_layout` keeps an explicit Plan layout for `row`.
+
+    Layer kinds: a MoE model's first `lead_layers` layers are dense (DeepSeek-V3: 3) and cost
+    differently from its MoE layers, so each representative also counts how many of its layers
+    (rank_lead_layers) and of its recomputed layers (rank_lead_recompute) are leading dense ones.
+    They sit in the first virtual stages (`stage_lead_layers`), so with them the default split
+    keeps ranks 0 .. min(lead_layers, pp − 1) and the last (see `_lead_rank_columns`)."""
 
     tp: np.ndarray
     pp: np.ndarray
@@ -56,13 +62,18 @@ class PlanArrays:
     recompute_total: np.ndarray = None  # (n,) layers recomputed in full over all ranks
     num_layers: np.ndarray = None      # (n,) the model's transformer layers
     stage_layout: np.ndarray = None    # (n,) object: (stage_layers, stage_recompute | None) or None
+    rank_lead_layers: np.ndarray = None     # (n, R) of rank_layers, leading dense layers (MoE models)
+    rank_lead_recompute: np.ndarray = None  # (n, R) of rank_recompute, leading dense layers
+    lead_layers: np.ndarray = None          # (n,) the model's leading dense layers (0: one layer kind)
+    lead_recompute_total: np.ndarray = None  # (n,) of recompute_total, leading dense layers
 
     def __len__(self) -> int:
         return len(self.tp)
 
     @classmethod
-    def from_columns(cls, n: int, layers: int, **cols) -> "PlanArrays":
-        """Columns given as arrays or scalars (broadcast to n rows); missing knobs take Plan defaults."""
+    def from_columns(cls, n: int, layers: int, lead_layers: int = 0, **cols) -> "PlanArrays":
+        """Columns given as arrays or scalars (broadcast to n rows); missing knobs take Plan defaults.
+        `lead_layers`: the model's leading dense layers (`layer_kinds.lead_layers(model)`)."""
         default = Plan()
         out = {}
         for f in fields(cls):
@@ -92,10 +103,11 @@ class PlanArrays:
         all_layers = (out["recompute_layers"] >= layers / out["pp"]) & ~explicit
         out["recompute_layers"] = np.where(all_layers, 0.0, np.maximum(out["recompute_layers"], 0.0))
         out.update(_rank_columns(layers, out))
+        out.update(_lead_rank_columns(layers, lead_layers, out))
         return cls(**out)
 
     @classmethod
-    def from_plans(cls, plans: list[Plan], layers: int) -> "PlanArrays":
+    def from_plans(cls, plans: list[Plan], layers: int, lead_layers: int = 0) -> "PlanArrays":
         cols: dict[str, list] = {f.name: [] for f in fields(cls)}
         for p in plans:
             for name in cols:
@@ -117,7 +129,7 @@ class PlanArrays:
                     cols[name].append(float(getattr(p, name)))
         layouts = np.empty(len(plans), dtype=object)
         layouts[:] = cols.pop("stage_layout")
-        return cls.from_columns(len(plans), layers, stage_layout=layouts,
+        return cls.from_columns(len(plans), layers, lead_layers, stage_layout=layouts,
                                 **{k: np.array(v) for k, v in cols.items() if k not in RANK_FIELDS})
 
     def row(self, i: int) -> Plan:
@@ -159,7 +171,8 @@ def has_layout(stage_layout: np.ndarray) -> np.ndarray:
     return np.not_equal(stage_layout, None)
 
 
-RANK_FIELDS = ("rank_index", "rank_layers", "rank_recompute", "recompute_total", "num_layers")
+RANK_FIELDS = ("rank_index", "rank_layers", "rank_recompute", "recompute_total", "num_layers",
+               "rank_lead_layers", "rank_lead_recompute", "lead_layers", "lead_recompute_total")
 
 
 def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -211,3 +224,74 @@ def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndar
         total[i] = rec.sum()
     return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "recompute_total": total,
             "num_layers": np.full(n, float(layers))}
+
+
+def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Leading-dense-layer counts of every representative rank (see PlanArrays), and the rank
+    columns widened where the leading layers make ranks differ.
+
+    Explicit layouts keep every rank already: their counts come from the layout. Default splits
+    (`balanced_layout`): the leading layers fall in virtual stages 0 .. lead − 1 (every stage has
+    a layer), i.e. on ranks 0 .. min(lead, pp) − 1; the representatives become ranks
+    0 .. min(lead, pp − 1) and pp − 1. Exact: rank j = min(lead, pp − 1), when a middle rank, is
+    the lowest-index middle rank without leading layers, and balanced_layout gives middle ranks
+    non-increasing loads, so it dominates every later middle rank as before. Rows are grouped by
+    (pp, vpp): each group's layout is computed once."""
+    n = len(cols["pp"])
+    nr, kr = cols["rank_layers"], cols["rank_recompute"]
+    if lead == 0:
+        zeros = np.zeros_like(nr)
+        return {"rank_lead_layers": zeros, "rank_lead_recompute": zeros, "lead_layers": np.zeros(n),
+                "lead_recompute_total": np.zeros(n)}
+    p, v = cols["pp"], cols["vpp"]
+    full = cols["recompute"] == 2
+    k = cols["recompute_layers"]
+    explicit = has_layout(cols["stage_layout"])
+    default = np.flatnonzero(~explicit)
+    width = max(nr.shape[1], min(lead, int(p[default].max()) - 1) + 2 if len(default) else 0)
+    pad = lambda a: np.concatenate([a, np.repeat(a[:, :1], width - a.shape[1], axis=1)], axis=1)  # noqa: E731
+    idx, nr, kr = pad(cols["rank_index"]), pad(nr), pad(kr)
+    dr, dk = np.zeros_like(nr), np.zeros_like(nr)
+    total_dk = np.zeros(n)
+    for i in np.flatnonzero(explicit):  # every rank kept (the columns past pp repeat ranks)
+        stage_layers, stage_recompute = cols["stage_layout"][i]
+        pp_i = int(p[i])
+        ranks = idx[i].astype(int)
+        lead_s = stage_lead_layers(tuple(stage_layers), lead)
+        d = np.asarray(rank_layers(lead_s, pp_i), dtype=np.float64)
+        if stage_recompute is not None:
+            # block recompute takes a stage's first layers: the leading ones first
+            d_rc = np.asarray(rank_layers(tuple(min(a, b) for a, b in zip(stage_recompute, lead_s)), pp_i),
+                              dtype=np.float64)
+        else:  # as _rank_columns: min(k, rank load) per rank (k = 0: all), leading layers first
+            loads = np.asarray(rank_layers(tuple(stage_layers), pp_i), dtype=np.float64)
+            rec = (np.minimum(k[i], loads) if k[i] > 0 else loads) if full[i] else np.zeros(pp_i)
+            d_rc = np.minimum(rec, d)
+        dr[i], dk[i] = d[ranks], d_rc[ranks]
+        total_dk[i] = d_rc.sum()
+    if len(default):
+        # group rows by (pp, vpp) with one 1-D sort (np.unique(axis=0) sorts rows: seconds on 2 M)
+        key = p[default] * (v[default].max() + 1) + v[default]
+        order = np.argsort(key, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(key[order]) != 0])
+        for g0, g1 in zip(starts, np.r_[starts[1:], len(order)]):
+            rows = default[order[g0:g1]]
+            pp_g, vpp_g = int(p[rows[0]]), int(v[rows[0]])
+            layout = balanced_layout(layers, pp_g, vpp_g)
+            loads = np.asarray(rank_layers(layout, pp_g), dtype=np.float64)
+            d = np.asarray(rank_layers(stage_lead_layers(layout, lead), pp_g), dtype=np.float64)
+            reps = list(range(min(lead, pp_g - 1) + 1)) + [pp_g - 1]
+            reps = np.asarray(reps + [0] * (width - len(reps)), dtype=np.float64)
+            r_int = reps.astype(int)
+            # recompute as the default split has it: min(k, rank load) per rank (k = 0: all)
+            kk = k[rows][:, None]
+            rec_all = np.where(full[rows][:, None], np.where(kk > 0, np.minimum(kk, loads[None, :]), loads[None, :]), 0.0)
+            rec_lead = np.minimum(rec_all, d[None, :])  # the leading layers are a rank's first
+            idx[rows] = reps
+            nr[rows] = loads[r_int]
+            kr[rows] = rec_all[:, r_int]
+            dr[rows] = d[r_int]
+            dk[rows] = rec_lead[:, r_int]
+            total_dk[rows] = rec_lead.sum(axis=1)
+    return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "rank_lead_layers": dr,
+            "rank_lead_recompute": dk, "lead_layers": np.full(n, float(lead)), "lead_recompute_total": total_dk}

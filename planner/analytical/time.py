@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, data_parallel, flops, kernels, precision
+from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.plans import PlanArrays
 from planner.model import ModelSpec
@@ -84,20 +84,17 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     )
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     sp = (P.sequence_parallel > 0) & (t > 1)
-    # The MLP: dense layers and MoE layers (a MoE model's leading dense layers) averaged per layer,
-    # so that layers/pp × this is the stage's total (the stage aggregation stays as it is).
     te = job.kernels == "te"
     torch_hidden_bytes, torch_ffn_bytes = (0.0, 0.0) if te else kernels.torch_elementwise_bytes(model, job.kernels)
     act_bytes = 2.0 * ELEMENTWISE_PASSES_FFN if te else torch_ffn_bytes
-    dense_gemm, dense_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm,
-                                             act_bytes)
+    # The MLP of the repeated layer: the MoE layer of a MoE model, else the dense MLP. A MoE
+    # model's leading dense layers are costed as their own kind (layer_kinds, per_layer_terms).
     if model.moe:
         moe = moe_mlp_fwd_s(model, system, job, P)
-        f_moe = model.moe_layers / model.layers
-        mlp_gemm = (1 - f_moe) * dense_gemm + f_moe * moe["gemm"]
-        mlp_elem = (1 - f_moe) * dense_elem + f_moe * moe["elementwise"]
+        mlp_gemm, mlp_elem = moe["gemm"], moe["elementwise"]
     else:
-        mlp_gemm, mlp_elem = dense_gemm, dense_elem
+        mlp_gemm, mlp_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm,
+                                             act_bytes)
     gemm = attn_gemm + mlp_gemm
     # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
     # count the hardware-FLOP total uses).
@@ -342,10 +339,10 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     cp_fwd = np.where(c > 1, (c - 1) * np.maximum(0.0, cp_send - attn_step), 0.0)
     cp_bwd = np.where(c > 1, (c - 1) * np.maximum(0.0, 2 * cp_send - BACKWARD_FACTOR * attn_step), 0.0)
 
-    # --- expert parallel: dispatch + combine per MoE layer forward, the same backward;
-    # averaged over the layers like the compute (leading dense layers have none).
+    # --- expert parallel: dispatch + combine per MoE layer forward, the same backward, exposed
+    # as far as the all-to-all overlap leaves it (leading dense layers, their own kind, have none).
     if model.moe:
-        a2a = moe_dispatch_s(model, system, job, P, act_bytes) * model.moe_layers / model.layers
+        a2a = moe_dispatch_s(model, system, job, P, act_bytes)
         ep_fwd, ep_bwd = a2a_overlap_exposed_s(a2a, fwd_compute, bwd_compute, P)
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
@@ -371,25 +368,57 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     mtp = mtp_fwd_s(model, layer, logit_fwd, system, job, P)
     logit_fwd = logit_fwd + mtp
     logit_bwd = logit_bwd + BACKWARD_FACTOR * mtp
-    return {"fwd_compute": fwd_compute, "bwd_compute": bwd_compute, "attention": layer["attention"],
-            "selective": selective, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd, "cp_bwd": cp_bwd,
-            "ep_fwd": ep_fwd, "ep_bwd": ep_bwd, "logit_fwd": logit_fwd, "logit_bwd": logit_bwd}
+    terms = {"fwd_compute": fwd_compute, "bwd_compute": bwd_compute, "attention": layer["attention"],
+             "selective": selective, "tp_fwd": tp_fwd, "tp_bwd": tp_bwd, "cp_fwd": cp_fwd, "cp_bwd": cp_bwd,
+             "ep_fwd": ep_fwd, "ep_bwd": ep_bwd, "logit_fwd": logit_fwd, "logit_bwd": logit_bwd}
+    if layer_kinds.lead_layers(model):
+        # a MoE model's leading dense layers: the same terms of its dense twin (no experts, no
+        # dispatch), kept apart so that each rank is costed with the layers it really holds
+        lead = per_layer_terms(layer_kinds.lead_layer_model(model), system, job, P)
+        terms["lead"] = {key: lead[key] for key in LAYER_TERMS}
+    return terms
+
+
+# The per-layer entries of `per_layer_terms` (the rest belong to the LM head on the last rank).
+LAYER_TERMS = ("fwd_compute", "bwd_compute", "attention", "selective", "tp_fwd", "tp_bwd", "cp_fwd", "cp_bwd",
+               "ep_fwd", "ep_bwd")
+
+
+def layers_sum(terms: dict, per_layer, n, lead):
+    """Σ over n layers, `lead` of them leading dense layers, of `per_layer(terms of that kind)`.
+    n, lead: (n,) or (n, R) counts (per-layer values broadcast along R). Without leading layers
+    this is n·per_layer(terms), computed exactly so."""
+    shape = _col if np.ndim(n) == 2 else np.asarray
+    main = shape(per_layer(terms))
+    if "lead" not in terms:
+        return n * main
+    return (n - lead) * main + lead * shape(per_layer(terms["lead"]))
 
 
 def _col(x):
     return np.asarray(x, dtype=np.float64)[:, None] if np.ndim(x) == 1 else x
 
 
-def rank_microbatch_s(terms: dict, P: PlanArrays) -> np.ndarray:
-    """(n, R): one microbatch's forward + backward on each representative rank: its n_r layers,
-    k_r of them recomputed in full (forward and its communication again), and on the last rank
-    the LM head. The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2)."""
-    x = terms
-    per_layer = x["fwd_compute"] + x["bwd_compute"] + x["selective"] + x["tp_fwd"] + x["tp_bwd"] \
+def layer_microbatch_s(x: dict) -> np.ndarray:
+    """One layer's forward + backward of one microbatch with its exposed communication."""
+    return x["fwd_compute"] + x["bwd_compute"] + x["selective"] + x["tp_fwd"] + x["tp_bwd"] \
         + x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"]
-    recomputed = x["fwd_compute"] + x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]
+
+
+def layer_recompute_s(x: dict) -> np.ndarray:
+    """One layer's full recompute: its forward and the forward's communication again."""
+    return x["fwd_compute"] + x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]
+
+
+def rank_microbatch_s(terms: dict, P: PlanArrays) -> np.ndarray:
+    """(n, R): one microbatch's forward + backward on each representative rank: its n_r layers
+    (of them the leading dense layers it holds costed as such), k_r of them recomputed in full
+    (forward and its communication again), and on the last rank the LM head. The slowest rank
+    sets the 1F1B steady state (Narayanan et al. SC'21 §2.2)."""
+    x = terms
     last = P.rank_index == _col(P.pp) - 1
-    return (P.rank_layers * _col(per_layer) + P.rank_recompute * _col(recomputed)
+    return (layers_sum(x, layer_microbatch_s, P.rank_layers, P.rank_lead_layers)
+            + layers_sum(x, layer_recompute_s, P.rank_recompute, P.rank_lead_recompute)
             + last * _col(x["logit_fwd"] + x["logit_bwd"]))
 
 
@@ -405,30 +434,33 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     tokens = P.micro_batch * model.seq_length / c
     act_bytes = 2.0  # 16-bit activations on the wire
     terms = per_layer_terms(model, system, job, P)
-    fwd_compute, bwd_compute, selective = terms["fwd_compute"], terms["bwd_compute"], terms["selective"]
-    tp_fwd, tp_bwd, cp_fwd, cp_bwd = terms["tp_fwd"], terms["tp_bwd"], terms["cp_fwd"], terms["cp_bwd"]
-    ep_fwd, ep_bwd, logit_fwd, logit_bwd = terms["ep_fwd"], terms["ep_bwd"], terms["logit_fwd"], terms["logit_bwd"]
+    logit_fwd, logit_bwd = terms["logit_fwd"], terms["logit_bwd"]
 
     # --- per pipeline rank (representative ranks, (n, R)): one microbatch's forward + backward
     # over its n_r layers, k_r of them recomputed in full; the last rank adds the LM head.
     # The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2).
     n_r, k_r = P.rank_layers, P.rank_recompute
     last_r = P.rank_index == _col(p) - 1
-    per_layer_comm = tp_fwd + tp_bwd + cp_fwd + cp_bwd + ep_fwd + ep_bwd
-    recompute_comm = tp_fwd + cp_fwd + ep_fwd
     rank_time = rank_microbatch_s(terms, P)
     slow = np.argmax(rank_time, axis=1)
     def at(x):
         return at_rank(_col(x), slow, rank_time.shape)
     n_slow, k_slow, last_slow = at(n_r), at(k_r), at(last_r)
+    d_slow, dk_slow = at(P.rank_lead_layers), at(P.rank_lead_recompute)  # leading dense layers
     layers_per_stage = n_slow
 
-    stage_fwd = n_slow * fwd_compute
-    stage_bwd = n_slow * bwd_compute
-    recompute_compute = k_slow * fwd_compute + n_slow * selective
-    stage_tp = n_slow * (tp_fwd + tp_bwd) + k_slow * tp_fwd
-    stage_cpep = n_slow * (cp_fwd + cp_bwd + ep_fwd + ep_bwd) + k_slow * (cp_fwd + ep_fwd)
-    stage_mb = stage_fwd + stage_bwd + recompute_compute + stage_tp + stage_cpep
+    def on_slow(per_layer, recomputed=None):
+        # Σ over the slowest rank's layers (+ its recomputed layers), each kind at its own cost
+        out = layers_sum(terms, per_layer, n_slow, d_slow)
+        return out if recomputed is None else out + layers_sum(terms, recomputed, k_slow, dk_slow)
+
+    stage_fwd = on_slow(lambda x: x["fwd_compute"])
+    stage_bwd = on_slow(lambda x: x["bwd_compute"])
+    recompute_compute = layers_sum(terms, lambda x: x["fwd_compute"], k_slow, dk_slow) \
+        + on_slow(lambda x: x["selective"])
+    stage_tp = on_slow(lambda x: x["tp_fwd"] + x["tp_bwd"], lambda x: x["tp_fwd"])
+    stage_cpep = on_slow(lambda x: x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"],
+                         lambda x: x["cp_fwd"] + x["ep_fwd"])
 
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
     # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
@@ -436,8 +468,12 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # rank once, (sum of all ranks' microbatch times − the slowest's)/v; for equal stages this is
     # SC'21's (p−1)/v stage-times. The sum over all ranks is exact from totals: every layer once,
     # recompute_total recomputed layers, one LM head.
-    all_ranks = (P.num_layers * (fwd_compute + bwd_compute + selective + per_layer_comm)
-                 + P.recompute_total * (fwd_compute + recompute_comm) + logit_fwd + logit_bwd)
+    all_ranks = (layers_sum(terms, lambda x: x["fwd_compute"] + x["bwd_compute"] + x["selective"]
+                            + (x["tp_fwd"] + x["tp_bwd"] + x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"]),
+                            P.num_layers, P.lead_layers)
+                 + layers_sum(terms, lambda x: x["fwd_compute"] + (x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]),
+                              P.recompute_total, P.lead_recompute_total)
+                 + logit_fwd + logit_bwd)
     bubble = np.where(p > 1, np.maximum(all_ranks - at(rank_time), 0.0) / v, 0.0)
     pp_bw, pp_lat = comm.group_link(system, 2, t * c * dp)
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)

@@ -118,7 +118,7 @@ def estimate_command(
     else:
         from rich.console import Console
         note = moe_routing_note(model_spec, job.moe_load_imbalance)
-        print_estimate(Console(), model_spec, system_spec, est, notes=[note] if note else None)
+        print_estimate(Console(), model_spec, system_spec, est, job=job, notes=[note] if note else None)
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 

@@ -270,7 +270,8 @@ def _plan(o: dict) -> None:
         else:
             best = result.best.estimate
             note = moe_routing_note(model, job.moe_load_imbalance)
-            print_estimate(console, model, system, best, title="Best plan: step time", notes=[note] if note else None)
+            print_estimate(console, model, system, best, title="Best plan: step time", job=job,
+                           notes=[note] if note else None)
             if len(result.ranked) > 1:
                 t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
                 for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):
