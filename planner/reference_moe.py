@@ -28,7 +28,7 @@ from planner.plan import Plan
 # quantity fitted by bench/fsdp_moe_eval.py on the ModelZoo long-context pairs that differ only in
 # routing (forced-balance vs dropless, Qwen3-235B, 16k-128k sequence); a planning hint for users
 # (`--moe-imbalance`), not applied to benchmark rows.
-MOE_IMBALANCE_LEARNED_DROPLESS = 1.5
+MOE_IMBALANCE_LEARNED_DROPLESS = 1.6
 
 NVIDIA_MOE_SOURCES = ("bridge_", "mcore-modelzoo", "mcore-dsv3-gb200guide", "dgxc")
 FULL_ITERATION_DTYPES = ("mxfp8", "nvfp4")
@@ -73,6 +73,12 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
         flex = "deepep" in disp or "hybridep" in disp or "deepep" in rid
         overlap = "1f1b overlap" in notes_l
         why = "record"
+    if rid.startswith("mcore-modelzoo") and plan.etp is None and plan.tp > 1:
+        # the ModelZoo's model configs fold the experts to expert TP 1 (Megatron-Bridge
+        # scripts/moe_model_zoo/model_configs/Qwen3-235B-A22B.yaml @7b63722:
+        # expert_tensor_parallel_size: 1); Megatron's own default would be etp = tp
+        update["etp"] = 1
+        assumptions.append("etp 1 (ModelZoo model config)")
     if plan.ep > 1 and flex:
         update["moe_dispatcher"] = "deepep"
         assumptions.append(f"flex dispatcher (DeepEP/HybridEP; {why})")

@@ -82,8 +82,10 @@ def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
     if model.moe is None:
         return None
     what = "balanced routing, as NVIDIA's MoE benchmarks force" if imbalance == 1.0 else "routing skew"
+    from planner.reference_moe import MOE_IMBALANCE_LEARNED_DROPLESS
     return (f"MoE: busiest expert rank gets {imbalance:g}× the mean tokens ({what}); "
-            "--moe-imbalance 1.5 models learned dropless routing (fitted on Megatron MoE ModelZoo runs)")
+            f"--moe-imbalance {MOE_IMBALANCE_LEARNED_DROPLESS:g} models learned dropless routing "
+            "(fitted on Megatron MoE ModelZoo runs)")
 
 
 def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> Table | None:

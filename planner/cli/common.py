@@ -158,7 +158,7 @@ MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
 MoeImbalanceOpt = Annotated[float, typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "
-         "benchmarks force (--moe-router-force-load-balancing); about 1.5 fits learned dropless routing "
+         "benchmarks force (--moe-router-force-load-balancing); about 1.6 fits learned dropless routing "
          "(Qwen3-235B, Megatron MoE ModelZoo).")]
 
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
