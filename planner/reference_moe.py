@@ -73,12 +73,14 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
         flex = "deepep" in disp or "hybridep" in disp or "deepep" in rid
         overlap = "1f1b overlap" in notes_l
         why = "record"
-    if rid.startswith("mcore-modelzoo") and plan.etp is None and plan.tp > 1:
-        # the ModelZoo's model configs fold the experts to expert TP 1 (Megatron-Bridge
-        # scripts/moe_model_zoo/model_configs/Qwen3-235B-A22B.yaml @7b63722:
-        # expert_tensor_parallel_size: 1); Megatron's own default would be etp = tp
+    folded = rid.startswith("mcore-modelzoo") or (rid.startswith("bridge_") and "deepseek" in model.name.lower())
+    if folded and plan.etp is None and plan.tp > 1:
+        # the recipes fold the experts to expert TP 1 (Megatron-Bridge @067f987
+        # recipes/deepseek/h100/deepseek_v3.py and scripts/moe_model_zoo/model_configs/
+        # Qwen3-235B-A22B.yaml @7b63722: expert_tensor_parallel_size = 1); Megatron's own default
+        # would be etp = tp
         update["etp"] = 1
-        assumptions.append("etp 1 (ModelZoo model config)")
+        assumptions.append("etp 1 (the recipe's model config)")
     if plan.ep > 1 and flex:
         update["moe_dispatcher"] = "deepep"
         assumptions.append(f"flex dispatcher (DeepEP/HybridEP; {why})")
