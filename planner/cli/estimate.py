@@ -43,6 +43,7 @@ from planner.cli.common import (
     make_job,
     plan_from_knobs,
 )
+from planner.evidence import evidence_note
 from planner.plan import load_plan
 from planner.planfile import job_for_plan_file
 from planner.report import estimate_json, moe_routing_note, print_estimate
@@ -117,8 +118,9 @@ def estimate_command(
         print(estimate_json(est))
     else:
         from rich.console import Console
-        note = moe_routing_note(model_spec, job.moe_load_imbalance)
-        print_estimate(Console(), model_spec, system_spec, est, job=job, notes=[note] if note else None)
+        notes = [n for n in (moe_routing_note(model_spec, job.moe_load_imbalance),
+                             evidence_note(model_spec, plan)) if n]
+        print_estimate(Console(), model_spec, system_spec, est, job=job, notes=notes)
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 

@@ -94,10 +94,12 @@ def _why_lost(best, alt, seq: int, free: bool) -> str:
     return ", ".join(parts) or "ties"
 
 
-def _plan_json(r) -> dict:
+def _plan_json(r, model) -> dict:
+    from planner.evidence import evidence_note
     data = r.estimate.model_dump()
     data["objective"] = r.objective
     data["stages"] = getattr(r, "stages", None)  # per-stage CP-SAT decisions (None: pp 1 or not affine)
+    data["evidence"] = evidence_note(model, r.plan)
     return data
 
 
@@ -257,21 +259,22 @@ def _plan(o: dict) -> None:
     free = job.global_batch is None
     if o["json_out"]:
         print(json_text({"model": model.name, "system": system.name, "gpus": system.num_gpus,
-                          "objective": result.objective, "plans": [_plan_json(r) for r in result.ranked],
+                          "objective": result.objective, "plans": [_plan_json(r, model) for r in result.ranked],
                           "stats": result.stats}))
     else:
         from rich.console import Console
         from rich.table import Table
 
+        from planner.evidence import evidence_note
         from planner.report import moe_routing_note, print_estimate
         console = Console()
         if result.best is None:
             console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
         else:
             best = result.best.estimate
-            note = moe_routing_note(model, job.moe_load_imbalance)
-            print_estimate(console, model, system, best, title="Best plan: step time", job=job,
-                           notes=[note] if note else None)
+            notes = [n for n in (moe_routing_note(model, job.moe_load_imbalance),
+                                 evidence_note(model, best.plan)) if n]
+            print_estimate(console, model, system, best, title="Best plan: step time", job=job, notes=notes)
             if len(result.ranked) > 1:
                 t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
                 for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):
@@ -319,7 +322,7 @@ def _check(o: dict) -> int:
     if o["json_out"]:
         print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
                           "gpus": system.num_gpus,
-                          "best": _plan_json(res.best) if res.best else None, "reasons": res.reasons,
+                          "best": _plan_json(res.best, model) if res.best else None, "reasons": res.reasons,
                           "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
     from rich.console import Console

@@ -1,0 +1,34 @@
+"""Write planner/data/evidence.json: per plan family, how many published runs of it the
+reference data holds and the model's error on them (planner/evidence.py).
+
+    PYTHONPATH=. python bench/evidence.py [--write]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from planner.calibration import accuracy_rows
+from planner.evidence import EVIDENCE_FILE, table_from_rows
+from planner.reference import load_reference
+
+
+def current_table() -> dict:
+    cases, _ = load_reference()
+    rows = accuracy_rows(cases)
+    return table_from_rows(rows, {c.id: c.plan for c in cases}, {c.id: c.model.moe is not None for c in cases})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--write", action="store_true", help=f"write {EVIDENCE_FILE}")
+    args = ap.parse_args()
+    table = current_table()
+    text = json.dumps(table, indent=1, ensure_ascii=False) + "\n"
+    if args.write:
+        EVIDENCE_FILE.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

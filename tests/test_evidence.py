@@ -1,0 +1,42 @@
+"""The plan-family evidence table (planner/evidence.py) is what the reference data says today,
+and `planner plan` shows it."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from planner.cli.app import app
+from planner.evidence import EVIDENCE_FILE, evidence_note, family_of_plan, load_table
+from planner.model import load_model
+from planner.plan import Plan
+
+
+def test_evidence_table_is_current():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from evidence import current_table  # bench/evidence.py
+    assert json.loads(EVIDENCE_FILE.read_text()) == json.loads(json.dumps(current_table())), \
+        "stale: run PYTHONPATH=. python bench/evidence.py --write"
+
+
+def test_families_and_notes():
+    moe, dense = load_model("qwen3-235b-a22b"), load_model("llama3-8b")
+    fsdp_no_ep = Plan(dp=256, micro_batch=8, global_batch=2048, zero_stage=3)
+    assert family_of_plan(True, fsdp_no_ep) == "MoE · ZeRO-3/FSDP · no pipeline · no expert parallelism"
+    assert "no published run" in evidence_note(moe, fsdp_no_ep)  # nobody measured it
+    pipe = Plan(pp=8, dp=32, ep=32, vpp=4, micro_batch=1, global_batch=2048)
+    table = load_table()
+    fam = family_of_plan(True, pipe)
+    assert table[fam]["runs"] >= 50
+    assert f"{table[fam]['runs']} published runs" in evidence_note(moe, pipe)
+    assert family_of_plan(False, Plan(dp=8, global_batch=8)) == "dense · replicated weights (ZeRO-0/1/2) · no pipeline"
+    assert evidence_note(dense, Plan(dp=8, global_batch=8)).startswith("Evidence: ")
+
+
+def test_plan_json_carries_the_evidence():
+    r = CliRunner().invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1",
+                                 "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["plans"][0]["evidence"].startswith("Evidence: ")
