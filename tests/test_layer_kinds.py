@@ -293,3 +293,17 @@ def test_mtp_module_memory_on_the_last_rank_hand_derived():
     sbh = 128 * 256
     assert _rank(P, mem["activations_per_microbatch"], 1) == pytest.approx(sbh * (4 * 32.25 + 32.25 + 4), rel=1e-12)
     assert _rank(P, mem["activations_per_microbatch"], 0) == _rank(P, base["activations_per_microbatch"], 0)
+
+
+def test_cpsat_loads_the_dense_rank_and_unloads_the_mtp_rank_on_deepseek_v3():
+    """DeepSeek-V3 at tp2 pp16 ep64: rank 0's 3 dense layers are cheap and the last rank runs MTP +
+    LM head, so the per-stage optimum puts more layers on rank 0 and fewer on the last rank than
+    the middle ranks hold (NVIDIA's recipe: 4 × 15, 1), and beats the balanced split."""
+    model, system = load_model("deepseek-v3"), load_system("h100-sxm", 1024)
+    job = JobSpec(global_batch=8192, max_global_batch=8192, dtype="fp8")
+    plan = Plan(tp=2, pp=16, dp=32, ep=64, etp=1, global_batch=8192, sequence_parallel=True)
+    chosen, sol = best_stages(model, system, job, plan)
+    assert sol.proven_optimal
+    layout = chosen.stage_layers
+    assert layout[0] >= max(layout[1:-1]) > layout[-1]
+    assert estimate(model, system, chosen, job).step_time_s < estimate(model, system, plan, job).step_time_s
