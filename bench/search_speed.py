@@ -80,6 +80,13 @@ STAGE_CASES = [
      dict(tp=8, pp=32, dp=16, global_batch=3072, sequence_parallel=True)),
     ("  same, full-rc, 40 GiB reserve", "seed-1t-254blocks", "h100-sxm", 4096, JobSpec(hbm_reserve_gib=40),
      dict(tp=8, pp=32, dp=16, global_batch=3072, sequence_parallel=True, recompute="full")),
+    # two layer kinds (3 leading dense + 58 MoE layers, MTP on the last rank): NVIDIA runs 4x15,1
+    ("deepseek-v3 61L tp2 pp16 ep64 (3 dense)", "deepseek-v3", "h100-sxm", 1024,
+     JobSpec(global_batch=8192, max_global_batch=8192, dtype="fp8"),
+     dict(tp=2, pp=16, dp=32, ep=64, etp=1, global_batch=8192, sequence_parallel=True)),
+    ("deepseek-v3 61L tp2 pp8 vpp4 ep64 full-rc", "deepseek-v3", "h100-sxm", 1024,
+     JobSpec(global_batch=8192, max_global_batch=8192, dtype="fp8"),
+     dict(tp=2, pp=8, vpp=4, dp=64, ep=64, etp=1, global_batch=8192, sequence_parallel=True, recompute="full")),
 ]
 
 

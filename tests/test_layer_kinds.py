@@ -15,7 +15,7 @@ from planner.analytical.memory import rank_memory
 from planner.analytical.time import layer_microbatch_s, layer_recompute_s, per_layer_terms, rank_microbatch_s
 from planner.bruteforce import best_stage_split
 from planner.model import ModelSpec, load_model
-from planner.pipeline_layout import balanced_layout, stage_lead_layers
+from planner.pipeline_layout import balanced_layout, layout_from_string, stage_lead_layers
 from planner.plan import JobSpec, Plan
 
 # 2 dense + 6 MoE layers. Per layer (no biases, RoPE, SwiGLU): attention 4·256² = 262,144;
@@ -293,3 +293,30 @@ def test_mtp_module_memory_on_the_last_rank_hand_derived():
     sbh = 128 * 256
     assert _rank(P, mem["activations_per_microbatch"], 1) == pytest.approx(sbh * (4 * 32.25 + 32.25 + 4), rel=1e-12)
     assert _rank(P, mem["activations_per_microbatch"], 0) == _rank(P, base["activations_per_microbatch"], 0)
+
+
+def test_cpsat_loads_the_dense_rank_and_unloads_the_mtp_rank_on_deepseek_v3():
+    """DeepSeek-V3 at tp2 pp16 ep64: rank 0's 3 dense layers are cheap and the last rank runs MTP +
+    LM head, so the per-stage optimum puts more layers on rank 0 and fewer on the last rank than
+    the middle ranks hold (NVIDIA's recipe: 4 × 15, 1), and beats the balanced split."""
+    model, system = load_model("deepseek-v3"), load_system("h100-sxm", 1024)
+    job = JobSpec(global_batch=8192, max_global_batch=8192, dtype="fp8")
+    plan = Plan(tp=2, pp=16, dp=32, ep=64, etp=1, global_batch=8192, sequence_parallel=True)
+    chosen, sol = best_stages(model, system, job, plan)
+    assert sol.proven_optimal
+    layout = chosen.stage_layers
+    assert layout[0] >= max(layout[1:-1]) > layout[-1]
+    assert estimate(model, system, chosen, job).step_time_s < estimate(model, system, plan, job).step_time_s
+
+
+def test_megatron_layout_string_names_the_mtp_module():
+    """Megatron (pipeline_parallel_layer_layout.py validate_layer_layout) asserts that the layout
+    string holds as many 'm' as --mtp-num-layers: DeepSeek-V3's emitted layout ends in 'mL'."""
+    from planner.megatron.emit import megatron_args
+    model, system = load_model("deepseek-v3"), load_system("h100-sxm", 1024)
+    layout = (5, 4, 3) + (4,) * 12 + (1,)  # no first/last flag expresses it: a layout string
+    plan = Plan(tp=2, pp=16, dp=32, ep=64, etp=1, global_batch=8192, sequence_parallel=True, stage_layers=layout)
+    args = dict(megatron_args(plan, model, JobSpec(global_batch=8192, max_global_batch=8192, dtype="fp8"), system).args)
+    assert args["--mtp-num-layers"] == "1"
+    text = args["--pipeline-model-parallel-layout"]
+    assert text.count("m") == 1 and text.endswith("mL") and layout_from_string(text) == layout

@@ -270,28 +270,31 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
         dr[i], dk[i] = d[ranks], d_rc[ranks]
         total_dk[i] = d_rc.sum()
     if len(default):
-        # group rows by (pp, vpp) with one 1-D sort (np.unique(axis=0) sorts rows: seconds on 2 M)
-        key = p[default] * (v[default].max() + 1) + v[default]
-        order = np.argsort(key, kind="stable")
-        starts = np.flatnonzero(np.r_[True, np.diff(key[order]) != 0])
-        for g0, g1 in zip(starts, np.r_[starts[1:], len(order)]):
-            rows = default[order[g0:g1]]
-            pp_g, vpp_g = int(p[rows[0]]), int(v[rows[0]])
+        # one small table per (pp, vpp) group (its layout computed once), gathered per row
+        sel = slice(None) if len(default) == n else default  # (no explicit rows: no gather)
+        key = p[sel] * (v[sel].max() + 1) + v[sel]
+        groups, first, gid = np.unique(key, return_index=True, return_inverse=True)
+        first = default[first]  # a row of each group
+        t_idx, t_load, t_lead = (np.zeros((len(groups), width)) for _ in range(3))
+        t_dense_load, t_dense = np.zeros((len(groups), lead)), np.zeros((len(groups), lead))
+        for g, row in enumerate(first):
+            pp_g, vpp_g = int(p[row]), int(v[row])
             layout = balanced_layout(layers, pp_g, vpp_g)
             loads = np.asarray(rank_layers(layout, pp_g), dtype=np.float64)
             d = np.asarray(rank_layers(stage_lead_layers(layout, lead), pp_g), dtype=np.float64)
             reps = list(range(min(lead, pp_g - 1) + 1)) + [pp_g - 1]
-            reps = np.asarray(reps + [0] * (width - len(reps)), dtype=np.float64)
-            r_int = reps.astype(int)
-            # recompute as the default split has it: min(k, rank load) per rank (k = 0: all)
-            kk = k[rows][:, None]
-            rec_all = np.where(full[rows][:, None], np.where(kk > 0, np.minimum(kk, loads[None, :]), loads[None, :]), 0.0)
-            rec_lead = np.minimum(rec_all, d[None, :])  # the leading layers are a rank's first
-            idx[rows] = reps
-            nr[rows] = loads[r_int]
-            kr[rows] = rec_all[:, r_int]
-            dr[rows] = d[r_int]
-            dk[rows] = rec_lead[:, r_int]
-            total_dk[rows] = rec_lead.sum(axis=1)
+            reps = np.asarray(reps + [0] * (width - len(reps)))
+            t_idx[g], t_load[g], t_lead[g] = reps, loads[reps], d[reps]
+            holding = np.flatnonzero(d > 0)  # at most `lead` ranks
+            t_dense_load[g, :len(holding)], t_dense[g, :len(holding)] = loads[holding], d[holding]
+        idx[sel], nr[sel], dr[sel] = t_idx[gid], t_load[gid], t_lead[gid]
+
+        def recomputed(load, kk, is_full):
+            # as the default split has it: min(k, rank load) per rank (k = 0: all)
+            return np.where(is_full, np.where(kk > 0, np.minimum(kk, load), load), 0.0)
+        kk, is_full = k[sel][:, None], full[sel][:, None]
+        kr[sel] = recomputed(nr[sel], kk, is_full)
+        dk[sel] = np.minimum(kr[sel], dr[sel])  # the leading layers are a rank's first
+        total_dk[sel] = np.minimum(recomputed(t_dense_load[gid], kk, is_full), t_dense[gid]).sum(axis=1)
     return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "rank_lead_layers": dr,
             "rank_lead_recompute": dk, "lead_layers": np.full(n, float(lead)), "lead_recompute_total": total_dk}

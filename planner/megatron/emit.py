@@ -187,7 +187,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     # Parallelism (MA 3): DP is derived by Megatron from WORLD_SIZE, never emitted.
     add("--tensor-model-parallel-size", plan.tp)
     add("--pipeline-model-parallel-size", plan.pp)
-    for flag, value in pipeline_args(plan, model.layers):  # vpp + layout (issue 8)
+    # vpp + layout (issue 8); a layout string names the MTP modules ('m' before 'L'): Megatron
+    # asserts their count equals --mtp-num-layers (pipeline_parallel_layer_layout.py,
+    # validate_layer_layout, megatron-core 0.19.2)
+    for flag, value in pipeline_args(plan, model.layers, model.mtp_layers):
         add(flag, value)
     if plan.cp > 1:
         add("--context-parallel-size", plan.cp)
