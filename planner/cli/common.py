@@ -130,6 +130,9 @@ VppOpt = Annotated[Optional[int], typer.Option("--vpp", help="Virtual pipeline s
 SpOpt = Annotated[Optional[bool], typer.Option(
     "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism (needs tp > 1).")]
 RecomputeOpt = Annotated[Optional[str], typer.Option("--recompute", help="Activation recompute: none, selective or full.")]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="Selective recompute: the modules, e.g. 'layernorm,moe_act' (core_attn, moe_act, "
+                                "layernorm, mla_up_proj, mlp, moe, shared_experts; default core_attn).")]
 RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
     "--recompute-num-layers", help="Full recompute: layers per pipeline stage (default all).")]
 ZeroOpt = Annotated[Optional[int], typer.Option(
@@ -153,7 +156,7 @@ MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
     "--moe-dispatcher", help="MoE token dispatcher: alltoall or deepep.")]
 
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
-                   "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
+                   "recompute_modules", "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
                    "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap", "etp", "dp_impl", "moe_dispatcher")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
