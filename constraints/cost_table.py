@@ -28,9 +28,6 @@ given HBM / offload capacities:
    capacity (Pareto dominance).
 3. With `top_k`, a row ranked after the K-th best layout's best fitting row cannot be in the
    top K: dropped.
-Two exact dominance drops come first: offload variants whose no-offload twin fits
-(`_drop_dominated_offload`) and selective-recompute rows whose modules free no memory
-(`_drop_selective_that_frees_nothing`).
 The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this, and
 the regret tests compare the two.
 """
@@ -44,9 +41,6 @@ import numpy as np
 from constraints.space import LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, cross, layouts, options
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
-from planner.analytical.memory import selective_freed_coefficients
-from planner.analytical.plans import module_selected
-from planner.plan import RECOMPUTE_CODES
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
 CHUNK = 400_000
@@ -151,7 +145,6 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False)
     pairs = cross(space, lay, options(space))
     full_size = int(np.sum((pairs["m_max"] - pairs["m_min"]) // pairs["m_step"] + 1)) if len(pairs["tp"]) else 0
     pairs, pre_evaluated = (pairs, 0) if relax_memory else _drop_dominated_offload(space, pairs)
-    pairs = _drop_selective_that_frees_nothing(space, pairs)
     n_pairs = len(pairs["tp"])
     group_all = pairs["lay_row"].astype(np.int64)
     n_groups = len(lay["tp"])
@@ -274,24 +267,6 @@ def _drop_dominated_offload(space: Space, pairs: dict[str, np.ndarray]) -> tuple
     twin_fits[twin[base[res["violations"] == 0]]] = True
     keep = np.nonzero(~offloads | ~twin_fits[twin])[0]
     return _take(pairs, keep), len(base)
-
-
-def _drop_selective_that_frees_nothing(space: Space, pairs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Drop selective-recompute rows whose module set stores exactly what no recompute stores
-    (core_attn under fused attention: the checkpoint keeps Q, K, V and the projection keeps the
-    output, `memory.selective_freed_coefficients`). Their twin without recompute (every other knob
-    equal, in the space whenever recompute none is) has the same memory and is strictly faster
-    (the rerun costs time), so no such row is ever a layout's best: exact."""
-    if RECOMPUTE_CODES["none"] not in space.domains["recompute"] or not len(pairs["tp"]):
-        return pairs
-    masks = np.asarray(sorted(set(space.domains["recompute_modules"]) - {0}), dtype=np.float64)
-    if not len(masks):
-        return pairs
-    freed_u, freed_s = selective_freed_coefficients(space.model, masks)
-    drops_scores = module_selected(masks, "core_attn") & (not space.job.flash_attention)
-    useless = masks[(freed_u == 0) & (freed_s == 0) & ~drops_scores]
-    keep = ~((pairs["recompute"] == RECOMPUTE_CODES["selective"]) & np.isin(pairs["recompute_modules"], useless))
-    return _take(pairs, np.nonzero(keep)[0]) if not keep.all() else pairs
 
 
 def _segment_prefix_min_exclusive(values: np.ndarray, seg: np.ndarray) -> np.ndarray:

@@ -34,7 +34,8 @@ Domains (see `knob_domains`)
                0 with none/full): the sets NVIDIA's recipes run (SELECTIVE_MODULE_SETS) whose every
                module acts on the model (`planner.plan.applicable_recompute_modules`: moe_act / moe
                on MoE models, mla_up_proj with MLA, layernorm with MLA or MoE, mlp with dense
-               layers); for Megatron under FP8 delayed scaling none with moe_act or layernorm
+               layers) and free memory (not core_attn under fused attention: it frees nothing and only
+               costs time); for Megatron under FP8 delayed scaling none with moe_act or layernorm
   zero_stage   0 (plain DP), 1 (distributed optimizer), 2 (+ sharded gradients: Megatron-FSDP
                optim_grads, costed with a reduce-scatter every microbatch), 3 (FSDP)
   offload_*    {0, 0.5, 1} of weights / activations / optimizer state, only when the system has an
@@ -60,6 +61,7 @@ from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
 from planner.plan import KNOBS, RECOMPUTE_CODES, JobSpec, applicable_recompute_modules, recompute_modules_mask
+from planner.analytical.memory import selective_freed_coefficients
 from planner.megatron.expressible import FP8_DELAYED_NO_RECOMPUTE
 
 CP_CAP = 8
@@ -89,7 +91,10 @@ SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
 
 def recompute_module_masks(model: ModelSpec, job: JobSpec) -> tuple[int, ...]:
     """Bit masks of the SELECTIVE_MODULE_SETS that apply to `model` (and, for Megatron, to the
-    precision: FP8 delayed scaling recomputes neither moe_act nor layernorm)."""
+    precision: FP8 delayed scaling recomputes neither moe_act nor layernorm) and free memory: a
+    set that stores what no recompute stores (core_attn under fused attention: its checkpoint keeps
+    Q, K, V and the projection keeps the output) only adds time, so it is not searched (it can
+    still be estimated and emitted)."""
     why = applicable_recompute_modules(model)
     masks = []
     for modules in SELECTIVE_MODULE_SETS:
@@ -97,7 +102,11 @@ def recompute_module_masks(model: ModelSpec, job: JobSpec) -> tuple[int, ...]:
             continue
         if job.framework == "megatron" and job.dtype == "fp8" and set(modules) & set(FP8_DELAYED_NO_RECOMPUTE):
             continue
-        masks.append(recompute_modules_mask(modules))
+        mask = recompute_modules_mask(modules)
+        freed_u, freed_s = selective_freed_coefficients(model, np.asarray([mask], dtype=np.float64))
+        drops_scores = "core_attn" in modules and not job.flash_attention
+        if freed_u[0] > 0 or freed_s[0] > 0 or drops_scores:
+            masks.append(mask)
     return tuple(masks)
 
 

@@ -195,13 +195,15 @@ def test_space_holds_the_module_sets_that_apply():
     sys8 = load_system("h100-sxm", 8)
     masks = lambda m, job=JobSpec(): space_module.build_space(m, sys8, job).domains["recompute_modules"]  # noqa: E731
     names = lambda m, job=JobSpec(): {recompute_modules_from_mask(x) for x in masks(m, job) if x}  # noqa: E731
-    assert names(TINY) == {("core_attn",), ("layernorm", "moe_act"), ("layernorm", "mla_up_proj", "moe_act"),
+    # core_attn frees nothing under fused attention: searched only without it
+    assert names(TINY) == {("layernorm", "moe_act"), ("layernorm", "mla_up_proj", "moe_act"),
                            ("mla_up_proj",), ("mla_up_proj", "mlp"), ("mlp",), ("moe",)}
-    assert names(SMALL_MOE) == {("core_attn",), ("layernorm", "moe_act"), ("moe",)}  # no MLA, no dense layer
+    assert names(SMALL_MOE) == {("layernorm", "moe_act"), ("moe",)}  # no MLA, no dense layer
     dense = ModelSpec(name="dense", layers=2, hidden=256, heads=4, seq_length=512, vocab=1000)
-    assert names(dense) == {("core_attn",), ("mlp",)}
+    assert names(dense) == {("mlp",)}
+    assert names(dense, JobSpec(flash_attention=False)) == {("core_attn",), ("mlp",)}
     # FP8 delayed scaling cannot recompute layernorm or moe_act (transformer_config.py)
-    assert names(SMALL_MOE, JobSpec(dtype="fp8")) == {("core_attn",), ("moe",)}
+    assert names(SMALL_MOE, JobSpec(dtype="fp8")) == {("moe",)}
     assert recompute_modules_mask(None) == recompute_modules_mask(["core_attn"]) == 1
 
 

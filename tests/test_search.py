@@ -162,9 +162,10 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
             m = gb // (mb * dp)
             if vpp > 1 and (m < pp or m % pp):
                 continue
-            # recompute: none, full, and selective with each module set that acts on the model:
-            # dense: core_attn, mlp; MoE without MLA or dense layers: core_attn, layernorm+moe_act, moe
-            n_selective = 3 if model.moe else 2
+            # recompute: none, full, and selective with each module set that acts on the model and
+            # frees memory (core_attn frees nothing under flash attention): dense: mlp; MoE without
+            # MLA or dense layers: layernorm+moe_act, moe
+            n_selective = 2 if model.moe else 1
             for rc, sp, tpo, dpo, z, ow, oa, oo in itertools.product(
                     range(2 + n_selective), (0, 1), (0, 1), (0, 1), (0, 1, 2, 3), (0.0,), offs, offs):
                 if sp and tp == 1 or tpo and not sp:

@@ -208,6 +208,8 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
     from planner.plan import make_plan
     refuse_contradictions(knobs, framework="any")
     fields = {**(defaults or {}), **knobs}
+    if knobs.get("recompute_modules") is not None and "recompute" not in knobs:
+        fields["recompute"] = "selective"  # --recompute-modules alone means selective recompute
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if fields.get("dp") is None:
         if gpus % (tp * pp * cp):

@@ -137,7 +137,9 @@ def recompute_modules_not_expressible(plan: Plan, model: ModelSpec, job: JobSpec
     planner/megatron/rules.py at plan level), or that do nothing for this model."""
     if plan.recompute != "selective" or plan.recompute_modules is None:
         return []
-    reasons = [f"recompute_modules: {name} {why}" for name, why in applicable_recompute_modules(model).items()
+    applies = applicable_recompute_modules(model)
+    allowed = ", ".join(n for n, why in applies.items() if why is None)
+    reasons = [f"recompute_modules: {name} {why}; allowed for {model.name}: {allowed}" for name, why in applies.items()
                if why is not None and name in plan.recompute_modules]
     if job.dtype == "fp8":
         bad = [n for n in plan.recompute_modules if n in FP8_DELAYED_NO_RECOMPUTE]
