@@ -60,7 +60,8 @@ import numpy as np
 from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
-from planner.plan import KNOBS, RECOMPUTE_CODES, JobSpec, applicable_recompute_modules, recompute_modules_mask
+from planner.plan import (KNOBS, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, JobSpec, applicable_recompute_modules,
+                          recompute_modules_mask)
 from planner.analytical.memory import selective_freed_coefficients
 from planner.megatron.expressible import FP8_DELAYED_NO_RECOMPUTE
 
@@ -349,6 +350,8 @@ def options(space: Space) -> dict[str, np.ndarray]:
             continue
         if (o["recompute"] == RECOMPUTE_CODES["selective"]) != (o["recompute_modules"] > 0):
             continue  # a module set belongs to selective recompute, and selective has one
+        if mega and o.get("moe_a2a_overlap") and int(o["recompute_modules"]) & RECOMPUTE_MODULE_BITS["moe"]:
+            continue  # Megatron: no 'moe' recompute with --overlap-moe-expert-parallel-comm
         if mega:
             if o["offload_weights"] > 0:
                 continue

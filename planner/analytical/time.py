@@ -113,7 +113,6 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
     quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
         precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk) / (1 + BACKWARD_FACTOR)
-    # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     # Forward pieces that selective recompute reruns (`selective_recompute_s`), per layer of their
     # kind: a dense MLP, a MoE MLP, its parts, MLA's up-projections, one separate norm.
     moe_parts = moe if model.moe else {"gemm": 0.0, "elementwise": 0.0, "expert_act_s": 0.0, "shared_expert_s": 0.0}
@@ -127,6 +126,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         "mla_up_proj_s": _gemm_time(up_flops, up_min, peak_gemm, eff, job.dtype) if model.mla else 0.0,
         "norm_s": 2.0 * tokens * LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm,
     }
+    # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
             "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6, **pieces}
 

@@ -141,6 +141,11 @@ def recompute_modules_not_expressible(plan: Plan, model: ModelSpec, job: JobSpec
     allowed = ", ".join(n for n, why in applies.items() if why is None)
     reasons = [f"recompute_modules: {name} {why}; allowed for {model.name}: {allowed}" for name, why in applies.items()
                if why is not None and name in plan.recompute_modules]
+    if "moe" in plan.recompute_modules and getattr(plan, "moe_a2a_overlap", False):
+        # transformer_config.py: 'disable moe in recompute_modules when enabling
+        # overlap_moe_expert_parallel_comm' (Plan.moe_a2a_overlap, where the Plan has it)
+        reasons.append("recompute_modules: moe cannot be recomputed with the MoE all-to-all overlap "
+                       "(--overlap-moe-expert-parallel-comm)")
     if job.dtype == "fp8":
         bad = [n for n in plan.recompute_modules if n in FP8_DELAYED_NO_RECOMPUTE]
         if bad:
