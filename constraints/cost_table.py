@@ -138,21 +138,50 @@ def _kth(values: np.ndarray, k: int | None) -> float:
     return float(finite[k - 1])
 
 
-def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False) -> Table:
-    """The pruned exact cost table (see the module docstring). `relax_memory`: treat every row as
-    fitting while pruning (used to explain infeasible boxes: what would the best plan need)."""
+@dataclass
+class PairCosts:
+    """Step 1 of `tabulate`, which does not depend on top_k: every (layout, options) pair costed
+    at its largest microbatch count. The search reuses it when ties make it ask for more layouts,
+    instead of costing the same 10^6 pairs again."""
+
+    space: Space
+    relax_memory: bool
+    lay: dict[str, np.ndarray]
+    pairs: dict[str, np.ndarray]
+    full_size: int
+    pre_evaluated: int
+    rows_m: dict[str, np.ndarray]
+    res_m: dict[str, np.ndarray]
+    seconds: float
+
+
+def cost_pairs(space: Space, relax_memory: bool = False) -> PairCosts:
     t0 = time.perf_counter()
     lay = layouts(space)
     pairs = cross(space, lay, options(space))
     full_size = int(np.sum((pairs["m_max"] - pairs["m_min"]) // pairs["m_step"] + 1)) if len(pairs["tp"]) else 0
     pairs, pre_evaluated = (pairs, 0) if relax_memory else _drop_dominated_offload(space, pairs)
+    rows_m = at_batch(pairs, pairs["m_max"])
+    res_m = evaluate(space, rows_m)
+    return PairCosts(space, relax_memory, lay, pairs, full_size, pre_evaluated, rows_m, res_m,
+                     time.perf_counter() - t0)
+
+
+def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
+             costed: PairCosts | None = None) -> Table:
+    """The pruned exact cost table (see the module docstring). `relax_memory`: treat every row as
+    fitting while pruning (used to explain infeasible boxes: what would the best plan need).
+    `costed`: step 1 from an earlier call on the same space (`cost_pairs`), reused."""
+    if costed is None or costed.space is not space or costed.relax_memory != relax_memory:
+        costed = cost_pairs(space, relax_memory)
+    t0 = time.perf_counter() - costed.seconds  # build_s: this table's seconds, step 1 included
+    lay, pairs, full_size, pre_evaluated = costed.lay, costed.pairs, costed.full_size, costed.pre_evaluated
     n_pairs = len(pairs["tp"])
     group_all = pairs["lay_row"].astype(np.int64)
     n_groups = len(lay["tp"])
 
     # 1. every pair at its largest microbatch count
-    rows_m = at_batch(pairs, pairs["m_max"])
-    res_m = evaluate(space, rows_m)
+    rows_m, res_m = costed.rows_m, costed.res_m
     evaluated = n_pairs + pre_evaluated
     structural = (res_m["violations"] & ~MEMORY_BITS) != 0   # should be none: space == rules
     fit_m = (res_m["violations"] == 0) | (relax_memory & ~structural)
@@ -293,5 +322,5 @@ def _segment_prefix_min_exclusive(values: np.ndarray, seg: np.ndarray) -> np.nda
     return out
 
 
-__all__ = ["Table", "tabulate", "evaluate", "objective", "order_rows", "integer_costs",
+__all__ = ["Table", "tabulate", "cost_pairs", "PairCosts", "evaluate", "objective", "order_rows", "integer_costs",
            "plan_arrays", "MEMORY_BITS"]

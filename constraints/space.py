@@ -30,6 +30,12 @@ Domains (see `knob_domains`)
   global_batch job.global_batch if fixed; otherwise every multiple of micro_batch*dp up to
                job.max_global_batch ("free batch"; the objective is then time per token)
   recompute    none, selective, full (all layers of a stage)
+  recompute_modules  selective recompute's module set (bit mask, planner.plan.RECOMPUTE_MODULE_BITS;
+               0 with none/full): the sets NVIDIA's recipes run (SELECTIVE_MODULE_SETS) whose every
+               module acts on the model (`planner.plan.applicable_recompute_modules`: moe_act / moe
+               on MoE models, mla_up_proj with MLA, layernorm with MLA or MoE, mlp with dense
+               layers) and free memory (not core_attn under fused attention: it frees nothing and only
+               costs time); for Megatron under FP8 delayed scaling none with moe_act or layernorm
   zero_stage   0 (plain DP), 1 (distributed optimizer), 2 (+ sharded gradients: Megatron-FSDP
                optim_grads, costed with a reduce-scatter every microbatch), 3 (FSDP)
   offload_*    {0, 0.5, 1} of weights / activations / optimizer state, only when the system has an
@@ -56,7 +62,11 @@ import numpy as np
 from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
-from planner.plan import KNOBS, RECOMPUTE_CODES, JobSpec
+from planner.plan import (KNOBS, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, JobSpec, applicable_recompute_modules,
+                          recompute_modules_mask)
+from planner.analytical.layer_kinds import lead_layer_model, lead_layers
+from planner.analytical.memory import selective_freed_coefficients
+from planner.megatron.expressible import FP8_DELAYED_NO_RECOMPUTE
 
 CP_CAP = 8
 VPP_CAP = 8
@@ -70,9 +80,43 @@ OFFLOAD_GRID = (0.0, 0.5, 1.0)
 # memory options.
 LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch")
 # Memory / overlap options (one table, crossed with the layouts).
-OPTION_KEYS = ("recompute", "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "zero_stage",
-               "offload_weights", "offload_activations", "offload_optimizer", "moe_a2a_overlap")
+OPTION_KEYS = ("recompute", "recompute_modules", "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap",
+               "zero_stage", "offload_weights", "offload_activations", "offload_optimizer", "moe_a2a_overlap")
 ROW_KEYS = LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS
+
+
+# Selective-recompute module sets searched: Megatron's default and sets NVIDIA's MoE recipes use
+# (core_attn; layernorm+moe_act (Megatron MoE ModelZoo Qwen3); layernorm+mla_up_proj+moe_act
+# (DeepSeek-V3 recipes); mlp; moe). Each set is one more option row per layout, so the list stays
+# short (DeepSeek-V3 on 1,024 GPUs: 2x the rows of none/full/core_attn); other sets, e.g. the
+# Bridge DeepSeek-V3 recipes' [mla_up_proj] and [mla_up_proj, mlp], are estimated and emitted but
+# not searched.
+SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
+    ("core_attn",), ("layernorm", "moe_act"), ("layernorm", "mla_up_proj", "moe_act"), ("mlp",), ("moe",))
+
+
+def recompute_module_masks(model: ModelSpec, job: JobSpec) -> tuple[int, ...]:
+    """Bit masks of the SELECTIVE_MODULE_SETS that apply to `model` (and, for Megatron, to the
+    precision: FP8 delayed scaling recomputes neither moe_act nor layernorm) and free memory: a
+    set that stores what no recompute stores (core_attn under fused attention: its checkpoint keeps
+    Q, K, V and the projection keeps the output) only adds time, so it is not searched (it can
+    still be estimated and emitted)."""
+    why = applicable_recompute_modules(model)
+    masks = []
+    for modules in SELECTIVE_MODULE_SETS:
+        if any(why[name] is not None for name in modules):
+            continue
+        if job.framework == "megatron" and job.dtype == "fp8" and set(modules) & set(FP8_DELAYED_NO_RECOMPUTE):
+            continue
+        mask = recompute_modules_mask(modules)
+        # what it frees in the repeated layer or, for a MoE model, in its leading dense layers
+        kinds = [model] + ([lead_layer_model(model)] if lead_layers(model) else [])
+        frees = any(x[0] > 0 for kind in kinds
+                    for x in selective_freed_coefficients(kind, np.asarray([mask], dtype=np.float64)))
+        drops_scores = "core_attn" in modules and not job.flash_attention
+        if frees or drops_scores:
+            masks.append(mask)
+    return tuple(masks)
 
 
 def divisors(n: int) -> list[int]:
@@ -136,6 +180,7 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
                              if m <= cap),
         "global_batch": (job.global_batch,) if job.global_batch else tuple(range(1, cap + 1)),
         "recompute": tuple(RECOMPUTE_CODES.values()),
+        "recompute_modules": (0,) + recompute_module_masks(model, job),
         "sequence_parallel": (0, 1), "tp_comm_overlap": (0, 1), "dp_comm_overlap": (0, 1),
         "zero_stage": ZERO_STAGES,
         "offload_weights": (0.0,) if mega else off,
@@ -312,6 +357,10 @@ def options(space: Space) -> dict[str, np.ndarray]:
             continue
         if o["moe_a2a_overlap"] and o["recompute"] == RECOMPUTE_CODES["full"]:
             continue
+        if (o["recompute"] == RECOMPUTE_CODES["selective"]) != (o["recompute_modules"] > 0):
+            continue  # a module set belongs to selective recompute, and selective has one
+        if mega and o.get("moe_a2a_overlap") and int(o["recompute_modules"]) & RECOMPUTE_MODULE_BITS["moe"]:
+            continue  # Megatron: no 'moe' recompute with --overlap-moe-expert-parallel-comm
         if mega:
             if o["offload_weights"] > 0:
                 continue

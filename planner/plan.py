@@ -4,12 +4,83 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
+                      field_validator, model_validator)
 
 from hardware.errors import refuse_loose_types, SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+# Megatron-Core's selective-recompute modules (--recompute-modules; megatron-core 0.19
+# transformer/transformer_config.py, `allowed_modules`; gdn_norm_out is left out: it needs a
+# gated-delta-net attention no ModelSpec describes). Bit i of a module mask is module i.
+# core_attn is Megatron's default ("selective" alone); planner/analytical/recompute.py says what
+# each frees and costs, planner/megatron/rules.py which model features each needs.
+RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe",
+                                      "shared_experts")
+RECOMPUTE_MODULE_BITS: dict[str, int] = {name: 1 << i for i, name in enumerate(RECOMPUTE_MODULES)}
+DEFAULT_RECOMPUTE_MODULES: tuple[str, ...] = ("core_attn",)
+
+
+def recompute_modules_mask(names) -> int:
+    """Bit mask of module names (None = Megatron's default, core_attn)."""
+    return sum(RECOMPUTE_MODULE_BITS[n] for n in set(names or DEFAULT_RECOMPUTE_MODULES))
+
+
+def recompute_modules_from_mask(mask: int) -> tuple[str, ...]:
+    """Module names of a mask, sorted (the Plan field's canonical order)."""
+    return tuple(sorted(n for n, bit in RECOMPUTE_MODULE_BITS.items() if int(mask) & bit))
+
+
+def parse_recompute_modules(value) -> tuple[str, ...] | None:
+    """A module list from YAML / the CLI ("moe_act layernorm", "moe_act,layernorm" or a list) as
+    the Plan field: sorted, without duplicates, None for Megatron's default (core_attn only).
+    Unknown or missing names: ValueError naming the allowed ones."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.replace(",", " ").split()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"recompute_modules: expected module names; allowed: {', '.join(RECOMPUTE_MODULES)}")
+    names = tuple(sorted(set(value)))
+    unknown = [n for n in names if n not in RECOMPUTE_MODULE_BITS]
+    if unknown or not names:
+        what = f"unknown {unknown[0]!r}" if unknown else "names no module"
+        raise ValueError(f"recompute_modules: {what}; allowed: {', '.join(RECOMPUTE_MODULES)}")
+    return None if names == DEFAULT_RECOMPUTE_MODULES else names
+
+
+def applicable_recompute_modules(model) -> dict[str, str | None]:
+    """Each module -> None when recomputing it does something for `model` (a ModelSpec), else why
+    not. Megatron-Core's layer spec (models/gpt/gpt_layer_specs.py, Transformer Engine) and
+    transformer_config.py: moe_act, moe and shared_experts act on MoE layers (shared_experts only
+    with shared experts); mla_up_proj needs MLA (Megatron refuses it otherwise); layernorm acts on
+    the norms that are modules of their own, MLA's input norm and MoE layers' pre-MLP norm (the
+    others are fused into their GEMMs); mlp on dense (non-MoE) layers."""
+    moe = model.moe is not None
+    return {
+        "core_attn": None,
+        "moe_act": None if moe else "needs a MoE model",
+        "layernorm": None if moe or model.mla is not None else
+        "needs MLA or MoE layers (the other norms are fused into their GEMMs)",
+        "mla_up_proj": None if model.mla is not None else "needs multi-latent attention (MLA)",
+        "mlp": None if model.dense_layers > 0 else "needs dense (non-MoE) layers",
+        "moe": None if moe else "needs a MoE model",
+        "shared_experts": None if moe and model.moe.shared_experts else "needs shared experts",
+    }
+
+
+def check_recompute_modules(plan: "Plan", model) -> None:
+    """SpecError (one line, naming the modules that apply) when the plan recomputes a module that
+    does nothing for this model."""
+    if plan.recompute != "selective" or plan.recompute_modules is None:
+        return
+    why = applicable_recompute_modules(model)
+    for name in plan.recompute_modules:
+        if why[name] is not None:
+            allowed = ", ".join(n for n in RECOMPUTE_MODULES if why[n] is None)
+            raise SpecError(f"recompute_modules: {name} {why[name]}; allowed for {model.name}: {allowed}")
+
 # fp8 = FP8 with delayed scaling (Transformer Engine DelayedScaling, hybrid E4M3/E5M2); fp8-cs = FP8
 # with per-tensor current scaling (Float8CurrentScaling); mxfp8 = block-scaled FP8 (MXFP8BlockScaling,
 # 32-element E8M0 scales, Blackwell); nvfp4 = FP4 E2M1 with 16-element block scales (NVFP4BlockScaling,
@@ -54,6 +125,9 @@ class Plan(BaseModel):
     vpp: PositiveInt = Field(default=1, description="virtual stages per pipeline rank (interleaving)")
     sequence_parallel: bool = False
     recompute: Recompute = "none"
+    recompute_modules: tuple[str, ...] | None = Field(
+        default=None, description="selective recompute: the modules recomputed (Megatron --recompute-modules; "
+                                  "None = core_attn, Megatron's default)")
     recompute_num_layers: PositiveInt | None = Field(
         default=None, description="full recompute: layers per pipeline stage recomputed (None = all)")
     zero_stage: Literal[0, 1, 2, 3] = Field(
@@ -82,6 +156,18 @@ class Plan(BaseModel):
     stage_recompute_layers: tuple[NonNegativeInt, ...] | None = Field(
         default=None, description="layers recomputed in full per virtual stage (needs stage_layers; "
                                   "None = derived from recompute / recompute_num_layers)")
+
+    @field_validator("recompute_modules", mode="before")
+    @classmethod
+    def _modules(cls, value):
+        return parse_recompute_modules(value)
+
+    @model_validator(mode="after")
+    def _recompute_modules(self) -> "Plan":
+        if self.recompute_modules is not None and self.recompute != "selective":
+            raise ValueError(f"recompute_modules ({' '.join(self.recompute_modules)}) needs recompute: "
+                             f"selective (got {self.recompute})")
+        return self
 
     @model_validator(mode="after")
     def _batch(self) -> "Plan":
@@ -153,6 +239,8 @@ class Plan(BaseModel):
             parts.append("sp")
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
+        if self.recompute_modules is not None:
+            parts[-1] += "[" + "+".join(self.recompute_modules) + "]"
         parts.append(f"zero{self.zero_stage}")
         if self.dp_impl != "megatron":
             parts.append(self.dp_impl)
@@ -264,5 +352,9 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "load_plan", "make_plan", "COMPUTE_DTYPES",
-           "SpecError", "DpImpl", "DP_IMPL_CODES", "KernelStack", "KERNEL_STACKS", "MoeDispatcher", "MOE_DISPATCHER_CODES"]
+__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
+           "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
+           "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
+           "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",
+           "SpecError", "DpImpl", "DP_IMPL_CODES", "KernelStack", "KERNEL_STACKS", "MoeDispatcher",
+           "MOE_DISPATCHER_CODES"]

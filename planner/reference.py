@@ -23,7 +23,7 @@ from hardware.spec import SystemSpec
 from planner.analytical.flops import model_flops_per_token, narayanan_eq3_flops
 from planner.model import ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
-from planner.plan import BytesPerParam, JobSpec, Plan, compress_runs
+from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
 from planner.reference_moe import nvidia_moe_settings
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
@@ -237,9 +237,37 @@ def _recompute(text, assumptions: list[str], default: str, why_default: str) -> 
         return "full"
     if low in ("none", "false", "no"):
         return "none"
-    if low != "selective" and not low.startswith("selective"):
+    if low != "selective" and not low.startswith("selective") and not any(w in _MODULE_WORDS for w in
+                                                                          low.replace(",", " ").split()):
         assumptions.append(f"selective recompute (source: {text!r})")
     return "selective"
+
+
+# How records name Megatron's --recompute-modules ("norm, act", "moe_act layernorm",
+# "selective (layernorm, moe)", "mlp + mla up_proj"): word -> module.
+_MODULE_WORDS = {"norm": "layernorm", "layernorm": "layernorm", "act": "moe_act", "moe_act": "moe_act",
+                 "shared_expert": "shared_experts", "shared_experts": "shared_experts", "moe": "moe",
+                 "mlp": "mlp", "up_proj": "mla_up_proj", "mla_up_proj": "mla_up_proj", "core_attn": "core_attn"}
+
+
+def _recompute_modules(text, model: ModelSpec, assumptions: list[str]) -> tuple[str, ...] | None:
+    """The module set a selective-recompute text names (None: Megatron's default, core_attn, or
+    no module named). Only the first clause counts ("...; later ..." describes other runs), and a
+    module that does nothing for the model is dropped with an assumption."""
+    first = str(text or "").lower().split(";")[0].replace("mla up_proj", "mla_up_proj")
+    words = [w for w in first.replace("(", " ").replace(")", " ").replace(",", " ").replace("+", " ").split()
+             if w in _MODULE_WORDS]
+    names = sorted({_MODULE_WORDS[w] for w in words})
+    if not names:
+        return None
+    why = applicable_recompute_modules(model)
+    kept = [n for n in names if why[n] is None]
+    for n in names:
+        if why[n] is not None:
+            assumptions.append(f"recompute module {n} dropped ({why[n]})")
+    if ";" in str(text):
+        assumptions.append(f"recompute modules {' '.join(kept)} (the record's first set: {text!r})")
+    return tuple(kept) or None
 
 
 def _fsdp_dtype(r: _Record, assumptions: list[str]) -> str:
@@ -442,9 +470,10 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         return Skipped(rid, "global batch not published")
     if gbs % (mb * dp):
         return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
+    modules = _recompute_modules(r.get("parallel.recompute"), model, assumptions) if recompute == "selective" else None
     plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
                        stage_layers=stage_layers,
-                       sequence_parallel=sp, recompute=recompute, zero_stage=zero,
+                       sequence_parallel=sp, recompute=recompute, recompute_modules=modules, zero_stage=zero,
                        dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021)
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
     if isinstance(plan, str):
@@ -607,8 +636,9 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     recompute = _recompute(r.get("parallel.recompute"), assumptions, "none", "no recompute (not stated)")
     sp = tp > 1  # torchtitan TP and Megatron-Core with TP shard the sequence (SP) by default
     etp = r.int("parallel.etp", 0, minimum=0) or None  # expert tensor parallel (None = tp)
+    modules = _recompute_modules(r.get("parallel.recompute"), model, assumptions) if recompute == "selective" else None
     plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
-                       stage_layers=stage_layers,
+                       stage_layers=stage_layers, recompute_modules=modules,
                        sequence_parallel=sp, recompute=recompute, zero_stage=zero, dp_comm_overlap=True,
                        tp_comm_overlap=sp and (megatron or r.get("parallel.async_tp") is True))
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)

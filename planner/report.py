@@ -46,7 +46,8 @@ def describe_plan(est: Estimate) -> str:
             + (f" · layers per virtual stage {compress_runs(p.stage_layers)}" if p.stage_layers else "")
             + (f" (recomputed {compress_runs(p.stage_recompute_layers)})" if p.stage_recompute_layers else "")
             + (" · SP" if p.sequence_parallel else "")
-            + f" · recompute {p.recompute}" + f" · ZeRO-{p.zero_stage}"
+            + f" · recompute {p.recompute}"
+            + (f" ({', '.join(p.recompute_modules)})" if p.recompute_modules else "") + f" · ZeRO-{p.zero_stage}"
             + "".join(f" · offload {w} {getattr(p, 'offload_' + w):.0%}"
                       for w in ("weights", "activations", "optimizer") if getattr(p, "offload_" + w)))
 

@@ -25,7 +25,7 @@ from constraints.solve import explain, solve_top_k
 from constraints.stages import best_stages
 from constraints.space import (N_LAYOUT_CLASSES, at_batch, build_space, cross, layout_class, layouts, options,
                                options_allowed)
-from constraints.cost_table import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
+from constraints.cost_table import MEMORY_BITS, Table, cost_pairs, evaluate, plan_arrays, tabulate
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
@@ -92,8 +92,9 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     # ties: fetch the objective-ordered layouts until every one within TIE_REL_TOL of the K-th is
     # in, then re-rank them with planner.ties (the simpler of near-equal plans first)
     want = top_k + TIE_LOOKAHEAD
+    costed = cost_pairs(space)  # independent of want: costed once however often want doubles
     while True:
-        table = tabulate(space, top_k=want)
+        table = tabulate(space, top_k=want, costed=costed)
         sols = solve_top_k(table, want, time_limit_s)
         objectives = [float(table.res["objective"][i]) for i in sols.indices]
         if not needs_more(objectives, top_k, exhausted=len(objectives) < want):

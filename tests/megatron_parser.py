@@ -77,6 +77,8 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
     else:
         zero = 1 if ns["use_distributed_optimizer"] else 0
     extra = {}
+    if recompute == "selective":  # --recompute-modules (TransformerConfig: None -> ["core_attn"])
+        extra["recompute_modules"] = cfg["recompute_modules"]
     if "etp" in Plan.model_fields:  # expert tensor parallel, where Plan has it: what Megatron runs
         default, etp = Plan.model_fields["etp"].default, cfg["expert_tensor_parallel_size"]
         extra["etp"] = default if default in (None, tp) and etp == tp else etp

@@ -63,6 +63,20 @@ CASES = [
           recompute="selective", moe_a2a_overlap=True)),
     ("qwen3-30b-a3b", "b200", 32, "mxfp8",
      dict(dp=32, ep=32, micro_batch=1, global_batch=256, moe_a2a_overlap=True)),
+    # per-module selective recompute (--recompute-modules): MLA + MoE (FP8 current scaling: delayed
+    # scaling refuses layernorm/moe_act), MoE, a whole MoE layer, a dense MLP
+    ("deepseek-v3", "h100-sxm", 1024, "fp8-cs",
+     dict(tp=2, dp=512, ep=64, micro_batch=1, global_batch=1024, sequence_parallel=True,
+          recompute="selective", recompute_modules=("layernorm", "mla_up_proj", "moe_act"))),
+    ("qwen3-30b-a3b", "h100-sxm", 64, "bf16",
+     dict(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True,
+          recompute="selective", recompute_modules=("layernorm", "moe_act"))),
+    ("mixtral-8x7b", "h100-sxm", 64, "bf16",
+     dict(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True,
+          recompute="selective", recompute_modules=("moe",))),
+    ("llama3-8b", "h100-sxm", 16, "bf16",
+     dict(tp=2, dp=8, micro_batch=1, global_batch=64, sequence_parallel=True,
+          recompute="selective", recompute_modules=("mlp",))),
 ]
 # Script placeholders -> values the CPU checker can use (no data on this machine).
 PLACEHOLDERS = {"$TOKENIZER_TYPE": "NullTokenizer", "$TRAIN_ITERS": "10", "$LR": "1e-4",
@@ -145,9 +159,14 @@ def parsed(megatron_parser, tmp_path_factory):
            dict(base, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]  # Megatron-FSDP wants it unset
     by_model = {b[1].name: b[0] for b in built}
     oss, dsv3 = by_model["gpt-oss-120b"], by_model["deepseek-v3"]
+    qwen3 = next(b[0] for b in built if b[1].name == "qwen3-30b-a3b" and "--recompute-modules" in b[0]["argv"])
     at = oss["argv"].index("--tensor-model-parallel-size")  # experts with biases at expert TP 2
     bad += [dict(oss, argv=oss["argv"][:at + 1] + ["2"] + oss["argv"][at + 2:]),
-            dict(dsv3, argv=dsv3["argv"] + ["--group-query-attention", "--num-query-groups", "8"])]
+            dict(dsv3, argv=dsv3["argv"] + ["--group-query-attention", "--num-query-groups", "8"]),
+            # FP8 delayed scaling (Megatron's default recipe) cannot recompute layernorm / moe_act
+            dict(qwen3, argv=qwen3["argv"] + ["--fp8-format", "hybrid"]),
+            # moe_act recompute needs grouped GEMMs
+            dict(qwen3, argv=[w for w in qwen3["argv"] if w != "--moe-grouped-gemm"])]
     results = megatron_parser.parse_many([b[0] for b in built + saved] + bad)
     n, k = len(built), len(saved)
     return {"built": list(zip(built, results[:n])), "saved": list(zip(saved, results[n:n + k])),

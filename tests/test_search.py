@@ -162,15 +162,20 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
             m = gb // (mb * dp)
             if vpp > 1 and (m < pp or m % pp):
                 continue
-            # expert all-to-all overlap (MoE): ep > 1, vpp > 1 when pp > 1, no full recompute
+            # recompute: 0 none, 1 full, then selective with each module set that acts on the model
+            # and frees memory (core_attn frees nothing under flash attention): dense: mlp; MoE
+            # without MLA or dense layers: 2 layernorm+moe_act, 3 moe
+            n_selective = 2 if model.moe else 1
+            # expert all-to-all overlap (MoE): ep > 1, vpp > 1 when pp > 1, no full recompute and
+            # (Megatron) no 'moe' module recompute
             a2as = (0, 1) if model.moe else (0,)
             for rc, sp, tpo, dpo, z, ow, oa, oo, a2a in itertools.product(
-                    range(3), (0, 1), (0, 1), (0, 1), (0, 1, 2, 3), (0.0,), offs, offs, a2as):
+                    range(2 + n_selective), (0, 1), (0, 1), (0, 1), (0, 1, 2, 3), (0.0,), offs, offs, a2as):
                 if sp and tp == 1 or tpo and not sp:
                     continue
                 if oa and (pp > 1 or rc != 0) or oo and z != 1:
                     continue
-                if a2a and (ep == 1 or (pp > 1 and vpp == 1) or rc == 2):
+                if a2a and (ep == 1 or (pp > 1 and vpp == 1) or rc in (1, 3)):
                     continue
                 total += 1
     return total

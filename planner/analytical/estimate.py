@@ -12,10 +12,10 @@ from hardware.spec import SystemSpec
 from planner.analytical import flops, precision
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
-from planner.analytical.plans import PlanArrays, has_layout
+from planner.analytical.plans import PlanArrays, has_layout, module_selected
 from planner.analytical.time import step_time
 from planner.model import ModelSpec
-from planner.plan import JobSpec, Plan
+from planner.plan import JobSpec, Plan, check_recompute_modules
 
 # Every rule a plan can break, with the words a user sees. Bit i of `violations` is RULES[i].
 RULES: dict[str, str] = {
@@ -81,6 +81,21 @@ def violated_rules(bits: int) -> list[str]:
     return [name for name, bit in RULE_BITS.items() if bits & bit]
 
 
+def selective_recompute_flops_per_token(model: ModelSpec, modules: np.ndarray, attn_exec: float) -> np.ndarray:
+    """FLOPs per token that selective recompute of `modules` executes again, over all layers (the
+    GEMMs and attention core of `time.selective_recompute_s`; norms and activations are
+    element-wise and count no FLOPs)."""
+    shared = model.moe.shared_experts * flops._mlp_flops(model, model.shared_expert_ffn_hidden) if model.moe else 0.0
+    moe_layer = flops.mlp_matmul_flops_per_token(model) if model.moe else 0.0
+
+    def has(name):
+        return module_selected(modules, name)
+    return (has("core_attn") * model.layers * attn_exec
+            + has("mla_up_proj") * model.layers * flops.mla_up_proj_flops_per_token(model)
+            + has("mlp") * model.dense_layers * flops.dense_mlp_matmul_flops_per_token(model)
+            + model.moe_layers * np.where(has("moe"), moe_layer, has("shared_experts") * shared))
+
+
 def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
     """Time and memory of every plan in `P`: a dict of equal-length arrays."""
     mem = memory_breakdown(model, system, job, P)
@@ -102,7 +117,8 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
         extra = (rc_layers - P.lead_recompute_total) * layer_fwd + P.lead_recompute_total * lead_fwd
     else:
         extra = rc_layers * layer_fwd
-    extra = extra + np.where(P.recompute == 1, model.layers * attn_exec, 0.0)
+    extra = extra + np.where(P.recompute == 1, selective_recompute_flops_per_token(
+        model, P.recompute_modules, attn_exec), 0.0)
     hw_flops = tokens * (executed + extra)
     step = times["step_time_s"]
     out = {**times, **mem}
@@ -164,5 +180,6 @@ def estimate_from_row(result: dict[str, np.ndarray], i: int, plan: Plan) -> Esti
 def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:
     """Exact model for one plan."""
     job = job or JobSpec()
+    check_recompute_modules(plan, model)
     result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, lead_layers(model)))
     return estimate_from_row(result, 0, plan)

@@ -28,6 +28,17 @@ def attention_in_weights(model: ModelSpec) -> int:
     return q + kv
 
 
+def mla_up_proj_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of MLA's up-projections (DeepSeek-V2 §2.1 eqs. 10-12 and 15-16: the query
+    latent to heads·(nope+rope), the key/value latent to heads·(nope + v_head_dim)), the GEMMs
+    Megatron's `mla_up_proj` recompute reruns; 0 without MLA (or for an uncompressed query's part)."""
+    mla = model.mla
+    if mla is None:
+        return 0.0
+    q = mla.q_lora_rank * model.heads * mla.qk_head_dim if mla.q_lora_rank else 0
+    return 2.0 * (q + mla.kv_lora_rank * model.heads * (mla.qk_nope_head_dim + mla.v_head_dim))
+
+
 def attention_out_width(model: ModelSpec) -> int:
     """Input width of the output projection: all heads' values (a·d, or a·v_head_dim for MLA)."""
     return model.heads * model.mla.v_head_dim if model.mla else model.q_hidden

@@ -11,50 +11,113 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
-from planner.analytical.plans import PlanArrays
+from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
 from planner.plan import JobSpec
 
 
-def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
-    """Korthikanti et al. 2022 §4.1 (Table 2 first row, sbh(34 + 5as/h)) split into the terms
-    tensor parallelism does not shard (10: two layer-norm inputs 4, QKV and MLP inputs 4, two
-    dropout masks 2), the terms it shards (24 = attention Q,K,V and projection input 8 + GeLU
-    input/output 16) and the s² attention-score term (5as/h), in units of s·b·h bytes.
-    Generalised: K,V are g/a as wide (GQA); the MLP terms scale with ffn/h (SwiGLU stores the
-    fused gate+up output 2f and the product f); MoE: see below. Of the repeated layer (the MoE
-    layer of a MoE model)."""
+def activation_parts(model: ModelSpec) -> dict[str, float]:
+    """Stored activations of one layer per token, by what stores them, in units of s·b·h bytes
+    (Korthikanti et al. 2022 §4.1, Table 2 first row: sbh(34 + 5as/h)), of the repeated layer (the
+    MoE layer of a MoE model; its leading dense layers are their own kind,
+    layer_kinds.lead_layer_model, costed with this function on the dense twin).
+
+    Not sharded by tensor parallelism (only by sequence parallelism): `norm_inputs` the two
+    layer-norm inputs (4), `qkv_input` / `mlp_input` the normed inputs of the QKV and first MLP
+    GEMMs (2 + 2), `dropout_masks` (2, only with dropout). Sharded by tp: `qkv` Q, K and V
+    (2 + 2 + 2; K,V g/a as wide with GQA; MLA: heads·(nope+rope) keys, heads·v values),
+    `proj_input` the output projection's input (2), `dense_mlp` the MLP's inner activations
+    (16 for GeLU at 4h: fc1 output and GeLU output; SwiGLU stores the fused gate+up output 2f
+    and the product f: 6f/h), `moe_routed` a MoE layer's per token top_k expert MLPs, the
+    permuted expert inputs (one bf16 copy per routed expert, kept for FC1's weight gradient:
+    2·top_k) and the router's fp32 logits and probabilities (8·E/h), `moe_shared` its shared
+    experts' MLP terms (Megatron-Core moe/: token_dispatcher permute, router.py,
+    shared_experts.py). `score` is the s² attention term 5as/h (never stored by fused attention)."""
     h = model.hidden
-    # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
-    unsharded = 10.0 if model.dropout else 8.0
-    # Q (a·d wide), K and V (g·d each) and the projection input (a·d_v): 2+4g/a+2 when a·d = h
-    attention = (2.0 * model.q_hidden + 4.0 * model.kv_hidden + 2.0 * attention_out_width(model)) / h
     act = 6.0 if model.activation == "swiglu" else 4.0
-    mlp = act * model.ffn_hidden / h
+    f_moe = 1.0 if model.moe else 0.0  # the repeated layer is a MoE layer or a dense one
+    parts = {
+        "norm_inputs": 4.0, "qkv_input": 2.0, "mlp_input": 2.0,
+        # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
+        "dropout_masks": 2.0 if model.dropout else 0.0,
+        "qkv": (2.0 * model.q_hidden + 4.0 * model.kv_hidden) / h,
+        "proj_input": 2.0 * attention_out_width(model) / h,
+        "dense_mlp": (1 - f_moe) * act * model.ffn_hidden / h,
+        "moe_routed": 0.0, "moe_shared": 0.0,
+        "score": 5.0 * model.heads * model.seq_length / h,
+    }
     if model.moe:
         moe = model.moe
-        # a MoE layer stores, per token: top_k expert MLPs; the permuted expert inputs (one bf16
-        # copy of the token per routed expert, kept for FC1's weight gradient: 2·top_k); the
-        # router's fp32 logits and probabilities (8·E/h); the shared experts' MLP terms
-        # (Megatron-Core moe/: token_dispatcher permute, router.py, shared_experts.py)
-        mlp = (act * moe.top_k * model.expert_ffn_hidden / h + 2.0 * moe.top_k + 8.0 * moe.num_experts / h
-               + act * moe.shared_experts * model.shared_expert_ffn_hidden / h)
-        # (leading dense layers keep the dense MLP: their own kind, layer_kinds.lead_layer_model)
-    score = 5.0 * model.heads * model.seq_length / h
-    return unsharded, attention + mlp, score
+        parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + 2.0 * moe.top_k
+                                       + 8.0 * moe.num_experts / h)
+        parts["moe_shared"] = f_moe * act * moe.shared_experts * model.shared_expert_ffn_hidden / h
+    return parts
+
+
+UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks")
+SHARDED_PARTS = ("qkv", "proj_input", "dense_mlp", "moe_routed", "moe_shared")
+
+
+def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
+    """Korthikanti et al. 2022 Table 2's sbh(34 + 5as/h) as the terms tensor parallelism does not
+    shard (10), the terms it shards (24) and the s² score term (5as/h), in units of s·b·h bytes,
+    generalised (see `activation_parts`)."""
+    parts = activation_parts(model)
+    return (sum(parts[k] for k in UNSHARDED_PARTS), sum(parts[k] for k in SHARDED_PARTS), parts["score"])
+
+
+def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(not tp-sharded, tp-sharded) activations per layer, in s·b·h bytes, that selective recompute
+    of the module set `modules` (bit masks, planner.plan.RECOMPUTE_MODULE_BITS) does not store.
+    Which tensors each module frees (Megatron-Core 0.19, transformer_layer.py, attention.py,
+    multi_latent_attention.py, moe/moe_layer.py, moe/experts.py; layer structure from
+    models/gpt/gpt_layer_specs.py with Transformer Engine):
+      core_attn       the s² score term only (handled by the caller; nothing with fused attention:
+                      the checkpoint keeps Q, K, V, the projection keeps the output)
+      layernorm       output-discarding: the normed outputs of the norms that are modules of their
+                      own: the input norm with MLA (otherwise fused into linear_qkv, a
+                      LayerNormColumnParallelLinear that keeps its own output) and the pre-MLP
+                      norm of MoE layers (dense MLPs fuse it into linear_fc1): 2 each
+      mla_up_proj     output-discarding: the up-projected Q, K, V (with RoPE) the attention core
+                      keeps (MLA only)
+      mlp             dense (non-MoE) layers' MLP checkpointed whole: its fused norm output (2)
+                      and its inner activations
+      moe             MoE layers' MLP checkpointed whole: routed experts, permuted copies, router,
+                      shared experts (its input, the pre-MLP norm output, stays)
+      moe_act         output-discarding: the expert activation's output (fc2's input), 2·k·f/h
+                      of the routed experts' act·k·f/h (inside `moe` when both are set)
+      shared_experts  the shared experts checkpointed whole (inside `moe` when both are set)"""
+    parts = activation_parts(model)
+    h = model.hidden
+    f_moe = 1.0 if model.moe else 0.0  # the repeated layer is a MoE layer or a dense one
+
+    def has(name):
+        return module_selected(modules, name)
+    norms = 2.0 * (model.mla is not None) + 2.0 * f_moe
+    moe_act = f_moe * 2.0 * model.moe.top_k * model.expert_ffn_hidden / h if model.moe else 0.0
+    routed = np.where(has("moe"), parts["moe_routed"], np.where(has("moe_act"), moe_act, 0.0))
+    shared = np.where(has("moe") | has("shared_experts"), parts["moe_shared"], 0.0)
+    unsharded = has("layernorm") * norms + has("mlp") * (1 - f_moe) * parts["mlp_input"]
+    sharded = (has("mla_up_proj") * (parts["qkv"] if model.mla else 0.0) + has("mlp") * parts["dense_mlp"]
+               + routed + shared)
+    return unsharded, sharded
 
 
 def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
     """Stored activations of one layer for one microbatch, per GPU (Korthikanti Table 2):
-    none: sbh(10 + 24/t + 5as/(ht)); TP+SP: sbh/t·(34 + 5as/h); selective: the 5as/h term is
-    recomputed (and fused/flash attention never stores it); full: only the 2sbh layer input
+    none: sbh(10 + 24/t + 5as/(ht)); TP+SP: sbh/t·(34 + 5as/h); selective: what the recomputed
+    modules free is not stored (`selective_freed_coefficients`; core_attn, the default, drops the
+    5as/h term, which fused/flash attention never stores); full: only the 2sbh layer input
     (sharded by SP). Context parallelism splits s by cp."""
     unsharded, sharded, score = activation_coefficients(model)
     t = P.tp
     sp = (P.sequence_parallel > 0) & (t > 1)
     sbh = P.micro_batch * model.seq_length / P.cp * model.hidden
-    keeps_scores = (P.recompute == 0) & (not job.flash_attention)
-    per_layer = sbh * (np.where(sp, unsharded / t, unsharded) + sharded / t
+    selective = P.recompute == 1
+    freed_u, freed_s = selective_freed_coefficients(model, np.where(selective, P.recompute_modules, 0.0))
+    keeps_scores = ((P.recompute == 0) | (selective & ~module_selected(P.recompute_modules, "core_attn"))) \
+        & (not job.flash_attention)
+    per_layer = sbh * (np.where(sp, (unsharded - freed_u) / t, unsharded - freed_u) + (sharded - freed_s) / t
                        + np.where(keeps_scores, score / t, 0.0))
     input_only = np.where(sp, 2.0 * sbh / t, 2.0 * sbh)
     return np.where(P.recompute == 2, input_only, per_layer), per_layer

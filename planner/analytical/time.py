@@ -12,7 +12,7 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, precision
 from planner.analytical.memory import at_rank
-from planner.analytical.plans import PlanArrays
+from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
 from planner.plan import JobSpec
 
@@ -43,6 +43,9 @@ CROSS_ENTROPY_PASSES = 3.0
 CROSS_ENTROPY_FUSED_SHARE = 22.0 / 38.0
 # Unfused attention writes and re-reads the s×s scores (scale/mask/softmax, dropout): 4 passes.
 UNFUSED_SCORE_PASSES = 4.0
+# One layer norm forward reads its input and writes its output (2 of ELEMENTWISE_PASSES_HIDDEN's
+# passes; the per-token statistics are negligible): what `layernorm` recompute reruns per norm.
+LAYERNORM_PASSES = 2.0
 
 
 def gemm_efficiency(max_eff: float, half_dim: float, min_dim: np.ndarray) -> np.ndarray:
@@ -114,9 +117,23 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
     quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
         precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk) / (1 + BACKWARD_FACTOR)
+    # Forward pieces that selective recompute reruns (`selective_recompute_s`), per layer of their
+    # kind: a dense MLP, a MoE MLP, its parts, MLA's up-projections, one separate norm.
+    moe_parts = moe if model.moe else {"gemm": 0.0, "elementwise": 0.0, "expert_act_s": 0.0, "shared_expert_s": 0.0}
+    up_flops = flops.mla_up_proj_flops_per_token(model) * tokens / t
+    # smallest GEMM dimension: the tokens or the latent rank (the contraction)
+    up_min = np.minimum(tokens, min(r for r in (model.mla.q_lora_rank, model.mla.kv_lora_rank) if r)) \
+        if model.mla else 1.0
+    pieces = {
+        "dense_mlp_s": 0.0 if model.moe else mlp_gemm + mlp_elem,  # the repeated layer's, if dense
+        "moe_mlp_s": moe_parts["gemm"] + moe_parts["elementwise"],
+        "moe_act_s": moe_parts["expert_act_s"], "shared_expert_s": moe_parts["shared_expert_s"],
+        "mla_up_proj_s": _gemm_time(up_flops, up_min, peak_gemm, eff, job.dtype) if model.mla else 0.0,
+        "norm_s": 2.0 * tokens * LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm,
+    }
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6}
+            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6, **pieces}
 
 
 def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_per_s,
@@ -203,7 +220,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     return {"gemm": imbalance * expert_gemm + shared_gemm + router,
             "elementwise": imbalance * expert_act + permute + shared_elem,
             "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
-            "shared_expert_s": shared_gemm + shared_elem}
+            "expert_act_s": imbalance * expert_act, "shared_expert_s": shared_gemm + shared_elem}
 
 
 def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
@@ -348,8 +365,8 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         ep_fwd = ep_bwd = np.zeros(len(P))
 
     # Recompute: full reruns the forward (with its communication) of its k layers; selective
-    # reruns the attention core of every layer (Korthikanti et al. 2022 §5).
-    selective = np.where(P.recompute == 1, layer["attention"], 0.0)
+    # reruns the forward of its modules in every layer (`selective_recompute_s`).
+    selective = np.where(P.recompute == 1, selective_recompute_s(model, layer, P, tp_fwd, ep_fwd), 0.0)
 
     # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward; outside the
     # low-precision autocast (Megatron's output layer is not a TE module), so bf16/fp16.
@@ -393,6 +410,35 @@ def layers_sum(terms: dict, per_layer, n, lead):
     if "lead" not in terms:
         return n * main
     return (n - lead) * main + lead * shape(per_layer(terms["lead"]))
+
+
+def selective_recompute_s(model: ModelSpec, layer: dict, P: PlanArrays, tp_fwd, ep_fwd) -> np.ndarray:
+    """Forward seconds one layer (the repeated layer, or a leading dense layer's twin) re-spends in the
+    backward under selective recompute of the module set `P.recompute_modules` (Megatron-Core
+    --recompute-modules; what each checkpoints: planner.analytical.memory.selective_freed_coefficients):
+      core_attn       the attention core (Korthikanti et al. 2022 §5; unfused score passes included)
+      layernorm       the separate norms' forward: the input norm with MLA, the pre-MLP norm of
+                      MoE layers (the others are fused into their GEMMs and not recomputed)
+      mla_up_proj     MLA's q/kv up-projection GEMMs (RoPE's element-wise pass neglected)
+      mlp             dense layers' MLP forward, with its fused norm and its half of the layer's
+                      forward tensor-parallel collectives (the checkpoint reruns them)
+      moe             MoE layers' whole MLP forward: router, permutation, experts, shared
+                      experts, the dispatch/combine all-to-all and its half of the TP collectives
+      moe_act         the routed experts' activation function (element-wise; inside `moe`)
+      shared_experts  the shared experts' forward (inside `moe`)"""
+    f_moe = 1.0 if model.moe else 0.0  # the repeated layer (leading dense layers: their own kind)
+    m = P.recompute_modules
+
+    def has(name):
+        return module_selected(m, name)
+    norms = (model.mla is not None) + f_moe
+    moe_whole = f_moe * (layer["moe_mlp_s"] + 0.5 * tp_fwd) + ep_fwd
+    return (has("core_attn") * layer["attention"]
+            + has("layernorm") * norms * layer["norm_s"]
+            + has("mla_up_proj") * layer["mla_up_proj_s"]
+            + has("mlp") * (1 - f_moe) * (layer["dense_mlp_s"] + layer["norm_s"] + 0.5 * tp_fwd)
+            + np.where(has("moe"), moe_whole,
+                       f_moe * (has("moe_act") * layer["moe_act_s"] + has("shared_experts") * layer["shared_expert_s"])))
 
 
 def _col(x):

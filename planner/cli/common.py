@@ -130,6 +130,9 @@ VppOpt = Annotated[Optional[int], typer.Option("--vpp", help="Virtual pipeline s
 SpOpt = Annotated[Optional[bool], typer.Option(
     "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism (needs tp > 1).")]
 RecomputeOpt = Annotated[Optional[str], typer.Option("--recompute", help="Activation recompute: none, selective or full.")]
+RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
+    "--recompute-modules", help="Selective recompute: the modules, e.g. 'layernorm,moe_act' (core_attn, moe_act, "
+                                "layernorm, mla_up_proj, mlp, moe, shared_experts; default core_attn).")]
 RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
     "--recompute-num-layers", help="Full recompute: layers per pipeline stage (default all).")]
 ZeroOpt = Annotated[Optional[int], typer.Option(
@@ -162,7 +165,7 @@ MoeImbalanceOpt = Annotated[float, typer.Option(
          "(Qwen3-235B, Megatron MoE ModelZoo).")]
 
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
-                   "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
+                   "recompute_modules", "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
                    "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap", "etp", "dp_impl", "moe_dispatcher",
                    "moe_a2a_overlap")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -215,6 +218,8 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
     from planner.plan import make_plan
     refuse_contradictions(knobs, framework="any")
     fields = {**(defaults or {}), **knobs}
+    if knobs.get("recompute_modules") is not None and "recompute" not in knobs:
+        fields["recompute"] = "selective"  # --recompute-modules alone means selective recompute
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if fields.get("dp") is None:
         if gpus % (tp * pp * cp):

@@ -211,6 +211,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     # Recompute (MA 1, 3): block recomputes the first k layers of every virtual chunk.
     if plan.recompute == "selective":
         add("--recompute-granularity", "selective")
+        if plan.recompute_modules is not None:  # None: Megatron's default, core_attn
+            add("--recompute-modules", " ".join(plan.recompute_modules))
     elif plan.recompute == "full":
         add("--recompute-granularity", "full")
         add("--recompute-method", "block")

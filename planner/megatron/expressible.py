@@ -8,7 +8,7 @@ from hardware.spec import SystemSpec
 from planner.pipeline_layout import layout_not_expressible
 from planner.megatron.launch import gpu_arch_major
 from planner.model import ModelSpec
-from planner.plan import JobSpec, Plan
+from planner.plan import JobSpec, Plan, applicable_recompute_modules
 
 # Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
 # (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
@@ -122,6 +122,7 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         # vpp·ceil(k/vpp) or vpp·floor(k/vpp), never k.
         reasons.append(f"recompute_num_layers: Megatron recomputes the same number of layers in each of the "
                        f"{plan.vpp} virtual chunks; {k} per pipeline stage is not a multiple of vpp ({plan.vpp})")
+    reasons += recompute_modules_not_expressible(plan, model, job)
     if plan.fp8_param_gather:
         if job.dtype not in FP8_PARAM_DTYPES:
             reasons.append(f"fp8_param_gather: needs an FP8 dtype ({', '.join(FP8_PARAM_DTYPES)}), "
@@ -132,6 +133,33 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     if plan.grad_reduce_in_bf16 and job.dtype == "fp16":
         reasons.append("grad_reduce_in_bf16: Megatron applies --grad-reduce-in-bf16 only to bf16-based "
                        "training, not fp16")
+    return reasons
+
+
+# --recompute-modules that Transformer Engine's FP8 delayed scaling cannot recompute
+# (transformer_config.py: "Delayed scaling does not support moe_act and layernorm recompute for fp8").
+FP8_DELAYED_NO_RECOMPUTE = ("moe_act", "layernorm")
+
+
+def recompute_modules_not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
+    """Selective-recompute modules Megatron cannot run for this model and precision (the rules of
+    planner/megatron/rules.py at plan level), or that do nothing for this model."""
+    if plan.recompute != "selective" or plan.recompute_modules is None:
+        return []
+    applies = applicable_recompute_modules(model)
+    allowed = ", ".join(n for n, why in applies.items() if why is None)
+    reasons = [f"recompute_modules: {name} {why}; allowed for {model.name}: {allowed}" for name, why in applies.items()
+               if why is not None and name in plan.recompute_modules]
+    if "moe" in plan.recompute_modules and getattr(plan, "moe_a2a_overlap", False):
+        # transformer_config.py: 'disable moe in recompute_modules when enabling
+        # overlap_moe_expert_parallel_comm' (Plan.moe_a2a_overlap, where the Plan has it)
+        reasons.append("recompute_modules: moe cannot be recomputed with the MoE all-to-all overlap "
+                       "(--overlap-moe-expert-parallel-comm)")
+    if job.dtype == "fp8":
+        bad = [n for n in plan.recompute_modules if n in FP8_DELAYED_NO_RECOMPUTE]
+        if bad:
+            reasons.append(f"recompute_modules: {' and '.join(bad)} cannot be recomputed under FP8 delayed "
+                           "scaling (dtype fp8); use fp8-cs or drop them")
     return reasons
 
 

@@ -18,6 +18,16 @@ NONEXISTENT_FLAGS = ("--virtual-pipeline-model-parallel-size", "--fp8", "--cpu-o
                      "--overlap-p2p-communication")
 
 Arg = tuple[str, str | None]
+# Flags that take several values (argparse nargs): the Arg value holds them space-separated and
+# they become separate words on the command line.
+MULTI_VALUE_FLAGS = ("--recompute-modules",)
+
+
+def value_words(flag: str, value: str | None) -> list[str]:
+    """The command-line words of one flag's value."""
+    if value is None:
+        return []
+    return value.split() if flag in MULTI_VALUE_FLAGS else [value]
 
 
 @dataclass
@@ -37,8 +47,7 @@ class MegatronLaunch:
         out: list[str] = []
         for flag, value in self.args:
             out.append(flag)
-            if value is not None:
-                out.append(value)
+            out.extend(value_words(flag, value))
         return out
 
     def flags(self) -> list[str]:

@@ -29,7 +29,7 @@ def _build_parser() -> _Parser:
                  "--bf16", "--fp16", "--use-megatron-fsdp", "--use-torch-fsdp2", "--mock-data", "--moe-grouped-gemm",
                  "--init-model-with-meta-device", "--fp8-param-gather", "--grad-reduce-in-bf16",
                  "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput",
-                 "--multi-latent-attention", "--qk-layernorm",
+                 "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"):
         flag(name)
@@ -79,6 +79,7 @@ def _build_parser() -> _Parser:
                  "--tokenizer-model", "--split", "--train-iters", "--lr", "--save", "--load"):
         p.add_argument(name, default=None)
     p.add_argument("--data-path", nargs="*", default=None)
+    p.add_argument("--recompute-modules", nargs="*", default=None)
     return p
 
 
@@ -136,6 +137,14 @@ MSG_A2A_METHOD = "disable recomputation method when enabling overlap_moe_expert_
 MSG_A2A_PRECISION = "overlap_moe_expert_parallel_comm is only supported with bf16 or fp16 model"
 MSG_A2A_MTP = "MTP supports at most one layer when enabling overlap_moe_expert_parallel_comm."
 MSG_DELAY_WGRAD = "overlap_moe_expert_parallel_comm must be enabled when enabling delay_wgrad_compute"
+# TransformerConfig.__post_init__ (transformer_config.py), selective recompute modules.
+RECOMPUTE_MODULES_ALLOWED = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
+                             "gdn_norm_out")
+MSG_MOE_ACT_GROUPED = "moe_act in recompute_modules is only supported with moe_grouped_gemm."
+MSG_MLA_UP_PROJ = "mla_up_proj in recompute_modules is only supported with multi_latent_attention."
+MSG_SHARED_EXPERTS_OVERLAP = "shared_experts recompute cannot work with --moe-shared-expert-overlap."
+MSG_FP8_DELAYED_MODULES = "Delayed scaling does not support moe_act and layernorm recompute for fp8."
+MSG_MOE_A2A_OVERLAP_MOE = "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm"
 MSG_CPU_OFFLOAD_RECOMPUTE = "CPU offloading does not work when activation recomputation is enabled"
 
 
@@ -362,6 +371,8 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
             f"1 and num_layers_per_pipeline_rank: {layers // pp}")
     elif g == "selective" and a.recompute_num_layers is not None:
         err(f"When using recompute_granularity: {g} recompute_num_layers must be None.")
+    if g == "selective":
+        errors.extend(recompute_module_errors(a))
 
     # transformer_config.py: the expert all-to-all overlap (combined 1F1B schedule).
     if a.overlap_moe_expert_parallel_comm:
@@ -390,6 +401,29 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     if world_size % grid:
         err(f"world_size ({world_size}) is not divisible by expert_tensor_model_pipeline_parallel "
             f"size ({grid})")
+    return errors
+
+
+def recompute_module_errors(a: argparse.Namespace) -> list[str]:
+    """TransformerConfig's checks of --recompute-modules under selective granularity (megatron-core
+    0.19 transformer_config.py; None means ["core_attn"]), with its messages."""
+    modules = a.recompute_modules if a.recompute_modules is not None else ["core_attn"]
+    errors = []
+    invalid = set(modules) - set(RECOMPUTE_MODULES_ALLOWED)
+    if invalid:
+        errors.append(f"Invalid choices for recompute_modules: {invalid}. "
+                      f"Allowed modules are: {set(RECOMPUTE_MODULES_ALLOWED)}")
+    if "moe_act" in modules and not a.moe_grouped_gemm:
+        errors.append(MSG_MOE_ACT_GROUPED)
+    if "mla_up_proj" in modules and not a.multi_latent_attention:
+        errors.append(MSG_MLA_UP_PROJ)
+    if "shared_experts" in modules and a.moe_shared_expert_intermediate_size is not None \
+            and a.moe_shared_expert_overlap:
+        errors.append(MSG_SHARED_EXPERTS_OVERLAP)
+    if a.fp8_format is not None and a.fp8_recipe in (None, "delayed") and {"moe_act", "layernorm"} & set(modules):
+        errors.append(MSG_FP8_DELAYED_MODULES)  # --fp8-recipe defaults to delayed
+    if a.overlap_moe_expert_parallel_comm and "moe" in modules:
+        errors.append(MSG_MOE_A2A_OVERLAP_MOE)
     return errors
 
 

@@ -5,7 +5,7 @@ import json
 import shlex
 from typing import Literal
 
-from planner.megatron.launch import ENTRYPOINT, MASTER_PORT, MegatronLaunch
+from planner.megatron.launch import ENTRYPOINT, MASTER_PORT, MegatronLaunch, value_words
 
 
 # Data, tokenizer, schedule and where checkpoints go are not part of a plan: the script leaves
@@ -62,7 +62,7 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
     body = [f"torchrun --nnodes $NNODES --nproc-per-node {launch.gpus_per_node} "
             f"--node-rank $NODE_RANK --master-addr $MASTER_ADDR --master-port {MASTER_PORT} "
             f"{launch.entrypoint}"]
-    body += [f"    {flag}" + ("" if value is None else f" {shlex.quote(value)}")
+    body += [" ".join([f"    {flag}"] + [shlex.quote(w) for w in value_words(flag, value)])
              for flag, value in launch.args]
     body += [f"    {flag} {value}" for flag, value in PLACEHOLDER_ARGS]
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
