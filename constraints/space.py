@@ -319,40 +319,47 @@ def options(space: Space) -> dict[str, np.ndarray]:
     return {k: arr[:, i].copy() for i, k in enumerate(OPTION_KEYS)}
 
 
+def pair_mask(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> np.ndarray:
+    """(layouts × options) Booleans: which option rows go with which layout rows. SP (and TP
+    overlap) needs tp > 1; Megatron activation offload needs pp == 1."""
+    mega = space.job.framework == "megatron"
+    n_opt = len(opt["recompute"])
+    allowed = np.ones((4, n_opt), dtype=bool)  # by layout class: 2·(tp > 1) + (pp == 1)
+    for cls in range(4):
+        if not cls & 2:
+            allowed[cls] &= opt["sequence_parallel"] == 0
+        if mega and not cls & 1:
+            allowed[cls] &= opt["offload_activations"] == 0
+    lay_cls = (lay["tp"] > 1).astype(np.int64) * 2 + (lay["pp"] == 1).astype(np.int64)
+    return allowed[lay_cls]
+
+
+def cross_index(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The compatible (layout row, option row) pairs of `cross`, as two index arrays in its order
+    (by layout row, then option row), without building any column: the search materialises
+    only the pairs it keeps (`take_pairs`)."""
+    L, O = np.nonzero(pair_mask(space, lay, opt))
+    return L.astype(np.int64), O.astype(np.int64)
+
+
+def take_pairs(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], L: np.ndarray,
+               O: np.ndarray) -> dict[str, np.ndarray]:
+    """Columns of the pairs (L[i], O[i]): every layout column, every option column, `lay_row`."""
+    rows = {k: v[L] for k, v in lay.items()}
+    rows.update({k: opt[k][O] for k in OPTION_KEYS})
+    rows["lay_row"] = L
+    return rows
+
+
 def cross(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Layouts × options, keeping only the compatible pairs: SP (and TP overlap) needs tp > 1;
     Megatron activation offload needs pp == 1. Every column of `lay` is carried along, and
-    `lay_row` says which layout row each pair came from. Deterministic order."""
-    mega = space.job.framework == "megatron"
-    parts: dict[str, list] = {k: [] for k in list(lay) + list(OPTION_KEYS) + ["lay_row"]}
-    n_lay = len(lay["tp"])
-    lay_cls = (lay["tp"] > 1).astype(int) * 2 + (lay["pp"] == 1).astype(int)
-    for cls in range(4):
-        li = np.nonzero(lay_cls == cls)[0]
-        if not len(li):
-            continue
-        ok = np.ones(len(opt["recompute"]), dtype=bool)
-        if not cls & 2:
-            ok &= opt["sequence_parallel"] == 0
-        if mega and not cls & 1:
-            ok &= opt["offload_activations"] == 0
-        oi = np.nonzero(ok)[0]
-        if not len(oi):
-            continue
-        L = np.repeat(li, len(oi))
-        O = np.tile(oi, len(li))
-        for k in lay:
-            parts[k].append(lay[k][L])
-        for k in OPTION_KEYS:
-            parts[k].append(opt[k][O])
-        parts["lay_row"].append(L)
-    if not parts["lay_row"]:
-        return {k: np.zeros(0) for k in parts}
-    rows = {k: np.concatenate(v) for k, v in parts.items()}
-    order = np.argsort(rows["lay_row"], kind="stable")
-    rows = {k: v[order] for k, v in rows.items()}
-    assert rows["lay_row"].max() < n_lay
-    return rows
+    `lay_row` says which layout row each pair came from. Deterministic order (by layout row,
+    then option row)."""
+    L, O = cross_index(space, lay, opt)
+    if not len(L):
+        return {k: np.zeros(0) for k in list(lay) + list(OPTION_KEYS) + ["lay_row"]}
+    return take_pairs(lay, opt, L, O)
 
 
 def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
@@ -360,5 +367,6 @@ def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
     return cross(space, expand_batches(layouts(space)), options(space))
 
 
-__all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "enumerate_rows",
+__all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "cross_index", "pair_mask", "take_pairs",
+           "enumerate_rows",
            "expand_batches", "at_batch", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]

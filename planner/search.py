@@ -31,7 +31,7 @@ from planner.analytical import Estimate, estimate
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
-from planner.ties import needs_more, rank_with_ties
+from planner.ties import TIE_REL_TOL, rank_with_ties
 
 HYPOTHETICAL_OFFLOAD_GIB = 4096.0
 MIN_OFFLOAD_GIB = 64.0
@@ -40,7 +40,6 @@ MAX_GPU_FACTOR = 64
 # The per-stage CP-SAT model refines the first STAGE_REFINE_TOP reported plans (each is one or
 # two solves of 0.01-2.5 s; all 50 of a top-50 would break the 10 s budget).
 STAGE_REFINE_TOP = 5
-TIE_LOOKAHEAD = 4  # extra layouts fetched beyond top_k so that near-ties can be re-ranked
 
 
 @dataclass
@@ -88,16 +87,13 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)
-    # ties: fetch the objective-ordered layouts until every one within TIE_REL_TOL of the K-th is
-    # in, then re-rank them with planner.ties (the simpler of near-equal plans first)
-    want = top_k + TIE_LOOKAHEAD
-    while True:
-        table = tabulate(space, top_k=want)
-        sols = solve_top_k(table, want, time_limit_s)
-        objectives = [float(table.res["objective"][i]) for i in sols.indices]
-        if not needs_more(objectives, top_k, exhausted=len(objectives) < want):
-            break
-        want *= 2
+    # ties: every layout within TIE_REL_TOL of the K-th best is tabulated (and no layout beyond
+    # that bound can be among the first K after re-ranking: the K-th pick's window starts at or
+    # below the K-th objective), so the solver fetches exactly the layouts in the table, and
+    # planner.ties re-ranks them (the simpler of near-equal plans first)
+    table = tabulate(space, top_k=top_k, tie_rel_tol=TIE_REL_TOL)
+    sols = solve_top_k(table, table_layouts(table), time_limit_s)
+    objectives = [float(table.res["objective"][i]) for i in sols.indices]
     t1 = time.perf_counter()
     plans = [_row_plan(table, i) for i in sols.indices]
     order = rank_with_ties(objectives, plans, top_k)
@@ -121,6 +117,11 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
                   "total_s": time.perf_counter() - t0, "free_batch": space.free_batch})
     return SearchResult(ranked=ranked, objective="time per token" if space.free_batch else "step time",
                         stats=stats)
+
+
+def table_layouts(table: Table) -> int:
+    """How many distinct layouts of the table have a fitting row (what the solver can return)."""
+    return len(np.unique(table.rows["group"][table.fits])) if len(table) else 0
 
 
 def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: list[Ranked],
