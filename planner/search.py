@@ -23,11 +23,13 @@ import numpy as np
 
 from constraints.solve import explain, solve_top_k
 from constraints.stages import best_stages
-from constraints.space import at_batch, build_space, cross, layouts, options
-from constraints.cost_table import MEMORY_BITS, Table, evaluate, plan_arrays, tabulate
+from constraints.space import OPTION_KEYS, at_batch, build_space, cross_index, layouts, options, take_pairs
+from constraints.cost_table import CHUNK, MEMORY_BITS, Table, plan_arrays, tabulate
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
+from planner.analytical.estimate import rule_violations
+from planner.analytical.memory import memory_breakdown
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -210,38 +212,94 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
 
-def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
-    """Smallest per-GPU HBM over every otherwise-valid plan (each pair at its smallest legal batch:
-    memory never falls as the batch grows); also the smallest among plans whose offload fits."""
-    lay = layouts(space)
-    pairs = cross(space, lay, options(space))
-    if not len(pairs["tp"]):
-        return math.inf, math.inf, None, 0.0
-    rows = at_batch(pairs, pairs["m_min"])
-    res = evaluate(space, rows)
-    structural = (res["violations"] & ~MEMORY_BITS) != 0
-    hbm = np.where(structural, np.inf, res["hbm_bytes"])
-    off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
-    within = np.where(res["offload_bytes"] <= off_cap * (1 + 1e-12), hbm, np.inf)
-    i = int(np.argmin(within)) if np.isfinite(within).any() else int(np.argmin(hbm))
+# Knobs that change no byte of memory (time only): the memory floor evaluates one option row per
+# combination of the others (tests/test_check_bound.py checks that the model agrees).
+MEMORY_NEUTRAL_KNOBS = ("tp_comm_overlap", "dp_comm_overlap")
+
+
+@dataclass
+class Floor:
+    """Memory over every otherwise-valid plan, each at its smallest legal batch (per-GPU HBM and
+    offload bytes never fall as the batch grows, so a plan fits at some batch iff it fits there)."""
+
+    hbm_min_bytes: float          # smallest HBM over all plans (inf: none)
+    plan: Plan | None             # smallest HBM among plans whose offload fits the tier (else overall)
+    hbm_bytes: float              # that plan's HBM
+    usable_hbm_bytes: float
+    offload_plan: Plan | None     # among plans that fit HBM, the one offloading the fewest bytes
+    offload_min_bytes: float      # its offload bytes (inf: no plan fits HBM)
+
+    @property
+    def fits(self) -> bool:
+        """Exact: some plan fits HBM and the offload tier."""
+        return self.plan is not None and self.hbm_bytes <= self.usable_hbm_bytes
+
+
+def memory_floor(space) -> Floor:
+    """Floor of `space` from the exact memory model only (no step time, no search), over the
+    layouts × memory-relevant options in chunks (bounded memory on spaces of millions of pairs)."""
     cap = space.system.accelerator.hbm_capacity_bytes - space.job.hbm_reserve_gib * GIB
-    best_plan_ = plan_arrays(space, {k: v[i:i + 1] for k, v in rows.items()}).row(0)
-    return float(hbm[i]), float(np.min(hbm)), best_plan_, cap
+    none = Floor(math.inf, None, math.inf, cap, None, math.inf)
+    lay = layouts(space)
+    opt = options(space)
+    if not len(lay["tp"]) or not len(opt["recompute"]):
+        return none
+    relevant = np.stack([opt[k] for k in OPTION_KEYS if k not in MEMORY_NEUTRAL_KNOBS], axis=1)
+    first = np.sort(np.unique(relevant, axis=0, return_index=True)[1])
+    opt = {k: v[first] for k, v in opt.items()}
+    L, O = cross_index(space, lay, opt)
+    if not len(L):
+        return none
+    off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
+    best = {"hbm": (math.inf, -1), "within": (math.inf, -1), "offload": (math.inf, -1)}
+    for lo in range(0, len(L), CHUNK):
+        rows = take_pairs(lay, opt, L[lo:lo + CHUNK], O[lo:lo + CHUNK])
+        rows = at_batch(rows, rows["m_min"])
+        P = plan_arrays(space, rows)
+        mem = memory_breakdown(space.model, space.system, space.job, P)
+        structural = (rule_violations(space.model, space.system, space.job, P, mem) & ~MEMORY_BITS) != 0
+        hbm = np.where(structural, np.inf, mem["hbm_bytes"])
+        off = mem["offload_bytes"]
+        candidates = {"hbm": hbm, "within": np.where(off <= off_cap * (1 + 1e-12), hbm, np.inf),
+                      "offload": np.where(hbm <= cap, off, np.inf)}
+        for key, values in candidates.items():
+            i = int(np.argmin(values))
+            if values[i] < best[key][0]:
+                best[key] = (float(values[i]), lo + i)
+
+    def plan_at(pair: int) -> Plan | None:
+        if pair < 0:
+            return None
+        row = at_batch(take_pairs(lay, opt, L[pair:pair + 1], O[pair:pair + 1]), lay["m_min"][L[pair:pair + 1]])
+        return plan_arrays(space, row).row(0)
+
+    pick = best["within"] if best["within"][1] >= 0 else best["hbm"]
+    return Floor(hbm_min_bytes=best["hbm"][0], plan=plan_at(pick[1]), hbm_bytes=pick[0], usable_hbm_bytes=cap,
+                 offload_plan=plan_at(best["offload"][1]), offload_min_bytes=best["offload"][0])
 
 
-def _plan_unless_bound(model: ModelSpec, system: SystemSpec, job: JobSpec) -> SearchResult:
-    """plan(top_k=1), but an empty answer at once when the memory bound already excludes every plan
-    (see check): the what-ifs below probe many systems on which nothing fits."""
+def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
+    """(HBM of the floor's plan, smallest HBM overall, that plan, usable HBM): see `memory_floor`."""
+    f = memory_floor(space)
+    return f.hbm_bytes, f.hbm_min_bytes, f.plan, f.usable_hbm_bytes
+
+
+def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Ranked | None:
+    """A plan that fits (the smallest HBM footprint), decided by the memory floor alone (exact:
+    some plan fits iff this one does); None when nothing fits. The what-ifs of `check` ask
+    "would it fit", for which a search for the fastest plan is not needed."""
     space = build_space(model, system, job)
-    if len(layouts(space)["tp"]):
-        hbm_min, _, small_plan, cap = _min_footprint(space)
-        if small_plan is not None and hbm_min > cap:
-            return SearchResult(ranked=[], objective="", stats={"status": "INFEASIBLE (memory bound)"})
-    return plan(model, system, job, top_k=1)
+    floor = memory_floor(space)
+    if not floor.fits:
+        return None
+    est = estimate(model, system, floor.plan, job)
+    return Ranked(plan=floor.plan, estimate=est, objective=_objective(est, model.seq_length, space.free_batch))
 
 
 def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> CheckResult:
-    """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much."""
+    """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much, and
+    what would make it fit (more GPUs, an offload tier, TP across nodes, no pins), each decided
+    exactly by the memory floor with an example plan that fits."""
     job = job or JobSpec()
     space = build_space(model, system, job)
     reasons: list[str] = []
@@ -249,7 +307,8 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     lay = layouts(space)
     if not len(lay["tp"]):
         return _structural(model, system, job, space)
-    hbm_min, _, small_plan, cap = _min_footprint(space)
+    floor = memory_floor(space)
+    hbm_min, small_plan, cap = floor.hbm_bytes, floor.plan, floor.usable_hbm_bytes
     if small_plan is None:  # layouts exist, but no option combination goes with any of them
         return _structural(model, system, job, space)
     if hbm_min <= cap:  # the memory bound does not rule everything out: search
@@ -272,62 +331,57 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     n = system.num_gpus
     factor = 2
     while factor <= MAX_GPU_FACTOR:
-        bigger = system.with_changes(num_gpus=n * factor)
-        r = _plan_unless_bound(model, bigger, job)
-        if r.best is not None:
+        r = _fitting_example(model, system.with_changes(num_gpus=n * factor), job)
+        if r is not None:
             numbers["gpus_needed"] = n * factor
-            reasons.append(f"GPUs: it fits on {n * factor} GPUs ({factor}x; best there: "
-                           f"{r.best.plan.short()}, {_gib(r.best.estimate.hbm_bytes)} per GPU)")
+            reasons.append(f"GPUs: it fits on {n * factor} GPUs ({factor}x; e.g. {r.plan.short()}, "
+                           f"{_gib(r.estimate.hbm_bytes)} per GPU; `planner plan -g {n * factor}` finds the fastest)")
             break
         factor *= 2
     else:
         reasons.append(f"GPUs: no plan fits even on {n * MAX_GPU_FACTOR} GPUs ({MAX_GPU_FACTOR}x)")
-    # offload
+    # offload: one floor over the largest hypothetical tier gives the fewest offloaded bytes of any
+    # plan that fits HBM, hence the smallest tier that fits (capacity changes no other number)
     bw = system.offload.bandwidth_gb_per_s if system.offload else HYPOTHETICAL_OFFLOAD_GB_S
     tier = MemoryTier(name="hypothetical", capacity_gib=HYPOTHETICAL_OFFLOAD_GIB, bandwidth_gb_per_s=bw)
     hypo = system.with_changes(offload=tier.model_dump())
     hypo_job = job.model_copy(update={"allow_offload": True})
-    r = _plan_unless_bound(model, hypo, hypo_job)
-    if r.best is not None:
+    off = memory_floor(build_space(model, hypo, hypo_job))
+    if off.offload_plan is not None and off.offload_min_bytes <= HYPOTHETICAL_OFFLOAD_GIB * GIB * (1 + 1e-12):
         # the smallest power-of-two tier (GiB per GPU) that still fits, halving from the maximum
         tier_gib = HYPOTHETICAL_OFFLOAD_GIB
-        while tier_gib / 2 >= MIN_OFFLOAD_GIB:
-            smaller = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib / 2})
-            r_small = _plan_unless_bound(model, smaller, hypo_job)
-            if r_small.best is None:
-                break
-            tier_gib, r = tier_gib / 2, r_small
+        while tier_gib / 2 >= MIN_OFFLOAD_GIB and off.offload_min_bytes <= tier_gib / 2 * GIB * (1 + 1e-12):
+            tier_gib /= 2
+        smallest = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib})
+        est = estimate(model, smallest, off.offload_plan, hypo_job)
         numbers["offload_tier_needed_gib"] = tier_gib
-        numbers["offload_needed_bytes"] = r.best.estimate.offload_bytes
+        numbers["offload_needed_bytes"] = est.offload_bytes
         have = (f"the system has {system.offload.capacity_gib:g} GiB" if system.offload
                 else "the system has no offload tier")
         off_note = "" if job.allow_offload else " (offload is disabled for this job)"
-        reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s "
-                       f"(not with {tier_gib / 2:g} GiB); {have}{off_note} (fastest plan there: "
-                       f"{r.best.plan.short()}, uses {_gib(r.best.estimate.offload_bytes)} of it, "
-                       f"{r.best.estimate.step_time_s:.2f} s per step)")
+        smaller = f" (not with {tier_gib / 2:g} GiB)" if tier_gib / 2 >= MIN_OFFLOAD_GIB else ""
+        reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s"
+                       f"{smaller}; {have}{off_note} (the plan that offloads the least: {off.offload_plan.short()}, "
+                       f"{_gib(est.offload_bytes)}; `planner plan` on such a system finds the fastest)")
     else:
         msg = (f"offload: no {job.framework}-expressible plan fits even with "
                f"{HYPOTHETICAL_OFFLOAD_GIB:g} GiB of offload memory per GPU at {bw:g} GB/s")
         if job.framework == "megatron":
-            r = _plan_unless_bound(model, hypo, hypo_job.model_copy(update={"framework": "any"}))
-            if r.best is not None:
-                numbers["offload_needed_bytes_any_framework"] = r.best.estimate.offload_bytes
-                msg += (f"; with a framework that offloads weights (--framework any) the fastest fitting plan uses "
-                        f"{_gib(r.best.estimate.offload_bytes)} per GPU ({r.best.plan.short()}, "
-                        f"{r.best.estimate.step_time_s:.2f} s per step)")
+            r = _fitting_example(model, hypo, hypo_job.model_copy(update={"framework": "any"}))
+            if r is not None:
+                numbers["offload_needed_bytes_any_framework"] = r.estimate.offload_bytes
+                msg += (f"; with a framework that offloads weights (--framework any) it fits, e.g. "
+                        f"{r.plan.short()} using {_gib(r.estimate.offload_bytes)} of it per GPU")
         reasons.append(msg)
     if job.tp_within_nvlink and "gpus_needed" not in numbers:
-        wide = _plan_unless_bound(model, system, job.model_copy(update={"tp_within_nvlink": False}))
-        if wide.best is not None:
+        wide = _fitting_example(model, system, job.model_copy(update={"tp_within_nvlink": False}))
+        if wide is not None:
             reasons.append(f"tensor parallelism: with TP beyond the {system.nvlink_domain_gpus}-GPU NVLink "
-                           f"domain (--tp-across-nodes) it fits: {wide.best.plan.short()}, "
-                           f"{wide.best.estimate.step_time_s:.2f} s per step")
+                           f"domain (--tp-across-nodes) it fits, e.g. {wide.plan.short()}")
     if job.pins:
-        free_job = job.model_copy(update={"pins": {}})
-        r = _plan_unless_bound(model, system, free_job)
-        if r.best is not None:
-            reasons.append(f"pins: without your pins ({_pins(job)}) it fits: {r.best.plan.short()}")
+        r = _fitting_example(model, system, job.model_copy(update={"pins": {}}))
+        if r is not None:
+            reasons.append(f"pins: without your pins ({_pins(job)}) it fits, e.g. {r.plan.short()}")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=list(binding),
                        numbers=numbers)
 
