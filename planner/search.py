@@ -23,8 +23,8 @@ import numpy as np
 
 from constraints.solve import explain, solve_top_k
 from constraints.stages import best_stages
-from constraints.space import OPTION_KEYS, at_batch, build_space, cross_index, layouts, options, take_pairs
-from constraints.cost_table import CHUNK, MEMORY_BITS, Table, plan_arrays, tabulate
+from constraints.space import OPTION_KEYS, at_batch, build_space, layouts, options, pair_mask, take_pairs
+from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
@@ -235,9 +235,18 @@ class Floor:
         return self.plan is not None and self.hbm_bytes <= self.usable_hbm_bytes
 
 
-def memory_floor(space) -> Floor:
+def memory_floor(space, offload_min: bool = True) -> Floor:
     """Floor of `space` from the exact memory model only (no step time, no search), over the
-    layouts × memory-relevant options in chunks (bounded memory on spaces of millions of pairs)."""
+    layouts × memory-relevant options, in bounded chunks. `offload_min=False` leaves
+    `offload_plan`/`offload_min_bytes` out (then much of the offload grid need not be costed).
+
+    Offload corners (exact): per-GPU HBM never rises with an offload fraction (what is offloaded
+    leaves HBM, two layers' worth at most stay) and offloaded bytes never fall. So within a group
+    of rows that differ only in offload fractions, the row offloading the most (componentwise;
+    the "corner") has the group's smallest HBM. The corners are costed first; the other rows of
+    a group are costed only where they can matter: the corner's offload exceeds the tier (a row
+    offloading less may fit the tier: the smallest footprint among rows that fit it), or, for
+    `offload_min`, the corner fits HBM (a row offloading less may also fit HBM)."""
     cap = space.system.accelerator.hbm_capacity_bytes - space.job.hbm_reserve_gib * GIB
     none = Floor(math.inf, None, math.inf, cap, None, math.inf)
     lay = layouts(space)
@@ -247,35 +256,83 @@ def memory_floor(space) -> Floor:
     relevant = np.stack([opt[k] for k in OPTION_KEYS if k not in MEMORY_NEUTRAL_KNOBS], axis=1)
     first = np.sort(np.unique(relevant, axis=0, return_index=True)[1])
     opt = {k: v[first] for k, v in opt.items()}
-    L, O = cross_index(space, lay, opt)
-    if not len(L):
+    mask = pair_mask(space, lay, opt)
+    if not mask.any():
         return none
     off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
-    best = {"hbm": (math.inf, -1), "within": (math.inf, -1), "offload": (math.inf, -1)}
-    for lo in range(0, len(L), CHUNK):
-        rows = take_pairs(lay, opt, L[lo:lo + CHUNK], O[lo:lo + CHUNK])
-        rows = at_batch(rows, rows["m_min"])
-        P = plan_arrays(space, rows)
-        mem = memory_breakdown(space.model, space.system, space.job, P)
-        structural = (rule_violations(space.model, space.system, space.job, P, mem) & ~MEMORY_BITS) != 0
-        hbm = np.where(structural, np.inf, mem["hbm_bytes"])
-        off = mem["offload_bytes"]
-        candidates = {"hbm": hbm, "within": np.where(off <= off_cap * (1 + 1e-12), hbm, np.inf),
-                      "offload": np.where(hbm <= cap, off, np.inf)}
-        for key, values in candidates.items():
-            i = int(np.argmin(values))
-            if values[i] < best[key][0]:
-                best[key] = (float(values[i]), lo + i)
+    best = {"hbm": (math.inf, None), "within": (math.inf, None), "offload": (math.inf, None)}
 
-    def plan_at(pair: int) -> Plan | None:
-        if pair < 0:
+    def cost(L: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(HBM, offload bytes) of the pairs at their smallest batch; folds them into `best`."""
+        hbm_all, off_all = [], []
+        for lo in range(0, len(L), CHUNK):
+            li, oi = L[lo:lo + CHUNK], O[lo:lo + CHUNK]
+            rows = at_batch(take_pairs(lay, opt, li, oi), lay["m_min"][li])
+            P = plan_arrays(space, rows)
+            mem = memory_breakdown(space.model, space.system, space.job, P)
+            structural = (rule_violations(space.model, space.system, space.job, P, mem) & ~MEMORY_BITS) != 0
+            hbm = np.where(structural, np.inf, mem["hbm_bytes"])
+            off = np.where(structural, np.inf, mem["offload_bytes"])
+            candidates = {"hbm": hbm, "within": np.where(off <= off_cap * (1 + 1e-12), hbm, np.inf),
+                          "offload": np.where(hbm <= cap, off, np.inf)}
+            for key, values in candidates.items():
+                i = int(np.argmin(values))
+                if values[i] < best[key][0]:
+                    best[key] = (float(values[i]), (int(li[i]), int(oi[i])))
+            hbm_all.append(hbm)
+            off_all.append(off)
+        return np.concatenate(hbm_all), np.concatenate(off_all)
+
+    steps = np.stack([np.rint(opt[c] * 2) for c in OFFLOAD_COLUMNS], axis=1)  # fractions in halves
+    if not steps.any():
+        cost(*np.nonzero(mask))
+    else:
+        # groups: option rows equal but for the offload fractions
+        others = np.stack([opt[k] for k in OPTION_KEYS if k not in MEMORY_NEUTRAL_KNOBS + OFFLOAD_COLUMNS], axis=1)
+        group_of = np.unique(others, axis=0, return_inverse=True)[1].ravel()
+        corner_L, corner_O, rest = [], [], []
+        for g in range(int(group_of.max()) + 1):
+            cols = np.flatnonzero(group_of == g)
+            sub = mask[:, cols]
+            score = np.where(sub, steps[cols].sum(axis=1)[None, :], -1.0)
+            pick = np.argmax(score, axis=1)
+            has = sub.any(axis=1)
+            # the pick is a corner only if it offloads at least as much of everything as every
+            # allowed row of its group; elsewhere the whole group is costed
+            is_corner = has.copy()
+            for j in range(3):
+                top = np.max(np.where(sub, steps[cols, j][None, :], -1.0), axis=1)
+                is_corner &= steps[cols[pick], j] >= top
+            corner_L.append(np.flatnonzero(is_corner))
+            corner_O.append(cols[pick[is_corner]])
+            rest.append((cols, sub, is_corner, has))
+        cl, co = np.concatenate(corner_L), np.concatenate(corner_O)
+        hbm_c, off_c = cost(cl, co)
+        needs = off_c > off_cap * (1 + 1e-12)
+        if offload_min:
+            needs |= hbm_c <= cap
+        need_pair = np.zeros(mask.shape, dtype=bool)   # (layout, corner option) whose group is needed
+        need_pair[cl[needs], co[needs]] = True
+        more_L, more_O = [], []
+        for cols, sub, is_corner, has in rest:
+            want = (need_pair[:, cols].any(axis=1) | (has & ~is_corner))[:, None] & sub
+            li, ci = np.nonzero(want)
+            more_L.append(li)
+            more_O.append(cols[ci])
+        ml, mo = np.concatenate(more_L), np.concatenate(more_O)
+        if len(ml):
+            cost(ml, mo)
+
+    def plan_at(pair) -> Plan | None:
+        if pair is None:
             return None
-        row = at_batch(take_pairs(lay, opt, L[pair:pair + 1], O[pair:pair + 1]), lay["m_min"][L[pair:pair + 1]])
-        return plan_arrays(space, row).row(0)
+        li, oi = np.asarray([pair[0]]), np.asarray([pair[1]])
+        return plan_arrays(space, at_batch(take_pairs(lay, opt, li, oi), lay["m_min"][li])).row(0)
 
-    pick = best["within"] if best["within"][1] >= 0 else best["hbm"]
+    pick = best["within"] if best["within"][1] is not None else best["hbm"]
+    offload = best["offload"] if offload_min else (math.inf, None)
     return Floor(hbm_min_bytes=best["hbm"][0], plan=plan_at(pick[1]), hbm_bytes=pick[0], usable_hbm_bytes=cap,
-                 offload_plan=plan_at(best["offload"][1]), offload_min_bytes=best["offload"][0])
+                 offload_plan=plan_at(offload[1]), offload_min_bytes=offload[0])
 
 
 def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
@@ -289,7 +346,7 @@ def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Rank
     some plan fits iff this one does); None when nothing fits. The what-ifs of `check` ask
     "would it fit", for which a search for the fastest plan is not needed."""
     space = build_space(model, system, job)
-    floor = memory_floor(space)
+    floor = memory_floor(space, offload_min=False)
     if not floor.fits:
         return None
     est = estimate(model, system, floor.plan, job)

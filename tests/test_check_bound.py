@@ -86,6 +86,8 @@ def test_memory_floor_equals_brute_force(case):
         assert floor.offload_plan is None
     if floor.fits:
         assert estimate(model, system, floor.plan, job).feasible
+    quick = memory_floor(space, offload_min=False)  # the what-ifs' mode: fewer offload rows costed
+    assert (quick.fits, quick.hbm_min_bytes, quick.hbm_bytes) == (floor.fits, floor.hbm_min_bytes, floor.hbm_bytes)
 
 
 def test_memory_neutral_knobs_change_no_byte():
