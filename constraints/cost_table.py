@@ -26,8 +26,10 @@ given HBM / offload capacities:
    Rows ranked before it do not fit (they are what the memory-fit constraint forbids); among them
    a row is dropped when an earlier row of the same layout needs no more HBM and no more offload
    capacity (Pareto dominance).
-3. With `top_k`, a row ranked after the K-th best layout's best fitting row cannot be in the
-   top K: dropped.
+3. With `top_k`, a row ranked after the K-th best layout's best fitting row (times
+   1 + tie_rel_tol: near-ties are re-ranked by planner.ties) cannot be in the top K: dropped.
+0. Before any of this, offload dominance and a lower bound skip pairs that rules 2 and 3 would
+   drop anyway, without costing them (`_largest_batch_pass`).
 The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this, and
 the regret tests compare the two.
 """
