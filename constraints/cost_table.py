@@ -46,7 +46,7 @@ from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
-CHUNK = 400_000
+CHUNK = 32_768   # rows per estimate_many call: working set in cache (400 k: ~25 % more CPU, measured)
 SCALE = 1_000_000          # integer cost = round(objective / best · SCALE)
 MAX_SCALED = 1_000_000_000  # clip: rows > 1000× the best keep their order through the tie-break
 
