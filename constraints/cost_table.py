@@ -305,8 +305,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     covered = np.zeros((n_lay, n_opt), dtype=bool)     # fits, or a pair below it fits
     twin_obj = np.full((n_lay, n_opt), np.inf)         # objective of the no-offload pairs
     best_fit = np.full(n_lay, np.inf)
-    kept: list[np.ndarray] = []
-    parts: list[tuple[dict, dict, dict]] = []
+    parts: list[tuple[np.ndarray, np.ndarray, dict]] = []  # (layout rows, option rows, results)
     evaluated = 0
     for lv in range(int(level.max()) + 1):
         cols = np.flatnonzero(level == lv)
@@ -330,20 +329,28 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
         if not len(li):
             continue
         oi = cols[ci]
-        pairs = take_pairs(lay, opt, li, oi)
-        rows_m = at_batch(pairs, pairs["m_max"])
-        res_m = evaluate(space, rows_m)
+        res_m = _cat([evaluate(space, at_batch(part, part["m_max"]))  # columns built chunk by chunk
+                      for lo in range(0, len(li), CHUNK)
+                      for part in (take_pairs(lay, opt, li[lo:lo + CHUNK], oi[lo:lo + CHUNK]),)])
         evaluated += len(li)
         fits = res_m["violations"] == 0
         covered[li, oi] = fits
         if lv == 0:
             twin_obj[li, oi] = res_m["objective"]
         np.minimum.at(best_fit, li[fits], res_m["objective"][fits])
-        kept.append(li * n_opt + oi)
-        parts.append((pairs, rows_m, res_m))
-    order = np.argsort(np.concatenate(kept), kind="stable")  # back to the order of `cross`
-    pairs, rows_m, res_m = (_take(_cat([p[j] for p in parts]), order) for j in range(3))
-    return pairs, rows_m, res_m, full_size, evaluated
+        parts.append((li, oi, res_m))
+    # Only pairs that rules 2 and 3 can keep are returned (and rebuilt as columns): a pair whose row
+    # at its largest batch is slower than its layout's best fitting row or the K-th layout is
+    # neither kept nor bisected by `tabulate` (smaller batches are slower per token, and the rows
+    # found later only lower both bounds). On spaces where most pairs need offload this keeps
+    # millions of evaluated pairs out of memory.
+    threshold = _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
+    li, oi = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    res_m = _cat([p[2] for p in parts])
+    keep = np.flatnonzero(res_m["objective"] <= np.minimum(best_fit[li], threshold))
+    keep = keep[np.argsort(li[keep] * n_opt + oi[keep], kind="stable")]  # back to the order of `cross`
+    pairs = take_pairs(lay, opt, li[keep], oi[keep])
+    return pairs, at_batch(pairs, pairs["m_max"]), _take(res_m, keep), full_size, evaluated
 
 
 def _segment_prefix_min_exclusive(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
