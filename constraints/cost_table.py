@@ -26,8 +26,10 @@ given HBM / offload capacities:
    Rows ranked before it do not fit (they are what the memory-fit constraint forbids); among them
    a row is dropped when an earlier row of the same layout needs no more HBM and no more offload
    capacity (Pareto dominance).
-3. With `top_k`, a row ranked after the K-th best layout's best fitting row cannot be in the
-   top K: dropped.
+3. With `top_k`, a row ranked after the K-th best layout's best fitting row (times
+   1 + tie_rel_tol: near-ties are re-ranked by planner.ties) cannot be in the top K: dropped.
+0. Before any of this, offload dominance and a lower bound skip pairs that rules 2 and 3 would
+   drop anyway, without costing them (`_largest_batch_pass`).
 The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this, and
 the regret tests compare the two.
 """
@@ -38,13 +40,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from constraints.space import LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, cross, layouts, options
+from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, layouts, options, pair_mask,
+                               take_pairs)
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
 from planner.analytical.layer_kinds import lead_layers
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
-CHUNK = 400_000
+CHUNK = 32_768   # rows per estimate_many call: working set in cache (400 k: ~25 % more CPU, measured)
 SCALE = 1_000_000          # integer cost = round(objective / best · SCALE)
 MAX_SCALED = 1_000_000_000  # clip: rows > 1000× the best keep their order through the tie-break
 
@@ -138,56 +141,25 @@ def _kth(values: np.ndarray, k: int | None) -> float:
     return float(finite[k - 1])
 
 
-@dataclass
-class PairCosts:
-    """Step 1 of `tabulate`, which does not depend on top_k: every (layout, options) pair costed
-    at its largest microbatch count. The search reuses it when ties make it ask for more layouts,
-    instead of costing the same 10^6 pairs again."""
-
-    space: Space
-    relax_memory: bool
-    lay: dict[str, np.ndarray]
-    pairs: dict[str, np.ndarray]
-    full_size: int
-    pre_evaluated: int
-    rows_m: dict[str, np.ndarray]
-    res_m: dict[str, np.ndarray]
-    seconds: float
-
-
-def cost_pairs(space: Space, relax_memory: bool = False) -> PairCosts:
-    t0 = time.perf_counter()
-    lay = layouts(space)
-    pairs = cross(space, lay, options(space))
-    full_size = int(np.sum((pairs["m_max"] - pairs["m_min"]) // pairs["m_step"] + 1)) if len(pairs["tp"]) else 0
-    pairs, pre_evaluated = (pairs, 0) if relax_memory else _drop_dominated_offload(space, pairs)
-    rows_m = at_batch(pairs, pairs["m_max"])
-    res_m = evaluate(space, rows_m)
-    return PairCosts(space, relax_memory, lay, pairs, full_size, pre_evaluated, rows_m, res_m,
-                     time.perf_counter() - t0)
-
-
 def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
-             costed: PairCosts | None = None) -> Table:
+             tie_rel_tol: float = 0.0) -> Table:
     """The pruned exact cost table (see the module docstring). `relax_memory`: treat every row as
     fitting while pruning (used to explain infeasible boxes: what would the best plan need).
-    `costed`: step 1 from an earlier call on the same space (`cost_pairs`), reused."""
-    if costed is None or costed.space is not space or costed.relax_memory != relax_memory:
-        costed = cost_pairs(space, relax_memory)
-    t0 = time.perf_counter() - costed.seconds  # build_s: this table's seconds, step 1 included
-    lay, pairs, full_size, pre_evaluated = costed.lay, costed.pairs, costed.full_size, costed.pre_evaluated
+    `tie_rel_tol`: rule 3 keeps every layout within this relative distance of the K-th best
+    (planner.ties re-ranks near-equal layouts, so all of them must reach the solver)."""
+    t0 = time.perf_counter()
+    lay = layouts(space)
+    n_groups = len(lay["tp"])
+    pairs, rows_m, res_m, full_size, evaluated = _largest_batch_pass(space, lay, relax_memory, top_k, tie_rel_tol)
     n_pairs = len(pairs["tp"])
     group_all = pairs["lay_row"].astype(np.int64)
-    n_groups = len(lay["tp"])
 
-    # 1. every pair at its largest microbatch count
-    rows_m, res_m = costed.rows_m, costed.res_m
-    evaluated = n_pairs + pre_evaluated
+    # 1. every pair at its largest microbatch count (evaluated above)
     structural = (res_m["violations"] & ~MEMORY_BITS) != 0   # should be none: space == rules
     fit_m = (res_m["violations"] == 0) | (relax_memory & ~structural)
     obj_m = res_m["objective"]
     best_fit = _group_min(group_all[fit_m], obj_m[fit_m], n_groups)
-    threshold = _kth(best_fit, top_k)
+    threshold = _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
 
     # 1b. bisection for the largest fitting m < pp where the largest m does not fit
     parts = [(rows_m, res_m, group_all)]
@@ -225,7 +197,7 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     # rules 2 and 3 early, by objective value alone (ties kept), so that only few rows get sorted
     fit0 = (res["violations"] == 0) | relax_memory
     bf = _group_min(group[fit0 & keep], res["objective"][fit0 & keep], n_groups)
-    keep &= res["objective"] <= np.minimum(bf[group], _kth(bf, top_k))
+    keep &= res["objective"] <= np.minimum(bf[group], _kth(bf, top_k) * (1.0 + tie_rel_tol))
     rows, res, group = _take(rows, keep), _take(res, keep), group[keep]
 
     # 2. rank, then per-layout pruning
@@ -260,7 +232,7 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     keep &= fit | ~dominated
     # 3. top-K threshold on the final ranking
     best_fit = _group_min(group[fit & keep], res["objective"][fit & keep], n_groups)
-    keep &= res["objective"] <= _kth(best_fit, top_k)
+    keep &= res["objective"] <= _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
     rows, res, group = _take(rows, keep), _take(res, keep), group[keep]
     rows["group"] = group
     stats = {"space_size": full_size, "layouts": n_groups, "pairs": n_pairs, "evaluated": evaluated,
@@ -272,31 +244,114 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
 OFFLOAD_COLUMNS = ("offload_weights", "offload_activations", "offload_optimizer")
 
 
-def _drop_dominated_offload(space: Space, pairs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
-    """Drop offload variants whose no-offload twin (every other knob equal) fits at its largest
-    batch. Exact under the model: offload only adds time (its traffic is >= 0, and the
-    optimizer step of offloaded state is slower) as long as the tier is no faster than HBM's
-    element-wise bandwidth, which we check; memory is then no longer a reason to offload."""
+def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: bool, top_k: int | None,
+                        tie_rel_tol: float):
+    """Every (layout, options) pair that can be its layout's best row, evaluated once at its largest
+    microbatch count; returns (pairs, their rows at m_max, results, full space size, rows evaluated).
+
+    Offload dominance (exact under the model; not with `relax_memory`): a pair is dropped when a
+    pair of the same layout and the same non-offload options with LESS offload fits at its
+    largest batch. "Less" (u below v): u's weight and optimizer fractions are each <= v's, and u
+    offloads no activations, or the same fraction on a layout whose pipeline ranks hold equal
+    layers. Then u is no slower than v at every batch: the offload traffic per microbatch
+    (fraction × the plan's largest parameter count, fraction × the activations of the fullest
+    rank, which is every rank's when the loads are equal) and the offloaded optimizer step
+    only grow with the fractions while the tier is no faster than HBM's element-wise
+    bandwidth (checked), and v's time per token at any m is no better than at its own largest
+    m (constraints.cost_table rule 1). So u's row beats every row of v and v is never its
+    layout's choice. The pairs are visited in order of total offload, so whether some u below v
+    fits is known from v's immediate lower neighbours (each fits, or is itself dropped) and a
+    dropped pair is never evaluated.
+
+    Lower bound (exact, same argument with u = v's no-offload twin, evaluated first whether it
+    fits or not): v's objective at any batch is >= its twin's at the largest batch. A pair whose
+    bound exceeds its layout's best fitting row so far (rule 2) or the K-th best layout so far
+    (rule 3; both only fall as more rows are evaluated) would be pruned by those rules: it is
+    not evaluated either."""
+    opt = options(space)
+    n_lay, n_opt = len(lay["tp"]), len(opt["recompute"])
+    mask = pair_mask(space, lay, opt) if n_lay else np.zeros((0, n_opt), dtype=bool)
+    counts = ((lay["m_max"] - lay["m_min"]) // lay["m_step"] + 1) if n_lay else np.zeros(0)
+    full_size = int(counts @ mask.sum(axis=1)) if n_lay else 0
     system = space.system
     acc = system.accelerator
-    offloads = np.zeros(len(pairs["tp"]), dtype=bool)
-    for col in OFFLOAD_COLUMNS:
-        offloads |= pairs[col] > 0
-    if (system.offload is None or not offloads.any() or system.offload.bandwidth_bytes_per_s
-            > acc.hbm_bandwidth_bytes_per_s * acc.efficiency.hbm_efficiency):
-        return pairs, 0
-    base = np.nonzero(~offloads)[0]
-    res = evaluate(space, at_batch(_take(pairs, base), pairs["m_max"][base]), keep=("step_time_s", "violations"))
-    # twin id: the layout row and the non-offload options, mixed radix over each option's domain
-    twin = pairs["lay_row"].astype(np.int64)
-    for col in (c for c in OPTION_KEYS if c not in OFFLOAD_COLUMNS):
-        domain = np.asarray(sorted(set(space.domains[col])), dtype=np.float64)
-        twin = twin * len(domain) + np.searchsorted(domain, pairs[col])
-    twin = np.unique(twin, return_inverse=True)[1].ravel()
-    twin_fits = np.zeros(int(twin.max()) + 1, dtype=bool)
-    twin_fits[twin[base[res["violations"] == 0]]] = True
-    keep = np.nonzero(~offloads | ~twin_fits[twin])[0]
-    return _take(pairs, keep), len(base)
+    steps = {c: np.rint(opt[c] * 2).astype(np.int64) for c in OFFLOAD_COLUMNS}  # fractions in halves
+    level = steps["offload_weights"] + steps["offload_activations"] + steps["offload_optimizer"]
+    monotone = (system.offload is not None and system.offload.bandwidth_bytes_per_s
+                <= acc.hbm_bandwidth_bytes_per_s * acc.efficiency.hbm_efficiency)
+    if relax_memory or not monotone or not n_lay or not (level[mask.any(axis=0)] > 0).any():
+        L, O = np.nonzero(mask)
+        pairs = take_pairs(lay, opt, L, O)
+        rows_m = at_batch(pairs, pairs["m_max"])
+        return pairs, rows_m, evaluate(space, rows_m), full_size, len(L)
+
+    # per option row: its lower neighbours (one fraction one half-step down, or the activation
+    # fraction to 0) and its no-offload twin; -1: none. Rows are identified by their knob values.
+    index = {tuple(opt[k][i] for k in OPTION_KEYS): i for i in range(n_opt)}
+
+    def other(i: int, col: str | None, value: float = 0.0) -> int:
+        key = {k: opt[k][i] for k in OPTION_KEYS}
+        for c in (OFFLOAD_COLUMNS if col is None else (col,)):
+            key[c] = value
+        return index.get(tuple(key[k] for k in OPTION_KEYS), -1)
+
+    act_zero = np.asarray([other(i, "offload_activations") if steps["offload_activations"][i] else -1
+                           for i in range(n_opt)], dtype=np.int64)
+    down_w, down_o = (np.asarray([other(i, c, (steps[c][i] - 1) / 2) if steps[c][i] else -1
+                                  for i in range(n_opt)], dtype=np.int64)
+                      for c in ("offload_weights", "offload_optimizer"))
+    twin_of = np.asarray([other(i, None) for i in range(n_opt)], dtype=np.int64)
+    equal_ranks = space.model.layers % lay["pp"] == 0   # every rank holds layers/pp layers
+
+    covered = np.zeros((n_lay, n_opt), dtype=bool)     # fits, or a pair below it fits
+    twin_obj = np.full((n_lay, n_opt), np.inf)         # objective of the no-offload pairs
+    best_fit = np.full(n_lay, np.inf)
+    parts: list[tuple[np.ndarray, np.ndarray, dict]] = []  # (layout rows, option rows, results)
+    evaluated = 0
+    for lv in range(int(level.max()) + 1):
+        cols = np.flatnonzero(level == lv)
+        if not len(cols):
+            continue
+        dominated = np.zeros((n_lay, len(cols)), dtype=bool)
+        offloads_act = steps["offload_activations"][cols] > 0
+        for nb, same_act in ((act_zero[cols], False), (down_w[cols], True), (down_o[cols], True)):
+            has = nb >= 0
+            hit = covered[:, np.maximum(nb, 0)] & has[None, :]
+            if same_act:  # u offloads the same activations as v: only where rank loads are equal
+                hit &= ~offloads_act[None, :] | equal_ranks[:, None]
+            dominated |= hit
+        if lv > 0:  # the lower bound from the no-offload twin (rules 2 and 3)
+            bound = np.minimum(best_fit, _kth(best_fit, top_k) * (1.0 + tie_rel_tol))
+            tw = twin_of[cols]
+            lb = np.where(tw[None, :] >= 0, twin_obj[:, np.maximum(tw, 0)], -np.inf)
+            dominated |= lb > bound[:, None]
+        covered[:, cols] |= dominated
+        li, ci = np.nonzero(mask[:, cols] & ~dominated)
+        if not len(li):
+            continue
+        oi = cols[ci]
+        res_m = _cat([evaluate(space, at_batch(part, part["m_max"]))  # columns built chunk by chunk
+                      for lo in range(0, len(li), CHUNK)
+                      for part in (take_pairs(lay, opt, li[lo:lo + CHUNK], oi[lo:lo + CHUNK]),)])
+        evaluated += len(li)
+        fits = res_m["violations"] == 0
+        covered[li, oi] = fits
+        if lv == 0:
+            twin_obj[li, oi] = res_m["objective"]
+        np.minimum.at(best_fit, li[fits], res_m["objective"][fits])
+        parts.append((li, oi, res_m))
+    # Only pairs that rules 2 and 3 can keep are returned (and rebuilt as columns): a pair whose row
+    # at its largest batch is slower than its layout's best fitting row or the K-th layout is
+    # neither kept nor bisected by `tabulate` (smaller batches are slower per token, and the rows
+    # found later only lower both bounds). On spaces where most pairs need offload this keeps
+    # millions of evaluated pairs out of memory.
+    threshold = _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
+    li, oi = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    res_m = _cat([p[2] for p in parts])
+    keep = np.flatnonzero(res_m["objective"] <= np.minimum(best_fit[li], threshold))
+    keep = keep[np.argsort(li[keep] * n_opt + oi[keep], kind="stable")]  # back to the order of `cross`
+    pairs = take_pairs(lay, opt, li[keep], oi[keep])
+    return pairs, at_batch(pairs, pairs["m_max"]), _take(res_m, keep), full_size, evaluated
 
 
 def _segment_prefix_min_exclusive(values: np.ndarray, seg: np.ndarray) -> np.ndarray:
@@ -322,5 +377,5 @@ def _segment_prefix_min_exclusive(values: np.ndarray, seg: np.ndarray) -> np.nda
     return out
 
 
-__all__ = ["Table", "tabulate", "cost_pairs", "PairCosts", "evaluate", "objective", "order_rows", "integer_costs",
+__all__ = ["Table", "tabulate", "evaluate", "objective", "order_rows", "integer_costs",
            "plan_arrays", "MEMORY_BITS"]

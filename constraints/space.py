@@ -396,34 +396,38 @@ def options_allowed(space: Space, opt: dict[str, np.ndarray], cls: int) -> np.nd
     return ok
 
 
-def cross(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Layouts × options, keeping only the compatible pairs (`options_allowed` by
-    `layout_class`). Every column of `lay` is carried along, and `lay_row` says which layout row
-    each pair came from. Deterministic order."""
-    parts: dict[str, list] = {k: [] for k in list(lay) + list(OPTION_KEYS) + ["lay_row"]}
-    n_lay = len(lay["tp"])
-    lay_cls = layout_class(lay)
-    for cls in range(N_LAYOUT_CLASSES):
-        li = np.nonzero(lay_cls == cls)[0]
-        if not len(li):
-            continue
-        oi = np.nonzero(options_allowed(space, opt, cls))[0]
-        if not len(oi):
-            continue
-        L = np.repeat(li, len(oi))
-        O = np.tile(oi, len(li))
-        for k in lay:
-            parts[k].append(lay[k][L])
-        for k in OPTION_KEYS:
-            parts[k].append(opt[k][O])
-        parts["lay_row"].append(L)
-    if not parts["lay_row"]:
-        return {k: np.zeros(0) for k in parts}
-    rows = {k: np.concatenate(v) for k, v in parts.items()}
-    order = np.argsort(rows["lay_row"], kind="stable")
-    rows = {k: v[order] for k, v in rows.items()}
-    assert rows["lay_row"].max() < n_lay
+def pair_mask(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> np.ndarray:
+    """(layouts × options) Booleans: which option rows go with which layout rows
+    (`options_allowed` by `layout_class`)."""
+    allowed = np.stack([options_allowed(space, opt, cls) for cls in range(N_LAYOUT_CLASSES)])
+    return allowed[layout_class(lay)]
+
+
+def cross_index(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The compatible (layout row, option row) pairs of `cross`, as two index arrays in its order
+    (by layout row, then option row), without building any column: the search materialises
+    only the pairs it keeps (`take_pairs`)."""
+    L, O = np.nonzero(pair_mask(space, lay, opt))
+    return L.astype(np.int64), O.astype(np.int64)
+
+
+def take_pairs(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], L: np.ndarray,
+               O: np.ndarray) -> dict[str, np.ndarray]:
+    """Columns of the pairs (L[i], O[i]): every layout column, every option column, `lay_row`."""
+    rows = {k: v[L] for k, v in lay.items()}
+    rows.update({k: opt[k][O] for k in OPTION_KEYS})
+    rows["lay_row"] = L
     return rows
+
+
+def cross(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Layouts × options, keeping only the compatible pairs (`pair_mask`). Every column of `lay` is carried along, and
+    `lay_row` says which layout row each pair came from. Deterministic order (by layout row,
+    then option row)."""
+    L, O = cross_index(space, lay, opt)
+    if not len(L):
+        return {k: np.zeros(0) for k in list(lay) + list(OPTION_KEYS) + ["lay_row"]}
+    return take_pairs(lay, opt, L, O)
 
 
 def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
@@ -431,6 +435,6 @@ def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
     return cross(space, expand_batches(layouts(space)), options(space))
 
 
-__all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "enumerate_rows",
-           "layout_class", "options_allowed", "N_LAYOUT_CLASSES",
+__all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "cross_index", "pair_mask", "take_pairs",
+           "enumerate_rows", "layout_class", "options_allowed", "N_LAYOUT_CLASSES",
            "expand_batches", "at_batch", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]

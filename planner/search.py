@@ -23,16 +23,18 @@ import numpy as np
 
 from constraints.solve import explain, solve_top_k
 from constraints.stages import best_stages
-from constraints.space import (N_LAYOUT_CLASSES, at_batch, build_space, cross, layout_class, layouts, options,
-                               options_allowed)
-from constraints.cost_table import MEMORY_BITS, Table, cost_pairs, evaluate, plan_arrays, tabulate
+from constraints.space import (N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class, layouts, options,
+                               options_allowed, pair_mask, take_pairs)
+from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
+from planner.analytical.estimate import rule_violations
+from planner.analytical.memory import memory_breakdown
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
-from planner.ties import needs_more, rank_with_ties
+from planner.ties import TIE_REL_TOL, rank_with_ties
 
 HYPOTHETICAL_OFFLOAD_GIB = 4096.0
 MIN_OFFLOAD_GIB = 64.0
@@ -41,7 +43,6 @@ MAX_GPU_FACTOR = 64
 # The per-stage CP-SAT model refines the first STAGE_REFINE_TOP reported plans (each is one or
 # two solves of 0.01-2.5 s; all 50 of a top-50 would break the 10 s budget).
 STAGE_REFINE_TOP = 5
-TIE_LOOKAHEAD = 4  # extra layouts fetched beyond top_k so that near-ties can be re-ranked
 
 
 @dataclass
@@ -89,17 +90,13 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)
-    # ties: fetch the objective-ordered layouts until every one within TIE_REL_TOL of the K-th is
-    # in, then re-rank them with planner.ties (the simpler of near-equal plans first)
-    want = top_k + TIE_LOOKAHEAD
-    costed = cost_pairs(space)  # independent of want: costed once however often want doubles
-    while True:
-        table = tabulate(space, top_k=want, costed=costed)
-        sols = solve_top_k(table, want, time_limit_s)
-        objectives = [float(table.res["objective"][i]) for i in sols.indices]
-        if not needs_more(objectives, top_k, exhausted=len(objectives) < want):
-            break
-        want *= 2
+    # ties: every layout within TIE_REL_TOL of the K-th best is tabulated (and no layout beyond
+    # that bound can be among the first K after re-ranking: the K-th pick's window starts at or
+    # below the K-th objective), so the solver fetches exactly the layouts in the table, and
+    # planner.ties re-ranks them (the simpler of near-equal plans first)
+    table = tabulate(space, top_k=top_k, tie_rel_tol=TIE_REL_TOL)
+    sols = solve_top_k(table, table_layouts(table), time_limit_s)
+    objectives = [float(table.res["objective"][i]) for i in sols.indices]
     t1 = time.perf_counter()
     plans = [_row_plan(table, i) for i in sols.indices]
     order = rank_with_ties(objectives, plans, top_k)
@@ -123,6 +120,11 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
                   "total_s": time.perf_counter() - t0, "free_batch": space.free_batch})
     return SearchResult(ranked=ranked, objective="time per token" if space.free_batch else "step time",
                         stats=stats)
+
+
+def table_layouts(table: Table) -> int:
+    """How many distinct layouts of the table have a fitting row (what the solver can return)."""
+    return len(np.unique(table.rows["group"][table.fits])) if len(table) else 0
 
 
 def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: list[Ranked],
@@ -202,38 +204,151 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
 
-def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
-    """Smallest per-GPU HBM over every otherwise-valid plan (each pair at its smallest legal batch:
-    memory never falls as the batch grows); also the smallest among plans whose offload fits."""
-    lay = layouts(space)
-    pairs = cross(space, lay, options(space))
-    if not len(pairs["tp"]):
-        return math.inf, math.inf, None, 0.0
-    rows = at_batch(pairs, pairs["m_min"])
-    res = evaluate(space, rows)
-    structural = (res["violations"] & ~MEMORY_BITS) != 0
-    hbm = np.where(structural, np.inf, res["hbm_bytes"])
-    off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
-    within = np.where(res["offload_bytes"] <= off_cap * (1 + 1e-12), hbm, np.inf)
-    i = int(np.argmin(within)) if np.isfinite(within).any() else int(np.argmin(hbm))
+# Knobs that change no byte of memory (time only): the memory floor evaluates one option row per
+# combination of the others (tests/test_check_bound.py checks that the model agrees).
+MEMORY_NEUTRAL_KNOBS = ("tp_comm_overlap", "dp_comm_overlap")
+
+
+@dataclass
+class Floor:
+    """Memory over every otherwise-valid plan, each at its smallest legal batch (per-GPU HBM and
+    offload bytes never fall as the batch grows, so a plan fits at some batch iff it fits there)."""
+
+    hbm_min_bytes: float          # smallest HBM over all plans (inf: none)
+    plan: Plan | None             # smallest HBM among plans whose offload fits the tier (else overall)
+    hbm_bytes: float              # that plan's HBM
+    usable_hbm_bytes: float
+    offload_plan: Plan | None     # among plans that fit HBM, the one offloading the fewest bytes
+    offload_min_bytes: float      # its offload bytes (inf: no plan fits HBM)
+
+    @property
+    def fits(self) -> bool:
+        """Exact: some plan fits HBM and the offload tier."""
+        return self.plan is not None and self.hbm_bytes <= self.usable_hbm_bytes
+
+
+def memory_floor(space, offload_min: bool = True) -> Floor:
+    """Floor of `space` from the exact memory model only (no step time, no search), over the
+    layouts × memory-relevant options, in bounded chunks. `offload_min=False` leaves
+    `offload_plan`/`offload_min_bytes` out (then much of the offload grid need not be costed).
+
+    Offload corners (exact): per-GPU HBM never rises with an offload fraction (what is offloaded
+    leaves HBM, two layers' worth at most stay) and offloaded bytes never fall. So within a group
+    of rows that differ only in offload fractions, the row offloading the most (componentwise;
+    the "corner") has the group's smallest HBM. The corners are costed first; the other rows of
+    a group are costed only where they can matter: the corner's offload exceeds the tier (a row
+    offloading less may fit the tier: the smallest footprint among rows that fit it), or, for
+    `offload_min`, the corner fits HBM (a row offloading less may also fit HBM)."""
     cap = space.system.accelerator.hbm_capacity_bytes - space.job.hbm_reserve_gib * GIB
-    best_plan_ = plan_arrays(space, {k: v[i:i + 1] for k, v in rows.items()}).row(0)
-    return float(hbm[i]), float(np.min(hbm)), best_plan_, cap
+    none = Floor(math.inf, None, math.inf, cap, None, math.inf)
+    lay = layouts(space)
+    opt = options(space)
+    if not len(lay["tp"]) or not len(opt["recompute"]):
+        return none
+    relevant = np.stack([opt[k] for k in OPTION_KEYS if k not in MEMORY_NEUTRAL_KNOBS], axis=1)
+    first = np.sort(np.unique(relevant, axis=0, return_index=True)[1])
+    opt = {k: v[first] for k, v in opt.items()}
+    mask = pair_mask(space, lay, opt)
+    if not mask.any():
+        return none
+    off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
+    best = {"hbm": (math.inf, None), "within": (math.inf, None), "offload": (math.inf, None)}
+
+    def cost(L: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(HBM, offload bytes) of the pairs at their smallest batch; folds them into `best`."""
+        hbm_all, off_all = [], []
+        for lo in range(0, len(L), CHUNK):
+            li, oi = L[lo:lo + CHUNK], O[lo:lo + CHUNK]
+            rows = at_batch(take_pairs(lay, opt, li, oi), lay["m_min"][li])
+            P = plan_arrays(space, rows)
+            mem = memory_breakdown(space.model, space.system, space.job, P)
+            structural = (rule_violations(space.model, space.system, space.job, P, mem) & ~MEMORY_BITS) != 0
+            hbm = np.where(structural, np.inf, mem["hbm_bytes"])
+            off = np.where(structural, np.inf, mem["offload_bytes"])
+            candidates = {"hbm": hbm, "within": np.where(off <= off_cap * (1 + 1e-12), hbm, np.inf),
+                          "offload": np.where(hbm <= cap, off, np.inf)}
+            for key, values in candidates.items():
+                i = int(np.argmin(values))
+                if values[i] < best[key][0]:
+                    best[key] = (float(values[i]), (int(li[i]), int(oi[i])))
+            hbm_all.append(hbm)
+            off_all.append(off)
+        return np.concatenate(hbm_all), np.concatenate(off_all)
+
+    steps = np.stack([np.rint(opt[c] * 2) for c in OFFLOAD_COLUMNS], axis=1)  # fractions in halves
+    if not steps.any():
+        cost(*np.nonzero(mask))
+    else:
+        # groups: option rows equal but for the offload fractions
+        others = np.stack([opt[k] for k in OPTION_KEYS if k not in MEMORY_NEUTRAL_KNOBS + OFFLOAD_COLUMNS], axis=1)
+        group_of = np.unique(others, axis=0, return_inverse=True)[1].ravel()
+        corner_L, corner_O, rest = [], [], []
+        for g in range(int(group_of.max()) + 1):
+            cols = np.flatnonzero(group_of == g)
+            sub = mask[:, cols]
+            score = np.where(sub, steps[cols].sum(axis=1)[None, :], -1.0)
+            pick = np.argmax(score, axis=1)
+            has = sub.any(axis=1)
+            # the pick is a corner only if it offloads at least as much of everything as every
+            # allowed row of its group; elsewhere the whole group is costed
+            is_corner = has.copy()
+            for j in range(3):
+                top = np.max(np.where(sub, steps[cols, j][None, :], -1.0), axis=1)
+                is_corner &= steps[cols[pick], j] >= top
+            corner_L.append(np.flatnonzero(is_corner))
+            corner_O.append(cols[pick[is_corner]])
+            rest.append((cols, sub, is_corner, has))
+        cl, co = np.concatenate(corner_L), np.concatenate(corner_O)
+        hbm_c, off_c = cost(cl, co)
+        needs = off_c > off_cap * (1 + 1e-12)
+        if offload_min:
+            needs |= hbm_c <= cap
+        need_pair = np.zeros(mask.shape, dtype=bool)   # (layout, corner option) whose group is needed
+        need_pair[cl[needs], co[needs]] = True
+        more_L, more_O = [], []
+        for cols, sub, is_corner, has in rest:
+            want = (need_pair[:, cols].any(axis=1) | (has & ~is_corner))[:, None] & sub
+            li, ci = np.nonzero(want)
+            more_L.append(li)
+            more_O.append(cols[ci])
+        ml, mo = np.concatenate(more_L), np.concatenate(more_O)
+        if len(ml):
+            cost(ml, mo)
+
+    def plan_at(pair) -> Plan | None:
+        if pair is None:
+            return None
+        li, oi = np.asarray([pair[0]]), np.asarray([pair[1]])
+        return plan_arrays(space, at_batch(take_pairs(lay, opt, li, oi), lay["m_min"][li])).row(0)
+
+    pick = best["within"] if best["within"][1] is not None else best["hbm"]
+    offload = best["offload"] if offload_min else (math.inf, None)
+    return Floor(hbm_min_bytes=best["hbm"][0], plan=plan_at(pick[1]), hbm_bytes=pick[0], usable_hbm_bytes=cap,
+                 offload_plan=plan_at(offload[1]), offload_min_bytes=offload[0])
 
 
-def _plan_unless_bound(model: ModelSpec, system: SystemSpec, job: JobSpec) -> SearchResult:
-    """plan(top_k=1), but an empty answer at once when the memory bound already excludes every plan
-    (see check): the what-ifs below probe many systems on which nothing fits."""
+def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
+    """(HBM of the floor's plan, smallest HBM overall, that plan, usable HBM): see `memory_floor`."""
+    f = memory_floor(space)
+    return f.hbm_bytes, f.hbm_min_bytes, f.plan, f.usable_hbm_bytes
+
+
+def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Ranked | None:
+    """A plan that fits (the smallest HBM footprint), decided by the memory floor alone (exact:
+    some plan fits iff this one does); None when nothing fits. The what-ifs of `check` ask
+    "would it fit", for which a search for the fastest plan is not needed."""
     space = build_space(model, system, job)
-    if len(layouts(space)["tp"]):
-        hbm_min, _, small_plan, cap = _min_footprint(space)
-        if small_plan is not None and hbm_min > cap:
-            return SearchResult(ranked=[], objective="", stats={"status": "INFEASIBLE (memory bound)"})
-    return plan(model, system, job, top_k=1)
+    floor = memory_floor(space, offload_min=False)
+    if not floor.fits:
+        return None
+    est = estimate(model, system, floor.plan, job)
+    return Ranked(plan=floor.plan, estimate=est, objective=_objective(est, model.seq_length, space.free_batch))
 
 
 def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> CheckResult:
-    """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much."""
+    """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much, and
+    what would make it fit (more GPUs, an offload tier, TP across nodes, no pins), each decided
+    exactly by the memory floor with an example plan that fits."""
     job = job or JobSpec()
     space = build_space(model, system, job)
     reasons: list[str] = []
@@ -241,7 +356,8 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     lay = layouts(space)
     if not len(lay["tp"]):
         return _structural(model, system, job, space)
-    hbm_min, _, small_plan, cap = _min_footprint(space)
+    floor = memory_floor(space)
+    hbm_min, small_plan, cap = floor.hbm_bytes, floor.plan, floor.usable_hbm_bytes
     if small_plan is None:  # layouts exist, but no option combination goes with any of them
         return _structural(model, system, job, space)
     if hbm_min <= cap:  # the memory bound does not rule everything out: search
@@ -264,62 +380,57 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     n = system.num_gpus
     factor = 2
     while factor <= MAX_GPU_FACTOR:
-        bigger = system.with_changes(num_gpus=n * factor)
-        r = _plan_unless_bound(model, bigger, job)
-        if r.best is not None:
+        r = _fitting_example(model, system.with_changes(num_gpus=n * factor), job)
+        if r is not None:
             numbers["gpus_needed"] = n * factor
-            reasons.append(f"GPUs: it fits on {n * factor} GPUs ({factor}x; best there: "
-                           f"{r.best.plan.short()}, {_gib(r.best.estimate.hbm_bytes)} per GPU)")
+            reasons.append(f"GPUs: it fits on {n * factor} GPUs ({factor}x; e.g. {r.plan.short()}, "
+                           f"{_gib(r.estimate.hbm_bytes)} per GPU; `planner plan -g {n * factor}` finds the fastest)")
             break
         factor *= 2
     else:
         reasons.append(f"GPUs: no plan fits even on {n * MAX_GPU_FACTOR} GPUs ({MAX_GPU_FACTOR}x)")
-    # offload
+    # offload: one floor over the largest hypothetical tier gives the fewest offloaded bytes of any
+    # plan that fits HBM, hence the smallest tier that fits (capacity changes no other number)
     bw = system.offload.bandwidth_gb_per_s if system.offload else HYPOTHETICAL_OFFLOAD_GB_S
     tier = MemoryTier(name="hypothetical", capacity_gib=HYPOTHETICAL_OFFLOAD_GIB, bandwidth_gb_per_s=bw)
     hypo = system.with_changes(offload=tier.model_dump())
     hypo_job = job.model_copy(update={"allow_offload": True})
-    r = _plan_unless_bound(model, hypo, hypo_job)
-    if r.best is not None:
+    off = memory_floor(build_space(model, hypo, hypo_job))
+    if off.offload_plan is not None and off.offload_min_bytes <= HYPOTHETICAL_OFFLOAD_GIB * GIB * (1 + 1e-12):
         # the smallest power-of-two tier (GiB per GPU) that still fits, halving from the maximum
         tier_gib = HYPOTHETICAL_OFFLOAD_GIB
-        while tier_gib / 2 >= MIN_OFFLOAD_GIB:
-            smaller = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib / 2})
-            r_small = _plan_unless_bound(model, smaller, hypo_job)
-            if r_small.best is None:
-                break
-            tier_gib, r = tier_gib / 2, r_small
+        while tier_gib / 2 >= MIN_OFFLOAD_GIB and off.offload_min_bytes <= tier_gib / 2 * GIB * (1 + 1e-12):
+            tier_gib /= 2
+        smallest = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib})
+        est = estimate(model, smallest, off.offload_plan, hypo_job)
         numbers["offload_tier_needed_gib"] = tier_gib
-        numbers["offload_needed_bytes"] = r.best.estimate.offload_bytes
+        numbers["offload_needed_bytes"] = est.offload_bytes
         have = (f"the system has {system.offload.capacity_gib:g} GiB" if system.offload
                 else "the system has no offload tier")
         off_note = "" if job.allow_offload else " (offload is disabled for this job)"
-        reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s "
-                       f"(not with {tier_gib / 2:g} GiB); {have}{off_note} (fastest plan there: "
-                       f"{r.best.plan.short()}, uses {_gib(r.best.estimate.offload_bytes)} of it, "
-                       f"{r.best.estimate.step_time_s:.2f} s per step)")
+        smaller = f" (not with {tier_gib / 2:g} GiB)" if tier_gib / 2 >= MIN_OFFLOAD_GIB else ""
+        reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s"
+                       f"{smaller}; {have}{off_note} (the plan that offloads the least: {off.offload_plan.short()}, "
+                       f"{_gib(est.offload_bytes)}; `planner plan` on such a system finds the fastest)")
     else:
         msg = (f"offload: no {job.framework}-expressible plan fits even with "
                f"{HYPOTHETICAL_OFFLOAD_GIB:g} GiB of offload memory per GPU at {bw:g} GB/s")
         if job.framework == "megatron":
-            r = _plan_unless_bound(model, hypo, hypo_job.model_copy(update={"framework": "any"}))
-            if r.best is not None:
-                numbers["offload_needed_bytes_any_framework"] = r.best.estimate.offload_bytes
-                msg += (f"; with a framework that offloads weights (--framework any) the fastest fitting plan uses "
-                        f"{_gib(r.best.estimate.offload_bytes)} per GPU ({r.best.plan.short()}, "
-                        f"{r.best.estimate.step_time_s:.2f} s per step)")
+            r = _fitting_example(model, hypo, hypo_job.model_copy(update={"framework": "any"}))
+            if r is not None:
+                numbers["offload_needed_bytes_any_framework"] = r.estimate.offload_bytes
+                msg += (f"; with a framework that offloads weights (--framework any) it fits, e.g. "
+                        f"{r.plan.short()} using {_gib(r.estimate.offload_bytes)} of it per GPU")
         reasons.append(msg)
     if job.tp_within_nvlink and "gpus_needed" not in numbers:
-        wide = _plan_unless_bound(model, system, job.model_copy(update={"tp_within_nvlink": False}))
-        if wide.best is not None:
+        wide = _fitting_example(model, system, job.model_copy(update={"tp_within_nvlink": False}))
+        if wide is not None:
             reasons.append(f"tensor parallelism: with TP beyond the {system.nvlink_domain_gpus}-GPU NVLink "
-                           f"domain (--tp-across-nodes) it fits: {wide.best.plan.short()}, "
-                           f"{wide.best.estimate.step_time_s:.2f} s per step")
+                           f"domain (--tp-across-nodes) it fits, e.g. {wide.plan.short()}")
     if job.pins:
-        free_job = job.model_copy(update={"pins": {}})
-        r = _plan_unless_bound(model, system, free_job)
-        if r.best is not None:
-            reasons.append(f"pins: without your pins ({_pins(job)}) it fits: {r.best.plan.short()}")
+        r = _fitting_example(model, system, job.model_copy(update={"pins": {}}))
+        if r is not None:
+            reasons.append(f"pins: without your pins ({_pins(job)}) it fits, e.g. {r.plan.short()}")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=list(binding),
                        numbers=numbers)
 

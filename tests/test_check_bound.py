@@ -2,14 +2,18 @@
 answers 'no' without searching, the full exact table has no fitting row either (brute force)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from constraints.cost_table import tabulate
-from constraints.space import build_space
+from constraints.cost_table import MEMORY_BITS, evaluate, plan_arrays, tabulate
+from constraints.space import build_space, enumerate_rows
 from hardware import load_system
-from planner.model import load_model
+from hardware.spec import MemoryTier
+from planner.analytical import estimate
+from planner.analytical.memory import memory_breakdown
+from planner.model import ModelSpec, load_model
 from planner.plan import JobSpec
-from planner.search import _min_footprint, check
+from planner.search import MEMORY_NEUTRAL_KNOBS, _min_footprint, check, memory_floor, plan
 
 
 @pytest.mark.parametrize(("model", "system", "gpus", "batch"), [
@@ -36,3 +40,77 @@ def test_bound_does_not_fire_when_a_plan_fits():
     hbm_min, _, _, cap = _min_footprint(build_space(m, s, job))
     assert hbm_min <= cap
     assert check(m, s, job).feasible
+
+
+# ---- the memory floor that decides check's what-ifs (planner.search.memory_floor) -------------
+
+OFFLOAD_30L = ModelSpec(name="offload-30l", layers=30, hidden=6144, heads=48, seq_length=2048, vocab=32000)
+
+
+def _hypothetical_tier(system, gib=4096.0):
+    return system.with_changes(offload=MemoryTier(name="hypothetical", capacity_gib=gib,
+                                                  bandwidth_gb_per_s=100.0).model_dump())
+
+
+FLOOR_CASES = [  # (model, system, job): infeasible, offload-feasible and feasible boxes, both frameworks
+    (load_model("gpt3-175b"), _hypothetical_tier(load_system("a100-80g", 8)),
+     JobSpec(global_batch=64, allow_offload=True)),
+    (load_model("gpt3-175b"), _hypothetical_tier(load_system("a100-80g", 4), 1024),
+     JobSpec(global_batch=8, allow_offload=True, framework="any")),
+    (OFFLOAD_30L, load_system("h100-offload-1tib", 4), JobSpec(global_batch=16, framework="any",
+                                                               hbm_reserve_gib=30)),
+    (load_model("llama3-70b"), load_system("h100-sxm", 2), JobSpec(global_batch=16)),
+]
+
+
+@pytest.mark.parametrize("case", FLOOR_CASES, ids=["gpt3-8-megatron", "gpt3-4-any", "30l-any", "70b-2"])
+def test_memory_floor_equals_brute_force(case):
+    """Every number check's what-ifs take from the floor equals the same number over the FULL space
+    (every batch, every option, the whole exact model): whether anything fits, the smallest HBM,
+    and the fewest offloaded bytes among plans that fit HBM."""
+    model, system, job = case
+    space = build_space(model, system, job)
+    floor = memory_floor(space)
+    rows = enumerate_rows(space)
+    res = evaluate(space, rows)
+    valid = (res["violations"] & ~MEMORY_BITS) == 0
+    assert valid.all()
+    assert floor.fits == bool((res["violations"] == 0).any())
+    assert floor.hbm_min_bytes == pytest.approx(res["hbm_bytes"].min(), rel=1e-12)
+    cap = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
+    fits_hbm = res["hbm_bytes"] <= cap
+    if fits_hbm.any():
+        assert floor.offload_min_bytes == pytest.approx(res["offload_bytes"][fits_hbm].min(), rel=1e-12)
+        assert estimate(model, system, floor.offload_plan, job).hbm_bytes <= cap
+    else:
+        assert floor.offload_plan is None
+    if floor.fits:
+        assert estimate(model, system, floor.plan, job).feasible
+    quick = memory_floor(space, offload_min=False)  # the what-ifs' mode: fewer offload rows costed
+    assert (quick.fits, quick.hbm_min_bytes, quick.hbm_bytes) == (floor.fits, floor.hbm_min_bytes, floor.hbm_bytes)
+
+
+def test_memory_neutral_knobs_change_no_byte():
+    """The floor evaluates one of each group of option rows that differ only in these knobs."""
+    space = build_space(load_model("llama3-8b"), load_system("gh200", 8), JobSpec(global_batch=32, framework="any"))
+    rows = enumerate_rows(space)
+    pick = np.random.default_rng(0).choice(len(rows["tp"]), 3000, replace=False)
+    base = {k: v[pick] for k, v in rows.items()}
+    ref = memory_breakdown(space.model, space.system, space.job, plan_arrays(space, base))
+    for knob in MEMORY_NEUTRAL_KNOBS:
+        flipped = dict(base, **{knob: 1.0 - base[knob]})
+        got = memory_breakdown(space.model, space.system, space.job, plan_arrays(space, flipped))
+        for key, value in ref.items():
+            assert np.array_equal(got[key], value), (knob, key)
+
+
+def test_check_what_ifs_are_exact_and_fast_on_an_infeasible_box():
+    """gpt3-175b on 8 A100: every what-if answer is checked against a direct question to the model."""
+    m, s = load_model("gpt3-175b"), load_system("a100-80g", 8)
+    job = JobSpec(global_batch=64)
+    res = check(m, s, job)
+    assert not res.feasible
+    need = res.numbers["gpus_needed"]
+    assert memory_floor(build_space(m, load_system("a100-80g", need), job)).fits
+    assert not memory_floor(build_space(m, load_system("a100-80g", need // 2), job)).fits
+    assert plan(m, load_system("a100-80g", need), job, top_k=1).best is not None

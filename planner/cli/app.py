@@ -113,4 +113,8 @@ def _root() -> None:
 
 def main() -> None:
     """Console entry point."""
+    # pydantic scans every installed distribution's entry points for plugins when it builds the
+    # first model class (~20 ms of start-up); the planner uses none. Set the variable yourself
+    # (e.g. to "") to let pydantic load plugins.
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     app()

@@ -1,7 +1,7 @@
 """Options and loaders shared by every `planner` sub-command (one place, one wording)."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -9,7 +9,9 @@ from hardware import load_system
 from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec, load_model
-from planner.plan import JobSpec
+
+if TYPE_CHECKING:
+    from planner.plan import JobSpec
 
 DEFAULT_MODEL = "gpt3-175b"
 DEFAULT_SYSTEM = "a100-80g"
@@ -109,6 +111,7 @@ def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtyp
     from pydantic import ValidationError
 
     from hardware.errors import one_line
+    from planner.plan import JobSpec  # here, not at the top: `planner presets` needs no job
     check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
     check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
     check_float("hbm-reserve-gib", hbm_reserve_gib, 0.0)
