@@ -13,10 +13,10 @@ from hardware import load_system
 from planner.analytical import PlanArrays, estimate
 from planner.analytical.memory import rank_memory
 from planner.analytical.time import layer_microbatch_s, layer_recompute_s, per_layer_terms, rank_microbatch_s
-from planner.bruteforce import best_stage_split
 from planner.model import ModelSpec, load_model
 from planner.pipeline_layout import balanced_layout, layout_from_string, stage_lead_layers
 from planner.plan import JobSpec, Plan
+from tests.test_pipeline import assert_per_stage_zero_regret
 
 # 2 dense + 6 MoE layers. Per layer (no biases, RoPE, SwiGLU): attention 4·256² = 262,144;
 # norms 2·256 = 512; dense MLP 3·256·1024 = 786,432; 8 experts of 3·256·256 = 196,608 each =
@@ -180,21 +180,7 @@ def test_enough_heterogeneous_oracle_cases():
 
 @pytest.mark.parametrize("model,pp,vpp,rc,squeeze", _oracle_cases())
 def test_cpsat_per_stage_zero_regret_with_leading_dense_layers(model, pp, vpp, rc, squeeze):
-    system = load_system("h100-sxm", pp)
-    plan = Plan(pp=pp, vpp=vpp, global_batch=4 * pp, recompute=rc, zero_stage=1)
-    job = JobSpec()
-    if squeeze:
-        need = estimate(model, system, plan.model_copy(update={"recompute": "none"}), job).hbm_bytes
-        job = JobSpec(hbm_reserve_gib=(system.accelerator.hbm_capacity_bytes - squeeze * need) / 2**30)
-    best, best_s = best_stage_split(model, system, job, plan)
-    chosen, sol = best_stages(model, system, job, plan)
-    if best is None:
-        assert chosen is None
-        return
-    assert sol.proven_optimal
-    got = estimate(model, system, chosen, job)
-    assert got.feasible
-    assert got.step_time_s <= best_s * (1 + 1e-7), (sol, best.stage_layers, best.stage_recompute_layers)
+    assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze)
 
 
 # ---- the layouts Megatron-Bridge's recipes set, read for the reference rows --------------------
