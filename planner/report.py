@@ -1,8 +1,6 @@
 """Human-readable tables and JSON of Estimates (rich)."""
 from __future__ import annotations
 
-import json
-
 from rich.console import Console
 from rich.table import Table
 

@@ -117,7 +117,7 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
     shared-expert MLP of the summed width, so shared experts come back as 1 × that width."""
     # the checker prints callables: "<function silu at 0x…>", "<built-in function gelu>"
     act_name = re.search(r"function (\w+)", cfg["activation_func"]).group(1)
-    assert (act_name == "silu") == bool(cfg["gated_linear_unit"]), (act, cfg["gated_linear_unit"])
+    assert (act_name == "silu") == bool(cfg["gated_linear_unit"]), (act_name, cfg["gated_linear_unit"])
     moe = None
     if cfg["num_moe_experts"]:
         freq = cfg["moe_layer_freq"]
