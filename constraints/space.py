@@ -359,7 +359,7 @@ def options(space: Space) -> dict[str, np.ndarray]:
             continue
         if (o["recompute"] == RECOMPUTE_CODES["selective"]) != (o["recompute_modules"] > 0):
             continue  # a module set belongs to selective recompute, and selective has one
-        if mega and o.get("moe_a2a_overlap") and int(o["recompute_modules"]) & RECOMPUTE_MODULE_BITS["moe"]:
+        if mega and o["moe_a2a_overlap"] and int(o["recompute_modules"]) & RECOMPUTE_MODULE_BITS["moe"]:
             continue  # Megatron: no 'moe' recompute with --overlap-moe-expert-parallel-comm
         if mega:
             if o["offload_weights"] > 0:

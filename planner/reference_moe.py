@@ -20,6 +20,7 @@ among the case's assumptions.
 """
 from __future__ import annotations
 
+from planner.megatron.expressible import a2a_overlap_refusals
 from planner.model import ModelSpec
 from planner.plan import Plan
 
@@ -35,11 +36,9 @@ FULL_ITERATION_DTYPES = ("mxfp8", "nvfp4")
 
 
 def a2a_overlap_allowed(plan: Plan, model: ModelSpec) -> bool:
-    """Megatron's checks for --overlap-moe-expert-parallel-comm (core/transformer/
-    transformer_config.py): ep > 1; pp > 1 needs virtual pipelining; no full recompute; at most one
-    MTP layer."""
-    return (plan.ep > 1 and (plan.pp == 1 or plan.vpp > 1) and plan.recompute != "full"
-            and (model.mtp_layers or 0) <= 1)
+    """Whether Megatron accepts --overlap-moe-expert-parallel-comm on this plan
+    (planner.megatron.expressible.a2a_overlap_refusals)."""
+    return not a2a_overlap_refusals(plan, model)
 
 
 def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu: str, notes: str = "",

@@ -68,6 +68,10 @@ def test_overlap_refused_where_megatron_refuses_it():
     assert any("interleaving" in r for r in mg.not_expressible(no_vpp, m, job))
     full = Plan(pp=4, vpp=2, dp=16, ep=8, micro_batch=1, global_batch=256, moe_a2a_overlap=True, recompute="full")
     assert any("full recompute" in r for r in mg.not_expressible(full, m, job))
+    moe_rc = Plan(pp=4, vpp=2, dp=16, ep=8, micro_batch=1, global_batch=256, moe_a2a_overlap=True,
+                  recompute="selective", recompute_modules=("moe",))
+    assert any("moe cannot be recomputed" in r for r in mg.not_expressible(moe_rc, m, job))
+    assert not a2a_overlap_allowed(moe_rc.model_copy(update={"moe_a2a_overlap": False}), m)
     with pytest.raises(ValueError):
         Plan(dp=8, global_batch=8, moe_a2a_overlap=True)  # ep 1: nothing to overlap
     # Megatron's own messages on an argument list

@@ -96,15 +96,8 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("dp_impl: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
     if plan.moe_dispatcher == "deepep" and model.moe is None:
         reasons.append("moe_dispatcher: deepep needs a MoE model")
-    if plan.moe_a2a_overlap:  # transformer_config.py, overlap_moe_expert_parallel_comm asserts
-        if model.moe is None:
-            reasons.append("moe_a2a_overlap: needs a MoE model")
-        if plan.pp > 1 and plan.vpp < 2:
-            reasons.append("moe_a2a_overlap: with pp > 1 Megatron needs interleaving (vpp > 1)")
-        if plan.recompute == "full":
-            reasons.append("moe_a2a_overlap: Megatron refuses full recompute with the all-to-all overlap")
-        if (model.mtp_layers or 0) > 1:
-            reasons.append("moe_a2a_overlap: Megatron allows at most one MTP layer with the overlap")
+    if plan.moe_a2a_overlap:
+        reasons += a2a_overlap_refusals(plan, model)
     etp = plan.expert_tp  # Megatron's default expert TP is tp
     if model.moe is not None and model.biases and etp > 1:
         # transformer_config.py: "Bias in Moe is only supported when ETP==1" (GPT-OSS has biases)
@@ -136,6 +129,25 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     return reasons
 
 
+def a2a_overlap_refusals(plan: Plan, model: ModelSpec) -> list[str]:
+    """Why Megatron would refuse --overlap-moe-expert-parallel-comm on this plan (empty = it
+    accepts it), whether or not the plan asks for it (transformer_config.py,
+    overlap_moe_expert_parallel_comm asserts)."""
+    reasons = []
+    if model.moe is None or plan.ep < 2:
+        reasons.append("moe_a2a_overlap: needs a MoE model with expert parallelism (ep > 1)")
+    if plan.pp > 1 and plan.vpp < 2:
+        reasons.append("moe_a2a_overlap: with pp > 1 Megatron needs interleaving (vpp > 1)")
+    if plan.recompute == "full":
+        reasons.append("moe_a2a_overlap: Megatron refuses full recompute with the all-to-all overlap")
+    if (model.mtp_layers or 0) > 1:
+        reasons.append("moe_a2a_overlap: Megatron allows at most one MTP layer with the overlap")
+    if plan.recompute == "selective" and "moe" in (plan.recompute_modules or ()):
+        reasons.append("recompute_modules: moe cannot be recomputed with the MoE all-to-all overlap "
+                       "(--overlap-moe-expert-parallel-comm)")
+    return reasons
+
+
 # --recompute-modules that Transformer Engine's FP8 delayed scaling cannot recompute
 # (transformer_config.py: "Delayed scaling does not support moe_act and layernorm recompute for fp8").
 FP8_DELAYED_NO_RECOMPUTE = ("moe_act", "layernorm")
@@ -150,11 +162,6 @@ def recompute_modules_not_expressible(plan: Plan, model: ModelSpec, job: JobSpec
     allowed = ", ".join(n for n, why in applies.items() if why is None)
     reasons = [f"recompute_modules: {name} {why}; allowed for {model.name}: {allowed}" for name, why in applies.items()
                if why is not None and name in plan.recompute_modules]
-    if "moe" in plan.recompute_modules and getattr(plan, "moe_a2a_overlap", False):
-        # transformer_config.py: 'disable moe in recompute_modules when enabling
-        # overlap_moe_expert_parallel_comm' (Plan.moe_a2a_overlap, where the Plan has it)
-        reasons.append("recompute_modules: moe cannot be recomputed with the MoE all-to-all overlap "
-                       "(--overlap-moe-expert-parallel-comm)")
     if job.dtype == "fp8":
         bad = [n for n in plan.recompute_modules if n in FP8_DELAYED_NO_RECOMPUTE]
         if bad:
