@@ -117,7 +117,9 @@ def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, pla
 
 
 def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "",
-                   job: JobSpec | None = None, notes: list[str] | None = None) -> None:
+                   job: JobSpec | None = None) -> None:
+    """The plan, its time and memory tables, per-rank layers where ranks differ and, given the
+    job, what the MoE time assumes about routing and how much measured evidence backs the plan."""
     console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params) on "
                   f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})")
     console.print(describe_plan(est))
@@ -131,8 +133,11 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
                   f"{est.tokens_per_s:,.0f} tokens/s · "
                   f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:.0f} model TFLOP/s per GPU")
-    for note in notes or []:
-        console.print(note)
+    if job is not None:
+        from planner.evidence import evidence_note
+        for note in (moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan)):
+            if note:
+                console.print(note)
     if est.violations:
         console.print("[bold red]Not feasible:[/bold red]")
         for rule in est.violations:

@@ -44,10 +44,9 @@ from planner.cli.common import (
     make_job,
     plan_from_knobs,
 )
-from planner.evidence import evidence_note
 from planner.plan import load_plan
 from planner.planfile import job_for_plan_file
-from planner.report import estimate_json, moe_routing_note, print_estimate
+from planner.report import estimate_json, print_estimate
 
 # What `planner estimate` assumes for knobs the user does not give: the Megatron recipe of the
 # default example (Narayanan et al. SC'21: GPT-3 175B as tp8 pp8) with today's defaults.
@@ -120,9 +119,7 @@ def estimate_command(
         print(estimate_json(est))
     else:
         from rich.console import Console
-        notes = [n for n in (moe_routing_note(model_spec, job.moe_load_imbalance),
-                             evidence_note(model_spec, plan)) if n]
-        print_estimate(Console(), model_spec, system_spec, est, job=job, notes=notes)
+        print_estimate(Console(), model_spec, system_spec, est, job=job)
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 

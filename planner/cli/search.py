@@ -261,16 +261,13 @@ def _plan(o: dict) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from planner.evidence import evidence_note
-        from planner.report import moe_routing_note, print_estimate
+        from planner.report import print_estimate
         console = Console()
         if result.best is None:
             console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
         else:
             best = result.best.estimate
-            notes = [n for n in (moe_routing_note(model, job.moe_load_imbalance),
-                                 evidence_note(model, best.plan)) if n]
-            print_estimate(console, model, system, best, title="Best plan: step time", job=job, notes=notes)
+            print_estimate(console, model, system, best, title="Best plan: step time", job=job)
             if len(result.ranked) > 1:
                 t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
                 for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):
