@@ -165,6 +165,13 @@ ROUTER_PASSES = 4.0
 PERMUTE_PASSES = 4.0
 
 
+def routed_tokens_per_rank(model: ModelSpec, P: PlanArrays) -> np.ndarray:
+    """Tokens of one microbatch that one GPU routes: the tensor-parallel group's tokens, split
+    over tp by sequence parallelism (Megatron's MoE layer routes each SP shard on its own)."""
+    sp = (P.sequence_parallel > 0) & (P.tp > 1)
+    return P.micro_batch * model.seq_length / P.cp / np.where(sp, P.tp, 1.0)
+
+
 def moe_load_imbalance(model: ModelSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
     """Rows the busiest expert-parallel rank receives over the mean, (n,).
 
@@ -174,9 +181,7 @@ def moe_load_imbalance(model: ModelSpec, job: JobSpec, P: PlanArrays) -> np.ndar
     the largest of ep such counts exceeds μ by about sqrt(2·ln ep·μ) (expected maximum of n
     Gaussians, e.g. Cramér 1946 §28.6). A capacity factor drops rows above cf × the mean
     (GShard §2.2), capping the product."""
-    t, k = P.tp, model.moe.top_k
-    sp = (P.sequence_parallel > 0) & (t > 1)
-    mean_rows = P.micro_batch * model.seq_length / P.cp / np.where(sp, t, 1.0) * k
+    mean_rows = routed_tokens_per_rank(model, P) * model.moe.top_k
     spread = 1.0 + np.sqrt(2.0 * np.log(np.maximum(P.ep, 1.0)) / np.maximum(mean_rows, 1.0))
     imbalance = job.moe_load_imbalance * spread
     cf = model.moe.capacity_factor
@@ -195,8 +200,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     h, t, E, k = model.hidden, P.tp, model.moe.num_experts, model.moe.top_k
     tokens = P.micro_batch * model.seq_length / P.cp  # per tensor-parallel group
-    sp = (P.sequence_parallel > 0) & (t > 1)
-    routed_tokens = tokens / np.where(sp, t, 1.0)  # what one rank routes (SP shards tokens)
+    routed_tokens = routed_tokens_per_rank(model, P)
     imbalance = moe_load_imbalance(model, job, P)
     # router: a tokens×h by h×E GEMM, its fp32 softmax/top-k element-wise
     router = _gemm_time(2 * routed_tokens * h * E, np.minimum(np.minimum(routed_tokens, h), E), peak, eff, job.dtype) \
@@ -232,10 +236,9 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     NVLink domain (72 GPUs on NVL72) while etp·ep fits there and crosses the NICs otherwise
     (`comm.group_link`). With etp > 1 the expert-TP group all-gathers the received rows and
     reduce-scatters the outputs. The busiest rank receives `moe_load_imbalance` × the mean."""
-    h, t, k = model.hidden, P.tp, model.moe.top_k
-    tokens = P.micro_batch * model.seq_length / P.cp
-    sp = (P.sequence_parallel > 0) & (t > 1)
-    rows = tokens / np.where(sp, t, 1.0) * k
+    h, k = model.hidden, model.moe.top_k
+    routed_tokens = routed_tokens_per_rank(model, P)
+    rows = routed_tokens * k
     imbalance = moe_load_imbalance(model, job, P)
     nbytes = rows * h * act_bytes * imbalance
     # DeepEP: a token crosses to each remote domain that holds >= 1 of its k experts once; with
@@ -244,7 +247,7 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     k_in = np.clip(system.network[0].domain_gpus / P.etp, 1.0, P.ep)
     G = np.maximum(P.ep / k_in, 1.0)
     remote = (G - 1.0) * (1.0 - (1.0 - 1.0 / G) ** k)
-    dedup_outer = tokens / np.where(sp, t, 1.0) * h * act_bytes * imbalance * remote
+    dedup_outer = routed_tokens * h * act_bytes * imbalance * remote
     plain_outer = nbytes * (P.ep - k_in) / P.ep
     outer = np.where(P.moe_dispatcher == 1, np.minimum(dedup_outer, plain_outer), plain_outer)
     a2a = comm.all_to_all_placed_s(system, nbytes, P.ep, P.etp, A2A_BW_EFFICIENCY, outer_bytes=outer)
