@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, fields
+from typing import Callable
 
 import numpy as np
 
@@ -35,7 +36,9 @@ class BruteForce:
 
 
 def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None,
-                top_k: int | None = None, max_rows: int = 20_000_000) -> BruteForce:
+                top_k: int | None = None, max_rows: int = 20_000_000,
+                keep: Callable[[Plan], bool] | None = None) -> BruteForce:
+    """`keep`: only plans it accepts count (a plan family, for planner.recommend's oracle)."""
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)
@@ -64,6 +67,8 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
         plan = PA.row(int(i))
         if job.framework == "megatron" and not_expressible(plan, model, job):
             skipped += 1
+            continue
+        if keep is not None and not keep(plan):
             continue
         seen.add(g)
         plans.append(plan)

@@ -9,6 +9,7 @@ measured reads as what it is. The table (`planner/data/evidence.json`) is writte
 """
 from __future__ import annotations
 
+import itertools
 import json
 from functools import lru_cache
 from pathlib import Path
@@ -19,13 +20,39 @@ from planner.plan import Plan
 EVIDENCE_FILE = Path(__file__).resolve().parent / "data" / "evidence.json"
 
 
-def family_of_plan(is_moe: bool, plan: Plan) -> str:
+FAMILY_DIMENSIONS = ("zero3", "pipelined", "expert_parallel")
+
+
+def family_label(is_moe: bool, zero3: bool, pipelined: bool, expert_parallel: bool) -> str:
     parts = ["MoE" if is_moe else "dense",
-             "ZeRO-3/FSDP" if plan.zero_stage == 3 else "replicated weights (ZeRO-0/1/2)",
-             "pipelined" if plan.pp > 1 else "no pipeline"]
+             "ZeRO-3/FSDP" if zero3 else "replicated weights (ZeRO-0/1/2)",
+             "pipelined" if pipelined else "no pipeline"]
     if is_moe:
-        parts.append("expert parallel" if plan.ep > 1 else "no expert parallelism")
+        parts.append("expert parallel" if expert_parallel else "no expert parallelism")
     return " · ".join(parts)
+
+
+def family_of_plan(is_moe: bool, plan: Plan) -> str:
+    return family_label(is_moe, plan.zero_stage == 3, plan.pp > 1, plan.ep > 1)
+
+
+def families(is_moe: bool) -> dict[str, dict]:
+    """Every family of this kind: {label: the search restriction (knob -> predicate) to its plans}."""
+    out = {}
+    for zero3, pipelined, expert_parallel in itertools.product((False, True), repeat=3):
+        if expert_parallel and not is_moe:
+            continue
+        restrict = {"zero_stage": (lambda z, want=zero3: (z == 3) == want),
+                    "pp": (lambda p, want=pipelined: (p > 1) == want)}
+        if is_moe:
+            restrict["ep"] = lambda e, want=expert_parallel: (e > 1) == want
+        out[family_label(is_moe, zero3, pipelined, expert_parallel)] = restrict
+    return out
+
+
+def measured_runs(is_moe: bool, plan: Plan) -> int:
+    """Published runs of this plan's family in the reference data (0: the model alone speaks)."""
+    return int(load_table().get(family_of_plan(is_moe, plan), {}).get("runs", 0))
 
 
 def table_from_rows(rows: list[dict], plans: dict[str, Plan], moe: dict[str, bool]) -> dict[str, dict]:
@@ -63,4 +90,4 @@ def evidence_note(model: ModelSpec, plan: Plan) -> str:
             f"the model's mean error on them {e['mean_error']:+.0%} (mean |error| {e['mean_abs_error']:.0%}).")
 
 
-__all__ = ["family_of_plan", "table_from_rows", "load_table", "evidence_note", "EVIDENCE_FILE"]
+__all__ = ["family_of_plan", "family_label", "families", "measured_runs", "table_from_rows", "load_table", "evidence_note", "EVIDENCE_FILE"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -83,13 +84,21 @@ def _row_plan(table: Table, i: int) -> Plan:
 
 
 def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,
-         time_limit_s: float = 30.0) -> SearchResult:
-    """The K best distinct layouts under the exact model, best first."""
+         time_limit_s: float = 30.0, restrict: dict[str, Callable[[float], bool]] | None = None
+         ) -> SearchResult:
+    """The K best distinct layouts under the exact model, best first. `restrict` keeps, per knob,
+    only the domain values its predicate accepts (a plan family: planner.recommend); a knob left
+    with no value leaves no plan."""
     if top_k < 1:
         raise SpecError(f"top: must be a positive integer, got {top_k}")
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)
+    for knob, keep in (restrict or {}).items():
+        space.domains[knob] = tuple(v for v in space.domains[knob] if keep(v))
+    if not all(space.domains.values()):
+        return SearchResult(ranked=[], objective="time per token" if space.free_batch else "step time",
+                            stats={"total_s": time.perf_counter() - t0, "empty_domain": True})
     # ties: every layout within TIE_REL_TOL of the K-th best is tabulated (and no layout beyond
     # that bound can be among the first K after re-ranking: the K-th pick's window starts at or
     # below the K-th objective), so the solver fetches exactly the layouts in the table, and

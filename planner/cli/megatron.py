@@ -139,8 +139,8 @@ def _plan_and_job(o: dict, model, system):
         return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch), job
     if given or perf:
         raise SpecError("plan: give --tp/--pp/--dp with the other plan flags, or --plan FILE")
-    from planner.search import best_plan
-    plan = best_plan(model, system, job)
+    from planner.recommend import recommended_plan
+    plan = recommended_plan(model, system, job)
     if plan is None:
         raise SpecError("plan: the search found no plan that fits; give --plan FILE or --tp/--pp/--dp "
                         "(see `planner check`)")

@@ -126,6 +126,10 @@ def register(app: typer.Typer) -> None:
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
         tp_across_nodes: TpAcrossNodesOpt = False,
+        allow_unmeasured: Annotated[bool, Opt(
+            "--allow-unmeasured", help="Rank first a plan of a family no published run has measured even when "
+            "the model alone predicts it more than 15 % faster than the best measured family's plan (by "
+            "default such a plan is shown as a model-only candidate beside the recommendation).")] = False,
         json_out: JsonOpt = False,
         save: Annotated[Optional[Path], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
     ) -> None:
@@ -246,16 +250,17 @@ def register(app: typer.Typer) -> None:
 
 
 def _plan(o: dict) -> None:
-    from planner.search import plan as search
+    from planner.recommend import recommend
     check_int("top", o["top"], 1, MAX_TOP)
     if o["save"] is not None and o["save"].exists():
         raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it")
     model, system, job = _inputs(o)
-    result = search(model, system, job, top_k=o["top"])
+    result = recommend(model, system, job, top_k=o["top"], allow_unmeasured=o["allow_unmeasured"])
     free = job.global_batch is None
     if o["json_out"]:
         print(json_text({"model": model.name, "system": system.name, "gpus": system.num_gpus,
                           "objective": result.objective, "plans": [_plan_json(r, model) for r in result.ranked],
+                          "model_only": [_plan_json(r, model) for r in result.model_only],
                           "stats": result.stats}))
     else:
         from rich.console import Console
@@ -279,6 +284,14 @@ def _plan(o: dict) -> None:
                               f"{e.mfu:.1%}", f"{e.hbm_bytes / GIB:.1f}",
                               _why_lost(best, e, model.seq_length, free))
                 console.print(t)
+            for r in result.model_only[:1]:
+                gate = result.stats["evidence_gate"]
+                console.print(
+                    f"Model-only candidate: {r.plan.short()} at {r.estimate.step_time_s:.3f} s per step, "
+                    f"{gate['model_only_advantage']:.0%} faster than the best plan of a measured family by the "
+                    f"model alone. No published run is of its family ({gate['model_only_family']}), so "
+                    "that gain rests on the model alone: measure it before adopting it "
+                    "(--allow-unmeasured ranks it first).")
             s = result.stats
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
