@@ -35,6 +35,11 @@ QUANTISE_BYTES_PER_ELEMENT = {
     "nvfp4": 2.0 + 2.0 + 0.5 + 0.5 + 2 * 1.0 / 16,
 }
 
+# Bytes per GEMM operand element as the kernel reads it (the quantised copy; block scales
+# included: MX one E8M0 per 32, NVFP4 one E4M3 per 16, as above).
+GEMM_OPERAND_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8-cs": 1.0, "mxfp8": 1.0 + 1.0 / 32,
+                      "nvfp4": 0.5 + 1.0 / 16}
+
 
 def gemm_peak_key(dtype: str) -> str:
     return GEMM_PEAK_KEY[dtype]

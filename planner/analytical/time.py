@@ -133,7 +133,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     }
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6, **pieces}
+            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6,
+            "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
 def dense_mlp_fwd_s(model: ModelSpec, ffn, rows, t, peak, eff, dtype, hbm_bytes_per_s,
@@ -217,14 +218,38 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
                    + _gemm_time(2 * tokens * k * ffn * h / t, np.minimum(np.minimum(rows_per_expert, ffn / P.etp), h),
                                 peak, eff, job.dtype))
     expert_act = 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    wgrad_extra = expert_wgrad_memory_excess_s(model, job, P, rows_per_expert * imbalance,
+                                               imbalance * expert_gemm, hbm)
     shared_gemm, shared_elem = (0.0, 0.0)
     if model.moe.shared_experts:
         shared_gemm, shared_elem = dense_mlp_fwd_s(model, model.moe.shared_experts * model.shared_expert_ffn_hidden,
                                                    tokens, t, peak, eff, job.dtype, hbm)
     return {"gemm": imbalance * expert_gemm + shared_gemm + router,
             "elementwise": imbalance * expert_act + permute + shared_elem,
+            "wgrad_extra_s": wgrad_extra,
             "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
             "expert_act_s": imbalance * expert_act, "shared_expert_s": shared_gemm + shared_elem}
+
+
+def expert_wgrad_memory_excess_s(model: ModelSpec, job: JobSpec, P: PlanArrays, rows: np.ndarray,
+                                 wgrad_compute_s: np.ndarray, hbm_bytes_per_s: float) -> np.ndarray:
+    """Backward time the local experts' weight-gradient GEMMs spend beyond their compute, one MoE
+    layer, one microbatch: Megatron accumulates wgrad straight into the fp32 main gradient
+    (--gradient-accumulation-fusion, on by default; TE fuse_wgrad_accumulation), so each
+    expert's dW (h × FFN-width) is read and written in fp32 every microbatch, beside its operands.
+    By the roofline (Williams, Waterman & Patterson 2009, CACM 52(4)) the GEMM takes the larger of
+    its compute and its memory time; its intensity is about rows/4 FLOP/byte, below H100's ridge
+    (~300 bf16) when an expert gets few hundred rows (fine-grained experts at small ep). `rows`
+    per local expert on the busiest rank; `wgrad_compute_s` = the forward GEMM time (wgrad does
+    the same FLOPs)."""
+    h, E = model.hidden, model.moe.num_experts
+    ffn = model.expert_ffn_hidden
+    up_w = (2 if model.activation == "swiglu" else 1) * ffn
+    local_experts = E / P.ep
+    b = precision.GEMM_OPERAND_BYTES[job.dtype]
+    fc1 = rows * (h + up_w / P.etp) * b + 8.0 * h * up_w / P.etp
+    fc2 = rows * (ffn / P.etp + h) * b + 8.0 * ffn / P.etp * h
+    return np.maximum(0.0, local_experts * (fc1 + fc2) / hbm_bytes_per_s - wgrad_compute_s)
 
 
 def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
@@ -335,7 +360,7 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
 
     layer = layer_compute_fwd_s(model, system, job, P)
     fwd_compute = layer["gemm"] + layer["attention"] + layer["elementwise"]
-    bwd_compute = BACKWARD_FACTOR * fwd_compute
+    bwd_compute = BACKWARD_FACTOR * fwd_compute + layer["wgrad_extra"]
 
     # --- tensor parallel: 2 all-reduces forward, 2 backward per layer (Narayanan SC'21 §3,
     # Fig. 5; with SP an all-gather + reduce-scatter pair of the same volume, Korthikanti §4.2.2)
