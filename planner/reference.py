@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from hardware import load_system
 from hardware.errors import SpecError
 from hardware.spec import SystemSpec
-from planner.analytical.flops import model_flops_per_token, narayanan_eq3_flops
+from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
 from planner.model import ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
@@ -191,13 +191,23 @@ def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
 
 
 def _mla(r: _Record) -> dict | None:
-    text = str(r.get("model.attention") or "")
-    m = re.search(r"mla.*q_lora\s*(\d+).*kv_lora\s*(\d+)", text.lower())
+    # the attention field (bridge: "MLA (q_lora 1536, kv_lora 512)"), else the config reference
+    # (ModelZoo / GB200 guide: "(MLA q_lora_rank 1536, kv_lora_rank 512, ...)")
+    text = f'{r.get("model.attention") or ""} {r.get("model.config_ref") or ""}'
+    m = re.search(r"mla.*?q_lora(?:_rank)?\s*(\d+).*?kv_lora(?:_rank)?\s*(\d+)", text.lower())
     if not m:
         return None
     # DeepSeek-V3 config.json: qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128.
     return {"q_lora_rank": int(m.group(1)), "kv_lora_rank": int(m.group(2)), "qk_nope_head_dim": 128,
             "qk_rope_head_dim": 64, "v_head_dim": 128}
+
+
+def _kv_channels_in_config_ref(r: _Record) -> int | None:
+    """The attention head width a record states only in its config reference (the ModelZoo rows:
+    "... Qwen3-235B-A22B.yaml (kv_channels 128; ...)"): Qwen3's heads are 128 wide, not hidden/heads
+    = 64, which halves the attention and the QKV widths when missed."""
+    m = re.search(r"kv_channels\s+(\d+)", str(r.get("model.config_ref") or ""))
+    return int(m.group(1)) if m else None
 
 
 def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
@@ -216,7 +226,7 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         position_embedding="learned" if gpt_style else "rope", biases=gpt_style,
         # MPT: no dropout (llm-foundry MPTConfig defaults resid_pdrop = emb_pdrop = attn_pdrop = 0)
         dropout=(gpt_style or name.startswith("GPT")) and not name.upper().startswith("MPT"), moe=_moe(r, fsdp_schema))
-    optional = {"head_dim": r.int("model.kv_channels"), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0)}
+    optional = {"head_dim": r.int("model.kv_channels") or _kv_channels_in_config_ref(r), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0)}
     fields.update({k: v for k, v in optional.items() if k in ModelSpec.model_fields and v})
     try:
         return ModelSpec.model_validate(fields)
@@ -584,6 +594,13 @@ def _torchtitan_pp_microbatch(local_batch: int, pp: int, assumptions: list[str])
     return local_batch // pp
 
 
+# Sources whose TFLOP/s are Megatron-LM's own logged counter (causal attention halved:
+# flops.megatron_logged_flops_per_token); checked on the ModelZoo rows that publish both a step time
+# and TFLOP/s (tests/test_reference_moe.py). The DeepSeek-V3 GB200 guide's tables are the same
+# counter (Megatron-LM docs, logged by the same training loop).
+MEGATRON_COUNTER_SOURCES = ("megatron_moe_modelzoo", "megatron_lm_dsv3_gb200_guide")
+
+
 def _case_fsdp(r: _Record) -> RefCase | Skipped:
     rid = r.id
     preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
@@ -662,8 +679,13 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     elif (tps := r.float("measured.tokens_per_sec_per_gpu")) is not None:
         step, how = gbs * seq / (tps * gpus), "global batch·seq / (tokens/s per GPU · GPUs)"
     elif (tflops := r.float("measured.tflops_per_gpu")) is not None:
-        step = gbs * seq * model_flops_per_token(model) / (tflops * 1e12 * gpus)
-        how = "our model FLOPs / published TFLOP/s (FLOP conventions may differ)"
+        if r.get("source_group") in MEGATRON_COUNTER_SOURCES:
+            per_token, how = megatron_logged_flops_per_token(model), \
+                "Megatron's causal FLOP count / published TFLOP/s (the counter the source logged)"
+        else:
+            per_token, how = model_flops_per_token(model), \
+                "our model FLOPs / published TFLOP/s (FLOP conventions may differ)"
+        step = gbs * seq * per_token / (tflops * 1e12 * gpus)
     else:
         return Skipped(rid, "no step time or throughput to compare")
     return RefCase(rid, str(r.get("source_group") or rid.split("_")[0]), model, system, plan, job, step, how,

@@ -137,6 +137,16 @@ def model_flops_per_token(model: ModelSpec) -> float:
     return 3.0 * (layers + logit_flops_per_token(model) + mtp_flops_per_token(model))
 
 
+def megatron_logged_flops_per_token(model: ModelSpec) -> float:
+    """What Megatron-LM's own throughput counter divides by time (megatron/training/training.py,
+    num_floating_point_operations, since mid-2025): model FLOPs with the attention core halved
+    for the causal mask. The Megatron MoE ModelZoo's TFLOP/s are this: its Qwen3-235B FSDP row
+    (276 TFLOP/s · 256 GPUs · 17.6 s over 2048·4096 tokens) is 148.2 GFLOP/token, this gives 148.3
+    (the full-attention count, 167.3, is 13 % more; at 128K tokens 2.6× more)."""
+    core = attention_core_flops_per_token(model) * (model.layers + model.mtp_layers)
+    return model_flops_per_token(model) - 3.0 * (1.0 - CAUSAL_FRACTION) * core
+
+
 def hardware_flops_per_token(model: ModelSpec, recompute: str) -> float:
     """FLOPs actually executed: full recompute adds one layer forward (eq. 3's 96 vs 72),
     selective recompute adds the attention-core forward (Korthikanti et al. 2022 §5)."""
