@@ -155,6 +155,9 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
             raise SpecError(f"model {path}: {key} {cfg[key]} is not supported (allowed: 1, every layer "
                             "after the leading dense ones is MoE)")
     moe["first_dense_layers"] = first_dense
+    # DeepSeek-V3 group-limited routing (n_group 8, topk_group 4); 1 group is no limit
+    if (cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
+        moe["router_groups"], moe["router_group_topk"] = cfg["n_group"], cfg["topk_group"]
     if cfg.get("n_shared_experts"):
         moe["shared_experts"] = cfg["n_shared_experts"]
     elif cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of this width

@@ -29,11 +29,26 @@ class MoESpec(BaseModel):
                                                "instead of experts (DeepSeek-V3: 3)")
     capacity_factor: PositiveFloat | None = Field(default=None, description="token-drop capacity; "
                                                   "None = dropless")
+    # Group-limited routing (DeepSeek-V3 §3.2.2 node-limited routing; Megatron
+    # --moe-router-num-groups / --moe-router-group-topk; config.json n_group / topk_group): the
+    # experts form router_groups contiguous groups and a token's top-k is picked inside its best
+    # router_group_topk groups only.
+    router_groups: PositiveInt | None = Field(default=None, description="expert groups for group-limited "
+                                              "routing (None = no limit)")
+    router_group_topk: PositiveInt | None = Field(default=None, description="groups a token may route to")
 
     @model_validator(mode="after")
     def _topk(self) -> "MoESpec":
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
+        if (self.router_groups is None) != (self.router_group_topk is None):
+            raise ValueError("router_groups and router_group_topk: give both or neither")
+        if self.router_groups is not None:
+            if self.num_experts % self.router_groups:
+                raise ValueError(f"router_groups ({self.router_groups}) must divide num_experts ({self.num_experts})")
+            if self.router_group_topk > self.router_groups:
+                raise ValueError(f"router_group_topk ({self.router_group_topk}) must be <= router_groups "
+                                 f"({self.router_groups})")
         return self
 
 

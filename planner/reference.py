@@ -183,6 +183,11 @@ def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
         raise SpecError(f"reference {r.id}: model.moe: needs the number of experts and top-k")
     shared = r.int("model.moe.shared_experts", 0, minimum=0)
     out = {"num_experts": experts, "top_k": topk, "expert_ffn": ffn}
+    if re.search(r"deepseek[-_ ]?v3", str(r.get("model.name") or "").lower()) and experts == 256:
+        # DeepSeek-V3's own config.json (n_group 8, topk_group 4: node-limited routing, §3.2.2),
+        # which Megatron-Bridge's DeepSeek bridge maps to moe_router_num_groups / group_topk and
+        # the ModelZoo's DeepSeek-V3.yaml sets; the records name the model only
+        out.update(router_groups=8, router_group_topk=4)
     # Fields helper "models" adds to MoESpec; filled only where they exist.
     optional = {"shared_experts": shared, "shared_expert_ffn": (ffn * shared) if shared and ffn else None,
                 "first_dense_layers": first_dense}

@@ -38,3 +38,34 @@ def test_fp8_operands_are_one_byte():
     fp8 = tm.expert_wgrad_memory_excess_s(QWEN3, JobSpec(dtype="fp8"), _plan(8), 512.0, 0.0, hbm)[0]
     operands = 16 * 512 * ((4096 + 3072) + (1536 + 4096))  # elements, 1 byte saved each
     assert (bf16 - fp8) * hbm == pytest.approx(operands, rel=1e-12)
+
+
+def _touched_domains_by_enumeration(groups: int, group_topk: int, domains: int) -> float:
+    """Mean number of domains the chosen groups cover, over every choice of group_topk groups
+    (domains hold groups/domains whole groups each, in order)."""
+    import itertools
+    per = groups // domains
+    choices = list(itertools.combinations(range(groups), group_topk))
+    return sum(len({g // per for g in c}) for c in choices) / len(choices)
+
+
+@pytest.mark.parametrize("domains", [2, 4, 8])
+def test_group_limited_routing_against_enumeration(domains):
+    import numpy as np
+    ds = load_model("deepseek-v3").moe  # 8 groups, top-4 groups (node-limited routing)
+    G = np.array([float(domains)])
+    touched = _touched_domains_by_enumeration(8, 4, domains)
+    assert tm.group_limited_remote_domains(ds, G)[0] == pytest.approx(touched * (domains - 1) / domains, rel=1e-12)
+
+
+def test_group_limited_routing_at_ep64_on_8_gpu_nodes():
+    import numpy as np
+    # 8 nodes, one group each: 4 nodes touched, 3.5 of them remote, against 7·(1 − (7/8)^8) = 4.59
+    # for unlimited top-8 routing (DeepSeek-V3 §3.2.2: at most 4 nodes per token)
+    ds = load_model("deepseek-v3").moe
+    assert tm.group_limited_remote_domains(ds, np.array([8.0]))[0] == pytest.approx(3.5, rel=1e-12)
+    # groups wider than domains (16 domains of 16 experts, groups of 32): the 8 experts fall in the
+    # 8 domains the 4 chosen groups span
+    assert tm.group_limited_remote_domains(ds, np.array([16.0]))[0] == pytest.approx(
+        8 * (1 - (7 / 8) ** 8) * 15 / 16, rel=1e-12)
+    assert np.isinf(tm.group_limited_remote_domains(QWEN3.moe, np.array([8.0]))[0])

@@ -252,6 +252,27 @@ def expert_wgrad_memory_excess_s(model: ModelSpec, job: JobSpec, P: PlanArrays, 
     return np.maximum(0.0, local_experts * (fc1 + fc2) / hbm_bytes_per_s - wgrad_compute_s)
 
 
+def group_limited_remote_domains(moe, G: np.ndarray) -> np.ndarray:
+    """Expected remote domains a token reaches under group-limited routing (DeepSeek-V3 §3.2.2:
+    each token goes to at most M = router_group_topk nodes; Megatron --moe-router-num-groups /
+    --moe-router-group-topk), out of G domains. Experts sit on EP ranks in order and the groups are
+    contiguous expert ranges, so a domain holds q = groups/G whole groups (q >= 1) or a group spans
+    1/q domains (q < 1). q >= 1: a domain is missed when none of its q groups is among the token's
+    chosen ones, P = prod_{i<g} (n − q − i)/(n − i) (drawing g of n groups); q < 1: the k experts
+    land in the g/q domains the chosen groups span. The local domain is one of them with
+    probability 1/G. No limit: infinity (the caller keeps the unlimited count)."""
+    if moe.router_groups is None:
+        return np.full(np.shape(G), np.inf)
+    n, g, k = float(moe.router_groups), moe.router_group_topk, moe.top_k
+    q = n / G
+    untouched = np.ones(np.shape(G))
+    for i in range(g):
+        untouched = untouched * np.clip((n - q - i) / (n - i), 0.0, 1.0)
+    reach = np.minimum(g / np.minimum(q, 1.0), G)
+    touched = np.where(q >= 1.0, G * (1.0 - untouched), reach * (1.0 - (1.0 - 1.0 / reach) ** k))
+    return touched * (G - 1.0) / G
+
+
 def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
                    act_bytes: float = 2.0) -> np.ndarray:
     """Dispatch + combine all-to-all of one MoE layer forward, one microbatch (Lepikhin et al.
@@ -271,7 +292,7 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     # (DeepSeek-V3 §3.2.2 node-limited dispatch; DeepEP normal kernels: RDMA then NVLink forward)
     k_in = np.clip(system.network[0].domain_gpus / P.etp, 1.0, P.ep)
     G = np.maximum(P.ep / k_in, 1.0)
-    remote = (G - 1.0) * (1.0 - (1.0 - 1.0 / G) ** k)
+    remote = np.minimum((G - 1.0) * (1.0 - (1.0 - 1.0 / G) ** k), group_limited_remote_domains(model.moe, G))
     dedup_outer = routed_tokens * h * act_bytes * imbalance * remote
     plain_outer = nbytes * (P.ep - k_in) / P.ep
     outer = np.where(P.moe_dispatcher == 1, np.minimum(dedup_outer, plain_outer), plain_outer)
