@@ -478,8 +478,8 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if framework == "DeepSpeed ZeRO-3":
         # 2021 Megatron did not overlap its DP reduce; DeepSpeed ZeRO-3 did: its parameter
         # coordinator prefetches the next modules' parameters (stage3_prefetch_bucket_size) and
-        # reduces gradients on a side stream during the backward (overlap_comm; ZeRO-Infinity,
-        # Rajbhandari et al. SC'21 §6-7).
+        # reduces gradients on a side stream during the backward (overlap_comm): DeepSpeed's
+        # ZeRO-3 configuration keys (deepspeed.ai, config-json, "ZeRO Optimizations").
         plan_fields["dp_comm_overlap"] = True
         assumptions.append("DeepSpeed ZeRO-3 prefetch and overlap_comm")
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)

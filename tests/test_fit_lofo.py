@@ -15,8 +15,13 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def small():
-    cases, _ = load_reference()
+def all_cases():
+    return load_reference()[0]
+
+
+@pytest.fixture(scope="module")
+def small(all_cases):
+    cases = all_cases
     # Llama-3 a majority of the fitted rows, so that the in-sample fit must follow its measurements
     picked = [c for c in cases if c.source == "nemo2407"]
     picked += [c for c in cases if c.source == "dgxc_v24.11.1" and c.family == "Llama-3"][:8]
@@ -60,11 +65,11 @@ def test_family_without_fitted_rows_keeps_the_full_hardware_fit(small):
                                                         rel=1e-12)
 
 
-def test_sharded_dp_lofo_ignores_the_familys_own_measurements():
+def test_sharded_dp_lofo_ignores_the_familys_own_measurements(all_cases):
     """The DeepSpeed ZeRO-3 rows are all GPT: measured twice as slow, their in-sample DeepSpeed fit
     moves, their leave-one-family-out prediction does not (no DeepSpeed rows remain: the NCCL ring
     at the FSDP contention fitted on the other families' FSDP rows)."""
-    cases, _ = load_reference()
+    cases = all_cases
     picked = [c for c in cases if c.framework == "DeepSpeed ZeRO-3"]
     picked += [c for c in cases if c.framework == "torchtitan FSDP2" and c.system.num_gpus <= 8][:5]
     slowed = [dataclasses.replace(c, measured_step_s=2 * c.measured_step_s) if c.family == "GPT" else c
