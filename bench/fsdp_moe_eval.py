@@ -10,8 +10,9 @@ Rows: every comparable record of the three reference files, through planner/refe
 Parameters fitted (module constants, physical meaning in their comments):
   planner.analytical.time.A2A_BW_EFFICIENCY, planner.analytical.time.A2A_OVERLAP_EFFICIENCY,
   planner.reference_moe.MOE_IMBALANCE_LEARNED_DROPLESS (rows with learned dropless routing),
-  planner.analytical.data_parallel.FSDP_OVERLAP_FRACTION,
-  planner.analytical.data_parallel.DEEPSPEED_ZERO3_BW_EFFICIENCY.
+  planner.analytical.data_parallel.FSDP_COMPUTE_CONTENTION (FSDP2, llm-foundry, Megatron-FSDP rows),
+  planner.analytical.data_parallel.DEEPSPEED_ZERO3_BW_EFFICIENCY and
+  DEEPSPEED_ZERO3_COMPUTE_CONTENTION (the DeepSpeed ZeRO-3 rows, jointly).
 Leave-one-family-out: each MoE family is predicted with the MoE parameters fitted without it.
 The kernels of the PyTorch-native stacks (torchtitan, llm-foundry: FlashAttention-2 ceiling per
 fit group, the Grand Teton clock) are fitted by bench/calibrate.py (planner/fit.py
@@ -37,6 +38,7 @@ from planner.analytical import PlanArrays, data_parallel, estimate_many  # noqa:
 from planner.analytical import time as tm  # noqa: E402
 from planner import reference_moe  # noqa: E402
 from planner.analytical.layer_kinds import lead_layers  # noqa: E402
+from planner.fit import fit_sharded_dp, prepare  # noqa: E402
 from planner.reference import load_reference  # noqa: E402
 
 class Row:
@@ -70,15 +72,16 @@ PARAMS = {
     (reference_moe, "MOE_IMBALANCE_LEARNED_DROPLESS"): (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2.0),
     (tm, "A2A_BW_EFFICIENCY"): (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     (tm, "A2A_OVERLAP_EFFICIENCY"): (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
-    (data_parallel, "FSDP_OVERLAP_FRACTION"): (0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
-    (data_parallel, "DEEPSPEED_ZERO3_BW_EFFICIENCY"): (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.7, 1.0),
+    (data_parallel, "FSDP_COMPUTE_CONTENTION"): (),  # fitted by planner.fit.fit_sharded_dp
+    (data_parallel, "DEEPSPEED_ZERO3_BW_EFFICIENCY"): (),
+    (data_parallel, "DEEPSPEED_ZERO3_COMPUTE_CONTENTION"): (),
 }
 # MOE_IMBALANCE_LEARNED_DROPLESS and A2A_OVERLAP_EFFICIENCY are fitted on controlled pairs
 # (fit_pairs); the bandwidth efficiency on every MoE row but the DeepSeek-V3 optimisation
 # ladder's untuned steps (software the model does not describe; only step 12 is a recipe).
-GROUP_PARAMS = {"moe": [(tm, "A2A_BW_EFFICIENCY")],
-                "fsdp": [(data_parallel, "FSDP_OVERLAP_FRACTION")],
-                "deepspeed": [(data_parallel, "DEEPSPEED_ZERO3_BW_EFFICIENCY")]}
+# The sharded-DP parameters are fitted by planner.fit.fit_sharded_dp (golden section, the same
+# function `planner validate --lofo` refits them with, without each family).
+GROUP_PARAMS = {"moe": [(tm, "A2A_BW_EFFICIENCY")]}
 
 
 def errors(rows: list[Row]) -> np.ndarray:
@@ -169,6 +172,10 @@ def main() -> None:
         fitted = {}
         for group, keys in GROUP_PARAMS.items():
             fitted.update(fit([r for r in rows if r.group == group], keys))
+        dp = fit_sharded_dp(prepare([r.case for r in rows if r.case.plan.zero_stage == 3]))
+        for name, value in dp.items():
+            setattr(data_parallel, name, value)
+        fitted.update({name: round(value, 3) for name, value in dp.items()})
         print("fitted (in-sample):", fitted)
         report(rows, "in-sample")
         # leave one MoE family out: fit the MoE parameters without it, predict it

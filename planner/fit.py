@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.analytical import PlanArrays
+from planner.analytical import PlanArrays, data_parallel
 from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.time import step_time
@@ -195,10 +195,69 @@ def with_torch_stack(p: Prepared, hardware: dict[str, dict], torch_stack: dict[s
     return params or None
 
 
+# --- sharded data parallel (planner/analytical/data_parallel.py) -------------------------------
+# Fitted on the ZeRO-3 rows of each implementation, after the hardware and torch-stack fits and
+# on top of them: FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry /
+# Megatron-FSDP rows; the two DeepSpeed ZeRO-3 parameters jointly on the DeepSpeed rows (the only
+# ones: Narayanan et al. SC'21 Table 2, all GPT): 2 parameters on 6 rows, below the hardware fit's
+# one per FIT_ROWS_PER_PARAMETER, accepted because the rows fall in two regimes that each set
+# one of them (the 4 gather-bound rows at mb 1-2 the bandwidth, the 2 at mb 4 the contention).
+# With fewer than FIT_ROWS_PER_PARAMETER rows (a
+# DeepSpeed fit without GPT) nothing is known of that implementation: the NCCL ring (efficiency
+# 1) with the NCCL FSDP contention just fitted.
+def nccl_fsdp_row(case: RefCase) -> bool:
+    return case.plan.zero_stage == 3 and case.plan.dp_impl != "deepspeed" and case.model.moe is None
+
+
+def deepspeed_row(case: RefCase) -> bool:
+    return case.plan.zero_stage == 3 and case.plan.dp_impl == "deepspeed"
+
+
+# (parameters fitted together, rows, bounds of each)
+SHARDED_DP_FITS = (
+    (("FSDP_COMPUTE_CONTENTION",), nccl_fsdp_row, ((0.0, 1.0),)),
+    (("DEEPSPEED_ZERO3_BW_EFFICIENCY", "DEEPSPEED_ZERO3_COMPUTE_CONTENTION"), deepspeed_row, ((0.03, 1.0), (0.0, 1.0))),
+)
+
+
+def _family_weighted_log_error(rows: list[Prepared], params_of) -> float:
+    """Mean |log(pred/measured)| with every model family weighted equally (216 llm-foundry MPT
+    rows must not outvote the other families' FSDP rows)."""
+    fams: dict[str, list[float]] = {}
+    for p in rows:
+        fams.setdefault(p.case.family, []).append(abs(math.log(p.predict_s(params_of(p)) / p.case.measured_step_s)))
+    return float(np.mean([np.mean(v) for v in fams.values()]))
+
+
+def fit_sharded_dp(prepared: list[Prepared], params_of=lambda p: None, keep=lambda case: True,
+                   sweeps: int = 2, iters: int = 12) -> dict[str, float]:
+    """data_parallel.FITTED_PARAMETERS fitted on the sharded-DP rows that `keep` accepts, each row
+    predicted with efficiency parameters `params_of(row)` (None: its preset's)."""
+    out: dict[str, float] = {}
+    for names, row_kind, bounds in SHARDED_DP_FITS:
+        rows = [p for p in prepared if row_kind(p.case) and keep(p.case)]
+        if len(rows) < FIT_ROWS_PER_PARAMETER:
+            # nothing measured of this implementation: the NCCL ring, no contention beyond the
+            # NCCL FSDP rows' (none if those are missing too)
+            unknown = {"FSDP_COMPUTE_CONTENTION": 0.0, "DEEPSPEED_ZERO3_BW_EFFICIENCY": 1.0,
+                       "DEEPSPEED_ZERO3_COMPUTE_CONTENTION": out.get("FSDP_COMPUTE_CONTENTION", 0.0)}
+            out.update({n: unknown[n] for n in names})
+            continue
+        values = {n: getattr(data_parallel, n) for n in names}
+        for _ in range(sweeps if len(names) > 1 else 1):
+            for n, (lo, hi) in zip(names, bounds):
+                def score(x, n=n):
+                    with data_parallel.parameters(**{**out, **values, n: x}):
+                        return _family_weighted_log_error(rows, params_of)
+                values[n] = _golden(score, lo, hi, values[n], iters)[0]
+        out.update(values)
+    return out
+
+
 def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict]) -> dict[str, float]:
     """Case id -> step time predicted with parameters fitted without the case's model family:
     the hardware fit (a family with no fitted rows keeps `full_fit`), then on top of it the
-    torch-stack parameters, refitted without the family."""
+    torch-stack parameters, then the sharded-DP parameters, each refitted without the family."""
     out = {}
     for family in sorted({p.case.family for p in prepared}):
         members = [p for p in prepared if p.case.family == family]
@@ -209,7 +268,14 @@ def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict]) -> dic
         torch_stack = {}
         if any(torch_stack_row(p.case) for p in members):
             torch_stack = fit_torch_stack(prepared, params, lambda c, f=family: c.family != f)
-        for p in members:
-            out[p.case.id] = p.predict_s(with_torch_stack(p, params, torch_stack) if torch_stack_row(p.case)
-                                         else (params.get(p.group) or None))
+
+        def params_of(p, params=params, torch_stack=torch_stack):
+            return (with_torch_stack(p, params, torch_stack) if torch_stack_row(p.case)
+                    else (params.get(p.group) or None))
+        dp_params = {}
+        if any(p.case.plan.zero_stage == 3 for p in members):
+            dp_params = fit_sharded_dp(prepared, params_of, lambda c, f=family: c.family != f)
+        with data_parallel.parameters(**dp_params):
+            for p in members:
+                out[p.case.id] = p.predict_s(params_of(p))
     return out

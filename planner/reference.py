@@ -490,6 +490,13 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                        stage_layers=stage_layers,
                        sequence_parallel=sp, recompute=recompute, recompute_modules=modules, zero_stage=zero,
                        dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021)
+    if framework == "DeepSpeed ZeRO-3":
+        # 2021 Megatron did not overlap its DP reduce; DeepSpeed ZeRO-3 did: its parameter
+        # coordinator prefetches the next modules' parameters (stage3_prefetch_bucket_size) and
+        # reduces gradients on a side stream during the backward (overlap_comm): DeepSpeed's
+        # ZeRO-3 configuration keys (deepspeed.ai, config-json, "ZeRO Optimizations").
+        plan_fields["dp_comm_overlap"] = True
+        assumptions.append("DeepSpeed ZeRO-3 prefetch and overlap_comm")
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
     if isinstance(plan, str):
         return Skipped(rid, plan)
@@ -663,6 +670,16 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
                        stage_layers=stage_layers, recompute_modules=modules,
                        sequence_parallel=sp, recompute=recompute, zero_stage=zero, dp_comm_overlap=True,
                        tp_comm_overlap=sp and (megatron or r.get("parallel.async_tp") is True))
+    if framework == "torchtitan FSDP2" and "fsdp float8 all-gather" in str(r.get("parallel.float8_recipe") or ""):
+        # torchao's Float8Linear with enable_fsdp_float8_all_gather: FSDP2 gathers the fp8 weights
+        plan_fields["fp8_param_gather"] = True
+        assumptions.append("fp8 parameter all-gather (record: fsdp float8 all-gather)")
+    if framework == "Megatron-FSDP" and zero == 3:
+        # Megatron-FSDP's user guide recommends --grad-reduce-in-bf16, and its MoE example
+        # (docs/discussions/megatron-fsdp-user-guide/example-scripts/sbatch_mfsdp_deepseek_v3.sh:
+        # EP 8, MBS 4, GBS 2048, as the ModelZoo row) sets it; the records do not state it.
+        plan_fields["grad_reduce_in_bf16"] = True
+        assumptions.append("bf16 gradient reduce (Megatron-FSDP user guide: --grad-reduce-in-bf16)")
     plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
     if isinstance(plan, str):
         return Skipped(rid, plan)

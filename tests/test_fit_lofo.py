@@ -6,15 +6,22 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli import app
-from planner.fit import fit_all, fit_torch_stack, lofo_predictions, prepare, with_torch_stack
+from planner.analytical import data_parallel
+from planner.fit import (fit_all, fit_sharded_dp, fit_torch_stack, lofo_predictions, prepare,
+                         with_torch_stack)
 from planner.reference import load_reference
 
 runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def small():
-    cases, _ = load_reference()
+def all_cases():
+    return load_reference()[0]
+
+
+@pytest.fixture(scope="module")
+def small(all_cases):
+    cases = all_cases
     # Llama-3 a majority of the fitted rows, so that the in-sample fit must follow its measurements
     picked = [c for c in cases if c.source == "nemo2407"]
     picked += [c for c in cases if c.source == "dgxc_v24.11.1" and c.family == "Llama-3"][:8]
@@ -40,15 +47,40 @@ def test_lofo_prediction_ignores_the_familys_own_measurements(small):
 
 def test_family_without_fitted_rows_keeps_the_full_hardware_fit(small):
     """MPT has no fitted hardware rows: its rows keep the full hardware fit, with the torch-stack
-    parameters refitted without MPT (planner/fit.py TORCH_STACK_FITS)."""
+    parameters (planner/fit.py TORCH_STACK_FITS) and the sharded-DP ones (SHARDED_DP_FITS)
+    refitted without MPT."""
     prepared = prepare(small)
     full = fit_all(prepared)
     lofo = lofo_predictions(prepared, full)
-    without_mpt = fit_torch_stack(prepared, full, lambda c: c.family != "MPT")
-    for p in prepared:
-        if p.case.family == "MPT":
-            assert not p.case.fit
-            assert lofo[p.case.id] == pytest.approx(p.predict_s(with_torch_stack(p, full, without_mpt)), rel=1e-12)
+    keep = lambda c: c.family != "MPT"  # noqa: E731
+    without_mpt = fit_torch_stack(prepared, full, keep)
+    dp = fit_sharded_dp(prepared, lambda p: with_torch_stack(p, full, without_mpt), keep)
+    # no other sharded rows in this sample: nothing is known, no contention
+    assert dp["FSDP_COMPUTE_CONTENTION"] == 0.0
+    with data_parallel.parameters(**dp):
+        for p in prepared:
+            if p.case.family == "MPT":
+                assert not p.case.fit
+                assert lofo[p.case.id] == pytest.approx(p.predict_s(with_torch_stack(p, full, without_mpt)),
+                                                        rel=1e-12)
+
+
+def test_sharded_dp_lofo_ignores_the_familys_own_measurements(all_cases):
+    """The DeepSpeed ZeRO-3 rows are all GPT: measured twice as slow, their in-sample DeepSpeed fit
+    moves, their leave-one-family-out prediction does not (no DeepSpeed rows remain: the NCCL ring
+    at the FSDP contention fitted on the other families' FSDP rows)."""
+    cases = all_cases
+    picked = [c for c in cases if c.framework == "DeepSpeed ZeRO-3"]
+    picked += [c for c in cases if c.framework == "torchtitan FSDP2" and c.system.num_gpus <= 8][:5]
+    slowed = [dataclasses.replace(c, measured_step_s=2 * c.measured_step_s) if c.family == "GPT" else c
+              for c in picked]
+    base, moved = prepare(picked), prepare(slowed)
+    fit_base, fit_moved = fit_sharded_dp(base), fit_sharded_dp(moved)
+    assert fit_moved["DEEPSPEED_ZERO3_BW_EFFICIENCY"] < fit_base["DEEPSPEED_ZERO3_BW_EFFICIENCY"]
+    assert fit_moved["FSDP_COMPUTE_CONTENTION"] == fit_base["FSDP_COMPUTE_CONTENTION"]
+    lofo, lofo_moved = lofo_predictions(base, fit_all(base)), lofo_predictions(moved, fit_all(moved))
+    gpt = [c.id for c in picked if c.family == "GPT"]
+    assert len(gpt) == 6 and all(lofo_moved[i] == pytest.approx(lofo[i], rel=1e-12) for i in gpt)
 
 
 def test_validate_lofo_prints_both_columns():

@@ -60,14 +60,32 @@ def test_zero2_costs_more_than_zero1_with_accumulation(gpt3, a100):
 
 
 def test_zero3_per_layer_hand_derived():
-    """4 layers, AG 0.4 s, RS 0.8 s per stage, no latency; layer fwd 0.05 s, bwd 0.1 s, overlap
-    fraction f: fwd = ag_l + 3·max(0, ag_l − f·0.05); bwd = ag_l + rs_l + 3·max(0, ag_l + rs_l − f·0.1)."""
-    f = dpc.FSDP_OVERLAP_FRACTION
-    got = dpc.zero3_exposed_s(0.8, 0.4, 0.0, 2.0, 0.2, 0.4, 4.0, np.array([True, False]), f)
-    fwd = 0.1 + 3 * max(0.0, 0.1 - f * 0.05)
-    bwd = 0.3 + 3 * max(0.0, 0.3 - f * 0.1)
-    assert got[0] == pytest.approx(2 * (fwd + bwd))
+    """4 layers, AG 0.4 s, RS 0.8 s per stage, no latency; layer fwd 0.05 s, bwd 0.1 s, contention
+    s = 0.25: a prefetched layer takes max(c, x + s·c), so it shows max(c − x, s·c) beyond x;
+    fwd = 0.1 + 3·max(0.1 − 0.05, 0.025) = 0.25; bwd = 0.3 + 3·max(0.3 − 0.1, 0.075) = 0.9."""
+    got = dpc.zero3_exposed_s(0.8, 0.4, 0.0, 2.0, 0.2, 0.4, 4.0, np.array([True, False]), 0.25)
+    assert got[0] == pytest.approx(2 * (0.25 + 0.9))
     assert got[1] == pytest.approx(2 * 4 * (2 * 0.1 + 0.2))
+    # compute-bound layers (x = 1 s per layer) still pay the contention: s·c per later layer
+    slow = dpc.zero3_exposed_s(0.8, 0.4, 0.0, 1.0, 4.0, 4.0, 4.0, np.array([True]), 0.25)
+    assert slow[0] == pytest.approx((0.1 + 3 * 0.25 * 0.1) + (0.3 + 3 * 0.25 * 0.3))
+
+
+def test_prefetched_layer_is_max_of_collective_and_slowed_compute():
+    """Layer time max(c, x + s·c) minus the compute x: the exposed part, by hand."""
+    for c, x, s in ((0.3, 0.1, 0.5), (0.1, 0.3, 0.5), (0.2, 0.2, 0.0)):
+        exposed = dpc.prefetched_layers_s(c, x, 2.0, s) - c  # the second layer's share
+        assert exposed == pytest.approx(max(c, x + s * c) - x)
+
+
+def test_data_parallel_parameters_are_restored():
+    before = dpc.FSDP_COMPUTE_CONTENTION
+    with dpc.parameters(FSDP_COMPUTE_CONTENTION=0.7):
+        assert dpc.FSDP_COMPUTE_CONTENTION == 0.7
+    assert dpc.FSDP_COMPUTE_CONTENTION == before
+    with pytest.raises(KeyError):
+        with dpc.parameters(NOT_A_PARAMETER=1.0):
+            pass
 
 
 def test_deepspeed_zero3_slower_than_fsdp(gpt3, a100):

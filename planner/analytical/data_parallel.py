@@ -14,30 +14,65 @@ What each stage moves (Rajbhandari et al. 2020, ZeRO §5; Ψ = parameters held b
 
 Overlap as the implementations do it: DDP / distributed optimizer bucket the last microbatch's
 gradients (and first forward's parameters) behind compute (`time.overlapped_collective_s`);
-FSDP prefetches layer i+1's all-gather while layer i computes (FSDP2 implicit prefetch,
-Megatron-FSDP's double buffer), so per layer only what exceeds that layer's compute shows, plus
-the first layer's gather, which has nothing to hide behind. DeepSpeed ZeRO-3 runs the same
-schedule through its own parameter coordinator, slower than NCCL ring bandwidth: its achieved
-fraction is the named DEEPSPEED_ZERO3_BW_EFFICIENCY.
+FSDP prefetches layer i+1's all-gather while layer i runs (FSDP2 implicit prefetch,
+Megatron-FSDP's double buffer), so per layer only what exceeds that layer's time shows, plus
+the first layer's gather, which has nothing to hide behind. Hiding is not free: the collective's
+kernels take SMs and HBM bandwidth from the compute beside them, so a layer of compute x with a
+collective c beside it takes max(c, x + s·c) (s: the compute throughput the collective takes;
+comm-bound layers show c − x, compute-bound ones s·c). The window is the layer's compute, and
+also its tensor/context/expert-parallel communication when that stays inside the NVLink domain
+while the data-parallel collective runs on the NICs (different links: the a2a of an intra-node
+expert-parallel layer does not slow the inter-node gather; Megatron-FSDP ModelZoo Qwen3-235B).
+DeepSpeed ZeRO-3 runs the same schedule through its own parameter coordinator (fetch/release
+hooks, copies into flat buffers), slower than NCCL ring bandwidth and heavier on the compute
+beside it: its achieved fraction of ring bandwidth is the named DEEPSPEED_ZERO3_BW_EFFICIENCY,
+its contention DEEPSPEED_ZERO3_COMPUTE_CONTENTION.
 """
 from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
 
 import numpy as np
 
 from planner.analytical import comm
 from planner.plan import DP_IMPL_CODES
 
-# Fraction of a collective's time that compute can hide when they overlap: NCCL kernels take SMs
-# and HBM bandwidth from the GEMMs they run beside (FSDP2 / Megatron-FSDP overlap in practice is
-# not free). 1 = perfect hiding. Fitted by bench/fsdp_moe_eval.py --fit on the FSDP rows
-# (torchtitan, llm-foundry, Megatron-FSDP): 0.9, also after their kernels were costed
-# (analytical/kernels.py; mean |log error| 0.077 at 0.9, 0.079 at 0.5): the rows barely move with
-# it, their per-layer collectives hide behind compute almost everywhere.
-FSDP_OVERLAP_FRACTION = 0.9
-# DeepSpeed ZeRO-3's achieved fraction of ring bandwidth for its per-layer gathers / reduces
-# (fitted by bench/fsdp_moe_eval.py --fit on the 6 DeepSpeed ZeRO-3 rows of measured_runs.yaml,
-# Narayanan Table 2 baseline: mean |error| 30 % -> 12.5 %).
-DEEPSPEED_ZERO3_BW_EFFICIENCY = 0.2
+# Share of a GPU's compute throughput taken by a sharded-DP collective running beside it (its
+# NCCL kernels' SMs, its buffer copies' HBM traffic), per implementation: a layer of compute x
+# with its prefetched collective c takes max(c, x + s·c). Fitted by bench/fsdp_moe_eval.py --fit
+# (planner/fit.py fit_sharded_dp; `planner validate --lofo` refits them without each family):
+# FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry / Megatron-FSDP rows (0.088),
+# DEEPSPEED_ZERO3_* on the 6 DeepSpeed ZeRO-3 rows of Narayanan et al. SC'21 Table 2, whose
+# step time does not shrink from mb 2 to mb 1 (768 -> 1536 GPUs: 66.75 s both; 1120 -> 2240:
+# 180 -> 184 s), i.e. those steps are gather-bound (c > x: the bandwidth efficiency), while at
+# mb 4 the step exceeds both compute and gathers (x + s·c: the contention). Fitted 0.111, 0.497.
+FSDP_COMPUTE_CONTENTION = 0.09
+DEEPSPEED_ZERO3_COMPUTE_CONTENTION = 0.5
+# DeepSpeed ZeRO-3's achieved fraction of ring bandwidth for its per-layer gathers / reduces.
+DEEPSPEED_ZERO3_BW_EFFICIENCY = 0.11
+
+
+# The named parameters above, by name (planner/fit.py refits them, leave-one-family-out included).
+FITTED_PARAMETERS = ("FSDP_COMPUTE_CONTENTION", "DEEPSPEED_ZERO3_BW_EFFICIENCY", "DEEPSPEED_ZERO3_COMPUTE_CONTENTION")
+
+
+@contextmanager
+def parameters(**values: float):
+    """Run the model with some FITTED_PARAMETERS set to `values`, restored afterwards (the fit
+    tries values this way; the module constants are the fitted ones)."""
+    module = sys.modules[__name__]
+    unknown = set(values) - set(FITTED_PARAMETERS)
+    if unknown:
+        raise KeyError(f"not a fitted data-parallel parameter: {sorted(unknown)}")
+    saved = {name: getattr(module, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped):
@@ -48,25 +83,37 @@ def zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped
     return np.where(hide, hidden, m * grad_rs + param_ag)
 
 
-def zero3_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hide, overlap_fraction):
+def prefetched_layers_s(c_l, x_l, layers, contention):
+    """Exposed seconds of one pass over `layers` layers whose per-layer collective c_l is
+    prefetched behind the previous layer's window x_l: the first layer's collective has nothing
+    to hide behind (c_l), each later layer takes max(c_l, x_l + s·c_l), i.e. shows
+    max(c_l − x_l, s·c_l) beyond its own x_l."""
+    return c_l + (layers - 1) * np.maximum(c_l - x_l, contention * c_l)
+
+
+def zero3_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hide, contention):
     """ZeRO-3 / FSDP: per layer and microbatch an all-gather before forward, another before
-    backward and a reduce-scatter after it; with prefetch each hides behind one layer's compute
-    (up to `overlap_fraction` of it), the first gather of each pass does not. A rank without
-    layers (a layout that breaks `layers_pp`) is costed as one layer, so no 0/0 reaches the user."""
+    backward and a reduce-scatter after it; with prefetch each hides behind one layer's window
+    (`prefetched_layers_s`), the first gather of each pass does not. A rank without layers (a
+    layout that breaks `layers_pp`) is costed as one layer, so no 0/0 reaches the user."""
     layers = np.maximum(layers, 1.0)
     ag_l = param_ag / layers + latency_s
     rs_l = grad_rs / layers + latency_s
     fwd_l, bwd_l = mb_fwd / layers, mb_bwd / layers
-    fwd = ag_l + (layers - 1) * np.maximum(0.0, ag_l - overlap_fraction * fwd_l)
-    bwd = ag_l + rs_l + (layers - 1) * np.maximum(0.0, ag_l + rs_l - overlap_fraction * bwd_l)
+    fwd = prefetched_layers_s(ag_l, fwd_l, layers, contention)
+    bwd = prefetched_layers_s(ag_l + rs_l, bwd_l, layers, contention)
     return m * np.where(hide, fwd + bwd, layers * (2 * ag_l + rs_l))
 
 
-def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide, overlapped):
+def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide, overlapped,
+                      mp_fwd=0.0, mp_bwd=0.0):
     """Exposed DP communication per step. `groups` lists (gradient bytes, parameter bytes, ranks,
     bandwidth, latency) of each replica group (dense parameters over dp·cp; expert parameters over
-    expert-DP); their collectives run one after the other on the same links."""
+    expert-DP); their collectives run one after the other on the same links. `mp_fwd`/`mp_bwd`:
+    a microbatch's model-parallel communication on other links than the DP collectives, which
+    ZeRO-3's per-layer prefetch also hides behind."""
     deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
+    contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION, FSDP_COMPUTE_CONTENTION)
     total = 0.0
     for grad_bytes, weight_bytes, n, bw, lat in groups:
         bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
@@ -81,7 +128,7 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
         rs3 = comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0)
         ag3 = comm.all_gather_s(weight_bytes, n, bw3, 0.0)
         lat3 = np.where(n > 1, (n - 1) * lat, 0.0)
-        z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd, mb_bwd, layers, hide, FSDP_OVERLAP_FRACTION)
+        z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention)
         # a group with nothing to reduce (no experts) issues no collective
         total = total + np.where(grad_bytes + weight_bytes > 0, np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3))), 0.0)
     return total

@@ -591,9 +591,16 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
               (f_exp * grad_b, f_exp * weight_b, n_edp, edp_bw, edp_lat)]
     # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
     mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
+    # ZeRO-3's per-layer prefetch also hides behind the layer's tensor/context/expert-parallel
+    # communication when that stays inside the NVLink domain and the DP groups (both span
+    # tp·dp·cp ranks) leave it: the gathers then run on the NICs, on other links.
+    domain = system.nvlink_domain_gpus
+    other_links = (t * dp * c > domain) & (t * c <= domain) & (P.etp * P.ep <= domain)
+    mp_fwd = on_slow(lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"])
+    mp_bwd = stage_tp + stage_cpep - mp_fwd
     dp_comm = data_parallel.dp_comm_exposed_s(
         groups, P.zero_stage, P.dp_impl, m, mb_fwd, mb_bwd, p, v, layers_per_stage, P.dp_comm_overlap > 0,
-        overlapped_collective_s)
+        overlapped_collective_s, np.where(other_links, mp_fwd, 0.0), np.where(other_links, mp_bwd, 0.0))
 
     # --- optimizer step, memory-bound on HBM; the offloaded share runs where its state lives.
     opt_elems = mem["opt_elems"]
