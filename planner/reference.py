@@ -377,6 +377,26 @@ def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int) -> tup
     return None
 
 
+# --- Knobs a benchmark's launch script sets where its published table prints none --------------
+# (record-id prefix, model-name pattern, {knob: value}, where it is set). Only fills a knob the
+# record leaves null; listed among the row's assumptions.
+LAUNCH_SCRIPT_KNOBS = (
+    # The v25.04.01 README's config table prints VP "NA" for Nemotron-4 340B, but the launch script
+    # that produced its numbers sets VP=12 for 340b and passes `-vp 12` to NeMo's
+    # pretrain_nemotron4_340b (its 15b branch sets VP=0, the table's NA); v24.11.1's table prints 12.
+    ("dgxc_v25.04.01", r"nemotron-?4 340b", {"vpp": 12},
+     "NVIDIA/dgxc-benchmarking@85380ff nemotron/launch.sh: 340b sets VP=12 (-vp 12)"),
+)
+
+
+def launch_script_knobs(rid: str, model_name: str) -> tuple[dict, str]:
+    """({knob: value}, where it is set) from LAUNCH_SCRIPT_KNOBS for a record, or ({}, '')."""
+    for prefix, pattern, knobs, where in LAUNCH_SCRIPT_KNOBS:
+        if rid.startswith(prefix) and re.search(pattern, model_name.lower()):
+            return knobs, where
+    return {}, ""
+
+
 def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
                   assumptions: list[str], recipe: tuple[tuple[int, ...], str] | None = None
                   ) -> tuple[int, ...] | None | str:
@@ -428,11 +448,15 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         mb = 1
         assumptions.append("micro-batch 1")
     vpp_raw = r.get("parallel.vpp")
+    script_knobs, script_where = launch_script_knobs(rid, str(r.get("model.name") or ""))
+    if vpp_raw is None and "vpp" in script_knobs:
+        vpp_raw = script_knobs["vpp"]
+        assumptions.append(f"interleaved, vpp {vpp_raw} ({script_where})")
     if isinstance(vpp_raw, str) and not vpp_raw.strip().isdigit():
         vpp = _smallest_vpp(model.layers // pp)
         assumptions.append(f"interleaved, vpp {vpp}")
     else:
-        vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or 1)
+        vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or vpp_raw or 1)
     recipe = bridge_recipe_layout(str(r.get("model.name") or ""), model.layers, pp, vpp) if bridge else None
     stage_layers = _stage_layers(model, pp, vpp, None, assumptions, recipe)
     if isinstance(stage_layers, str):
@@ -492,6 +516,14 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.
         extra["bytes_per_param"] = BytesPerParam(grads=2.0, grad_reduce=2.0)
         assumptions.append("bf16 gradients (NeMo fp8 perf recipe)")
+    elif dtype == "fp16" and framework == "Megatron/NeMo":
+        # Megatron with --fp16 keeps the gradient buffer in the parameters' dtype and all-reduces it
+        # in fp16 unless --accumulate-allreduce-grads-in-fp32 is given (off by default; validate_args
+        # forces it for bf16 only): megatron/model/distributed.py and arguments.py @aed2f75e20
+        # (2021-04, the SC'21 runs); the 2020 code reduced fp16 unless --fp32-allreduce (off,
+        # arguments.py @5281919420). Memory keeps Megatron's 18 B/param accounting.
+        extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
+        assumptions.append("fp16 gradient all-reduce (Megatron fp16 default)")
     if framework == "DeepSpeed ZeRO-3":
         # DeepSpeed ZeRO-3 (Narayanan Table 2 baseline) reduces fp16 gradients: 2 bytes on the wire.
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
