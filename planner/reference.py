@@ -360,6 +360,13 @@ DEEPSEEK_V3_LAYOUTS: dict[tuple[int, int], tuple[str, str]] = {
 _QWEN3_235B = "recipes/qwen/h100/qwen3_moe.py account_for_embedding/loss_in_pipeline_split"
 
 
+# Every Llama NVFP4 pretraining config turns Transformer Engine's userbuffer TP overlap off, from
+# the first release with NVFP4 tables (26.02) to the recipes BRIDGE_COMMIT carries.
+BRIDGE_NVFP4_NO_TP_OVERLAP = ("Megatron-Bridge v0.3.0 scripts/performance/configs/llama/llama3_llm_pretrain.py and "
+                              "llama31_llm_pretrain.py: tp_comm_overlap = False if precision == 'nvfp4'; "
+                              f"@{BRIDGE_COMMIT} perf_recipes/llama/*/llama3*.py likewise")
+
+
 def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int) -> tuple[tuple[int, ...], str] | None:
     """(layers per virtual stage, where in the Megatron-Bridge source it is set) of the Bridge
     recipe for this model at pp × vpp, or None where the source sets none we know of."""
@@ -528,6 +535,9 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         # DeepSpeed ZeRO-3 (Narayanan Table 2 baseline) reduces fp16 gradients: 2 bytes on the wire.
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
         assumptions.append("DeepSpeed fp16 gradient reduce")
+    if bridge and dtype == "nvfp4" and plan.tp_comm_overlap and family_of(model.name) == "Llama-3":
+        plan = Plan.model_validate({**plan.model_dump(), "tp_comm_overlap": False})
+        assumptions.append(f"no TP comm overlap with NVFP4 ({BRIDGE_NVFP4_NO_TP_OVERLAP})")
     plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=not era_2021,
                   hbm_reserve_gib=0.0, **extra)
