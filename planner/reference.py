@@ -459,9 +459,18 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if vpp_raw is None and "vpp" in script_knobs:
         vpp_raw = script_knobs["vpp"]
         assumptions.append(f"interleaved, vpp {vpp_raw} ({script_where})")
+    overlap_text = str(r.get("parallel.comm_overlap") or "").lower()
+    pp_overlap = vpp_raw is None and pp > 1 and "pp overlap" in overlap_text
+    if pp_overlap:
+        # Megatron overlaps pipeline p2p with compute only in the interleaved schedule (r0.8
+        # megatron/training/arguments.py @96d6abaab9 turns overlap_p2p_comm off without a virtual
+        # pipeline), so a run that states PP overlap was interleaved; vpp itself is unstated.
+        vpp_raw = "interleaved"
     if isinstance(vpp_raw, str) and not vpp_raw.strip().isdigit():
         vpp = _smallest_vpp(model.layers // pp)
-        assumptions.append(f"interleaved, vpp {vpp}")
+        assumptions.append(f"interleaved, vpp {vpp}" + (" (PP overlap stated: Megatron overlaps p2p only when "
+                                                         "interleaved; vpp not published, the smallest)"
+                                                         if pp_overlap else ""))
     else:
         vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or vpp_raw or 1)
     recipe = bridge_recipe_layout(str(r.get("model.name") or ""), model.layers, pp, vpp) if bridge else None
