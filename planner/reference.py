@@ -393,6 +393,13 @@ LAUNCH_SCRIPT_KNOBS = (
     # pretrain_nemotron4_340b (its 15b branch sets VP=0, the table's NA); v24.11.1's table prints 12.
     ("dgxc_v25.04.01", r"nemotron-?4 340b", {"vpp": 12},
      "NVIDIA/dgxc-benchmarking@85380ff nemotron/launch.sh: 340b sets VP=12 (-vp 12)"),
+    # v24.11.1 turned Transformer Engine's cuDNN fused attention off for these two (TE then runs
+    # the flash-attn package's kernels); its Llama-3 and Nemotron-4 15B scripts set it on, and
+    # v25.04.01's GPT-3 script sets NVTE_FUSED_ATTN=1.
+    ("dgxc_v24.11.1", r"gpt-?3 175b", {"te_flash_attention": True},
+     "NVIDIA/dgxc-benchmarking@v24.11.1 nemo_megatron/launch.sh: NVTE_FUSED_ATTN=0"),
+    ("dgxc_v24.11.1", r"nemotron-?4 340b", {"te_flash_attention": True},
+     "NVIDIA/dgxc-benchmarking@v24.11.1 nemotron/configure.sh: 340b sets NVTE_FUSED_ATTN=0"),
 )
 
 
@@ -544,6 +551,9 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         # DeepSpeed ZeRO-3 (Narayanan Table 2 baseline) reduces fp16 gradients: 2 bytes on the wire.
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
         assumptions.append("DeepSpeed fp16 gradient reduce")
+    if script_knobs.get("te_flash_attention"):
+        extra["te_flash_attention"] = True
+        assumptions.append(f"FlashAttention-2 instead of cuDNN attention ({script_where})")
     if bridge and dtype == "nvfp4" and plan.tp_comm_overlap and family_of(model.name) == "Llama-3":
         plan = Plan.model_validate({**plan.model_dump(), "tp_comm_overlap": False})
         assumptions.append(f"no TP comm overlap with NVFP4 ({BRIDGE_NVFP4_NO_TP_OVERLAP})")

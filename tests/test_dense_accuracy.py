@@ -103,3 +103,30 @@ def test_fitted_dense_rows_in_sample(cases):
     assert by_source["dgxc_v25.04.01"]["max_abs_error"] < 0.15   # was 42 %
     bridge = [abs(r["error"]) for r in rows if r["source"].startswith("bridge")]
     assert np.mean(bridge) < 0.055
+
+
+def test_te_flash_attention_runs_the_fa2_curve():
+    """TE with NVTE_FUSED_ATTN=0: the attention core at FlashAttention-2's curve, everything else as
+    with cuDNN attention. Hand-derived ratio of the two saturating curves at the sequence s."""
+    from hardware import load_system
+    from planner.analytical import PlanArrays
+    from planner.analytical.time import layer_compute_fwd_s
+    from planner.model import load_model
+    from planner.plan import JobSpec, Plan
+    model, system = load_model("gpt3-175b"), load_system("h100-sxm", 8)
+    P = PlanArrays.from_plans([Plan(tp=8, dp=1, global_batch=8)], model.layers)
+    cudnn = layer_compute_fwd_s(model, system, JobSpec(global_batch=8), P)
+    flash = layer_compute_fwd_s(model, system, JobSpec(global_batch=8, te_flash_attention=True), P)
+    eff, s = system.accelerator.efficiency, model.seq_length
+    expected = (eff.attention_max * s / (s + eff.attention_half_seq)) / (
+        eff.attention_max_fa2 * s / (s + eff.attention_half_seq_fa2))
+    assert float(flash["attention"][0] / cudnn["attention"][0]) == pytest.approx(expected, rel=1e-9)
+    assert float(flash["gemm"][0]) == float(cudnn["gemm"][0])
+    assert float(flash["elementwise"][0]) == float(cudnn["elementwise"][0])
+
+
+def test_v24_gpt3_and_nemotron_340b_ran_flash_attention(cases):
+    # dgxc-benchmarking v24.11.1: NVTE_FUSED_ATTN=0 for GPT-3 175B and Nemotron-4 340B only
+    flash = {i for i, c in cases.items() if c.job.te_flash_attention}
+    assert flash == {i for i in cases if i.startswith(("dgxc_v24.11.1_GPT3-175B", "dgxc_v24.11.1_Nemotron4-340B"))}
+    assert len(flash) == 20
