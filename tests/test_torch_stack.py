@@ -99,7 +99,7 @@ def test_torchtitan_pipeline_rows_split_the_local_batch(cases):
 
 # What the FSDP groups reach in-sample (planner validate --summary), with a small margin so that a
 # regression shows; README "Accuracy against published runs".
-IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.081, "torchtitan FSDP2": 0.111, "Megatron/NeMo": 0.042}
+IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.081, "torchtitan FSDP2": 0.111, "Megatron/NeMo": 0.037}
 
 
 def test_fsdp_groups_meet_what_was_measured(cases):
