@@ -68,7 +68,8 @@ class ComputeEfficiency(_Strict):
 
     def attention_curve(self, kernels: str) -> tuple[float, float]:
         """(ceiling, half-efficiency sequence) of the attention kernel a kernel stack runs:
-        Transformer Engine's fused (cuDNN) attention, or FlashAttention-2 for the torch stacks."""
+        Transformer Engine's fused (cuDNN) attention ("te"), or FlashAttention-2 for the torch
+        stacks and for "flash-attn" (TE's flash-attn backend)."""
         if kernels != "te" and self.attention_max_fa2 is not None:
             half = self.attention_half_seq if self.attention_half_seq_fa2 is None else self.attention_half_seq_fa2
             return self.attention_max_fa2, half

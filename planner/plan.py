@@ -320,6 +320,11 @@ class JobSpec(BaseModel):
     # activation chains, FlashAttention-2); "torch-compile" the same under torch.compile (Inductor
     # fuses each element-wise chain; FlashAttention-2).
     kernels: KernelStack = "te"
+    # Transformer Engine's attention backend: False = cuDNN fused attention (TE's choice on Hopper
+    # and later); True = the flash-attn package's FlashAttention-2 kernels, what TE runs with
+    # NVTE_FUSED_ATTN=0 (DGX Cloud v24.11.1's GPT-3 175B and Nemotron-4 340B launch scripts).
+    # The torch stacks run FlashAttention-2 either way.
+    te_flash_attention: bool = False
 
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":

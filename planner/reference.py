@@ -375,6 +375,13 @@ DEEPSEEK_V3_LAYOUTS: dict[tuple[int, int], tuple[str, str]] = {
 _QWEN3_235B = "recipes/qwen/h100/qwen3_moe.py account_for_embedding/loss_in_pipeline_split"
 
 
+# Every Llama NVFP4 pretraining config turns Transformer Engine's userbuffer TP overlap off, from
+# the first release with NVFP4 tables (26.02) to the recipes BRIDGE_COMMIT carries.
+BRIDGE_NVFP4_NO_TP_OVERLAP = ("Megatron-Bridge v0.3.0 scripts/performance/configs/llama/llama3_llm_pretrain.py and "
+                              "llama31_llm_pretrain.py: tp_comm_overlap = False if precision == 'nvfp4'; "
+                              f"@{BRIDGE_COMMIT} perf_recipes/llama/*/llama3*.py likewise")
+
+
 def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int) -> tuple[tuple[int, ...], str] | None:
     """(layers per virtual stage, where in the Megatron-Bridge source it is set) of the Bridge
     recipe for this model at pp × vpp, or None where the source sets none we know of."""
@@ -390,6 +397,33 @@ def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int) -> tup
         except SpecError:
             return None
     return None
+
+
+# --- Knobs a benchmark's launch script sets where its published table prints none --------------
+# (record-id prefix, model-name pattern, {knob: value}, where it is set). Only fills a knob the
+# record leaves null; listed among the row's assumptions.
+LAUNCH_SCRIPT_KNOBS = (
+    # The v25.04.01 README's config table prints VP "NA" for Nemotron-4 340B, but the launch script
+    # that produced its numbers sets VP=12 for 340b and passes `-vp 12` to NeMo's
+    # pretrain_nemotron4_340b (its 15b branch sets VP=0, the table's NA); v24.11.1's table prints 12.
+    ("dgxc_v25.04.01", r"nemotron-?4 340b", {"vpp": 12},
+     "NVIDIA/dgxc-benchmarking@85380ff nemotron/launch.sh: 340b sets VP=12 (-vp 12)"),
+    # v24.11.1 turned Transformer Engine's cuDNN fused attention off for these two (TE then runs
+    # the flash-attn package's kernels); its Llama-3 and Nemotron-4 15B scripts set it on, and
+    # v25.04.01's GPT-3 script sets NVTE_FUSED_ATTN=1.
+    ("dgxc_v24.11.1", r"gpt-?3 175b", {"te_flash_attention": True},
+     "NVIDIA/dgxc-benchmarking@v24.11.1 nemo_megatron/launch.sh: NVTE_FUSED_ATTN=0"),
+    ("dgxc_v24.11.1", r"nemotron-?4 340b", {"te_flash_attention": True},
+     "NVIDIA/dgxc-benchmarking@v24.11.1 nemotron/configure.sh: 340b sets NVTE_FUSED_ATTN=0"),
+)
+
+
+def launch_script_knobs(rid: str, model_name: str) -> tuple[dict, str]:
+    """({knob: value}, where it is set) from LAUNCH_SCRIPT_KNOBS for a record, or ({}, '')."""
+    for prefix, pattern, knobs, where in LAUNCH_SCRIPT_KNOBS:
+        if rid.startswith(prefix) and re.search(pattern, model_name.lower()):
+            return knobs, where
+    return {}, ""
 
 
 def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
@@ -443,11 +477,24 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         mb = 1
         assumptions.append("micro-batch 1")
     vpp_raw = r.get("parallel.vpp")
+    script_knobs, script_where = launch_script_knobs(rid, str(r.get("model.name") or ""))
+    if vpp_raw is None and "vpp" in script_knobs:
+        vpp_raw = script_knobs["vpp"]
+        assumptions.append(f"interleaved, vpp {vpp_raw} ({script_where})")
+    overlap_text = str(r.get("parallel.comm_overlap") or "").lower()
+    pp_overlap = vpp_raw is None and pp > 1 and "pp overlap" in overlap_text
+    if pp_overlap:
+        # Megatron overlaps pipeline p2p with compute only in the interleaved schedule (r0.8
+        # megatron/training/arguments.py @96d6abaab9 turns overlap_p2p_comm off without a virtual
+        # pipeline), so a run that states PP overlap was interleaved; vpp itself is unstated.
+        vpp_raw = "interleaved"
     if isinstance(vpp_raw, str) and not vpp_raw.strip().isdigit():
         vpp = _smallest_vpp(model.layers // pp)
-        assumptions.append(f"interleaved, vpp {vpp}")
+        assumptions.append(f"interleaved, vpp {vpp}" + (" (PP overlap stated: Megatron overlaps p2p only when "
+                                                         "interleaved; vpp not published, the smallest)"
+                                                         if pp_overlap else ""))
     else:
-        vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or 1)
+        vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or vpp_raw or 1)
     recipe = bridge_recipe_layout(str(r.get("model.name") or ""), model.layers, pp, vpp) if bridge else None
     stage_layers = _stage_layers(model, pp, vpp, None, assumptions, recipe)
     if isinstance(stage_layers, str):
@@ -514,10 +561,24 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.
         extra["bytes_per_param"] = BytesPerParam(grads=2.0, grad_reduce=2.0)
         assumptions.append("bf16 gradients (NeMo fp8 perf recipe)")
+    elif dtype == "fp16" and framework == "Megatron/NeMo":
+        # Megatron with --fp16 keeps the gradient buffer in the parameters' dtype and all-reduces it
+        # in fp16 unless --accumulate-allreduce-grads-in-fp32 is given (off by default; validate_args
+        # forces it for bf16 only): megatron/model/distributed.py and arguments.py @aed2f75e20
+        # (2021-04, the SC'21 runs); the 2020 code reduced fp16 unless --fp32-allreduce (off,
+        # arguments.py @5281919420). Memory keeps Megatron's 18 B/param accounting.
+        extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
+        assumptions.append("fp16 gradient all-reduce (Megatron fp16 default)")
     if framework == "DeepSpeed ZeRO-3":
         # DeepSpeed ZeRO-3 (Narayanan Table 2 baseline) reduces fp16 gradients: 2 bytes on the wire.
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
         assumptions.append("DeepSpeed fp16 gradient reduce")
+    if script_knobs.get("te_flash_attention"):
+        extra["te_flash_attention"] = True
+        assumptions.append(f"FlashAttention-2 instead of cuDNN attention ({script_where})")
+    if bridge and dtype == "nvfp4" and plan.tp_comm_overlap and family_of(model.name) == "Llama-3":
+        plan = Plan.model_validate({**plan.model_dump(), "tp_comm_overlap": False})
+        assumptions.append(f"no TP comm overlap with NVFP4 ({BRIDGE_NVFP4_NO_TP_OVERLAP})")
     plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=not era_2021,
                   hbm_reserve_gib=0.0, **extra)

@@ -44,12 +44,13 @@ def test_deepspeed_gather_bound_steps_do_not_shrink_with_more_gpus(cases):
 def test_megatron_fsdp_moe_row_reduces_in_bf16_and_hides_behind_its_all_to_all(cases):
     """The ModelZoo Qwen3-235B Megatron-FSDP run (tp2 ep8, expert DP 32 over the NICs, 17.6 s):
     +57 % with fp32 gradient reduce-scatters hidden behind compute only; with the Megatron-FSDP
-    guide's bf16 reduce and the intra-node all-to-all as part of the prefetch window, +14 % (it was
-    +4 % while the loader took Qwen3's heads as hidden/heads = 64 wide instead of 128)."""
+    guide's bf16 reduce and the intra-node all-to-all as part of the prefetch window, +15 % (it was
+    +4 % while the loader took Qwen3's heads as hidden/heads = 64 wide instead of 128); the bound
+    is the issue's MoE maximum, 20 %."""
     case = next(c for c in cases if "fsdp_deepep_3" in c.id)
     assert case.plan.grad_reduce_in_bf16
     assert any("grad-reduce-in-bf16" in a for a in case.assumptions)
-    assert predict(case)["step_time_s"] == pytest.approx(17.6, rel=0.15)
+    assert predict(case)["step_time_s"] == pytest.approx(17.6, rel=0.20)
 
 
 def test_model_parallel_comm_widens_the_zero3_prefetch_window():

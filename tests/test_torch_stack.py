@@ -99,7 +99,7 @@ def test_torchtitan_pipeline_rows_split_the_local_batch(cases):
 
 # What the FSDP groups reach in-sample (planner validate --summary), with a small margin so that a
 # regression shows; README "Accuracy against published runs".
-IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.078, "torchtitan FSDP2": 0.111, "Megatron/NeMo": 0.060}
+IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.081, "torchtitan FSDP2": 0.111, "Megatron/NeMo": 0.037}
 
 
 def test_fsdp_groups_meet_what_was_measured(cases):
@@ -129,9 +129,10 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
 def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     """MPT (all llm-foundry rows) has no fitted hardware rows, so its LOFO prediction is the presets'
     hardware with the torch-stack parameters refitted on the torchtitan rows only
-    (`planner validate --lofo`: 8.3 %)."""
+    (`planner validate --lofo`: 8.9 %; 8.3 % before the dense round refitted the A100 and H100
+    hardware, README)."""
     torch_rows = prepare([c for c in cases if torch_stack_row(c)])
     without = fit_torch_stack(torch_rows, {}, lambda c: c.family != "MPT")
     errs = [abs(p.predict_s(with_torch_stack(p, {}, without)) / p.case.measured_step_s - 1)
             for p in torch_rows if p.case.family == "MPT"]
-    assert len(errs) == 216 and np.mean(errs) <= 0.083 + 0.005
+    assert len(errs) == 216 and np.mean(errs) <= 0.089 + 0.005

@@ -42,13 +42,13 @@ from planner.plan import DP_IMPL_CODES
 # NCCL kernels' SMs, its buffer copies' HBM traffic), per implementation: a layer of compute x
 # with its prefetched collective c takes max(c, x + s·c). Fitted by bench/fsdp_moe_eval.py --fit
 # (planner/fit.py fit_sharded_dp; `planner validate --lofo` refits them without each family):
-# FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry / Megatron-FSDP rows (0.088),
+# FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry / Megatron-FSDP rows (0.106 after the dense refit of 2026-11-23),
 # DEEPSPEED_ZERO3_* on the 6 DeepSpeed ZeRO-3 rows of Narayanan et al. SC'21 Table 2, whose
 # step time does not shrink from mb 2 to mb 1 (768 -> 1536 GPUs: 66.75 s both; 1120 -> 2240:
 # 180 -> 184 s), i.e. those steps are gather-bound (c > x: the bandwidth efficiency), while at
-# mb 4 the step exceeds both compute and gathers (x + s·c: the contention). Fitted 0.111, 0.497.
-FSDP_COMPUTE_CONTENTION = 0.09
-DEEPSPEED_ZERO3_COMPUTE_CONTENTION = 0.5
+# mb 4 the step exceeds both compute and gathers (x + s·c: the contention). Fitted 0.111, 0.486.
+FSDP_COMPUTE_CONTENTION = 0.106
+DEEPSPEED_ZERO3_COMPUTE_CONTENTION = 0.486
 # DeepSpeed ZeRO-3's achieved fraction of ring bandwidth for its per-layer gathers / reduces.
 DEEPSPEED_ZERO3_BW_EFFICIENCY = 0.11
 

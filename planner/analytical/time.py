@@ -59,16 +59,23 @@ def _gemm_time(flop_count, min_dim, peak, eff, dtype):
 
 
 def overlapped_collective_s(total_s, window_s, p, v):
-    """Exposed part of a DP collective that Megatron overlaps bucket by bucket.
+    """Exposed part of a DP collective that Megatron overlaps bucket by bucket (gradient
+    reduce with --overlap-grad-reduce behind the backward; parameter gather with
+    --overlap-param-gather behind the forward, the same schedule mirrored).
 
-    Non-interleaved: the first stage's buckets overlap its last microbatch's backward (or first
-    forward), one microbatch-time `window_s`. Interleaved (v chunks): each chunk's share starts
-    as soon as that chunk is done, so only the last chunk's 1/v waits on one chunk-time; the
-    other (v-1)/v hide behind the cool-down's (p-1) chunk-times (Megatron overlap_grad_reduce
-    with virtual pipelining)."""
-    last = np.maximum(0.0, (total_s - window_s) / v)
-    earlier = np.maximum(0.0, total_s * (v - 1) / v - (p - 1) * window_s / v)
-    return last + earlier
+    Non-interleaved: the stage's buckets overlap its last microbatch's backward (or first
+    forward), one microbatch-time `window_s`: exposed total − window.
+    Interleaved (v model chunks, chunk-time c = window/v): Megatron launches chunk k's share
+    (total/v) as soon as its last microbatch's backward is done (schedules.py
+    forward_backward_pipelining_with_interleaving, grad_sync_func; param_sync_func mirrors it for
+    the next step's forwards). The schedule runs microbatches in groups of p (get_schedule_table),
+    and the last group runs its backward chunk by chunk in reverse, p chunk-steps each, so chunk k
+    is released (k·p + 1) chunk-times before the end of the rank's compute (k = 0: the final
+    chunk-step, whose buckets overlap it). The shares then run one after the other on the same
+    links: the last one finishes max over k of (k+1)·total/v − (k·p + 1)·c after the end, which,
+    linear in k, peaks at k = 0 or k = v−1."""
+    chunk = window_s / v
+    return np.maximum(0.0, np.maximum(total_s / v - chunk, total_s - ((v - 1) * p + 1) * chunk))
 
 
 def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
@@ -104,7 +111,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     core_flops = flops.executed_attention_core_flops_per_token(model, job.flash_attention) * tokens / t
     # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
     chunk = model.seq_length / P.cp
-    attn_max, attn_half = eff.attention_curve(job.kernels)  # cuDNN fused (TE) or FlashAttention-2
+    # cuDNN fused (TE) or FlashAttention-2 (torch stacks; TE with NVTE_FUSED_ATTN=0)
+    attn_max, attn_half = eff.attention_curve("flash-attn" if job.te_flash_attention else job.kernels)
     attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
