@@ -349,10 +349,12 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     parts: list[tuple[np.ndarray, np.ndarray, dict]] = []  # (layout rows, option rows, results)
     evaluated = 0
     a2a = opt["moe_a2a_overlap"] > 0
+    live = (mask & ~shadow).any(axis=0) if n_lay else np.zeros(n_opt, dtype=bool)
     for lv in range(int(level.max()) + 1 if n_opt else 0):
         # the all-to-all overlap rows first: where one fits, its twin without is not costed (rule C)
         for with_a2a in (True, False):
-            cols = np.flatnonzero((level == lv) & (a2a == with_a2a))
+            # (option rows shadowed for every layout, e.g. dp_comm_overlap off, are left out whole)
+            cols = np.flatnonzero((level == lv) & (a2a == with_a2a) & live)
             if not len(cols):
                 continue
             dominated = shadow[:, cols].copy()

@@ -103,7 +103,8 @@ class Twins:
         on allowed for the layout, and the rule holding there."""
         shadow = np.zeros_like(self.mask)
         for knob in MEMORY_NEUTRAL:
-            shadow |= self.dominated_by_twin(knob, self.mask)
+            cols = np.flatnonzero(self.up[knob] >= 0)  # rows with the switch off and a twin
+            shadow[:, cols] |= self.dominated_by_twin(knob, self.mask, cols)
         return shadow
 
     def dominated_by_twin(self, knob: str, twin_ok: np.ndarray, cols: np.ndarray | None = None) -> np.ndarray:
