@@ -195,12 +195,14 @@ def with_torch_stack(p: Prepared, hardware: dict[str, dict], torch_stack: dict[s
     return params or None
 
 
-def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict]) -> dict[str, float]:
+def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict],
+                     families: set[str] | None = None) -> dict[str, float]:
     """Case id -> step time predicted with parameters fitted without the case's model family:
     the hardware fit (a family with no fitted rows keeps `full_fit`), then on top of it the
-    torch-stack parameters, refitted without the family."""
+    torch-stack parameters, refitted without the family. `families`: only the cases of these
+    (each family is one refit; the others' rows are still fitted on)."""
     out = {}
-    for family in sorted({p.case.family for p in prepared}):
+    for family in sorted({p.case.family for p in prepared} & (families or {p.case.family for p in prepared})):
         members = [p for p in prepared if p.case.family == family]
         if any(p.case.fit for p in members):
             params = {g: v[0] for g, v in fit_groups(prepared, lambda c, f=family: c.family != f).items()}
