@@ -11,7 +11,7 @@ from hardware import load_system
 from planner.model import load_model
 from planner.pipeline_layout import plan_layout, rank_layers
 from planner.plan import JobSpec, Plan
-from tests.megatron_parser import find_or_build_parser
+from tests.megatron_parser import checker_batch
 from tests.test_megatron_parser import _checker_case
 
 CASES = [
@@ -48,12 +48,17 @@ def _solver_case():
     return ("llama3-70b", "h100-sxm", 64, "fp8", chosen.model_dump(), "--pipeline-model-parallel-layout")
 
 
+@checker_batch("pipeline_megatron")
+def _checker_cases(tmp_path_factory):
+    built = [(_checker_case(*c[:5])[:3], c[5]) for c in CASES + [_solver_case()]]
+    return built, [b[0][0] for b in built]
+
+
 @pytest.fixture(scope="module")
-def parsed():
-    cases = CASES + [_solver_case()]
-    built = [(_checker_case(*c[:5])[:3], c[5]) for c in cases]
-    parser = find_or_build_parser()
-    return list(zip(built, parser.parse_many([b[0][0] for b in built])))
+def parsed(megatron_checked):
+    """This module's argument lists through the shared checker process (tests/conftest.py)."""
+    built, results = megatron_checked.get("pipeline_megatron")
+    return list(zip(built, results))
 
 
 def test_megatron_builds_the_uneven_layouts(parsed):
