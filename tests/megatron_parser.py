@@ -61,8 +61,9 @@ def find_or_build_parser() -> MegatronParser:
 # Test modules whose argument lists go through the checker: name -> builder(tmp_path_factory) ->
 # (what the module keeps beside the results, the argument lists). All of them run in ONE checker
 # process per test session (megatron-core's import, ~7 s, and ~0.7 s per list): the first test
-# worker to need them runs the checker, the others wait for its results file (pytest -n 2 may
-# give the tests of one module to both workers, which each ran the module fixture before).
+# worker to need them runs the checker and leaves a results file; a worker that needs them later
+# reads it, one that needs them while they run runs only its own batch (pytest -n 2 may give the
+# tests of one module to both workers, which each ran the module fixture before).
 _BATCHES: dict = {}
 
 
@@ -91,18 +92,27 @@ class CheckedBatches:
             parser = find_or_build_parser()
             built = {n: builder(self._tmp) for n, builder in sorted(_BATCHES.items())}
             flat = [case for _, cases in built.values() for case in cases]
-            results, self._done, at = self._parse_once(parser, flat), {}, 0
+            results = self._parse_once(parser, flat)
+            if results is None:  # another worker is running them now: run only this batch here
+                kept, cases = built[name]
+                return kept, parser.parse_many(cases)
+            self._done, at = {}, 0
             for n, (kept, cases) in built.items():
                 self._done[n] = (kept, results[at:at + len(cases)])
                 at += len(cases)
         return self._done[name]
 
-    def _parse_once(self, parser: "MegatronParser", cases: list[dict]) -> list[dict]:
+    def _parse_once(self, parser: "MegatronParser", cases: list[dict]) -> list[dict] | None:
+        """The checker's results for `cases`, run once per session; None while another worker
+        runs them (waiting would idle this worker as long as running its own share)."""
         text = json.dumps(cases, sort_keys=True)
         shared = self._shared_dir()
         done = shared / f"megatron-parsed-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
         with open(shared / "megatron-parsed.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits here for the file
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
             if done.is_file():
                 return json.loads(done.read_text())
             results = parser.parse_many(cases)
