@@ -29,7 +29,12 @@ given HBM / offload capacities:
 3. With `top_k`, a row ranked after the K-th best layout's best fitting row (times
    1 + tie_rel_tol: near-ties are re-ranked by planner.ties) cannot be in the top K: dropped.
 0. Before any of this, offload dominance and a lower bound skip pairs that rules 2 and 3 would
-   drop anyway, without costing them (`_largest_batch_pass`).
+   drop anyway, without costing them (`_largest_batch_pass`); so do the overlap twins: a pair
+   with dp/tp communication overlap or the MoE all-to-all overlap off is not costed where its
+   twin with it on is never slower (and, for the all-to-all overlap, fits), by the rules of
+   `constraints.dominance`. Because a tie would rank the twin first, the skipped twins of every
+   row still in the running after the first bounds are costed at its batch and ranked with the
+   rest ("1c" in `tabulate`), so the table is the one without this step.
 The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this, and
 the regret tests compare the two.
 """
@@ -284,7 +289,9 @@ class Found:
 def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: bool, top_k: int | None,
                         tie_rel_tol: float):
     """Every (layout, options) pair that can be its layout's best row, evaluated once at its largest
-    microbatch count; returns (pairs, their rows at m_max, results, full space size, rows evaluated).
+    microbatch count; returns them as `Found` (pairs, their rows at m_max, results, full space
+    size, rows evaluated, and the overlap twins skipped: `constraints.dominance`; with
+    `relax_memory` none are).
 
     Offload dominance (exact under the model; not with `relax_memory`): a pair is dropped when a
     pair of the same layout and the same non-offload options with LESS offload fits at its
