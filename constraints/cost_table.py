@@ -29,7 +29,12 @@ given HBM / offload capacities:
 3. With `top_k`, a row ranked after the K-th best layout's best fitting row (times
    1 + tie_rel_tol: near-ties are re-ranked by planner.ties) cannot be in the top K: dropped.
 0. Before any of this, offload dominance and a lower bound skip pairs that rules 2 and 3 would
-   drop anyway, without costing them (`_largest_batch_pass`).
+   drop anyway, without costing them (`_largest_batch_pass`); so do the overlap twins: a pair
+   with dp/tp communication overlap or the MoE all-to-all overlap off is not costed where its
+   twin with it on is never slower (and, for the all-to-all overlap, fits), by the rules of
+   `constraints.dominance`. Because a tie would rank the twin first, the skipped twins of every
+   row still in the running after the first bounds are costed at its batch and ranked with the
+   rest ("1c" in `tabulate`), so the table is the one without this step.
 The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this, and
 the regret tests compare the two.
 """
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from constraints.dominance import Twins
 from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, layouts, options, pair_mask,
                                take_pairs)
 from planner.analytical import PlanArrays, estimate_many
@@ -150,7 +156,8 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     t0 = time.perf_counter()
     lay = layouts(space)
     n_groups = len(lay["tp"])
-    pairs, rows_m, res_m, full_size, evaluated = _largest_batch_pass(space, lay, relax_memory, top_k, tie_rel_tol)
+    found = _largest_batch_pass(space, lay, relax_memory, top_k, tie_rel_tol)
+    pairs, rows_m, res_m, full_size, evaluated = found.pairs, found.rows_m, found.res_m, found.full_size, found.evaluated
     n_pairs = len(pairs["tp"])
     group_all = pairs["lay_row"].astype(np.int64)
 
@@ -193,12 +200,23 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     rows = _cat([p[0] for p in parts])
     res = _cat([p[1] for p in parts])
     group = np.concatenate([p[2] for p in parts])
-    keep = (res["violations"] & ~MEMORY_BITS) == 0
-    # rules 2 and 3 early, by objective value alone (ties kept), so that only few rows get sorted
-    fit0 = (res["violations"] == 0) | relax_memory
-    bf = _group_min(group[fit0 & keep], res["objective"][fit0 & keep], n_groups)
-    keep &= res["objective"] <= np.minimum(bf[group], _kth(bf, top_k) * (1.0 + tie_rel_tol))
-    rows, res, group = _take(rows, keep), _take(res, keep), group[keep]
+    rows, res, group = _early_rules(rows, res, group, n_groups, relax_memory, top_k, tie_rel_tol)
+    # 1c. the overlap twins skipped without costing (constraints.dominance) of every row still in
+    # the running, at that row's batch: each is no faster than its row and, where its row fits,
+    # fits, so no other twin can matter; costed, they rank as they would in the full table (ties
+    # included)
+    if found.shadow.any() and len(group):
+        L, O, src = found.twins.lower_twins(group, rows["opt_row"], found.shadow)
+        if len(L):
+            key = np.stack([L, O, rows["m"][src]], axis=1)
+            first = np.sort(np.unique(key, axis=0, return_index=True)[1])
+            L, O, src = L[first], O[first], src[first]
+            rows_t = at_batch(_pairs(found.lay, found.opt, L, O), rows["m"][src])
+            res_t = evaluate(space, rows_t)
+            evaluated += len(L)
+            rows, res = _cat([rows, rows_t]), _cat([res, res_t])
+            group = np.concatenate([group, L])
+            rows, res, group = _early_rules(rows, res, group, n_groups, relax_memory, top_k, tie_rel_tol)
 
     # 2. rank, then per-layout pruning
     order = order_rows(rows, res["objective"])
@@ -237,6 +255,7 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     rows["group"] = group
     stats = {"space_size": full_size, "layouts": n_groups, "pairs": n_pairs, "evaluated": evaluated,
              "table_rows": len(group), "structural_rejects": int(structural.sum()),
+             "overlap_twins_skipped": int(found.shadow.sum()),
              "build_s": time.perf_counter() - t0}
     return Table(space=space, rows=rows, res=res, stats=stats)
 
@@ -244,10 +263,35 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
 OFFLOAD_COLUMNS = ("offload_weights", "offload_activations", "offload_optimizer")
 
 
+def _pairs(lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], L: np.ndarray, O: np.ndarray) -> dict[str, np.ndarray]:
+    """`take_pairs` with the option row kept too (`opt_row`): the overlap twins are found by it."""
+    rows = take_pairs(lay, opt, L, O)
+    rows["opt_row"] = np.asarray(O, dtype=np.int64)
+    return rows
+
+
+@dataclass
+class Found:
+    """What `_largest_batch_pass` found: the pairs rules 2 and 3 can keep, their rows at the largest
+    batch and results; and what `tabulate` needs to cost the overlap twins it skipped."""
+
+    pairs: dict[str, np.ndarray]
+    rows_m: dict[str, np.ndarray]
+    res_m: dict[str, np.ndarray]
+    full_size: int
+    evaluated: int
+    lay: dict[str, np.ndarray]
+    opt: dict[str, np.ndarray]
+    twins: Twins | None
+    shadow: np.ndarray   # (layouts x options) pairs skipped by the overlap rules (constraints.dominance)
+
+
 def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: bool, top_k: int | None,
                         tie_rel_tol: float):
     """Every (layout, options) pair that can be its layout's best row, evaluated once at its largest
-    microbatch count; returns (pairs, their rows at m_max, results, full space size, rows evaluated).
+    microbatch count; returns them as `Found` (pairs, their rows at m_max, results, full space
+    size, rows evaluated, and the overlap twins skipped: `constraints.dominance`; with
+    `relax_memory` none are).
 
     Offload dominance (exact under the model; not with `relax_memory`): a pair is dropped when a
     pair of the same layout and the same non-offload options with LESS offload fits at its
@@ -279,11 +323,12 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     level = steps["offload_weights"] + steps["offload_activations"] + steps["offload_optimizer"]
     monotone = (system.offload is not None and system.offload.bandwidth_bytes_per_s
                 <= acc.hbm_bandwidth_bytes_per_s * acc.efficiency.hbm_efficiency)
-    if relax_memory or not monotone or not n_lay or not (level[mask.any(axis=0)] > 0).any():
-        L, O = np.nonzero(mask)
-        pairs = take_pairs(lay, opt, L, O)
-        rows_m = at_batch(pairs, pairs["m_max"])
-        return pairs, rows_m, evaluate(space, rows_m), full_size, len(L)
+    offload_rules = not relax_memory and monotone and n_lay > 0 and bool((level[mask.any(axis=0)] > 0).any())
+    if not offload_rules:
+        level = np.zeros(n_opt, dtype=np.int64)  # one pass: no offload dominance, no lower bound
+    # overlap twins (constraints.dominance): rules A, B are decided here, C per pass below
+    twins = Twins(space, lay, opt, mask) if n_lay and not relax_memory else None
+    shadow = twins.neutral_shadow() if twins else np.zeros_like(mask)
 
     # per option row: its lower neighbours (one fraction one half-step down, or the activation
     # fraction to 0) and its no-offload twin; -1: none. Rows are identified by their knob values.
@@ -295,63 +340,98 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
             key[c] = value
         return index.get(tuple(key[k] for k in OPTION_KEYS), -1)
 
-    act_zero = np.asarray([other(i, "offload_activations") if steps["offload_activations"][i] else -1
-                           for i in range(n_opt)], dtype=np.int64)
-    down_w, down_o = (np.asarray([other(i, c, (steps[c][i] - 1) / 2) if steps[c][i] else -1
-                                  for i in range(n_opt)], dtype=np.int64)
-                      for c in ("offload_weights", "offload_optimizer"))
-    twin_of = np.asarray([other(i, None) for i in range(n_opt)], dtype=np.int64)
+    if offload_rules:
+        act_zero = np.asarray([other(i, "offload_activations") if steps["offload_activations"][i] else -1
+                               for i in range(n_opt)], dtype=np.int64)
+        down_w, down_o = (np.asarray([other(i, c, (steps[c][i] - 1) / 2) if steps[c][i] else -1
+                                      for i in range(n_opt)], dtype=np.int64)
+                          for c in ("offload_weights", "offload_optimizer"))
+        twin_of = np.asarray([other(i, None) for i in range(n_opt)], dtype=np.int64)
     equal_ranks = space.model.layers % lay["pp"] == 0   # every rank holds layers/pp layers
 
     covered = np.zeros((n_lay, n_opt), dtype=bool)     # fits, or a pair below it fits
-    twin_obj = np.full((n_lay, n_opt), np.inf)         # objective of the no-offload pairs
+    fits_m = np.zeros((n_lay, n_opt), dtype=bool)      # evaluated and fits at its largest batch
+    twin_obj = np.full((n_lay, n_opt), np.inf)         # objective (a lower bound) of the no-offload pairs
     best_fit = np.full(n_lay, np.inf)
     parts: list[tuple[np.ndarray, np.ndarray, dict]] = []  # (layout rows, option rows, results)
     evaluated = 0
-    for lv in range(int(level.max()) + 1):
-        cols = np.flatnonzero(level == lv)
-        if not len(cols):
-            continue
-        dominated = np.zeros((n_lay, len(cols)), dtype=bool)
-        offloads_act = steps["offload_activations"][cols] > 0
-        for nb, same_act in ((act_zero[cols], False), (down_w[cols], True), (down_o[cols], True)):
-            has = nb >= 0
-            hit = covered[:, np.maximum(nb, 0)] & has[None, :]
-            if same_act:  # u offloads the same activations as v: only where rank loads are equal
-                hit &= ~offloads_act[None, :] | equal_ranks[:, None]
-            dominated |= hit
-        if lv > 0:  # the lower bound from the no-offload twin (rules 2 and 3)
-            bound = np.minimum(best_fit, _kth(best_fit, top_k) * (1.0 + tie_rel_tol))
-            tw = twin_of[cols]
-            lb = np.where(tw[None, :] >= 0, twin_obj[:, np.maximum(tw, 0)], -np.inf)
-            dominated |= lb > bound[:, None]
-        covered[:, cols] |= dominated
-        li, ci = np.nonzero(mask[:, cols] & ~dominated)
-        if not len(li):
-            continue
-        oi = cols[ci]
-        res_m = _cat([evaluate(space, at_batch(part, part["m_max"]))  # columns built chunk by chunk
-                      for lo in range(0, len(li), CHUNK)
-                      for part in (take_pairs(lay, opt, li[lo:lo + CHUNK], oi[lo:lo + CHUNK]),)])
-        evaluated += len(li)
-        fits = res_m["violations"] == 0
-        covered[li, oi] = fits
-        if lv == 0:
-            twin_obj[li, oi] = res_m["objective"]
-        np.minimum.at(best_fit, li[fits], res_m["objective"][fits])
-        parts.append((li, oi, res_m))
+    a2a = opt["moe_a2a_overlap"] > 0
+    live = (mask & ~shadow).any(axis=0) if n_lay else np.zeros(n_opt, dtype=bool)
+    for lv in range(int(level.max()) + 1 if n_opt else 0):
+        # the all-to-all overlap rows first: where one fits, its twin without is not costed (rule C)
+        for with_a2a in (True, False):
+            # (option rows shadowed for every layout, e.g. dp_comm_overlap off, are left out whole)
+            cols = np.flatnonzero((level == lv) & (a2a == with_a2a) & live)
+            if not len(cols):
+                continue
+            dominated = shadow[:, cols].copy()
+            if offload_rules:
+                offloads_act = steps["offload_activations"][cols] > 0
+                for nb, same_act in ((act_zero[cols], False), (down_w[cols], True), (down_o[cols], True)):
+                    has = nb >= 0
+                    hit = covered[:, np.maximum(nb, 0)] & has[None, :]
+                    if same_act:  # u offloads the same activations as v: only where rank loads are equal
+                        hit &= ~offloads_act[None, :] | equal_ranks[:, None]
+                    dominated |= hit
+                if lv > 0:  # the lower bound from the no-offload twin (rules 2 and 3)
+                    bound = np.minimum(best_fit, _kth(best_fit, top_k) * (1.0 + tie_rel_tol))
+                    tw = twin_of[cols]
+                    lb = np.where(tw[None, :] >= 0, twin_obj[:, np.maximum(tw, 0)], -np.inf)
+                    dominated |= lb > bound[:, None]
+                covered[:, cols] |= dominated & ~shadow[:, cols]
+            if twins is not None and not with_a2a:
+                # rule C: the twin with the overlap fits, so this pair fits too (less memory) and is
+                # no faster; its objective bounds this one's from below for the offload passes
+                skip = twins.dominated_by_twin("moe_a2a_overlap", fits_m, cols) & ~dominated
+                if skip.any():
+                    up = np.maximum(twins.up["moe_a2a_overlap"][cols], 0)
+                    shadow[:, cols] |= skip
+                    covered[:, cols] |= skip
+                    twin_obj[:, cols] = np.where(skip, twin_obj[:, up], twin_obj[:, cols])
+                    dominated |= skip
+            li, ci = np.nonzero(mask[:, cols] & ~dominated)
+            if not len(li):
+                continue
+            oi = cols[ci]
+            res_m = _cat([evaluate(space, at_batch(part, part["m_max"]))  # columns built chunk by chunk
+                          for lo in range(0, len(li), CHUNK)
+                          for part in (_pairs(lay, opt, li[lo:lo + CHUNK], oi[lo:lo + CHUNK]),)])
+            evaluated += len(li)
+            fits = res_m["violations"] == 0
+            covered[li, oi] = fits
+            fits_m[li, oi] = fits
+            if lv == 0:
+                twin_obj[li, oi] = res_m["objective"]
+            np.minimum.at(best_fit, li[fits], res_m["objective"][fits])
+            parts.append((li, oi, res_m))
     # Only pairs that rules 2 and 3 can keep are returned (and rebuilt as columns): a pair whose row
     # at its largest batch is slower than its layout's best fitting row or the K-th layout is
     # neither kept nor bisected by `tabulate` (smaller batches are slower per token, and the rows
     # found later only lower both bounds). On spaces where most pairs need offload this keeps
     # millions of evaluated pairs out of memory.
     threshold = _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
-    li, oi = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-    res_m = _cat([p[2] for p in parts])
+    if parts:
+        li, oi = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        res_m = _cat([p[2] for p in parts])
+    else:
+        li, oi = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        res_m = evaluate(space, at_batch(_pairs(lay, opt, li, oi), np.zeros(0)))
     keep = np.flatnonzero(res_m["objective"] <= np.minimum(best_fit[li], threshold))
     keep = keep[np.argsort(li[keep] * n_opt + oi[keep], kind="stable")]  # back to the order of `cross`
-    pairs = take_pairs(lay, opt, li[keep], oi[keep])
-    return pairs, at_batch(pairs, pairs["m_max"]), _take(res_m, keep), full_size, evaluated
+    pairs = _pairs(lay, opt, li[keep], oi[keep])
+    found = Found(pairs, at_batch(pairs, pairs["m_max"]), _take(res_m, keep), full_size, evaluated,
+                  lay, opt, twins, shadow)
+    return found
+
+
+def _early_rules(rows, res, group, n_groups: int, relax_memory: bool, top_k: int | None, tie_rel_tol: float):
+    """Structural rejects out, and rules 2 and 3 early, by objective value alone (ties kept), so
+    that only few rows get sorted."""
+    keep = (res["violations"] & ~MEMORY_BITS) == 0
+    fit0 = (res["violations"] == 0) | relax_memory
+    bf = _group_min(group[fit0 & keep], res["objective"][fit0 & keep], n_groups)
+    keep &= res["objective"] <= np.minimum(bf[group], _kth(bf, top_k) * (1.0 + tie_rel_tol))
+    return _take(rows, keep), _take(res, keep), group[keep]
 
 
 def _segment_prefix_min_exclusive(values: np.ndarray, seg: np.ndarray) -> np.ndarray:

@@ -167,6 +167,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     ep = divisors(model.moe.num_experts) if model.moe else [1]
     etp = [d for d in divisors(model.expert_ffn_hidden) if d <= n
            and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
+    if model.moe and model.biases and job.framework == "megatron":
+        etp = [1]  # Megatron: "Bias in Moe is only supported when ETP==1" (planner.megatron.expressible)
     vpp = list(range(1, VPP_CAP + 1))
     mega = job.framework == "megatron"
     offload = system.offload is not None and job.allow_offload

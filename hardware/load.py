@@ -1,6 +1,8 @@
 """Preset name or YAML path -> SystemSpec, with one-line errors."""
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -16,9 +18,22 @@ def system_preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+@functools.lru_cache(maxsize=128)
+def _preset_yaml(path: Path, what: str) -> dict:
+    return read_yaml_mapping(path, what)
+
+
+def _read_spec(path: Path, what: str) -> dict:
+    """The file's mapping; the shipped presets are parsed once per process (loading the published
+    runs asks for the same few presets hundreds of times), a copy handed out each time."""
+    if path.resolve().parent in (PRESET_DIR.resolve(), ACCELERATOR_DIR.resolve()):
+        return copy.deepcopy(_preset_yaml(path.resolve(), what))
+    return read_yaml_mapping(path, what)
+
+
 def load_accelerator(ref: str) -> Accelerator:
     path, label = resolve_preset_or_file(ref, ACCELERATOR_DIR, "accelerator")
-    data = read_yaml_mapping(path, "accelerator")
+    data = _read_spec(path, "accelerator")
     try:
         refuse_loose_types(data, Accelerator, "accelerator")
         return Accelerator.model_validate(data)
@@ -29,7 +44,7 @@ def load_accelerator(ref: str) -> Accelerator:
 def load_system(ref: str, num_gpus: int | None = None) -> SystemSpec:
     """Load a system preset or file; `num_gpus` overrides the preset's GPU count."""
     path, label = resolve_preset_or_file(ref, PRESET_DIR, "system")
-    data = read_yaml_mapping(path, "system")
+    data = _read_spec(path, "system")
     if isinstance(data.get("accelerator"), str):
         data["accelerator"] = load_accelerator(data["accelerator"]).model_dump()
     if num_gpus is not None:

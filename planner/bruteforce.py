@@ -23,7 +23,7 @@ from hardware.spec import SystemSpec
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
-from planner.ties import needs_more, rank_with_ties
+from planner.ties import TIE_REL_TOL, needs_more, rank_with_ties
 
 
 @dataclass
@@ -53,28 +53,22 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
     res = evaluate(space, rows)
     structural = int(np.count_nonzero(res["violations"] & ~MEMORY_BITS))
     ok = np.nonzero(res["violations"] == 0)[0]
-    sub = {k: v[ok] for k, v in rows.items()}
-    obj = res["objective"][ok]
-    order = order_rows(sub, obj)
-    seen: set[int] = set()
-    plans, objectives = [], []
-    skipped = 0
-    PA = plan_arrays(space, sub)
-    for i in order:
-        g = int(sub["layout_id"][i])
-        if g in seen:
-            continue
-        plan = PA.row(int(i))
-        if job.framework == "megatron" and not_expressible(plan, model, job):
-            skipped += 1
-            continue
-        if keep is not None and not keep(plan):
-            continue
-        seen.add(g)
-        plans.append(plan)
-        objectives.append(float(obj[i]))
-        if top_k is not None and len(plans) > top_k and not needs_more(objectives, top_k, False):
-            break
+    # The walk below visits feasible rows in the search's order and stops after the K best
+    # layouts (ties included). Rows with objective <= `bound` are exactly a prefix of that order, so
+    # the walk over them alone visits the same rows if it stops inside them; only if it does not
+    # is the whole order needed (sorting millions of rows on 20 keys is most of the oracle's time
+    # after the evaluation itself).
+    prefix = ok
+    if top_k is not None and len(ok):
+        layout_of = rows["layout_id"][ok].astype(np.int64)
+        best_of_layout = np.full(int(layout_of.max()) + 1, np.inf)
+        np.minimum.at(best_of_layout, layout_of, res["objective"][ok])
+        finite = np.sort(best_of_layout[np.isfinite(best_of_layout)])
+        bound = finite[min(len(finite), 2 * top_k + 1) - 1] * (1.0 + 2.0 * TIE_REL_TOL)
+        prefix = ok[res["objective"][ok] <= bound]
+    plans, objectives, skipped, stopped = _walk(space, rows, res["objective"], prefix, model, job, top_k, keep)
+    if not stopped and len(prefix) < len(ok):
+        plans, objectives, skipped, _ = _walk(space, rows, res["objective"], ok, model, job, top_k, keep)
     order = rank_with_ties(objectives, plans, top_k)
     plans, objectives = [plans[j] for j in order], [objectives[j] for j in order]
     if top_k is not None:
@@ -89,6 +83,35 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
     return BruteForce(plans, objectives, n, len(ok),
                       {"seconds": time.perf_counter() - t0, "structural_rejects": structural,
                        "not_expressible_skips": skipped})
+
+
+def _walk(space, rows: dict[str, np.ndarray], objective: np.ndarray, idx: np.ndarray, model: ModelSpec,
+          job: JobSpec, top_k: int | None, keep: Callable[[Plan], bool] | None = None
+          ) -> tuple[list[Plan], list[float], int, bool]:
+    """The best row of each distinct layout among rows `idx`, in the search's order (objective,
+    then the knob values), Megatron-inexpressible rows skipped; with `top_k`, until the K best
+    layouts and their ties are found. Returns (plans, objectives, skips, stopped early)."""
+    sub = {k: v[idx] for k, v in rows.items()}
+    obj = objective[idx]
+    seen: set[int] = set()
+    plans, objectives = [], []
+    skipped = 0
+    for i in order_rows(sub, obj):
+        g = int(sub["layout_id"][i])
+        if g in seen:
+            continue
+        plan = plan_arrays(space, {k: v[i:i + 1] for k, v in sub.items()}).row(0)
+        if job.framework == "megatron" and not_expressible(plan, model, job):
+            skipped += 1
+            continue
+        if keep is not None and not keep(plan):
+            continue
+        seen.add(g)
+        plans.append(plan)
+        objectives.append(float(obj[i]))
+        if top_k is not None and len(plans) > top_k and not needs_more(objectives, top_k, False):
+            return plans, objectives, skipped, True
+    return plans, objectives, skipped, top_k is None
 
 
 def compositions(total: int, parts: int):

@@ -79,6 +79,42 @@ def _score(rows: list[Prepared], params: dict) -> float:
     return float(np.mean([abs(math.log(p.predict_s(params) / p.case.measured_step_s)) for p in rows]))
 
 
+class Batched:
+    """`rows` grouped by (model, system, job): each group's step times come from ONE vectorised
+    step_time call (the fit scores every row thousands of times; one call per row was most of its
+    time). The predictions are the rows' own, element for element, and `score` averages them in
+    the rows' order, so it equals `_score`."""
+
+    def __init__(self, rows: list[Prepared]):
+        self.rows = rows
+        by_key: dict[tuple, list[int]] = {}
+        for i, p in enumerate(rows):
+            c = p.case
+            by_key.setdefault((c.model.model_dump_json(), c.system.model_dump_json(), c.job.model_dump_json()),
+                              []).append(i)
+        self.groups = []
+        for index in by_key.values():
+            c = rows[index[0]].case
+            P = PlanArrays.from_plans([rows[i].case.plan for i in index], c.model.layers, lead_layers(c.model))
+            self.groups.append((index, c, P, memory_breakdown(c.model, c.system, c.job, P)))
+
+    def predict_s(self, params: dict | None = None) -> list[float]:
+        out = [0.0] * len(self.rows)
+        for index, c, P, mem in self.groups:
+            system = c.system
+            if params:
+                acc = system.accelerator
+                acc = acc.model_copy(update={"efficiency": acc.efficiency.model_copy(update=params)})
+                system = system.model_copy(update={"accelerator": acc})
+            for i, t in zip(index, step_time(c.model, system, c.job, P, mem)["step_time_s"]):
+                out[i] = float(t)
+        return out
+
+    def score(self, params: dict) -> float:
+        return float(np.mean([abs(math.log(t / p.case.measured_step_s))
+                              for t, p in zip(self.predict_s(params), self.rows)]))
+
+
 def _golden(f, lo, hi, x0, iters):
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
@@ -115,10 +151,11 @@ def fit_group(group: str, rows: list[Prepared], inherited: dict | None = None, s
         return inherited, float("nan")
     names = parameters_to_fit(group, rows)
     params = {**inherited, **{n: START[n] for n in names}}
-    score = _score(rows, params)
+    batched = Batched(rows)
+    score = batched.score(params)
     for _ in range(sweeps):
         for n in names:
-            params[n], score = _golden(lambda x, n=n: _score(rows, {**params, n: x}), *BOUNDS[n], params[n], iters)
+            params[n], score = _golden(lambda x, n=n: batched.score({**params, n: x}), *BOUNDS[n], params[n], iters)
     return params, score
 
 
@@ -254,12 +291,15 @@ def fit_sharded_dp(prepared: list[Prepared], params_of=lambda p: None, keep=lamb
     return out
 
 
-def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict]) -> dict[str, float]:
+def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict],
+                     families: set[str] | None = None) -> dict[str, float]:
     """Case id -> step time predicted with parameters fitted without the case's model family:
     the hardware fit (a family with no fitted rows keeps `full_fit`), then on top of it the
-    torch-stack parameters, then the sharded-DP parameters, each refitted without the family."""
+    torch-stack parameters, then the sharded-DP parameters, each refitted without the family.
+    `families`: only the cases of these (each family is one refit; the others' rows are still
+    fitted on)."""
     out = {}
-    for family in sorted({p.case.family for p in prepared}):
+    for family in sorted({p.case.family for p in prepared} & (families or {p.case.family for p in prepared})):
         members = [p for p in prepared if p.case.family == family]
         if any(p.case.fit for p in members):
             params = {g: v[0] for g, v in fit_groups(prepared, lambda c, f=family: c.family != f).items()}

@@ -6,6 +6,7 @@ from hardware import load_system
 from planner.model import load_model
 
 from planner.reference import REFERENCE_DIR
+from tests.megatron_parser import CheckedBatches
 
 # The packaged copy of the published runs (planner/data/reference); the shared original beside the
 # repository, when there is one, must equal it (tests/test_reference_loader.py).
@@ -31,3 +32,9 @@ def one_line_error(result, *words):
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     for w in words:
         assert w in lines[0], lines[0]
+
+
+@pytest.fixture(scope="session")
+def megatron_checked(tmp_path_factory):
+    """Every module's Megatron argument lists through one checker process (tests/megatron_parser.py)."""
+    return CheckedBatches(tmp_path_factory)

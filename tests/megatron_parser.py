@@ -4,6 +4,7 @@ the reason, and the inverse mapping of its parsed arguments back to a Plan and j
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -55,6 +56,68 @@ def find_or_build_parser() -> MegatronParser:
     if done.returncode != 0 or len(words) != 2:
         pytest.skip(f"Megatron's parser: setup.sh failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
     return MegatronParser(*words)
+
+
+# Test modules whose argument lists go through the checker: name -> builder(tmp_path_factory) ->
+# (what the module keeps beside the results, the argument lists). All of them run in ONE checker
+# process per test session (megatron-core's import, ~7 s, and ~0.7 s per list): the first test
+# worker to need them runs the checker and leaves a results file; a worker that needs them later
+# reads it, one that needs them while they run runs only its own batch (pytest -n 2 may give the
+# tests of one module to both workers, which each ran the module fixture before).
+_BATCHES: dict = {}
+
+
+def checker_batch(name: str):
+    """Register a module's builder of argument lists (a decorator)."""
+    def register(builder):
+        _BATCHES[name] = builder
+        return builder
+    return register
+
+
+class CheckedBatches:
+    """The registered batches, built and parsed together on first use, once per session."""
+
+    def __init__(self, tmp_path_factory):
+        self._tmp, self._done = tmp_path_factory, None
+
+    def _shared_dir(self) -> Path:
+        base = self._tmp.getbasetemp()
+        # under xdist each worker's base is <session dir>/popen-gwN: the session dir is shared
+        return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def get(self, name: str) -> tuple:
+        """(what the builder kept, the checker's results for its argument lists, in order)."""
+        if self._done is None:
+            parser = find_or_build_parser()
+            built = {n: builder(self._tmp) for n, builder in sorted(_BATCHES.items())}
+            flat = [case for _, cases in built.values() for case in cases]
+            results = self._parse_once(parser, flat)
+            if results is None:  # another worker is running them now: run only this batch here
+                kept, cases = built[name]
+                return kept, parser.parse_many(cases)
+            self._done, at = {}, 0
+            for n, (kept, cases) in built.items():
+                self._done[n] = (kept, results[at:at + len(cases)])
+                at += len(cases)
+        return self._done[name]
+
+    def _parse_once(self, parser: "MegatronParser", cases: list[dict]) -> list[dict] | None:
+        """The checker's results for `cases`, run once per session; None while another worker
+        runs them (waiting would idle this worker as long as running its own share)."""
+        text = json.dumps(cases, sort_keys=True)
+        shared = self._shared_dir()
+        done = shared / f"megatron-parsed-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+        with open(shared / "megatron-parsed.lock", "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
+            if done.is_file():
+                return json.loads(done.read_text())
+            results = parser.parse_many(cases)
+            done.write_text(json.dumps(results))
+            return results
 
 
 # ---- parsed arguments -> what the plan says -----------------------------------------------------

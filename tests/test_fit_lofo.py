@@ -30,28 +30,35 @@ def small(all_cases):
     return picked
 
 
-def test_lofo_prediction_ignores_the_familys_own_measurements(small):
-    base = prepare(small)
-    lofo = lofo_predictions(base, fit_all(base))
+@pytest.fixture(scope="module")
+def base_fit(small):
+    """(prepared rows, full fit, LOFO predictions of the two families the tests read) of `small`,
+    fitted once for both tests."""
+    prepared = prepare(small)
+    full = fit_all(prepared)
+    return prepared, full, lofo_predictions(prepared, full, families={"Llama-3", "MPT"})
+
+
+def test_lofo_prediction_ignores_the_familys_own_measurements(small, base_fit):
+    base, full_base, lofo = base_fit
     # the Llama-3 rows measured twice as slow: their LOFO predictions must not move,
     # the in-sample fit must
     slowed = [dataclasses.replace(c, measured_step_s=2 * c.measured_step_s) if c.family == "Llama-3" else c
               for c in small]
     moved = prepare(slowed)
-    full_base, full_moved = fit_all(base), fit_all(moved)
-    lofo_moved = lofo_predictions(moved, full_moved)
+    full_moved = fit_all(moved)
+    lofo_moved = lofo_predictions(moved, full_moved, families={"Llama-3"})
     llama = [c.id for c in small if c.family == "Llama-3"]
     assert llama and all(lofo_moved[i] == pytest.approx(lofo[i], rel=1e-12) for i in llama)
+    assert set(lofo_moved) == set(llama)  # only the family asked for was refitted
     assert full_moved["H100-SXM5-80GB"] != full_base["H100-SXM5-80GB"]
 
 
-def test_family_without_fitted_rows_keeps_the_full_hardware_fit(small):
+def test_family_without_fitted_rows_keeps_the_full_hardware_fit(base_fit):
     """MPT has no fitted hardware rows: its rows keep the full hardware fit, with the torch-stack
     parameters (planner/fit.py TORCH_STACK_FITS) and the sharded-DP ones (SHARDED_DP_FITS)
     refitted without MPT."""
-    prepared = prepare(small)
-    full = fit_all(prepared)
-    lofo = lofo_predictions(prepared, full)
+    prepared, full, lofo = base_fit
     keep = lambda c: c.family != "MPT"  # noqa: E731
     without_mpt = fit_torch_stack(prepared, full, keep)
     dp = fit_sharded_dp(prepared, lambda p: with_torch_stack(p, full, without_mpt), keep)

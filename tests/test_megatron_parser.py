@@ -17,8 +17,8 @@ from planner.model import ModelSpec, load_model
 from planner.plan import JobSpec, Plan
 from tests.megatron_parser import (
     ROOT,
+    checker_batch,
     dtype_from_megatron,
-    find_or_build_parser,
     model_from_megatron,
     model_shape,
     plan_from_megatron,
@@ -83,11 +83,6 @@ PLACEHOLDERS = {"$TOKENIZER_TYPE": "NullTokenizer", "$TRAIN_ITERS": "10", "$LR":
                 "$CHECKPOINT_DIR": "/tmp/planner-ckpt"}
 
 
-@pytest.fixture(scope="session")
-def megatron_parser():
-    return find_or_build_parser()
-
-
 def _model(ref) -> ModelSpec:
     """A preset name, or (preset, MoE fields to change)."""
     if isinstance(ref, str):
@@ -145,9 +140,9 @@ def _saved_case(flags, tmp, monkeypatch):
     return case, load_model(str(work / "model.yaml")) if "model.yaml" in flags else load_model(flags[1]), plan, job
 
 
-@pytest.fixture(scope="module")
-def parsed(megatron_parser, tmp_path_factory):
-    """Every argument list of this module through ONE checker process (the import costs ~7 s)."""
+@checker_batch("megatron_parser")
+def _checker_cases(tmp_path_factory):
+    """Every argument list of this module (built, saved, and ones Megatron must refuse)."""
     mp = pytest.MonkeyPatch()
     try:
         built = [_checker_case(*c)[:4] for c in CASES]
@@ -167,7 +162,13 @@ def parsed(megatron_parser, tmp_path_factory):
             dict(qwen3, argv=qwen3["argv"] + ["--fp8-format", "hybrid"]),
             # moe_act recompute needs grouped GEMMs
             dict(qwen3, argv=[w for w in qwen3["argv"] if w != "--moe-grouped-gemm"])]
-    results = megatron_parser.parse_many([b[0] for b in built + saved] + bad)
+    return (built, saved, bad), [b[0] for b in built + saved] + bad
+
+
+@pytest.fixture(scope="module")
+def parsed(megatron_checked):
+    """Every argument list of this module through the shared checker process (tests/conftest.py)."""
+    (built, saved, bad), results = megatron_checked.get("megatron_parser")
     n, k = len(built), len(saved)
     return {"built": list(zip(built, results[:n])), "saved": list(zip(saved, results[n:n + k])),
             "bad": list(zip(bad, results[n + k:]))}

@@ -1,5 +1,17 @@
 """Every plan the search picks on the preset systems must be a Megatron launch Megatron accepts,
-and the emitted script must parse back to the same GPU count and batch arithmetic."""
+and the emitted script must parse back to the same GPU count and batch arithmetic.
+
+The suite checks one system of each class (SUITE_SYSTEMS) for every model and precision; the
+other presets differ from their class's representative only in HBM size, efficiency constants
+or clock (no other code path: the same GPU generation, node size, NVLink domain and offload
+tier). The full matrix (every preset system):
+
+    PARPLAN_FULL_MATRIX=1 python -m pytest -q tests/test_megatron_search.py
+
+and bench/megatron_roundtrip.py takes every preset model and system through Megatron's own parser.
+"""
+import os
+
 import pytest
 
 from hardware import load_system, system_preset_names
@@ -10,9 +22,27 @@ from planner.plan import JobSpec
 from planner.search import plan
 
 MODELS = ("gpt3-175b", "llama3-70b", "mixtral-8x7b")
+# One preset per system class: Ampere without FP8 (the fp8 SpecError path), Hopper on 8-GPU
+# nodes, the same with an offload tier, Grace Hopper (4-GPU nodes, a 32-GPU NVLink domain, an
+# offload tier), Blackwell on 8-GPU nodes, Blackwell NVL72 (4-GPU nodes, a 72-GPU NVLink domain).
+# Left to the full matrix: a100-40g (Ampere), h200, h100-grand-teton (Hopper), b300
+# (Blackwell), gb300-nvl72 (NVL72).
+SUITE_SYSTEMS = ("a100-80g", "h100-sxm", "h100-offload-1tib", "gh200", "b200", "gb200-nvl72")
+SYSTEMS = system_preset_names() if os.environ.get("PARPLAN_FULL_MATRIX") else SUITE_SYSTEMS
 
 
-@pytest.mark.parametrize("system_name", system_preset_names())
+def test_suite_systems_cover_every_system_class():
+    """Each class of the presets (GPU generation x node size x NVLink domain x offload tier, and
+    FP8 or not) has a representative in SUITE_SYSTEMS."""
+    def system_class(name):
+        s = load_system(name, 256)
+        return (mg.gpu_arch_major(s), s.gpus_per_node, s.nvlink_domain_gpus, s.offload is not None,
+                "fp8" in s.accelerator.peak_flops)
+    assert set(SUITE_SYSTEMS) <= set(system_preset_names())
+    assert {system_class(n) for n in SUITE_SYSTEMS} == {system_class(n) for n in system_preset_names()}
+
+
+@pytest.mark.parametrize("system_name", SYSTEMS)
 @pytest.mark.parametrize("model_name", MODELS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp8"])
 def test_searched_plans_emit_valid_megatron(system_name, model_name, dtype):
