@@ -52,8 +52,8 @@ def interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> i
     import threading
     done: dict = {}
     worker = threading.Thread(target=lambda: done.setdefault("code", solver.Solve(model)), daemon=True)
-    worker.start()
     try:
+        worker.start()  # inside: a Ctrl-C that lands while the thread starts must stop it too
         while worker.is_alive():
             worker.join(0.05)
     except KeyboardInterrupt:
