@@ -92,7 +92,7 @@ class _LazyOneLineGroup(TyperGroup):
                    "(PLANNER_DEBUG=1 shows the traceback)", as_json)
             code = EXIT_INTERNAL
         code = 0 if code is None else code
-        if standalone_mode and code == EXIT_INTERRUPTED:
+        if standalone_mode and code == EXIT_INTERRUPTED and args is None:  # the real process, not a test runner
             # Interrupted: every `with` block has closed its file on the way up; skip the
             # interpreter's teardown, in which OR-tools aborted now and then after a stopped solve
             # ("terminate called without an active exception", exit -6 instead of 130).
