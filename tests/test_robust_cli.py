@@ -179,16 +179,22 @@ def test_saved_plan_stores_absolute_model_path(tmp_path, monkeypatch):
 # ---- Ctrl-C, sweeps ------------------------------------------------------------------------
 
 def _interrupt_after(args: list[str], delay_s: float) -> tuple[int, float, str]:
-    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    # -X faulthandler: if it hangs, SIGABRT makes it print every thread's stack (the failure says where)
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "planner.cli", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     time.sleep(delay_s)
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGINT)
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        pytest.fail("Ctrl-C ignored for 20 s")
+        proc.send_signal(signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = ""
+        pytest.fail(f"Ctrl-C ignored for 20 s; where it was:\n{err[-6000:]}")
     return proc.returncode, time.perf_counter() - t0, proc.stderr.read()
 
 
