@@ -178,10 +178,20 @@ def test_saved_plan_stores_absolute_model_path(tmp_path, monkeypatch):
 
 # ---- Ctrl-C, sweeps ------------------------------------------------------------------------
 
+def _terminal_sigint() -> None:
+    """The child starts with SIGINT as a user's shell gives it (default action, not blocked), not in
+    whatever state the test worker has it. In CI, 1 run in 3, the child's main thread sat in its
+    solve loop with no KeyboardInterrupt raised for 20 s (faulthandler), as if the signal never
+    reached Python; not reproduced outside the full parallel suite."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _interrupt_after(args: list[str], delay_s: float) -> tuple[int, float, str]:
     # -X faulthandler: if it hangs, SIGABRT makes it print every thread's stack (the failure says where)
     proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "planner.cli", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_terminal_sigint)
     time.sleep(delay_s)
     t0 = time.perf_counter()
     proc.send_signal(signal.SIGINT)
