@@ -20,9 +20,6 @@ from planner.plan import Plan
 EVIDENCE_FILE = Path(__file__).resolve().parent / "data" / "evidence.json"
 
 
-FAMILY_DIMENSIONS = ("zero3", "pipelined", "expert_parallel")
-
-
 def family_label(is_moe: bool, zero3: bool, pipelined: bool, expert_parallel: bool) -> str:
     parts = ["MoE" if is_moe else "dense",
              "ZeRO-3/FSDP" if zero3 else "replicated weights (ZeRO-0/1/2)",
@@ -50,9 +47,13 @@ def families(is_moe: bool) -> dict[str, dict]:
     return out
 
 
+def runs_of(family: str) -> int:
+    """Published runs of this family in the reference data (0: the model alone speaks)."""
+    return int(load_table().get(family, {}).get("runs", 0))
+
+
 def measured_runs(is_moe: bool, plan: Plan) -> int:
-    """Published runs of this plan's family in the reference data (0: the model alone speaks)."""
-    return int(load_table().get(family_of_plan(is_moe, plan), {}).get("runs", 0))
+    return runs_of(family_of_plan(is_moe, plan))
 
 
 def table_from_rows(rows: list[dict], plans: dict[str, Plan], moe: dict[str, bool]) -> dict[str, dict]:
@@ -90,4 +91,4 @@ def evidence_note(model: ModelSpec, plan: Plan) -> str:
             f"the model's mean error on them {e['mean_error']:+.0%} (mean |error| {e['mean_abs_error']:.0%}).")
 
 
-__all__ = ["family_of_plan", "family_label", "families", "measured_runs", "table_from_rows", "load_table", "evidence_note", "EVIDENCE_FILE"]
+__all__ = ["family_of_plan", "family_label", "families", "runs_of", "measured_runs", "table_from_rows", "load_table", "evidence_note", "EVIDENCE_FILE"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hardware.spec import SystemSpec
-from planner.evidence import families, family_of_plan, load_table, measured_runs
+from planner.evidence import families, family_of_plan, measured_runs, runs_of
 from planner.model import ModelSpec
 from planner.plan import JobSpec
 from planner.search import Ranked, SearchResult, plan as search
@@ -40,10 +40,9 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
     is_moe = model.moe is not None
     if allow_unmeasured or res.best is None or measured_runs(is_moe, res.best.plan):
         return out
-    table = load_table()
     measured = []
     for label, restrict in families(is_moe).items():
-        if table.get(label, {}).get("runs", 0):
+        if runs_of(label):
             sub = search(model, system, job, top_k=top_k, time_limit_s=time_limit_s, restrict=restrict)
             measured.extend(sub.ranked)
             out.stats["evidence_searches_s"] = out.stats.get("evidence_searches_s", 0.0) + sub.stats["total_s"]

@@ -2,7 +2,7 @@
 
 Public API
   plan(model, system, job=None, top_k=5) -> SearchResult     ranked (Plan, Estimate), stats
-  best_plan(model, system, job=None) -> Plan | None          used by `planner megatron`
+  best_plan(model, system, job=None) -> Plan | None          the best plan, no evidence gate (planner.recommend)
   check(model, system, job=None) -> CheckResult              yes + best plan, or no + why (numbers)
   count(model, system, job=None) -> int                      number of valid mappings
 
@@ -94,10 +94,11 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)
+    objective = "time per token" if space.free_batch else "step time"
     for knob, keep in (restrict or {}).items():
         space.domains[knob] = tuple(v for v in space.domains[knob] if keep(v))
     if not all(space.domains.values()):
-        return SearchResult(ranked=[], objective="time per token" if space.free_batch else "step time",
+        return SearchResult(ranked=[], objective=objective,
                             stats={"total_s": time.perf_counter() - t0, "empty_domain": True})
     # ties: every layout within TIE_REL_TOL of the K-th best is tabulated (and no layout beyond
     # that bound can be among the first K after re-ranking: the K-th pick's window starts at or
@@ -127,8 +128,7 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     stats.update({"status": sols.status, "rescore_s": time.perf_counter() - t1,
                   "rescore_mismatches": mismatches, "not_expressible_dropped": dropped,
                   "total_s": time.perf_counter() - t0, "free_batch": space.free_batch})
-    return SearchResult(ranked=ranked, objective="time per token" if space.free_batch else "step time",
-                        stats=stats)
+    return SearchResult(ranked=ranked, objective=objective, stats=stats)
 
 
 def table_layouts(table: Table) -> int:

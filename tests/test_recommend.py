@@ -36,7 +36,6 @@ def test_gate_recommends_the_best_measured_plan_and_names_the_faster_one(monkeyp
     best = search(TINY_MOE, SYSTEM, JOB, top_k=1).best
     unmeasured = family_of_plan(True, best.plan)
     monkeypatch.setattr(evidence, "load_table", lambda: _table_without(unmeasured))
-    monkeypatch.setattr(recommend_mod, "load_table", lambda: _table_without(unmeasured))
     oracle = brute_force(TINY_MOE, SYSTEM, JOB, top_k=1,
                          keep=lambda p: family_of_plan(True, p) != unmeasured)
     monkeypatch.setattr(recommend_mod, "UNMEASURED_ADVANTAGE_LIMIT", 0.0)
@@ -59,7 +58,6 @@ def test_measured_best_family_is_never_gated(monkeypatch):
     table = {label: {"runs": 1, "mean_abs_error": 0.1, "mean_error": 0.0, "examples": []}
              for label in families(True)}
     monkeypatch.setattr(evidence, "load_table", lambda: table)
-    monkeypatch.setattr(recommend_mod, "load_table", lambda: table)
     monkeypatch.setattr(recommend_mod, "UNMEASURED_ADVANTAGE_LIMIT", 0.0)
     res = recommend(TINY_MOE, SYSTEM, JOB, top_k=2)
     assert res.best.objective == pytest.approx(search(TINY_MOE, SYSTEM, JOB, top_k=1).best.objective, rel=1e-9)

@@ -218,8 +218,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     # experts: one GPU holds E/ep experts, 1/etp of each; rows per local expert per microbatch =
     # tokens·top_k·etp·ep/(E·t) (= tokens·top_k·ep/E at etp = tp); its FLOPs are 1/t of the
     # tensor-parallel group's routed work whatever the folding.
-    ffn = model.expert_ffn_hidden
-    up_w = (2 if model.activation == "swiglu" else 1) * ffn
+    ffn, up_w = model.expert_ffn_hidden, flops.mlp_width(model)
     rows_per_expert = tokens * k * P.etp * P.ep / (E * t)
     expert_gemm = (_gemm_time(2 * tokens * k * h * up_w / t, np.minimum(np.minimum(rows_per_expert, h), up_w / P.etp),
                               peak, eff, job.dtype)
@@ -251,8 +250,7 @@ def expert_wgrad_memory_excess_s(model: ModelSpec, job: JobSpec, P: PlanArrays, 
     per local expert on the busiest rank; `wgrad_compute_s` = the forward GEMM time (wgrad does
     the same FLOPs)."""
     h, E = model.hidden, model.moe.num_experts
-    ffn = model.expert_ffn_hidden
-    up_w = (2 if model.activation == "swiglu" else 1) * ffn
+    ffn, up_w = model.expert_ffn_hidden, flops.mlp_width(model)
     local_experts = E / P.ep
     b = precision.GEMM_OPERAND_BYTES[job.dtype]
     fc1 = rows * (h + up_w / P.etp) * b + 8.0 * h * up_w / P.etp
