@@ -325,9 +325,22 @@ class JobSpec(BaseModel):
     # NVTE_FUSED_ATTN=0 (DGX Cloud v24.11.1's GPT-3 175B and Nemotron-4 340B launch scripts).
     # The torch stacks run FlashAttention-2 either way.
     te_flash_attention: bool = False
+    # Kernel-level settings of NVIDIA's tuned MoE recipes (Megatron-Bridge perf recipes, e.g.
+    # 55443cbfb "Enable Qwen3 GB200/GB300 MXFP8 CuTeDSL Fusion and Full-Iter CUDA Graphs"):
+    # full_iteration_cuda_graph: Megatron-Core cuda_graph_impl="full_iteration" replays the whole
+    #   forward-backward as one graph, so the per-layer host/launch overhead
+    #   (efficiency.layer_overhead_us) is not paid;
+    # fp8_attention: --fp8-dot-product-attention, the attention core runs in FP8 (cuDNN);
+    # fused_grouped_mlp: Transformer Engine's op fuser (use_transformer_engine_op_fuser) fuses the
+    #   experts' activation and its quantisation casts into the grouped GEMMs.
+    full_iteration_cuda_graph: bool = False
+    fp8_attention: bool = False
+    fused_grouped_mlp: bool = False
 
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
+        if self.fp8_attention and self.dtype in ("bf16", "fp16"):
+            raise ValueError(f"fp8_attention needs a low-precision dtype (fp8, fp8-cs, mxfp8, nvfp4), got {self.dtype}")
         unknown = sorted(set(self.pins) - set(KNOBS))
         if unknown:
             raise ValueError(f"unknown knob {unknown[0]!r}; allowed: {', '.join(KNOBS)}")

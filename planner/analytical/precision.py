@@ -45,17 +45,26 @@ def gemm_peak_key(dtype: str) -> str:
     return GEMM_PEAK_KEY[dtype]
 
 
+def attention_peak_key(dtype: str, fp8_attention: bool) -> str:
+    """Peak the attention core (softmax(QK^T)V) runs at: FP8 with --fp8-dot-product-attention
+    (TE/cuDNN FP8 attention, per-tensor scaled whatever the GEMM recipe), else 16-bit."""
+    return "fp8" if fp8_attention else high_precision_dtype(dtype)
+
+
 def high_precision_dtype(dtype: str) -> str:
     """Dtype of the GEMMs left out of low-precision autocast (attention core, LM head)."""
     return "fp16" if dtype == "fp16" else "bf16"
 
 
 def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float, ffn: float,
-                                 rows_per_token: float) -> float:
+                                 rows_per_token: float, fused_mlp: bool = False) -> float:
     """Elements quantised per token and layer, forward + backward (whole layer, before TP split):
     forward the inputs of QKV, projection, FC1 (h each) and FC2 (ffn); backward the output
     gradients of QKV (qkv_width), projection (h), FC1 (mlp_width) and FC2 (h). MLP terms count
-    once per routed copy of the token (`rows_per_token` = top-k for MoE)."""
+    once per routed copy of the token (`rows_per_token` = top-k for MoE). `fused_mlp`: the MLP's
+    FC1 epilogue applies the activation and writes FC2's quantised input, and the backward's
+    dactivation writes FC1's quantised output gradient (Transformer Engine's op fuser,
+    Megatron-Core use_transformer_engine_op_fuser), so those two casts are not separate passes."""
     attention = (hidden + hidden) + (qkv_width + hidden)
-    mlp = (hidden + ffn) + (mlp_width + hidden)
+    mlp = hidden + hidden if fused_mlp else (hidden + ffn) + (mlp_width + hidden)
     return attention + rows_per_token * mlp

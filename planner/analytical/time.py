@@ -83,7 +83,11 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     acc = system.accelerator
     eff = acc.efficiency
     peak_gemm = acc.peak(precision.gemm_peak_key(job.dtype))
-    peak_attn = acc.peak(precision.high_precision_dtype(job.dtype))
+    # The attention core stays in 16 bits unless --fp8-dot-product-attention: then cuDNN's FP8
+    # kernel runs at the FP8 peak with the same achieved fraction (Shah et al. 2024,
+    # FlashAttention-3, Figs. 5 and 7: cuDNN head-dim 256 at 4k, FP8 1087 / BF16 581 TFLOP/s
+    # non-causal, 1015 / 483 causal, i.e. 1.9-2.1x, the 2x of the peaks)
+    peak_attn = acc.peak(precision.attention_peak_key(job.dtype, job.fp8_attention))
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
@@ -124,7 +128,10 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
     quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
-        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk) / (1 + BACKWARD_FACTOR)
+        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job)) \
+        / (1 + BACKWARD_FACTOR)
+    # per-layer launch/host overhead, not paid when the whole iteration is one CUDA graph
+    overhead_s = 0.0 if job.full_iteration_cuda_graph else eff.layer_overhead_us * 1e-6
     # Forward pieces that selective recompute reruns (`selective_recompute_s`), per layer of their
     # kind: a dense MLP, a MoE MLP, its parts, MLA's up-projections, one separate norm.
     moe_parts = moe if model.moe else {"gemm": 0.0, "elementwise": 0.0, "expert_act_s": 0.0, "shared_expert_s": 0.0}
@@ -141,7 +148,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     }
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6,
+            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + overhead_s,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
@@ -224,7 +231,8 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
                               peak, eff, job.dtype)
                    + _gemm_time(2 * tokens * k * ffn * h / t, np.minimum(np.minimum(rows_per_expert, ffn / P.etp), h),
                                 peak, eff, job.dtype))
-    expert_act = 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    # the activation pass; fused into the grouped GEMMs' epilogues by TE's op fuser
+    expert_act = 0.0 if fused_experts(model, job) else 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
     wgrad_extra = expert_wgrad_memory_excess_s(model, job, P, rows_per_expert * imbalance,
                                                imbalance * expert_gemm, hbm)
     shared_gemm, shared_elem = (0.0, 0.0)
@@ -236,6 +244,11 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
             "wgrad_extra_s": wgrad_extra,
             "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
             "expert_act_s": imbalance * expert_act, "shared_expert_s": shared_gemm + shared_elem}
+
+
+def fused_experts(model: ModelSpec, job: JobSpec) -> bool:
+    """Whether the routed experts run TE's fused grouped MLP (JobSpec.fused_grouped_mlp)."""
+    return bool(job.fused_grouped_mlp and model.moe)
 
 
 def expert_wgrad_memory_excess_s(model: ModelSpec, job: JobSpec, P: PlanArrays, rows: np.ndarray,
