@@ -285,6 +285,25 @@ def _recompute_modules(text, model: ModelSpec, assumptions: list[str]) -> tuple[
     return tuple(kept) or None
 
 
+# Optimisation ladders whose recompute text reads "<first set>; later <second set>": the row of
+# the ladder from which the second set ran. The DeepSeek-V3 GB200 guide (Megatron-LM@1d9edcf8
+# docs/discussions/deepseek-v3-gb200-optimization, §2.2.2): with "Remove up_proj recompute"
+# (history row 4) "the recomputation parameters were changed to --recompute-modules mlp moe_act".
+LADDER_LATER_RECOMPUTE_FROM_ROW = {"megatron_lm_dsv3_gb200_guide": 4}
+
+
+def _ladder_recompute_text(r: _Record, assumptions: list[str]) -> str:
+    """The record's recompute text, or its "later" set where the ladder row has reached it."""
+    text = str(r.get("parallel.recompute") or "")
+    start = LADDER_LATER_RECOMPUTE_FROM_ROW.get(str(r.get("source_group") or ""))
+    row = re.search(r"optimization-history row (\d+)", str(r.get("notes") or "").lower())
+    if start is None or row is None or int(row.group(1)) < start or "; later" not in text:
+        return text
+    later = text.split("; later", 1)[1].strip(" )")
+    assumptions.append(f"recompute modules {later} (the ladder's set from row {start} on: {text!r})")
+    return f"selective ({later})"
+
+
 def _fsdp_dtype(r: _Record, assumptions: list[str]) -> str:
     low_recipe = str(r.get("parallel.lowp_recipe") or "").lower() + " " + str(r.get("parallel.precision") or "").lower()
     f8_recipe = str(r.get("parallel.float8_recipe") or "").lower()
@@ -532,7 +551,8 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         return Skipped(rid, "global batch not published")
     if gbs % (mb * dp):
         return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
-    modules = _recompute_modules(r.get("parallel.recompute"), model, assumptions) if recompute == "selective" else None
+    modules = _recompute_modules(_ladder_recompute_text(r, assumptions), model, assumptions) \
+        if recompute == "selective" else None
     plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
                        stage_layers=stage_layers,
                        sequence_parallel=sp, recompute=recompute, recompute_modules=modules, zero_stage=zero,
@@ -726,7 +746,8 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     recompute = _recompute(r.get("parallel.recompute"), assumptions, "none", "no recompute (not stated)")
     sp = tp > 1  # torchtitan TP and Megatron-Core with TP shard the sequence (SP) by default
     etp = r.int("parallel.etp", 0, minimum=0) or None  # expert tensor parallel (None = tp)
-    modules = _recompute_modules(r.get("parallel.recompute"), model, assumptions) if recompute == "selective" else None
+    modules = _recompute_modules(_ladder_recompute_text(r, assumptions), model, assumptions) \
+        if recompute == "selective" else None
     plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
                        stage_layers=stage_layers, recompute_modules=modules,
                        sequence_parallel=sp, recompute=recompute, zero_stage=zero, dp_comm_overlap=True,

@@ -169,3 +169,14 @@ def test_validate_prints_counts_and_skip_reasons():
     assert "skipped dgxc_v25.04.01_GPT3-175B_bf16_512gpu: global batch 1204 is not a multiple" in result.output
     for title in ("by source", "dense / MoE", "by accelerator", "by framework", "by model family"):
         assert title in result.output
+
+
+def test_dsv3_ladder_switches_recompute_modules_where_the_guide_does(loaded):
+    """The DeepSeek-V3 GB200 guide (§2.2.2): row 4 'Remove up_proj recompute' changed
+    --recompute-modules from 'mlp up_proj' to 'mlp moe_act'; rows 0-3 ran the first set."""
+    by_id = {c.id: c for c in loaded[0]}
+    stem = "mcore-dsv3-gb200guide_deepseek-v3_256gpu_tp1_pp8_vpp4_ep32_step"
+    assert by_id[stem + "03"].plan.recompute_modules == ("mla_up_proj", "mlp")
+    for row in ("04", "12"):
+        assert by_id[stem + row].plan.recompute_modules == ("mlp", "moe_act")
+        assert any("from row 4 on" in a for a in by_id[stem + row].assumptions)
