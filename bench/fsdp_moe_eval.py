@@ -9,6 +9,7 @@ Rows: every comparable record of the three reference files, through planner/refe
 
 Parameters fitted (module constants, physical meaning in their comments):
   planner.analytical.time.A2A_BW_EFFICIENCY, planner.analytical.time.A2A_OVERLAP_EFFICIENCY,
+  planner.analytical.time.EXPERT_GEMM_HOST_US (jointly with the all-to-all efficiency),
   planner.reference_moe.MOE_IMBALANCE_LEARNED_DROPLESS (rows with learned dropless routing),
   planner.analytical.data_parallel.FSDP_COMPUTE_CONTENTION (FSDP2, llm-foundry, Megatron-FSDP rows),
   planner.analytical.data_parallel.DEEPSPEED_ZERO3_BW_EFFICIENCY and
@@ -72,6 +73,7 @@ PARAMS = {
     (reference_moe, "MOE_IMBALANCE_LEARNED_DROPLESS"): (1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.8, 2.0),
     (tm, "A2A_BW_EFFICIENCY"): (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     (tm, "A2A_OVERLAP_EFFICIENCY"): (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+    (tm, "EXPERT_GEMM_HOST_US"): (0.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0),
     (data_parallel, "FSDP_COMPUTE_CONTENTION"): (),  # fitted by planner.fit.fit_sharded_dp
     (data_parallel, "DEEPSPEED_ZERO3_BW_EFFICIENCY"): (),
     (data_parallel, "DEEPSPEED_ZERO3_COMPUTE_CONTENTION"): (),
@@ -81,7 +83,7 @@ PARAMS = {
 # ladder's untuned steps (software the model does not describe; only step 12 is a recipe).
 # The sharded-DP parameters are fitted by planner.fit.fit_sharded_dp (golden section, the same
 # function `planner validate --lofo` refits them with, without each family).
-GROUP_PARAMS = {"moe": [(tm, "A2A_BW_EFFICIENCY")]}
+GROUP_PARAMS = {"moe": [(tm, "A2A_BW_EFFICIENCY"), (tm, "EXPERT_GEMM_HOST_US")]}
 
 
 def errors(rows: list[Row]) -> np.ndarray:

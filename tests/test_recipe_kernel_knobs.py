@@ -76,3 +76,28 @@ def test_fused_grouped_mlp_leaves_a_dense_model_alone():
 def test_fp8_attention_needs_a_low_precision_dtype():
     with pytest.raises(ValidationError, match="fp8_attention needs a low-precision dtype"):
         JobSpec(dtype="bf16", fp8_attention=True)
+
+
+def test_expert_host_time_beyond_the_experts_gpu_time_is_exposed():
+    """Qwen3-235B (128 experts) at ep 8 on DGX B200, micro-batch 1, tp 1: 16 local experts, two
+    GEMMs each in forward, EXPERT_GEMM_HOST_US of host time per GEMM; the forward waits for what
+    exceeds the experts' GPU time. A full-iteration CUDA graph or the fused grouped MLP (one
+    kernel for all experts) issue no per-expert launches."""
+    from planner.analytical import time as tm
+    model, system = load_model("qwen3-235b-a22b"), load_system("b200", 8)
+    plan = Plan(ep=8, dp=8, global_batch=8)
+    P = PlanArrays.from_plans([plan], model.layers)
+    job = JobSpec(dtype="mxfp8")
+    moe = tm.moe_mlp_fwd_s(model, system, job, P)
+    host_s = 16 * 2 * tm.EXPERT_GEMM_HOST_US * 1e-6
+    gpu_s = float(moe["expert_gemm_s"][0] + moe["expert_act_s"][0])
+    assert float(moe["expert_host_exposed_s"][0]) == pytest.approx(max(0.0, host_s - gpu_s), rel=1e-12)
+    assert host_s > gpu_s  # 16 experts of 2048 rows: host-bound, as the B200 ep8 recipes run
+    for knob in ("full_iteration_cuda_graph", "fused_grouped_mlp"):
+        other = tm.moe_mlp_fwd_s(model, system, job.model_copy(update={knob: True}), P)
+        assert float(other["expert_host_exposed_s"][0]) == 0.0
+    # ep 32 on NVL72: 4 local experts of 8192 rows, the GPU outlasts the host
+    big = Plan(ep=32, dp=32, global_batch=32)
+    moe32 = tm.moe_mlp_fwd_s(model, load_system("gb200-nvl72", 32), job,
+                             PlanArrays.from_plans([big], model.layers))
+    assert float(moe32["expert_host_exposed_s"][0]) == 0.0

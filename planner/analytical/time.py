@@ -176,6 +176,15 @@ A2A_OVERLAP_EFFICIENCY = 0.3
 # Router: fp32 logits, softmax (or sigmoid) + top-k + the aux-loss statistics: ~4 passes over
 # tokens×E fp32 (router.py: TopKRouter.routing).
 ROUTER_PASSES = 4.0
+# Host (CPU) microseconds to issue one local expert's GEMM with its per-expert bookkeeping
+# (quantisation, scale allocation and swizzle kernels in low precision). Transformer Engine's
+# GroupedLinear, which Megatron's TEGroupedMLP runs, launches one cuBLAS GEMM per expert
+# ("MXFP8 Grouped GEMM, implemented using multi-stream + cuBLAS": Megatron-LM DeepSeek-V3 GB200
+# guide @1d9edcf8, §1 item 3). The routed experts are the part partial CUDA graphs cannot capture
+# (dynamic shapes, guide §2.3), and the device-host sync that sizes them (tokens per expert,
+# guide §3.1) drains the GPU queue first, so host time beyond the experts' GPU time is exposed:
+# the guide's "CPU overhead / host boundedness" (§2). Named; fitted by bench/fsdp_moe_eval.py.
+EXPERT_GEMM_HOST_US = 50.0
 # Permutation and unpermutation (moe_utils.permute / unpermute): each reads and writes every
 # routed row once; unpermute also reads the probabilities (negligible). 2 ops × (read + write).
 PERMUTE_PASSES = 4.0
@@ -233,6 +242,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
                                 peak, eff, job.dtype))
     # the activation pass; fused into the grouped GEMMs' epilogues by TE's op fuser
     expert_act = 0.0 if fused_experts(model, job) else 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    host_exposed = expert_host_exposed_s(model, job, P, imbalance * (expert_gemm + expert_act))
     wgrad_extra = expert_wgrad_memory_excess_s(model, job, P, rows_per_expert * imbalance,
                                                imbalance * expert_gemm, hbm)
     shared_gemm, shared_elem = (0.0, 0.0)
@@ -240,10 +250,22 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
         shared_gemm, shared_elem = dense_mlp_fwd_s(model, model.moe.shared_experts * model.shared_expert_ffn_hidden,
                                                    tokens, t, peak, eff, job.dtype, hbm)
     return {"gemm": imbalance * expert_gemm + shared_gemm + router,
-            "elementwise": imbalance * expert_act + permute + shared_elem,
-            "wgrad_extra_s": wgrad_extra,
+            "elementwise": imbalance * expert_act + permute + shared_elem + host_exposed,
+            "wgrad_extra_s": wgrad_extra, "expert_host_exposed_s": host_exposed,
             "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
             "expert_act_s": imbalance * expert_act, "shared_expert_s": shared_gemm + shared_elem}
+
+
+def expert_host_exposed_s(model: ModelSpec, job: JobSpec, P: PlanArrays, expert_gpu_s) -> np.ndarray:
+    """Forward seconds one MoE layer waits on the host issuing its local experts' GEMMs
+    (EXPERT_GEMM_HOST_US each, FC1 and FC2): the excess over the experts' GPU time. None with a
+    full-iteration CUDA graph (no launches) or the fused grouped MLP (one kernel for all experts).
+    The backward issues dgrad + wgrad per GEMM against twice the GPU time: BACKWARD_FACTOR."""
+    if job.full_iteration_cuda_graph or fused_experts(model, job):
+        return np.zeros(np.shape(P.ep))
+    local_experts = model.moe.num_experts / P.ep
+    host_s = local_experts * 2.0 * EXPERT_GEMM_HOST_US * 1e-6
+    return np.maximum(0.0, host_s - expert_gpu_s)
 
 
 def fused_experts(model: ModelSpec, job: JobSpec) -> bool:
