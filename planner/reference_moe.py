@@ -184,6 +184,8 @@ def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
         scope = knobs.value("cuda_graph_scope")
         out.append(f"not costed: CUDA graphs {cg}" + (f" scope {'/'.join(scope)}" if scope else "")
                    + f" ({knobs.cite('cuda_graph_impl')})")
+    if knobs.value("moe_shared_expert_overlap"):
+        out.append(f"not costed: shared-expert overlap ({knobs.cite('moe_shared_expert_overlap')})")
     for name, text in (("cutedsl_fused_grouped_mlp", "CuTeDSL fused grouped MLP"),
                        ("fp8_dot_product_attention", "FP8 dot-product attention"),
                        ("moe_paged_stash", "paged activation stash")):
