@@ -374,6 +374,11 @@ DEEPSEEK_V3_LAYOUTS: dict[tuple[int, int], tuple[str, str]] = {
 # qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config); the perf recipes start from it
 # (perf_recipes/qwen/common.py) and change only pp / vpp.
 _QWEN3_235B = "recipes/qwen/h100/qwen3_moe.py account_for_embedding/loss_in_pipeline_split"
+# Llama-3.1-405B (126 layers): every release's pretrain recipe sets both flags (Megatron-Bridge
+# v0.1.0rc3 src/megatron/bridge/recipes/llama/llama31_405b.py pretrain_config defaults, v0.2.0-v0.5.1
+# recipes/llama/llama3.py llama31_405b_pretrain_config, @067f987 recipes/llama/h100/llama3.py), and
+# the performance configs start from that recipe.
+_LLAMA31_405B = "recipes/llama/h100/llama3.py llama31_405b_pretrain_config account_for_embedding/loss_in_pipeline_split"
 
 
 # Every Llama NVFP4 pretraining config turns Transformer Engine's userbuffer TP overlap off, from
@@ -410,12 +415,14 @@ def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int,
     if key.startswith("deepseekv3") and layers == 61 and (pp, vpp) in DEEPSEEK_V3_LAYOUTS:
         text, where = DEEPSEEK_V3_LAYOUTS[(pp, vpp)]
         return layout_from_string(text), f"{fallback}@{BRIDGE_COMMIT} {where} {text!r}"
-    if key.startswith("qwen3235ba22b") and layers == 94:
-        try:
-            return (layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True),
-                    f"{fallback}@{BRIDGE_COMMIT} {_QWEN3_235B}")
-        except SpecError:
-            return None
+    flagged = {"qwen3235ba22b": (94, _QWEN3_235B), "llama31405b": (126, _LLAMA31_405B)}
+    for prefix, (n_layers, where) in flagged.items():
+        if key.startswith(prefix) and layers == n_layers:
+            try:
+                return (layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True),
+                        f"{fallback}@{BRIDGE_COMMIT} {where}")
+            except SpecError:
+                return None
     return None
 
 

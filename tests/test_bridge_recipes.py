@@ -154,3 +154,17 @@ def test_cases_run_their_own_release_recipe(bridge_cases):
 
 def test_knobs_file_is_packaged():
     assert KNOBS_FILE.parent.name == "data" and KNOBS_FILE.read_text().startswith("# What each Megatron-Bridge")
+
+
+def test_llama31_405b_rows_run_the_recipes_account_for_layout(bridge_cases):
+    """Every release's Llama-3.1-405B pretrain recipe sets account_for_embedding/loss_in_pipeline_split
+    (v0.1.0rc3 recipes/llama/llama31_405b.py defaults; @067f987 recipes/llama/h100/llama3.py lines
+    1227-1228): the embedding and the loss each count as a layer, so 126 + 2 = 128 slots split evenly.
+    By hand: 64 virtual stages hold 2 slots each -> [1, 2 x 62, 1]; 128 hold 1 -> [0, 1 x 126, 0]."""
+    rows = [c for c in bridge_cases.values() if c.model.layers == 126 and c.plan.pp > 1]
+    assert len(rows) >= 20
+    for c in rows:
+        stages = c.plan.pp * c.plan.vpp
+        expect = (1,) + (2,) * 62 + (1,) if stages == 64 else (0,) + (1,) * 126 + (0,)
+        assert stages in (64, 128) and tuple(c.plan.stage_layers) == expect, c.id
+        assert any("llama31_405b_pretrain_config account_for_embedding/loss" in a for a in c.assumptions), c.id
