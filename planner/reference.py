@@ -24,7 +24,8 @@ from planner.analytical.flops import megatron_logged_flops_per_token, model_flop
 from planner.model import ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
-from planner.reference_moe import nvidia_moe_settings
+from planner.bridge_recipes import recipe_knobs
+from planner.reference_moe import bridge_recipe_model, nvidia_moe_settings
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
 REFERENCE_FILES = ("measured_runs.yaml", "bridge_runs.yaml", "fsdp_moe_runs.yaml")
@@ -392,6 +393,11 @@ DEEPSEEK_V3_LAYOUTS: dict[tuple[int, int], tuple[str, str]] = {
 # qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config); the perf recipes start from it
 # (perf_recipes/qwen/common.py) and change only pp / vpp.
 _QWEN3_235B = "recipes/qwen/h100/qwen3_moe.py account_for_embedding/loss_in_pipeline_split"
+# Llama-3.1-405B (126 layers): every release's pretrain recipe sets both flags (Megatron-Bridge
+# v0.1.0rc3 src/megatron/bridge/recipes/llama/llama31_405b.py pretrain_config defaults, v0.2.0-v0.5.1
+# recipes/llama/llama3.py llama31_405b_pretrain_config, @067f987 recipes/llama/h100/llama3.py), and
+# the performance configs start from that recipe.
+_LLAMA31_405B = "recipes/llama/h100/llama3.py llama31_405b_pretrain_config account_for_embedding/loss_in_pipeline_split"
 
 
 # Every Llama NVFP4 pretraining config turns Transformer Engine's userbuffer TP overlap off, from
@@ -401,20 +407,41 @@ BRIDGE_NVFP4_NO_TP_OVERLAP = ("Megatron-Bridge v0.3.0 scripts/performance/config
                               f"@{BRIDGE_COMMIT} perf_recipes/llama/*/llama3*.py likewise")
 
 
-def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int) -> tuple[tuple[int, ...], str] | None:
+def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int,
+                         record_id: str = "") -> tuple[tuple[int, ...], str] | None:
     """(layers per virtual stage, where in the Megatron-Bridge source it is set) of the Bridge
-    recipe for this model at pp × vpp, or None where the source sets none we know of."""
+    recipe for this model at pp × vpp, or None where the source sets none we know of. A record of
+    planner/data/bridge_recipe_knobs.yaml takes the layout its own release's recipe sets, where
+    that layout has pp × vpp stages; otherwise the @BRIDGE_COMMIT rules below."""
     key = re.sub(r"[^a-z0-9]", "", model_name.lower())
     if pp == 1:
         return None
+    knobs = recipe_knobs(record_id) if record_id else None
+    # a release whose recipe sets another layout than the record ran: the rules below, said so
+    fallback = "" if knobs is None else f"not {knobs.tag}'s recipe (it sets another layout); "
+    if knobs is not None:
+        text = knobs.value("pipeline_model_parallel_layout")
+        if text:
+            layout = layout_from_string(text)
+            if len(layout) == pp * vpp and sum(layout) == layers:
+                return layout, f"{knobs.tag} {knobs.where('pipeline_model_parallel_layout')} {text!r}"
+        elif knobs.value("pipeline_layout_flags"):
+            try:
+                return (layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True),
+                        f"{knobs.tag} {knobs.where('pipeline_layout_flags')}")
+            except SpecError:
+                return None
     if key.startswith("deepseekv3") and layers == 61 and (pp, vpp) in DEEPSEEK_V3_LAYOUTS:
         text, where = DEEPSEEK_V3_LAYOUTS[(pp, vpp)]
-        return layout_from_string(text), f"{where} {text!r}"
-    if key.startswith("qwen3235ba22b") and layers == 94:
-        try:
-            return layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True), _QWEN3_235B
-        except SpecError:
-            return None
+        return layout_from_string(text), f"{fallback}@{BRIDGE_COMMIT} {where} {text!r}"
+    flagged = {"qwen3235ba22b": (94, _QWEN3_235B), "llama31405b": (126, _LLAMA31_405B)}
+    for prefix, (n_layers, where) in flagged.items():
+        if key.startswith(prefix) and layers == n_layers:
+            try:
+                return (layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True),
+                        f"{fallback}@{BRIDGE_COMMIT} {where}")
+            except SpecError:
+                return None
     return None
 
 
@@ -464,7 +491,7 @@ def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
     if recipe is not None and len(recipe[0]) == pp * vpp and sum(recipe[0]) == model.layers:
         layout, where = recipe
         assumptions.append(f"layout {compress_runs(layout)} layers per virtual stage as the recipe sets it "
-                           f"(Megatron-Bridge@{BRIDGE_COMMIT} {where})")
+                           f"(Megatron-Bridge {where})")
         return None if layout == even_layout(model.layers, pp, vpp) else layout
     if even_layout(model.layers, pp, vpp) is not None:
         return None
@@ -514,7 +541,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                                                          if pp_overlap else ""))
     else:
         vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or vpp_raw or 1)
-    recipe = bridge_recipe_layout(str(r.get("model.name") or ""), model.layers, pp, vpp) if bridge else None
+    recipe = bridge_recipe_layout(str(r.get("model.name") or ""), model.layers, pp, vpp, rid) if bridge else None
     stage_layers = _stage_layers(model, pp, vpp, None, assumptions, recipe)
     if isinstance(stage_layers, str):
         return Skipped(rid, stage_layers)
@@ -599,7 +626,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if bridge and dtype == "nvfp4" and plan.tp_comm_overlap and family_of(model.name) == "Llama-3":
         plan = Plan.model_validate({**plan.model_dump(), "tp_comm_overlap": False})
         assumptions.append(f"no TP comm overlap with NVFP4 ({BRIDGE_NVFP4_NO_TP_OVERLAP})")
-    plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
+    model, plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=not era_2021,
                   hbm_reserve_gib=0.0, **extra)
     system = load_system(preset, gpus)
@@ -624,16 +651,26 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
 
 
 def _with_moe_recipe(r: _Record, model: ModelSpec, plan: Plan, dtype: str, job_extra: dict,
-                     assumptions: list[str]) -> tuple[Plan, dict]:
-    """The routing, dispatcher and all-to-all overlap an NVIDIA MoE benchmark ran with
-    (planner/reference_moe.py), applied to the record's plan and job."""
+                     assumptions: list[str]) -> tuple[ModelSpec, Plan, dict]:
+    """The routing, dispatcher, all-to-all overlap (and for Bridge records with a recipe entry,
+    recompute, TP overlap, token-drop capacity, MTP) an NVIDIA MoE benchmark ran with
+    (planner/reference_moe.py), applied to the record's model, plan and job."""
+    knobs = recipe_knobs(r.id) if r.id.startswith("bridge_") and model.moe is not None else None
+    if knobs is not None:
+        model, model_notes = bridge_recipe_model(knobs, model)
+        assumptions.extend(model_notes)
     update, imbalance, notes = nvidia_moe_settings(
         r.id, model, plan, dtype, str(r.get("system.gpu") or ""), str(r.get("notes") or ""),
         str(r.get("parallel.dispatcher") or ""))
+    if "recompute" in update and r.get("parallel.recompute") is not None:
+        # the record states its recompute: it wins over the recipe
+        update = {k: v for k, v in update.items() if k not in ("recompute", "recompute_modules")}
+    elif "recompute" in update:
+        assumptions[:] = [a for a in assumptions if not a.startswith("no recompute (NeMo/Bridge")]
     assumptions.extend(notes)
     if imbalance is not None:
         job_extra = {**job_extra, "moe_load_imbalance": imbalance}
-    return (Plan.model_validate({**plan.model_dump(), **update}) if update else plan), job_extra
+    return model, (Plan.model_validate({**plan.model_dump(), **update}) if update else plan), job_extra
 
 
 def _data_parallel(rid: str, gpus: int, model_parallel: int) -> int:
@@ -770,7 +807,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     if framework == "DeepSpeed ZeRO-3":
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)
         assumptions.append("DeepSpeed fp16 gradient reduce")
-    plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
+    model, plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     kernels = _kernel_stack(r, framework, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
                   hbm_reserve_gib=0.0, kernels=kernels, **extra)

@@ -15,14 +15,18 @@ Sources, read for facts only:
 - NeMo 2.0 performance scripts (NVIDIA/NeMo @8cfedd7 scripts/performance/llm/, and
   pretrain_grok1_314b.py @5dcb379): only DeepSeek-V3 forces balanced routing; the DGX Cloud
   Grok-1 proxies ran learned routing.
-Older releases of the archived tables may have run other settings: each applied setting is listed
-among the case's assumptions.
+The bridge_runs.yaml rows of DeepSeek-V3 and Qwen3-235B take their knobs from the recipe of their
+own release instead (planner/bridge_recipes.py, planner/data/bridge_recipe_knobs.yaml: the
+dispatcher, the all-to-all overlap, etp, recompute and TP overlap as each release set them); the
+@067f987 rules above remain for a bridge_ record that table does not cover. Each applied setting is
+listed among the case's assumptions with where it was read.
 """
 from __future__ import annotations
 
+from planner.bridge_recipes import RecipeKnobs, recipe_knobs
 from planner.megatron.expressible import a2a_overlap_refusals
 from planner.model import ModelSpec
-from planner.plan import Plan
+from planner.plan import Plan, applicable_recompute_modules
 
 # Busiest expert-parallel rank's rows over the mean with LEARNED dropless routing (aux-loss
 # balanced, as trained), as opposed to forced-balanced benchmark routing. A named physical
@@ -52,6 +56,11 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
         # balancing, no forced routing), so the learned-routing skew applies
         return {}, MOE_IMBALANCE_LEARNED_DROPLESS, [
             f"learned routing (imbalance {MOE_IMBALANCE_LEARNED_DROPLESS:g}; no forced balance outside NVIDIA's benchmarks)"]
+    knobs = recipe_knobs(rid) if rid.startswith("bridge_") else None
+    if knobs is not None:
+        # forced balance and token-drop padded to capacity both run every expert at its share
+        update, recipe_notes = bridge_recipe_plan_updates(knobs, model, plan)
+        return update, 1.0, recipe_notes
     notes_l, gpu_u, disp = notes.lower(), gpu.upper(), dispatcher.lower()
     update, assumptions = {}, []
     dropless = "dropless" in rid or "dropless routing" in notes_l or (
@@ -89,4 +98,105 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
     return update, imbalance, assumptions
 
 
-__all__ = ["MOE_IMBALANCE_LEARNED_DROPLESS", "a2a_overlap_allowed", "nvidia_moe_settings"]
+def _routing_note(knobs: RecipeKnobs) -> str:
+    cf = knobs.value("moe_expert_capacity_factor")
+    if cf is not None and knobs.value("moe_pad_expert_input_to_capacity"):
+        # every expert is padded to its capacity: it runs cf x the balanced share, whatever the router did
+        return (f"token-drop routing, capacity factor {cf:g} padded to capacity "
+                f"({knobs.cite('moe_expert_capacity_factor')})")
+    if knobs.value("moe_router_force_load_balancing"):
+        return f"forced-balanced routing ({knobs.cite('moe_router_force_load_balancing')})"
+    return "routing balance not set by the recipe: balanced assumed"
+
+
+def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan) -> tuple[dict, list[str]]:
+    """(Plan field updates, assumptions) from a bridge record's own-release recipe: token
+    dispatcher, expert all-to-all overlap, expert TP, selective recompute and TP comm overlap, each
+    cited; the knobs the model does not cost yet are listed as such."""
+    update: dict = {}
+    notes = [f"recipe of {knobs.release}: Megatron-Bridge {knobs.tag} ({knobs.commit[:12]}) {knobs.config}",
+             _routing_note(knobs)]
+    if not knobs.layout_matches_record:
+        notes.append(f"the recipe's layout differs from the record ({knobs.mismatch}): record layout kept, "
+                     "recipe knobs applied")
+    elif knobs.mismatch:
+        notes.append(f"recipe variant differs from the record: {knobs.mismatch}")
+    etp = knobs.value("expert_tensor_parallel_size")
+    if etp is not None and plan.tp > 1 and plan.etp != etp:
+        update["etp"] = etp
+        notes.append(f"etp {etp} ({knobs.cite('expert_tensor_parallel_size')})")
+    granularity = knobs.value("recompute_granularity")
+    if granularity == "selective":
+        asked = knobs.value("recompute_modules")
+        applies = applicable_recompute_modules(model)
+        kept = None if asked is None else tuple(m for m in asked if applies.get(m, "unknown") is None)
+        dropped = [] if asked is None else [m for m in asked if m not in (kept or ())]
+        update.update(recompute="selective", recompute_modules=kept or None)
+        notes.append(f"selective recompute of {' '.join(kept) if kept else 'core_attn (Megatron default)'} "
+                     f"({knobs.cite('recompute_modules')})" + (f"; {', '.join(dropped)} does nothing here"
+                                                                if dropped else ""))
+    elif granularity is None and plan.recompute != "none":
+        update.update(recompute="none", recompute_modules=None)
+        notes.append(f"no recompute ({knobs.cite('recompute_granularity')})")
+    if plan.ep > 1:
+        flex = knobs.value("moe_token_dispatcher_type") == "flex"
+        update["moe_dispatcher"] = "deepep" if flex else "alltoall"
+        backend = knobs.value("moe_flex_dispatcher_backend")
+        notes.append(f"flex dispatcher, {backend} ({knobs.cite('moe_flex_dispatcher_backend')})" if flex
+                     else f"alltoall dispatcher ({knobs.cite('moe_token_dispatcher_type')})")
+    if knobs.value("overlap_moe_expert_parallel_comm"):
+        trial = Plan.model_validate({**plan.model_dump(), **update})
+        refused = a2a_overlap_refusals(trial, model)
+        if refused:
+            notes.append(f"expert all-to-all overlap set by the recipe but not applied: {refused[0]}")
+        else:
+            update["moe_a2a_overlap"] = True
+            notes.append(f"expert all-to-all overlap + delayed wgrad ({knobs.cite('overlap_moe_expert_parallel_comm')})")
+    elif plan.moe_a2a_overlap:
+        update["moe_a2a_overlap"] = False
+    tp_overlap = knobs.value("tp_comm_overlap")
+    if plan.tp > 1 and tp_overlap is not None and plan.tp_comm_overlap != bool(tp_overlap):
+        update["tp_comm_overlap"] = bool(tp_overlap)
+        notes.append(f"TP comm overlap {'on' if tp_overlap else 'off'} ({knobs.cite('tp_comm_overlap')})")
+    notes.extend(_uncosted_knobs(knobs))
+    return update, notes
+
+
+def bridge_recipe_model(knobs: RecipeKnobs, model: ModelSpec) -> tuple[ModelSpec, list[str]]:
+    """The model as the recipe ran it: token-drop capacity (25.09) and MTP off where the table
+    says 'w/o MTP' (25.11 GB200)."""
+    notes, update = [], {}
+    cf = knobs.value("moe_expert_capacity_factor")
+    if model.moe is not None and cf is not None and model.moe.capacity_factor != cf:
+        update["moe"] = model.moe.model_copy(update={"capacity_factor": float(cf)})
+    mtp = knobs.value("mtp_num_layers")
+    if mtp is not None and model.mtp_layers != mtp:
+        update["mtp_layers"] = int(mtp)
+        notes.append(f"{mtp} MTP layers ({knobs.where('mtp_num_layers')})")
+    return (model.model_copy(update=update) if update else model), notes
+
+
+def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
+    """The recipe's speed knobs the time model does not cost yet, as assumption texts."""
+    out = []
+    cg = knobs.value("cuda_graph_impl")
+    if cg:
+        scope = knobs.value("cuda_graph_scope")
+        out.append(f"not costed: CUDA graphs {cg}" + (f" scope {'/'.join(scope)}" if scope else "")
+                   + f" ({knobs.cite('cuda_graph_impl')})")
+    if knobs.value("moe_shared_expert_overlap"):
+        out.append(f"not costed: shared-expert overlap ({knobs.cite('moe_shared_expert_overlap')})")
+    for name, text in (("cutedsl_fused_grouped_mlp", "CuTeDSL fused grouped MLP"),
+                       ("fp8_dot_product_attention", "FP8 dot-product attention"),
+                       ("moe_paged_stash", "paged activation stash")):
+        if knobs.value(name):
+            out.append(f"not costed: {text} ({knobs.cite(name)})")
+    rank_cf = knobs.value("moe_expert_rank_capacity_factor")
+    if rank_cf:
+        out.append(f"not costed: expert-rank capacity {rank_cf:g} padding for the CUDA graph "
+                   f"({knobs.cite('moe_expert_rank_capacity_factor')})")
+    return out
+
+
+__all__ = ["MOE_IMBALANCE_LEARNED_DROPLESS", "a2a_overlap_allowed", "bridge_recipe_model", "bridge_recipe_plan_updates",
+           "nvidia_moe_settings"]

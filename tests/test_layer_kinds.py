@@ -4,6 +4,7 @@ reduction against every rank; the per-stage CP-SAT against the brute-force oracl
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pytest
@@ -225,16 +226,18 @@ def test_qwen3_235b_recipe_layout_is_megatrons_account_for_embedding_and_loss():
 
 def test_bridge_moe_rows_run_the_recipes_layouts():
     """Every DeepSeek-V3 / Qwen3-235B Bridge row with a pipeline runs the recipe's layout and cites
-    the source commit; none is left with the balanced-split assumption."""
+    the source (its own release's Bridge tag and commit, or the @067f987 rules where that release's
+    recipe set another layout than the record ran); none is left with the balanced-split assumption."""
     from planner.reference import REFERENCE_DIR, bridge_recipe_layout, load_reference
     cases, _ = load_reference(REFERENCE_DIR / "bridge_runs.yaml")
     moe = [c for c in cases if c.model.moe and c.plan.pp > 1]
     assert len(moe) >= 30
     dsv3 = 0
     for c in moe:
-        layout, _ = bridge_recipe_layout(c.model.name, c.model.layers, c.plan.pp, c.plan.vpp)
+        layout, where = bridge_recipe_layout(c.model.name, c.model.layers, c.plan.pp, c.plan.vpp, c.id)
         assert tuple(c.plan.stage_layers) == layout, c.id
-        assert any("Megatron-Bridge@067f987df03b" in a for a in c.assumptions), c.id
+        assert any(f"Megatron-Bridge {where}" in a for a in c.assumptions), c.id
+        assert re.search(r"^(v0\.\d\.\d\S* [0-9a-f]{12}:|not v0.* @067f987df03b )", where), where
         assert not any("balanced split" in a for a in c.assumptions), c.id
         dsv3 += c.model.layers == 61
     assert dsv3 >= 15

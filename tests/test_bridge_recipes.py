@@ -1,0 +1,170 @@
+"""planner/bridge_recipes.py: the per-release Megatron-Bridge recipe knobs of the bridge_runs.yaml
+MoE records, checked against the Bridge source read by hand, and applied to the reference cases."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hardware.errors import SpecError
+from planner.bridge_recipes import KNOBS_FILE, load_recipe_knobs, recipe_knobs, release_commits
+from planner.reference import REFERENCE_DIR, load_reference
+
+QWEN_2606_GB200 = "bridge_26.06_Qwen3_235B_a22B_DGX-GB200_MXFP8_256gpu_gbs8192"
+QWEN_2604_GB200 = "bridge_26.04_Qwen3_235B_a22B_DGX-GB200_MXFP8_256gpu_gbs8192"
+DSV3_260401_B200 = "bridge_26.04.01_DeepSeekV3_DGX-B200_MXFP8_256gpu_gbs4096"
+DSV3_2509_H100 = "bridge_25.09_DeepSeekV3_DGX-H100_na_1024gpu_gbs8192"
+QWEN_2604_H100 = "bridge_26.04_Qwen3_235B_a22B_DGX-H100_FP8_256gpu_gbs8192"
+
+
+def test_qwen3_gb200_26_06_is_the_full_iteration_recipe():
+    """Megatron-Bridge v0.5.0 (fcbb6031103d) scripts/performance/configs/qwen/
+    qwen3_workload_base_configs.py lines 229-237: QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_FP8_MX_V2 =
+    replace(..._GB200_FP8_CS_V2 [pp 8, ep 32, hybridep], virtual_pipeline_model_parallel_size=3,
+    moe_a2a_overlap=True, cuda_graph_impl="full_iteration", cuda_graph_scope=[],
+    cutedsl_fused_grouped_mlp=True, fp8_dot_product_attention=True)."""
+    k = recipe_knobs(QWEN_2606_GB200, required=True)
+    assert (k.release, k.tag, k.commit[:12]) == ("26.06", "v0.5.0", "fcbb6031103d")
+    assert k.recipe_layout == {"tp": 1, "pp": 8, "vpp": 3, "ep": 32, "gbs": 8192} and k.layout_matches_record
+    assert k.value("moe_token_dispatcher_type") == "flex" and k.value("moe_flex_dispatcher_backend") == "hybridep"
+    assert k.value("overlap_moe_expert_parallel_comm") is True
+    assert k.value("cuda_graph_impl") == "full_iteration" and k.value("cuda_graph_scope") == []
+    assert k.value("cutedsl_fused_grouped_mlp") is True and k.value("fp8_dot_product_attention") is True
+    assert "qwen3_workload_base_configs.py QWEN3_235B_A22B_PRETRAIN_CONFIG_GB200_FP8_MX_V2" in k.where("cutedsl_fused_grouped_mlp")
+    # one release earlier (v0.4.0, same file): vpp 3 already, but no overlap, TE graphs of attn/router/preprocess
+    k0 = recipe_knobs(QWEN_2604_GB200, required=True)
+    assert k0.tag == "v0.4.0" and k0.value("overlap_moe_expert_parallel_comm") is False
+    assert k0.value("cuda_graph_impl") == "transformer_engine" and k0.value("cutedsl_fused_grouped_mlp") is False
+
+
+def test_dsv3_b200_26_04_01_is_the_deepep_pp8_recipe():
+    """Megatron-Bridge v0.4.2 (c810129341a8) scripts/performance/configs/deepseek/
+    deepseek_workload_base_configs.py lines 203-214: DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 =
+    moe_flex_dispatcher_backend="deepep", pp 8, vpp 2, ep 32, moe_a2a_overlap=True,
+    pp_layout="Et*4|(t*4|)*14tmL", cuda_graph_impl="transformer_engine",
+    recompute_modules=["mla_up_proj", "mlp"]; utils/overrides.py lines 230-231 apply the flex backend."""
+    k = recipe_knobs(DSV3_260401_B200, required=True)
+    assert k.tag == "v0.4.2" and k.recipe_layout["pp"] == 8 and k.recipe_layout["vpp"] == 2 and k.recipe_layout["ep"] == 32
+    assert k.value("moe_flex_dispatcher_backend") == "deepep"
+    assert k.value("overlap_moe_expert_parallel_comm") is True and k.value("delay_wgrad_compute") is True
+    assert k.value("recompute_modules") == ["mla_up_proj", "mlp"]
+    assert k.value("pipeline_model_parallel_layout") == "Et*4|(t*4|)*14tmL"
+
+
+def test_dsv3_h100_25_09_is_the_run_script_branch():
+    """Megatron-Bridge v0.1.0rc3 (bf71eba07bae) scripts/performance/run_script.py lines 56-91: on h100
+    enable_deepep (flex), no token drop, A2A_1F1B (overlap_moe_expert_parallel_comm,
+    delay_wgrad_compute, moe_shared_expert_overlap False), recompute_modules
+    ["mla_up_proj", "mlp"], layout "Et|(tt|)*30mL"."""
+    k = recipe_knobs(DSV3_2509_H100, required=True)
+    assert k.tag == "v0.1.0rc3" and k.value("moe_token_dispatcher_type") == "flex"
+    assert k.value("moe_flex_dispatcher_backend") == "deepep" and k.value("moe_expert_capacity_factor") is None
+    assert k.value("overlap_moe_expert_parallel_comm") is True and k.value("moe_shared_expert_overlap") is False
+    assert k.value("recompute_modules") == ["mla_up_proj", "mlp"]
+    assert k.value("pipeline_model_parallel_layout") == "Et|(tt|)*30mL"
+    assert k.where("moe_token_dispatcher_type").startswith("bf71eba07bae:scripts/performance/run_script.py")
+
+
+def test_qwen3_h100_26_04_runs_alltoall_without_tp_overlap():
+    """Megatron-Bridge v0.4.0 (0fbfe7d3e970) scripts/performance/configs/qwen/qwen3_llm_pretrain.py
+    qwen3_235b_a22b_pretrain_config_h100 (def line 151): CommOverlapConfig(tp_comm_overlap=False),
+    moe_token_dispatcher_type = "alltoall" (line 169); QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V2:
+    tp 2, pp 8, vpp 4, ep 32, moe_a2a_overlap=True."""
+    k = recipe_knobs(QWEN_2604_H100, required=True)
+    assert k.value("moe_token_dispatcher_type") == "alltoall" and k.value("tp_comm_overlap") is False
+    assert k.value("overlap_moe_expert_parallel_comm") is True and k.value("expert_tensor_parallel_size") == 1
+
+
+def test_table_covers_exactly_the_moe_bridge_records():
+    """One entry per DeepSeek-V3 / Qwen3-235B record of bridge_runs.yaml, its release the id's, its
+    commit the release's, every knob with a where."""
+    doc = yaml.safe_load((REFERENCE_DIR / "bridge_runs.yaml").read_text())
+    moe_ids = {r["id"] for r in doc["records"] if r["model"].get("moe")}
+    table = load_recipe_knobs()
+    assert set(table) == moe_ids and len(moe_ids) == 36
+    commits = release_commits()
+    for rid, k in table.items():
+        assert rid.split("_")[1] == k.release and commits[k.release] == (k.tag, k.commit), rid
+        assert all(knob.where for knob in k.knobs.values()), rid
+    assert recipe_knobs("bridge_26.04_LLAMA3_70B_DGX-H100_FP8_64gpu_gbs256") is None
+
+
+def _write(tmp_path, entry: dict) -> object:
+    path = tmp_path / "knobs.yaml"
+    path.write_text(yaml.safe_dump({"records": {"bridge_x": entry}}))
+    return path
+
+
+GOOD = {"release": "26.04", "commit": "0" * 40, "tag": "v0.4.0", "config": "c", "recipe_layout":
+        {"tp": 1, "pp": 8, "vpp": 3, "ep": 32}, "layout_matches_record": True, "mismatch": None,
+        "knobs": {"tp_comm_overlap": {"value": False, "where": "here"}}}
+
+
+@pytest.mark.parametrize("bad, words", [
+    ({"knobs": {"tp_comm_overlap": {"value": False, "where": ""}}}, "knobs.tp_comm_overlap"),
+    ({"knobs": {"warp_speed": {"value": 1, "where": "w"}}}, "knobs.warp_speed: unknown knob; allowed:"),
+    ({"commit": "abc"}, "commit: expected 40"),
+    ({"recipe_layout": {"tp": 1}}, "recipe_layout"),
+])
+def test_malformed_entries_are_one_line_errors(tmp_path, bad, words):
+    path = _write(tmp_path, {**GOOD, **bad})
+    with pytest.raises(SpecError) as err:
+        load_recipe_knobs(path)
+    msg = str(err.value)
+    assert "\n" not in msg and "record bridge_x" in msg and words in msg
+
+
+def test_missing_field_and_unknown_record_are_one_line_errors(tmp_path):
+    path = _write(tmp_path, {k: v for k, v in GOOD.items() if k != "tag"})
+    with pytest.raises(SpecError, match=r"record bridge_x: tag: required field is missing$"):
+        load_recipe_knobs(path)
+    assert recipe_knobs("bridge_x", path=_write(tmp_path, GOOD)).value("tp_comm_overlap") is False
+    with pytest.raises(SpecError, match=r"^bridge recipe knobs: no entry for record 'bridge_y'"):
+        recipe_knobs("bridge_y", required=True, path=_write(tmp_path, GOOD))
+    with pytest.raises(SpecError, match="unknown name 'warp'; allowed: "):
+        recipe_knobs("bridge_x", path=_write(tmp_path, GOOD)).value("warp")
+
+
+@pytest.fixture(scope="module")
+def bridge_cases():
+    cases, _ = load_reference(REFERENCE_DIR / "bridge_runs.yaml")
+    return {c.id: c for c in cases}
+
+
+def test_cases_run_their_own_release_recipe(bridge_cases):
+    """The knobs the model costs follow each row's release: the all-to-all overlap arrives for Qwen3
+    GB200 with 26.06 (not before), Qwen3 H100 drops TP overlap and folds experts to etp 1, the
+    25.09 token-drop rows run capacity 1.0, the 25.11 'w/o MTP' rows have no MTP layer, DSV3's
+    selective recompute modules are the recipe's; each cited with its Bridge tag."""
+    c = bridge_cases
+    assert c[QWEN_2606_GB200].plan.moe_a2a_overlap and not c[QWEN_2604_GB200].plan.moe_a2a_overlap
+    assert c[QWEN_2604_GB200].plan.moe_dispatcher == "deepep"
+    h100 = c[QWEN_2604_H100].plan
+    assert (h100.tp_comm_overlap, h100.etp, h100.moe_dispatcher, h100.moe_a2a_overlap) == (False, 1, "alltoall", True)
+    assert c["bridge_25.09_Qwen3_235B_a22B_DGX-B200_na_64gpu_gbs1024"].model.moe.capacity_factor == 1.0
+    assert c["bridge_25.11_DeepSeekV3_DGX-GB200_BF16_256gpu_gbs4096"].model.mtp_layers == 0
+    assert c["bridge_25.11_DeepSeekV3_DGX-B200_FP8-MX_256gpu_gbs2048"].model.mtp_layers == 1
+    b200 = c[DSV3_260401_B200].plan
+    assert (b200.recompute, b200.recompute_modules, b200.moe_dispatcher) == ("selective", ("mla_up_proj", "mlp"), "deepep")
+    notes = c[QWEN_2606_GB200].assumptions
+    assert any(a.startswith("expert all-to-all overlap") and "Megatron-Bridge v0.5.0 fcbb6031103d:" in a for a in notes)
+    assert any(a.startswith("not costed: CuTeDSL fused grouped MLP") for a in notes)
+    assert any(a.startswith("not costed: CUDA graphs full_iteration") for a in notes)
+    assert not any(a.startswith("no recompute (NeMo/Bridge") for a in c[DSV3_260401_B200].assumptions)
+
+
+def test_knobs_file_is_packaged():
+    assert KNOBS_FILE.parent.name == "data" and KNOBS_FILE.read_text().startswith("# What each Megatron-Bridge")
+
+
+def test_llama31_405b_rows_run_the_recipes_account_for_layout(bridge_cases):
+    """Every release's Llama-3.1-405B pretrain recipe sets account_for_embedding/loss_in_pipeline_split
+    (v0.1.0rc3 recipes/llama/llama31_405b.py defaults; @067f987 recipes/llama/h100/llama3.py lines
+    1227-1228): the embedding and the loss each count as a layer, so 126 + 2 = 128 slots split evenly.
+    By hand: 64 virtual stages hold 2 slots each -> [1, 2 x 62, 1]; 128 hold 1 -> [0, 1 x 126, 0]."""
+    rows = [c for c in bridge_cases.values() if c.model.layers == 126 and c.plan.pp > 1]
+    assert len(rows) >= 20
+    for c in rows:
+        stages = c.plan.pp * c.plan.vpp
+        expect = (1,) + (2,) * 62 + (1,) if stages == 64 else (0,) + (1,) * 126 + (0,)
+        assert stages in (64, 128) and tuple(c.plan.stage_layers) == expect, c.id
+        assert any("llama31_405b_pretrain_config account_for_embedding/loss" in a for a in c.assumptions), c.id
