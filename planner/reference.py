@@ -25,7 +25,7 @@ from planner.model import ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
 from planner.bridge_recipes import recipe_knobs
-from planner.reference_moe import bridge_recipe_model, nvidia_moe_settings
+from planner.reference_moe import bridge_recipe_job_updates, bridge_recipe_model, nvidia_moe_settings
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
 REFERENCE_FILES = ("measured_runs.yaml", "bridge_runs.yaml", "fsdp_moe_runs.yaml")
@@ -658,7 +658,9 @@ def _with_moe_recipe(r: _Record, model: ModelSpec, plan: Plan, dtype: str, job_e
     knobs = recipe_knobs(r.id) if r.id.startswith("bridge_") and model.moe is not None else None
     if knobs is not None:
         model, model_notes = bridge_recipe_model(knobs, model)
-        assumptions.extend(model_notes)
+        job_update, job_notes = bridge_recipe_job_updates(knobs, dtype)
+        job_extra = {**job_extra, **job_update}
+        assumptions.extend(model_notes + job_notes)
     update, imbalance, notes = nvidia_moe_settings(
         r.id, model, plan, dtype, str(r.get("system.gpu") or ""), str(r.get("notes") or ""),
         str(r.get("parallel.dispatcher") or ""))

@@ -176,19 +176,34 @@ def bridge_recipe_model(knobs: RecipeKnobs, model: ModelSpec) -> tuple[ModelSpec
     return (model.model_copy(update=update) if update else model), notes
 
 
+def bridge_recipe_job_updates(knobs: RecipeKnobs, dtype: str) -> tuple[dict, list[str]]:
+    """(JobSpec field updates, assumptions) for the recipe's kernel settings the time model costs:
+    full-iteration CUDA graphs, the CuTeDSL (TE op-fuser) grouped MLP, FP8 attention."""
+    update, notes = {}, []
+    if knobs.value("cuda_graph_impl") == "full_iteration":
+        update["full_iteration_cuda_graph"] = True
+        notes.append(f"full-iteration CUDA graph ({knobs.cite('cuda_graph_impl')})")
+    if knobs.value("cutedsl_fused_grouped_mlp"):
+        update["fused_grouped_mlp"] = True
+        notes.append(f"fused grouped MLP, TE op fuser ({knobs.cite('cutedsl_fused_grouped_mlp')})")
+    if knobs.value("fp8_dot_product_attention") and dtype not in ("bf16", "fp16"):
+        update["fp8_attention"] = True
+        notes.append(f"FP8 dot-product attention ({knobs.cite('fp8_dot_product_attention')})")
+    return update, notes
+
+
 def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
-    """The recipe's speed knobs the time model does not cost yet, as assumption texts."""
+    """The recipe's speed knobs the time model does not cost (beyond bridge_recipe_job_updates),
+    as assumption texts."""
     out = []
     cg = knobs.value("cuda_graph_impl")
-    if cg:
+    if cg and cg != "full_iteration":
         scope = knobs.value("cuda_graph_scope")
         out.append(f"not costed: CUDA graphs {cg}" + (f" scope {'/'.join(scope)}" if scope else "")
                    + f" ({knobs.cite('cuda_graph_impl')})")
     if knobs.value("moe_shared_expert_overlap"):
         out.append(f"not costed: shared-expert overlap ({knobs.cite('moe_shared_expert_overlap')})")
-    for name, text in (("cutedsl_fused_grouped_mlp", "CuTeDSL fused grouped MLP"),
-                       ("fp8_dot_product_attention", "FP8 dot-product attention"),
-                       ("moe_paged_stash", "paged activation stash")):
+    for name, text in (("moe_paged_stash", "paged activation stash"),):
         if knobs.value(name):
             out.append(f"not costed: {text} ({knobs.cite(name)})")
     rank_cf = knobs.value("moe_expert_rank_capacity_factor")
@@ -198,5 +213,6 @@ def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
     return out
 
 
-__all__ = ["MOE_IMBALANCE_LEARNED_DROPLESS", "a2a_overlap_allowed", "bridge_recipe_model", "bridge_recipe_plan_updates",
+__all__ = ["MOE_IMBALANCE_LEARNED_DROPLESS", "a2a_overlap_allowed", "bridge_recipe_job_updates", "bridge_recipe_model",
+           "bridge_recipe_plan_updates",
            "nvidia_moe_settings"]

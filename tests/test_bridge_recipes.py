@@ -147,8 +147,14 @@ def test_cases_run_their_own_release_recipe(bridge_cases):
     assert (b200.recompute, b200.recompute_modules, b200.moe_dispatcher) == ("selective", ("mla_up_proj", "mlp"), "deepep")
     notes = c[QWEN_2606_GB200].assumptions
     assert any(a.startswith("expert all-to-all overlap") and "Megatron-Bridge v0.5.0 fcbb6031103d:" in a for a in notes)
-    assert any(a.startswith("not costed: CuTeDSL fused grouped MLP") for a in notes)
-    assert any(a.startswith("not costed: CUDA graphs full_iteration") for a in notes)
+    # the kernel settings the time model costs reach the job, cited
+    job, job0 = c[QWEN_2606_GB200].job, c[QWEN_2604_GB200].job
+    assert (job.full_iteration_cuda_graph, job.fused_grouped_mlp, job.fp8_attention) == (True, True, True)
+    assert (job0.full_iteration_cuda_graph, job0.fused_grouped_mlp, job0.fp8_attention) == (False, False, False)
+    assert any(a.startswith("fused grouped MLP, TE op fuser (Megatron-Bridge v0.5.0") for a in notes)
+    assert any(a.startswith("full-iteration CUDA graph (Megatron-Bridge v0.5.0") for a in notes)
+    assert not any(a.startswith("not costed: CUDA graphs full_iteration") for a in notes)
+    assert any(a.startswith("not costed: CUDA graphs transformer_engine") for a in c[QWEN_2604_GB200].assumptions)
     assert not any(a.startswith("no recompute (NeMo/Bridge") for a in c[DSV3_260401_B200].assumptions)
 
 
