@@ -40,7 +40,7 @@ from planner.analytical import time as tm  # noqa: E402
 from planner import reference_moe  # noqa: E402
 from planner.analytical.layer_kinds import lead_layers  # noqa: E402
 from planner.fit import fit_sharded_dp, prepare  # noqa: E402
-from planner.reference import load_reference  # noqa: E402
+from planner.reference import load_reference, untuned_ladder_step  # noqa: E402
 
 class Row:
     def __init__(self, case):
@@ -66,7 +66,7 @@ def all_rows() -> list[Row]:
     """Every comparable record of the three reference files (planner/reference.py's loader),
     less the DeepSeek-V3 GB200 optimisation ladder's steps before its tuned end state."""
     cases, _ = load_reference()
-    return [Row(c) for c in cases if not ("gb200guide" in c.id and not c.id.endswith("step12"))]
+    return [Row(c) for c in cases if not untuned_ladder_step(c.id, c.source)]
 
 
 PARAMS = {

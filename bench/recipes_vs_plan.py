@@ -17,7 +17,7 @@ import argparse
 import time
 
 from planner.calibration import predict
-from planner.reference import load_reference
+from planner.reference import load_reference, untuned_ladder_step
 from planner.recommend import recommend
 
 
@@ -27,7 +27,7 @@ def distinct_recipes(cases, moe_only: bool):
     for c in cases:
         if c.framework not in ("Megatron-Bridge", "Megatron-Core") or (moe_only and not c.model.moe):
             continue
-        if "gb200guide" in c.id and not c.id.endswith("step12"):
+        if untuned_ladder_step(c.id, c.source):
             continue  # the optimisation ladder: only its tuned end state is a recipe
         key = (c.model.name, c.system.name, c.system.num_gpus, c.job.global_batch, c.job.dtype,
                c.model.seq_length, c.job.moe_load_imbalance)

@@ -18,8 +18,9 @@ import numpy as np
 from planner.analytical import PlanArrays, data_parallel
 from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import memory_breakdown
+from planner.analytical import time as tm
 from planner.analytical.time import step_time
-from planner.reference import RefCase
+from planner.reference import RefCase, untuned_ladder_step
 
 BOUNDS = {"matmul_max": (0.3, 0.98), "matmul_max_fp8": (0.2, 0.98), "matmul_half_dim": (0.0, 1024.0),
           "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0), "layer_overhead_us": (0.0, 2000.0)}
@@ -291,11 +292,39 @@ def fit_sharded_dp(prepared: list[Prepared], params_of=lambda p: None, keep=lamb
     return out
 
 
+# MoE constants (planner.analytical.time.MOE_FITTED_PARAMETERS) and their physical bounds. In
+# sample they come from bench/fsdp_moe_eval.py's grid; LOFO refits them without the family.
+MOE_FITS = (("A2A_OVERLAP_EFFICIENCY", (0.0, 1.0)), ("EXPERT_GEMM_HOST_US", (0.0, 150.0)))
+
+
+def tuned_moe_row(case: RefCase) -> bool:
+    """A MoE run of tuned software: every MoE row but an optimisation ladder's earlier steps."""
+    return case.model.moe is not None and not untuned_ladder_step(case.id, case.source)
+
+
+def fit_moe(prepared: list[Prepared], params_of=lambda p: None, keep=lambda case: True,
+            sweeps: int = 2, iters: int = 10) -> dict[str, float]:
+    """MOE_FITS on the tuned MoE rows that `keep` accepts (coordinate descent, golden section,
+    families weighted equally), each row with efficiency parameters `params_of(row)`."""
+    rows = [p for p in prepared if tuned_moe_row(p.case) and keep(p.case)]
+    values = {name: getattr(tm, name) for name, _ in MOE_FITS}
+    if len(rows) < FIT_ROWS_PER_PARAMETER * len(MOE_FITS):
+        return values
+    for _ in range(sweeps):
+        for name, (lo, hi) in MOE_FITS:
+            def score(x, name=name):
+                with tm.moe_parameters(**{**values, name: x}):
+                    return _family_weighted_log_error(rows, params_of)
+            values[name] = _golden(score, lo, hi, values[name], iters)[0]
+    return values
+
+
 def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict],
                      families: set[str] | None = None) -> dict[str, float]:
     """Case id -> step time predicted with parameters fitted without the case's model family:
     the hardware fit (a family with no fitted rows keeps `full_fit`), then on top of it the
-    torch-stack parameters, then the sharded-DP parameters, each refitted without the family.
+    torch-stack parameters, then the sharded-DP and the MoE parameters, each refitted without the
+    family.
     `families`: only the cases of these (each family is one refit; the others' rows are still
     fitted on)."""
     out = {}
@@ -315,7 +344,10 @@ def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict],
         dp_params = {}
         if any(p.case.plan.zero_stage == 3 for p in members):
             dp_params = fit_sharded_dp(prepared, params_of, lambda c, f=family: c.family != f)
-        with data_parallel.parameters(**dp_params):
+        moe_params = {}
+        if any(p.case.model.moe is not None for p in members):
+            moe_params = fit_moe(prepared, params_of, lambda c, f=family: c.family != f)
+        with data_parallel.parameters(**dp_params), tm.moe_parameters(**moe_params):
             for p in members:
                 out[p.case.id] = p.predict_s(params_of(p))
     return out

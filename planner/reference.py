@@ -293,6 +293,17 @@ def _recompute_modules(text, model: ModelSpec, assumptions: list[str]) -> tuple[
 LADDER_LATER_RECOMPUTE_FROM_ROW = {"megatron_lm_dsv3_gb200_guide": 4}
 
 
+# Optimisation ladders: one layout measured after each software step; only the last step (the
+# tuned end state) is a recipe, the earlier ones measure software the model does not describe.
+LADDER_FINAL_STEP = {"megatron_lm_dsv3_gb200_guide": "step12"}
+
+
+def untuned_ladder_step(case_id: str, source: str) -> bool:
+    """Whether a case is an optimisation ladder's step before its tuned end state."""
+    final = LADDER_FINAL_STEP.get(source)
+    return final is not None and not case_id.endswith(final)
+
+
 def _ladder_recompute_text(r: _Record, assumptions: list[str]) -> str:
     """The record's recompute text, or its "later" set where the ladder row has reached it."""
     text = str(r.get("parallel.recompute") or "")

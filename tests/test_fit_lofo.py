@@ -94,3 +94,22 @@ def test_validate_lofo_prints_both_columns():
     result = runner.invoke(app, ["validate", "--source", "nemo2407", "--summary", "--lofo"])
     assert result.exit_code == 0, result.output
     assert "leave-one-family-out" in result.output and "LOFO mean" in result.output
+
+
+def test_moe_parameters_are_refitted_without_the_family(all_cases):
+    """The MoE constants (all-to-all overlap efficiency, expert host time) follow the rows they are
+    fitted on, and a MoE family's LOFO prediction does not depend on its own measurements."""
+    from planner.analytical import time as tm
+    from planner.fit import fit_moe
+    grok = [c for c in all_cases if c.family == "Grok-1"][:10]  # enough rows to fit both without Qwen3
+    qwen = [c for c in all_cases if c.family == "Qwen3" and c.source.startswith("bridge")][:3]
+    picked = grok + qwen
+    slowed = [dataclasses.replace(c, measured_step_s=1.5 * c.measured_step_s) if c.family == "Qwen3" else c
+              for c in picked]
+    base, moved = prepare(picked), prepare(slowed)
+    assert fit_moe(moved) != fit_moe(base)
+    saved = {n: getattr(tm, n) for n in tm.MOE_FITTED_PARAMETERS}
+    lofo = lofo_predictions(base, fit_all(base), families={"Qwen3"})
+    lofo_moved = lofo_predictions(moved, fit_all(moved), families={"Qwen3"})
+    assert {n: getattr(tm, n) for n in tm.MOE_FITTED_PARAMETERS} == saved  # constants restored
+    assert all(lofo_moved[c.id] == pytest.approx(lofo[c.id], rel=1e-12) for c in qwen)

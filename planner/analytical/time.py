@@ -7,10 +7,12 @@ gradient reduction, optimizer step and offload traffic are added where they are 
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, precision
+from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, named, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
@@ -176,6 +178,16 @@ A2A_BW_EFFICIENCY = 1.0
 # (overlap switched on) predicted 0.760x, measured 0.764x; the ModelZoo "+1f1b overlap" pair
 # predicted 0.684x, measured 0.893x (that pair alone gave 0.3).
 A2A_OVERLAP_EFFICIENCY = 0.9
+# The MoE constants fitted on measured runs (bench/fsdp_moe_eval.py --fit in sample; planner.fit
+# refits them without each family for `planner validate --lofo`).
+MOE_FITTED_PARAMETERS = ("A2A_OVERLAP_EFFICIENCY", "EXPERT_GEMM_HOST_US")
+
+
+def moe_parameters(**values: float):
+    """Context: the model with some MOE_FITTED_PARAMETERS set to `values`."""
+    return named.overridden(sys.modules[__name__], MOE_FITTED_PARAMETERS, values)
+
+
 # Router: fp32 logits, softmax (or sigmoid) + top-k + the aux-loss statistics: ~4 passes over
 # tokens×E fp32 (router.py: TopKRouter.routing).
 ROUTER_PASSES = 4.0
