@@ -30,6 +30,14 @@ def _parsed_yaml(path: str) -> dict:
 
 
 @pytest.fixture(scope="session")
+def reference_accuracy_rows():
+    """planner.calibration.accuracy_rows of every packaged reference case, computed once per test
+    process (~5 s; four modules read it). Read-only: filter or copy, never change a row."""
+    from planner.calibration import accuracy_rows, load_reference  # noqa: PLC0415
+    return accuracy_rows(load_reference()[0])
+
+
+@pytest.fixture(scope="session")
 def gpt3():
     return load_model("gpt3-175b")
 
