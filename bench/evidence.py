@@ -13,9 +13,11 @@ from planner.evidence import EVIDENCE_FILE, table_from_rows
 from planner.reference import load_reference
 
 
-def current_table() -> dict:
+def current_table(rows: list[dict] | None = None) -> dict:
+    """The table from the packaged reference runs; `rows`: their accuracy_rows when the caller
+    has them already (the tests share one computation)."""
     cases, _ = load_reference()
-    rows = accuracy_rows(cases)
+    rows = accuracy_rows(cases) if rows is None else rows
     return table_from_rows(rows, {c.id: c.plan for c in cases}, {c.id: c.model.moe is not None for c in cases})
 
 

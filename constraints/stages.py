@@ -287,7 +287,7 @@ def solve_over_k(problem: StageProblem, budget_s: float = TIME_LIMIT_S) -> Stage
 def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> tuple[Plan | None, StageSolution | None]:
     """The per-stage optimum of `plan`'s layout: under full recompute, the better of k >= 1
     (recompute costs and buffers) and k = 0 (the plan without recompute, whose memory has no
-    recompute buffer), by the solver's objective. (None, None): no per-stage problem."""
+    recompute buffer; not with recompute pinned to full), by the solver's objective. (None, None): no per-stage problem."""
     problem = stage_problem(model, system, job, plan)
     if problem is None:
         return None, None
@@ -300,7 +300,8 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
         sol = replace(better, proven_optimal=alt.proven_optimal, status=alt.status if alt.proven_optimal else better.status,
                       variables=sol.variables + alt.variables, constraints=sol.constraints + alt.constraints,
                       wall_s=sol.wall_s + alt.wall_s)
-    if plan.recompute == "full":
+    # k = 0 is the plan without recompute: not a choice when the user pinned recompute
+    if plan.recompute == "full" and job.pins.get("recompute") != "full":
         plain = plan.model_copy(update={"recompute": "none", "recompute_num_layers": None,
                                         "stage_recompute_layers": None})
         alt = solve_stages(stage_problem(model, system, job, plain))

@@ -44,6 +44,20 @@ def load_accelerator(ref: str) -> Accelerator:
 def load_system(ref: str, num_gpus: int | None = None) -> SystemSpec:
     """Load a system preset or file; `num_gpus` overrides the preset's GPU count."""
     path, label = resolve_preset_or_file(ref, PRESET_DIR, "system")
+    # cached only for a plain int (or none): 8.0 or True hash like 8 or 1 but validate differently
+    if path.resolve().parent == PRESET_DIR.resolve() and (num_gpus is None or type(num_gpus) is int):
+        return _preset_system(path.resolve(), label, num_gpus)
+    return _build_system(path, label, num_gpus)
+
+
+@functools.lru_cache(maxsize=512)
+def _preset_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
+    """A shipped preset at a GPU count, validated once per process (loading the published runs
+    asks for the same few hundred times; SystemSpec is frozen, so one instance serves all)."""
+    return _build_system(path, label, num_gpus)
+
+
+def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     data = _read_spec(path, "system")
     if isinstance(data.get("accelerator"), str):
         data["accelerator"] = load_accelerator(data["accelerator"]).model_dump()

@@ -116,7 +116,9 @@ class Batched:
                               for t, p in zip(self.predict_s(params), self.rows)]))
 
 
-def _golden(f, lo, hi, x0, iters):
+def _golden(f, lo, hi, x0, iters, f_x0=None):
+    """Golden-section minimum of f on [lo, hi] after `iters` steps, or x0 if that is no better.
+    `f_x0`: f(x0) when the caller already has it (coordinate descent: the current score)."""
     g = (math.sqrt(5) - 1) / 2
     a, b = lo, hi
     c, d = b - g * (b - a), a + g * (b - a)
@@ -131,7 +133,7 @@ def _golden(f, lo, hi, x0, iters):
             d = a + g * (b - a)
             fd = f(d)
     best, fbest = (c, fc) if fc < fd else (d, fd)
-    f0 = f(x0)
+    f0 = f(x0) if f_x0 is None else f_x0
     return (best, fbest) if fbest < f0 else (x0, f0)
 
 
@@ -156,7 +158,8 @@ def fit_group(group: str, rows: list[Prepared], inherited: dict | None = None, s
     score = batched.score(params)
     for _ in range(sweeps):
         for n in names:
-            params[n], score = _golden(lambda x, n=n: batched.score({**params, n: x}), *BOUNDS[n], params[n], iters)
+            params[n], score = _golden(lambda x, n=n: batched.score({**params, n: x}), *BOUNDS[n], params[n], iters,
+                                       score)
     return params, score
 
 

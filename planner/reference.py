@@ -10,8 +10,10 @@ reason is kept per record. A malformed field is a one-line SpecError naming the 
 """
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 import yaml
@@ -873,10 +875,32 @@ def load_reference(paths: Path | str | list | tuple | None = None) -> tuple[list
     cases, skipped = [], []
     for path in paths:
         path = Path(path)
-        records, fsdp_schema = load_records(path)
-        bridge = path.name.startswith("bridge")
-        for rec in records:
-            r = _Record(rec)
-            out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
-            (cases if isinstance(out, RefCase) else skipped).append(out)
+        if path.is_file():
+            digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            file_cases, file_skipped = _load_file(str(path), str(path.resolve()), digest)
+        else:
+            file_cases, file_skipped = _read_file(path)  # load_records says what is wrong with it
+        cases += file_cases
+        skipped += file_skipped
     return cases, skipped
+
+
+@lru_cache(maxsize=16)
+def _load_file(path: str, resolved: str, digest: str) -> tuple[tuple[RefCase, ...], tuple[Skipped, ...]]:
+    """One file's cases, read once per process while the file is unchanged (same path, same
+    content: `digest` is its SHA-256): `planner validate`, the fit and the evidence table each load all 574 records, which
+    costs seconds (YAML, a system preset per record). Keyed by the path as given too, so that
+    messages name it as before. Callers get new lists of the same cases, which nothing modifies
+    (variants are made with dataclasses.replace)."""
+    return _read_file(Path(path))
+
+
+def _read_file(path: Path) -> tuple[tuple[RefCase, ...], tuple[Skipped, ...]]:
+    records, fsdp_schema = load_records(path)
+    bridge = path.name.startswith("bridge")
+    cases, skipped = [], []
+    for rec in records:
+        r = _Record(rec)
+        out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
+        (cases if isinstance(out, RefCase) else skipped).append(out)
+    return tuple(cases), tuple(skipped)

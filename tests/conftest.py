@@ -1,6 +1,8 @@
+import functools
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hardware import load_system
 from planner.model import load_model
@@ -12,6 +14,27 @@ from tests.megatron_parser import CheckedBatches
 # repository, when there is one, must equal it (tests/test_reference_loader.py).
 REFERENCE = REFERENCE_DIR / "measured_runs.yaml"
 SHARED_REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+def reference_yaml(path: Path) -> dict:
+    """A reference file's YAML document, parsed once per test process (PyYAML's C parser where it
+    has one; the pure-Python safe_load took ~3 s for the three files, and six tests each re-read
+    them). A new top-level mapping each call; the records inside are shared: deep-copy one
+    before changing it."""
+    return dict(_parsed_yaml(str(Path(path).resolve())))
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed_yaml(path: str) -> dict:
+    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+
+
+@pytest.fixture(scope="session")
+def reference_accuracy_rows():
+    """planner.calibration.accuracy_rows of every packaged reference case, computed once per test
+    process (~5 s; four modules read it). Read-only: filter or copy, never change a row."""
+    from planner.calibration import accuracy_rows, load_reference  # noqa: PLC0415
+    return accuracy_rows(load_reference()[0])
 
 
 @pytest.fixture(scope="session")

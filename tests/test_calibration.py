@@ -1,14 +1,15 @@
 """The calibrated model against the packaged published runs (regression guard)."""
 import pytest
 
-from planner.calibration import accuracy_rows, load_reference, summarize
+from planner.calibration import load_reference, summarize
 
 
 @pytest.fixture(scope="module")
-def rows():
+def rows(reference_accuracy_rows):
     cases, skipped = load_reference()
     assert len(cases) >= 470 and len(cases) + len(skipped) == 224 + 86 + 306
-    return accuracy_rows(cases)
+    assert [r["id"] for r in reference_accuracy_rows] == [c.id for c in cases]
+    return reference_accuracy_rows
 
 
 def test_every_modelled_row_is_predicted(rows):

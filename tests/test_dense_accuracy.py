@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from planner.analytical.time import overlapped_collective_s
-from planner.calibration import accuracy_rows, load_reference, summarize
+from planner.calibration import load_reference, summarize
 
 
 def _exposed(total, window, p, v):
@@ -92,10 +92,11 @@ def test_bridge_llama_nvfp4_runs_without_tp_overlap(cases):
     assert others and all(c.plan.tp_comm_overlap for c in others)
 
 
-def test_fitted_dense_rows_in_sample(cases):
+def test_fitted_dense_rows_in_sample(cases, reference_accuracy_rows):
     """Regression guard at what the calibrated presets give (README, Accuracy: 3.8 % on 222
     rows, 5.5 % before this round), with a small margin."""
-    rows = [r for r in accuracy_rows(list(cases.values())) if r["fitted"]]
+    assert [r["id"] for r in reference_accuracy_rows] == list(cases)  # the rows of these cases
+    rows = [r for r in reference_accuracy_rows if r["fitted"]]
     assert len(rows) == 222 and all(r["kind"] == "dense" for r in rows)
     by_source = summarize(rows, "source")
     assert by_source["all"]["mean_abs_error"] < 0.041

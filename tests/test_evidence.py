@@ -12,12 +12,13 @@ from planner.model import load_model
 from planner.plan import Plan
 
 
-def test_evidence_table_is_current():
+def test_evidence_table_is_current(reference_accuracy_rows):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     from evidence import current_table  # bench/evidence.py
-    assert json.loads(EVIDENCE_FILE.read_text()) == json.loads(json.dumps(current_table())), \
+    table = current_table(reference_accuracy_rows)
+    assert json.loads(EVIDENCE_FILE.read_text()) == json.loads(json.dumps(table)), \
         "stale: run PYTHONPATH=. python bench/evidence.py --write"
 
 

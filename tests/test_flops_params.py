@@ -1,11 +1,10 @@
 """FLOPs and parameter counts against the papers' own formulas and tables."""
 import pytest
-import yaml
 
 from planner.analytical import flops
 from planner.analytical.flops import narayanan_eq3_flops
 from planner.model import ModelSpec, load_model
-from tests.conftest import REFERENCE
+from tests.conftest import REFERENCE, reference_yaml
 
 # Narayanan et al. SC'21 Table 1: (params in billions, layers, hidden, heads)
 TABLE1 = [(1.7, 24, 2304, 24), (3.6, 30, 3072, 32), (7.5, 36, 4096, 32), (18.4, 40, 6144, 48),
@@ -45,7 +44,7 @@ def test_eq3_reproduces_narayanan_34_day_gpt3_estimate(gpt3):
 
 def test_reference_records_param_counts_match():
     """Every dense GPT record in the reference with params_b: our count within 1 %."""
-    records = yaml.safe_load(REFERENCE.read_text())["records"] if REFERENCE.exists() else []
+    records = reference_yaml(REFERENCE)["records"] if REFERENCE.exists() else []
     if not records:
         pytest.skip("shared/reference not beside the repository")
     checked = 0

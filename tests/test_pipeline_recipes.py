@@ -8,13 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hardware import load_system
 from planner.analytical import estimate
 from planner.model import load_model
 from planner.plan import JobSpec, Plan
 from planner.search import plan as search
+from tests.conftest import reference_yaml
 
 REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "bridge_runs.yaml"
 MODELS = {"LLAMA3.1_405B": "llama3.1-405b", "Qwen3_235B_a22B": "qwen3-235b-a22b", "DeepSeekV3": "deepseek-v3"}
@@ -25,7 +25,7 @@ def _recipes():
     if not REFERENCE.is_file():
         pytest.skip(f"{REFERENCE} not found")
     out = {}
-    for r in yaml.safe_load(REFERENCE.read_text())["records"]:
+    for r in reference_yaml(REFERENCE)["records"]:
         name = r["model"]["name"].split(" ")[0]
         p, system = r["parallel"], SYSTEMS.get(r["system"]["gpu"])
         if name not in MODELS or system is None:

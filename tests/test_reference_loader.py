@@ -11,7 +11,7 @@ from hardware.errors import SpecError
 from planner.cli import app
 from planner.reference import (REFERENCE_DIR, REFERENCE_FILES, Skipped, family_of, load_reference, parse_precision,
                                system_preset_for)
-from tests.conftest import SHARED_REFERENCE_DIR, one_line_error
+from tests.conftest import SHARED_REFERENCE_DIR, one_line_error, reference_yaml
 
 runner = CliRunner()
 
@@ -23,7 +23,7 @@ def loaded():
 
 @pytest.fixture(scope="module")
 def records():
-    return {f: yaml.safe_load((REFERENCE_DIR / f).read_text())["records"] for f in REFERENCE_FILES}
+    return {f: reference_yaml(REFERENCE_DIR / f)["records"] for f in REFERENCE_FILES}
 
 
 @pytest.mark.skipif(not SHARED_REFERENCE_DIR.exists(), reason="no shared/reference beside the repository")
@@ -67,7 +67,7 @@ def test_upper_case_fp8_bridge_record_is_fp8_not_bf16(loaded, records):
 
 
 def _write(tmp_path, base_file, rid, mutate):
-    data = yaml.safe_load((REFERENCE_DIR / base_file).read_text())
+    data = reference_yaml(REFERENCE_DIR / base_file)
     rec = copy.deepcopy(next(r for r in data["records"] if r["id"] == rid))
     mutate(rec)
     data["records"] = [rec]

@@ -15,6 +15,7 @@ from planner.model import load_model
 from planner.plan import JobSpec, Plan
 from planner.reference import load_reference
 from planner.reference_moe import MOE_IMBALANCE_LEARNED_DROPLESS, a2a_overlap_allowed, nvidia_moe_settings
+from tests.conftest import reference_yaml
 
 QWEN3 = load_model("qwen3-235b-a22b")
 DSV3 = load_model("deepseek-v3")
@@ -113,9 +114,8 @@ def test_overlap_pays_one_more_microbatch_of_memory_and_saves_time():
 
 
 def _records_with_step_and_tflops():
-    import yaml
     from planner.reference import REFERENCE_DIR  # noqa: PLC0415
-    data = yaml.safe_load((REFERENCE_DIR / "fsdp_moe_runs.yaml").read_text())
+    data = reference_yaml(REFERENCE_DIR / "fsdp_moe_runs.yaml")
     return {r["id"]: r["measured"] for r in data["records"]
             if (r.get("measured") or {}).get("step_time_s") and (r.get("measured") or {}).get("tflops_per_gpu")}
 

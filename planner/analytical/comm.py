@@ -20,14 +20,16 @@ def group_link(system: SystemSpec, size, stride) -> tuple[np.ndarray, np.ndarray
     channel per member it has inside the domain, each through that member's own link (NCCL
     rings over rail-optimised NICs): k members per domain give k× the outer per-GPU bandwidth,
     never more than the inner tier's."""
-    size, stride = np.broadcast_arrays(np.asarray(size, dtype=np.float64), np.asarray(stride, dtype=np.float64))
+    # (size and stride broadcast in the arithmetic; np.minimum/np.maximum are np.clip without its
+    # per-call overhead: the fit calls this ~10^5 times on a few rows each)
+    size, stride = np.asarray(size, dtype=np.float64), np.asarray(stride, dtype=np.float64)
     span = size * stride
     inner = system.network[0]
     bw = np.full(span.shape, inner.bandwidth_bytes_per_s)
     lat = np.full(span.shape, inner.latency_s)
     for prev, tier in zip(system.network[:-1], system.network[1:]):
         crosses = span > prev.domain_gpus
-        members_inside = np.clip(prev.domain_gpus / stride, 1.0, size)
+        members_inside = np.minimum(np.maximum(prev.domain_gpus / stride, 1.0), size)
         bw = np.where(crosses, np.minimum(bw, members_inside * tier.bandwidth_bytes_per_s), bw)
         lat = np.where(crosses, tier.latency_s, lat)
     return bw, lat
