@@ -751,6 +751,10 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         assumptions.append("DeepSpeed fp16 gradient reduce")
     plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     kernels = _kernel_stack(r, framework, assumptions)
+    if framework == "llm-foundry FSDP":
+        # MPT's default loss_fn "fused_crossentropy" (llmfoundry/models/mpt/modeling_mpt.py): the
+        # flash-attn fused cross-entropy on the 16-bit logits; the benchmark YAMLs keep it
+        extra["loss_kernel"] = "flash-attn"
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
                   hbm_reserve_gib=0.0, kernels=kernels, **extra)
     system = load_system(preset, gpus)

@@ -36,6 +36,13 @@ EAGER_SWIGLU_BYTES = 10.0
 FUSED_SWIGLU_BYTES = 6.0
 # GELU (MPT's nn.GELU; squared ReLU alike): one kernel in either mode, read 2 + write 2.
 GELU_BYTES = 4.0
+# Loss over the logits, JobSpec.loss_kernel "flash-attn": the flash-attn package's fused
+# cross-entropy (flash_attn/losses/cross_entropy.py, the xentropy kernel llm-foundry's MPT runs as
+# its default loss_fn "fused_crossentropy", llmfoundry/models/mpt/modeling_mpt.py) works on the
+# 16-bit logits in place of an fp32 copy: forward one read of each logit (the row's max and
+# sum of exponentials, the row held on chip), backward one read and one gradient write.
+FLASH_XENTROPY_FWD_BYTES = 2.0
+FLASH_XENTROPY_BWD_BYTES = 4.0
 
 
 def rms_norm(model: ModelSpec) -> bool:
@@ -59,3 +66,11 @@ def torch_elementwise_bytes(model: ModelSpec, kernels: str) -> tuple[float, floa
     else:
         per_ffn = GELU_BYTES
     return hidden, per_ffn
+
+
+def fused_loss_bytes(loss_kernel: str) -> tuple[float, float] | None:
+    """(forward, backward) bytes per logit element of a fused loss kernel; None for the fp32
+    softmax passes (time.CROSS_ENTROPY_PASSES)."""
+    if loss_kernel == "flash-attn":
+        return FLASH_XENTROPY_FWD_BYTES, FLASH_XENTROPY_BWD_BYTES
+    return None

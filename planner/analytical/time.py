@@ -430,12 +430,19 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
                            np.minimum(np.minimum(tokens, h), model.vocab / t),
                            acc.peak(head_dtype), eff, head_dtype)
     # fp32 cross-entropy over the vocabulary shard: softmax and its gradient make
-    # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
-    ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
-        acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
-    # the backward stays as it was: its gradient kernel is the same in both paths
-    logit_bwd = BACKWARD_FACTOR * (logit_fwd + ce_unfused)
-    logit_fwd = logit_fwd + np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
+    # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits; the backward's gradient kernel
+    # is the same with and without --cross-entropy-loss-fusion. A fused loss kernel on the 16-bit
+    # logits (JobSpec.loss_kernel, kernels.py) moves its own bytes instead.
+    per_logit_byte = tokens * model.vocab / t / (acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
+    fused_loss = kernels.fused_loss_bytes(job.loss_kernel)
+    if fused_loss is None:
+        ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * per_logit_byte
+        ce_fwd = np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
+        ce_bwd = BACKWARD_FACTOR * ce_unfused
+    else:
+        ce_fwd, ce_bwd = fused_loss[0] * per_logit_byte, fused_loss[1] * per_logit_byte
+    logit_bwd = BACKWARD_FACTOR * logit_fwd + ce_bwd
+    logit_fwd = logit_fwd + ce_fwd
     # MTP modules (DeepSeek-V3 §2.2) run on the last stage after the LM head, like it.
     mtp = mtp_fwd_s(model, layer, logit_fwd, system, job, P)
     logit_fwd = logit_fwd + mtp
