@@ -97,13 +97,16 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     te = job.kernels == "te"
     torch_hidden_bytes, torch_ffn_bytes = (0.0, 0.0) if te else kernels.torch_elementwise_bytes(model, job.kernels)
     act_bytes = 2.0 * ELEMENTWISE_PASSES_FFN if te else torch_ffn_bytes
+    # the torch stacks' element-wise bytes are counted kernel by kernel, each a streaming pass
+    # (kernels.STREAMING_HBM_EFFICIENCY); TE's lump keeps the fitted hbm_efficiency
+    elem_hbm = hbm if te else acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
     # The MLP of the repeated layer: the MoE layer of a MoE model, else the dense MLP. A MoE
     # model's leading dense layers are costed as their own kind (layer_kinds, per_layer_terms).
     if model.moe:
         moe = moe_mlp_fwd_s(model, system, job, P)
         mlp_gemm, mlp_elem = moe["gemm"], moe["elementwise"]
     else:
-        mlp_gemm, mlp_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm,
+        mlp_gemm, mlp_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, elem_hbm,
                                              act_bytes)
     gemm = attn_gemm + mlp_gemm
     # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
@@ -123,7 +126,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     topk = model.moe.top_k if model.moe else 1
     # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
-    quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
+    quant_bytes = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t * \
         precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk) / (1 + BACKWARD_FACTOR)
     # Forward pieces that selective recompute reruns (`selective_recompute_s`), per layer of their
     # kind: a dense MLP, a MoE MLP, its parts, MLA's up-projections, one separate norm.
@@ -141,7 +144,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     }
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + eff.layer_overhead_us * 1e-6,
+            "elementwise": elem_bytes / elem_hbm + quant_bytes / hbm + mlp_elem + eff.layer_overhead_us * 1e-6,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
