@@ -181,24 +181,61 @@ def fit_all(prepared: list[Prepared]) -> dict[str, dict]:
 # Their rows are not in the hardware fit above (their kernels are not Transformer Engine's). What
 # they add is fitted on their own rows, after the hardware fit and on top of it, in this order:
 #   attention_max_fa2: FlashAttention-2's in-training ceiling, per fit group (A100; the H100
-#     family, its rows taken at the rated clock). As for GEMMs, the lone kernel measured on an
-#     H100 (0.286, planner/data/h100_attention.csv) is the reference and the curve's
-#     half-efficiency sequence (1110, measured) is kept; the ceiling a training step reaches is
-#     fitted end to end.
+#     family, its rows taken at the rated clock), on the rows that run FlashAttention-2. As for
+#     GEMMs, the lone kernel measured on an H100 (0.286, planner/data/h100_attention.csv) is the
+#     reference and the curve's half-efficiency sequence (1110, measured) is kept; the ceiling a
+#     training step reaches is fitted end to end.
+#   attention_max_triton: MPT's Triton FlashAttention (llm-foundry attn_impl "triton"), on the
+#     rows that ran it (only MPT rows did: independent of the FlashAttention-2 fit).
+#   A kernel ceiling is fitted only where its rows can tell it apart: at least
+#   FIT_ROWS_PER_PARAMETER rows at two or more sequence lengths (at one length the attention
+#   share does not vary, and the ceiling would absorb whatever else those rows miss). Otherwise
+#   it takes the other flash kernel's in-training ceiling where that one was fitted (an
+#   unmeasured flash kernel is taken to be as good as the measured one), else the lone kernel.
 #   sustained_clock_fraction on the Grand Teton H100: the clock its 500 W power limit sustains,
-#     on its rows, with the H100 FlashAttention-2 ceiling fitted before (one coordinate sweep).
-# (field, accelerators whose rows fit it, accelerators that take it, bounds, value when fewer
-# than FIT_ROWS_PER_PARAMETER rows are left: the measured lone kernel / no power cap, companions.)
+#     on its rows, with the H100 ceilings fitted before (one coordinate sweep).
+# (field, accelerators whose rows fit it, accelerators that take it, bounds, fallback candidates
+# in order (a field fitted in this fit for the same accelerators, or a number), companions,
+# which rows fit it.)
 FA2_MEASURED_H100 = 0.286
 FA2_HALF_SEQ_MEASURED = 1110.0
 _H100_FAMILY = ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB")
+_A100S = ("A100-SXM4-80GB", "A100-SXM4-40GB")
+ATTENTION_CEILINGS = ("attention_max_fa2", "attention_max_triton")
+
+
+def _runs_fa2(case: RefCase) -> bool:
+    return not case.job.triton_flash_attention
+
+
+def _runs_triton(case: RefCase) -> bool:
+    return case.job.triton_flash_attention
+
+
+def _any_row(case: RefCase) -> bool:
+    return True
+
+
+_FA2_HALF = {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}
 TORCH_STACK_FITS = (
-    ("attention_max_fa2", ("A100-SXM4-80GB", "A100-SXM4-40GB"), ("A100-SXM4-80GB", "A100-SXM4-40GB"),
-     (0.05, 0.9), FA2_MEASURED_H100, {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}),
-    ("attention_max_fa2", _H100_FAMILY, _H100_FAMILY, (0.05, 0.9), FA2_MEASURED_H100,
-     {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED, "sustained_clock_fraction": 1.0}),
-    ("sustained_clock_fraction", ("H100-GT-96GB",), ("H100-GT-96GB",), (0.5, 1.0), 1.0, {}),
+    ("attention_max_fa2", _A100S, _A100S, (0.05, 0.9), ("attention_max_triton", FA2_MEASURED_H100),
+     _FA2_HALF, _runs_fa2),
+    ("attention_max_fa2", _H100_FAMILY, _H100_FAMILY, (0.05, 0.9), ("attention_max_triton", FA2_MEASURED_H100),
+     {**_FA2_HALF, "sustained_clock_fraction": 1.0}, _runs_fa2),
+    ("attention_max_triton", _A100S, _A100S, (0.05, 0.9), ("attention_max_fa2", FA2_MEASURED_H100), {},
+     _runs_triton),
+    ("attention_max_triton", _H100_FAMILY, _H100_FAMILY, (0.05, 0.9), ("attention_max_fa2", FA2_MEASURED_H100),
+     {}, _runs_triton),
+    ("sustained_clock_fraction", ("H100-GT-96GB",), ("H100-GT-96GB",), (0.5, 1.0), (1.0,), {}, _any_row),
 )
+
+
+def identifiable(name: str, rows: list[Prepared]) -> bool:
+    """Whether `rows` can fit `name` (see above): enough rows, and for a kernel ceiling more than
+    one sequence length among them."""
+    if len(rows) < FIT_ROWS_PER_PARAMETER:
+        return False
+    return name not in ATTENTION_CEILINGS or len({p.case.model.seq_length for p in rows}) >= 2
 
 
 def torch_stack_row(case: RefCase) -> bool:
@@ -209,21 +246,46 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
                     iters: int = 14) -> dict[str, dict]:
     """Accelerator name -> {field: value} of TORCH_STACK_FITS, fitted (mean |log error|, golden
     section) on the torch-stack rows that `keep` accepts, each accelerator's rows predicted with
-    `hardware` (fit group -> parameters). Fewer than FIT_ROWS_PER_PARAMETER rows: the fallback."""
+    `hardware` (fit group -> parameters). A field its rows cannot identify takes its first
+    fallback candidate that this fit did identify (the two flash kernels' rows are disjoint, so
+    one may fall back on the other fitted after it), else the number."""
     out: dict[str, dict] = {}
-    for name, fitted_on, applies_to, bounds, fallback, companions in TORCH_STACK_FITS:
-        rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case)
+    fitted: set[tuple[str, str]] = set()
+    pending = []  # (field, accelerators, candidates) still on a number
+    for name, fitted_on, applies_to, bounds, fallback, companions, row_kind in TORCH_STACK_FITS:
+        if name not in ATTENTION_CEILINGS:  # resolve the ceilings before what depends on them
+            for field, accs, candidates in pending:
+                _resolve(out, fitted, field, accs, candidates)
+            pending = []
+        rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case) and row_kind(p.case)
                 and p.case.system.accelerator.name in fitted_on]
-        value = fallback
-        if len(rows) >= FIT_ROWS_PER_PARAMETER:
+        start = _resolve(out, fitted, None, applies_to, fallback)
+        value = start
+        if identifiable(name, rows):
             def score(x, rows=rows, name=name, companions=companions):
                 return float(np.mean([abs(math.log(p.predict_s(
                     {**hardware.get(p.group, {}), **out.get(p.case.system.accelerator.name, {}), **companions, name: x})
                     / p.case.measured_step_s)) for p in rows]))
-            value = _golden(score, *bounds, fallback, iters)[0]
+            value = _golden(score, *bounds, start, iters)[0]
+            fitted.add((applies_to[0], name))
+        else:
+            pending.append((name, applies_to, fallback))
         for acc in applies_to:
             out.setdefault(acc, {}).update({**companions, name: value})
+    for field, accs, candidates in pending:
+        _resolve(out, fitted, field, accs, candidates)
     return out
+
+
+def _resolve(out: dict, fitted: set, field: str | None, accs, candidates) -> float:
+    """The first candidate that is a number or a field fitted for `accs` in this fit; with `field`,
+    also set it on `accs`."""
+    value = next(out[accs[0]][c] if isinstance(c, str) else c for c in candidates
+                 if not isinstance(c, str) or (accs[0], c) in fitted)
+    if field is not None:
+        for acc in accs:
+            out[acc][field] = value
+    return value
 
 
 def with_torch_stack(p: Prepared, hardware: dict[str, dict], torch_stack: dict[str, dict]) -> dict | None:

@@ -329,6 +329,9 @@ class JobSpec(BaseModel):
     # NVTE_FUSED_ATTN=0 (DGX Cloud v24.11.1's GPT-3 175B and Nemotron-4 340B launch scripts).
     # The torch stacks run FlashAttention-2 either way.
     te_flash_attention: bool = False
+    # The torch stacks' attention kernel: False = FlashAttention-2; True = MPT's Triton
+    # FlashAttention (llm-foundry attn_impl "triton"), with its own ceiling (attention_max_triton).
+    triton_flash_attention: bool = False
     loss_kernel: LossKernel = "fp32"
 
     @model_validator(mode="after")

@@ -72,3 +72,26 @@ def test_model_parallel_comm_widens_the_zero3_prefetch_window():
     without = dpc.dp_comm_exposed_s(groups, np.array([3]), np.array([0]), 2.0, 0.2, 0.4, 1, 1, 4.0,
                                     np.array([True]), overlapped_collective_s)
     assert float(without[0]) > float(got[0])
+
+
+def test_fsdp_shard_grad_op_gathers_in_forward_and_reduces_in_backward_per_layer():
+    """PyTorch FSDP SHARD_GRAD_OP (ZeRO-2 as llm-foundry runs it): per layer a prefetched gather
+    before forward and a reduce-scatter after backward, no backward gather. By hand, 4 layers,
+    stage AG 0.4 s and RS 0.8 s, 2 microbatches of fwd 0.2 s / bwd 0.4 s, s = 0.1: forward
+    0.1 + 3·max(0.1 − 0.05, 0.01) = 0.25, backward 0.2 + 3·max(0.2 − 0.1, 0.02) = 0.5, per
+    microbatch; not hidden: 2 · 4 · (0.1 + 0.2)."""
+    args = (0.8, 0.4, 0.0, 2, 0.2, 0.4, np.array([4.0, 4.0]), np.array([True, False]), 0.1)
+    hidden, exposed = dpc.fsdp_zero2_exposed_s(*args)
+    assert hidden == pytest.approx(2 * (0.25 + 0.5))
+    assert exposed == pytest.approx(2 * 4 * 0.3)
+    # ZeRO-3 on the same numbers adds the backward gather: strictly more
+    assert dpc.zero3_exposed_s(*args)[0] > hidden
+
+
+def test_llm_foundry_shard_grad_op_rows_are_zero2_under_fsdp(cases):
+    """The Large Scale H100 table's 1b and 3b rows ran SHARD_GRAD_OP: ZeRO-2 as PyTorch FSDP
+    runs it (they were read as FULL_SHARD before)."""
+    rows = [c for c in cases if c.framework == "llm-foundry FSDP" and "zero2" in c.id]
+    assert len(rows) == 6
+    assert all((c.plan.zero_stage, c.plan.dp_impl) == (2, "torch-fsdp2") for c in rows)
+    assert all(c.plan.zero_stage == 3 for c in cases if c.framework == "llm-foundry FSDP" and "zero2" not in c.id)

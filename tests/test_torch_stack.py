@@ -14,8 +14,8 @@ from planner.analytical import kernels as K
 from planner.analytical.time import (CROSS_ENTROPY_PASSES, ELEMENTWISE_PASSES_FFN, ELEMENTWISE_PASSES_HIDDEN,
                                      layer_compute_fwd_s, per_layer_terms)
 from planner.calibration import accuracy_rows, load_reference, summarize
-from planner.fit import (FA2_HALF_SEQ_MEASURED, FA2_MEASURED_H100, fit_torch_stack, prepare, torch_stack_row,
-                         with_torch_stack)
+from planner.fit import (FA2_HALF_SEQ_MEASURED, FA2_MEASURED_H100, fit_torch_stack, identifiable, prepare,
+                         torch_stack_row, with_torch_stack)
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
@@ -132,6 +132,47 @@ def test_torchtitan_pipeline_rows_split_the_local_batch(cases):
     assert all(c.job.kernels == "te" for c in cases if c.fit)
 
 
+def test_llm_foundry_rows_name_the_attention_kernel_their_table_ran(cases):
+    """submit_benchmarks.py defaulted to attn_impl triton until the tables' last refresh
+    (5e85bd62); only that refresh's Large Scale H100 table ran FlashAttention-2, for 1b/3b/7b/70b
+    (sweep.py @ 5e85bd62), 13b and 30b staying on triton."""
+    foundry = [c for c in cases if c.framework == "llm-foundry FSDP"]
+    flash2 = {c.id for c in foundry if not c.job.triton_flash_attention}
+    assert len(flash2) == 12 and len(foundry) - len(flash2) == 204
+    assert all(c.system.num_gpus >= 128 and c.model.name in ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")
+               for c in foundry if c.id in flash2)
+    assert all(c.job.triton_flash_attention for c in foundry if c.system.accelerator.name.startswith("A100"))
+    assert not any(c.job.triton_flash_attention for c in cases if c.framework != "llm-foundry FSDP")
+
+
+def test_triton_attention_curve_has_its_own_ceiling_and_fa2s_half_sequence():
+    a100 = load_system("a100-80g", 8).accelerator.efficiency
+    assert a100.attention_curve("triton-flash") == (a100.attention_max_triton, a100.attention_half_seq_fa2)
+    assert a100.attention_curve("torch-eager") == (a100.attention_max_fa2, a100.attention_half_seq_fa2)
+    without = a100.model_copy(update={"attention_max_triton": None})
+    assert without.attention_curve("triton-flash") == without.attention_curve("torch-eager")
+
+
+def test_an_attention_ceiling_needs_rows_at_two_sequence_lengths(cases):
+    """At one sequence length the attention share does not vary, so a kernel ceiling fitted there
+    absorbs whatever else the rows miss: not fitted; the other flash kernel's fitted ceiling is
+    taken instead. Without Llama-3 the H100 family's FlashAttention-2 rows are llm-foundry's 12
+    Large Scale rows, all at 2048 (that fit gave 0.13 and put torchtitan's Llama-3 rows +13 %)."""
+    h100_fa2 = [c for c in cases if torch_stack_row(c) and c.family != "Llama-3" and c.model.moe is None
+                and c.system.accelerator.name.startswith("H") and not c.job.triton_flash_attention]
+    one_length = prepare(h100_fa2)
+    assert len(one_length) == 12 and {p.case.model.seq_length for p in one_length} == {2048}
+    assert not identifiable("attention_max_fa2", one_length)
+    assert identifiable("sustained_clock_fraction", one_length)
+    mixed = prepare([c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("H")
+                     and not c.job.triton_flash_attention and c.model.moe is None])
+    assert identifiable("attention_max_fa2", mixed)
+    triton = [c for c in cases if c.job.triton_flash_attention and c.system.accelerator.name == "H100-SXM5-80GB"]
+    rows = prepare(h100_fa2 + triton[::6])
+    fit = fit_torch_stack(rows, {}, iters=8)["H100-SXM5-80GB"]
+    assert fit["attention_max_fa2"] == fit["attention_max_triton"] != FA2_MEASURED_H100
+
+
 # What the FSDP groups reach in-sample (planner validate --summary), with a small margin so that a
 # regression shows; README "Accuracy against published runs".
 IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.058, "torchtitan FSDP2": 0.113, "Megatron/NeMo": 0.037}
@@ -145,7 +186,8 @@ def test_fsdp_groups_meet_what_was_measured(cases):
 
 def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     """Refitting the torch-stack parameters without MPT: doubling MPT's measured times moves the
-    in-sample A100 FlashAttention-2 ceiling but not the fit made without MPT."""
+    in-sample A100 ceiling of MPT's Triton attention (only MPT rows ran it) but not the fit made
+    without MPT, where the Triton ceiling falls back to the FlashAttention-2 one."""
     a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
     picked = [c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::8]
     assert sum(c.family != "MPT" for c in picked) >= 5 and sum(c.family == "MPT" for c in picked) >= 5
@@ -156,7 +198,10 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     assert fit_torch_stack(base, {}, keep, iters=8) == fit_torch_stack(moved, {}, keep, iters=8)
     full_base, full_moved = fit_torch_stack(base, {}, iters=8), fit_torch_stack(moved, {}, iters=8)
     a100 = "A100-SXM4-80GB"
-    assert full_moved[a100]["attention_max_fa2"] < full_base[a100]["attention_max_fa2"]
+    assert full_moved[a100]["attention_max_triton"] < full_base[a100]["attention_max_triton"]
+    assert full_moved[a100]["attention_max_fa2"] == full_base[a100]["attention_max_fa2"]
+    without = fit_torch_stack(base, {}, keep, iters=8)[a100]
+    assert without["attention_max_triton"] == without["attention_max_fa2"]
     p = base[0]
     assert with_torch_stack(p, {}, full_base)["attention_half_seq_fa2"] == FA2_HALF_SEQ_MEASURED
 

@@ -91,6 +91,20 @@ def prefetched_layers_s(c_l, x_l, layers, contention):
     return c_l + (layers - 1) * np.maximum(c_l - x_l, contention * c_l)
 
 
+def fsdp_zero2_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hide, contention):
+    """PyTorch FSDP's SHARD_GRAD_OP (ZeRO-2 as FSDP runs it, llm-foundry): per layer and
+    microbatch an all-gather before forward and a reduce-scatter after backward, each prefetched
+    behind one layer's window like ZeRO-3's (`prefetched_layers_s`); the parameters stay gathered
+    from forward to backward, so no backward all-gather (torch.distributed.fsdp ShardingStrategy
+    SHARD_GRAD_OP). Megatron's ZeRO-2 (`zero2_exposed_s`) buckets instead."""
+    layers = np.maximum(layers, 1.0)
+    ag_l = param_ag / layers + latency_s
+    rs_l = grad_rs / layers + latency_s
+    fwd = prefetched_layers_s(ag_l, mb_fwd / layers, layers, contention)
+    bwd = prefetched_layers_s(rs_l, mb_bwd / layers, layers, contention)
+    return m * np.where(hide, fwd + bwd, layers * (ag_l + rs_l))
+
+
 def zero3_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hide, contention):
     """ZeRO-3 / FSDP: per layer and microbatch an all-gather before forward, another before
     backward and a reduce-scatter after it; with prefetch each hides behind one layer's window
@@ -129,6 +143,9 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
         ag3 = comm.all_gather_s(weight_bytes, n, bw3, 0.0)
         lat3 = np.where(n > 1, (n - 1) * lat, 0.0)
         z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention)
+        z2 = np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"],
+                      fsdp_zero2_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide,
+                                           contention), z2)
         # a group with nothing to reduce (no experts) issues no collective
         total = total + np.where(grad_bytes + weight_bytes > 0, np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3))), 0.0)
     return total

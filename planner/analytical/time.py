@@ -115,7 +115,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
     chunk = model.seq_length / P.cp
     # cuDNN fused (TE) or FlashAttention-2 (torch stacks; TE with NVTE_FUSED_ATTN=0)
-    attn_max, attn_half = eff.attention_curve("flash-attn" if job.te_flash_attention else job.kernels)
+    attn_max, attn_half = eff.attention_curve("flash-attn" if job.te_flash_attention else
+                                              "triton-flash" if job.triton_flash_attention else job.kernels)
     attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
