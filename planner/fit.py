@@ -295,17 +295,22 @@ def with_torch_stack(p: Prepared, hardware: dict[str, dict], torch_stack: dict[s
 
 
 # --- sharded data parallel (planner/analytical/data_parallel.py) -------------------------------
-# Fitted on the ZeRO-3 rows of each implementation, after the hardware and torch-stack fits and
-# on top of them: FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry /
-# Megatron-FSDP rows; the two DeepSpeed ZeRO-3 parameters jointly on the DeepSpeed rows (the only
-# ones: Narayanan et al. SC'21 Table 2, all GPT): 2 parameters on 6 rows, below the hardware fit's
-# one per FIT_ROWS_PER_PARAMETER, accepted because the rows fall in two regimes that each set
-# one of them (the 4 gather-bound rows at mb 1-2 the bandwidth, the 2 at mb 4 the contention).
-# With fewer than FIT_ROWS_PER_PARAMETER rows (a
-# DeepSpeed fit without GPT) nothing is known of that implementation: the NCCL ring (efficiency
-# 1) with the NCCL FSDP contention just fitted.
-def nccl_fsdp_row(case: RefCase) -> bool:
-    return case.plan.zero_stage == 3 and case.plan.dp_impl != "deepspeed" and case.model.moe is None
+# Fitted on the sharded rows of each implementation, after the hardware and torch-stack fits and
+# on top of them: FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP rows (torchtitan, llm-foundry;
+# ZeRO-3 and FSDP's ZeRO-2, the same per-layer schedule), MEGATRON_FSDP_COMPUTE_CONTENTION on the
+# dense Megatron-FSDP rows; the two DeepSpeed ZeRO-3 parameters jointly on the DeepSpeed rows (the
+# only ones: Narayanan et al. SC'21 Table 2, all GPT): 2 parameters on 6 rows, below the hardware
+# fit's one per FIT_ROWS_PER_PARAMETER, accepted because the rows fall in two regimes that each
+# set one of them (the 4 gather-bound rows at mb 1-2 the bandwidth, the 2 at mb 4 the
+# contention). With fewer than FIT_ROWS_PER_PARAMETER rows of an implementation (Megatron-FSDP
+# without Llama-3, DeepSpeed without GPT) nothing is known of it: the NCCL ring (efficiency 1)
+# with the PyTorch FSDP contention just fitted.
+def torch_fsdp_row(case: RefCase) -> bool:
+    return case.plan.zero_stage >= 2 and case.plan.dp_impl == "torch-fsdp2" and case.model.moe is None
+
+
+def megatron_fsdp_row(case: RefCase) -> bool:
+    return case.plan.zero_stage == 3 and case.plan.dp_impl == "megatron" and case.model.moe is None
 
 
 def deepspeed_row(case: RefCase) -> bool:
@@ -314,7 +319,8 @@ def deepspeed_row(case: RefCase) -> bool:
 
 # (parameters fitted together, rows, bounds of each)
 SHARDED_DP_FITS = (
-    (("FSDP_COMPUTE_CONTENTION",), nccl_fsdp_row, ((0.0, 1.0),)),
+    (("FSDP_COMPUTE_CONTENTION",), torch_fsdp_row, ((0.0, 1.0),)),
+    (("MEGATRON_FSDP_COMPUTE_CONTENTION",), megatron_fsdp_row, ((0.0, 1.0),)),
     (("DEEPSPEED_ZERO3_BW_EFFICIENCY", "DEEPSPEED_ZERO3_COMPUTE_CONTENTION"), deepspeed_row, ((0.03, 1.0), (0.0, 1.0))),
 )
 
@@ -338,8 +344,9 @@ def fit_sharded_dp(prepared: list[Prepared], params_of=lambda p: None, keep=lamb
         if len(rows) < FIT_ROWS_PER_PARAMETER:
             # nothing measured of this implementation: the NCCL ring, no contention beyond the
             # NCCL FSDP rows' (none if those are missing too)
-            unknown = {"FSDP_COMPUTE_CONTENTION": 0.0, "DEEPSPEED_ZERO3_BW_EFFICIENCY": 1.0,
-                       "DEEPSPEED_ZERO3_COMPUTE_CONTENTION": out.get("FSDP_COMPUTE_CONTENTION", 0.0)}
+            known = out.get("FSDP_COMPUTE_CONTENTION", 0.0)
+            unknown = {"FSDP_COMPUTE_CONTENTION": 0.0, "MEGATRON_FSDP_COMPUTE_CONTENTION": known,
+                       "DEEPSPEED_ZERO3_BW_EFFICIENCY": 1.0, "DEEPSPEED_ZERO3_COMPUTE_CONTENTION": known}
             out.update({n: unknown[n] for n in names})
             continue
         values = {n: getattr(data_parallel, n) for n in names}

@@ -57,9 +57,9 @@ def test_model_parallel_comm_widens_the_zero3_prefetch_window():
     """dp_comm_exposed_s with a microbatch's TP/EP communication on other links (mp_fwd, mp_bwd)
     = zero3_exposed_s over the windows compute + that communication. One group: AG 0.4 s, RS
     0.8 s per stage, 4 layers, 2 microbatches, fwd 0.2 s + 0.1 s comm, bwd 0.4 s + 0.2 s comm,
-    s = FSDP contention. By hand (x_f = 0.075, x_b = 0.15 per layer): fwd 0.1 + 3·max(0.025, 0.1s),
-    bwd 0.3 + 3·max(0.15, 0.3s)."""
-    s = dpc.FSDP_COMPUTE_CONTENTION
+    s = the implementation's contention (Megatron-FSDP for dp_impl 0, PyTorch FSDP for 1). By hand
+    (x_f = 0.075, x_b = 0.15 per layer): fwd 0.1 + 3·max(0.025, 0.1s), bwd 0.3 + 3·max(0.15, 0.3s)."""
+    s = dpc.MEGATRON_FSDP_COMPUTE_CONTENTION
     n = 8.0
     # ring volumes that give AG 0.4 s and RS 0.8 s at 100 GB/s over 8 ranks
     ag_bytes = 0.4 * 100e9 * n / (n - 1)
@@ -72,6 +72,12 @@ def test_model_parallel_comm_widens_the_zero3_prefetch_window():
     without = dpc.dp_comm_exposed_s(groups, np.array([3]), np.array([0]), 2.0, 0.2, 0.4, 1, 1, 4.0,
                                     np.array([True]), overlapped_collective_s)
     assert float(without[0]) > float(got[0])
+    s = dpc.FSDP_COMPUTE_CONTENTION
+    torch_fsdp = dpc.dp_comm_exposed_s(groups, np.array([3]), np.array([1]), 2.0, 0.2, 0.4, 1, 1, 4.0,
+                                       np.array([True]), overlapped_collective_s, 0.1, 0.2)
+    fwd = 0.1 + 3 * max(0.1 - 0.075, s * 0.1)
+    bwd = 0.3 + 3 * max(0.3 - 0.15, s * 0.3)
+    assert float(torch_fsdp[0]) == pytest.approx(2 * (fwd + bwd))
 
 
 def test_fsdp_shard_grad_op_gathers_in_forward_and_reduces_in_backward_per_layer():

@@ -175,7 +175,7 @@ def test_an_attention_ceiling_needs_rows_at_two_sequence_lengths(cases):
 
 # What the FSDP groups reach in-sample (planner validate --summary), with a small margin so that a
 # regression shows; README "Accuracy against published runs".
-IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.058, "torchtitan FSDP2": 0.113, "Megatron/NeMo": 0.037}
+IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.057, "torchtitan FSDP2": 0.108, "Megatron/NeMo": 0.037}
 
 
 def test_fsdp_groups_meet_what_was_measured(cases):

@@ -42,19 +42,27 @@ from planner.plan import DP_IMPL_CODES
 # NCCL kernels' SMs, its buffer copies' HBM traffic), per implementation: a layer of compute x
 # with its prefetched collective c takes max(c, x + s·c). Fitted by bench/fsdp_moe_eval.py --fit
 # (planner/fit.py fit_sharded_dp; `planner validate --lofo` refits them without each family):
-# FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry / Megatron-FSDP rows (0.106 after the dense refit of 2026-11-23),
+# FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP rows (torchtitan FSDP2, llm-foundry FSDP:
+# their all-gathers copy the shards in and out of a flat buffer and their reduce-scatters
+# chunk-concatenate the gradients, copies beside compute), MEGATRON_FSDP_COMPUTE_CONTENTION on
+# the dense Megatron-FSDP rows (persistent contiguous buffers, no copy-in/copy-out), each on its
+# implementation's own rows since the refit of 2026-11-23 (one shared value was 0.106; alone
+# the PyTorch rows took 0.34 after their loss and attention kernels were corrected, which put the
+# Megatron-FSDP rows from 6.3 to 9.8 %);
 # DEEPSPEED_ZERO3_* on the 6 DeepSpeed ZeRO-3 rows of Narayanan et al. SC'21 Table 2, whose
 # step time does not shrink from mb 2 to mb 1 (768 -> 1536 GPUs: 66.75 s both; 1120 -> 2240:
 # 180 -> 184 s), i.e. those steps are gather-bound (c > x: the bandwidth efficiency), while at
 # mb 4 the step exceeds both compute and gathers (x + s·c: the contention). Fitted 0.111, 0.486.
-FSDP_COMPUTE_CONTENTION = 0.106
+FSDP_COMPUTE_CONTENTION = 0.358
+MEGATRON_FSDP_COMPUTE_CONTENTION = 0.001
 DEEPSPEED_ZERO3_COMPUTE_CONTENTION = 0.486
 # DeepSpeed ZeRO-3's achieved fraction of ring bandwidth for its per-layer gathers / reduces.
 DEEPSPEED_ZERO3_BW_EFFICIENCY = 0.11
 
 
 # The named parameters above, by name (planner/fit.py refits them, leave-one-family-out included).
-FITTED_PARAMETERS = ("FSDP_COMPUTE_CONTENTION", "DEEPSPEED_ZERO3_BW_EFFICIENCY", "DEEPSPEED_ZERO3_COMPUTE_CONTENTION")
+FITTED_PARAMETERS = ("FSDP_COMPUTE_CONTENTION", "MEGATRON_FSDP_COMPUTE_CONTENTION", "DEEPSPEED_ZERO3_BW_EFFICIENCY",
+                     "DEEPSPEED_ZERO3_COMPUTE_CONTENTION")
 
 
 @contextmanager
@@ -127,7 +135,9 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     a microbatch's model-parallel communication on other links than the DP collectives, which
     ZeRO-3's per-layer prefetch also hides behind."""
     deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
-    contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION, FSDP_COMPUTE_CONTENTION)
+    contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION,
+                          np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"], FSDP_COMPUTE_CONTENTION,
+                                   MEGATRON_FSDP_COMPUTE_CONTENTION))
     total = 0.0
     for grad_bytes, weight_bytes, n, bw, lat in groups:
         bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
