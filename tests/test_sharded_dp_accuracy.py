@@ -11,10 +11,10 @@ from planner.analytical.time import overlapped_collective_s
 from planner.calibration import accuracy_rows, predict
 from planner.reference import load_reference
 
-# mean |error| measured 2026-11-23 (planner validate --json) plus a small margin; Megatron-FSDP
-# 6.7 % since the loader reads the ModelZoo Qwen3's 128-wide heads (its MoE row +3.9 -> +14.3 %)
-GROUP_MEAN_ABS_ERROR = {"DeepSpeed ZeRO-3": 0.045, "Megatron-FSDP": 0.070, "torchtitan FSDP2": 0.115,
-                        "llm-foundry FSDP": 0.060}
+# mean |error| measured 2026-11-23 (planner validate --json) plus a small margin: after the FSDP/
+# dense round DeepSpeed 4.0 %, Megatron-FSDP 5.3 %, torchtitan 10.1 %, llm-foundry 5.6 %
+GROUP_MEAN_ABS_ERROR = {"DeepSpeed ZeRO-3": 0.045, "Megatron-FSDP": 0.058, "torchtitan FSDP2": 0.106,
+                        "llm-foundry FSDP": 0.061}
 
 
 @pytest.fixture(scope="module")

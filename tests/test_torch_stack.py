@@ -175,13 +175,16 @@ def test_an_attention_ceiling_needs_rows_at_two_sequence_lengths(cases):
 
 # What the FSDP groups reach in-sample (planner validate --summary), with a small margin so that a
 # regression shows; README "Accuracy against published runs".
-IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.057, "torchtitan FSDP2": 0.108, "Megatron/NeMo": 0.037}
+IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.057, "torchtitan FSDP2": 0.101, "Megatron/NeMo": 0.037}
 
 
 def test_fsdp_groups_meet_what_was_measured(cases):
-    by = summarize(accuracy_rows(cases), "framework")
+    rows = accuracy_rows(cases)
+    by = summarize(rows, "framework")
     for framework, mean in IN_SAMPLE_MEAN.items():
         assert by[framework]["mean_abs_error"] <= mean + 0.005, framework
+    # issue 9's dense goal, in-sample: 4.96 % measured (was 6.1 % before the FSDP/dense round)
+    assert summarize(rows, "kind")["dense"]["mean_abs_error"] <= 0.050
 
 
 def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
@@ -208,11 +211,11 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
 
 def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     """MPT (all llm-foundry rows) has no fitted hardware rows, so its LOFO prediction is the presets'
-    hardware with the torch-stack parameters refitted on the torchtitan rows only
-    (`planner validate --lofo`: 8.9 %; 8.3 % before the dense round refitted the A100 and H100
-    hardware, README)."""
+    hardware with the torch-stack parameters refitted on the torchtitan rows only (9.5 % here
+    and in `planner validate --lofo`, README: without MPT, MPT's Triton attention takes the
+    FlashAttention-2 ceiling, faster than what the Triton rows show in-sample)."""
     torch_rows = prepare([c for c in cases if torch_stack_row(c)])
     without = fit_torch_stack(torch_rows, {}, lambda c: c.family != "MPT")
     errs = [abs(p.predict_s(with_torch_stack(p, {}, without)) / p.case.measured_step_s - 1)
             for p in torch_rows if p.case.family == "MPT"]
-    assert len(errs) == 216 and np.mean(errs) <= 0.089 + 0.005
+    assert len(errs) == 216 and np.mean(errs) <= 0.096 + 0.005
