@@ -11,7 +11,8 @@ Parameters fitted (module constants, physical meaning in their comments):
   planner.analytical.time.A2A_BW_EFFICIENCY, planner.analytical.time.A2A_OVERLAP_EFFICIENCY,
   planner.analytical.time.EXPERT_GEMM_HOST_US (jointly with the all-to-all efficiency),
   planner.reference_moe.MOE_IMBALANCE_LEARNED_DROPLESS (rows with learned dropless routing),
-  planner.analytical.data_parallel.FSDP_COMPUTE_CONTENTION (FSDP2, llm-foundry, Megatron-FSDP rows),
+  planner.analytical.data_parallel.FSDP_COMPUTE_CONTENTION (torchtitan FSDP2, llm-foundry rows),
+  planner.analytical.data_parallel.MEGATRON_FSDP_COMPUTE_CONTENTION (Megatron-FSDP rows),
   planner.analytical.data_parallel.DEEPSPEED_ZERO3_BW_EFFICIENCY and
   DEEPSPEED_ZERO3_COMPUTE_CONTENTION (the DeepSpeed ZeRO-3 rows, jointly).
 Leave-one-family-out: each MoE family is predicted with the MoE parameters fitted without it.
@@ -75,6 +76,7 @@ PARAMS = {
     (tm, "A2A_OVERLAP_EFFICIENCY"): (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
     (tm, "EXPERT_GEMM_HOST_US"): (30.0, 40.0, 50.0, 60.0, 70.0),
     (data_parallel, "FSDP_COMPUTE_CONTENTION"): (),  # fitted by planner.fit.fit_sharded_dp
+    (data_parallel, "MEGATRON_FSDP_COMPUTE_CONTENTION"): (),
     (data_parallel, "DEEPSPEED_ZERO3_BW_EFFICIENCY"): (),
     (data_parallel, "DEEPSPEED_ZERO3_COMPUTE_CONTENTION"): (),
 }
@@ -188,7 +190,7 @@ def main() -> None:
         fitted = {}
         for group, keys in GROUP_PARAMS.items():
             fitted.update(fit([r for r in rows if r.group == group], keys))
-        dp = fit_sharded_dp(prepare([r.case for r in rows if r.case.plan.zero_stage == 3]))
+        dp = fit_sharded_dp(prepare([r.case for r in rows if r.case.plan.zero_stage >= 2]))
         for name, value in dp.items():
             setattr(data_parallel, name, value)
         fitted.update({name: round(value, 3) for name, value in dp.items()})

@@ -49,6 +49,11 @@ class ComputeEfficiency(_Strict):
     # fused curve above (no separate measurement for this accelerator).
     attention_max_fa2: float | None = Field(default=None, gt=0, le=1)
     attention_half_seq_fa2: float | None = Field(default=None, ge=0)
+    # MPT's Triton FlashAttention (llm-foundry attn_impl "triton", llmfoundry/models/layers/
+    # flash_attn_triton.py, a port of the 2022 Triton tutorial kernel), what llm-foundry's
+    # benchmark tables ran by default before 2024: its own in-training ceiling, with FA2's
+    # half-efficiency sequence. None = FlashAttention-2's curve (no rows of it measured).
+    attention_max_triton: float | None = Field(default=None, gt=0, le=1)
     # Sustained SM clock under the system's power limit, as a fraction of the clock the peaks
     # assume: a GPU capped below its rated board power (Meta's Grand Teton H100 at 500 W instead
     # of 700 W) lowers its clock under dense GEMM load. Scales GEMM and attention time, not
@@ -69,7 +74,10 @@ class ComputeEfficiency(_Strict):
     def attention_curve(self, kernels: str) -> tuple[float, float]:
         """(ceiling, half-efficiency sequence) of the attention kernel a kernel stack runs:
         Transformer Engine's fused (cuDNN) attention ("te"), or FlashAttention-2 for the torch
-        stacks and for "flash-attn" (TE's flash-attn backend)."""
+        stacks and for "flash-attn" (TE's flash-attn backend), MPT's Triton kernel for
+        "triton-flash" where this accelerator has its ceiling (else FlashAttention-2's)."""
+        if kernels == "triton-flash" and self.attention_max_triton is not None:
+            return self.attention_max_triton, self.attention_curve("flash-attn")[1]
         if kernels != "te" and self.attention_max_fa2 is not None:
             half = self.attention_half_seq if self.attention_half_seq_fa2 is None else self.attention_half_seq_fa2
             return self.attention_max_fa2, half

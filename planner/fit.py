@@ -185,24 +185,61 @@ def fit_all(prepared: list[Prepared]) -> dict[str, dict]:
 # Their rows are not in the hardware fit above (their kernels are not Transformer Engine's). What
 # they add is fitted on their own rows, after the hardware fit and on top of it, in this order:
 #   attention_max_fa2: FlashAttention-2's in-training ceiling, per fit group (A100; the H100
-#     family, its rows taken at the rated clock). As for GEMMs, the lone kernel measured on an
-#     H100 (0.286, planner/data/h100_attention.csv) is the reference and the curve's
-#     half-efficiency sequence (1110, measured) is kept; the ceiling a training step reaches is
-#     fitted end to end.
+#     family, its rows taken at the rated clock), on the rows that run FlashAttention-2. As for
+#     GEMMs, the lone kernel measured on an H100 (0.286, planner/data/h100_attention.csv) is the
+#     reference and the curve's half-efficiency sequence (1110, measured) is kept; the ceiling a
+#     training step reaches is fitted end to end.
+#   attention_max_triton: MPT's Triton FlashAttention (llm-foundry attn_impl "triton"), on the
+#     rows that ran it (only MPT rows did: independent of the FlashAttention-2 fit).
+#   A kernel ceiling is fitted only where its rows can tell it apart: at least
+#   FIT_ROWS_PER_PARAMETER rows at two or more sequence lengths (at one length the attention
+#   share does not vary, and the ceiling would absorb whatever else those rows miss). Otherwise
+#   it takes the other flash kernel's in-training ceiling where that one was fitted (an
+#   unmeasured flash kernel is taken to be as good as the measured one), else the lone kernel.
 #   sustained_clock_fraction on the Grand Teton H100: the clock its 500 W power limit sustains,
-#     on its rows, with the H100 FlashAttention-2 ceiling fitted before (one coordinate sweep).
-# (field, accelerators whose rows fit it, accelerators that take it, bounds, value when fewer
-# than FIT_ROWS_PER_PARAMETER rows are left: the measured lone kernel / no power cap, companions.)
+#     on its rows, with the H100 ceilings fitted before (one coordinate sweep).
+# (field, accelerators whose rows fit it, accelerators that take it, bounds, fallback candidates
+# in order (a field fitted in this fit for the same accelerators, or a number), companions,
+# which rows fit it.)
 FA2_MEASURED_H100 = 0.286
 FA2_HALF_SEQ_MEASURED = 1110.0
 _H100_FAMILY = ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB")
+_A100S = ("A100-SXM4-80GB", "A100-SXM4-40GB")
+ATTENTION_CEILINGS = ("attention_max_fa2", "attention_max_triton")
+
+
+def _runs_fa2(case: RefCase) -> bool:
+    return not case.job.triton_flash_attention
+
+
+def _runs_triton(case: RefCase) -> bool:
+    return case.job.triton_flash_attention
+
+
+def _any_row(case: RefCase) -> bool:
+    return True
+
+
+_FA2_HALF = {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}
 TORCH_STACK_FITS = (
-    ("attention_max_fa2", ("A100-SXM4-80GB", "A100-SXM4-40GB"), ("A100-SXM4-80GB", "A100-SXM4-40GB"),
-     (0.05, 0.9), FA2_MEASURED_H100, {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED}),
-    ("attention_max_fa2", _H100_FAMILY, _H100_FAMILY, (0.05, 0.9), FA2_MEASURED_H100,
-     {"attention_half_seq_fa2": FA2_HALF_SEQ_MEASURED, "sustained_clock_fraction": 1.0}),
-    ("sustained_clock_fraction", ("H100-GT-96GB",), ("H100-GT-96GB",), (0.5, 1.0), 1.0, {}),
+    ("attention_max_fa2", _A100S, _A100S, (0.05, 0.9), ("attention_max_triton", FA2_MEASURED_H100),
+     _FA2_HALF, _runs_fa2),
+    ("attention_max_fa2", _H100_FAMILY, _H100_FAMILY, (0.05, 0.9), ("attention_max_triton", FA2_MEASURED_H100),
+     {**_FA2_HALF, "sustained_clock_fraction": 1.0}, _runs_fa2),
+    ("attention_max_triton", _A100S, _A100S, (0.05, 0.9), ("attention_max_fa2", FA2_MEASURED_H100), {},
+     _runs_triton),
+    ("attention_max_triton", _H100_FAMILY, _H100_FAMILY, (0.05, 0.9), ("attention_max_fa2", FA2_MEASURED_H100),
+     {}, _runs_triton),
+    ("sustained_clock_fraction", ("H100-GT-96GB",), ("H100-GT-96GB",), (0.5, 1.0), (1.0,), {}, _any_row),
 )
+
+
+def identifiable(name: str, rows: list[Prepared]) -> bool:
+    """Whether `rows` can fit `name` (see above): enough rows, and for a kernel ceiling more than
+    one sequence length among them."""
+    if len(rows) < FIT_ROWS_PER_PARAMETER:
+        return False
+    return name not in ATTENTION_CEILINGS or len({p.case.model.seq_length for p in rows}) >= 2
 
 
 def torch_stack_row(case: RefCase) -> bool:
@@ -213,21 +250,46 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
                     iters: int = 14) -> dict[str, dict]:
     """Accelerator name -> {field: value} of TORCH_STACK_FITS, fitted (mean |log error|, golden
     section) on the torch-stack rows that `keep` accepts, each accelerator's rows predicted with
-    `hardware` (fit group -> parameters). Fewer than FIT_ROWS_PER_PARAMETER rows: the fallback."""
+    `hardware` (fit group -> parameters). A field its rows cannot identify takes its first
+    fallback candidate that this fit did identify (the two flash kernels' rows are disjoint, so
+    one may fall back on the other fitted after it), else the number."""
     out: dict[str, dict] = {}
-    for name, fitted_on, applies_to, bounds, fallback, companions in TORCH_STACK_FITS:
-        rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case)
+    fitted: set[tuple[str, str]] = set()
+    pending = []  # (field, accelerators, candidates) still on a number
+    for name, fitted_on, applies_to, bounds, fallback, companions, row_kind in TORCH_STACK_FITS:
+        if name not in ATTENTION_CEILINGS:  # resolve the ceilings before what depends on them
+            for field, accs, candidates in pending:
+                _resolve(out, fitted, field, accs, candidates)
+            pending = []
+        rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case) and row_kind(p.case)
                 and p.case.system.accelerator.name in fitted_on]
-        value = fallback
-        if len(rows) >= FIT_ROWS_PER_PARAMETER:
+        start = _resolve(out, fitted, None, applies_to, fallback)
+        value = start
+        if identifiable(name, rows):
             def score(x, rows=rows, name=name, companions=companions):
                 return float(np.mean([abs(math.log(p.predict_s(
                     {**hardware.get(p.group, {}), **out.get(p.case.system.accelerator.name, {}), **companions, name: x})
                     / p.case.measured_step_s)) for p in rows]))
-            value = _golden(score, *bounds, fallback, iters)[0]
+            value = _golden(score, *bounds, start, iters)[0]
+            fitted.add((applies_to[0], name))
+        else:
+            pending.append((name, applies_to, fallback))
         for acc in applies_to:
             out.setdefault(acc, {}).update({**companions, name: value})
+    for field, accs, candidates in pending:
+        _resolve(out, fitted, field, accs, candidates)
     return out
+
+
+def _resolve(out: dict, fitted: set, field: str | None, accs, candidates) -> float:
+    """The first candidate that is a number or a field fitted for `accs` in this fit; with `field`,
+    also set it on `accs`."""
+    value = next(out[accs[0]][c] if isinstance(c, str) else c for c in candidates
+                 if not isinstance(c, str) or (accs[0], c) in fitted)
+    if field is not None:
+        for acc in accs:
+            out[acc][field] = value
+    return value
 
 
 def with_torch_stack(p: Prepared, hardware: dict[str, dict], torch_stack: dict[str, dict]) -> dict | None:
@@ -237,17 +299,22 @@ def with_torch_stack(p: Prepared, hardware: dict[str, dict], torch_stack: dict[s
 
 
 # --- sharded data parallel (planner/analytical/data_parallel.py) -------------------------------
-# Fitted on the ZeRO-3 rows of each implementation, after the hardware and torch-stack fits and
-# on top of them: FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry /
-# Megatron-FSDP rows; the two DeepSpeed ZeRO-3 parameters jointly on the DeepSpeed rows (the only
-# ones: Narayanan et al. SC'21 Table 2, all GPT): 2 parameters on 6 rows, below the hardware fit's
-# one per FIT_ROWS_PER_PARAMETER, accepted because the rows fall in two regimes that each set
-# one of them (the 4 gather-bound rows at mb 1-2 the bandwidth, the 2 at mb 4 the contention).
-# With fewer than FIT_ROWS_PER_PARAMETER rows (a
-# DeepSpeed fit without GPT) nothing is known of that implementation: the NCCL ring (efficiency
-# 1) with the NCCL FSDP contention just fitted.
-def nccl_fsdp_row(case: RefCase) -> bool:
-    return case.plan.zero_stage == 3 and case.plan.dp_impl != "deepspeed" and case.model.moe is None
+# Fitted on the sharded rows of each implementation, after the hardware and torch-stack fits and
+# on top of them: FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP rows (torchtitan, llm-foundry;
+# ZeRO-3 and FSDP's ZeRO-2, the same per-layer schedule), MEGATRON_FSDP_COMPUTE_CONTENTION on the
+# dense Megatron-FSDP rows; the two DeepSpeed ZeRO-3 parameters jointly on the DeepSpeed rows (the
+# only ones: Narayanan et al. SC'21 Table 2, all GPT): 2 parameters on 6 rows, below the hardware
+# fit's one per FIT_ROWS_PER_PARAMETER, accepted because the rows fall in two regimes that each
+# set one of them (the 4 gather-bound rows at mb 1-2 the bandwidth, the 2 at mb 4 the
+# contention). With fewer than FIT_ROWS_PER_PARAMETER rows of an implementation (Megatron-FSDP
+# without Llama-3, DeepSpeed without GPT) nothing is known of it: the NCCL ring (efficiency 1)
+# with the PyTorch FSDP contention just fitted.
+def torch_fsdp_row(case: RefCase) -> bool:
+    return case.plan.zero_stage >= 2 and case.plan.dp_impl == "torch-fsdp2" and case.model.moe is None
+
+
+def megatron_fsdp_row(case: RefCase) -> bool:
+    return case.plan.zero_stage == 3 and case.plan.dp_impl == "megatron" and case.model.moe is None
 
 
 def deepspeed_row(case: RefCase) -> bool:
@@ -256,7 +323,8 @@ def deepspeed_row(case: RefCase) -> bool:
 
 # (parameters fitted together, rows, bounds of each)
 SHARDED_DP_FITS = (
-    (("FSDP_COMPUTE_CONTENTION",), nccl_fsdp_row, ((0.0, 1.0),)),
+    (("FSDP_COMPUTE_CONTENTION",), torch_fsdp_row, ((0.0, 1.0),)),
+    (("MEGATRON_FSDP_COMPUTE_CONTENTION",), megatron_fsdp_row, ((0.0, 1.0),)),
     (("DEEPSPEED_ZERO3_BW_EFFICIENCY", "DEEPSPEED_ZERO3_COMPUTE_CONTENTION"), deepspeed_row, ((0.03, 1.0), (0.0, 1.0))),
 )
 
@@ -280,8 +348,9 @@ def fit_sharded_dp(prepared: list[Prepared], params_of=lambda p: None, keep=lamb
         if len(rows) < FIT_ROWS_PER_PARAMETER:
             # nothing measured of this implementation: the NCCL ring, no contention beyond the
             # NCCL FSDP rows' (none if those are missing too)
-            unknown = {"FSDP_COMPUTE_CONTENTION": 0.0, "DEEPSPEED_ZERO3_BW_EFFICIENCY": 1.0,
-                       "DEEPSPEED_ZERO3_COMPUTE_CONTENTION": out.get("FSDP_COMPUTE_CONTENTION", 0.0)}
+            known = out.get("FSDP_COMPUTE_CONTENTION", 0.0)
+            unknown = {"FSDP_COMPUTE_CONTENTION": 0.0, "MEGATRON_FSDP_COMPUTE_CONTENTION": known,
+                       "DEEPSPEED_ZERO3_BW_EFFICIENCY": 1.0, "DEEPSPEED_ZERO3_COMPUTE_CONTENTION": known}
             out.update({n: unknown[n] for n in names})
             continue
         values = {n: getattr(data_parallel, n) for n in names}

@@ -94,6 +94,10 @@ COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nv
 DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
 DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
 KernelStack = Literal["te", "torch-eager", "torch-compile"]
+# The loss kernel (planner/analytical/kernels.py): "fp32" softmax cross-entropy over fp32 logits
+# (Megatron's vocab-parallel loss, torch F.cross_entropy on .float() logits); "flash-attn" the
+# flash-attn package's fused cross-entropy kernel on the 16-bit logits (llm-foundry MPT's default).
+LossKernel = Literal["fp32", "flash-attn"]
 KERNEL_STACKS: tuple[str, ...] = ("te", "torch-eager", "torch-compile")
 # MoE token dispatcher (Megatron --moe-token-dispatcher-type): "alltoall" sends one copy per
 # routed expert; "deepep" (flex dispatcher with DeepEP) sends a token once per remote NVLink
@@ -336,6 +340,10 @@ class JobSpec(BaseModel):
     full_iteration_cuda_graph: bool = False
     fp8_attention: bool = False
     fused_grouped_mlp: bool = False
+    # The torch stacks' attention kernel: False = FlashAttention-2; True = MPT's Triton
+    # FlashAttention (llm-foundry attn_impl "triton"), with its own ceiling (attention_max_triton).
+    triton_flash_attention: bool = False
+    loss_kernel: LossKernel = "fp32"
 
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
@@ -374,5 +382,5 @@ __all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "RECO
            "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",
-           "SpecError", "DpImpl", "DP_IMPL_CODES", "KernelStack", "KERNEL_STACKS", "MoeDispatcher",
+           "SpecError", "DpImpl", "DP_IMPL_CODES", "KernelStack", "KERNEL_STACKS", "LossKernel", "MoeDispatcher",
            "MOE_DISPATCHER_CODES"]

@@ -698,8 +698,8 @@ def _data_parallel(rid: str, gpus: int, model_parallel: int) -> int:
 def _kernel_stack(r: _Record, framework: str, assumptions: list[str]) -> str:
     """The kernels a run's framework executes (JobSpec.kernels): torchtitan runs its own PyTorch
     modules, under torch.compile where the record says so; llm-foundry's MPT runs eager PyTorch
-    modules with flash-attn 2 (scripts/train/benchmarking/submit_benchmarks.py: attn_impl flash,
-    the gpu-flash2 install); the Megatron stacks run Transformer Engine."""
+    modules (its attention kernel: `_llm_foundry_triton_attention`); the Megatron stacks run
+    Transformer Engine."""
     if framework == "torchtitan FSDP2":
         compiled = r.get("parallel.compile")
         if compiled is None:
@@ -708,6 +708,24 @@ def _kernel_stack(r: _Record, framework: str, assumptions: list[str]) -> str:
     if framework == "llm-foundry FSDP":
         return "torch-eager"
     return "te"
+
+
+# llm-foundry's benchmark tables (scripts/train/benchmarking/README.md) and the attention kernel
+# each ran: submit_benchmarks.py defaulted to `--attn_impl triton` (MPT's Triton FlashAttention)
+# until after the tables' last refresh (5e85bd62, 2024-01-06), and sweep.sh passes no attn_impl;
+# only the "Large Scale" H100 table of that refresh (sweep.py @ 5e85bd62) ran `--attn_impl
+# flash` (flash-attn 2.4.2, the gpu-flash2 install) for these model sizes (13b and 30b: triton).
+LLM_FOUNDRY_FLASH2_SECTION = "large scale"
+LLM_FOUNDRY_FLASH2_MODELS = ("mpt-1b", "mpt-3b", "mpt-7b", "mpt-70b")
+
+
+def _llm_foundry_triton_attention(r: _Record, model: ModelSpec, assumptions: list[str]) -> bool:
+    """Whether an llm-foundry row ran MPT's Triton FlashAttention (else FlashAttention-2)."""
+    flash2 = LLM_FOUNDRY_FLASH2_SECTION in str(r.get("notes") or "").lower() \
+        and model.name.lower() in LLM_FOUNDRY_FLASH2_MODELS
+    assumptions.append("FlashAttention-2 (sweep.py @ 5e85bd62: attn_impl flash)" if flash2 else
+                       "MPT's Triton FlashAttention (submit_benchmarks.py default attn_impl triton)")
+    return not flash2
 
 
 def _torchtitan_default_recompute(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec,
@@ -786,8 +804,10 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     sharding = str(r.get("parallel.sharding") or "")
     megatron = framework == "Megatron-Core"
     zero = 1 if megatron else 2 if "SHARD_GRAD_OP" in sharding else 3 if (degree > 1 or framework != "llm-foundry FSDP") else 0
-    if framework == "llm-foundry FSDP" and degree == 0:
-        zero = 3  # llm-foundry's benchmark YAMLs use FULL_SHARD
+    if framework == "llm-foundry FSDP" and degree == 0 and zero == 0:
+        # llm-foundry's benchmark YAMLs use FULL_SHARD unless the record's sharding says
+        # SHARD_GRAD_OP (the Large Scale H100 table's 1b and 3b rows: ZeRO-2, kept above)
+        zero = 3
     if zero >= 2 and degree and degree != dp * cp:
         hsdp = r.int("parallel.hsdp_replicas") or r.int("parallel.shard_group")
         assumptions.append(f"sharded over dp·cp = {dp * cp} (record: shard group {degree}"
@@ -814,7 +834,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         # EP 8, MBS 4, GBS 2048, as the ModelZoo row) sets it; the records do not state it.
         plan_fields["grad_reduce_in_bf16"] = True
         assumptions.append("bf16 gradient reduce (Megatron-FSDP user guide: --grad-reduce-in-bf16)")
-    plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero == 3 else plan_fields)
+    plan = _plan(r, _maybe_dp_impl(plan_fields, framework) if zero >= 2 else plan_fields)
     if isinstance(plan, str):
         return Skipped(rid, plan)
     dtype = _fsdp_dtype(r, assumptions)
@@ -824,6 +844,11 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         assumptions.append("DeepSpeed fp16 gradient reduce")
     model, plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
     kernels = _kernel_stack(r, framework, assumptions)
+    if framework == "llm-foundry FSDP":
+        # MPT's default loss_fn "fused_crossentropy" (llmfoundry/models/mpt/modeling_mpt.py): the
+        # flash-attn fused cross-entropy on the 16-bit logits; the benchmark YAMLs keep it
+        extra["loss_kernel"] = "flash-attn"
+        extra["triton_flash_attention"] = _llm_foundry_triton_attention(r, model, assumptions)
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
                   hbm_reserve_gib=0.0, kernels=kernels, **extra)
     system = load_system(preset, gpus)

@@ -11,10 +11,11 @@ import pytest
 from hardware import load_system
 from planner.analytical import PlanArrays
 from planner.analytical import kernels as K
-from planner.analytical.time import ELEMENTWISE_PASSES_FFN, ELEMENTWISE_PASSES_HIDDEN, layer_compute_fwd_s
+from planner.analytical.time import (CROSS_ENTROPY_PASSES, ELEMENTWISE_PASSES_FFN, ELEMENTWISE_PASSES_HIDDEN,
+                                     layer_compute_fwd_s, per_layer_terms)
 from planner.calibration import load_reference, summarize
-from planner.fit import (FA2_HALF_SEQ_MEASURED, FA2_MEASURED_H100, fit_torch_stack, prepare, torch_stack_row,
-                         with_torch_stack)
+from planner.fit import (FA2_HALF_SEQ_MEASURED, FA2_MEASURED_H100, fit_torch_stack, identifiable, prepare,
+                         torch_stack_row, with_torch_stack)
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
@@ -37,16 +38,20 @@ def test_elementwise_bytes_hand_counted():
 
 
 def test_eager_elementwise_time_against_hand_number():
-    """One layer's forward element-wise time moves by exactly the extra bytes over HBM at its
-    efficiency when the stack goes from TE to torch eager (GEMMs untouched)."""
+    """One layer's forward element-wise time when the stack goes from TE to torch eager: TE's
+    lump leaves at the fitted hbm_efficiency, the eager kernels' hand-counted bytes arrive at the
+    measured streaming rate (0.70 of 3350 GB/s); GEMMs untouched."""
     system = load_system("h100-sxm", 8)
     P = PlanArrays.from_plans([Plan(dp=8, micro_batch=1, global_batch=8, zero_stage=3)], LLAMA3_8B.layers)
     te = layer_compute_fwd_s(LLAMA3_8B, system, JobSpec(global_batch=8), P)
     eager = layer_compute_fwd_s(LLAMA3_8B, system, JobSpec(global_batch=8, kernels="torch-eager"), P)
     hbm = 3350e9 * system.accelerator.efficiency.hbm_efficiency
     tokens = 8192
-    extra_bytes = tokens * (479_232 - 2 * ELEMENTWISE_PASSES_HIDDEN * 4096) + tokens * 14336 * (10 - 2 * ELEMENTWISE_PASSES_FFN)
-    assert float(eager["elementwise"][0] - te["elementwise"][0]) == pytest.approx(extra_bytes / hbm, rel=1e-9)
+    te_bytes = tokens * (2 * ELEMENTWISE_PASSES_HIDDEN * 4096 + 14336 * 2 * ELEMENTWISE_PASSES_FFN)
+    eager_bytes = tokens * (479_232 + 14336 * 10)
+    expected = eager_bytes / (3350e9 * 0.70) - te_bytes / hbm
+    assert K.STREAMING_HBM_EFFICIENCY == 0.70
+    assert float(eager["elementwise"][0] - te["elementwise"][0]) == pytest.approx(expected, rel=1e-9)
     assert float(eager["gemm"][0]) == pytest.approx(float(te["gemm"][0]), rel=1e-12)
     # attention: FlashAttention-2 (the fitted in-training ceiling) instead of cuDNN, same half-sequence
     eff = system.accelerator.efficiency
@@ -81,6 +86,33 @@ def test_sustained_clock_scales_compute_not_memory():
     assert float(half_clock["elementwise"][0]) == pytest.approx(float(full_clock["elementwise"][0]), rel=1e-12)
 
 
+def test_flash_xentropy_loss_time_against_hand_number():
+    """MPT-7b, one 2048-token microbatch on an A100-80GB: the fp32 loss moves 3 passes x 4 B per
+    logit forward and twice that backward; flash-attn's fused kernel 2 B forward, 4 B backward.
+    The LM head GEMM is the same in both."""
+    system = load_system("a100-80g", 8)
+    P = PlanArrays.from_plans([Plan(dp=8, micro_batch=1, global_batch=8, zero_stage=3)], MPT_7B.layers)
+    fp32 = per_layer_terms(MPT_7B, system, JobSpec(global_batch=8, kernels="torch-eager"), P)
+    fused = per_layer_terms(MPT_7B, system, JobSpec(global_batch=8, kernels="torch-eager", loss_kernel="flash-attn"), P)
+    eff = system.accelerator.efficiency
+    per_byte = 2048 * 50368 / (2039e9 * eff.hbm_efficiency)
+    assert CROSS_ENTROPY_PASSES * 4.0 == 12.0
+    assert float(fp32["logit_fwd"][0] - fused["logit_fwd"][0]) == pytest.approx((12.0 - 2.0) * per_byte, rel=1e-9)
+    assert float(fp32["logit_bwd"][0] - fused["logit_bwd"][0]) == pytest.approx((24.0 - 4.0) * per_byte, rel=1e-9)
+    assert (K.FLASH_XENTROPY_FWD_BYTES, K.FLASH_XENTROPY_BWD_BYTES) == (2.0, 4.0)
+    assert float(fp32["fwd_compute"][0]) == float(fused["fwd_compute"][0])
+
+
+def test_torchao_compiled_current_scaling_casts_without_a_separate_amax_pass():
+    # TE current scaling: amax read 2 + cast read 2 + write 1 + 1 (transposed) = 6 B; torchao's
+    # tensorwise scaling under torch.compile computes the amax in the producing kernel: 4 B
+    assert K.quantise_bytes_per_element("fp8-cs", "te") == 6.0
+    assert K.quantise_bytes_per_element("fp8-cs", "torch-eager") == 6.0
+    assert K.quantise_bytes_per_element("fp8-cs", "torch-compile") == 4.0
+    assert K.quantise_bytes_per_element("mxfp8", "torch-compile") == K.quantise_bytes_per_element("mxfp8", "te")
+    assert K.quantise_bytes_per_element("bf16", "torch-compile") == 0.0
+
+
 @pytest.fixture(scope="module")
 def cases():
     return load_reference()[0]
@@ -94,23 +126,71 @@ def test_torchtitan_pipeline_rows_split_the_local_batch(cases):
     eager = next(c for c in cases if c.id == "torchtitan_llama3-8b_8gpu_fsdp8")
     assert eager.job.kernels == "torch-eager"
     assert all(c.job.kernels == "torch-eager" for c in cases if c.framework == "llm-foundry FSDP")
+    # MPT's default loss_fn is flash-attn's fused cross-entropy; torchtitan's is F.cross_entropy
+    # on fp32 logits, Megatron's its vocab-parallel fp32 loss
+    assert all((c.job.loss_kernel == "flash-attn") == (c.framework == "llm-foundry FSDP") for c in cases)
     assert all(c.job.kernels == "te" for c in cases if c.fit)
+
+
+def test_llm_foundry_rows_name_the_attention_kernel_their_table_ran(cases):
+    """submit_benchmarks.py defaulted to attn_impl triton until the tables' last refresh
+    (5e85bd62); only that refresh's Large Scale H100 table ran FlashAttention-2, for 1b/3b/7b/70b
+    (sweep.py @ 5e85bd62), 13b and 30b staying on triton."""
+    foundry = [c for c in cases if c.framework == "llm-foundry FSDP"]
+    flash2 = {c.id for c in foundry if not c.job.triton_flash_attention}
+    assert len(flash2) == 12 and len(foundry) - len(flash2) == 204
+    assert all(c.system.num_gpus >= 128 and c.model.name in ("MPT-1b", "MPT-3b", "MPT-7b", "MPT-70b")
+               for c in foundry if c.id in flash2)
+    assert all(c.job.triton_flash_attention for c in foundry if c.system.accelerator.name.startswith("A100"))
+    assert not any(c.job.triton_flash_attention for c in cases if c.framework != "llm-foundry FSDP")
+
+
+def test_triton_attention_curve_has_its_own_ceiling_and_fa2s_half_sequence():
+    a100 = load_system("a100-80g", 8).accelerator.efficiency
+    assert a100.attention_curve("triton-flash") == (a100.attention_max_triton, a100.attention_half_seq_fa2)
+    assert a100.attention_curve("torch-eager") == (a100.attention_max_fa2, a100.attention_half_seq_fa2)
+    without = a100.model_copy(update={"attention_max_triton": None})
+    assert without.attention_curve("triton-flash") == without.attention_curve("torch-eager")
+
+
+def test_an_attention_ceiling_needs_rows_at_two_sequence_lengths(cases):
+    """At one sequence length the attention share does not vary, so a kernel ceiling fitted there
+    absorbs whatever else the rows miss: not fitted; the other flash kernel's fitted ceiling is
+    taken instead. Without Llama-3 the H100 family's FlashAttention-2 rows are llm-foundry's 12
+    Large Scale rows, all at 2048 (that fit gave 0.13 and put torchtitan's Llama-3 rows +13 %)."""
+    h100_fa2 = [c for c in cases if torch_stack_row(c) and c.family != "Llama-3" and c.model.moe is None
+                and c.system.accelerator.name.startswith("H") and not c.job.triton_flash_attention]
+    one_length = prepare(h100_fa2)
+    assert len(one_length) == 12 and {p.case.model.seq_length for p in one_length} == {2048}
+    assert not identifiable("attention_max_fa2", one_length)
+    assert identifiable("sustained_clock_fraction", one_length)
+    mixed = prepare([c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("H")
+                     and not c.job.triton_flash_attention and c.model.moe is None])
+    assert identifiable("attention_max_fa2", mixed)
+    triton = [c for c in cases if c.job.triton_flash_attention and c.system.accelerator.name == "H100-SXM5-80GB"]
+    rows = prepare(h100_fa2 + triton[::6])
+    fit = fit_torch_stack(rows, {}, iters=8)["H100-SXM5-80GB"]
+    assert fit["attention_max_fa2"] == fit["attention_max_triton"] != FA2_MEASURED_H100
 
 
 # What the FSDP groups reach in-sample (planner validate --summary), with a small margin so that a
 # regression shows; README "Accuracy against published runs".
-IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.081, "torchtitan FSDP2": 0.111, "Megatron/NeMo": 0.037}
+IN_SAMPLE_MEAN = {"llm-foundry FSDP": 0.057, "torchtitan FSDP2": 0.101, "Megatron/NeMo": 0.037}
 
 
 def test_fsdp_groups_meet_what_was_measured(reference_accuracy_rows):
-    by = summarize(reference_accuracy_rows, "framework")
+    rows = reference_accuracy_rows
+    by = summarize(rows, "framework")
     for framework, mean in IN_SAMPLE_MEAN.items():
         assert by[framework]["mean_abs_error"] <= mean + 0.005, framework
+    # issue 9's dense goal, in-sample: 4.96 % measured (was 6.1 % before the FSDP/dense round)
+    assert summarize(rows, "kind")["dense"]["mean_abs_error"] <= 0.050
 
 
 def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     """Refitting the torch-stack parameters without MPT: doubling MPT's measured times moves the
-    in-sample A100 FlashAttention-2 ceiling but not the fit made without MPT."""
+    in-sample A100 ceiling of MPT's Triton attention (only MPT rows ran it) but not the fit made
+    without MPT, where the Triton ceiling falls back to the FlashAttention-2 one."""
     a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
     picked = [c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::8]
     assert sum(c.family != "MPT" for c in picked) >= 5 and sum(c.family == "MPT" for c in picked) >= 5
@@ -121,18 +201,21 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     assert fit_torch_stack(base, {}, keep, iters=8) == fit_torch_stack(moved, {}, keep, iters=8)
     full_base, full_moved = fit_torch_stack(base, {}, iters=8), fit_torch_stack(moved, {}, iters=8)
     a100 = "A100-SXM4-80GB"
-    assert full_moved[a100]["attention_max_fa2"] < full_base[a100]["attention_max_fa2"]
+    assert full_moved[a100]["attention_max_triton"] < full_base[a100]["attention_max_triton"]
+    assert full_moved[a100]["attention_max_fa2"] == full_base[a100]["attention_max_fa2"]
+    without = fit_torch_stack(base, {}, keep, iters=8)[a100]
+    assert without["attention_max_triton"] == without["attention_max_fa2"]
     p = base[0]
     assert with_torch_stack(p, {}, full_base)["attention_half_seq_fa2"] == FA2_HALF_SEQ_MEASURED
 
 
 def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     """MPT (all llm-foundry rows) has no fitted hardware rows, so its LOFO prediction is the presets'
-    hardware with the torch-stack parameters refitted on the torchtitan rows only
-    (`planner validate --lofo`: 8.9 %; 8.3 % before the dense round refitted the A100 and H100
-    hardware, README)."""
+    hardware with the torch-stack parameters refitted on the torchtitan rows only (9.5 % here
+    and in `planner validate --lofo`, README: without MPT, MPT's Triton attention takes the
+    FlashAttention-2 ceiling, faster than what the Triton rows show in-sample)."""
     torch_rows = prepare([c for c in cases if torch_stack_row(c)])
     without = fit_torch_stack(torch_rows, {}, lambda c: c.family != "MPT")
     errs = [abs(p.predict_s(with_torch_stack(p, {}, without)) / p.case.measured_step_s - 1)
             for p in torch_rows if p.case.family == "MPT"]
-    assert len(errs) == 216 and np.mean(errs) <= 0.089 + 0.005
+    assert len(errs) == 216 and np.mean(errs) <= 0.096 + 0.005

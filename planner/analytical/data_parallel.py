@@ -42,19 +42,30 @@ from planner.plan import DP_IMPL_CODES
 # NCCL kernels' SMs, its buffer copies' HBM traffic), per implementation: a layer of compute x
 # with its prefetched collective c takes max(c, x + s·c). Fitted by bench/fsdp_moe_eval.py --fit
 # (planner/fit.py fit_sharded_dp; `planner validate --lofo` refits them without each family):
-# FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP2 / llm-foundry / Megatron-FSDP rows (0.106 after the dense refit of 2026-11-23),
+# FSDP_COMPUTE_CONTENTION on the dense PyTorch FSDP rows (torchtitan FSDP2, llm-foundry FSDP:
+# their all-gathers copy the shards in and out of a flat buffer and their reduce-scatters
+# chunk-concatenate the gradients, copies beside compute), MEGATRON_FSDP_COMPUTE_CONTENTION on
+# the dense Megatron-FSDP rows (persistent contiguous buffers, no copy-in/copy-out), each on its
+# implementation's own rows since the refit of 2026-11-23 (one shared value was 0.106; refitted
+# after the PyTorch rows' loss and attention kernels were corrected it took 0.34, which put the
+# Megatron-FSDP rows from 6.3 to 9.8 %). The PyTorch value and the torch-stack kernel ceilings
+# (planner/fit.py TORCH_STACK_FITS) move together (faster kernels, more contention), so they are
+# fitted alternately, bench/calibrate.py --write then bench/fsdp_moe_eval.py --fit, until neither
+# moves (two rounds from 0.358: 0.449, A100 FlashAttention-2 0.436 -> 0.467, then fixed);
 # DEEPSPEED_ZERO3_* on the 6 DeepSpeed ZeRO-3 rows of Narayanan et al. SC'21 Table 2, whose
 # step time does not shrink from mb 2 to mb 1 (768 -> 1536 GPUs: 66.75 s both; 1120 -> 2240:
 # 180 -> 184 s), i.e. those steps are gather-bound (c > x: the bandwidth efficiency), while at
 # mb 4 the step exceeds both compute and gathers (x + s·c: the contention). Fitted 0.111, 0.486.
-FSDP_COMPUTE_CONTENTION = 0.106
+FSDP_COMPUTE_CONTENTION = 0.449
+MEGATRON_FSDP_COMPUTE_CONTENTION = 0.001
 DEEPSPEED_ZERO3_COMPUTE_CONTENTION = 0.486
 # DeepSpeed ZeRO-3's achieved fraction of ring bandwidth for its per-layer gathers / reduces.
 DEEPSPEED_ZERO3_BW_EFFICIENCY = 0.11
 
 
 # The named parameters above, by name (planner/fit.py refits them, leave-one-family-out included).
-FITTED_PARAMETERS = ("FSDP_COMPUTE_CONTENTION", "DEEPSPEED_ZERO3_BW_EFFICIENCY", "DEEPSPEED_ZERO3_COMPUTE_CONTENTION")
+FITTED_PARAMETERS = ("FSDP_COMPUTE_CONTENTION", "MEGATRON_FSDP_COMPUTE_CONTENTION", "DEEPSPEED_ZERO3_BW_EFFICIENCY",
+                     "DEEPSPEED_ZERO3_COMPUTE_CONTENTION")
 
 
 @contextmanager
@@ -91,6 +102,20 @@ def prefetched_layers_s(c_l, x_l, layers, contention):
     return c_l + (layers - 1) * np.maximum(c_l - x_l, contention * c_l)
 
 
+def fsdp_zero2_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hide, contention):
+    """PyTorch FSDP's SHARD_GRAD_OP (ZeRO-2 as FSDP runs it, llm-foundry): per layer and
+    microbatch an all-gather before forward and a reduce-scatter after backward, each prefetched
+    behind one layer's window like ZeRO-3's (`prefetched_layers_s`); the parameters stay gathered
+    from forward to backward, so no backward all-gather (torch.distributed.fsdp ShardingStrategy
+    SHARD_GRAD_OP). Megatron's ZeRO-2 (`zero2_exposed_s`) buckets instead."""
+    layers = np.maximum(layers, 1.0)
+    ag_l = param_ag / layers + latency_s
+    rs_l = grad_rs / layers + latency_s
+    fwd = prefetched_layers_s(ag_l, mb_fwd / layers, layers, contention)
+    bwd = prefetched_layers_s(rs_l, mb_bwd / layers, layers, contention)
+    return m * np.where(hide, fwd + bwd, layers * (ag_l + rs_l))
+
+
 def zero3_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hide, contention):
     """ZeRO-3 / FSDP: per layer and microbatch an all-gather before forward, another before
     backward and a reduce-scatter after it; with prefetch each hides behind one layer's window
@@ -113,7 +138,9 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     a microbatch's model-parallel communication on other links than the DP collectives, which
     ZeRO-3's per-layer prefetch also hides behind."""
     deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
-    contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION, FSDP_COMPUTE_CONTENTION)
+    contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION,
+                          np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"], FSDP_COMPUTE_CONTENTION,
+                                   MEGATRON_FSDP_COMPUTE_CONTENTION))
     total = 0.0
     for grad_bytes, weight_bytes, n, bw, lat in groups:
         bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
@@ -129,6 +156,9 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
         ag3 = comm.all_gather_s(weight_bytes, n, bw3, 0.0)
         lat3 = np.where(n > 1, (n - 1) * lat, 0.0)
         z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention)
+        z2 = np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"],
+                      fsdp_zero2_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide,
+                                           contention), z2)
         # a group with nothing to reduce (no experts) issues no collective
         total = total + np.where(grad_bytes + weight_bytes > 0, np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3))), 0.0)
     return total

@@ -17,6 +17,7 @@ transpose copy before the output projection in torchtitan.
 """
 from __future__ import annotations
 
+from planner.analytical import precision
 from planner.model import ModelSpec
 
 # RMSNorm, eager: x.float() 2+4, pow(2) 4+4, mean 4, x*rsqrt 4+4, type_as 4+2, *weight 2+2 = 36.
@@ -36,6 +37,19 @@ EAGER_SWIGLU_BYTES = 10.0
 FUSED_SWIGLU_BYTES = 6.0
 # GELU (MPT's nn.GELU; squared ReLU alike): one kernel in either mode, read 2 + write 2.
 GELU_BYTES = 4.0
+# Achieved fraction of HBM bandwidth of one streaming element-wise kernel (read its inputs once,
+# write its output once): the residual add measured on an H100 reaches 2163-2458 GB/s of 3350
+# (planner/data/h100_elementwise.csv, fwd+bwd over the fewest bytes), 0.65-0.73. The torch stacks'
+# bytes above are counted kernel by kernel, so each moves at this rate; TE's fused lump keeps the
+# fitted `hbm_efficiency` (it also absorbs what that fit cannot name).
+STREAMING_HBM_EFFICIENCY = 0.70
+# Loss over the logits, JobSpec.loss_kernel "flash-attn": the flash-attn package's fused
+# cross-entropy (flash_attn/losses/cross_entropy.py, the xentropy kernel llm-foundry's MPT runs as
+# its default loss_fn "fused_crossentropy", llmfoundry/models/mpt/modeling_mpt.py) works on the
+# 16-bit logits in place of an fp32 copy: forward one read of each logit (the row's max and
+# sum of exponentials, the row held on chip), backward one read and one gradient write.
+FLASH_XENTROPY_FWD_BYTES = 2.0
+FLASH_XENTROPY_BWD_BYTES = 4.0
 
 
 def rms_norm(model: ModelSpec) -> bool:
@@ -59,3 +73,22 @@ def torch_elementwise_bytes(model: ModelSpec, kernels: str) -> tuple[float, floa
     else:
         per_ffn = GELU_BYTES
     return hidden, per_ffn
+
+
+def fused_loss_bytes(loss_kernel: str) -> tuple[float, float] | None:
+    """(forward, backward) bytes per logit element of a fused loss kernel; None for the fp32
+    softmax passes (time.CROSS_ENTROPY_PASSES)."""
+    if loss_kernel == "flash-attn":
+        return FLASH_XENTROPY_FWD_BYTES, FLASH_XENTROPY_BWD_BYTES
+    return None
+
+
+def quantise_bytes_per_element(dtype: str, kernels: str) -> float:
+    """Bytes moved per quantised element (precision.QUANTISE_BYTES_PER_ELEMENT). Under
+    torch.compile, torchao's per-tensor current scaling (Float8Linear, tensorwise) computes the
+    amax inside the kernel that produces the tensor (Inductor fuses the reduction into it), so
+    the separate 2-byte amax read of Transformer Engine's current scaling disappears and the
+    cast costs what delayed scaling's does."""
+    if kernels == "torch-compile" and dtype == "fp8-cs":
+        return precision.QUANTISE_BYTES_PER_ELEMENT["fp8"]
+    return precision.QUANTISE_BYTES_PER_ELEMENT[dtype]

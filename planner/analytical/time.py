@@ -103,13 +103,16 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     te = job.kernels == "te"
     torch_hidden_bytes, torch_ffn_bytes = (0.0, 0.0) if te else kernels.torch_elementwise_bytes(model, job.kernels)
     act_bytes = 2.0 * ELEMENTWISE_PASSES_FFN if te else torch_ffn_bytes
+    # the torch stacks' element-wise bytes are counted kernel by kernel, each a streaming pass
+    # (kernels.STREAMING_HBM_EFFICIENCY); TE's lump keeps the fitted hbm_efficiency
+    elem_hbm = hbm if te else acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
     # The MLP of the repeated layer: the MoE layer of a MoE model, else the dense MLP. A MoE
     # model's leading dense layers are costed as their own kind (layer_kinds, per_layer_terms).
     if model.moe:
         moe = moe_mlp_fwd_s(model, system, job, P)
         mlp_gemm, mlp_elem = moe["gemm"], moe["elementwise"]
     else:
-        mlp_gemm, mlp_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, hbm,
+        mlp_gemm, mlp_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, elem_hbm,
                                              act_bytes)
     gemm = attn_gemm + mlp_gemm
     # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
@@ -118,7 +121,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
     chunk = model.seq_length / P.cp
     # cuDNN fused (TE) or FlashAttention-2 (torch stacks; TE with NVTE_FUSED_ATTN=0)
-    attn_max, attn_half = eff.attention_curve("flash-attn" if job.te_flash_attention else job.kernels)
+    attn_max, attn_half = eff.attention_curve("flash-attn" if job.te_flash_attention else
+                                              "triton-flash" if job.triton_flash_attention else job.kernels)
     attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
@@ -129,7 +133,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     topk = model.moe.top_k if model.moe else 1
     # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
-    quant_bytes = precision.QUANTISE_BYTES_PER_ELEMENT[job.dtype] * tokens / t * \
+    quant_bytes = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t * \
         precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job)) \
         / (1 + BACKWARD_FACTOR)
     # per-layer launch/host overhead, not paid when the whole iteration is one CUDA graph
@@ -150,7 +154,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     }
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": (elem_bytes + quant_bytes) / hbm + mlp_elem + overhead_s,
+            "elementwise": elem_bytes / elem_hbm + quant_bytes / hbm + mlp_elem + overhead_s,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
@@ -480,12 +484,19 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
                            np.minimum(np.minimum(tokens, h), model.vocab / t),
                            acc.peak(head_dtype), eff, head_dtype)
     # fp32 cross-entropy over the vocabulary shard: softmax and its gradient make
-    # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits.
-    ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * tokens * model.vocab / t / (
-        acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
-    # the backward stays as it was: its gradient kernel is the same in both paths
-    logit_bwd = BACKWARD_FACTOR * (logit_fwd + ce_unfused)
-    logit_fwd = logit_fwd + np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
+    # CROSS_ENTROPY_PASSES memory-bound passes over 4-byte logits; the backward's gradient kernel
+    # is the same with and without --cross-entropy-loss-fusion. A fused loss kernel on the 16-bit
+    # logits (JobSpec.loss_kernel, kernels.py) moves its own bytes instead.
+    per_logit_byte = tokens * model.vocab / t / (acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency)
+    fused_loss = kernels.fused_loss_bytes(job.loss_kernel)
+    if fused_loss is None:
+        ce_unfused = CROSS_ENTROPY_PASSES * 4.0 * per_logit_byte
+        ce_fwd = np.where(P.cross_entropy_fusion > 0, CROSS_ENTROPY_FUSED_SHARE, 1.0) * ce_unfused
+        ce_bwd = BACKWARD_FACTOR * ce_unfused
+    else:
+        ce_fwd, ce_bwd = fused_loss[0] * per_logit_byte, fused_loss[1] * per_logit_byte
+    logit_bwd = BACKWARD_FACTOR * logit_fwd + ce_bwd
+    logit_fwd = logit_fwd + ce_fwd
     # MTP modules (DeepSeek-V3 §2.2) run on the last stage after the LM head, like it.
     mtp = mtp_fwd_s(model, layer, logit_fwd, system, job, P)
     logit_fwd = logit_fwd + mtp
