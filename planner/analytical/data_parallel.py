@@ -31,11 +31,10 @@ its contention DEEPSPEED_ZERO3_COMPUTE_CONTENTION.
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 
 import numpy as np
 
-from planner.analytical import comm
+from planner.analytical import comm, named
 from planner.plan import DP_IMPL_CODES
 
 # Share of a GPU's compute throughput taken by a sharded-DP collective running beside it (its
@@ -68,22 +67,10 @@ FITTED_PARAMETERS = ("FSDP_COMPUTE_CONTENTION", "MEGATRON_FSDP_COMPUTE_CONTENTIO
                      "DEEPSPEED_ZERO3_COMPUTE_CONTENTION")
 
 
-@contextmanager
 def parameters(**values: float):
     """Run the model with some FITTED_PARAMETERS set to `values`, restored afterwards (the fit
     tries values this way; the module constants are the fitted ones)."""
-    module = sys.modules[__name__]
-    unknown = set(values) - set(FITTED_PARAMETERS)
-    if unknown:
-        raise KeyError(f"not a fitted data-parallel parameter: {sorted(unknown)}")
-    saved = {name: getattr(module, name) for name in values}
-    try:
-        for name, value in values.items():
-            setattr(module, name, value)
-        yield
-    finally:
-        for name, value in saved.items():
-            setattr(module, name, value)
+    return named.overridden(sys.modules[__name__], FITTED_PARAMETERS, values)
 
 
 def zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped):
