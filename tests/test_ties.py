@@ -54,3 +54,19 @@ def test_default_example_no_longer_picks_cp2():
             assert other.objective >= best.objective
     oracle = brute_force(model, system, job, top_k=3)
     assert [r.plan for r in found.ranked] == oracle.plans
+
+
+def test_next_best_table_says_tie_not_a_loss():
+    """A plan ranked below the best only by the tie rule (simpler first, within TIE_REL_TOL) is
+    reported as a tie with a signed delta, not as '+0.0%' of some component."""
+    from hardware import load_system
+    from planner.analytical import estimate
+    from planner.cli.search import _why_lost
+    from planner.model import load_model
+    from planner.plan import JobSpec, Plan
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    e = estimate(model, system, Plan(tp=2, dp=4, global_batch=8), JobSpec(global_batch=8))
+    assert _why_lost(e, e, model.seq_length, False) == "tie: the simpler plan ranks first"
+    slower = estimate(model, system, Plan(tp=8, dp=1, global_batch=8), JobSpec(global_batch=8))
+    assert slower.step_time_s > e.step_time_s * 1.01
+    assert _why_lost(e, slower, model.seq_length, False).startswith("+")

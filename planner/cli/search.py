@@ -80,8 +80,10 @@ def _inputs(o: dict):
 
 
 def _why_lost(best, alt, seq: int, free: bool) -> str:
-    """The biggest time-component differences of `alt` vs `best`, per token or per step."""
+    """The biggest time-component differences of `alt` vs `best`, per token or per step; within
+    the tie tolerance (planner.ties: a simpler plan first) it says so."""
     from planner.report import TIME_LABELS
+    from planner.ties import TIE_REL_TOL
     nb = best.plan.global_batch * seq if free else 1.0
     na = alt.plan.global_batch * seq if free else 1.0
     diffs = []
@@ -90,7 +92,9 @@ def _why_lost(best, alt, seq: int, free: bool) -> str:
         diffs.append((d, label))
     diffs.sort(reverse=True)
     base = best.step_time_s / nb
-    parts = [f"+{d / base:.1%} {label}" for d, label in diffs[:2] if d > 0]
+    if alt.step_time_s / na <= best.step_time_s / nb * (1 + TIE_REL_TOL):
+        return "tie: the simpler plan ranks first"
+    parts = [f"+{d / base:.1%} {label}" for d, label in diffs[:2] if d / base >= 0.0005]
     return ", ".join(parts) or "ties"
 
 
@@ -280,7 +284,7 @@ def _plan(o: dict) -> None:
                 for i, r in enumerate(result.ranked[1:], start=2):
                     e = r.estimate
                     t.add_row(str(i), r.plan.short(), str(r.plan.global_batch), f"{e.step_time_s:.3f}",
-                              f"{e.tokens_per_s:,.0f}", f"+{r.objective / result.best.objective - 1:.1%}",
+                              f"{e.tokens_per_s:,.0f}", f"{r.objective / result.best.objective - 1:+.1%}",  # ties: a simpler plan may lead by < TIE_REL_TOL
                               f"{e.mfu:.1%}", f"{e.hbm_bytes / GIB:.1f}",
                               _why_lost(best, e, model.seq_length, free))
                 console.print(t)
