@@ -1,5 +1,7 @@
 """Write planner/data/evidence.json: per plan family, how many published runs of it the
-reference data holds and the model's error on them (planner/evidence.py).
+reference data holds and the model's error on them, and planner/data/published_jobs.json: the
+published runs of each job (model shape, GPUs, batch, dtype) with their measured and predicted
+times (planner/evidence.py).
 
     PYTHONPATH=. python bench/evidence.py [--write]
 """
@@ -9,7 +11,7 @@ import argparse
 import json
 
 from planner.calibration import accuracy_rows
-from planner.evidence import EVIDENCE_FILE, table_from_rows
+from planner.evidence import EVIDENCE_FILE, JOBS_FILE, jobs_from_rows, table_from_rows
 from planner.reference import load_reference
 
 
@@ -21,6 +23,13 @@ def current_table(rows: list[dict] | None = None) -> dict:
     return table_from_rows(rows, {c.id: c.plan for c in cases}, {c.id: c.model.moe is not None for c in cases})
 
 
+def current_jobs(rows: list[dict] | None = None) -> dict:
+    """The published runs by job, from the packaged reference runs (`rows` as in current_table)."""
+    cases, _ = load_reference()
+    rows = accuracy_rows(cases) if rows is None else rows
+    return jobs_from_rows(rows, {c.id: c for c in cases})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true", help=f"write {EVIDENCE_FILE}")
@@ -29,6 +38,7 @@ def main() -> None:
     text = json.dumps(table, indent=1, ensure_ascii=False) + "\n"
     if args.write:
         EVIDENCE_FILE.write_text(text)
+        JOBS_FILE.write_text(json.dumps(current_jobs(), indent=1, ensure_ascii=False) + "\n")
     print(text)
 
 

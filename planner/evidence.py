@@ -81,6 +81,58 @@ def load_table() -> dict[str, dict]:
         return {}
 
 
+JOBS_FILE = Path(__file__).resolve().parent / "data" / "published_jobs.json"
+
+
+def job_key(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str) -> str:
+    """What makes two jobs the same for comparing a plan with a published run: the model's
+    shape (not its name: presets and records name models differently), the GPU type and count,
+    the global batch and the compute dtype."""
+    moe = model.moe
+    shape = (model.layers, model.hidden, model.heads, model.ffn_hidden, model.seq_length,
+             moe.num_experts if moe else 0, moe.top_k if moe else 0)
+    return "|".join(str(x) for x in (*shape, accelerator, gpus, global_batch, dtype))
+
+
+def jobs_from_rows(rows: list[dict], cases: dict) -> dict[str, list[dict]]:
+    """{job key: its published runs, fastest first} from accuracy rows and their cases by id."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        c = cases[r["id"]]
+        key = job_key(c.model, c.system.accelerator.name, c.system.num_gpus, c.job.global_batch, c.job.dtype)
+        out.setdefault(key, []).append({"id": r["id"], "plan": c.plan.short(), "measured_s": round(r["measured_s"], 4),
+                                        "predicted_s": round(r["predicted_s"], 4)})
+    for runs in out.values():
+        runs.sort(key=lambda x: (x["measured_s"], x["id"]))
+    return dict(sorted(out.items()))
+
+
+@lru_cache(maxsize=1)
+def load_jobs() -> dict[str, list[dict]]:
+    try:
+        return json.loads(JOBS_FILE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def published_runs(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str) -> list[dict]:
+    """The published runs of this job (model shape, GPUs, batch, dtype), fastest first."""
+    return list(load_jobs().get(job_key(model, accelerator, gpus, global_batch, dtype), []))
+
+
+def published_job_note(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str,
+                       step_time_s: float) -> str:
+    """The fastest published run of the same job, set against this plan's predicted time; ''
+    when the reference data has none."""
+    runs = published_runs(model, accelerator, gpus, global_batch, dtype)
+    if not runs:
+        return ""
+    r = runs[0]
+    return (f"Published run of this job: {r['id']} ({r['plan']}) measured {r['measured_s']:.3f} s per step "
+            f"(the model predicts it at {r['predicted_s']:.3f} s); this plan is predicted at "
+            f"{step_time_s / r['measured_s']:.2f}× that measurement.")
+
+
 def evidence_note(model: ModelSpec, plan: Plan) -> str:
     fam = family_of_plan(model.moe is not None, plan)
     e = load_table().get(fam)
@@ -91,4 +143,6 @@ def evidence_note(model: ModelSpec, plan: Plan) -> str:
             f"the model's mean error on them {e['mean_error']:+.0%} (mean |error| {e['mean_abs_error']:.0%}).")
 
 
-__all__ = ["family_of_plan", "family_label", "families", "runs_of", "measured_runs", "table_from_rows", "load_table", "evidence_note", "EVIDENCE_FILE"]
+__all__ = ["family_of_plan", "family_label", "families", "runs_of", "measured_runs", "table_from_rows", "load_table",
+           "evidence_note", "EVIDENCE_FILE", "JOBS_FILE", "job_key", "jobs_from_rows", "load_jobs", "published_job_note",
+           "published_runs"]

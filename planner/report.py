@@ -134,8 +134,10 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
                   f"{est.tokens_per_s:,.0f} tokens/s · "
                   f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:.0f} model TFLOP/s per GPU")
     if job is not None:
-        from planner.evidence import evidence_note
-        for note in (moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan)):
+        from planner.evidence import evidence_note, published_job_note
+        published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
+                                       job.dtype, est.step_time_s)
+        for note in (moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan), published):
             if note:
                 console.print(note)
     if est.violations:

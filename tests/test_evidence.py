@@ -41,3 +41,32 @@ def test_plan_json_carries_the_evidence():
                                  "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["plans"][0]["evidence"].startswith("Evidence: ")
+
+
+def test_published_jobs_table_is_current(reference_accuracy_rows):
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from evidence import current_jobs  # bench/evidence.py
+    from planner.evidence import JOBS_FILE
+    assert json.loads(JOBS_FILE.read_text()) == json.loads(json.dumps(current_jobs(reference_accuracy_rows))), \
+        "stale: run PYTHONPATH=. python bench/evidence.py --write"
+
+
+def test_plan_names_the_published_run_of_the_same_job():
+    """Qwen3-235B, 256 GB200, batch 8192, MXFP8 is a job Megatron-Bridge published (bridge_runs.yaml,
+    five releases): `planner plan` names the fastest run, its layout and measured time, and sets the
+    plan's prediction against it; a job nobody published gets no such line."""
+    args = ["plan", "-m", "qwen3-235b-a22b", "-s", "gb200-nvl72", "-g", "256", "-b", "8192", "--dtype", "mxfp8",
+            "--top", "1"]
+    r = CliRunner().invoke(app, args + ["--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    runs = data["published_runs"]
+    assert runs[0]["id"] == "bridge_26.06_Qwen3_235B_a22B_DGX-GB200_MXFP8_256gpu_gbs8192"
+    assert runs[0]["measured_s"] == 17.77 and [x["measured_s"] for x in runs] == sorted(x["measured_s"] for x in runs)
+    text = CliRunner().invoke(app, args).output
+    assert "Published run of this job: bridge_26.06_Qwen3" in " ".join(text.split())
+    other = CliRunner().invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1",
+                                     "--json"])
+    assert json.loads(other.output)["published_runs"] == []

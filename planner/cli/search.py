@@ -98,6 +98,14 @@ def _why_lost(best, alt, seq: int, free: bool) -> str:
     return ", ".join(parts) or "ties"
 
 
+def _published_runs(model, system, job, best) -> list[dict]:
+    """Published runs of the best plan's job (planner.evidence.published_runs), fastest first."""
+    from planner.evidence import published_runs
+    if best is None:
+        return []
+    return published_runs(model, system.accelerator.name, system.num_gpus, best.plan.global_batch, job.dtype)
+
+
 def _plan_json(r, model) -> dict:
     from planner.evidence import evidence_note
     data = r.estimate.model_dump()
@@ -265,6 +273,7 @@ def _plan(o: dict) -> None:
         print(json_text({"model": model.name, "system": system.name, "gpus": system.num_gpus,
                           "objective": result.objective, "plans": [_plan_json(r, model) for r in result.ranked],
                           "model_only": [_plan_json(r, model) for r in result.model_only],
+                          "published_runs": _published_runs(model, system, job, result.best),
                           "stats": result.stats}))
     else:
         from rich.console import Console
