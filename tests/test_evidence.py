@@ -70,3 +70,14 @@ def test_plan_names_the_published_run_of_the_same_job():
     other = CliRunner().invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1",
                                      "--json"])
     assert json.loads(other.output)["published_runs"] == []
+
+
+def test_published_job_note_flags_a_claim_beyond_the_limit():
+    from planner.evidence import CLAIM_LIMIT, published_job_note
+    model = load_model("qwen3-235b-a22b")
+    args = (model, "GB200-186GB", 256, 8192, "mxfp8")
+    measured = 17.77  # bridge_26.06 Qwen3-235B on 256 GB200, the fastest published run of the job
+    assert "1.00× that measurement." in published_job_note(*args, measured)
+    assert "a model claim" not in published_job_note(*args, (1 - CLAIM_LIMIT) * measured * 1.001)
+    assert "a model claim" in published_job_note(*args, (1 - CLAIM_LIMIT) * measured * 0.999)
+    assert published_job_note(model, "GB200-186GB", 256, 4096, "mxfp8", 10.0) == ""  # no run of that batch
