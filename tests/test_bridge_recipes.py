@@ -74,18 +74,19 @@ def test_qwen3_h100_26_04_runs_alltoall_without_tp_overlap():
     assert k.value("overlap_moe_expert_parallel_comm") is True and k.value("expert_tensor_parallel_size") == 1
 
 
-def test_table_covers_exactly_the_moe_bridge_records():
-    """One entry per DeepSeek-V3 / Qwen3-235B record of bridge_runs.yaml, its release the id's, its
-    commit the release's, every knob with a where."""
+def test_table_covers_exactly_the_bridge_records():
+    """One entry per record of bridge_runs.yaml (36 DeepSeek-V3 / Qwen3-235B, 50 Llama-3 / 3.1),
+    its release the id's, its commit the release's, every knob with a where."""
     doc = yaml.safe_load((REFERENCE_DIR / "bridge_runs.yaml").read_text())
     moe_ids = {r["id"] for r in doc["records"] if r["model"].get("moe")}
+    llama_ids = {r["id"] for r in doc["records"] if r["model"]["name"].startswith("LLAMA3")}
     table = load_recipe_knobs()
-    assert set(table) == moe_ids and len(moe_ids) == 36
+    assert set(table) == moe_ids | llama_ids and (len(moe_ids), len(llama_ids)) == (36, 50)
     commits = release_commits()
     for rid, k in table.items():
         assert rid.split("_")[1] == k.release and commits[k.release] == (k.tag, k.commit), rid
         assert all(knob.where for knob in k.knobs.values()), rid
-    assert recipe_knobs("bridge_26.04_LLAMA3_70B_DGX-H100_FP8_64gpu_gbs256") is None
+    assert recipe_knobs("megatron_readme_h100_x") is None
 
 
 def _write(tmp_path, entry: dict) -> object:
