@@ -51,8 +51,9 @@ def bridge_dense_recipe(knobs: RecipeKnobs, plan: Plan, dtype: str, *, recompute
     fsdp = knobs.value("use_megatron_fsdp")
     fsdp_agrees = not fsdp_stated or fsdp is None or bool(fsdp) == (plan.zero_stage == 3)
     layout_ok = same_layout(knobs, plan) and fsdp_agrees
-    if knobs.mismatch:
-        out.notes.append(f"recipe {knobs.config} differs from the record ({knobs.mismatch}): record layout kept"
+    if knobs.mismatch or not layout_ok:
+        why = knobs.mismatch or "tp/pp/cp/micro-batch or FSDP"
+        out.notes.append(f"recipe {knobs.config} differs from the record ({why}): record layout kept"
                          + ("" if layout_ok else "; the recipe's recompute/FSDP/offload not applied"))
     if layout_ok and not recompute_stated:
         _recompute(knobs, plan, out)
