@@ -1,11 +1,12 @@
-"""What each Megatron-Bridge release's performance recipe set for a bridge_runs.yaml MoE record.
+"""What each Megatron-Bridge release's performance recipe set for a bridge_runs.yaml record.
 
 The published performance tables print only the layout and precision; the recipes that produced
-them set much more (token dispatcher, expert all-to-all overlap, recompute, CUDA graphs, fused
+them set much more (Megatron-FSDP, CPU offload, token dispatcher, expert all-to-all overlap, recompute, CUDA graphs, fused
 kernels), and they changed from release to release. planner/data/bridge_recipe_knobs.yaml holds,
 per record id, the knobs read from the Bridge commit that release's container shipped, each with
 the commit, path and config name it was read from (the file's header says how). This module only
-loads and checks that table; planner/reference_moe.py applies the knobs the model costs.
+loads and checks that table; planner/reference_moe.py (MoE) and planner/reference_dense.py (Llama)
+apply the knobs the model costs.
 """
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ KNOB_NAMES: tuple[str, ...] = (
     "pipeline_model_parallel_layout", "pipeline_layout_flags", "expert_tensor_parallel_size",
     "tp_comm_overlap", "moe_router_fusion", "moe_permute_fusion", "moe_paged_stash",
     "moe_expert_rank_capacity_factor", "mtp_num_layers",
+    # dense (Llama) recipes: full recompute by block, Megatron-FSDP, activation offload, FP8 weights
+    "recompute_method", "recompute_num_layers", "use_megatron_fsdp", "data_parallel_sharding_strategy",
+    "cpu_offloading_num_layers", "cpu_offloading_weights", "fp8_param_gather", "overlap_param_gather",
 )
 _ENTRY_FIELDS = ("release", "commit", "tag", "config", "recipe_layout", "layout_matches_record", "mismatch", "knobs")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -117,12 +121,12 @@ def load_recipe_knobs(path: Path = KNOBS_FILE) -> dict[str, RecipeKnobs]:
 
 def recipe_knobs(record_id: str, *, required: bool = False, path: Path = KNOBS_FILE) -> RecipeKnobs | None:
     """The recipe knobs for a bridge_runs.yaml record id; None for a record the table does not
-    cover (the dense Llama rows, other sources), a one-line SpecError instead when `required`."""
+    cover (other sources), a one-line SpecError instead when `required`."""
     table = load_recipe_knobs(path)
     entry = table.get(record_id)
     if entry is None and required:
         raise SpecError(f"bridge recipe knobs: no entry for record {record_id!r}; the table covers "
-                        f"{len(table)} DeepSeek-V3 / Qwen3-235B records of bridge_runs.yaml")
+                        f"{len(table)} DeepSeek-V3 / Qwen3-235B / Llama-3 records of bridge_runs.yaml")
     return entry
 
 

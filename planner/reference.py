@@ -27,6 +27,7 @@ from planner.model import ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
 from planner.bridge_recipes import recipe_knobs
+from planner.reference_dense import bridge_dense_recipe
 from planner.reference_moe import bridge_recipe_job_updates, bridge_recipe_model, nvidia_moe_settings
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
@@ -636,6 +637,22 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if script_knobs.get("te_flash_attention"):
         extra["te_flash_attention"] = True
         assumptions.append(f"FlashAttention-2 instead of cuDNN attention ({script_where})")
+    dense_knobs = recipe_knobs(rid) if bridge and model.moe is None else None
+    if dense_knobs is not None:
+        recipe_run = bridge_dense_recipe(dense_knobs, plan, dtype,
+                                         recompute_stated=r.get("parallel.recompute") is not None,
+                                         fsdp_stated=r.get("parallel.fsdp") is not None)
+        if any(n.startswith(("no recompute (", "full recompute")) for n in recipe_run.notes):
+            assumptions[:] = [a for a in assumptions if not a.startswith("no recompute (NeMo/Bridge")]
+        if recipe_run.plan_update:
+            update = dict(recipe_run.plan_update)
+            plan = _plan(r, {**plan.model_dump(), **update})
+            if isinstance(plan, str):
+                return Skipped(rid, plan)
+        if recipe_run.megatron_fsdp:
+            framework = "Megatron-FSDP"
+        extra = {**extra, **recipe_run.job_update}
+        assumptions.extend(recipe_run.notes)
     if bridge and dtype == "nvfp4" and plan.tp_comm_overlap and family_of(model.name) == "Llama-3":
         plan = Plan.model_validate({**plan.model_dump(), "tp_comm_overlap": False})
         assumptions.append(f"no TP comm overlap with NVFP4 ({BRIDGE_NVFP4_NO_TP_OVERLAP})")

@@ -74,18 +74,19 @@ def test_qwen3_h100_26_04_runs_alltoall_without_tp_overlap():
     assert k.value("overlap_moe_expert_parallel_comm") is True and k.value("expert_tensor_parallel_size") == 1
 
 
-def test_table_covers_exactly_the_moe_bridge_records():
-    """One entry per DeepSeek-V3 / Qwen3-235B record of bridge_runs.yaml, its release the id's, its
-    commit the release's, every knob with a where."""
+def test_table_covers_exactly_the_bridge_records():
+    """One entry per record of bridge_runs.yaml (36 DeepSeek-V3 / Qwen3-235B, 50 Llama-3 / 3.1),
+    its release the id's, its commit the release's, every knob with a where."""
     doc = yaml.safe_load((REFERENCE_DIR / "bridge_runs.yaml").read_text())
     moe_ids = {r["id"] for r in doc["records"] if r["model"].get("moe")}
+    llama_ids = {r["id"] for r in doc["records"] if r["model"]["name"].startswith("LLAMA3")}
     table = load_recipe_knobs()
-    assert set(table) == moe_ids and len(moe_ids) == 36
+    assert set(table) == moe_ids | llama_ids and (len(moe_ids), len(llama_ids)) == (36, 50)
     commits = release_commits()
     for rid, k in table.items():
         assert rid.split("_")[1] == k.release and commits[k.release] == (k.tag, k.commit), rid
         assert all(knob.where for knob in k.knobs.values()), rid
-    assert recipe_knobs("bridge_26.04_LLAMA3_70B_DGX-H100_FP8_64gpu_gbs256") is None
+    assert recipe_knobs("megatron_readme_h100_x") is None
 
 
 def _write(tmp_path, entry: dict) -> object:
@@ -174,3 +175,79 @@ def test_llama31_405b_rows_run_the_recipes_account_for_layout(bridge_cases):
         expect = (1,) + (2,) * 62 + (1,) if stages == 64 else (0,) + (1,) * 126 + (0,)
         assert stages in (64, 128) and tuple(c.plan.stage_layers) == expect, c.id
         assert any("llama31_405b_pretrain_config account_for_embedding/loss" in a for a in c.assumptions), c.id
+
+
+LLAMA70_2604_GB200_FP8 = "bridge_26.04_LLAMA3_70B_DGX-GB200_FP8_64gpu_gbs256"
+LLAMA70_2602_GB200_NVFP4 = "bridge_26.02_LLAMA3_70B_DGX-GB200_NVFP4_64gpu_gbs256"
+LLAMA8_2511_B200 = "bridge_25.11_LLAMA3_8B_DGX-B200_FP8-CS_(FP8-MX)_8gpu_gbs128"
+LLAMA8_2511_H100 = "bridge_25.11_LLAMA3_8B_DGX-H100_FP8-CS_8gpu_gbs128"
+
+
+def test_llama3_70b_gb200_fp8_26_04_is_fsdp_with_40_offloaded_layers(bridge_cases):
+    """Megatron-Bridge v0.4.0 (0fbfe7d3e970) scripts/performance/configs/llama/
+    llama3_workload_base_configs.py lines 241-246: LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2 =
+    replace(gbs 256, micro_batch_size=2, use_megatron_fsdp=True, cpu_offloading_num_layers=40);
+    utils/overrides.py line 82 sets data_parallel_sharding_strategy "optim_grads_params", line 137
+    cpu_offloading_weights False. The case keeps ZeRO-3, gathers FP8 weights, and says the offload
+    is not costed."""
+    k = recipe_knobs(LLAMA70_2604_GB200_FP8, required=True)
+    assert (k.tag, k.commit[:12], k.config) == ("v0.4.0", "0fbfe7d3e970", "LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2")
+    assert k.recipe_layout == {"tp": 1, "pp": 1, "vpp": None, "ep": 1, "cp": 1, "mbs": 2, "gbs": 256}
+    assert k.layout_matches_record and k.mismatch is None
+    assert (k.value("use_megatron_fsdp"), k.value("data_parallel_sharding_strategy")) == (True, "optim_grads_params")
+    assert (k.value("cpu_offloading_num_layers"), k.value("cpu_offloading_weights")) == (40, False)
+    assert k.value("recompute_granularity") is None and k.value("fp8_param_gather") is True
+    case = bridge_cases[LLAMA70_2604_GB200_FP8]
+    assert (case.plan.zero_stage, case.plan.fp8_param_gather, case.framework) == (3, True, "Megatron-FSDP")
+    assert any(a.startswith("not costed: CPU offload of 40 layers") and "v0.4.0 0fbfe7d3e970:" in a
+               for a in case.assumptions)
+
+
+def test_llama3_70b_gb200_nvfp4_turns_tp_overlap_off(bridge_cases):
+    """v0.3.0 (21b02e0cfb2f) scripts/performance/configs/llama/llama3_llm_pretrain.py line 113
+    (llama3_70b_pretrain_config_gb200): tp_comm_overlap = False if precision == "nvfp4"; the NVFP4
+    precision helper gathers FP4, not FP8, weights (training/mixed_precision.py line 402:
+    fp8_param_gather = False). Layout tp 2 pp 4 vpp 5 is the record's."""
+    k = recipe_knobs(LLAMA70_2602_GB200_NVFP4, required=True)
+    assert "llama3_llm_pretrain.py llama3_70b_pretrain_config_gb200" in k.where("tp_comm_overlap")
+    assert k.value("tp_comm_overlap") is False and k.value("fp8_param_gather") is False
+    assert (k.recipe_layout["tp"], k.recipe_layout["pp"], k.recipe_layout["vpp"]) == (2, 4, 5)
+    plan = bridge_cases[LLAMA70_2602_GB200_NVFP4].plan
+    assert (plan.tp_comm_overlap, plan.fp8_param_gather) == (False, False)
+
+
+def test_llama3_8b_25_11_b200_full_iteration_graph_and_h100_mismatch(bridge_cases):
+    """v0.2.0 (7af9601c9da7) scripts/performance/configs/llama3/workload_base_configs.py lines
+    207-212: LLAMA3_8B_B200_FP8_CS_BASE_CONFIG sets cuda_graph_impl "local" with scope
+    "full_iteration" (Megatron-Core's whole-iteration graph): the job costs it. The H100 FP8-CS
+    config (no Megatron-FSDP, recompute_num_layers 5) contradicts the record's FSDP 8, so its
+    recompute is not applied: the record keeps no recompute."""
+    b200 = bridge_cases[LLAMA8_2511_B200]
+    assert recipe_knobs(LLAMA8_2511_B200).value("cuda_graph_scope") == ["full_iteration"]
+    assert b200.job.full_iteration_cuda_graph is True
+    assert any(a.startswith("full-iteration CUDA graph (Megatron-Bridge v0.2.0") for a in b200.assumptions)
+    k = recipe_knobs(LLAMA8_2511_H100, required=True)
+    assert (k.value("recompute_num_layers"), k.value("use_megatron_fsdp"), k.layout_matches_record) == (5, False, False)
+    h100 = bridge_cases[LLAMA8_2511_H100]
+    assert (h100.plan.recompute, h100.plan.zero_stage) == ("none", 3)
+    assert any("recompute/FSDP/offload not applied" in a for a in h100.assumptions)
+
+
+def test_dense_recipe_full_recompute_and_fsdp_when_the_record_is_silent(tmp_path):
+    """A recipe with recompute_num_layers 5 (Bridge overrides: granularity full, method block) and
+    Megatron-FSDP optim_grads_params, on a record that prints neither: full recompute of 5 layers,
+    ZeRO-3 Megatron-FSDP; with the record's FSDP contradicting the recipe, neither is applied."""
+    from planner.plan import Plan
+    from planner.reference_dense import bridge_dense_recipe
+    entry = {**GOOD, "recipe_layout": {"tp": 1, "pp": 1, "vpp": None, "ep": 1, "cp": 1, "mbs": 1},
+             "knobs": {n: {"value": v, "where": "w"} for n, v in (
+                 ("recompute_granularity", "full"), ("recompute_num_layers", 5), ("use_megatron_fsdp", True),
+                 ("data_parallel_sharding_strategy", "optim_grads_params"), ("tp_comm_overlap", False))}}
+    k = recipe_knobs("bridge_x", path=_write(tmp_path, entry))
+    plan = Plan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=128, zero_stage=1)
+    run = bridge_dense_recipe(k, plan, "fp8", recompute_stated=False, fsdp_stated=False)
+    assert run.plan_update == {"recompute": "full", "recompute_num_layers": 5, "recompute_modules": None,
+                               "zero_stage": 3, "dp_impl": "megatron"} and run.megatron_fsdp
+    Plan.model_validate({**plan.model_dump(), **run.plan_update})
+    held = bridge_dense_recipe(k, plan, "fp8", recompute_stated=False, fsdp_stated=True)
+    assert held.plan_update == {} and any("not applied" in n for n in held.notes)

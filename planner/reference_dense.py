@@ -1,0 +1,129 @@
+"""The Megatron-Bridge recipe knobs of a dense (Llama-3 / 3.1) bridge_runs.yaml record that the time
+and memory model cost, applied to the record's plan and job (issue 9).
+
+planner/data/bridge_recipe_knobs.yaml holds what each release's recipe set (read at that release's
+Bridge commit; planner/bridge_recipes.py loads it). Here only what the model already expresses is
+applied: recompute (full, block method), TP communication overlap, Megatron-FSDP, FP8 parameter
+all-gather, full-iteration CUDA graphs and FP8 attention. The rest (CPU activation offload, which the
+GB200/B200/H100 presets give no host tier to cost; per-layer CUDA graphs; the parameter-gather
+overlap switch) goes into the case's assumptions as "not costed". Layout-dependent knobs (recompute,
+FSDP, offload) are applied only where the recipe's tp/pp/cp/micro-batch and FSDP are the record's:
+a record run with another layout than its release's recipe was launched with overrides the
+repository does not keep.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.bridge_recipes import RecipeKnobs
+from planner.plan import Plan
+from planner.reference_moe import bridge_recipe_job_updates
+
+# dtypes whose weights Bridge's precision helpers gather in FP8 (fp8_param_gather = True):
+# bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed (training/mixed_precision.py).
+_FP8_WEIGHT_DTYPES = ("fp8", "fp8-cs", "mxfp8")
+
+
+@dataclass
+class DenseRecipe:
+    """What a dense record's recipe changes: Plan and JobSpec field updates, and the assumptions."""
+    plan_update: dict = field(default_factory=dict)
+    job_update: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    megatron_fsdp: bool = False  # the recipe turned on Megatron-FSDP the record did not state
+
+
+def same_layout(knobs: RecipeKnobs, plan: Plan) -> bool:
+    """The recipe's tp, pp, cp and micro-batch are the plan's (vpp and global batch may differ:
+    the tables print the per-record values, and the gbs only scales accumulation)."""
+    lay = knobs.recipe_layout
+    return (lay.get("tp"), lay.get("pp"), lay.get("cp", 1) or 1, lay.get("mbs", plan.micro_batch)) == \
+        (plan.tp, plan.pp, plan.cp, plan.micro_batch)
+
+
+def bridge_dense_recipe(knobs: RecipeKnobs, plan: Plan, dtype: str, *, recompute_stated: bool,
+                        fsdp_stated: bool) -> DenseRecipe:
+    """The plan/job updates and assumption texts for a dense record's recipe knobs. What the record
+    prints wins over the recipe: `recompute_stated` / `fsdp_stated` say it prints recompute / FSDP.
+    A record whose FSDP the recipe contradicts ran another configuration (see the entry's mismatch):
+    its recipe's layout-dependent knobs are not applied either."""
+    out = DenseRecipe()
+    fsdp = knobs.value("use_megatron_fsdp")
+    fsdp_agrees = not fsdp_stated or fsdp is None or bool(fsdp) == (plan.zero_stage == 3)
+    layout_ok = same_layout(knobs, plan) and fsdp_agrees
+    if knobs.mismatch or not layout_ok:
+        why = knobs.mismatch or "tp/pp/cp/micro-batch or FSDP"
+        out.notes.append(f"recipe {knobs.config} differs from the record ({why}): record layout kept"
+                         + ("" if layout_ok else "; the recipe's recompute/FSDP/offload not applied"))
+    if layout_ok and not recompute_stated:
+        _recompute(knobs, plan, out)
+    if layout_ok:
+        _megatron_fsdp(knobs, plan, out)
+    overlap = knobs.value("tp_comm_overlap")
+    if plan.tp > 1 and overlap is not None and plan.tp_comm_overlap != bool(overlap):
+        out.plan_update["tp_comm_overlap"] = bool(overlap)
+        out.notes.append(f"TP comm overlap {'on' if overlap else 'off'} ({knobs.cite('tp_comm_overlap')})")
+    if knobs.value("fp8_param_gather") and dtype in _FP8_WEIGHT_DTYPES and not plan.fp8_param_gather:
+        out.plan_update["fp8_param_gather"] = True
+        out.notes.append(f"FP8 parameter all-gather ({knobs.cite('fp8_param_gather')})")
+    out.job_update, job_notes = bridge_recipe_job_updates(knobs, dtype)
+    out.notes.extend(job_notes)
+    _cuda_graphs(knobs, out)
+    _uncosted(knobs, layout_ok, out)
+    return out
+
+
+def _recompute(knobs: RecipeKnobs, plan: Plan, out: DenseRecipe) -> None:
+    granularity = knobs.value("recompute_granularity")
+    if granularity == "full":
+        # Megatron --recompute-method block --recompute-num-layers N: the first N layers of each
+        # (virtual) pipeline stage recompute in full (megatron/core/transformer/transformer_block.py)
+        n = knobs.value("recompute_num_layers")
+        out.plan_update.update(recompute="full", recompute_num_layers=n, recompute_modules=None)
+        out.notes.append(f"full recompute of {n if n else 'all'} layers per stage, block method "
+                         f"({knobs.cite('recompute_num_layers' if n else 'recompute_granularity')})")
+    elif granularity is None:
+        if plan.recompute != "none":
+            out.plan_update.update(recompute="none", recompute_modules=None, recompute_num_layers=None)
+        out.notes.append(f"no recompute ({knobs.cite('recompute_granularity')})")
+
+
+def _megatron_fsdp(knobs: RecipeKnobs, plan: Plan, out: DenseRecipe) -> None:
+    """Megatron-FSDP with optim_grads_params shards parameters, gradients and optimizer state:
+    Plan.zero_stage 3 (Megatron's implementation, dp_impl 'megatron')."""
+    fsdp = knobs.value("use_megatron_fsdp")
+    if fsdp is None:
+        return
+    cite = knobs.cite("use_megatron_fsdp")
+    if fsdp and knobs.value("data_parallel_sharding_strategy") == "optim_grads_params":
+        if plan.zero_stage != 3:
+            out.plan_update.update(zero_stage=3, dp_impl="megatron")
+            out.megatron_fsdp = True
+        out.notes.append(f"Megatron-FSDP, optim_grads_params ({cite})")
+    elif not fsdp and plan.zero_stage == 3:
+        out.notes.append(f"record's FSDP kept; the recipe runs without Megatron-FSDP ({cite})")
+
+
+def _cuda_graphs(knobs: RecipeKnobs, out: DenseRecipe) -> None:
+    """cuda_graph_impl 'local' with scope full_iteration is Megatron-Core's whole-iteration graph
+    (FullCudaGraphWrapper) before the 'full_iteration' impl name existed; other graphs are per layer."""
+    impl, scope = knobs.value("cuda_graph_impl"), knobs.value("cuda_graph_scope") or []
+    if impl == "local" and "full_iteration" in scope:
+        out.job_update["full_iteration_cuda_graph"] = True
+        out.notes.append(f"full-iteration CUDA graph ({knobs.cite('cuda_graph_impl')})")
+    elif impl and impl != "full_iteration":
+        out.notes.append(f"not costed: CUDA graphs {impl}" + (f" scope {'/'.join(scope)}" if scope else "")
+                         + f" ({knobs.cite('cuda_graph_impl')})")
+
+
+def _uncosted(knobs: RecipeKnobs, layout_ok: bool, out: DenseRecipe) -> None:
+    layers = knobs.value("cpu_offloading_num_layers")
+    if layers and layout_ok:
+        what = "weights and activations" if knobs.value("cpu_offloading_weights") else "activations"
+        out.notes.append(f"not costed: CPU offload of {layers} layers ({what}; the system preset has no host "
+                         f"memory tier) ({knobs.cite('cpu_offloading_num_layers')})")
+    if knobs.value("overlap_param_gather") is False:
+        out.notes.append(f"not costed: parameter all-gather overlap off ({knobs.cite('overlap_param_gather')})")
+
+
+__all__ = ["DenseRecipe", "bridge_dense_recipe", "same_layout"]
