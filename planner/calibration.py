@@ -10,7 +10,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.layer_kinds import lead_layers
 from planner.reference import (DEFAULT_REFERENCES, FITTED_FRAMEWORKS, REFERENCE_DIR, RefCase, Skipped,
-                               load_reference)
+                               load_reference, untuned_ladder_step)
 
 DEFAULT_REFERENCE = DEFAULT_REFERENCES[0]  # kept for callers that name one file
 
@@ -37,7 +37,10 @@ def accuracy_rows(cases: list[RefCase], systems: dict[str, SystemSpec] | None = 
         pred = predict(case, system)
         err = pred["step_time_s"] / case.measured_step_s - 1.0
         rows.append({"id": case.id, "source": case.source, "framework": case.framework, "family": case.family,
-                     "kind": case.kind, "fitted": case.fit, "gpu": case.system.accelerator.name,
+                     "kind": case.kind,
+                     "software": (f"{case.kind}, untuned optimisation-ladder step"
+                                  if untuned_ladder_step(case.id, case.source) else f"{case.kind}, tuned"),
+                     "fitted": case.fit, "gpu": case.system.accelerator.name,
                      "dtype": case.job.dtype, "gpus": case.system.num_gpus, "plan": case.plan.short(),
                      "measured_s": case.measured_step_s, "predicted_s": pred["step_time_s"],
                      "error": err, "fits_hbm": pred["hbm_bytes"] <= pred["hbm_capacity_bytes"],

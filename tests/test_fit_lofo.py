@@ -113,3 +113,14 @@ def test_moe_parameters_are_refitted_without_the_family(all_cases):
     lofo_moved = lofo_predictions(moved, fit_all(moved), families={"Qwen3"})
     assert {n: getattr(tm, n) for n in tm.MOE_FITTED_PARAMETERS} == saved  # constants restored
     assert all(lofo_moved[c.id] == pytest.approx(lofo[c.id], rel=1e-12) for c in qwen)
+
+
+def test_validate_keeps_the_ladder_steps_apart():
+    """The DeepSeek-V3 GB200 guide's 13 rows: its 12 untuned steps are their own group, its tuned
+    end state (step 12) counts with the tuned MoE runs."""
+    import json
+    result = runner.invoke(app, ["validate", "--source", "mcore-dsv3", "--json"])
+    assert result.exit_code == 0, result.output
+    groups = json.loads(result.output)["summary"]["software"]
+    assert groups["MoE, untuned optimisation-ladder step"]["rows"] == 12
+    assert groups["MoE, tuned"]["rows"] == 1
