@@ -353,15 +353,25 @@ def fit_sharded_dp(prepared: list[Prepared], params_of=lambda p: None, keep=lamb
                        "DEEPSPEED_ZERO3_BW_EFFICIENCY": 1.0, "DEEPSPEED_ZERO3_COMPUTE_CONTENTION": known}
             out.update({n: unknown[n] for n in names})
             continue
-        values = {n: getattr(data_parallel, n) for n in names}
-        for _ in range(sweeps if len(names) > 1 else 1):
-            for n, (lo, hi) in zip(names, bounds):
-                def score(x, n=n):
-                    with data_parallel.parameters(**{**out, **values, n: x}):
-                        return _family_weighted_log_error(rows, params_of)
-                values[n] = _golden(score, lo, hi, values[n], iters)[0]
-        out.update(values)
+        out.update(_fit_constants(rows, params_of, data_parallel.parameters, dict(zip(names, bounds)),
+                                  {n: getattr(data_parallel, n) for n in names},
+                                  sweeps if len(names) > 1 else 1, iters, held=dict(out)))
     return out
+
+
+def _fit_constants(rows: list[Prepared], params_of, override, bounds: dict[str, tuple[float, float]],
+                   start: dict[str, float], sweeps: int, iters: int, held: dict | None = None) -> dict[str, float]:
+    """Module constants (set through the context `override(**values)`, with `held` ones fixed)
+    fitted on `rows` by coordinate descent, golden section per constant within its bounds,
+    families weighted equally; the sharded-DP and the MoE fits."""
+    values = dict(start)
+    for _ in range(sweeps):
+        for name, (lo, hi) in bounds.items():
+            def score(x, name=name):
+                with override(**{**(held or {}), **values, name: x}):
+                    return _family_weighted_log_error(rows, params_of)
+            values[name] = _golden(score, lo, hi, values[name], iters)[0]
+    return values
 
 
 # MoE constants (planner.analytical.time.MOE_FITTED_PARAMETERS) and their physical bounds. In
@@ -382,13 +392,7 @@ def fit_moe(prepared: list[Prepared], params_of=lambda p: None, keep=lambda case
     values = {name: getattr(tm, name) for name, _ in MOE_FITS}
     if len(rows) < FIT_ROWS_PER_PARAMETER * len(MOE_FITS):
         return values
-    for _ in range(sweeps):
-        for name, (lo, hi) in MOE_FITS:
-            def score(x, name=name):
-                with tm.moe_parameters(**{**values, name: x}):
-                    return _family_weighted_log_error(rows, params_of)
-            values[name] = _golden(score, lo, hi, values[name], iters)[0]
-    return values
+    return _fit_constants(rows, params_of, tm.moe_parameters, dict(MOE_FITS), values, sweeps, iters)
 
 
 def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict],

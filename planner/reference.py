@@ -645,8 +645,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         if any(n.startswith(("no recompute (", "full recompute")) for n in recipe_run.notes):
             assumptions[:] = [a for a in assumptions if not a.startswith("no recompute (NeMo/Bridge")]
         if recipe_run.plan_update:
-            update = dict(recipe_run.plan_update)
-            plan = _plan(r, {**plan.model_dump(), **update})
+            plan = _plan(r, {**plan.model_dump(), **recipe_run.plan_update})
             if isinstance(plan, str):
                 return Skipped(rid, plan)
         if recipe_run.megatron_fsdp:

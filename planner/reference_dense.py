@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from planner.bridge_recipes import RecipeKnobs
 from planner.plan import Plan
-from planner.reference_moe import bridge_recipe_job_updates
+from planner.reference_moe import bridge_recipe_job_updates, tp_overlap_update, uncosted_graph_notes
 
 # dtypes whose weights Bridge's precision helpers gather in FP8 (fp8_param_gather = True):
 # bf16_with_fp8_current_scaling_mixed / bf16_with_mxfp8_mixed (training/mixed_precision.py).
@@ -59,16 +59,14 @@ def bridge_dense_recipe(knobs: RecipeKnobs, plan: Plan, dtype: str, *, recompute
         _recompute(knobs, plan, out)
     if layout_ok:
         _megatron_fsdp(knobs, plan, out)
-    overlap = knobs.value("tp_comm_overlap")
-    if plan.tp > 1 and overlap is not None and plan.tp_comm_overlap != bool(overlap):
-        out.plan_update["tp_comm_overlap"] = bool(overlap)
-        out.notes.append(f"TP comm overlap {'on' if overlap else 'off'} ({knobs.cite('tp_comm_overlap')})")
+    tp_update, tp_notes = tp_overlap_update(knobs, plan)
+    out.plan_update.update(tp_update)
+    out.notes.extend(tp_notes)
     if knobs.value("fp8_param_gather") and dtype in _FP8_WEIGHT_DTYPES and not plan.fp8_param_gather:
         out.plan_update["fp8_param_gather"] = True
         out.notes.append(f"FP8 parameter all-gather ({knobs.cite('fp8_param_gather')})")
     out.job_update, job_notes = bridge_recipe_job_updates(knobs, dtype)
-    out.notes.extend(job_notes)
-    _cuda_graphs(knobs, out)
+    out.notes.extend(job_notes + uncosted_graph_notes(knobs))
     _uncosted(knobs, layout_ok, out)
     return out
 
@@ -102,18 +100,6 @@ def _megatron_fsdp(knobs: RecipeKnobs, plan: Plan, out: DenseRecipe) -> None:
         out.notes.append(f"Megatron-FSDP, optim_grads_params ({cite})")
     elif not fsdp and plan.zero_stage == 3:
         out.notes.append(f"record's FSDP kept; the recipe runs without Megatron-FSDP ({cite})")
-
-
-def _cuda_graphs(knobs: RecipeKnobs, out: DenseRecipe) -> None:
-    """cuda_graph_impl 'local' with scope full_iteration is Megatron-Core's whole-iteration graph
-    (FullCudaGraphWrapper) before the 'full_iteration' impl name existed; other graphs are per layer."""
-    impl, scope = knobs.value("cuda_graph_impl"), knobs.value("cuda_graph_scope") or []
-    if impl == "local" and "full_iteration" in scope:
-        out.job_update["full_iteration_cuda_graph"] = True
-        out.notes.append(f"full-iteration CUDA graph ({knobs.cite('cuda_graph_impl')})")
-    elif impl and impl != "full_iteration":
-        out.notes.append(f"not costed: CUDA graphs {impl}" + (f" scope {'/'.join(scope)}" if scope else "")
-                         + f" ({knobs.cite('cuda_graph_impl')})")
 
 
 def _uncosted(knobs: RecipeKnobs, layout_ok: bool, out: DenseRecipe) -> None:

@@ -154,12 +154,20 @@ def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan)
             notes.append(f"expert all-to-all overlap + delayed wgrad ({knobs.cite('overlap_moe_expert_parallel_comm')})")
     elif plan.moe_a2a_overlap:
         update["moe_a2a_overlap"] = False
-    tp_overlap = knobs.value("tp_comm_overlap")
-    if plan.tp > 1 and tp_overlap is not None and plan.tp_comm_overlap != bool(tp_overlap):
-        update["tp_comm_overlap"] = bool(tp_overlap)
-        notes.append(f"TP comm overlap {'on' if tp_overlap else 'off'} ({knobs.cite('tp_comm_overlap')})")
-    notes.extend(_uncosted_knobs(knobs))
+    tp_update, tp_notes = tp_overlap_update(knobs, plan)
+    update.update(tp_update)
+    notes.extend(tp_notes + _uncosted_knobs(knobs))
     return update, notes
+
+
+def tp_overlap_update(knobs: RecipeKnobs, plan: Plan) -> tuple[dict, list[str]]:
+    """(Plan update, assumption) for the recipe's TP communication overlap where it differs from
+    the plan's (MoE and dense records alike)."""
+    overlap = knobs.value("tp_comm_overlap")
+    if plan.tp > 1 and overlap is not None and plan.tp_comm_overlap != bool(overlap):
+        return ({"tp_comm_overlap": bool(overlap)},
+                [f"TP comm overlap {'on' if overlap else 'off'} ({knobs.cite('tp_comm_overlap')})"])
+    return {}, []
 
 
 def bridge_recipe_model(knobs: RecipeKnobs, model: ModelSpec) -> tuple[ModelSpec, list[str]]:
@@ -180,7 +188,7 @@ def bridge_recipe_job_updates(knobs: RecipeKnobs, dtype: str) -> tuple[dict, lis
     """(JobSpec field updates, assumptions) for the recipe's kernel settings the time model costs:
     full-iteration CUDA graphs, the CuTeDSL (TE op-fuser) grouped MLP, FP8 attention."""
     update, notes = {}, []
-    if knobs.value("cuda_graph_impl") == "full_iteration":
+    if full_iteration_graph(knobs):
         update["full_iteration_cuda_graph"] = True
         notes.append(f"full-iteration CUDA graph ({knobs.cite('cuda_graph_impl')})")
     if knobs.value("cutedsl_fused_grouped_mlp"):
@@ -192,15 +200,27 @@ def bridge_recipe_job_updates(knobs: RecipeKnobs, dtype: str) -> tuple[dict, lis
     return update, notes
 
 
+def full_iteration_graph(knobs: RecipeKnobs) -> bool:
+    """Whether the recipe captures the whole iteration in one CUDA graph: cuda_graph_impl
+    'full_iteration', or 'local' with scope full_iteration (Megatron-Core's FullCudaGraphWrapper,
+    before the impl had its own name). Other graphs are per layer."""
+    impl, scope = knobs.value("cuda_graph_impl"), knobs.value("cuda_graph_scope") or []
+    return impl == "full_iteration" or (impl == "local" and "full_iteration" in scope)
+
+
+def uncosted_graph_notes(knobs: RecipeKnobs) -> list[str]:
+    """The assumption text for per-layer CUDA graphs, which the time model does not cost."""
+    impl, scope = knobs.value("cuda_graph_impl"), knobs.value("cuda_graph_scope")
+    if not impl or full_iteration_graph(knobs):
+        return []
+    return [f"not costed: CUDA graphs {impl}" + (f" scope {'/'.join(scope)}" if scope else "")
+            + f" ({knobs.cite('cuda_graph_impl')})"]
+
+
 def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
     """The recipe's speed knobs the time model does not cost (beyond bridge_recipe_job_updates),
     as assumption texts."""
-    out = []
-    cg = knobs.value("cuda_graph_impl")
-    if cg and cg != "full_iteration":
-        scope = knobs.value("cuda_graph_scope")
-        out.append(f"not costed: CUDA graphs {cg}" + (f" scope {'/'.join(scope)}" if scope else "")
-                   + f" ({knobs.cite('cuda_graph_impl')})")
+    out = uncosted_graph_notes(knobs)
     if knobs.value("moe_shared_expert_overlap"):
         out.append(f"not costed: shared-expert overlap ({knobs.cite('moe_shared_expert_overlap')})")
     for name, text in (("moe_paged_stash", "paged activation stash"),):
@@ -214,5 +234,5 @@ def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
 
 
 __all__ = ["MOE_IMBALANCE_LEARNED_DROPLESS", "a2a_overlap_allowed", "bridge_recipe_job_updates", "bridge_recipe_model",
-           "bridge_recipe_plan_updates",
-           "nvidia_moe_settings"]
+           "bridge_recipe_plan_updates", "full_iteration_graph", "nvidia_moe_settings", "tp_overlap_update",
+           "uncosted_graph_notes"]
