@@ -30,6 +30,13 @@ def current_jobs(rows: list[dict] | None = None) -> dict:
     return jobs_from_rows(rows, {c.id: c for c in cases})
 
 
+def jobs_text(jobs: dict) -> str:
+    """published_jobs.json with one run per line (a diff then shows which runs changed)."""
+    blocks = [f"{json.dumps(key)}: [\n  " + ",\n  ".join(json.dumps(r, ensure_ascii=False) for r in runs) + "\n ]"
+              for key, runs in jobs.items()]
+    return "{\n " + ",\n ".join(blocks) + "\n}\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", action="store_true", help=f"write {EVIDENCE_FILE}")
@@ -38,7 +45,7 @@ def main() -> None:
     text = json.dumps(table, indent=1, ensure_ascii=False) + "\n"
     if args.write:
         EVIDENCE_FILE.write_text(text)
-        JOBS_FILE.write_text(json.dumps(current_jobs(), indent=1, ensure_ascii=False) + "\n")
+        JOBS_FILE.write_text(jobs_text(current_jobs()))
     print(text)
 
 

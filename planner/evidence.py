@@ -14,6 +14,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from planner.analytical.precision import GEMM_OPERAND_BYTES
 from planner.model import ModelSpec
 from planner.plan import Plan
 
@@ -93,23 +94,33 @@ JOBS_FILE = Path(__file__).resolve().parent / "data" / "published_jobs.json"
 CLAIM_LIMIT = 0.15
 
 
-def job_key(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str) -> str:
+def job_key(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None) -> str:
     """What makes two jobs the same for comparing a plan with a published run: the model's
-    shape (not its name: presets and records name models differently), the GPU type and count,
-    the global batch and the compute dtype."""
+    shape (not its name: presets and records name models differently), the GPU type and count
+    and the global batch. The precision is per run (`supporting_runs`)."""
     moe = model.moe
     shape = (model.layers, model.hidden, model.heads, model.ffn_hidden, model.seq_length,
              moe.num_experts if moe else 0, moe.top_k if moe else 0)
-    return "|".join(str(x) for x in (*shape, accelerator, gpus, global_batch, dtype))
+    return "|".join(str(x) for x in (*shape, accelerator, gpus, global_batch))
+
+
+def gemm_bits(dtype: str) -> int:
+    """Bits per GEMM operand element (block scales rounded away): what orders precisions by how
+    much work a step does in them."""
+    return round(8 * GEMM_OPERAND_BYTES[dtype])
 
 
 def jobs_from_rows(rows: list[dict], cases: dict) -> dict[str, list[dict]]:
-    """{job key: its published runs, fastest first} from accuracy rows and their cases by id."""
+    """{job key: its published runs, fastest first} from accuracy rows and their cases by id; each
+    run keeps its plan whole (`plan_fields`), so the gate in planner.recommend can re-score it."""
     out: dict[str, list[dict]] = {}
     for r in rows:
         c = cases[r["id"]]
-        key = job_key(c.model, c.system.accelerator.name, c.system.num_gpus, c.job.global_batch, c.job.dtype)
-        out.setdefault(key, []).append({"id": r["id"], "plan": c.plan.short(), "measured_s": round(r["measured_s"], 4),
+        key = job_key(c.model, c.system.accelerator.name, c.system.num_gpus, c.job.global_batch)
+        out.setdefault(key, []).append({"id": r["id"], "dtype": c.job.dtype,
+                                        "moe_load_imbalance": c.job.moe_load_imbalance, "plan": c.plan.short(),
+                                        "plan_fields": c.plan.model_dump(mode="json", exclude_defaults=True),
+                                        "measured_s": round(r["measured_s"], 4),
                                         "predicted_s": round(r["predicted_s"], 4)})
     for runs in out.values():
         runs.sort(key=lambda x: (x["measured_s"], x["id"]))
@@ -120,24 +131,32 @@ def load_jobs() -> dict[str, list[dict]]:
     return _packaged_json(JOBS_FILE)
 
 
-def published_runs(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str) -> list[dict]:
-    """The published runs of this job (model shape, GPUs, batch, dtype), fastest first."""
-    return list(load_jobs().get(job_key(model, accelerator, gpus, global_batch, dtype), []))
+def supporting_runs(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str,
+                    moe_load_imbalance: float = 1.0) -> list[dict]:
+    """The published runs that bound this job's step time from measurement, fastest first: the
+    same model shape, GPU type and count and global batch, doing at least this job's work: at
+    `dtype` or a wider precision (a run that did its GEMMs in bf16 is evidence for what an FP8 step
+    can reach, not the reverse) and with routing at least as uneven (a run with forced-balanced
+    routing bounds nothing for learned routing)."""
+    bits = gemm_bits(dtype)
+    return [r for r in load_jobs().get(job_key(model, accelerator, gpus, global_batch), [])
+            if gemm_bits(r["dtype"]) >= bits and r["moe_load_imbalance"] >= moe_load_imbalance]
 
 
 def published_job_note(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str,
-                       step_time_s: float) -> str:
-    """The fastest published run of the same job, set against this plan's predicted time; ''
-    when the reference data has none."""
-    runs = published_runs(model, accelerator, gpus, global_batch, dtype)
+                       step_time_s: float, moe_load_imbalance: float = 1.0) -> str:
+    """The fastest published run of the same job (`supporting_runs`), set against this plan's
+    predicted time; '' when the reference data has none."""
+    runs = supporting_runs(model, accelerator, gpus, global_batch, dtype, moe_load_imbalance)
     if not runs:
         return ""
     r = runs[0]
     ratio = step_time_s / r["measured_s"]
     claim = (f" More than {CLAIM_LIMIT:.0%} faster than measured practice: a model claim until a run of this plan "
              "measures it." if ratio < 1 - CLAIM_LIMIT else "")
-    return (f"Published run of this job: {r['id']} ({r['plan']}) measured {r['measured_s']:.3f} s per step "
-            f"(the model predicts it at {r['predicted_s']:.3f} s); this plan is predicted at "
+    precision = "" if r["dtype"] == dtype else f", in {r['dtype']}"
+    return (f"Published run of this job: {r['id']} ({r['plan']}{precision}) measured {r['measured_s']:.3f} s per "
+            f"step (the model predicts it at {r['predicted_s']:.3f} s); this plan is predicted at "
             f"{ratio:.2f}× that measurement.{claim}")
 
 
@@ -153,4 +172,4 @@ def evidence_note(model: ModelSpec, plan: Plan) -> str:
 
 __all__ = ["family_of_plan", "family_label", "families", "runs_of", "measured_runs", "table_from_rows", "load_table",
            "evidence_note", "EVIDENCE_FILE", "JOBS_FILE", "job_key", "jobs_from_rows", "load_jobs", "published_job_note",
-           "published_runs"]
+           "supporting_runs", "gemm_bits"]

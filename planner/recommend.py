@@ -9,16 +9,27 @@ model error. Then the best measured-family plans are recommended and the faster 
 beside them as model-only candidates, with the numbers, for the user to measure
 (`--allow-unmeasured` ranks them first). Within the limit the model's ranking stands; the plan's
 Evidence line says how much stands behind it.
+
+The same bar holds against measured practice for the job itself. Where the reference data has a
+published run of this job (same model shape, GPU type and count, global batch, at this precision
+or a wider one: planner.evidence.supporting_runs) and the model predicts its best plan more than
+CLAIM_LIMIT faster than the fastest such run, no measurement supports that gain (the model predicts
+the published runs themselves within its error; the layouts it prefers beyond them nobody has
+run). Then the plans the model ranks within the bar lead, or, if it ranked none, the published
+runs' own layouts, fastest measured first, re-scored for this job; the faster plans are reported
+as model-only candidates.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from hardware.spec import SystemSpec
-from planner.evidence import CLAIM_LIMIT, families, family_of_plan, measured_runs, runs_of
+from planner.analytical import estimate
+from planner.evidence import CLAIM_LIMIT, families, family_of_plan, measured_runs, runs_of, supporting_runs
+from planner.megatron import not_expressible
 from planner.model import ModelSpec
-from planner.plan import JobSpec
-from planner.search import Ranked, SearchResult, plan as search
+from planner.plan import JobSpec, Plan
+from planner.search import Ranked, SearchResult, _objective, plan as search
 from planner.ties import rank_with_ties
 
 # Issue 9's bar (planner.evidence.CLAIM_LIMIT): no plan is predicted more than 15 % faster than
@@ -37,9 +48,17 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
     job = job or JobSpec()
     res = search(model, system, job, top_k=top_k, time_limit_s=time_limit_s)
     out = Recommendation(ranked=res.ranked, objective=res.objective, stats=res.stats)
-    is_moe = model.moe is not None
-    if allow_unmeasured or res.best is None or measured_runs(is_moe, res.best.plan):
+    if allow_unmeasured or res.best is None:
         return out
+    _family_gate(model, system, job, top_k, time_limit_s, res, out)
+    _job_gate(model, system, job, top_k, out)
+    return out
+
+
+def _family_gate(model, system, job, top_k, time_limit_s, res: SearchResult, out: Recommendation) -> None:
+    is_moe = model.moe is not None
+    if measured_runs(is_moe, res.best.plan):
+        return
     measured = []
     for label, restrict in families(is_moe).items():
         if runs_of(label):
@@ -47,11 +66,11 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
             measured.extend(sub.ranked)
             out.stats["evidence_searches_s"] = out.stats.get("evidence_searches_s", 0.0) + sub.stats["total_s"]
     if not measured:
-        return out  # nothing a published run measured fits: the model is all there is
+        return  # nothing a published run measured fits: the model is all there is
     measured.sort(key=lambda r: r.objective)
     bar = (1 - UNMEASURED_ADVANTAGE_LIMIT) * measured[0].objective
     if res.best.objective >= bar:
-        return out  # within the model's error of measured practice: its ranking stands
+        return  # within the model's error of measured practice: its ranking stands
     order = rank_with_ties([r.objective for r in measured], [r.plan for r in measured], top_k)
     out.ranked = [measured[i] for i in order]
     out.model_only = [r for r in res.ranked if r.objective < bar and not measured_runs(is_moe, r.plan)]
@@ -59,6 +78,64 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
         "limit": UNMEASURED_ADVANTAGE_LIMIT,
         "model_only_family": family_of_plan(is_moe, res.best.plan),
         "model_only_advantage": 1 - res.best.objective / measured[0].objective}
+
+
+def _job_gate(model, system, job, top_k, out: Recommendation) -> None:
+    """The bar against the fastest published run of this job (module docstring). Only for a fixed
+    global batch: the published runs are of one batch."""
+    if job.global_batch is None or out.best is None:
+        return
+    runs = supporting_runs(model, system.accelerator.name, system.num_gpus, job.global_batch, job.dtype,
+                           job.moe_load_imbalance)
+    if not runs:
+        return
+    bar = (1 - UNMEASURED_ADVANTAGE_LIMIT) * runs[0]["measured_s"]
+    if out.best.objective >= bar:
+        return
+    # what measurement supports: the model's plans within the bar; if it ranked none, the
+    # published layouts of the job themselves, fastest measured first (evidence, not the model,
+    # orders them: ranking them by the model would favour the one it overrates most)
+    candidates = [r for r in out.ranked if r.objective >= bar]
+    if not candidates:
+        candidates = published_layouts(model, system, job, runs)[:top_k]
+    if not candidates:
+        return  # no published layout is valid for this job as asked (pins, memory reserve)
+    seen = {r.plan for r in candidates}
+    fastest = out.best
+    out.model_only = [r for r in out.ranked if r.objective < bar and r.plan not in seen] + out.model_only
+    out.ranked = candidates
+    out.stats["job_gate"] = {
+        "limit": UNMEASURED_ADVANTAGE_LIMIT, "published_run": runs[0]["id"], "published_plan": runs[0]["plan"],
+        "published_dtype": runs[0]["dtype"], "measured_s": runs[0]["measured_s"], "bar_s": bar,
+        "model_best_s": fastest.objective, "model_best_ratio": fastest.objective / runs[0]["measured_s"],
+        "recommended_from": getattr(out.ranked[0], "run_id", "") or "search"}
+
+
+@dataclass
+class PublishedLayout(Ranked):
+    run_id: str = ""
+
+
+def published_layouts(model: ModelSpec, system: SystemSpec, job: JobSpec, runs: list[dict]) -> list[PublishedLayout]:
+    """The published runs' layouts (in the runs' order, fastest measured first) that are valid
+    plans for this job as asked (its pins, offload and framework rules, and they fit under the
+    job's memory reserve), re-scored for it."""
+    out, seen = [], set()
+    for run in runs:
+        plan = Plan.model_validate(run["plan_fields"])
+        if plan in seen:
+            continue  # several releases of one layout: the fastest measured stands for it
+        seen.add(plan)
+        if any(getattr(plan, k) != v for k, v in job.pins.items()):
+            continue
+        if not job.allow_offload and plan.offload_weights + plan.offload_activations + plan.offload_optimizer > 0:
+            continue
+        if job.framework == "megatron" and not_expressible(plan, model, job):
+            continue
+        est = estimate(model, system, plan, job)
+        if est.feasible:
+            out.append(PublishedLayout(plan=plan, estimate=est, objective=_objective(est, model.seq_length, False),
+                                       run_id=run["id"]))
     return out
 
 

@@ -136,7 +136,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     if job is not None:
         from planner.evidence import evidence_note, published_job_note
         published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
-                                       job.dtype, est.step_time_s)
+                                       job.dtype, est.step_time_s, job.moe_load_imbalance)
         for note in (moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan), published):
             if note:
                 console.print(note)

@@ -157,7 +157,12 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
         cross_entropy_fusion=cfg["cross_entropy_loss_fusion"],
         grad_reduce_in_bf16=ns["grad_reduce_in_bf16"] and not ns["accumulate_allreduce_grads_in_fp32"],
         fp8_param_gather=ns["fp8_param_gather"],
-        moe_a2a_overlap=bool(cfg.get("overlap_moe_expert_parallel_comm", False)))
+        moe_a2a_overlap=bool(cfg.get("overlap_moe_expert_parallel_comm", False)),
+        # megatron-core 0.19: DeepEP is the flex dispatcher with its deepep backend, the config's
+        # default backend (the checker does not report the backend field)
+        moe_dispatcher=("deepep" if ns.get("moe_token_dispatcher_type") == "flex"
+                        and ns.get("moe_flex_dispatcher_backend", "deepep") in ("deepep", "<absent>")
+                        else "alltoall"))
 
 
 def dtype_from_megatron(ns: dict) -> str:

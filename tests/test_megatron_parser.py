@@ -24,6 +24,14 @@ from tests.megatron_parser import (
     plan_from_megatron,
 )
 
+
+
+def _published_plan_fields(run_id: str) -> dict:
+    """A published run's whole plan, as planner/data/published_jobs.json keeps it."""
+    from planner.evidence import load_jobs
+    return next(r["plan_fields"] for runs in load_jobs().values() for r in runs if r["id"] == run_id)
+
+
 # (model, system, gpus, dtype, plan fields)
 CASES = [
     ("gpt3-175b", "a100-80g", 1024, "bf16",  # interleaved, 4 of 12 layers per stage recomputed
@@ -77,6 +85,10 @@ CASES = [
     ("llama3-8b", "h100-sxm", 16, "bf16",
      dict(tp=2, dp=8, micro_batch=1, global_batch=64, sequence_parallel=True,
           recompute="selective", recompute_modules=("mlp",))),
+    # a published layout the job gate (planner.recommend) ranks first for Qwen3-235B on 256 H100 in
+    # FP8: the ModelZoo's Megatron-FSDP run, DeepEP, bf16 gradient reduce, as the reference data has it
+    ("qwen3-235b-a22b", "h100-sxm", 256, "fp8",
+     _published_plan_fields("mcore-modelzoo_qwen3-235b_256gpu_tp2_pp1_ep8_edp32_fsdp_deepep_3")),
 ]
 # Script placeholders -> values the CPU checker can use (no data on this machine).
 PLACEHOLDERS = {"$TOKENIZER_TYPE": "NullTokenizer", "$TRAIN_ITERS": "10", "$LR": "1e-4",
@@ -197,12 +209,15 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         assert cfg["gated_linear_unit"] == (m.activation == "swiglu"), label
         assert cfg["add_bias_linear"] == m.biases, label
         assert ns["untie_embeddings_and_output_weights"] == (not m.tied_embeddings), label
-        # MoE as the model costs it: all-to-all dispatch, grouped GEMMs, fp32 router, etp = tp
+        # MoE as the model costs it: the plan's dispatcher (DeepEP = flex), grouped GEMMs, fp32
+        # router, the plan's expert TP (default tp)
         if m.moe is not None:
             assert (cfg["num_moe_experts"], cfg["moe_router_topk"], cfg["moe_ffn_hidden_size"]) == \
                 (m.moe.num_experts, m.moe.top_k, m.expert_ffn_hidden), label
-            assert cfg["moe_token_dispatcher_type"] == "alltoall" and cfg["moe_grouped_gemm"], label
-            assert ns["moe_router_dtype"] == "fp32" and cfg["expert_tensor_parallel_size"] == plan.tp, label
+            dispatcher = "flex" if plan.moe_dispatcher == "deepep" else "alltoall"
+            assert cfg["moe_token_dispatcher_type"] == dispatcher and cfg["moe_grouped_gemm"], label
+            etp = plan.etp if plan.etp is not None else plan.tp
+            assert ns["moe_router_dtype"] == "fp32" and cfg["expert_tensor_parallel_size"] == etp, label
         # attention kernel the model costs (flash/cuDNN: no s² activations)
         assert cfg["attention_backend"] == "AttnBackend.fused", label
         # FSDP: Megatron-FSDP builds ZeRO-3 shards from the meta device, env unset

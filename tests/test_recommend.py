@@ -62,3 +62,109 @@ def test_measured_best_family_is_never_gated(monkeypatch):
     res = recommend(TINY_MOE, SYSTEM, JOB, top_k=2)
     assert res.best.objective == pytest.approx(search(TINY_MOE, SYSTEM, JOB, top_k=1).best.objective, rel=1e-9)
     assert not res.model_only and "evidence_searches_s" not in res.stats
+
+
+# --- the job gate: the bar against the fastest published run of the same job ----------------
+from planner.analytical import estimate  # noqa: E402
+from planner.evidence import job_key  # noqa: E402
+from planner.plan import Plan  # noqa: E402
+
+# a valid but slow layout of the TINY_MOE job (full recompute, no expert parallelism)
+SLOW = Plan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=16, recompute="full", zero_stage=1)
+
+
+def _run(run_id: str, measured_s: float, plan: Plan, dtype: str = "bf16", imbalance: float = 1.0) -> dict:
+    return {"id": run_id, "dtype": dtype, "moe_load_imbalance": imbalance, "plan": plan.short(),
+            "measured_s": measured_s, "predicted_s": measured_s,
+            "plan_fields": plan.model_dump(mode="json", exclude_defaults=True)}
+
+
+def _published(monkeypatch, measured_s: float, plan: Plan = SLOW, dtype: str = "bf16") -> None:
+    """Pretend the reference data holds one published run of the TINY_MOE job."""
+    runs = [_run("fake_run", measured_s, plan, dtype)]
+    jobs = {job_key(TINY_MOE, SYSTEM.accelerator.name, SYSTEM.num_gpus, JOB.global_batch): runs}
+    monkeypatch.setattr(evidence, "load_jobs", lambda: jobs)
+
+
+def test_job_gate_ranks_the_published_layout_first_when_the_model_claims_more():
+    """Every plan the model ranks is more than 15 % faster than the published run: the run's own
+    layout, re-scored by the exact model, leads and the model's plans become model-only."""
+    raw = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
+    slow_est = estimate(TINY_MOE, SYSTEM, SLOW, JOB)
+    assert slow_est.feasible and slow_est.step_time_s > raw.ranked[-1].objective
+    with pytest.MonkeyPatch.context() as mp:
+        _published(mp, measured_s=2.0 * raw.ranked[-1].objective)
+        res = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
+        assert res.best.plan == SLOW and res.best.objective == pytest.approx(slow_est.step_time_s, rel=1e-12)
+        assert [r.plan for r in res.model_only] == [r.plan for r in raw.ranked]
+        gate = res.stats["job_gate"]
+        assert gate["recommended_from"] == "fake_run"
+        assert gate["model_best_ratio"] == pytest.approx(raw.best.objective / (2.0 * raw.ranked[-1].objective))
+        # --allow-unmeasured keeps the model's ranking
+        kept = recommend(TINY_MOE, SYSTEM, JOB, top_k=3, allow_unmeasured=True)
+        assert [r.plan for r in kept.ranked] == [r.plan for r in raw.ranked] and "job_gate" not in kept.stats
+
+
+def test_job_gate_keeps_the_models_plans_within_the_bar():
+    """A bar between the model's first and second plan: the second leads, the first is
+    model-only; a bar below the first changes nothing."""
+    raw = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
+    first, second = raw.ranked[0].objective, raw.ranked[1].objective
+    assert second > first
+    bar = (first + second) / 2
+    with pytest.MonkeyPatch.context() as mp:
+        _published(mp, measured_s=bar / (1 - recommend_mod.UNMEASURED_ADVANTAGE_LIMIT))
+        res = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
+        # the model's plans within the bar lead; the published layout is not needed
+        assert [r.plan for r in res.ranked] == [r.plan for r in raw.ranked[1:]]
+        assert [r.plan for r in res.model_only] == [raw.ranked[0].plan]
+        assert res.stats["job_gate"]["recommended_from"] == "search"
+        _published(mp, measured_s=0.99 * first / (1 - recommend_mod.UNMEASURED_ADVANTAGE_LIMIT))
+        same = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
+        assert [r.plan for r in same.ranked] == [r.plan for r in raw.ranked] and not same.model_only
+
+
+def test_job_gate_needs_a_run_at_a_precision_at_least_as_wide():
+    """An FP8 run says nothing about what a bf16 step reaches; a bf16 run bounds an FP8 one."""
+    from planner.evidence import supporting_runs
+    raw = recommend(TINY_MOE, SYSTEM, JOB, top_k=1)
+    with pytest.MonkeyPatch.context() as mp:
+        _published(mp, measured_s=2.0 * raw.best.objective, dtype="fp8")
+        assert supporting_runs(TINY_MOE, SYSTEM.accelerator.name, 16, 16, "bf16") == []
+        assert len(supporting_runs(TINY_MOE, SYSTEM.accelerator.name, 16, 16, "mxfp8")) == 1
+        assert recommend(TINY_MOE, SYSTEM, JOB, top_k=1).best.plan == raw.best.plan
+
+
+def test_job_gate_skips_a_published_layout_the_job_pins_out():
+    """A pin the published layout breaks: no layout to fall back on, the model's ranking stands."""
+    job = JobSpec(global_batch=16, pins={"tp": 2})
+    raw = recommend(TINY_MOE, SYSTEM, job, top_k=2)
+    with pytest.MonkeyPatch.context() as mp:
+        _published(mp, measured_s=10.0 * raw.best.objective)
+        res = recommend(TINY_MOE, SYSTEM, job, top_k=2)
+        assert [r.plan for r in res.ranked] == [r.plan for r in raw.ranked] and "job_gate" not in res.stats
+
+
+def test_job_gate_ranks_the_published_layouts_by_measurement():
+    """Two published runs, both far slower than the model's plans: their layouts lead in the
+    order they measured, whatever the model predicts for them (ranking them by the model would
+    favour the one it overrates most); routing the job asks to be less even than the runs had is
+    not bounded by them."""
+    from planner.evidence import supporting_runs
+    raw = recommend(TINY_MOE, SYSTEM, JOB, top_k=2)
+    other = Plan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=16, recompute="none", zero_stage=0)
+    t_slow, t_other = (estimate(TINY_MOE, SYSTEM, p, JOB).step_time_s for p in (SLOW, other))
+    assert t_slow != t_other
+    model_slower, model_faster = (SLOW, other) if t_slow > t_other else (other, SLOW)
+    runs = [_run("measured_faster", 5.0 * raw.best.objective, model_slower),
+            _run("measured_slower", 6.0 * raw.best.objective, model_faster)]
+    jobs = {job_key(TINY_MOE, SYSTEM.accelerator.name, SYSTEM.num_gpus, JOB.global_batch): runs}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(evidence, "load_jobs", lambda: jobs)
+        res = recommend(TINY_MOE, SYSTEM, JOB, top_k=2)
+        assert [r.plan for r in res.ranked] == [model_slower, model_faster]
+        assert res.stats["job_gate"]["recommended_from"] == "measured_faster"
+        assert res.best.objective == pytest.approx(max(t_slow, t_other), rel=1e-12)
+        assert supporting_runs(TINY_MOE, SYSTEM.accelerator.name, 16, 16, "bf16", moe_load_imbalance=1.6) == []
+        learned = JobSpec(global_batch=16, moe_load_imbalance=1.6)
+        assert "job_gate" not in recommend(TINY_MOE, SYSTEM, learned, top_k=1).stats

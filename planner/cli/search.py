@@ -99,11 +99,38 @@ def _why_lost(best, alt, seq: int, free: bool) -> str:
 
 
 def _published_runs(model, system, job, best) -> list[dict]:
-    """Published runs of the best plan's job (planner.evidence.published_runs), fastest first."""
-    from planner.evidence import published_runs
+    """Published runs of the best plan's job (planner.evidence.supporting_runs), fastest first."""
+    from planner.evidence import supporting_runs
     if best is None:
         return []
-    return published_runs(model, system.accelerator.name, system.num_gpus, best.plan.global_batch, job.dtype)
+    return supporting_runs(model, system.accelerator.name, system.num_gpus, best.plan.global_batch, job.dtype,
+                           job.moe_load_imbalance)
+
+
+def _print_gates(console, result) -> None:
+    """Why a faster plan of the model's is not ranked first (planner.recommend's two gates)."""
+    job_gate = result.stats.get("job_gate")
+    if job_gate:
+        g = job_gate
+        fastest = result.model_only[0]
+        lead = (f"the layout of the published run {g['recommended_from']}, re-scored for this job,"
+                if g["recommended_from"] != "search" else f"the model's fastest plan within {g['limit']:.0%} of it")
+        console.print(
+            f"Measured practice leads: the fastest published run of this job, {g['published_run']} "
+            f"({g['published_plan']}, {g['published_dtype']}), measured {g['measured_s']:.3f} s per step. The "
+            f"model's fastest plan, {fastest.plan.short()}, is predicted at {g['model_best_s']:.3f} s "
+            f"({g['model_best_ratio']:.2f}× that measurement), more than {g['limit']:.0%} faster than any "
+            f"measured run of the job, so it is listed as a model-only candidate and {lead} is ranked "
+            "first. Measure the candidate before adopting it (--allow-unmeasured ranks the model's plans first).")
+        return
+    for r in result.model_only[:1]:
+        gate = result.stats["evidence_gate"]
+        console.print(
+            f"Model-only candidate: {r.plan.short()} at {r.estimate.step_time_s:.3f} s per step, "
+            f"{gate['model_only_advantage']:.0%} faster than the best plan of a measured family by the "
+            f"model alone. No published run is of its family ({gate['model_only_family']}), so "
+            "that gain rests on the model alone: measure it before adopting it "
+            "(--allow-unmeasured ranks it first).")
 
 
 def _plan_json(r, model) -> dict:
@@ -139,9 +166,11 @@ def register(app: typer.Typer) -> None:
         allow_idle_gpus: IdleGpusOpt = False,
         tp_across_nodes: TpAcrossNodesOpt = False,
         allow_unmeasured: Annotated[bool, Opt(
-            "--allow-unmeasured", help="Rank first a plan of a family no published run has measured even when "
-            "the model alone predicts it more than 15 % faster than the best measured family's plan (by "
-            "default such a plan is shown as a model-only candidate beside the recommendation).")] = False,
+            "--allow-unmeasured", help="Rank the model's fastest plan first even when no measurement supports "
+            "its gain: a plan of a family no published run has measured, predicted more than 15 % faster than "
+            "the best measured family's plan, or a plan predicted more than 15 % faster than the fastest "
+            "published run of the same job (by default such a plan is shown as a model-only candidate beside "
+            "the recommendation).")] = False,
         json_out: JsonOpt = False,
         save: Annotated[Optional[Path], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
     ) -> None:
@@ -297,14 +326,7 @@ def _plan(o: dict) -> None:
                               f"{e.mfu:.1%}", f"{e.hbm_bytes / GIB:.1f}",
                               _why_lost(best, e, model.seq_length, free))
                 console.print(t)
-            for r in result.model_only[:1]:
-                gate = result.stats["evidence_gate"]
-                console.print(
-                    f"Model-only candidate: {r.plan.short()} at {r.estimate.step_time_s:.3f} s per step, "
-                    f"{gate['model_only_advantage']:.0%} faster than the best plan of a measured family by the "
-                    f"model alone. No published run is of its family ({gate['model_only_family']}), so "
-                    "that gain rests on the model alone: measure it before adopting it "
-                    "(--allow-unmeasured ranks it first).")
+            _print_gates(console, result)
             s = result.stats
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
