@@ -18,12 +18,31 @@ Sources, read for facts only:
 The bridge_runs.yaml rows of DeepSeek-V3 and Qwen3-235B take their knobs from the recipe of their
 own release instead (planner/bridge_recipes.py, planner/data/bridge_recipe_knobs.yaml: the
 dispatcher, the all-to-all overlap, etp, recompute and TP overlap as each release set them); the
-@067f987 rules above remain for a bridge_ record that table does not cover. Each applied setting is
-listed among the case's assumptions with where it was read.
+@067f987 rules above remain for a bridge_ record that table does not cover. The ModelZoo GB200/GB300
+rows take theirs, the same way, from the launch command printed under their table row
+(planner/data/modelzoo_command_knobs.yaml). Each applied setting is listed among the case's
+assumptions with where it was read.
+
+What the ModelZoo commands set that the model cannot cost, with the size it would need
+(`planner validate`, 798dfb5 commands applied):
+- GB200 BF16 tp1 pp8 ep8 (predicted +29 % slow, 33.5 s against 25.9 s): the model charges 16 local
+  experts x 2 GEMMs x EXPERT_GEMM_HOST_US = 1.6 ms of host issue per MoE layer forward against
+  0.87 ms of expert GPU time, 0.73 ms exposed (38 % of the MoE MLP's 1.93 ms; 6.7 s of the step
+  with the backward). The measured step leaves room for at most ~0.4 ms exposed, i.e. at most
+  ~27 us per expert GEMM, half the 50 us fitted mostly on low-precision rows. Two mechanisms the
+  model lacks would each explain it: the BF16 grouped GEMM issues no per-expert quantisation or
+  scale-swizzle kernels (the fitted constant's bookkeeping), and the command's per-layer CUDA
+  graphs (attn, moe_router, moe_preprocess: the host launches one graph instead of those
+  kernels) let the host reach the experts earlier. Neither is separable from the single fitted
+  host constant on the present rows (the H100 BF16 ep 8 rows are already predicted 5-15 % fast,
+  so a lower BF16 constant alone would move them the wrong way); left as is, no per-row factor.
+- the GB200 MXFP8 row's fine-grained activation offloading (expert_fc1, moe_act to host memory
+  over C2C, delayed until the CUDA graph): a memory saving the step time does not pay for where
+  the copies hide; listed as not costed.
 """
 from __future__ import annotations
 
-from planner.bridge_recipes import RecipeKnobs, recipe_knobs
+from planner.bridge_recipes import RecipeKnobs, launch_knobs
 from planner.megatron.expressible import a2a_overlap_refusals
 from planner.model import ModelSpec
 from planner.plan import Plan, applicable_recompute_modules
@@ -56,7 +75,7 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
         # balancing, no forced routing), so the learned-routing skew applies
         return {}, MOE_IMBALANCE_LEARNED_DROPLESS, [
             f"learned routing (imbalance {MOE_IMBALANCE_LEARNED_DROPLESS:g}; no forced balance outside NVIDIA's benchmarks)"]
-    knobs = recipe_knobs(rid) if rid.startswith("bridge_") else None
+    knobs = launch_knobs(rid)
     if knobs is not None:
         # forced balance and token-drop padded to capacity both run every expert at its share
         update, recipe_notes = bridge_recipe_plan_updates(knobs, model, plan)
@@ -114,7 +133,7 @@ def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan)
     dispatcher, expert all-to-all overlap, expert TP, selective recompute and TP comm overlap, each
     cited; the knobs the model does not cost yet are listed as such."""
     update: dict = {}
-    notes = [f"recipe of {knobs.release}: Megatron-Bridge {knobs.tag} ({knobs.commit[:12]}) {knobs.config}",
+    notes = [f"recipe of {knobs.release}: {knobs.source} {knobs.tag} ({knobs.commit[:12]}) {knobs.config}",
              _routing_note(knobs)]
     if not knobs.layout_matches_record:
         notes.append(f"the recipe's layout differs from the record ({knobs.mismatch}): record layout kept, "
@@ -226,6 +245,9 @@ def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
     for name, text in (("moe_paged_stash", "paged activation stash"),):
         if knobs.value(name):
             out.append(f"not costed: {text} ({knobs.cite(name)})")
+    if knobs.value("offload_modules"):
+        out.append(f"not costed: activation offload of {' '.join(knobs.value('offload_modules'))} "
+                   f"({knobs.cite('offload_modules')})")
     rank_cf = knobs.value("moe_expert_rank_capacity_factor")
     if rank_cf:
         out.append(f"not costed: expert-rank capacity {rank_cf:g} padding for the CUDA graph "
