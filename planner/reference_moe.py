@@ -23,22 +23,27 @@ rows take theirs, the same way, from the launch command printed under their tabl
 (planner/data/modelzoo_command_knobs.yaml). Each applied setting is listed among the case's
 assumptions with where it was read.
 
-What the ModelZoo commands set that the model cannot cost, with the size it would need
-(`planner validate`, 798dfb5 commands applied):
-- GB200 BF16 tp1 pp8 ep8 (predicted +29 % slow, 33.5 s against 25.9 s): the model charges 16 local
-  experts x 2 GEMMs x EXPERT_GEMM_HOST_US = 1.6 ms of host issue per MoE layer forward against
-  0.87 ms of expert GPU time, 0.73 ms exposed (38 % of the MoE MLP's 1.93 ms; 6.7 s of the step
-  with the backward). The measured step leaves room for at most ~0.4 ms exposed, i.e. at most
-  ~27 us per expert GEMM, half the 50 us fitted mostly on low-precision rows. Two mechanisms the
-  model lacks would each explain it: the BF16 grouped GEMM issues no per-expert quantisation or
-  scale-swizzle kernels (the fitted constant's bookkeeping), and the command's per-layer CUDA
-  graphs (attn, moe_router, moe_preprocess: the host launches one graph instead of those
-  kernels) let the host reach the experts earlier. Neither is separable from the single fitted
-  host constant on the present rows (the H100 BF16 ep 8 rows are already predicted 5-15 % fast,
-  so a lower BF16 constant alone would move them the wrong way); left as is, no per-row factor.
-- the GB200 MXFP8 row's fine-grained activation offloading (expert_fc1, moe_act to host memory
-  over C2C, delayed until the CUDA graph): a memory saving the step time does not pay for where
-  the copies hide; listed as not costed.
+Rows still off after their own settings are applied, for reasons the model cannot express (numbers
+from `planner validate`; no per-row factor is applied to any of them):
+- ModelZoo GB200 BF16 tp1 pp8 ep8 (+29 %, 33.5 s predicted against 25.9 s): the model charges 16 local
+  experts x 2 GEMMs x EXPERT_GEMM_HOST_US (50 us) = 1.6 ms of host issue per MoE layer forward
+  against 0.87 ms of expert GPU time: 0.73 ms exposed, 6.7 s of the step with the backward. The
+  row needs <= 41 us per expert GEMM to come within 20 % (28 us to match; with no host cost at all
+  it is +4.6 %), while the x86 hosts' rows with the same 16 local experts need the fitted value
+  (H100 BF16 tp4 pp8 ep8: -5.4 % at 50 us, -15 % at 40 us; Bridge B200 ep8 25.09 / 26.02: +2.3 % /
+  -3.5 %). So it is not the dtype (the H100 rows are BF16 too): this run's host issued expert
+  GEMMs about twice as fast, a Grace CPU with this command's per-layer CUDA graphs (attn,
+  moe_router, moe_preprocess) and HybridEP, against x86 hosts on older code. One host constant per
+  CPU would be fitted on this single row (the other GB200/GB300 rows have <= 4 local experts and
+  are not host-bound), i.e. a per-row factor.
+- Bridge 25.11 DGX-B200 Qwen3-235B (-27 %) and DeepSeek-V3 (-17 %): both ran 16-25 % slower per
+  microbatch than the same layouts on the same GPUs in the neighbouring releases, which the model
+  predicts within 5 %: Qwen3 tp1 pp8 ep8, 156.6 ms per microbatch (25.11) against 124.8 (25.09,
+  +2.3 %) and 134.6 (26.02, -3.5 %; equal bubble share 7/256); DeepSeek-V3 tp1 pp16 ep8, 107 ms
+  bubble-corrected against 90 (26.02, -1.7 %). The recipe settings that differ are costed (Qwen3's
+  all-to-all overlap, worth 1.7 s in the model: 16.4 s without it, still -18 %; the record's vpp 2
+  against the recipe's vpp 4 moves it 0.2 s), so the gap is the 25.11 container's kernels on B200, a
+  software-release efficiency the model has no mechanism for.
 """
 from __future__ import annotations
 
