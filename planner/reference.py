@@ -487,6 +487,24 @@ def launch_script_knobs(rid: str, model_name: str) -> tuple[dict, str]:
     return {}, ""
 
 
+# The ModelZoo's Qwen3-235B-A22B model config counts the embedding and the loss as a layer each
+# when it splits the pipeline (96 = 94 + 2 slots; runtime.conf: "Account loss and embedding for
+# number of layers"), and has since the model was added (b06a6d8, 2025-05-26) through the
+# records' config_ref commit: the layout of its H100 rows, whose table prints no command.
+MODELZOO_QWEN3_SPLIT = ("Megatron-MoE-ModelZoo e8650517d60d:model_configs/benchmarking/Qwen3-235B-A22B.yaml:27-28 "
+                        "--account-for-embedding/loss-in-pipeline-split, set since b06a6d8")
+
+
+def modelzoo_qwen3_layout(rid: str, model: ModelSpec, pp: int, vpp: int) -> tuple[tuple[int, ...], str] | None:
+    """(layers per virtual stage, citation) of a ModelZoo Qwen3-235B-A22B row, or None."""
+    if not rid.startswith("mcore-modelzoo_qwen3-235b") or model.layers != 94 or pp == 1:
+        return None
+    try:
+        return layout_from_flags(model.layers, pp, vpp, account_embedding=True, account_loss=True), MODELZOO_QWEN3_SPLIT
+    except SpecError:
+        return None
+
+
 def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
                   assumptions: list[str], recipe: tuple[tuple[int, ...], str] | None = None
                   ) -> tuple[int, ...] | None | str:
@@ -801,7 +819,8 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         vpp = _smallest_vpp(model.layers // pp)
         assumptions.append(f"interleaved, vpp {vpp}")
     # a ModelZoo row with a published command: the layout its model config's split flags set
-    recipe = bridge_recipe_layout(model.name, model.layers, pp, vpp, rid) if launch_knobs(rid) else None
+    recipe = bridge_recipe_layout(model.name, model.layers, pp, vpp, rid) if launch_knobs(rid) else \
+        modelzoo_qwen3_layout(rid, model, pp, vpp)
     stage_layers = _stage_layers(model, pp, vpp, str(r.get("parallel.pp_layout") or "") or None, assumptions,
                                  recipe)
     if isinstance(stage_layers, str):

@@ -99,3 +99,16 @@ def test_long_context_row_runs_mxfp8_without_tp_overlap(zoo):
     assert any(a.startswith("TP comm overlap off (" + CITE + "sbatch_benchmarking.sh:94-95") for a in c.assumptions)
     # 96 slots over pp 4 x vpp 12 = 48 virtual stages: 2 each, 1 on the first and the last
     assert p.stage_layers == (1,) + (2,) * 46 + (1,)
+
+
+def test_h100_rows_take_the_model_configs_split_flags(zoo):
+    """The rows without a command still run the ModelZoo model config's account-for-embedding/loss
+    split: pp 32 x vpp 3 = 96 virtual stages for 96 slots, one each, the first holding only the
+    embedding and the last only the loss -> [0, 1 x 94, 0]; pp 8 x vpp 4: 3 slots each -> [2, 3 x 30, 2]."""
+    qwen = [c for c in zoo.values() if c.id.startswith("mcore-modelzoo_qwen3-235b") and c.plan.pp > 1]
+    assert len(qwen) == 15  # 4 H100 table rows, 8 long-context rows, 3 GB200 rows
+    assert not any("balanced split" in a for c in qwen for a in c.assumptions)
+    assert zoo["mcore-modelzoo_qwen3-235b_256gpu_tp2_pp32_ep8_edp1_a2a_4"].plan.stage_layers == (0,) + (1,) * 94 + (0,)
+    deepep = zoo["mcore-modelzoo_qwen3-235b_256gpu_tp2_pp8_ep32_edp1_deepep_1"]
+    assert deepep.plan.stage_layers == (2,) + (3,) * 30 + (2,)
+    assert any("Qwen3-235B-A22B.yaml:27-28 --account-for-embedding/loss-in-pipeline-split" in a for a in deepep.assumptions)
