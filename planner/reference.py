@@ -717,6 +717,10 @@ def _with_moe_recipe(r: _Record, model: ModelSpec, plan: Plan, dtype: str, job_e
         update = {k: v for k, v in update.items() if k not in ("recompute", "recompute_modules")}
     elif "recompute" in update:
         assumptions[:] = [a for a in assumptions if not a.startswith("no recompute (")]
+    elif knobs is not None and knobs.where("recompute_granularity") and knobs.value("recompute_granularity") is None:
+        # the launch sets no recompute: say where, instead of the record's silence
+        assumptions[:] = [f"no recompute ({knobs.cite('recompute_granularity')})" if a == "no recompute (not stated)"
+                          else a for a in assumptions]
     assumptions.extend(notes)
     if imbalance is not None:
         job_extra = {**job_extra, "moe_load_imbalance": imbalance}

@@ -83,6 +83,8 @@ def test_gb200_mxfp8_runs_recompute_and_overlap_and_lists_the_offload(zoo):
 def test_gb200_bf16_runs_without_overlap_and_recompute(zoo):
     c = zoo[GB200_BF16]
     assert (c.plan.moe_a2a_overlap, c.plan.recompute, c.plan.moe_dispatcher) == (False, "none", "deepep")
+    assert "no recompute (" + CITE + "best_practice/qwen3/readme.md:69 (no recompute flag; none in the model config))" \
+        in c.assumptions and "no recompute (not stated)" not in c.assumptions
     assert any(a.startswith("flex dispatcher, hybridep (" + CITE + "best_practice/qwen3/readme.md:69") for a in c.assumptions)
     # 96 slots over 8 stages: 12 each, 11 on the first (embedding) and the last (loss)
     assert c.plan.stage_layers == (11,) + (12,) * 6 + (11,)
