@@ -44,6 +44,13 @@ from `planner validate`; no per-row factor is applied to any of them):
   all-to-all overlap, worth 1.7 s in the model: 16.4 s without it, still -18 %; the record's vpp 2
   against the recipe's vpp 4 moves it 0.2 s), so the gap is the 25.11 container's kernels on B200, a
   software-release efficiency the model has no mechanism for.
+- ModelZoo H100 tp2 pp8 vpp4 ep32 DeepEP "+1f1b overlap" (-18 %): its pair without the overlap is
+  +7 %; measured the overlap saved 2.1 s (19.7 -> 17.6 s, 0.893x), the model credits 6.7 s (0.684x),
+  while the same layout with NCCL alltoall (Bridge Qwen3 H100 25.09 -> 25.11, overlap switched on)
+  matches (predicted 0.760x, measured 0.764x). What differs is the dispatcher (DeepEP's normal
+  kernels run on SMs the overlapped GEMMs then lack; the model has one overlap efficiency,
+  A2A_OVERLAP_EFFICIENCY, for every dispatcher) and the code (a dev branch, moe_dev f3e6c5); one
+  pair cannot separate them, so the fitted efficiency stays shared.
 """
 from __future__ import annotations
 
