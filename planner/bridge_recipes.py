@@ -7,6 +7,11 @@ per record id, the knobs read from the Bridge commit that release's container sh
 the commit, path and config name it was read from (the file's header says how). This module only
 loads and checks that table; planner/reference_moe.py (MoE) and planner/reference_dense.py (Llama)
 apply the knobs the model costs.
+
+The Megatron MoE ModelZoo publishes a launch command under some of its table rows; what those
+commands set is kept in the same schema (planner/data/modelzoo_command_knobs.yaml, its header says
+how it was read), so a ModelZoo record is costed by the same code as a Bridge record
+(`launch_knobs`).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import yaml
 from hardware.errors import SpecError
 
 KNOBS_FILE = Path(__file__).resolve().parent / "data" / "bridge_recipe_knobs.yaml"
+MODELZOO_KNOBS_FILE = KNOBS_FILE.parent / "modelzoo_command_knobs.yaml"
 
 # The knobs an entry may carry (Megatron / Megatron-Bridge config names, plus
 # pipeline_layout_flags for the account_for_embedding/loss split).
@@ -35,6 +41,8 @@ KNOB_NAMES: tuple[str, ...] = (
     # dense (Llama) recipes: full recompute by block, Megatron-FSDP, activation offload, FP8 weights
     "recompute_method", "recompute_num_layers", "use_megatron_fsdp", "data_parallel_sharding_strategy",
     "cpu_offloading_num_layers", "cpu_offloading_weights", "fp8_param_gather", "overlap_param_gather",
+    # ModelZoo commands: Megatron's fine-grained activation offloading (--offload-modules)
+    "offload_modules",
 )
 _ENTRY_FIELDS = ("release", "commit", "tag", "config", "recipe_layout", "layout_matches_record", "mismatch", "knobs")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -58,6 +66,7 @@ class RecipeKnobs:
     layout_matches_record: bool
     mismatch: str | None
     knobs: dict[str, Knob]
+    source: str = "Megatron-Bridge"  # the repository the knobs were read from
 
     def value(self, name: str, default: Any = None) -> Any:
         """The knob's value, or `default` when the entry does not carry it."""
@@ -72,8 +81,8 @@ class RecipeKnobs:
         return "" if knob is None else knob.where
 
     def cite(self, name: str) -> str:
-        """'Megatron-Bridge <tag> <where>' for an assumption text."""
-        return f"Megatron-Bridge {self.tag} {self.where(name)}"
+        """'<source> <tag> <where>' (e.g. 'Megatron-Bridge v0.2.0 7af9601c9da7:...') for an assumption text."""
+        return f"{self.source} {self.tag} {self.where(name)}"
 
 
 def _check_name(name: str) -> None:
@@ -104,7 +113,8 @@ def _entry(rid: str, raw: Any, path: Path) -> RecipeKnobs:
         raise SpecError(f"{where}: recipe_layout: expected a mapping with tp, pp, vpp, ep")
     return RecipeKnobs(rid, str(raw["release"]), str(raw["commit"]), str(raw["tag"]), str(raw["config"]),
                        dict(layout), bool(raw["layout_matches_record"]),
-                       None if raw["mismatch"] is None else str(raw["mismatch"]), knobs)
+                       None if raw["mismatch"] is None else str(raw["mismatch"]), knobs,
+                       str(raw.get("source") or "Megatron-Bridge"))
 
 
 @lru_cache(maxsize=4)
@@ -130,10 +140,21 @@ def recipe_knobs(record_id: str, *, required: bool = False, path: Path = KNOBS_F
     return entry
 
 
+def launch_knobs(record_id: str) -> RecipeKnobs | None:
+    """What the record's own launch set: its release's Bridge recipe (bridge_ records) or its
+    published ModelZoo command (mcore-modelzoo records); None where neither table has an entry."""
+    if record_id.startswith("bridge_"):
+        return recipe_knobs(record_id)
+    if record_id.startswith("mcore-modelzoo"):
+        return load_recipe_knobs(MODELZOO_KNOBS_FILE).get(record_id)
+    return None
+
+
 def release_commits(path: Path = KNOBS_FILE) -> dict[str, tuple[str, str]]:
     """{release: (Bridge tag, commit)} the table was read at."""
     doc = yaml.safe_load(Path(path).read_text())
     return {str(rel): (str(v["tag"]), str(v["commit"])) for rel, v in doc["releases"].items()}
 
 
-__all__ = ["KNOBS_FILE", "KNOB_NAMES", "Knob", "RecipeKnobs", "load_recipe_knobs", "recipe_knobs", "release_commits"]
+__all__ = ["KNOBS_FILE", "KNOB_NAMES", "MODELZOO_KNOBS_FILE", "Knob", "RecipeKnobs", "launch_knobs", "load_recipe_knobs",
+           "recipe_knobs", "release_commits"]

@@ -26,7 +26,7 @@ from planner.analytical.flops import megatron_logged_flops_per_token, model_flop
 from planner.model import ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
-from planner.bridge_recipes import recipe_knobs
+from planner.bridge_recipes import launch_knobs, recipe_knobs
 from planner.reference_dense import bridge_dense_recipe
 from planner.reference_moe import bridge_recipe_job_updates, bridge_recipe_model, nvidia_moe_settings
 
@@ -423,14 +423,15 @@ BRIDGE_NVFP4_NO_TP_OVERLAP = ("Megatron-Bridge v0.3.0 scripts/performance/config
 
 def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int,
                          record_id: str = "") -> tuple[tuple[int, ...], str] | None:
-    """(layers per virtual stage, where in the Megatron-Bridge source it is set) of the Bridge
+    """(layers per virtual stage, where in the source it is set: repository, commit, path) of the
     recipe for this model at pp × vpp, or None where the source sets none we know of. A record of
-    planner/data/bridge_recipe_knobs.yaml takes the layout its own release's recipe sets, where
-    that layout has pp × vpp stages; otherwise the @BRIDGE_COMMIT rules below."""
+    planner/data/bridge_recipe_knobs.yaml (or of modelzoo_command_knobs.yaml) takes the layout its
+    own release's recipe (its launch command) sets, where that layout has pp × vpp stages;
+    otherwise the Megatron-Bridge @BRIDGE_COMMIT rules below."""
     key = re.sub(r"[^a-z0-9]", "", model_name.lower())
     if pp == 1:
         return None
-    knobs = recipe_knobs(record_id) if record_id else None
+    knobs = launch_knobs(record_id) if record_id else None
     # a release whose recipe sets another layout than the record ran: the rules below, said so
     fallback = "" if knobs is None else f"not {knobs.tag}'s recipe (it sets another layout); "
     if knobs is not None:
@@ -438,22 +439,22 @@ def bridge_recipe_layout(model_name: str, layers: int, pp: int, vpp: int,
         if text:
             layout = layout_from_string(text)
             if len(layout) == pp * vpp and sum(layout) == layers:
-                return layout, f"{knobs.tag} {knobs.where('pipeline_model_parallel_layout')} {text!r}"
+                return layout, f"{knobs.cite('pipeline_model_parallel_layout')} {text!r}"
         elif knobs.value("pipeline_layout_flags"):
             try:
                 return (layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True),
-                        f"{knobs.tag} {knobs.where('pipeline_layout_flags')}")
+                        knobs.cite('pipeline_layout_flags'))
             except SpecError:
                 return None
     if key.startswith("deepseekv3") and layers == 61 and (pp, vpp) in DEEPSEEK_V3_LAYOUTS:
         text, where = DEEPSEEK_V3_LAYOUTS[(pp, vpp)]
-        return layout_from_string(text), f"{fallback}@{BRIDGE_COMMIT} {where} {text!r}"
+        return layout_from_string(text), f"Megatron-Bridge {fallback}@{BRIDGE_COMMIT} {where} {text!r}"
     flagged = {"qwen3235ba22b": (94, _QWEN3_235B), "llama31405b": (126, _LLAMA31_405B)}
     for prefix, (n_layers, where) in flagged.items():
         if key.startswith(prefix) and layers == n_layers:
             try:
                 return (layout_from_flags(layers, pp, vpp, account_embedding=True, account_loss=True),
-                        f"{fallback}@{BRIDGE_COMMIT} {where}")
+                        f"Megatron-Bridge {fallback}@{BRIDGE_COMMIT} {where}")
             except SpecError:
                 return None
     return None
@@ -486,6 +487,24 @@ def launch_script_knobs(rid: str, model_name: str) -> tuple[dict, str]:
     return {}, ""
 
 
+# The ModelZoo's Qwen3-235B-A22B model config counts the embedding and the loss as a layer each
+# when it splits the pipeline (96 = 94 + 2 slots; runtime.conf: "Account loss and embedding for
+# number of layers"), and has since the model was added (b06a6d8, 2025-05-26) through the
+# records' config_ref commit: the layout of its H100 rows, whose table prints no command.
+MODELZOO_QWEN3_SPLIT = ("Megatron-MoE-ModelZoo e8650517d60d:model_configs/benchmarking/Qwen3-235B-A22B.yaml:27-28 "
+                        "--account-for-embedding/loss-in-pipeline-split, set since b06a6d8")
+
+
+def modelzoo_qwen3_layout(rid: str, model: ModelSpec, pp: int, vpp: int) -> tuple[tuple[int, ...], str] | None:
+    """(layers per virtual stage, citation) of a ModelZoo Qwen3-235B-A22B row, or None."""
+    if not rid.startswith("mcore-modelzoo_qwen3-235b") or model.layers != 94 or pp == 1:
+        return None
+    try:
+        return layout_from_flags(model.layers, pp, vpp, account_embedding=True, account_loss=True), MODELZOO_QWEN3_SPLIT
+    except SpecError:
+        return None
+
+
 def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
                   assumptions: list[str], recipe: tuple[tuple[int, ...], str] | None = None
                   ) -> tuple[int, ...] | None | str:
@@ -505,7 +524,7 @@ def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
     if recipe is not None and len(recipe[0]) == pp * vpp and sum(recipe[0]) == model.layers:
         layout, where = recipe
         assumptions.append(f"layout {compress_runs(layout)} layers per virtual stage as the recipe sets it "
-                           f"(Megatron-Bridge {where})")
+                           f"({where})")
         return None if layout == even_layout(model.layers, pp, vpp) else layout
     if even_layout(model.layers, pp, vpp) is not None:
         return None
@@ -684,7 +703,7 @@ def _with_moe_recipe(r: _Record, model: ModelSpec, plan: Plan, dtype: str, job_e
     """The routing, dispatcher, all-to-all overlap (and for Bridge records with a recipe entry,
     recompute, TP overlap, token-drop capacity, MTP) an NVIDIA MoE benchmark ran with
     (planner/reference_moe.py), applied to the record's model, plan and job."""
-    knobs = recipe_knobs(r.id) if r.id.startswith("bridge_") and model.moe is not None else None
+    knobs = launch_knobs(r.id) if model.moe is not None else None
     if knobs is not None:
         model, model_notes = bridge_recipe_model(knobs, model)
         job_update, job_notes = bridge_recipe_job_updates(knobs, dtype)
@@ -697,7 +716,11 @@ def _with_moe_recipe(r: _Record, model: ModelSpec, plan: Plan, dtype: str, job_e
         # the record states its recompute: it wins over the recipe
         update = {k: v for k, v in update.items() if k not in ("recompute", "recompute_modules")}
     elif "recompute" in update:
-        assumptions[:] = [a for a in assumptions if not a.startswith("no recompute (NeMo/Bridge")]
+        assumptions[:] = [a for a in assumptions if not a.startswith("no recompute (")]
+    elif knobs is not None and knobs.where("recompute_granularity") and knobs.value("recompute_granularity") is None:
+        # the launch sets no recompute: say where, instead of the record's silence
+        assumptions[:] = [f"no recompute ({knobs.cite('recompute_granularity')})" if a == "no recompute (not stated)"
+                          else a for a in assumptions]
     assumptions.extend(notes)
     if imbalance is not None:
         job_extra = {**job_extra, "moe_load_imbalance": imbalance}
@@ -799,7 +822,11 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     if vpp == 1 and "interleaved" in str(r.get("parallel.pp_schedule") or "").lower():
         vpp = _smallest_vpp(model.layers // pp)
         assumptions.append(f"interleaved, vpp {vpp}")
-    stage_layers = _stage_layers(model, pp, vpp, str(r.get("parallel.pp_layout") or "") or None, assumptions)
+    # a ModelZoo row with a published command: the layout its model config's split flags set
+    recipe = bridge_recipe_layout(model.name, model.layers, pp, vpp, rid) if launch_knobs(rid) else \
+        modelzoo_qwen3_layout(rid, model, pp, vpp)
+    stage_layers = _stage_layers(model, pp, vpp, str(r.get("parallel.pp_layout") or "") or None, assumptions,
+                                 recipe)
     if isinstance(stage_layers, str):
         return Skipped(rid, stage_layers)
     mb, gbs = r.int("parallel.microbatch"), r.int("parallel.global_batch")

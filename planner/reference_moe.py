@@ -18,12 +18,43 @@ Sources, read for facts only:
 The bridge_runs.yaml rows of DeepSeek-V3 and Qwen3-235B take their knobs from the recipe of their
 own release instead (planner/bridge_recipes.py, planner/data/bridge_recipe_knobs.yaml: the
 dispatcher, the all-to-all overlap, etp, recompute and TP overlap as each release set them); the
-@067f987 rules above remain for a bridge_ record that table does not cover. Each applied setting is
-listed among the case's assumptions with where it was read.
+@067f987 rules above remain for a bridge_ record that table does not cover. The ModelZoo GB200/GB300
+rows take theirs, the same way, from the launch command printed under their table row
+(planner/data/modelzoo_command_knobs.yaml). Each applied setting is listed among the case's
+assumptions with where it was read.
+
+Rows still off after their own settings are applied, for reasons the model cannot express (numbers
+from `planner validate`; no per-row factor is applied to any of them):
+- ModelZoo GB200 BF16 tp1 pp8 ep8 (+29 %, 33.5 s predicted against 25.9 s): the model charges 16 local
+  experts x 2 GEMMs x EXPERT_GEMM_HOST_US (50 us) = 1.6 ms of host issue per MoE layer forward
+  against 0.87 ms of expert GPU time: 0.73 ms exposed, 6.7 s of the step with the backward. The
+  row needs <= 41 us per expert GEMM to come within 20 % (28 us to match; with no host cost at all
+  it is +4.6 %), while the x86 hosts' rows with the same 16 local experts need the fitted value
+  (H100 BF16 tp4 pp8 ep8: -5.4 % at 50 us, -15 % at 40 us; Bridge B200 ep8 25.09 / 26.02: +2.3 % /
+  -3.5 %). So it is not the dtype (the H100 rows are BF16 too): this run's host issued expert
+  GEMMs about twice as fast, a Grace CPU with this command's per-layer CUDA graphs (attn,
+  moe_router, moe_preprocess) and HybridEP, against x86 hosts on older code. One host constant per
+  CPU would be fitted on this single row (the other GB200/GB300 rows have <= 4 local experts and
+  are not host-bound), i.e. a per-row factor.
+- Bridge 25.11 DGX-B200 Qwen3-235B (-27 %) and DeepSeek-V3 (-17 %): both ran 16-25 % slower per
+  microbatch than the same layouts on the same GPUs in the neighbouring releases, which the model
+  predicts within 5 %: Qwen3 tp1 pp8 ep8, 156.6 ms per microbatch (25.11) against 124.8 (25.09,
+  +2.3 %) and 134.6 (26.02, -3.5 %; equal bubble share 7/256); DeepSeek-V3 tp1 pp16 ep8, 107 ms
+  bubble-corrected against 90 (26.02, -1.7 %). The recipe settings that differ are costed (Qwen3's
+  all-to-all overlap, worth 1.7 s in the model: 16.4 s without it, still -18 %; the record's vpp 2
+  against the recipe's vpp 4 moves it 0.2 s), so the gap is the 25.11 container's kernels on B200, a
+  software-release efficiency the model has no mechanism for.
+- ModelZoo H100 tp2 pp8 vpp4 ep32 DeepEP "+1f1b overlap" (-18 %): its pair without the overlap is
+  +7 %; measured the overlap saved 2.1 s (19.7 -> 17.6 s, 0.893x), the model credits 6.7 s (0.684x),
+  while the same layout with NCCL alltoall (Bridge Qwen3 H100 25.09 -> 25.11, overlap switched on)
+  matches (predicted 0.760x, measured 0.764x). What differs is the dispatcher (DeepEP's normal
+  kernels run on SMs the overlapped GEMMs then lack; the model has one overlap efficiency,
+  A2A_OVERLAP_EFFICIENCY, for every dispatcher) and the code (a dev branch, moe_dev f3e6c5); one
+  pair cannot separate them, so the fitted efficiency stays shared.
 """
 from __future__ import annotations
 
-from planner.bridge_recipes import RecipeKnobs, recipe_knobs
+from planner.bridge_recipes import RecipeKnobs, launch_knobs
 from planner.megatron.expressible import a2a_overlap_refusals
 from planner.model import ModelSpec
 from planner.plan import Plan, applicable_recompute_modules
@@ -56,7 +87,7 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
         # balancing, no forced routing), so the learned-routing skew applies
         return {}, MOE_IMBALANCE_LEARNED_DROPLESS, [
             f"learned routing (imbalance {MOE_IMBALANCE_LEARNED_DROPLESS:g}; no forced balance outside NVIDIA's benchmarks)"]
-    knobs = recipe_knobs(rid) if rid.startswith("bridge_") else None
+    knobs = launch_knobs(rid)
     if knobs is not None:
         # forced balance and token-drop padded to capacity both run every expert at its share
         update, recipe_notes = bridge_recipe_plan_updates(knobs, model, plan)
@@ -114,7 +145,7 @@ def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan)
     dispatcher, expert all-to-all overlap, expert TP, selective recompute and TP comm overlap, each
     cited; the knobs the model does not cost yet are listed as such."""
     update: dict = {}
-    notes = [f"recipe of {knobs.release}: Megatron-Bridge {knobs.tag} ({knobs.commit[:12]}) {knobs.config}",
+    notes = [f"recipe of {knobs.release}: {knobs.source} {knobs.tag} ({knobs.commit[:12]}) {knobs.config}",
              _routing_note(knobs)]
     if not knobs.layout_matches_record:
         notes.append(f"the recipe's layout differs from the record ({knobs.mismatch}): record layout kept, "
@@ -226,6 +257,9 @@ def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
     for name, text in (("moe_paged_stash", "paged activation stash"),):
         if knobs.value(name):
             out.append(f"not costed: {text} ({knobs.cite(name)})")
+    if knobs.value("offload_modules"):
+        out.append(f"not costed: activation offload of {' '.join(knobs.value('offload_modules'))} "
+                   f"({knobs.cite('offload_modules')})")
     rank_cf = knobs.value("moe_expert_rank_capacity_factor")
     if rank_cf:
         out.append(f"not costed: expert-rank capacity {rank_cf:g} padding for the CUDA graph "
