@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import statistics
 from pathlib import Path
 
@@ -29,6 +30,15 @@ MODELS = {"deepseekv3": "deepseek-v3", "deepseekv3(w/omtp)": "deepseek-v3", "gpt
           "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b"}
 SYSTEMS = {"DGX-GB300": "gb300-nvl72", "DGX-GB200": "gb200-nvl72", "DGX-B300": "b300", "DGX-B200": "b200",
            "DGX-H100": "h100-sxm"}
+
+
+def row_id(row: dict) -> str:
+    """The id the row would have in ../shared/reference/bridge_runs.yaml's convention:
+    bridge_<release>_<model>_<system>_<precision>_<gpus>gpu_gbs<gbs> (model: the table's name up to
+    any parenthesis, spaces as underscores; precision as printed, spaces as underscores)."""
+    model = re.sub(r"\s+", "_", row["model"].split("(")[0].strip())
+    precision = re.sub(r"\s+", "_", row["precision"].strip())
+    return f"bridge_{row['release']}_{model}_{row['system']}_{precision}_{row['gpus']}gpu_gbs{row['gbs']}"
 
 
 def _int(text: str, default: int | None = None) -> int | None:
