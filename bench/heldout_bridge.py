@@ -1,13 +1,13 @@
 """Held-out check: the Megatron-Bridge performance-summary rows that ../shared/reference does not
 hold (GPT-OSS 120B, Qwen3-30B-A3B, GB300 and B300 systems, later releases; bench/data/
-bridge_heldout.csv, extracted by bench/extract_bridge_heldout.py with commit, file and line),
-predicted by the exact model as a user would ask it (`planner estimate`): the model preset, the
-system preset, the published layout (tp, pp, cp, vp, ep, etp, micro-batch, FSDP), the recipe's
-pipeline layout where the loader knows it, no recompute, the distributed optimizer, and nothing
-fitted to these rows. Models without a preset (Kimi-K2, Nemotron-3, DeepSeek-V4) are counted and
-skipped. Nothing here feeds a fit: the numbers are the out-of-sample error.
+bridge_heldout.csv, extracted by bench/extract_bridge_heldout.py with commit, file and line).
+Each row is written as a bridge_runs.yaml record (the model block from the planner's model preset,
+the layout, precision and step time from the table) and read by the same loader and knobs table
+`planner validate` uses (`planner validate --reference FILE` does the same for any such file), so
+it is predicted as a held-out record would be. Nothing here feeds a fit: the numbers are the
+out-of-sample error. Models without a preset (Kimi-K2, Nemotron-3, DeepSeek-V4) are skipped.
 
-    PYTHONPATH=. python bench/heldout_bridge.py [--csv]
+    PYTHONPATH=. python bench/heldout_bridge.py [--write-yaml PATH]
 """
 from __future__ import annotations
 
@@ -15,21 +15,21 @@ import argparse
 import csv
 import re
 import statistics
+import tempfile
 from pathlib import Path
 
-from hardware import load_system
-from planner.analytical import estimate
-from hardware.errors import SpecError
+import yaml
+
+from planner.calibration import predict
 from planner.model import load_model
-from planner.plan import JobSpec, Plan
-from planner.reference import _stage_layers, bridge_recipe_layout, parse_precision
+from planner.reference import load_reference
 
 DATA = Path(__file__).resolve().parent / "data" / "bridge_heldout.csv"
 MODELS = {"deepseekv3": "deepseek-v3", "deepseekv3(w/omtp)": "deepseek-v3", "gptoss120b": "gpt-oss-120b",
           "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b", "llama3_70b": "llama3-70b",
           "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b"}
-SYSTEMS = {"DGX-GB300": "gb300-nvl72", "DGX-GB200": "gb200-nvl72", "DGX-B300": "b300", "DGX-B200": "b200",
-           "DGX-H100": "h100-sxm"}
+GPUS = {"DGX-GB300": ("GB300", 4), "DGX-GB200": ("GB200", 4), "DGX-B300": ("B300", 8), "DGX-B200": ("B200", 8),
+        "DGX-H100": ("H100", 8)}
 
 
 def row_id(row: dict) -> str:
@@ -41,79 +41,99 @@ def row_id(row: dict) -> str:
     return f"bridge_{row['release']}_{model}_{row['system']}_{precision}_{row['gpus']}gpu_gbs{row['gbs']}"
 
 
-def _int(text: str, default: int | None = None) -> int | None:
+def _int(text: str) -> int | None:
     text = (text or "").split("(")[0].strip()
-    return int(text) if text.isdigit() else default
+    return int(text) if text.isdigit() else None
 
 
-def case(row: dict):
-    """(model, system, plan, job, measured step s, notes) of a row, or a str: why it is skipped."""
-    key = row["model"].lower().replace(" ", "")
-    preset = MODELS.get(key)
+def _model_block(row: dict) -> dict | str:
+    preset = MODELS.get(row["model"].lower().replace(" ", ""))
     if preset is None:
         return f"no model preset for {row['model']}"
-    if row["system"] not in SYSTEMS:
+    m = load_model(preset)
+    block = {"name": row["model"], "arch": "gpt", "seq": _int(row["seq"]), "layers": m.layers, "hidden": m.hidden,
+             "heads": m.heads, "query_groups": m.query_groups, "kv_channels": m.head_dim, "ffn": m.ffn_hidden,
+             "vocab": m.vocab, "activation": m.activation, "dims_source": f"planner model preset {preset}"}
+    if m.moe is not None:
+        block["moe"] = {"num_experts": m.moe.num_experts, "topk": m.moe.top_k, "moe_ffn": m.expert_ffn_hidden,
+                        "shared_experts": m.moe.shared_experts, "first_k_dense": m.moe.first_dense_layers}
+    if m.mla is not None:
+        block["attention"] = f"MLA (q_lora {m.mla.q_lora_rank}, kv_lora {m.mla.kv_lora_rank})"
+    block["mtp_layers"] = 0 if "w/o mtp" in row["model"].lower() else m.mtp_layers
+    return block
+
+
+def record(row: dict) -> dict | str:
+    """The row as a bridge_runs.yaml record, or why it cannot be one."""
+    model = _model_block(row)
+    if isinstance(model, str):
+        return model
+    if row["system"] not in GPUS:
         return f"no system preset for {row['system']}"
+    gpu, per_node = GPUS[row["system"]]
     gpus, gbs, seq = _int(row["gpus"]), _int(row["gbs"]), _int(row["seq"])
     tps = float(row["tokens_per_s_per_gpu"].split("(")[0].replace(",", ""))
-    model = load_model(preset)
-    model = model.model_copy(update={"seq_length": seq, **({"mtp_layers": 0} if "w/o mtp" in row["model"].lower()
-                                                          else {})})
-    system = load_system(SYSTEMS[row["system"]], gpus)
-    dtype, _ = parse_precision(row["precision"].split("(")[0].strip(), row["model"])
-    tp, pp, cp = _int(row["tp"], 1), _int(row["pp"], 1), _int(row["cp"], 1)
-    vpp, ep = _int(row["vp"], 1), _int(row["ep"], 1)
-    etp = _int(row.get("etp") or "")
-    fsdp = _int(row.get("fsdp") or "", 0)
-    notes: list[str] = []
-    recipe = bridge_recipe_layout(row["model"], model.layers, pp, vpp)
-    stages = _stage_layers(model, pp, vpp, None, notes, recipe)
-    if isinstance(stages, str):
-        return stages
-    fields = dict(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, etp=etp, vpp=vpp,
-                  micro_batch=_int(row["mbs"], 1), global_batch=gbs, sequence_parallel=tp > 1,
-                  zero_stage=3 if fsdp > 1 else 1, stage_layers=stages)
-    try:
-        plan = Plan(**{k: v for k, v in fields.items() if v is not None})
-        job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype)
-    except (ValueError, SpecError) as err:
-        return f"not a valid plan here: {str(err).splitlines()[0][:120]}"
-    measured_s = gbs * seq / (tps * gpus)
-    return model, system, plan, job, measured_s, notes
+    tp, pp, cp = (_int(row[k]) or 1 for k in ("tp", "pp", "cp"))
+    parallel = {"tp": tp, "pp": pp, "cp": cp, "ep": _int(row["ep"]) or 1, "dp": gpus // (tp * pp * cp),
+                "fsdp": _int(row.get("fsdp") or "") or None, "vpp": _int(row["vp"]), "microbatch": _int(row["mbs"]),
+                "global_batch": gbs, "grad_accum": _int(row.get("ga") or ""), "sequence_parallel": None,
+                "recompute": None, "distributed_optimizer": None}
+    if _int(row.get("etp") or ""):
+        parallel["etp"] = _int(row["etp"])
+    return {"id": row_id(row),
+            "source": {"title": f"Megatron-Bridge performance summary ({row['release']} NeMo Container)",
+                       "repo": "NVIDIA-NeMo/Megatron-Bridge", "file": row["file"], "commit": row["commit"],
+                       "line": int(row["line"])},
+            "model": model, "system": {"gpu": gpu, "gpus": gpus, "gpus_per_node": per_node},
+            "parallel": parallel, "precision": row["precision"],
+            "measured": {"tokens_per_sec_per_gpu": tps},
+            "derived": {"iteration_time_s": round(gbs * seq / (tps * gpus), 4),
+                        "how": "gbs*seq/(tokens_per_sec_per_gpu*gpus)"}}
+
+
+def records() -> tuple[list[dict], dict[str, int]]:
+    out, skipped = [], {}
+    for row in csv.DictReader(DATA.open()):
+        r = record(row)
+        if isinstance(r, str):
+            key = r.split(" for ")[0]
+            skipped[key] = skipped.get(key, 0) + 1
+        else:
+            out.append(r)
+    return out, skipped
+
+
+def write_yaml(path: Path, recs: list[dict]) -> None:
+    path.write_text(yaml.safe_dump({"schema_version": 1, "records": recs}, sort_keys=False))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--csv", action="store_true", help="one CSV line per row")
+    ap.add_argument("--write-yaml", type=Path, help="also keep the records as a bridge_runs.yaml-style file")
     args = ap.parse_args()
-    rows = list(csv.DictReader(DATA.open()))
-    errors, skipped = {}, {}
-    for row in rows:
-        c = case(row)
-        label = f"{row['release']} {row['model']} {row['system']} {row['precision']} {row['gpus']}gpu gbs{row['gbs']}"
-        if isinstance(c, str):
-            skipped[c.split(" for ")[0] if "preset" in c else c] = skipped.get(c, 0) + 1
-            continue
-        model, system, plan, job, measured_s, notes = c
-        try:
-            est = estimate(model, system, plan, job)
-        except SpecError as err:
-            print(f"{label:75s} error: {err}")
-            continue
-        err = est.step_time_s / measured_s - 1
-        group = (row["model"].split(" (")[0], row["system"])
-        errors.setdefault(group, []).append(err)
-        fit = "" if est.feasible else "  (model: does not fit / breaks a rule)"
-        print(f"{label:75s} {plan.short()[:46]:46s} meas {measured_s:8.3f} pred {est.step_time_s:8.3f} "
-              f"{err:+7.1%}{fit}")
+    recs, skipped = records()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.write_yaml or Path(tmp) / "bridge_heldout.yaml"
+        write_yaml(path, recs)
+        cases, not_read = load_reference([path])
+    errors: dict[tuple[str, str], list[float]] = {}
+    for c in sorted(cases, key=lambda c: c.id):
+        p = predict(c)
+        err = p["step_time_s"] / c.measured_step_s - 1
+        fits = "" if p["violations"] == 0 else "  (model: does not fit / breaks a rule)"
+        knobs = "  [recipe knobs]" if any("Megatron-Bridge" in a or "@" in a for a in c.assumptions) else ""
+        print(f"{c.id[7:75]:68s} {c.plan.short()[:44]:44s} meas {c.measured_step_s:8.3f} "
+              f"pred {p['step_time_s']:8.3f} {err:+7.1%}{fits}{knobs}")
+        key = (c.model.name.split(" (")[0], c.system.accelerator.name)
+        errors.setdefault(key, []).append(err)
     print()
-    allerr = [e for v in errors.values() for e in v]
-    for g, v in sorted(errors.items()):
-        print(f"{g[0]:18s} {g[1]:10s} {len(v):3d} rows  mean |err| {statistics.mean(abs(e) for e in v):6.1%}  "
+    for (model, gpu), v in sorted(errors.items()):
+        print(f"{model:18s} {gpu:16s} {len(v):3d} rows  mean |err| {statistics.mean(abs(e) for e in v):6.1%}  "
               f"mean err {statistics.mean(v):+6.1%}  max |err| {max(abs(e) for e in v):6.1%}")
-    if allerr:
-        print(f"all {len(allerr)} rows: mean |err| {statistics.mean(abs(e) for e in allerr):.1%}, "
-              f"max {max(abs(e) for e in allerr):.1%}; skipped: {skipped}")
+    allerr = [e for v in errors.values() for e in v]
+    print(f"all {len(allerr)} rows: mean |err| {statistics.mean(abs(e) for e in allerr):.1%}, "
+          f"max {max(abs(e) for e in allerr):.1%}; not built: {skipped}; not read by the loader: "
+          f"{len(not_read)} ({sorted({s.reason for s in not_read})[:5]})")
 
 
 if __name__ == "__main__":

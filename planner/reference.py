@@ -69,6 +69,7 @@ GPU_PRESETS = (
     (r"grand teton|hbm2e 9[56]", "h100-grand-teton", ""),
     (r"gb300", "gb300-nvl72", ""),
     (r"gb200", "gb200-nvl72", ""),
+    (r"^b300", "b300", ""),
     (r"^b200 \(power-limited\)", "b200", "B200 at its datasheet peak (the run was power-limited)"),
     (r"^b200", "b200", ""),
     (r"blackwell", "b200", "Blackwell SKU not stated: B200 assumed"),

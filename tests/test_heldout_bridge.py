@@ -1,4 +1,5 @@
-"""bench/heldout_bridge.py: the held-out Megatron-Bridge rows build as the user would ask them."""
+"""bench/heldout_bridge.py: the held-out Megatron-Bridge rows become bridge_runs.yaml records that
+the reference loader reads."""
 from __future__ import annotations
 
 import csv
@@ -6,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from planner.reference import load_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import heldout_bridge  # noqa: E402
@@ -15,29 +18,36 @@ def _rows():
     return list(csv.DictReader(heldout_bridge.DATA.open()))
 
 
-def test_every_row_has_its_source_and_builds_or_says_why():
+def test_every_row_has_its_source_and_becomes_a_record_or_says_why(tmp_path):
     rows = _rows()
-    assert len(rows) > 100
-    built = 0
-    for row in rows:
-        assert row["commit"] and row["file"].startswith("docs/performance-summary") and int(row["line"]) > 0
-        c = heldout_bridge.case(row)
-        if isinstance(c, str):
-            assert c.startswith(("no model preset", "no system preset", "not a valid plan")), c
-            continue
-        built += 1
-        model, system, plan, job, measured_s, _ = c
-        assert plan.gpus == int(row["gpus"]) and plan.global_batch == int(row["gbs"]) == job.global_batch
-    assert built >= 120
+    assert len(rows) > 100 and all(r["commit"] and r["file"].startswith("docs/performance-summary")
+                                   and int(r["line"]) > 0 for r in rows)
+    recs, skipped = heldout_bridge.records()
+    assert set(skipped) <= {"no model preset", "no system preset"} and len(recs) >= 120
+    path = tmp_path / "heldout.yaml"
+    heldout_bridge.write_yaml(path, recs)
+    cases, not_read = load_reference([path])
+    assert not not_read and len(cases) == len(recs)
+    by_id = {c.id: c for c in cases}
+    for r in recs:
+        c = by_id[r["id"]]
+        assert c.plan.gpus == r["system"]["gpus"] and c.plan.global_batch == r["parallel"]["global_batch"]
 
 
-def test_measured_step_time_from_tokens_per_second():
+def test_measured_step_time_from_tokens_per_second(tmp_path):
     """26.06 GPT-OSS 120B on 64 GB300, MXFP8, GBS 1280, seq 4096: 33,166 tokens/s/GPU
-    (docs/performance-summary-archive.md) -> 1280·4096 / (33166·64) = 2.470 s."""
+    (docs/performance-summary-archive.md) -> 1280·4096 / (33166·64) = 2.470 s; a B300 record
+    reads as the b300 preset."""
     row = next(r for r in _rows() if r["release"] == "26.06" and r["model"] == "GPT OSS 120B"
                and r["system"] == "DGX-GB300" and r["precision"] == "MXFP8")
     assert row["tokens_per_s_per_gpu"] == "33166"
-    model, system, plan, job, measured_s, _ = heldout_bridge.case(row)
-    assert measured_s == pytest.approx(1280 * 4096 / (33166 * 64), rel=1e-12)
-    assert (plan.tp, plan.pp, plan.ep, plan.micro_batch, plan.dp) == (1, 1, 16, 4, 64)
-    assert model.name.startswith("gpt-oss") and system.accelerator.name == "GB300-288GB" and job.dtype == "mxfp8"
+    rec = heldout_bridge.record(row)
+    path = tmp_path / "one.yaml"
+    b300 = heldout_bridge.record(next(r for r in _rows() if r["system"] == "DGX-B300" and r["model"] == "GPT OSS 120B"))
+    heldout_bridge.write_yaml(path, [rec, b300])
+    (case, case_b300), _ = load_reference([path])
+    assert case.measured_step_s == pytest.approx(1280 * 4096 / (33166 * 64), rel=1e-4)
+    assert (case.plan.tp, case.plan.pp, case.plan.ep, case.plan.micro_batch, case.plan.dp) == (1, 1, 16, 4, 64)
+    assert case.system.accelerator.name == "GB300-288GB" and case.job.dtype == "mxfp8"
+    assert case.model.head_dim == 64 and case.model.moe.num_experts == 128
+    assert case_b300.system.accelerator.name == "B300-288GB"
