@@ -50,6 +50,27 @@ STREAMING_HBM_EFFICIENCY = 0.70
 # sum of exponentials, the row held on chip), backward one read and one gradient write.
 FLASH_XENTROPY_FWD_BYTES = 2.0
 FLASH_XENTROPY_BWD_BYTES = 4.0
+# Attention kernels run narrow heads at a lower fraction of peak: per (query, key) pair a head
+# does 4·d FLOPs of matrix work but a softmax (exponential, max, rescale) that does not shrink
+# with d. Measured on an H100 (planner/data/h100_attention.csv, causal, fwd+bwd, seq 2048-8192),
+# heads of 96 reach 0.79-0.81 of the 128-wide throughput with cuDNN's fused attention (TE's) and
+# 0.88-0.89 with FlashAttention-2: (d/128)^k with k = ln(ratio)/ln(96/128), the mean over the
+# three sequence lengths. Heads of 128 and wider (MLA's 192-wide queries and keys) run at the
+# fitted ceilings, which were fitted on 128-wide heads; no wider head was measured.
+# Applied to cuDNN's fused kernel only (not the unfused score path of 2021 Megatron): the torch stacks' 64-wide-head rows (llm-foundry MPT-350M on
+# A100, Triton FlashAttention, seq 2048-16384) are predicted within 5 % at those ceilings and
+# 13-18 % slow with the H100 FlashAttention-2 factor, so that measurement does not carry over to
+# them; the "flash" exponent is kept for the record, not used.
+ATTENTION_HEAD_DIM_EXPONENT = {"cudnn": 0.784, "flash": 0.417}
+REFERENCE_HEAD_DIM = 128
+
+
+def attention_head_dim_factor(model: ModelSpec, backend: str) -> float:
+    """Throughput of the attention kernel at the model's head width relative to 128-wide heads;
+    `backend` "cudnn" (Transformer Engine's fused attention) or "flash" (FlashAttention-2 and
+    the Triton port of it)."""
+    width = model.mla.qk_head_dim if model.mla else model.head_dim
+    return min(1.0, width / REFERENCE_HEAD_DIM) ** ATTENTION_HEAD_DIM_EXPONENT[backend]
 
 
 def rms_norm(model: ModelSpec) -> bool:

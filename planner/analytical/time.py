@@ -121,9 +121,12 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
     chunk = model.seq_length / P.cp
     # cuDNN fused (TE) or FlashAttention-2 (torch stacks; TE with NVTE_FUSED_ATTN=0)
-    attn_max, attn_half = eff.attention_curve("flash-attn" if job.te_flash_attention else
-                                              "triton-flash" if job.triton_flash_attention else job.kernels)
-    attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * chunk / (chunk + attn_half))
+    attn_kernel = "flash-attn" if job.te_flash_attention else "triton-flash" if job.triton_flash_attention \
+        else job.kernels
+    attn_max, attn_half = eff.attention_curve(attn_kernel)
+    # the head-width factor measured for cuDNN's fused kernel (kernels.py), not the unfused path
+    width = kernels.attention_head_dim_factor(model, "cudnn") if attn_kernel == "te" and job.flash_attention else 1.0
+    attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * width * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
     score_bytes = 0.0 if job.flash_attention else \
