@@ -60,6 +60,7 @@ FAMILIES = (
     ("Grok-1", r"grok"),
     ("Mixtral", r"mixtral"),
     ("MPT", r"mpt"),
+    ("GPT-OSS", r"gpt[ _-]?oss"),  # OpenAI's MoE, not the GPT-3-style dense family below
     ("GPT", r"gpt"),  # GPT-3 175B and the GPT-style weak-scaling models of Megatron and DeepSpeed
 )
 
