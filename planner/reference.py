@@ -28,6 +28,7 @@ from planner.pipeline_layout import balanced_layout, even_layout, layout_from_fl
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
 from planner.bridge_recipes import recipe_knobs
 from planner.reference_dense import bridge_dense_recipe
+from planner.reference_errata import ERRATA, corrected_record
 from planner.reference_moe import bridge_recipe_job_updates, bridge_recipe_model, nvidia_moe_settings
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
@@ -890,6 +891,31 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
                    family=family_of(model.name))
 
 
+def _hbm_gib(case: RefCase) -> tuple[float, float]:
+    """(HBM the case's plan needs, HBM there is), GiB per GPU, under the memory model."""
+    from planner.analytical import PlanArrays, estimate_many  # layer 2; only errata rows need it
+    from planner.analytical.layer_kinds import lead_layers
+    P = PlanArrays.from_plans([case.plan], case.model.layers, lead_layers(case.model))
+    r = estimate_many(case.model, case.system, case.job, P)
+    return float(r["hbm_bytes"][0]) / 2**30, float(r["hbm_capacity_bytes"][0]) / 2**30
+
+
+def _with_erratum(rec: dict, published: RefCase) -> RefCase:
+    """The case of a record with an erratum (planner/reference_errata.py): the published reading
+    while it fits HBM, else the corrected record's, with the figures that decided it."""
+    erratum = ERRATA[published.id]
+    need, have = _hbm_gib(published)
+    if need <= have:
+        published.assumptions.append(f"erratum not applied: the published {erratum.published} fits "
+                                     f"({need:.0f} of {have:.0f} GiB)")
+        return published
+    fixed = _case_fsdp(_Record(corrected_record(rec, erratum)))
+    if isinstance(fixed, RefCase):
+        fixed.assumptions.append(f"{erratum.used}, not the published {erratum.published}, which needs "
+                                 f"{need:.0f} GiB of {have:.0f} GiB HBM ({erratum.evidence})")
+    return fixed
+
+
 def load_records(path: Path) -> tuple[list[dict], bool]:
     """Records of one reference file, and whether it uses the FSDP/MoE schema."""
     if not path.is_file():
@@ -943,5 +969,7 @@ def _read_file(path: Path) -> tuple[tuple[RefCase, ...], tuple[Skipped, ...]]:
     for rec in records:
         r = _Record(rec)
         out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
+        if fsdp_schema and isinstance(out, RefCase) and r.id in ERRATA:
+            out = _with_erratum(rec, out)
         (cases if isinstance(out, RefCase) else skipped).append(out)
     return tuple(cases), tuple(skipped)
