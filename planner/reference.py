@@ -774,6 +774,27 @@ def _torchtitan_pp_microbatch(local_batch: int, pp: int, assumptions: list[str])
     return local_batch // pp
 
 
+# torchtitan Float8 runs whose record does not say how FSDP gathered the weights: the model's train
+# config at the torchtitan commit the run used turns on torchao's float8 all-gather (FSDP2 gathers
+# the fp8 weights, 1 B per element); elsewhere the JobConfig default holds
+# (--float8.enable_fsdp_float8_all_gather is store_true, torchtitan/config_manager.py @ 9dec370),
+# as in llama3_8b.toml / llama3_70b.toml @ 9dec370, which leave Float8 to the command line.
+# Keyed by (record source commit prefix, model name).
+TORCHTITAN_FLOAT8_ALL_GATHER_CONFIGS = {
+    ("820504e2", "Llama 3.1 405B"): "train_configs/llama3_405b.toml @ 9dec370, the Dec 2024 tables' torchtitan: "
+                                    "enable_fsdp_float8_all_gather = true",
+    ("4d88a8a4", "Llama 3.1 405B"): "train_configs/llama3_405b.toml @ 4d88a8a4: enable_fsdp_float8_all_gather = true",
+}
+
+
+def _torchtitan_float8_all_gather_config(r: _Record) -> str | None:
+    """Where a torchtitan Float8 record's train config turns on the fp8 FSDP all-gather, else None."""
+    if r.get("parallel.float8") is not True or r.get("parallel.float8_recipe") is not None:
+        return None
+    key = (str(r.get("source.commit") or "")[:8], str(r.get("model.name") or ""))
+    return TORCHTITAN_FLOAT8_ALL_GATHER_CONFIGS.get(key)
+
+
 # Sources whose TFLOP/s are Megatron-LM's own logged counter (causal attention halved:
 # flops.megatron_logged_flops_per_token); checked on the ModelZoo rows that publish both a step time
 # and TFLOP/s (tests/test_reference_moe.py). The DeepSeek-V3 GB200 guide's tables are the same
@@ -845,6 +866,9 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         # torchao's Float8Linear with enable_fsdp_float8_all_gather: FSDP2 gathers the fp8 weights
         plan_fields["fp8_param_gather"] = True
         assumptions.append("fp8 parameter all-gather (record: fsdp float8 all-gather)")
+    elif framework == "torchtitan FSDP2" and (config := _torchtitan_float8_all_gather_config(r)):
+        plan_fields["fp8_param_gather"] = True
+        assumptions.append(f"fp8 parameter all-gather ({config})")
     if framework == "Megatron-FSDP" and zero == 3:
         # Megatron-FSDP's user guide recommends --grad-reduce-in-bf16, and its MoE example
         # (docs/discussions/megatron-fsdp-user-guide/example-scripts/sbatch_mfsdp_deepseek_v3.sh:
