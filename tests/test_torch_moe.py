@@ -55,3 +55,17 @@ def test_te_stack_keeps_megatron_permutation_passes(scout):
     assert float(te["permute_s"][0]) == pytest.approx(tm.PERMUTE_PASSES * 2 * 8192 * 5120 / hbm)
     torch_moe, _ = _moe(scout, "torch-compile")
     assert np.all(torch_moe["permute_s"] > te["permute_s"])
+
+
+def test_shared_experts_are_quantised_like_a_dense_mlp():
+    from planner.analytical import precision
+    # Llama-4 Scout (h 5120, QKV 5120 + 2·1024, SwiGLU expert and shared FFN 8192, top-1):
+    # attention 5120 + 5120 + 7168 + 5120, routed (5120 + 8192) + (16384 + 5120), shared the same
+    without = precision.quantised_elements_per_token(5120, 7168, 16384, 8192, 1)
+    with_shared = precision.quantised_elements_per_token(5120, 7168, 16384, 8192, 1, shared_mlp_width=16384,
+                                                         shared_ffn=8192)
+    assert without == 22528 + 34816
+    assert with_shared == 22528 + 34816 + 34816
+    # DeepSeek-V3's one shared expert (h 7168, FFN 2048): (7168 + 2048) + (4096 + 7168)
+    assert precision.quantised_elements_per_token(7168, 0, 0, 0, 0, shared_mlp_width=4096, shared_ffn=2048) \
+        == (7168 + 7168) + 7168 + 20480

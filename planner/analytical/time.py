@@ -131,10 +131,13 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     mlp_w = flops.mlp_width(model)
     ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
     topk = model.moe.top_k if model.moe else 1
+    shared_ffn = model.moe.shared_experts * model.shared_expert_ffn_hidden if model.moe and model.moe.shared_experts else 0
     # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
     quant_bytes = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t * \
-        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job)) \
+        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job),
+                                               shared_mlp_width=(2 if model.activation == "swiglu" else 1) * shared_ffn,
+                                               shared_ffn=shared_ffn) \
         / (1 + BACKWARD_FACTOR)
     # per-layer launch/host overhead, not paid when the whole iteration is one CUDA graph
     overhead_s = 0.0 if job.full_iteration_cuda_graph else eff.layer_overhead_us * 1e-6
