@@ -762,6 +762,30 @@ def _torchtitan_default_recompute(model: ModelSpec, system: SystemSpec, plan: Pl
     return trial
 
 
+def torchtitan_default_split(layers: int, pp: int, stages_per_rank: int) -> tuple[int, ...]:
+    """Layers per pipeline stage when a torchtitan run sets no split points: pp·stages_per_rank
+    stages (1 per rank for single-stage schedules such as 1F1B, 2 for multi-stage ones such as
+    Interleaved 1F1B), the first and the last layers // stages layers, the stages in between one
+    more while the remainder lasts (torchtitan/parallelisms/pipelining_utils.py
+    generate_split_points @ 9dec370, the commit of the Dec 2024 tables)."""
+    stages = pp * stages_per_rank
+    base, extra = divmod(layers, stages)
+    middle = [base + 1 if i < extra else base for i in range(stages - 2)]
+    out = [base] + middle
+    return tuple(out + [layers - sum(out)])
+
+
+def _torchtitan_default_stages(layers: int, pp: int, interleaved: bool, assumptions: list[str]
+                               ) -> tuple[int, tuple[int, ...] | None]:
+    """(vpp, layers per virtual stage) of a torchtitan pipeline record without a stated layout."""
+    vpp = 2 if interleaved else 1
+    split = torchtitan_default_split(layers, pp, vpp)
+    assumptions.append(f"{'interleaved, ' if interleaved else ''}{vpp} stage{'s' if vpp > 1 else ''} per rank, "
+                       f"{compress_runs(split)} layers per stage (torchtitan generate_split_points @ 9dec370: "
+                       "no split points set)")
+    return vpp, (None if len(set(split)) == 1 else split)
+
+
 def _torchtitan_pp_microbatch(local_batch: int, pp: int, assumptions: list[str]) -> int:
     """torchtitan's tables print the local batch (sequences per data-parallel rank); with pipeline
     parallelism the schedule splits it into `pipeline_parallel_microbatches` microbatches, which
@@ -818,10 +842,15 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         return Skipped(rid, "GPU count not published")
     dp = _data_parallel(rid, gpus, tp * pp * cp)
     vpp = r.int("parallel.vpp", 1)
-    if vpp == 1 and "interleaved" in str(r.get("parallel.pp_schedule") or "").lower():
-        vpp = _smallest_vpp(model.layers // pp)
-        assumptions.append(f"interleaved, vpp {vpp}")
-    stage_layers = _stage_layers(model, pp, vpp, str(r.get("parallel.pp_layout") or "") or None, assumptions)
+    interleaved = "interleaved" in str(r.get("parallel.pp_schedule") or "").lower()
+    layout_text = str(r.get("parallel.pp_layout") or "") or None
+    if framework == "torchtitan FSDP2" and pp > 1 and vpp == 1 and layout_text is None:
+        vpp, stage_layers = _torchtitan_default_stages(model.layers, pp, interleaved, assumptions)
+    else:
+        if vpp == 1 and interleaved:
+            vpp = _smallest_vpp(model.layers // pp)
+            assumptions.append(f"interleaved, vpp {vpp}")
+        stage_layers = _stage_layers(model, pp, vpp, layout_text, assumptions)
     if isinstance(stage_layers, str):
         return Skipped(rid, stage_layers)
     mb, gbs = r.int("parallel.microbatch"), r.int("parallel.global_batch")

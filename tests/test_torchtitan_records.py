@@ -1,7 +1,8 @@
-"""torchtitan Float8 records that do not say how FSDP gathered the weights take the run's model
-train config: llama3_405b.toml turns on torchao's fp8 all-gather at both commits the 405B tables
-ran (9dec370, 4d88a8a4); the 8B / 70B configs leave Float8 to the command line, whose
---float8.enable_fsdp_float8_all_gather defaults off."""
+"""torchtitan records read with what the run's torchtitan did where the record is silent: Float8
+records take the FSDP recipe of their model's train config (llama3_405b.toml gathers fp8 weights at
+both commits the 405B tables ran, 9dec370 and 4d88a8a4; the 8B / 70B configs leave Float8 to the
+command line, whose --float8.enable_fsdp_float8_all_gather defaults off); pipeline records without
+split points take generate_split_points' stages (2 per rank for Interleaved 1F1B)."""
 import pytest
 
 from planner.analytical import PlanArrays, estimate_many
@@ -35,3 +36,19 @@ def test_405b_gather_bytes_by_hand(torchtitan_float8):
     per_layer = h * (h + 2 * kv) + h * h + 3 * h * ffn + 2 * h       # QKV, output, SwiGLU MLP, two norms
     # block weights gathered in fp8 (1 B), embedding and LM head (untied, never fp8) in bf16
     assert float(r["param_gather_bytes"][0]) == pytest.approx(layers * per_layer / tp * 1 + 2 * vocab * h / tp * 2)
+
+
+def test_torchtitan_default_pipeline_split_by_hand():
+    from planner.reference import torchtitan_default_split
+    # generate_split_points @ 9dec370: 126 layers over 8 stages: base 15, remainder 6 to the middle
+    assert torchtitan_default_split(126, 8, 1) == (15,) + (16,) * 6 + (15,)
+    # Interleaved 1F1B: 2 stages per rank, 16 stages: base 7, remainder 14, all to the middle
+    assert torchtitan_default_split(126, 8, 2) == (7,) + (8,) * 14 + (7,)
+    assert sum(torchtitan_default_split(126, 8, 2)) == 126
+
+
+def test_interleaved_405b_row_runs_two_stages_per_rank(torchtitan_float8):
+    c = torchtitan_float8["torchtitan_llama31-405b_512gpu_fsdp8_tp8_pp8_i1f1b"]
+    assert (c.plan.pp, c.plan.vpp) == (8, 2)
+    assert c.plan.stage_layers == (7,) + (8,) * 14 + (7,)
+    assert any("generate_split_points" in a for a in c.assumptions)
