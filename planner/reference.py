@@ -28,6 +28,7 @@ from planner.pipeline_layout import balanced_layout, even_layout, layout_from_fl
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
 from planner.bridge_recipes import launch_knobs, recipe_knobs
 from planner.reference_dense import bridge_dense_recipe
+from planner.reference_errata import ERRATA, corrected_record
 from planner.reference_moe import bridge_recipe_job_updates, bridge_recipe_model, nvidia_moe_settings
 
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
@@ -786,6 +787,30 @@ def _torchtitan_default_recompute(model: ModelSpec, system: SystemSpec, plan: Pl
     return trial
 
 
+def torchtitan_default_split(layers: int, pp: int, stages_per_rank: int) -> tuple[int, ...]:
+    """Layers per pipeline stage when a torchtitan run sets no split points: pp·stages_per_rank
+    stages (1 per rank for single-stage schedules such as 1F1B, 2 for multi-stage ones such as
+    Interleaved 1F1B), the first and the last layers // stages layers, the stages in between one
+    more while the remainder lasts (torchtitan/parallelisms/pipelining_utils.py
+    generate_split_points @ 9dec370, the commit of the Dec 2024 tables)."""
+    stages = pp * stages_per_rank
+    base, extra = divmod(layers, stages)
+    middle = [base + 1 if i < extra else base for i in range(stages - 2)]
+    out = [base] + middle
+    return tuple(out + [layers - sum(out)])
+
+
+def _torchtitan_default_stages(layers: int, pp: int, interleaved: bool, assumptions: list[str]
+                               ) -> tuple[int, tuple[int, ...] | None]:
+    """(vpp, layers per virtual stage) of a torchtitan pipeline record without a stated layout."""
+    vpp = 2 if interleaved else 1
+    split = torchtitan_default_split(layers, pp, vpp)
+    assumptions.append(f"{'interleaved, ' if interleaved else ''}{vpp} stage{'s' if vpp > 1 else ''} per rank, "
+                       f"{compress_runs(split)} layers per stage (torchtitan generate_split_points @ 9dec370: "
+                       "no split points set)")
+    return vpp, (None if len(set(split)) == 1 else split)
+
+
 def _torchtitan_pp_microbatch(local_batch: int, pp: int, assumptions: list[str]) -> int:
     """torchtitan's tables print the local batch (sequences per data-parallel rank); with pipeline
     parallelism the schedule splits it into `pipeline_parallel_microbatches` microbatches, which
@@ -796,6 +821,27 @@ def _torchtitan_pp_microbatch(local_batch: int, pp: int, assumptions: list[str])
     assumptions.append(f"{pp} pipeline microbatches of {local_batch // pp} (torchtitan default: "
                        f"pp microbatches of the local batch {local_batch})")
     return local_batch // pp
+
+
+# torchtitan Float8 runs whose record does not say how FSDP gathered the weights: the model's train
+# config at the torchtitan commit the run used turns on torchao's float8 all-gather (FSDP2 gathers
+# the fp8 weights, 1 B per element); elsewhere the JobConfig default holds
+# (--float8.enable_fsdp_float8_all_gather is store_true, torchtitan/config_manager.py @ 9dec370),
+# as in llama3_8b.toml / llama3_70b.toml @ 9dec370, which leave Float8 to the command line.
+# Keyed by (record source commit prefix, model name).
+TORCHTITAN_FLOAT8_ALL_GATHER_CONFIGS = {
+    ("820504e2", "Llama 3.1 405B"): "train_configs/llama3_405b.toml @ 9dec370, the Dec 2024 tables' torchtitan: "
+                                    "enable_fsdp_float8_all_gather = true",
+    ("4d88a8a4", "Llama 3.1 405B"): "train_configs/llama3_405b.toml @ 4d88a8a4: enable_fsdp_float8_all_gather = true",
+}
+
+
+def _torchtitan_float8_all_gather_config(r: _Record) -> str | None:
+    """Where a torchtitan Float8 record's train config turns on the fp8 FSDP all-gather, else None."""
+    if r.get("parallel.float8") is not True or r.get("parallel.float8_recipe") is not None:
+        return None
+    key = (str(r.get("source.commit") or "")[:8], str(r.get("model.name") or ""))
+    return TORCHTITAN_FLOAT8_ALL_GATHER_CONFIGS.get(key)
 
 
 # Sources whose TFLOP/s are Megatron-LM's own logged counter (causal attention halved:
@@ -821,14 +867,18 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         return Skipped(rid, "GPU count not published")
     dp = _data_parallel(rid, gpus, tp * pp * cp)
     vpp = r.int("parallel.vpp", 1)
-    if vpp == 1 and "interleaved" in str(r.get("parallel.pp_schedule") or "").lower():
-        vpp = _smallest_vpp(model.layers // pp)
-        assumptions.append(f"interleaved, vpp {vpp}")
-    # a ModelZoo row with a published command: the layout its model config's split flags set
-    recipe = bridge_recipe_layout(model.name, model.layers, pp, vpp, rid) if launch_knobs(rid) else \
-        modelzoo_qwen3_layout(rid, model, pp, vpp)
-    stage_layers = _stage_layers(model, pp, vpp, str(r.get("parallel.pp_layout") or "") or None, assumptions,
-                                 recipe)
+    interleaved = "interleaved" in str(r.get("parallel.pp_schedule") or "").lower()
+    layout_text = str(r.get("parallel.pp_layout") or "") or None
+    if framework == "torchtitan FSDP2" and pp > 1 and vpp == 1 and layout_text is None:
+        vpp, stage_layers = _torchtitan_default_stages(model.layers, pp, interleaved, assumptions)
+    else:
+        if vpp == 1 and interleaved:
+            vpp = _smallest_vpp(model.layers // pp)
+            assumptions.append(f"interleaved, vpp {vpp}")
+        # a ModelZoo row with a published command: the layout its model config's split flags set
+        recipe = bridge_recipe_layout(model.name, model.layers, pp, vpp, rid) if launch_knobs(rid) else \
+            modelzoo_qwen3_layout(rid, model, pp, vpp)
+        stage_layers = _stage_layers(model, pp, vpp, layout_text, assumptions, recipe)
     if isinstance(stage_layers, str):
         return Skipped(rid, stage_layers)
     mb, gbs = r.int("parallel.microbatch"), r.int("parallel.global_batch")
@@ -873,6 +923,9 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         # torchao's Float8Linear with enable_fsdp_float8_all_gather: FSDP2 gathers the fp8 weights
         plan_fields["fp8_param_gather"] = True
         assumptions.append("fp8 parameter all-gather (record: fsdp float8 all-gather)")
+    elif framework == "torchtitan FSDP2" and (config := _torchtitan_float8_all_gather_config(r)):
+        plan_fields["fp8_param_gather"] = True
+        assumptions.append(f"fp8 parameter all-gather ({config})")
     if framework == "Megatron-FSDP" and zero == 3:
         # Megatron-FSDP's user guide recommends --grad-reduce-in-bf16, and its MoE example
         # (docs/discussions/megatron-fsdp-user-guide/example-scripts/sbatch_mfsdp_deepseek_v3.sh:
@@ -917,6 +970,31 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     return RefCase(rid, str(r.get("source_group") or rid.split("_")[0]), model, system, plan, job, step, how,
                    assumptions, fit=fits_hardware(framework, model) and zero < 3, framework=framework,
                    family=family_of(model.name))
+
+
+def _hbm_gib(case: RefCase) -> tuple[float, float]:
+    """(HBM the case's plan needs, HBM there is), GiB per GPU, under the memory model."""
+    from planner.analytical import PlanArrays, estimate_many  # layer 2; only errata rows need it
+    from planner.analytical.layer_kinds import lead_layers
+    P = PlanArrays.from_plans([case.plan], case.model.layers, lead_layers(case.model))
+    r = estimate_many(case.model, case.system, case.job, P)
+    return float(r["hbm_bytes"][0]) / 2**30, float(r["hbm_capacity_bytes"][0]) / 2**30
+
+
+def _with_erratum(rec: dict, published: RefCase) -> RefCase:
+    """The case of a record with an erratum (planner/reference_errata.py): the published reading
+    while it fits HBM, else the corrected record's, with the figures that decided it."""
+    erratum = ERRATA[published.id]
+    need, have = _hbm_gib(published)
+    if need <= have:
+        published.assumptions.append(f"erratum not applied: the published {erratum.published} fits "
+                                     f"({need:.0f} of {have:.0f} GiB)")
+        return published
+    fixed = _case_fsdp(_Record(corrected_record(rec, erratum)))
+    if isinstance(fixed, RefCase):
+        fixed.assumptions.append(f"{erratum.used}, not the published {erratum.published}, which needs "
+                                 f"{need:.0f} GiB of {have:.0f} GiB HBM ({erratum.evidence})")
+    return fixed
 
 
 def load_records(path: Path) -> tuple[list[dict], bool]:
@@ -972,5 +1050,7 @@ def _read_file(path: Path) -> tuple[tuple[RefCase, ...], tuple[Skipped, ...]]:
     for rec in records:
         r = _Record(rec)
         out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
+        if fsdp_schema and isinstance(out, RefCase) and r.id in ERRATA:
+            out = _with_erratum(rec, out)
         (cases if isinstance(out, RefCase) else skipped).append(out)
     return tuple(cases), tuple(skipped)

@@ -73,6 +73,38 @@ def attention_head_dim_factor(model: ModelSpec, backend: str) -> float:
     return min(1.0, width / REFERENCE_HEAD_DIM) ** ATTENTION_HEAD_DIM_EXPONENT[backend]
 
 
+# torchtitan's MoE layer under either torch stack (the only MoE runs on one): models/moe/moe.py
+# MoE.forward and distributed/expert_parallel.py ExpertParallel._token_dispatch/_token_combine
+# (_permute/_unpermute) @ b3da1a2d, the commit of its Llama-4 Scout MXFP8 record. torch.compile
+# wraps the router, the reorderer and the shared experts, but neither the routed experts with
+# their dispatch/combine hooks nor MoE.forward's own code (models/llama4/infra/parallelize.py
+# apply_compile: "We don't compile token dispatch and token combine due to an issue on B200"), so
+# those run as eager ATen ops, each reading its inputs and writing its output once. Bytes per
+# hidden element, forward:
+#   per routed row before dispatch / after combine: gather x[idx] 2+2, .to(float32) 2+4, times
+#   the score 4+4, .to(bf16) 4+2 (score_before_experts), torch.zeros of the unsorted output 2,
+#   its index_put 2+2, the read side of sum over top_k 2 = 32;
+#   per received row (the busiest rank's share): _permute's gather into expert order 2+2 and
+#   _unpermute's index_put back 2+2 = 8;
+#   per token: the write side of the top_k sum 2, shared + routed add 2+2+2 = 8.
+TORCHTITAN_MOE_ROUTED_ROW_BYTES = 32.0
+TORCHTITAN_MOE_RECEIVED_ROW_BYTES = 8.0
+TORCHTITAN_MOE_TOKEN_BYTES = 8.0
+
+
+def torch_moe_bytes(model: ModelSpec, kernels: str) -> dict[str, float]:
+    """Forward element-wise bytes of a MoE layer under a torch stack, by where they fall:
+    "routed_row" and "received_row" per routed row per hidden element, "token" per token per
+    hidden element (TORCHTITAN_MOE_*), "expert_act" per routed row per expert-FFN element (the
+    experts' SwiGLU, never compiled: eager silu then multiply) and "shared_act" per token per
+    shared-expert FFN element (compiled with the shared experts under torch.compile)."""
+    swiglu = model.activation == "swiglu"
+    eager_act = EAGER_SWIGLU_BYTES if swiglu else GELU_BYTES
+    shared_act = (FUSED_SWIGLU_BYTES if kernels == "torch-compile" else EAGER_SWIGLU_BYTES) if swiglu else GELU_BYTES
+    return {"routed_row": TORCHTITAN_MOE_ROUTED_ROW_BYTES, "received_row": TORCHTITAN_MOE_RECEIVED_ROW_BYTES,
+            "token": TORCHTITAN_MOE_TOKEN_BYTES, "expert_act": eager_act, "shared_act": shared_act}
+
+
 def rms_norm(model: ModelSpec) -> bool:
     """Llama-style models (RoPE) use RMSNorm; GPT-style (learned positions) LayerNorm."""
     return model.position_embedding == "rope"

@@ -57,14 +57,21 @@ def high_precision_dtype(dtype: str) -> str:
 
 
 def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float, ffn: float,
-                                 rows_per_token: float, fused_mlp: bool = False) -> float:
+                                 rows_per_token: float, fused_mlp: bool = False, shared_mlp_width: float = 0.0,
+                                 shared_ffn: float = 0.0) -> float:
     """Elements quantised per token and layer, forward + backward (whole layer, before TP split):
     forward the inputs of QKV, projection, FC1 (h each) and FC2 (ffn); backward the output
     gradients of QKV (qkv_width), projection (h), FC1 (mlp_width) and FC2 (h). MLP terms count
     once per routed copy of the token (`rows_per_token` = top-k for MoE). `fused_mlp`: the MLP's
     FC1 epilogue applies the activation and writes FC2's quantised input, and the backward's
     dactivation writes FC1's quantised output gradient (Transformer Engine's op fuser,
-    Megatron-Core use_transformer_engine_op_fuser), so those two casts are not separate passes."""
+    Megatron-Core use_transformer_engine_op_fuser), so those two casts are not separate passes.
+    A MoE layer's shared experts (`shared_mlp_width`, `shared_ffn`: all shared experts together)
+    are linear layers in the same autocast (Megatron-Core moe/shared_experts.py; torchtitan's
+    FeedForward under its float8/MX converters) and see every token once: their FC1/FC2 inputs
+    and output gradients are quantised like a dense MLP's (never op-fused: the fuser is the
+    routed experts' grouped MLP)."""
     attention = (hidden + hidden) + (qkv_width + hidden)
     mlp = hidden + hidden if fused_mlp else (hidden + ffn) + (mlp_width + hidden)
-    return attention + rows_per_token * mlp
+    shared = (hidden + shared_ffn) + (shared_mlp_width + hidden) if shared_ffn else 0.0
+    return attention + rows_per_token * mlp + shared

@@ -134,10 +134,13 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     mlp_w = flops.mlp_width(model)
     ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
     topk = model.moe.top_k if model.moe else 1
+    shared_ffn = model.moe.shared_experts * model.shared_expert_ffn_hidden if model.moe and model.moe.shared_experts else 0
     # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
     # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
     quant_bytes = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t * \
-        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job)) \
+        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job),
+                                               shared_mlp_width=(2 if model.activation == "swiglu" else 1) * shared_ffn,
+                                               shared_ffn=shared_ffn) \
         / (1 + BACKWARD_FACTOR)
     # per-layer launch/host overhead, not paid when the whole iteration is one CUDA graph
     overhead_s = 0.0 if job.full_iteration_cuda_graph else eff.layer_overhead_us * 1e-6
@@ -264,13 +267,24 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
                                 peak, eff, job.dtype))
     # the activation pass; fused into the grouped GEMMs' epilogues by TE's op fuser
     expert_act = 0.0 if fused_experts(model, job) else 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    shared_act_bytes, shared_hbm = 2.0 * ELEMENTWISE_PASSES_FFN, hbm
+    if job.kernels != "te":
+        # the torch stacks run torchtitan's MoE op by op (kernels.torch_moe_bytes), each kernel a
+        # streaming pass: its routing glue and permutations replace Megatron's permute/unpermute
+        # passes, the experts' eager SwiGLU the fused activation lump
+        tb = kernels.torch_moe_bytes(model, job.kernels)
+        stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+        permute = (routed_tokens * k * tb["routed_row"] + routed_tokens * tb["token"]) * h / stream \
+            + imbalance * routed_tokens * k * tb["received_row"] * h / stream
+        expert_act = 0.0 if fused_experts(model, job) else tokens * k * tb["expert_act"] * ffn / t / stream
+        shared_act_bytes, shared_hbm = tb["shared_act"], stream
     host_exposed = expert_host_exposed_s(model, job, P, imbalance * (expert_gemm + expert_act))
     wgrad_extra = expert_wgrad_memory_excess_s(model, job, P, rows_per_expert * imbalance,
                                                imbalance * expert_gemm, hbm)
     shared_gemm, shared_elem = (0.0, 0.0)
     if model.moe.shared_experts:
         shared_gemm, shared_elem = dense_mlp_fwd_s(model, model.moe.shared_experts * model.shared_expert_ffn_hidden,
-                                                   tokens, t, peak, eff, job.dtype, hbm)
+                                                   tokens, t, peak, eff, job.dtype, shared_hbm, shared_act_bytes)
     return {"gemm": imbalance * expert_gemm + shared_gemm + router,
             "elementwise": imbalance * expert_act + permute + shared_elem + host_exposed,
             "wgrad_extra_s": wgrad_extra, "expert_host_exposed_s": host_exposed,
