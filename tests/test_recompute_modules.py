@@ -116,7 +116,10 @@ def _hand_seconds(module: str) -> float:
     # MLA up-projections: q 128 -> 4·48, kv 64 -> 4·(32 + 32); contraction at most 64 wide
     up = _gemm_s(2 * tokens * (128 * 4 * 48 + 64 * 4 * 64), min(tokens, 64), acc)
     e = acc.efficiency
-    core = 2 * S * HEADS * (48 + 32) * 0.5 * tokens / (acc.peak("bf16") * e.attention_max * S / (S + e.attention_half_seq))
+    # cuDNN at 48-wide query/key heads: (48/128)^0.784 of its ceiling (kernels.attention_head_dim_factor)
+    width = (48 / 128) ** 0.784
+    core = 2 * S * HEADS * (48 + 32) * 0.5 * tokens / (acc.peak("bf16") * e.attention_max * width
+                                                        * S / (S + e.attention_half_seq))
     return {"layernorm": (1 + f) * norm, "mla_up_proj": up, "mlp": (1 - f) * (dense_mlp + norm),
             "moe_act": f * expert_act, "shared_experts": f * shared, "core_attn": core,
             "moe": f * (experts + expert_act + router + permute + shared + host)}[module]  # ep 1: no all-to-all
