@@ -37,6 +37,7 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
     job = job or JobSpec()
     res = search(model, system, job, top_k=top_k, time_limit_s=time_limit_s)
     out = Recommendation(ranked=res.ranked, objective=res.objective, stats=res.stats)
+    _offload_gain(model, system, job, out, time_limit_s)
     is_moe = model.moe is not None
     if allow_unmeasured or res.best is None or measured_runs(is_moe, res.best.plan):
         return out
@@ -60,6 +61,20 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
         "model_only_family": family_of_plan(is_moe, res.best.plan),
         "model_only_advantage": 1 - res.best.objective / measured[0].objective}
     return out
+
+
+def _offload_gain(model: ModelSpec, system: SystemSpec, job: JobSpec, out: Recommendation,
+                  time_limit_s: float) -> None:
+    """Where the best plan offloads, what it buys: the best plan without offload (stats
+    "offload_gain"; None where nothing fits without it). Exact ties already go to less offload
+    (constraints.cost_table.order_rows), so a plan that offloads is strictly faster or the only fit."""
+    if out.best is None or not out.best.plan.uses_offload:
+        return
+    alone = search(model, system, job.model_copy(update={"allow_offload": False}), top_k=1,
+                   time_limit_s=time_limit_s).best
+    out.stats["offload_gain"] = None if alone is None else {
+        "plan_without_offload": alone.plan.short(), "step_time_s": alone.estimate.step_time_s,
+        "objective": alone.objective, "advantage": 1 - out.best.objective / alone.objective}
 
 
 def recommended_plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None):

@@ -165,3 +165,39 @@ def test_megatron_emits_the_recipes_offload_flag():
     assert full.value("--cpu-offloading-num-layers") == "79"
     piped = plan.model_copy(update={"pp": 2, "dp": 32})
     assert any(r.startswith("offload_activations:") for r in mg.not_expressible(piped, model, job))
+
+
+def _plan_cli(*args: str) -> tuple[str, dict]:
+    import json
+
+    from typer.testing import CliRunner
+
+    from planner.cli.app import app
+    base = ["plan", "-m", "llama3-70b", "-s", "gb200-nvl72", "-g", "64", "-b", "256", "--dtype", "fp8",
+            "--top", "1", *args]
+    data = CliRunner().invoke(app, base + ["--json"])
+    assert data.exit_code == 0, data.output
+    return CliRunner().invoke(app, base).output, json.loads(data.output)
+
+
+def test_plan_offloads_only_where_it_pays_and_says_so():
+    """Llama-3 70B on 64 GB200, batch 256, FP8 (the Bridge recipe's job): the search picks the
+    recipe's family, tp 1 with half the layers' activations on Grace, and the output names the
+    offload, its exposed time and the best plan without it, whose step time --no-offload gives
+    again; Llama-3 8B in bf16 ties exactly with and without offload (ZeRO-1 with half the
+    activations offloaded, ZeRO-2 without) and then keeps its activations."""
+    text, data = _plan_cli()
+    best = data["plans"][0]
+    assert (best["plan"]["tp"], best["plan"]["offload_activations"]) == (1, 0.5)
+    gain = data["stats"]["offload_gain"]
+    _, alone = _plan_cli("--no-offload")
+    assert gain["step_time_s"] == pytest.approx(alone["plans"][0]["step_time_s"], rel=1e-12)
+    assert gain["advantage"] == pytest.approx(1 - best["step_time_s"] / gain["step_time_s"]) and gain["advantage"] > 0
+    flat = " ".join(text.split())
+    assert "Offload: 40 of 80 layers' activations to grace-lpddr5x-c2c-shared" in flat and "It pays" in flat
+    from planner.search import plan as search
+    model8, gb200, job8 = load_model("llama3-8b"), load_system("gb200-nvl72", 64), JobSpec(global_batch=256)
+    small = search(model8, gb200, job8, top_k=1).best
+    assert not small.plan.uses_offload
+    twin = small.plan.model_copy(update={"zero_stage": 1, "offload_activations": 0.5})
+    assert estimate(model8, gb200, twin, job8).step_time_s == small.estimate.step_time_s  # the exact tie
