@@ -201,3 +201,21 @@ def test_plan_offloads_only_where_it_pays_and_says_so():
     assert not small.plan.uses_offload
     twin = small.plan.model_copy(update={"zero_stage": 1, "offload_activations": 0.5})
     assert estimate(model8, gb200, twin, job8).step_time_s == small.estimate.step_time_s  # the exact tie
+
+
+def test_weights_and_activations_share_the_link():
+    """With weights offloaded too (`--framework any`), weights and activations cross one link in
+    the same compute window: on a 1 GB/s tier, where every byte is exposed, adding half the
+    activations adds exactly their 2 × bytes / bandwidth per microbatch (out and back), as the
+    single budget says; the per-layer schedule alone would hide part of them."""
+    model = load_model("llama3-8b")
+    system = load_system("h100-offload-1tib", 8).with_changes(
+        offload={"name": "slow", "capacity_gib": 1024, "bandwidth_gb_per_s": 1})
+    job = JobSpec(global_batch=16, framework="any")
+    weights = Plan(dp=8, micro_batch=1, global_batch=16, offload_weights=0.5)
+    both = weights.model_copy(update={"offload_activations": 0.5})
+    e_w, e_wa = estimate(model, system, weights, job), estimate(model, system, both, job)
+    m = 16 / 8
+    act_mb = e_wa.memory_breakdown_bytes["activations_bytes"] + e_wa.offload_breakdown_bytes["offload_activations_bytes"]
+    added = e_wa.time_breakdown_s["offload_exposed_s"] - e_w.time_breakdown_s["offload_exposed_s"]
+    assert added == pytest.approx(m * 0.5 * 2 * act_mb / 1e9, rel=1e-9)

@@ -680,8 +680,11 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # forward and backward of every microbatch, overlapping that microbatch's compute.
     # Activations go out in the forward and come back in the backward on Transformer Engine's
     # per-layer schedule (planner/analytical/offload.py: each layer's copy has a deadline a few
-    # layers later, one direction of the tier's link each way). Offloaded optimizer state is
-    # updated at the offload tier's bandwidth after moving gradients down and weights up.
+    # layers later, one direction of the tier's link each way). Where weights are offloaded too
+    # (no Megatron flag does it), both share the link and the compute window: the single budget
+    # (all bytes over the bandwidth against the microbatch's compute) is a floor. Offloaded
+    # optimizer state is updated at the offload tier's bandwidth after moving gradients down and
+    # weights up.
     if system.offload is not None:
         off_bw = system.offload.bandwidth_bytes_per_s
         weights_mb = P.offload_weights * dense * (2 * bpp.weights + 2 * bpp.grads) / off_bw
@@ -689,7 +692,11 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
         activations_mb = activation_offload_exposed_s(
             P.offload_activations, n_slow, mem["activations_per_microbatch_bytes"], off_bw,
             stage_fwd, stage_bwd + recompute_compute)
-        offload = m * (np.maximum(0.0, weights_mb - compute_mb) + activations_mb) \
+        shared_link = np.where(P.offload_weights > 0, np.maximum(
+            0.0, weights_mb + P.offload_activations * 2.0 * mem["activations_per_microbatch_bytes"] / off_bw
+            - compute_mb), 0.0)
+        per_mb = np.maximum(np.maximum(0.0, weights_mb - compute_mb) + activations_mb, shared_link)
+        offload = m * per_mb \
             + f_o * opt_elems * (OPTIMIZER_BYTES_PER_PARAM + bpp.grad_reduce + bpp.weights) / off_bw
     else:
         offload = np.zeros(len(P))
