@@ -87,8 +87,12 @@ def objective(space: Space, rows: dict[str, np.ndarray], step_time: np.ndarray) 
 
 
 def order_rows(rows: dict[str, np.ndarray], obj: np.ndarray) -> np.ndarray:
-    """Permutation sorting rows by (objective, then the knob values in ROW_KEYS order)."""
-    keys = [rows[k] for k in reversed(ROW_KEYS)] + [obj]
+    """Permutation sorting rows by (objective, then the total offload fraction, then the knob
+    values in ROW_KEYS order). On an exact tie the plan that offloads less wins: where the
+    transfers hide behind compute the model costs offload at nothing, yet it takes host memory
+    and link bandwidth, so it is chosen only where it pays (issue 9)."""
+    offloaded = sum(np.asarray(rows[k], dtype=np.float64) for k in OFFLOAD_COLUMNS)
+    keys = [rows[k] for k in reversed(ROW_KEYS)] + [offloaded, obj]
     return np.lexsort(keys)
 
 

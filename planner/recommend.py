@@ -48,10 +48,10 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
     job = job or JobSpec()
     res = search(model, system, job, top_k=top_k, time_limit_s=time_limit_s)
     out = Recommendation(ranked=res.ranked, objective=res.objective, stats=res.stats)
-    if allow_unmeasured or res.best is None:
-        return out
-    _family_gate(model, system, job, top_k, time_limit_s, res, out)
-    _job_gate(model, system, job, top_k, out)
+    if not allow_unmeasured and res.best is not None:
+        _family_gate(model, system, job, top_k, time_limit_s, res, out)
+        _job_gate(model, system, job, top_k, out)
+    _offload_gain(model, system, job, out, time_limit_s)
     return out
 
 
@@ -128,7 +128,7 @@ def published_layouts(model: ModelSpec, system: SystemSpec, job: JobSpec, runs: 
         seen.add(plan)
         if any(getattr(plan, k) != v for k, v in job.pins.items()):
             continue
-        if not job.allow_offload and plan.offload_weights + plan.offload_activations + plan.offload_optimizer > 0:
+        if not job.allow_offload and plan.uses_offload:
             continue
         if job.framework == "megatron" and not_expressible(plan, model, job):
             continue
@@ -137,6 +137,20 @@ def published_layouts(model: ModelSpec, system: SystemSpec, job: JobSpec, runs: 
             out.append(PublishedLayout(plan=plan, estimate=est, objective=_objective(est, model.seq_length, False),
                                        run_id=run["id"]))
     return out
+
+
+def _offload_gain(model: ModelSpec, system: SystemSpec, job: JobSpec, out: Recommendation,
+                  time_limit_s: float) -> None:
+    """Where the best plan offloads, what it buys: the best plan without offload (stats
+    "offload_gain"; None where nothing fits without it). Exact ties already go to less offload
+    (constraints.cost_table.order_rows), so a plan that offloads is strictly faster or the only fit."""
+    if out.best is None or not out.best.plan.uses_offload:
+        return
+    alone = search(model, system, job.model_copy(update={"allow_offload": False}), top_k=1,
+                   time_limit_s=time_limit_s).best
+    out.stats["offload_gain"] = None if alone is None else {
+        "plan_without_offload": alone.plan.short(), "step_time_s": alone.estimate.step_time_s,
+        "objective": alone.objective, "advantage": 1 - out.best.objective / alone.objective}
 
 
 def recommended_plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None):

@@ -663,7 +663,8 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if dense_knobs is not None:
         recipe_run = bridge_dense_recipe(dense_knobs, plan, dtype,
                                          recompute_stated=r.get("parallel.recompute") is not None,
-                                         fsdp_stated=r.get("parallel.fsdp") is not None)
+                                         fsdp_stated=r.get("parallel.fsdp") is not None,
+                                         layers=model.layers, host_tier=load_system(preset, gpus).offload is not None)
         if any(n.startswith(("no recompute (", "full recompute")) for n in recipe_run.notes):
             assumptions[:] = [a for a in assumptions if not a.startswith("no recompute (NeMo/Bridge")]
         if recipe_run.plan_update:

@@ -4,8 +4,8 @@ and memory model cost, applied to the record's plan and job (issue 9).
 planner/data/bridge_recipe_knobs.yaml holds what each release's recipe set (read at that release's
 Bridge commit; planner/bridge_recipes.py loads it). Here only what the model already expresses is
 applied: recompute (full, block method), TP communication overlap, Megatron-FSDP, FP8 parameter
-all-gather, full-iteration CUDA graphs and FP8 attention. The rest (CPU activation offload, which the
-GB200/B200/H100 presets give no host tier to cost; per-layer CUDA graphs; the parameter-gather
+all-gather, full-iteration CUDA graphs, FP8 attention and CPU activation offload (on a system with a
+host tier: the GB200 NVL72 Grace memory). The rest (per-layer CUDA graphs; the parameter-gather
 overlap switch) goes into the case's assumptions as "not costed". Layout-dependent knobs (recompute,
 FSDP, offload) are applied only where the recipe's tp/pp/cp/micro-batch and FSDP are the record's:
 a record run with another layout than its release's recipe was launched with overrides the
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.bridge_recipes import RecipeKnobs
+from planner.megatron.expressible import offload_fraction_of_layers
 from planner.plan import Plan
 from planner.reference_moe import bridge_recipe_job_updates, tp_overlap_update, uncosted_graph_notes
 
@@ -42,9 +43,10 @@ def same_layout(knobs: RecipeKnobs, plan: Plan) -> bool:
 
 
 def bridge_dense_recipe(knobs: RecipeKnobs, plan: Plan, dtype: str, *, recompute_stated: bool,
-                        fsdp_stated: bool) -> DenseRecipe:
+                        fsdp_stated: bool, layers: int, host_tier: bool) -> DenseRecipe:
     """The plan/job updates and assumption texts for a dense record's recipe knobs. What the record
     prints wins over the recipe: `recompute_stated` / `fsdp_stated` say it prints recompute / FSDP.
+    `layers` is the model's layer count, `host_tier` whether the system has an offload tier.
     A record whose FSDP the recipe contradicts ran another configuration (see the entry's mismatch):
     its recipe's layout-dependent knobs are not applied either."""
     out = DenseRecipe()
@@ -67,7 +69,9 @@ def bridge_dense_recipe(knobs: RecipeKnobs, plan: Plan, dtype: str, *, recompute
         out.notes.append(f"FP8 parameter all-gather ({knobs.cite('fp8_param_gather')})")
     out.job_update, job_notes = bridge_recipe_job_updates(knobs, dtype)
     out.notes.extend(job_notes + uncosted_graph_notes(knobs))
-    _uncosted(knobs, layout_ok, out)
+    if layout_ok:
+        _cpu_offload(knobs, plan, layers, host_tier, out)
+    _uncosted(knobs, out)
     return out
 
 
@@ -102,12 +106,29 @@ def _megatron_fsdp(knobs: RecipeKnobs, plan: Plan, out: DenseRecipe) -> None:
         out.notes.append(f"record's FSDP kept; the recipe runs without Megatron-FSDP ({cite})")
 
 
-def _uncosted(knobs: RecipeKnobs, layout_ok: bool, out: DenseRecipe) -> None:
-    layers = knobs.value("cpu_offloading_num_layers")
-    if layers and layout_ok:
-        what = "weights and activations" if knobs.value("cpu_offloading_weights") else "activations"
-        out.notes.append(f"not costed: CPU offload of {layers} layers ({what}; the system preset has no host "
-                         f"memory tier) ({knobs.cite('cpu_offloading_num_layers')})")
+def _cpu_offload(knobs: RecipeKnobs, plan: Plan, layers: int, host_tier: bool, out: DenseRecipe) -> None:
+    """--cpu-offloading-num-layers N (Megatron-Core 0.19: ModelParallelConfig.cpu_offloading_num_layers,
+    pp 1 and no recompute enforced by TransformerConfig) offloads the activations of N of the block's
+    `layers` layers through Transformer Engine's get_cpu_offload_context (schedule and cost:
+    planner/analytical/offload.py): the plan's offload_activations N / layers. Weights are never
+    offloaded: TE deprecated offload_weights to a no-op (transformer_engine/pytorch/cpu_offload.py)."""
+    n = knobs.value("cpu_offloading_num_layers")
+    if not n:
+        return
+    cite = knobs.cite("cpu_offloading_num_layers")
+    if not host_tier:
+        out.notes.append(f"not costed: CPU offload of {n} layers (the system preset has no host memory tier) ({cite})")
+        return
+    fraction = offload_fraction_of_layers(n, layers)
+    if plan.offload_activations != fraction:
+        out.plan_update["offload_activations"] = fraction
+    weights = (" (cpu_offloading_weights is a no-op in Transformer Engine: weights stay in HBM)"
+               if knobs.value("cpu_offloading_weights") else "")
+    out.notes.append(f"CPU offload of {n} of {layers} layers' activations to the host tier on Transformer "
+                     f"Engine's per-layer schedule{weights} ({cite})")
+
+
+def _uncosted(knobs: RecipeKnobs, out: DenseRecipe) -> None:
     if knobs.value("overlap_param_gather") is False:
         out.notes.append(f"not costed: parameter all-gather overlap off ({knobs.cite('overlap_param_gather')})")
 

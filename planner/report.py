@@ -1,6 +1,7 @@
 """Human-readable tables and JSON of Estimates (rich)."""
 from __future__ import annotations
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -74,6 +75,28 @@ def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
                 memory.add_row(f"offload tier: {label}", f"{est.offload_breakdown_bytes[key] / GIB:.2f}")
         memory.add_row("offload tier total", f"{est.offload_bytes / GIB:.2f} of {est.offload_capacity_bytes / GIB:.0f}")
     return [times, memory]
+
+
+def offload_note(model: ModelSpec, system, plan, est: Estimate, gain: dict | None) -> str:
+    """One line on what the plan offloads to the host tier, what the copies cost, and what the
+    offload buys against the best plan without it (planner.recommend._offload_gain)."""
+    from planner.analytical.offload import offloaded_layers
+    tier = system.offload
+    what = []
+    if plan.offload_activations:
+        n = int(offloaded_layers(np.array([plan.offload_activations]), np.array([float(model.layers)]))[0])
+        what.append(f"{n} of {model.layers} layers' activations")
+    what += [f"{getattr(plan, 'offload_' + w):.0%} of the {label}" for w, label in
+             (("weights", "weights and gradients"), ("optimizer", "optimizer state")) if getattr(plan, "offload_" + w)]
+    cost = est.time_breakdown_s["offload_exposed_s"]
+    text = (f"Offload: {', '.join(what)} to {tier.name} ({est.offload_bytes / GIB:.1f} GiB per GPU, "
+            f"{tier.bandwidth_gb_per_s:g} GB/s); the copies add {cost:.3f} s per step"
+            + (" (hidden behind compute)" if cost == 0 else "") + ". ")
+    if gain is None:
+        return text + "No plan fits without offload."
+    slower = 1 / (1 - gain["advantage"]) - 1
+    return (text + f"It pays: the best plan without offload, {gain['plan_without_offload']}, takes "
+            f"{gain['step_time_s']:.3f} s per step, {slower:.1%} more time per token.")
 
 
 def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:

@@ -188,8 +188,8 @@ def test_llama3_70b_gb200_fp8_26_04_is_fsdp_with_40_offloaded_layers(bridge_case
     llama3_workload_base_configs.py lines 241-246: LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2 =
     replace(gbs 256, micro_batch_size=2, use_megatron_fsdp=True, cpu_offloading_num_layers=40);
     utils/overrides.py line 82 sets data_parallel_sharding_strategy "optim_grads_params", line 137
-    cpu_offloading_weights False. The case keeps ZeRO-3, gathers FP8 weights, and says the offload
-    is not costed."""
+    cpu_offloading_weights False. The case keeps ZeRO-3, gathers FP8 weights, and offloads 40 of
+    the 80 layers' activations to the GB200 preset's Grace tier: offload_activations 0.5."""
     k = recipe_knobs(LLAMA70_2604_GB200_FP8, required=True)
     assert (k.tag, k.commit[:12], k.config) == ("v0.4.0", "0fbfe7d3e970", "LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2")
     assert k.recipe_layout == {"tp": 1, "pp": 1, "vpp": None, "ep": 1, "cp": 1, "mbs": 2, "gbs": 256}
@@ -199,8 +199,10 @@ def test_llama3_70b_gb200_fp8_26_04_is_fsdp_with_40_offloaded_layers(bridge_case
     assert k.value("recompute_granularity") is None and k.value("fp8_param_gather") is True
     case = bridge_cases[LLAMA70_2604_GB200_FP8]
     assert (case.plan.zero_stage, case.plan.fp8_param_gather, case.framework) == (3, True, "Megatron-FSDP")
-    assert any(a.startswith("not costed: CPU offload of 40 layers") and "v0.4.0 0fbfe7d3e970:" in a
+    assert case.plan.offload_activations == 0.5 and case.system.offload is not None
+    assert any(a.startswith("CPU offload of 40 of 80 layers' activations") and "v0.4.0 0fbfe7d3e970:" in a
                for a in case.assumptions)
+    assert not any(a.startswith("not costed: CPU offload") for a in case.assumptions)
 
 
 def test_llama3_70b_gb200_nvfp4_turns_tp_overlap_off(bridge_cases):
@@ -245,9 +247,9 @@ def test_dense_recipe_full_recompute_and_fsdp_when_the_record_is_silent(tmp_path
                  ("data_parallel_sharding_strategy", "optim_grads_params"), ("tp_comm_overlap", False))}}
     k = recipe_knobs("bridge_x", path=_write(tmp_path, entry))
     plan = Plan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=128, zero_stage=1)
-    run = bridge_dense_recipe(k, plan, "fp8", recompute_stated=False, fsdp_stated=False)
+    run = bridge_dense_recipe(k, plan, "fp8", recompute_stated=False, fsdp_stated=False, layers=32, host_tier=False)
     assert run.plan_update == {"recompute": "full", "recompute_num_layers": 5, "recompute_modules": None,
                                "zero_stage": 3, "dp_impl": "megatron"} and run.megatron_fsdp
     Plan.model_validate({**plan.model_dump(), **run.plan_update})
-    held = bridge_dense_recipe(k, plan, "fp8", recompute_stated=False, fsdp_stated=True)
+    held = bridge_dense_recipe(k, plan, "fp8", recompute_stated=False, fsdp_stated=True, layers=32, host_tier=False)
     assert held.plan_update == {} and any("not applied" in n for n in held.notes)

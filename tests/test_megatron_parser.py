@@ -50,6 +50,9 @@ CASES = [
      dict(cp=2, dp=8, micro_batch=1, global_batch=64, zero_stage=2)),
     ("llama3-8b", "h100-sxm", 8, "bf16",
      dict(dp=8, micro_batch=1, global_batch=64, offload_activations=0.25, offload_optimizer=0.5)),
+    # the Bridge Llama-3 70B GB200 FP8 recipe: Megatron-FSDP, 40 of 80 layers offloaded to Grace
+    ("llama3-70b", "gb200-nvl72", 64, "fp8",
+     dict(dp=64, micro_batch=2, global_batch=256, zero_stage=3, fp8_param_gather=True, offload_activations=0.5)),
     ("llama3-70b", "b200", 64, "mxfp8",
      dict(tp=4, pp=2, dp=8, vpp=5, micro_batch=1, global_batch=128, sequence_parallel=True,
           fp8_param_gather=True)),

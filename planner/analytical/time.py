@@ -14,6 +14,7 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, named, precision
 from planner.analytical.memory import at_rank
+from planner.analytical.offload import activation_offload_exposed_s
 from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
 from planner.plan import JobSpec
@@ -692,16 +693,27 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     f_o = P.offload_optimizer
     optimizer = opt_elems * (1 - f_o) * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
 
-    # --- offload traffic (DESIGN.md, Offload): weights (+ their gradients) stream in for the
-    # forward and backward of every microbatch; activations go out in forward and back in
-    # backward; both overlap that microbatch's compute. Offloaded optimizer state is updated
-    # at the offload tier's bandwidth after moving gradients down and weights up.
+    # --- offload traffic (docs/design.md, offload): weights (+ their gradients) stream in for the
+    # forward and backward of every microbatch, overlapping that microbatch's compute.
+    # Activations go out in the forward and come back in the backward on Transformer Engine's
+    # per-layer schedule (planner/analytical/offload.py: each layer's copy has a deadline a few
+    # layers later, one direction of the tier's link each way). Where weights are offloaded too
+    # (no Megatron flag does it), both share the link and the compute window: the single budget
+    # (all bytes over the bandwidth against the microbatch's compute) is a floor. Offloaded
+    # optimizer state is updated at the offload tier's bandwidth after moving gradients down and
+    # weights up.
     if system.offload is not None:
         off_bw = system.offload.bandwidth_bytes_per_s
-        per_mb = (P.offload_weights * dense * (2 * bpp.weights + 2 * bpp.grads)
-                  + P.offload_activations * 2.0 * mem["activations_per_microbatch_bytes"]) / off_bw
+        weights_mb = P.offload_weights * dense * (2 * bpp.weights + 2 * bpp.grads) / off_bw
         compute_mb = stage_fwd + stage_bwd + recompute_compute
-        offload = m * np.maximum(0.0, per_mb - compute_mb) \
+        activations_mb = activation_offload_exposed_s(
+            P.offload_activations, n_slow, mem["activations_per_microbatch_bytes"], off_bw,
+            stage_fwd, stage_bwd + recompute_compute)
+        shared_link = np.where(P.offload_weights > 0, np.maximum(
+            0.0, weights_mb + P.offload_activations * 2.0 * mem["activations_per_microbatch_bytes"] / off_bw
+            - compute_mb), 0.0)
+        per_mb = np.maximum(np.maximum(0.0, weights_mb - compute_mb) + activations_mb, shared_link)
+        offload = m * per_mb \
             + f_o * opt_elems * (OPTIMIZER_BYTES_PER_PARAM + bpp.grad_reduce + bpp.weights) / off_bw
     else:
         offload = np.zeros(len(P))

@@ -308,13 +308,15 @@ def _plan(o: dict) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from planner.report import print_estimate
+        from planner.report import offload_note, print_estimate
         console = Console()
         if result.best is None:
             console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
         else:
             best = result.best.estimate
             print_estimate(console, model, system, best, title="Best plan: step time", job=job)
+            if "offload_gain" in result.stats:
+                console.print(offload_note(model, system, result.best.plan, best, result.stats["offload_gain"]))
             if len(result.ranked) > 1:
                 t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
                 for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):
