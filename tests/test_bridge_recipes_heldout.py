@@ -44,7 +44,7 @@ def test_heldout_entries_carry_their_release_commit_and_the_row_layout():
         row = rows[rid]
         assert k.release == row["release"] and k.commit == doc["releases"][k.release]["commit"], rid
         assert all(kn.where.strip() for kn in k.knobs.values()), rid
-        table = {"tp": _int(row["tp"]), "pp": _int(row["pp"]), "vpp": _int(row["vp"]), "ep": _int(row["ep"])}
+        table = {"tp": _int(row["tp"]), "pp": _int(row["pp"]), "vpp": _int(row["vp"]), "ep": _int(row["ep"]) or 1}  # blank ep: dense, no expert parallelism
         same = all(k.recipe_layout[f] == v for f, v in table.items())
         assert same == k.layout_matches_record, (rid, k.recipe_layout, table)
         assert same or k.mismatch, rid
@@ -61,3 +61,22 @@ def test_recipe_knobs_reads_both_tables():
     assert k.value("recompute_modules") == [] and k.value("moe_flex_dispatcher_backend") == "hybridep"
     inside = recipe_knobs("bridge_26.08_DeepSeekV3_DGX-GB200_MXFP8_256gpu_gbs4096", required=True)
     assert inside.value("fp8_dot_product_attention") is False
+
+
+def test_workload_config_entries_match_the_bridge_source_read_by_hand():
+    """Megatron-Bridge v0.5.1 (5cb3444c43f7) scripts/performance/configs/deepseek/
+    deepseek_workload_base_configs.py: DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2 = replace(
+    ..._GB300_FP8_MX_V1, global_batch_size=4096); V1 = replace(GB300_V1 [pp 2, vpp 8, ep 32,
+    hybridep, pp_layout Et*4|(t*4|)*14tmL], cuda_graph_impl="full_iteration", moe_a2a_overlap=True,
+    cutedsl_fused_grouped_mlp=True, fp8_dot_product_attention=True, recompute_modules=[]).
+    v0.3.1 (9c9dd848966) gpt_oss_workload_base_configs.py: GPT_OSS_120B_PRETRAIN_CONFIG_B300_BF16_V1
+    sets expert_model_parallel_size=64, the 26.02.01 table prints ep 8: flagged."""
+    k = recipe_knobs("bridge_26.06.01_DeepSeekV3_DGX-GB300_MXFP8_256gpu_gbs4096", required=True)
+    assert k.tag == "v0.5.1" and k.config == "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_FP8_MX_V2"
+    assert k.recipe_layout == {"tp": 1, "pp": 2, "vpp": 8, "ep": 32, "gbs": 4096} and k.layout_matches_record
+    assert k.value("cuda_graph_impl") == "full_iteration" and k.value("cutedsl_fused_grouped_mlp") is True
+    assert k.value("fp8_dot_product_attention") is True and k.value("recompute_modules") == []
+    assert k.value("overlap_moe_expert_parallel_comm") is True and k.value("delay_wgrad_compute") is True
+    assert k.value("pipeline_model_parallel_layout") == "Et*4|(t*4|)*14tmL"
+    b = recipe_knobs("bridge_26.02.01_GPT_OSS_120B_DGX-B300_BF16_64gpu_gbs1280", required=True)
+    assert b.recipe_layout["ep"] == 64 and not b.layout_matches_record and "ep 64" in b.mismatch
