@@ -80,3 +80,15 @@ def test_workload_config_entries_match_the_bridge_source_read_by_hand():
     assert k.value("pipeline_model_parallel_layout") == "Et*4|(t*4|)*14tmL"
     b = recipe_knobs("bridge_26.02.01_GPT_OSS_120B_DGX-B300_BF16_64gpu_gbs1280", required=True)
     assert b.recipe_layout["ep"] == 64 and not b.layout_matches_record and "ep 64" in b.mismatch
+
+
+def test_full_iteration_rows_carry_the_paged_stash_of_their_llm_pretrain_function():
+    """Megatron-Bridge v0.5.0 (fcbb6031103d) scripts/performance/configs/qwen/qwen3_llm_pretrain.py
+    set_full_iter_cg_configs: moe_paged_stash = True, moe_expert_rank_capacity_factor = 1.5, called
+    by qwen3_30b_a3b_pretrain_config_gb300 when precision == "fp8_mx" and the graph is full-iteration;
+    set_qwen3_common_configs: recompute_granularity None, router fusion, force load balancing."""
+    k = recipe_knobs("bridge_26.06_Qwen3_30B_a3B_DGX-GB300_MXFP8_8gpu_gbs512", required=True)
+    assert k.value("cuda_graph_impl") == "full_iteration"
+    assert k.value("moe_paged_stash") is True and k.value("moe_expert_rank_capacity_factor") == 1.5
+    assert k.value("moe_router_force_load_balancing") is True and k.value("recompute_granularity") is None
+    assert "set_full_iter_cg_configs" in k.where("moe_paged_stash")
