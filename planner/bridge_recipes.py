@@ -27,6 +27,9 @@ from hardware.errors import SpecError
 
 KNOBS_FILE = Path(__file__).resolve().parent / "data" / "bridge_recipe_knobs.yaml"
 MODELZOO_KNOBS_FILE = KNOBS_FILE.parent / "modelzoo_command_knobs.yaml"
+# The same table for the rows of bench/data/bridge_heldout.csv (ids: bench/heldout_bridge.py row_id),
+# kept apart so nothing fitted on bridge_runs.yaml can read a held-out row by accident.
+HELDOUT_KNOBS_FILE = KNOBS_FILE.parent / "bridge_recipe_knobs_heldout.yaml"
 
 # The knobs an entry may carry (Megatron / Megatron-Bridge config names, plus
 # pipeline_layout_flags for the account_for_embedding/loss split).
@@ -129,14 +132,25 @@ def load_recipe_knobs(path: Path = KNOBS_FILE) -> dict[str, RecipeKnobs]:
     return {str(rid): _entry(str(rid), raw, Path(path)) for rid, raw in doc["records"].items()}
 
 
-def recipe_knobs(record_id: str, *, required: bool = False, path: Path = KNOBS_FILE) -> RecipeKnobs | None:
-    """The recipe knobs for a bridge_runs.yaml record id; None for a record the table does not
-    cover (other sources), a one-line SpecError instead when `required`."""
-    table = load_recipe_knobs(path)
+@lru_cache(maxsize=1)
+def _bridge_tables() -> dict[str, RecipeKnobs]:
+    """The in-sample and held-out tables as one mapping; an id in both is a one-line SpecError."""
+    inside, heldout = load_recipe_knobs(KNOBS_FILE), load_recipe_knobs(HELDOUT_KNOBS_FILE)
+    both = sorted(set(inside) & set(heldout))
+    if both:
+        raise SpecError(f"{HELDOUT_KNOBS_FILE.name}: record {both[0]}: also in {KNOBS_FILE.name}; an id belongs to one table")
+    return {**inside, **heldout}
+
+
+def recipe_knobs(record_id: str, *, required: bool = False, path: Path | None = None) -> RecipeKnobs | None:
+    """The recipe knobs for a bridge_runs.yaml record id or a held-out row id (both Bridge tables
+    unless `path` names one); None for a record neither covers (other sources), a one-line
+    SpecError instead when `required`."""
+    table = _bridge_tables() if path is None else load_recipe_knobs(path)
     entry = table.get(record_id)
     if entry is None and required:
         raise SpecError(f"bridge recipe knobs: no entry for record {record_id!r}; the table covers "
-                        f"{len(table)} DeepSeek-V3 / Qwen3-235B / Llama-3 records of bridge_runs.yaml")
+                        f"{len(table)} Megatron-Bridge records (bridge_runs.yaml and the held-out rows)")
     return entry
 
 
@@ -156,5 +170,5 @@ def release_commits(path: Path = KNOBS_FILE) -> dict[str, tuple[str, str]]:
     return {str(rel): (str(v["tag"]), str(v["commit"])) for rel, v in doc["releases"].items()}
 
 
-__all__ = ["KNOBS_FILE", "KNOB_NAMES", "MODELZOO_KNOBS_FILE", "Knob", "RecipeKnobs", "launch_knobs", "load_recipe_knobs",
+__all__ = ["HELDOUT_KNOBS_FILE", "KNOBS_FILE", "KNOB_NAMES", "MODELZOO_KNOBS_FILE", "Knob", "RecipeKnobs", "launch_knobs", "load_recipe_knobs",
            "recipe_knobs", "release_commits"]
