@@ -1,5 +1,5 @@
-"""Extract the Megatron-Bridge performance-summary rows that ../shared/reference/bridge_runs.yaml
-does not hold (other models, GB300/B300, later releases): the held-out check of
+"""Extract the Megatron-Bridge performance-summary pre-training rows (not the SFT / LoRA tables)
+that ../shared/reference/bridge_runs.yaml does not hold (other models, GB300/B300, later releases): the held-out check of
 bench/heldout_bridge.py. Reads the Bridge git history (a local mirror, not needed by CI) and
 writes bench/data/bridge_heldout.csv; every row keeps its commit, file and line.
 
@@ -28,10 +28,18 @@ FIELDS = ["release", "model", "system", "gpus", "precision", "gbs", "mbs", "seq"
 def rows_of(text: str, commit: str, path: str):
     release, section = None, {}
     header = None
+    pretraining = True  # the tables under "### SFT Performance" / "### LoRA Performance" are fine-tuning
     for n, line in enumerate(text.splitlines(), start=1):
         m = re.match(r"^## (\S+) NeMo Container", line)
         if m:
-            release, section, header = m.group(1), {}, None
+            release, section, header, pretraining = m.group(1), {}, None, True
+            continue
+        m = re.match(r"^### (.+?)\s*$", line)
+        if m:
+            pretraining = "pre-training" in m.group(1).lower()
+            header = None
+            continue
+        if not pretraining:
             continue
         m = re.match(r"^#### (Model|System): (.+?)\s*$", line)
         if m:
