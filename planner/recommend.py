@@ -3,9 +3,8 @@
 The exact model is checked against published runs family by family (planner/evidence.py: dense or
 MoE, ZeRO-3 or not, pipelined or not, expert parallel or not). Where the fastest plan's family has
 no published run and the model predicts it more than UNMEASURED_ADVANTAGE_LIMIT faster than the
-best plan of a family that has, that advantage rests on nothing measured: the model's error on the
-measured MoE families is 9-42 % (README, accuracy table), so such a claim cannot be told from a
-model error. Then the best measured-family plans are recommended and the faster ones are reported
+best plan of a family that has, that advantage rests on nothing measured: a claim that large cannot be
+told from the model's own error on the MoE families (README, accuracy table). Then the best measured-family plans are recommended and the faster ones are reported
 beside them as model-only candidates, with the numbers, for the user to measure
 (`--allow-unmeasured` ranks them first). Within the limit the model's ranking stands; the plan's
 Evidence line says how much stands behind it.
@@ -39,7 +38,8 @@ UNMEASURED_ADVANTAGE_LIMIT = CLAIM_LIMIT
 
 @dataclass
 class Recommendation(SearchResult):
-    model_only: list[Ranked] = field(default_factory=list)  # faster by the model alone, unmeasured family
+    # faster by the model alone: of a family no run measured, or beyond the job's published runs
+    model_only: list[Ranked] = field(default_factory=list)
 
 
 def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,
