@@ -18,7 +18,8 @@ from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
 # JobSpec fields a launch depends on (pins, forbids and search bounds do not).
-SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework")
+SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework",
+                    "full_iteration_cuda_graph", "fp8_attention", "fused_grouped_mlp")
 
 
 def reference(ref: str, what: str) -> str:

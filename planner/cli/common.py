@@ -161,6 +161,30 @@ MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
     "--moe-a2a-overlap/--no-moe-a2a-overlap",
     help="Hide the expert all-to-all behind another microbatch's compute (Megatron "
          "--overlap-moe-expert-parallel-comm; needs ep > 1, vpp > 1 when pp > 1, no full recompute).")]
+# Kernel-level settings of NVIDIA's tuned recipes (planner.plan.JobSpec): costed by `plan` and
+# `estimate`; `planner megatron` does not emit them (module planner.cli.megatron says why).
+CudaGraphOpt = Annotated[str, typer.Option(
+    "--cuda-graph", help="CUDA graphs the run uses: none, or full-iteration (Megatron-Core "
+    "cuda_graph_impl full_iteration: no per-layer launch or host time). Costed, not emitted by "
+    "`planner megatron`.")]
+Fp8AttentionOpt = Annotated[bool, typer.Option(
+    "--fp8-attention/--no-fp8-attention", help="Attention core in FP8 (--fp8-dot-product-attention; "
+    "needs an FP8/FP4 dtype). Costed, not emitted by `planner megatron`.")]
+FusedGroupedMlpOpt = Annotated[bool, typer.Option(
+    "--fused-grouped-mlp/--no-fused-grouped-mlp", help="MoE: Transformer Engine's op fuser fuses the experts' "
+    "activation and casts into the grouped GEMMs (Bridge's CuTeDSL grouped MLP). Costed, not emitted by "
+    "`planner megatron`.")]
+CUDA_GRAPHS = ("none", "full-iteration")
+
+
+def kernel_settings(cuda_graph: str = "none", fp8_attention: bool = False, fused_grouped_mlp: bool = False) -> dict:
+    """JobSpec fields of the kernel flags (one-line error for an unknown --cuda-graph)."""
+    if cuda_graph not in CUDA_GRAPHS:
+        raise SpecError(f"cuda-graph: must be one of {', '.join(CUDA_GRAPHS)}, got {cuda_graph!r}")
+    return {"full_iteration_cuda_graph": cuda_graph == "full-iteration", "fp8_attention": fp8_attention,
+            "fused_grouped_mlp": fused_grouped_mlp}
+
+
 MoeImbalanceOpt = Annotated[float, typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "

@@ -8,6 +8,10 @@ import typer
 from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli.common import (
+    CudaGraphOpt,
+    Fp8AttentionOpt,
+    FusedGroupedMlpOpt,
+    kernel_settings,
     DEFAULT_BATCH,
     BatchOpt,
     CpOpt,
@@ -80,6 +84,8 @@ def estimate_command(
     flash_attention: Annotated[Optional[bool], typer.Option(
         "--flash-attention/--no-flash-attention",
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
+    cuda_graph: CudaGraphOpt = None, fp8_attention: Fp8AttentionOpt = None,
+    fused_grouped_mlp: FusedGroupedMlpOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
@@ -100,15 +106,18 @@ def estimate_command(
             raise SpecError(f"global-batch: {global_batch} differs from the plan file's global_batch "
                             f"({plan.global_batch}); give one or the other")
         # cost the plan as it was saved (dtype, reserve, attention), as `planner megatron --plan` does
+        given_kernels = {} if cuda_graph is None and fp8_attention is None and fused_grouped_mlp is None else \
+            kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp))
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
-                                flash_attention=flash_attention)
+                                flash_attention=flash_attention, **given_kernels)
     else:
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS)
     if job is None:
         job = make_job(global_batch=None, dtype=dtype or "bf16",
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
-                       flash_attention=True if flash_attention is None else flash_attention)
+                       flash_attention=True if flash_attention is None else flash_attention,
+                       **kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp)))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     if plan.gpus != system_spec.num_gpus:

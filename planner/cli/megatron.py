@@ -176,6 +176,23 @@ def save_interval_iters(model, system, plan, step_time_s: float, write_gb_per_s:
     return max(1, round(report.daly_interval_s / step_time_s))
 
 
+# The kernel settings `plan` / `estimate` cost (JobSpec) that this launch does not carry: Megatron
+# 0.19's parser excludes fp8_dot_product_attention from its command line (training/arguments.py,
+# the TransformerConfig fields it does not expose), and a full-iteration graph needs
+# --no-check-for-nan-in-loss-and-grad and, for dropless MoE, expert capacity padding that the
+# planner does not cost. A launch without them would not be the plan that was costed.
+UNEMITTED_KERNELS = (("full_iteration_cuda_graph", "cuda-graph full-iteration"), ("fp8_attention", "fp8-attention"),
+                     ("fused_grouped_mlp", "fused-grouped-mlp"))
+
+
+def _refuse_unemitted_kernels(job) -> None:
+    on = [flag for field, flag in UNEMITTED_KERNELS if getattr(job, field)]
+    if on:
+        raise SpecError(f"{on[0].split()[0]}: the plan was costed with --{', --'.join(on)}, which `planner megatron` "
+                        "does not emit (Megatron 0.19 takes no single flag for it); re-plan without it, or add the "
+                        "settings to the launch by hand")
+
+
 def _run(o: dict) -> None:
     from planner import megatron as mg
     from planner.analytical import estimate
@@ -188,6 +205,7 @@ def _run(o: dict) -> None:
         raise SpecError(f"output: {o['output']} already exists; refusing to overwrite it")
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
     plan, job = _plan_and_job(o, model, system)
+    _refuse_unemitted_kernels(job)
 
     problems = mg.launch_refusals(plan, model, job, system)
     if not problems:

@@ -10,6 +10,10 @@ from hardware.errors import SpecError
 from planner.jsonout import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
+    CudaGraphOpt,
+    Fp8AttentionOpt,
+    FusedGroupedMlpOpt,
+    kernel_settings,
     DEFAULT_BATCH,
     DEFAULT_MODEL,
     DEFAULT_SYSTEM,
@@ -75,7 +79,9 @@ def _inputs(o: dict):
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
-                   tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0))
+                   tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
+                   **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
+                                     o.get("fused_grouped_mlp", False)))
     return model, system, job
 
 
@@ -161,6 +167,9 @@ def register(app: typer.Typer) -> None:
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
+        cuda_graph: CudaGraphOpt = "none",
+        fp8_attention: Fp8AttentionOpt = False,
+        fused_grouped_mlp: FusedGroupedMlpOpt = False,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
@@ -204,6 +213,9 @@ def register(app: typer.Typer) -> None:
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
+        cuda_graph: CudaGraphOpt = "none",
+        fp8_attention: Fp8AttentionOpt = False,
+        fused_grouped_mlp: FusedGroupedMlpOpt = False,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
