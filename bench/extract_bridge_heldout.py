@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from heldout_bridge import row_id
+
 FILES = ("docs/performance-summary.md", "docs/performance-summary-archive.md")
 OUT = Path(__file__).resolve().parent / "data" / "bridge_heldout.csv"
 COLUMNS = {"System": "system", "Model": "model", "#-GPUs": "gpus", "Precision": "precision", "GBS": "gbs",
@@ -61,13 +63,8 @@ def rows_of(text: str, commit: str, path: str):
 
 
 def in_reference(row: dict, reference_ids: set[str]) -> bool:
-    """bridge_runs.yaml ids: bridge_<release>_<model>_<system>_<precision>_<gpus>gpu_gbs<gbs>."""
-    model = re.sub(r"\s+", "_", row["model"].split("(")[0].strip())
-    system = row["system"].replace(" ", "")
-    prec = row["precision"].split("(")[0].strip().replace(" ", "_")
-    prefix = f"bridge_{row['release']}_{model}_{system}_"
-    return any(i.startswith(prefix) and f"_{row['gpus']}gpu_gbs{row['gbs']}" in i and prec.split("_")[0] in i
-               for i in reference_ids)
+    """Whether bridge_runs.yaml holds the row (its id convention: heldout_bridge.row_id)."""
+    return row_id(row) in reference_ids
 
 
 def main() -> None:
