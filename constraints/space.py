@@ -212,6 +212,13 @@ def _pin_value(knob: str, value) -> float:
     return float(value)
 
 
+def breaks_pins(plan, pins: dict) -> bool:
+    """Whether a finished plan (a published run's, say) breaks one of a job's pins, each pin read
+    as build_space reads it; etp is the expert TP the plan runs (tp when it sets none)."""
+    return any(_pin_value(knob, plan.expert_tp if knob == "etp" else getattr(plan, knob)) != _pin_value(knob, raw)
+               for knob, raw in pins.items())
+
+
 def _fmt(knob: str, values) -> str:
     if knob == "recompute":
         names = {c: n for n, c in RECOMPUTE_CODES.items()}

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from constraints.space import breaks_pins
 from hardware.spec import SystemSpec
 from planner.analytical import estimate
 from planner.evidence import CLAIM_LIMIT, families, family_of_plan, measured_runs, runs_of, supporting_runs
@@ -126,7 +127,7 @@ def published_layouts(model: ModelSpec, system: SystemSpec, job: JobSpec, runs: 
         if plan in seen:
             continue  # several releases of one layout: the fastest measured stands for it
         seen.add(plan)
-        if any(getattr(plan, k) != v for k, v in job.pins.items()):
+        if breaks_pins(plan, job.pins):
             continue
         if not job.allow_offload and plan.uses_offload:
             continue

@@ -168,3 +168,11 @@ def test_job_gate_ranks_the_published_layouts_by_measurement():
         assert supporting_runs(TINY_MOE, SYSTEM.accelerator.name, 16, 16, "bf16", moe_load_imbalance=1.6) == []
         learned = JobSpec(global_batch=16, moe_load_imbalance=1.6)
         assert "job_gate" not in recommend(TINY_MOE, SYSTEM, learned, top_k=1).stats
+
+
+def test_a_pin_reads_the_same_on_a_published_plan_as_in_the_search():
+    """Pins as build_space reads them: 'true' is a boolean pin, and an unset expert TP is tp's."""
+    from constraints.space import breaks_pins
+    plan = Plan(tp=2, dp=4, ep=4, global_batch=8, sequence_parallel=True, recompute="full")
+    assert not breaks_pins(plan, {"tp": 2, "etp": 2, "sequence_parallel": "true", "recompute": "full"})
+    assert breaks_pins(plan, {"etp": 1}) and breaks_pins(plan, {"recompute": "none"}) and breaks_pins(plan, {"tp": 4})
