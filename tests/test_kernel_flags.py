@@ -51,6 +51,10 @@ def test_saved_plan_keeps_them_and_megatron_refuses_them(tmp_path):
     assert again.exit_code == 0, again.output
     without = RUN.invoke(app, ["estimate", "--plan", str(saved), "--cuda-graph", "none"])
     assert without.exit_code == 2 and "plan file" in without.output
+    # a flag that agrees with the file is accepted, and the flags not given are not compared
+    agrees = RUN.invoke(app, ["estimate", "--plan", str(saved), "--no-fp8-attention", "--json"])
+    assert agrees.exit_code == 0, agrees.output
+    assert json.loads(agrees.output)["step_time_s"] == json.loads(again.output)["step_time_s"]
     launch = RUN.invoke(app, ["megatron", "--plan", str(saved)])
     assert launch.exit_code == 2 and "--cuda-graph full-iteration" in launch.output
     assert "does not emit" in launch.output

@@ -96,6 +96,7 @@ def estimate_command(
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     knobs = given_knobs(locals())
+    kernels = kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp))
     job = None
     if plan_file:
         if knobs:
@@ -106,8 +107,10 @@ def estimate_command(
             raise SpecError(f"global-batch: {global_batch} differs from the plan file's global_batch "
                             f"({plan.global_batch}); give one or the other")
         # cost the plan as it was saved (dtype, reserve, attention), as `planner megatron --plan` does
-        given_kernels = {} if cuda_graph is None and fp8_attention is None and fused_grouped_mlp is None else \
-            kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp))
+        # only the kernel flags the user gave are checked against the file (None: not given)
+        given_kernels = {field: None if flag is None else kernels[field] for field, flag in (
+            ("full_iteration_cuda_graph", cuda_graph), ("fp8_attention", fp8_attention),
+            ("fused_grouped_mlp", fused_grouped_mlp))}
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
                                 flash_attention=flash_attention, **given_kernels)
     else:
@@ -117,7 +120,7 @@ def estimate_command(
         job = make_job(global_batch=None, dtype=dtype or "bf16",
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
                        flash_attention=True if flash_attention is None else flash_attention,
-                       **kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp)))
+                       **kernels)
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     if plan.gpus != system_spec.num_gpus:
