@@ -20,6 +20,7 @@ from pathlib import Path
 
 import yaml
 
+from planner.bridge_recipes import recipe_knobs
 from planner.calibration import predict
 from planner.model import load_model
 from planner.reference import load_reference
@@ -121,7 +122,7 @@ def main() -> None:
         p = predict(c)
         err = p["step_time_s"] / c.measured_step_s - 1
         fits = "" if p["violations"] == 0 else "  (model: does not fit / breaks a rule)"
-        knobs = "  [recipe knobs]" if any("Megatron-Bridge" in a or "@" in a for a in c.assumptions) else ""
+        knobs = "  [recipe knobs]" if recipe_knobs(c.id) is not None else ""
         print(f"{c.id[7:75]:68s} {c.plan.short()[:44]:44s} meas {c.measured_step_s:8.3f} "
               f"pred {p['step_time_s']:8.3f} {err:+7.1%}{fits}{knobs}")
         key = (c.model.name.split(" (")[0], c.system.accelerator.name)
