@@ -30,7 +30,8 @@ INTEGER_PARAMS = ("matmul_half_dim", "matmul_half_dim_fp8", "attention_half_seq"
 
 
 # Fields each preset keeps as its own (measured or fitted per accelerator, not per fit group).
-PER_ACCELERATOR = ("attention_max_fa2", "attention_half_seq_fa2", "attention_max_triton", "sustained_clock_fraction")
+PER_ACCELERATOR = ("attention_max_fa2", "attention_half_seq_fa2", "attention_max_triton", "sustained_clock_fraction",
+                  "compute_rate_vs_fit_group")
 
 
 def write(group: str, params: dict, torch_stack: dict[str, dict]) -> None:
@@ -42,8 +43,9 @@ def write(group: str, params: dict, torch_stack: dict[str, dict]) -> None:
         acc = load_accelerator(stem)
         own = {k: v for k, v in acc.efficiency.model_dump(exclude_none=True).items() if k in PER_ACCELERATOR}
         own.update(torch_stack.get(acc.name, {}))
-        if own.get("sustained_clock_fraction") == 1.0:
-            del own["sustained_clock_fraction"]  # the default: no power cap
+        for default_one in ("sustained_clock_fraction", "compute_rate_vs_fit_group"):
+            if own.get(default_one) == 1.0:
+                del own[default_one]  # the default: no power cap, the fit group's own rate
         merged = {**shared, **own}
         inner = ", ".join(f"{k}: {round(v) if k in INTEGER_PARAMS else round(v, 3)}" for k, v in merged.items())
         path = Path(__file__).resolve().parents[1] / "hardware/presets/accelerators" / f"{stem}.yaml"

@@ -59,12 +59,22 @@ class ComputeEfficiency(_Strict):
     # of 700 W) lowers its clock under dense GEMM load. Scales GEMM and attention time, not
     # HBM-bound work. 1 = runs at the rated clock.
     sustained_clock_fraction: float = Field(default=1.0, gt=0, le=1)
+    # Tensor-core and attention rate relative to the accelerator whose fit this preset takes
+    # (planner.fit.FIT_GROUPS), for a part that runs the same kernels faster than its fit group at
+    # equal datasheet peaks: GB300 against GB200 (160 SMs instead of 148, 1,400 W instead of
+    # 1,200 W, twice the softmax-exponent rate). Scales GEMM and attention time like the clock above.
+    compute_rate_vs_fit_group: float = Field(default=1.0, gt=0, le=2)
     # Memory-bound element-wise work (norms, activations, dropout, residuals, optimizer) as
     # bytes moved per activation element, run at `hbm_efficiency` of HBM bandwidth.
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     # Fixed time per layer and microbatch in forward (backward twice that): kernel launches and
     # host synchronisation that do not shrink with the layer's size.
     layer_overhead_us: float = Field(default=0.0, ge=0)
+
+    @property
+    def compute_rate(self) -> float:
+        """Factor on the GEMM and attention rates (power-capped clock, rate against the fit group)."""
+        return self.sustained_clock_fraction * self.compute_rate_vs_fit_group
 
     def matmul_ceiling(self, dtype: str) -> float:
         """GEMM ceiling for a compute dtype; every 8-bit-or-less recipe shares the fp8 one (the

@@ -98,10 +98,14 @@ def job_key(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | N
     """What makes two jobs the same for comparing a plan with a published run: the model's
     shape (not its name: presets and records name models differently), the GPU type and count
     and the global batch. The precision is per run (`supporting_runs`)."""
+    return "|".join(str(x) for x in (*model_shape(model), accelerator, gpus, global_batch))
+
+
+def model_shape(model: ModelSpec) -> tuple:
+    """A model by its shape, not its name (presets and records name models differently)."""
     moe = model.moe
-    shape = (model.layers, model.hidden, model.heads, model.ffn_hidden, model.seq_length,
-             moe.num_experts if moe else 0, moe.top_k if moe else 0)
-    return "|".join(str(x) for x in (*shape, accelerator, gpus, global_batch))
+    return (model.layers, model.hidden, model.heads, model.ffn_hidden, model.seq_length,
+            moe.num_experts if moe else 0, moe.top_k if moe else 0)
 
 
 def gemm_bits(dtype: str) -> int:

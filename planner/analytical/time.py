@@ -57,7 +57,7 @@ def gemm_efficiency(max_eff: float, half_dim: float, min_dim: np.ndarray) -> np.
 
 
 def _gemm_time(flop_count, min_dim, peak, eff, dtype):
-    return flop_count / (peak * eff.sustained_clock_fraction
+    return flop_count / (peak * eff.compute_rate
                          * gemm_efficiency(eff.matmul_ceiling(dtype), eff.matmul_half(dtype), min_dim))
 
 
@@ -127,7 +127,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     attn_max, attn_half = eff.attention_curve(attn_kernel)
     # the head-width factor measured for cuDNN's fused kernel (kernels.py), not the unfused path
     width = kernels.attention_head_dim_factor(model, "cudnn") if attn_kernel == "te" and job.flash_attention else 1.0
-    attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * width * chunk / (chunk + attn_half))
+    attention = core_flops / (peak_attn * eff.compute_rate * attn_max * width * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
     score_bytes = 0.0 if job.flash_attention else \
