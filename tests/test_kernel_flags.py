@@ -1,6 +1,7 @@
 """The kernel flags of `planner plan` / `estimate` (--cuda-graph, --fp8-attention,
 --fused-grouped-mlp): the JobSpec fields the Bridge records are costed with, now settable by a
-user, saved with a plan, and refused by `planner megatron`, which does not emit them."""
+user, saved with a plan; `planner megatron` emits the full-iteration graph for a dense model and
+refuses what it does not emit."""
 from __future__ import annotations
 
 import json
@@ -58,3 +59,19 @@ def test_saved_plan_keeps_them_and_megatron_refuses_them(tmp_path):
     launch = RUN.invoke(app, ["megatron", "--plan", str(saved)])
     assert launch.exit_code == 2 and "--cuda-graph full-iteration" in launch.output
     assert "does not emit" in launch.output
+
+
+def test_megatron_emits_a_dense_plans_full_iteration_graph(tmp_path):
+    """Megatron-Core's cuda_graph_impl full_iteration, with the NaN check Megatron requires off
+    (training/arguments.py: the assert on --no-check-for-nan-in-loss-and-grad); the same plan
+    saved without the graph launches without them."""
+    for graph, path in (("full-iteration", tmp_path / "graph.yaml"), ("none", tmp_path / "plain.yaml")):
+        r = RUN.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1",
+                             "--cuda-graph", graph, "--save", str(path)])
+        assert r.exit_code == 0, r.output
+        launch = RUN.invoke(app, ["megatron", "--plan", str(path), "--format", "json"])
+        assert launch.exit_code == 0, launch.output
+        argv = json.loads(launch.stdout)["argv"]
+        emitted = "--cuda-graph-impl" in argv and argv[argv.index("--cuda-graph-impl") + 1] == "full_iteration"
+        assert emitted == (graph == "full-iteration")
+        assert ("--no-check-for-nan-in-loss-and-grad" in argv) == (graph == "full-iteration")

@@ -125,6 +125,8 @@ def _checker_case(model, system, gpus, dtype, fields):
 SAVED = [  # `planner plan --save` runs whose files `planner megatron --plan` must launch as saved
     ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "512", "--dtype", "fp8"],
     ["-m", "MODEL_YAML", "-s", "h100-sxm", "-g", "16", "-b", "64", "--dtype", "fp16", "--zero-stage", "3"],
+    # costed with a full-iteration CUDA graph: a dense model's launch carries it
+    ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--cuda-graph", "full-iteration"],
 ]
 DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1e-4"]
 
@@ -166,6 +168,7 @@ def _checker_cases(tmp_path_factory):
         mp.undo()
     base = built[4][0]
     bad = [dict(base, argv=base["argv"] + ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]),
+           dict(base, argv=base["argv"] + ["--cuda-graph-impl", "full_iteration"]),  # NaN check still on
            dict(base, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]  # Megatron-FSDP wants it unset
     by_model = {b[1].name: b[0] for b in built}
     oss, dsv3 = by_model["gpt-oss-120b"], by_model["deepseek-v3"]
@@ -239,6 +242,11 @@ def test_saved_plan_and_its_launch_agree(parsed):
         assert dtype_from_megatron(res["ns"]) == job.dtype
         assert res["ns"]["global_batch_size"] == plan.global_batch
         assert res["ns"]["vocab_size"] == m.vocab
+        graph = job.full_iteration_cuda_graph
+        assert res["ns"]["cuda_graph_impl"] == ("full_iteration" if graph else "none")
+        # off with the graph (Megatron's rule), and off under fp16's dynamic loss scaling anyway
+        assert res["ns"]["check_for_nan_in_loss_and_grad"] == (not graph and job.dtype != "fp16")
+    assert any(job.full_iteration_cuda_graph for (_, _, _, job), _ in parsed["saved"])
 
 
 def test_megatron_rejects_what_we_refuse(parsed):

@@ -165,8 +165,9 @@ MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
 # `estimate`; `planner megatron` does not emit them (module planner.cli.megatron says why).
 CudaGraphOpt = Annotated[str, typer.Option(
     "--cuda-graph", help="CUDA graphs the run uses: none, or full-iteration (Megatron-Core "
-    "cuda_graph_impl full_iteration: no per-layer launch or host time). Costed, not emitted by "
-    "`planner megatron`.")]
+    "cuda_graph_impl full_iteration: no per-layer launch or host time). Costed; `planner megatron` "
+    "emits it for dense models (--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad) "
+    "and refuses it for MoE.")]
 Fp8AttentionOpt = Annotated[bool, typer.Option(
     "--fp8-attention/--no-fp8-attention", help="Attention core in FP8 (--fp8-dot-product-attention; "
     "needs an FP8/FP4 dtype). Costed, not emitted by `planner megatron`.")]

@@ -178,19 +178,26 @@ def save_interval_iters(model, system, plan, step_time_s: float, write_gb_per_s:
 
 # The kernel settings `plan` / `estimate` cost (JobSpec) that this launch does not carry: Megatron
 # 0.19's parser excludes fp8_dot_product_attention from its command line (training/arguments.py,
-# the TransformerConfig fields it does not expose), and a full-iteration graph needs
-# --no-check-for-nan-in-loss-and-grad and, for dropless MoE, expert capacity padding that the
-# planner does not cost. A launch without them would not be the plan that was costed.
-UNEMITTED_KERNELS = (("full_iteration_cuda_graph", "cuda-graph full-iteration"), ("fp8_attention", "fp8-attention"),
-                     ("fused_grouped_mlp", "fused-grouped-mlp"))
+# the TransformerConfig fields it does not expose); the fused grouped MLP is Megatron-Bridge's
+# CuTeDSL kernel, not a Megatron flag; a full-iteration graph is emitted for dense models
+# (--cuda-graph-impl full_iteration), but a dropless MoE layer has data-dependent shapes, which a
+# graph takes only with HybridEP's per-rank capacity and paged stashing
+# (--moe-expert-rank-capacity-factor, --moe-paged-stash), whose padding the planner does not
+# cost. A launch without them would not be the plan that was costed.
+UNEMITTED_KERNELS = (
+    ("full_iteration_cuda_graph", "cuda-graph full-iteration",
+     "a dropless MoE graph needs HybridEP's per-rank capacity and paged stashing, whose padding is not costed"),
+    ("fp8_attention", "fp8-attention", "Megatron 0.19's parser has no flag for it"),
+    ("fused_grouped_mlp", "fused-grouped-mlp", "it is Megatron-Bridge's CuTeDSL kernel, not a Megatron flag"))
 
 
-def _refuse_unemitted_kernels(job) -> None:
-    on = [flag for field, flag in UNEMITTED_KERNELS if getattr(job, field)]
+def _refuse_unemitted_kernels(job, model) -> None:
+    on = [(flag, why) for field, flag, why in UNEMITTED_KERNELS if getattr(job, field)
+          and (field != "full_iteration_cuda_graph" or model.moe is not None)]
     if on:
-        raise SpecError(f"{on[0].split()[0]}: the plan was costed with --{', --'.join(on)}, which `planner megatron` "
-                        "does not emit (Megatron 0.19 takes no single flag for it); re-plan without it, or add the "
-                        "settings to the launch by hand")
+        raise SpecError(f"{on[0][0].split()[0]}: the plan was costed with --{', --'.join(f for f, _ in on)}, which "
+                        f"`planner megatron` does not emit here ({'; '.join(w for _, w in on)}); re-plan without "
+                        f"{'them' if len(on) > 1 else 'it'}, or add the settings to the launch by hand")
 
 
 def _run(o: dict) -> None:
@@ -205,7 +212,7 @@ def _run(o: dict) -> None:
         raise SpecError(f"output: {o['output']} already exists; refusing to overwrite it")
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
     plan, job = _plan_and_job(o, model, system)
-    _refuse_unemitted_kernels(job)
+    _refuse_unemitted_kernels(job, model)
 
     problems = mg.launch_refusals(plan, model, job, system)
     if not problems:

@@ -269,6 +269,11 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     # The attention the model costs: cuDNN fused attention (the measured curve) or, without
     # flash attention, the unfused kernel that stores the s² scores.
     add("--attention-backend", "fused" if job.flash_attention else "unfused")
+    if job.full_iteration_cuda_graph:
+        # The forward-backward replayed as one graph (what the model costs: no per-layer launch or
+        # host time). Megatron requires the NaN check off with it (training/arguments.py).
+        add("--cuda-graph-impl", "full_iteration")
+        add("--no-check-for-nan-in-loss-and-grad")
     add("--manual-gc")
     add("--manual-gc-interval", MANUAL_GC_INTERVAL)
 
@@ -283,6 +288,9 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     notes = []
     if plan.offload_weights > 0:
         notes.append("offload_weights is not expressible in Megatron-LM and was left out")
+    if job.full_iteration_cuda_graph:
+        notes.append("full-iteration CUDA graph: Megatron requires --no-check-for-nan-in-loss-and-grad with it, "
+                     "so a NaN loss or gradient is not caught by that check")
     if plan.offload_activations > 0:
         ran = offload_fraction_of_layers(cpu_offload_layers(plan, model), model.layers)
         if ran != plan.offload_activations:

@@ -34,6 +34,8 @@ def _build_parser() -> _Parser:
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
+    p.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
+                   action="store_false")
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
             "--num-attention-heads": None, "--num-query-groups": 1, "--kv-channels": None,
             "--seq-length": None, "--max-position-embeddings": None, "--num-experts": None,
@@ -66,7 +68,8 @@ def _build_parser() -> _Parser:
                "--moe-router-dtype": ("fp32", "fp64"),
                "--moe-token-drop-policy": ("probs", "position"),
                "--cross-entropy-fusion-impl": ("native", "te"),
-               "--attention-backend": ("flash", "fused", "unfused", "local", "auto")}
+               "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
+               "--cuda-graph-impl": ("none", "local", "transformer_engine", "full_iteration")}
     for name, allowed in choices.items():
         p.add_argument(name, choices=allowed, default=None)
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
@@ -146,6 +149,8 @@ MSG_SHARED_EXPERTS_OVERLAP = "shared_experts recompute cannot work with --moe-sh
 MSG_FP8_DELAYED_MODULES = "Delayed scaling does not support moe_act and layernorm recompute for fp8."
 MSG_MOE_A2A_OVERLAP_MOE = "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm"
 MSG_CPU_OFFLOAD_RECOMPUTE = "CPU offloading does not work when activation recomputation is enabled"
+MSG_FULL_ITER_NAN = ("--no-check-for-nan-in-loss-and-grad should be set with --cuda-graph-impl=full_iteration "
+                     "for training.")
 
 
 def _to_argv(args: Iterable[str] | Mapping[str, object] | MegatronLaunch) -> list[str]:
@@ -392,6 +397,9 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
             err(MSG_A2A_MTP)
     if a.delay_wgrad_compute and not a.overlap_moe_expert_parallel_comm:
         err(MSG_DELAY_WGRAD)
+    # MA 2a; fp16 with dynamic loss scaling has turned the NaN check off before this assert
+    if a.cuda_graph_impl == "full_iteration" and a.check_for_nan_in_loss_and_grad and not a.fp16:
+        err(MSG_FULL_ITER_NAN)
 
     # MA 2c: expert grid (etp defaults to tp).
     etp = a.expert_tensor_parallel_size or tp
