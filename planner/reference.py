@@ -238,7 +238,8 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         position_embedding="learned" if gpt_style else "rope", biases=gpt_style,
         # MPT: no dropout (llm-foundry MPTConfig defaults resid_pdrop = emb_pdrop = attn_pdrop = 0)
         dropout=(gpt_style or name.startswith("GPT")) and not name.upper().startswith("MPT"), moe=_moe(r, fsdp_schema))
-    optional = {"head_dim": r.int("model.kv_channels") or _kv_channels_in_config_ref(r), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0)}
+    optional = {"head_dim": r.int("model.kv_channels") or _kv_channels_in_config_ref(r), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0),
+                "rope_scaling": r.get("model.rope_scaling"), "activation_clamp": r.float("model.activation_clamp")}
     fields.update({k: v for k, v in optional.items() if k in ModelSpec.model_fields and v})
     try:
         return ModelSpec.model_validate(fields)

@@ -130,6 +130,10 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     attention = core_flops / (peak_attn * eff.sustained_clock_fraction * attn_max * width * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
+    # a YaRN RoPE runs unfused under Megatron (kernels.UNFUSED_ROPE_BYTES): op-by-op kernels on the
+    # tensor-parallel shard of the heads, each streaming (kernels.STREAMING_HBM_EFFICIENCY)
+    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
     mlp_w = flops.mlp_width(model)
@@ -161,7 +165,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     }
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": elem_bytes / elem_hbm + quant_bytes / hbm + mlp_elem + overhead_s,
+            "elementwise": elem_bytes / elem_hbm + rope_s + quant_bytes / hbm + mlp_elem + overhead_s,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
@@ -268,6 +272,10 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
                                 peak, eff, job.dtype))
     # the activation pass; fused into the grouped GEMMs' epilogues by TE's op fuser
     expert_act = 0.0 if fused_experts(model, job) else 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    # a clamped gated activation (GPT-OSS) clamps eagerly in front of the fused kernel
+    # (kernels.CLAMP_GLU_BYTES), streaming kernels; part of the activation that moe_act recompute reruns
+    expert_act = expert_act + tokens * k * kernels.clamp_glu_bytes(model, job.kernels, fused_experts(model, job)) \
+        * ffn / t / (acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY)
     shared_act_bytes, shared_hbm = 2.0 * ELEMENTWISE_PASSES_FFN, hbm
     if job.kernels != "te":
         # the torch stacks run torchtitan's MoE op by op (kernels.torch_moe_bytes), each kernel a

@@ -1,0 +1,109 @@
+"""What Megatron runs for GPT-OSS beyond a plain SwiGLU/RoPE transformer: the unfused YaRN RoPE
+and the eager clamp in front of the experts' fused activation (planner/analytical/kernels.py,
+UNFUSED_ROPE_BYTES and CLAMP_GLU_BYTES), each against a hand-derived time."""
+import numpy as np
+import pytest
+
+from hardware import load_system
+from planner.analytical import PlanArrays
+from planner.analytical import kernels as K
+from planner.analytical.time import layer_compute_fwd_s, moe_mlp_fwd_s, per_layer_terms
+from planner.model import load_model
+from planner.plan import JobSpec, Plan
+from planner.reference import load_reference
+
+GPT_OSS = load_model("gpt-oss-120b")
+PLAIN = GPT_OSS.model_copy(update={"rope_scaling": "none", "activation_clamp": None})
+H100 = load_system("h100-sxm", 8)
+# H100 SXM HBM3 3350 GB/s (datasheet), each eager kernel streaming at 0.70 of it
+STREAM_BYTES_PER_S = 3350e9 * 0.70
+
+
+def _plan(**kw):
+    # ep 1: every expert on every GPU, so the busiest rank gets exactly the mean (no sampling spread)
+    return PlanArrays.from_plans([Plan(dp=8, micro_batch=1, global_batch=8, **kw)], GPT_OSS.layers)
+
+
+def test_preset_and_config_name_the_yarn_rope_and_the_clamp():
+    assert (GPT_OSS.rope_scaling, GPT_OSS.activation_clamp) == ("yarn", 7.0)
+    hf = load_model("tests/fixtures/hf/gpt-oss-120b")
+    assert (hf.rope_scaling, hf.activation_clamp) == ("yarn", 7.0)
+    # DeepSeek-V3's config also says yarn, but for MLA's decoupled RoPE, which is not costed apart
+    assert load_model("tests/fixtures/hf/deepseek-v3").rope_scaling == "none"
+
+
+def test_unfused_rope_time_against_hand_number():
+    """One layer forward, one 4096-token sequence, tp 1: every q and k element (64 heads + 8 KV
+    groups, 64 wide: 4608 per token) moves 24 B unfused instead of the fused 4 B in TE's lump:
+    4096 x 4608 x 20 B = 377,487,360 B at 2345 GB/s = 160.97 us, only in the element-wise part."""
+    assert K.UNFUSED_ROPE_BYTES - K.FUSED_ROPE_BYTES == 20.0
+    # a full-iteration CUDA graph: no host issue time for the extra GPU time to hide behind
+    P, job = _plan(), JobSpec(global_batch=8, full_iteration_cuda_graph=True)
+    yarn, plain = layer_compute_fwd_s(GPT_OSS, H100, job, P), layer_compute_fwd_s(PLAIN, H100, job, P)
+    expected_s = 377_487_360 / STREAM_BYTES_PER_S
+    assert expected_s == pytest.approx(160.97e-6, rel=1e-4)
+    diff = float(yarn["elementwise"][0] - plain["elementwise"][0])
+    # the clamp adds its own share to the element-wise part; take it out (checked below)
+    clamp = float(moe_mlp_fwd_s(GPT_OSS, H100, job, P)["expert_act_s"][0]
+                  - moe_mlp_fwd_s(PLAIN, H100, job, P)["expert_act_s"][0])
+    assert diff - clamp == pytest.approx(expected_s, rel=1e-9)
+    assert float(yarn["gemm"][0]) == float(plain["gemm"][0])
+    assert float(yarn["attention"][0]) == float(plain["attention"][0])
+    # tensor parallelism splits the heads: half the bytes per GPU at tp 2
+    P2 = PlanArrays.from_plans([Plan(tp=2, dp=4, micro_batch=1, global_batch=8)], GPT_OSS.layers)
+    tp2 = layer_compute_fwd_s(GPT_OSS, H100, job, P2)["elementwise"] - layer_compute_fwd_s(PLAIN, H100, job, P2)["elementwise"]
+    clamp2 = moe_mlp_fwd_s(GPT_OSS, H100, job, P2)["expert_act_s"] - moe_mlp_fwd_s(PLAIN, H100, job, P2)["expert_act_s"]
+    assert float(tp2[0] - clamp2[0]) == pytest.approx(expected_s / 2, rel=1e-9)
+    assert K.unfused_rope_extra_bytes_per_token(GPT_OSS, "te") == 20.0 * 4608
+    assert K.unfused_rope_extra_bytes_per_token(GPT_OSS, "torch-compile") == 0.0
+
+
+def test_clamp_time_against_hand_number():
+    """Routed experts, one sequence of 4096 tokens, top-4, expert FFN 2880: 16,384 rows x 2880
+    elements x 16 B (clamp of each half 2+2, torch.cat 4+4) = 754,974,720 B at 2345 GB/s =
+    321.95 us of forward activation time; recompute of moe_act reruns exactly that much more."""
+    P, job = _plan(), JobSpec(global_batch=8)
+    clamped, plain = moe_mlp_fwd_s(GPT_OSS, H100, job, P), moe_mlp_fwd_s(PLAIN, H100, job, P)
+    expected_s = 754_974_720 / STREAM_BYTES_PER_S
+    assert expected_s == pytest.approx(321.95e-6, rel=1e-4)
+    assert float(clamped["expert_act_s"][0] - plain["expert_act_s"][0]) == pytest.approx(expected_s, rel=1e-9)
+    assert float(clamped["expert_gemm_s"][0]) == float(plain["expert_gemm_s"][0])
+    # selective recompute of moe_act reruns the clamp with the activation
+    Pr = _plan(recompute="selective", recompute_modules=("moe_act",))
+    rerun = per_layer_terms(GPT_OSS, H100, job, Pr)["selective"] - per_layer_terms(PLAIN, H100, job, Pr)["selective"]
+    assert float(rerun[0]) == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_fused_grouped_mlp_and_torch_stacks_pay_no_clamp():
+    """TE's fused grouped MLP clamps inside its kernel (ScaledClampedQGeGLU(limit=...)); the
+    Megatron clamp passes do not exist under the torch stacks either."""
+    P = _plan()
+    for job in (JobSpec(global_batch=8, fused_grouped_mlp=True), JobSpec(global_batch=8, kernels="torch-compile")):
+        a, b = moe_mlp_fwd_s(GPT_OSS, H100, job, P), moe_mlp_fwd_s(PLAIN, H100, job, P)
+        assert np.array_equal(a["expert_act_s"], b["expert_act_s"])
+
+
+def test_heldout_record_carries_the_fields_and_a_bad_one_is_refused(tmp_path):
+    """bench/heldout_bridge.py writes the preset's rope_scaling / activation_clamp into the
+    record's model block; the reference loader reads them, and refuses a non-number in one line."""
+    import csv
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    from hardware.errors import SpecError
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import heldout_bridge
+    row = next(r for r in csv.DictReader(heldout_bridge.DATA.open())
+               if r["release"] == "26.04" and r["model"] == "GPT OSS 120B" and r["system"] == "DGX-H100")
+    rec = heldout_bridge.record(row)
+    assert (rec["model"]["rope_scaling"], rec["model"]["activation_clamp"]) == ("yarn", 7.0)
+    path = tmp_path / "r.yaml"
+    heldout_bridge.write_yaml(path, [rec])
+    (case,), _ = load_reference([path])
+    assert (case.model.rope_scaling, case.model.activation_clamp) == ("yarn", 7.0)
+    rec["model"]["activation_clamp"] = "seven"
+    path.write_text(yaml.safe_dump({"schema_version": 1, "records": [rec]}))
+    with pytest.raises(SpecError, match="model.activation_clamp"):
+        load_reference([path])
