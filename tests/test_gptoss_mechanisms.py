@@ -1,6 +1,7 @@
-"""What Megatron runs for GPT-OSS beyond a plain SwiGLU/RoPE transformer: the unfused YaRN RoPE
-and the eager clamp in front of the experts' fused activation (planner/analytical/kernels.py,
-UNFUSED_ROPE_BYTES and CLAMP_GLU_BYTES), each against a hand-derived time."""
+"""What Megatron runs for GPT-OSS beyond a plain SwiGLU/RoPE transformer: the unfused YaRN RoPE,
+the eager clamp in front of the experts' fused activation and the experts' eager FC2 bias
+(planner/analytical/kernels.py UNFUSED_ROPE_BYTES, CLAMP_GLU_BYTES, EXPERT_FC2_BIAS_BYTES), each
+against a hand-derived time."""
 import numpy as np
 import pytest
 
@@ -13,7 +14,7 @@ from planner.plan import JobSpec, Plan
 from planner.reference import load_reference
 
 GPT_OSS = load_model("gpt-oss-120b")
-PLAIN = GPT_OSS.model_copy(update={"rope_scaling": "none", "activation_clamp": None})
+PLAIN = GPT_OSS.model_copy(update={"rope_scaling": "none", "activation_clamp": None, "biases": False})
 H100 = load_system("h100-sxm", 8)
 # H100 SXM HBM3 3350 GB/s (datasheet), each eager kernel streaming at 0.70 of it
 STREAM_BYTES_PER_S = 3350e9 * 0.70
@@ -39,21 +40,17 @@ def test_unfused_rope_time_against_hand_number():
     assert K.UNFUSED_ROPE_BYTES - K.FUSED_ROPE_BYTES == 20.0
     # a full-iteration CUDA graph: no host issue time for the extra GPU time to hide behind
     P, job = _plan(), JobSpec(global_batch=8, full_iteration_cuda_graph=True)
-    yarn, plain = layer_compute_fwd_s(GPT_OSS, H100, job, P), layer_compute_fwd_s(PLAIN, H100, job, P)
+    no_yarn = GPT_OSS.model_copy(update={"rope_scaling": "none"})
+    yarn, plain = layer_compute_fwd_s(GPT_OSS, H100, job, P), layer_compute_fwd_s(no_yarn, H100, job, P)
     expected_s = 377_487_360 / STREAM_BYTES_PER_S
     assert expected_s == pytest.approx(160.97e-6, rel=1e-4)
-    diff = float(yarn["elementwise"][0] - plain["elementwise"][0])
-    # the clamp adds its own share to the element-wise part; take it out (checked below)
-    clamp = float(moe_mlp_fwd_s(GPT_OSS, H100, job, P)["expert_act_s"][0]
-                  - moe_mlp_fwd_s(PLAIN, H100, job, P)["expert_act_s"][0])
-    assert diff - clamp == pytest.approx(expected_s, rel=1e-9)
+    assert float(yarn["elementwise"][0] - plain["elementwise"][0]) == pytest.approx(expected_s, rel=1e-9)
     assert float(yarn["gemm"][0]) == float(plain["gemm"][0])
     assert float(yarn["attention"][0]) == float(plain["attention"][0])
     # tensor parallelism splits the heads: half the bytes per GPU at tp 2
     P2 = PlanArrays.from_plans([Plan(tp=2, dp=4, micro_batch=1, global_batch=8)], GPT_OSS.layers)
-    tp2 = layer_compute_fwd_s(GPT_OSS, H100, job, P2)["elementwise"] - layer_compute_fwd_s(PLAIN, H100, job, P2)["elementwise"]
-    clamp2 = moe_mlp_fwd_s(GPT_OSS, H100, job, P2)["expert_act_s"] - moe_mlp_fwd_s(PLAIN, H100, job, P2)["expert_act_s"]
-    assert float(tp2[0] - clamp2[0]) == pytest.approx(expected_s / 2, rel=1e-9)
+    tp2 = layer_compute_fwd_s(GPT_OSS, H100, job, P2)["elementwise"] - layer_compute_fwd_s(no_yarn, H100, job, P2)["elementwise"]
+    assert float(tp2[0]) == pytest.approx(expected_s / 2, rel=1e-9)
     assert K.unfused_rope_extra_bytes_per_token(GPT_OSS, "te") == 20.0 * 4608
     assert K.unfused_rope_extra_bytes_per_token(GPT_OSS, "torch-compile") == 0.0
 
@@ -63,15 +60,34 @@ def test_clamp_time_against_hand_number():
     elements x 16 B (clamp of each half 2+2, torch.cat 4+4) = 754,974,720 B at 2345 GB/s =
     321.95 us of forward activation time; recompute of moe_act reruns exactly that much more."""
     P, job = _plan(), JobSpec(global_batch=8)
-    clamped, plain = moe_mlp_fwd_s(GPT_OSS, H100, job, P), moe_mlp_fwd_s(PLAIN, H100, job, P)
+    no_clamp = GPT_OSS.model_copy(update={"activation_clamp": None})
+    clamped, plain = moe_mlp_fwd_s(GPT_OSS, H100, job, P), moe_mlp_fwd_s(no_clamp, H100, job, P)
     expected_s = 754_974_720 / STREAM_BYTES_PER_S
     assert expected_s == pytest.approx(321.95e-6, rel=1e-4)
     assert float(clamped["expert_act_s"][0] - plain["expert_act_s"][0]) == pytest.approx(expected_s, rel=1e-9)
     assert float(clamped["expert_gemm_s"][0]) == float(plain["expert_gemm_s"][0])
     # selective recompute of moe_act reruns the clamp with the activation
     Pr = _plan(recompute="selective", recompute_modules=("moe_act",))
-    rerun = per_layer_terms(GPT_OSS, H100, job, Pr)["selective"] - per_layer_terms(PLAIN, H100, job, Pr)["selective"]
+    rerun = per_layer_terms(GPT_OSS, H100, job, Pr)["selective"] - per_layer_terms(no_clamp, H100, job, Pr)["selective"]
     assert float(rerun[0]) == pytest.approx(expected_s, rel=1e-9)
+
+
+def test_expert_fc2_bias_time_against_hand_number():
+    """Megatron adds the routed experts' FC2 bias eagerly (experts.py _apply_bias): 16,384 rows x
+    hidden 2880 x 12 B (b*p written 2, the add 2+2+2, torch.cat 2+2) = 566,231,040 B at 2345 GB/s
+    = 241.46 us per layer forward, outside the moe_act checkpoint (not rerun by it)."""
+    P, job = _plan(), JobSpec(global_batch=8, full_iteration_cuda_graph=True)
+    biased = moe_mlp_fwd_s(GPT_OSS, H100, job, P)
+    no_bias = moe_mlp_fwd_s(GPT_OSS.model_copy(update={"biases": False}), H100, job, P)
+    expected_s = 566_231_040 / STREAM_BYTES_PER_S
+    assert expected_s == pytest.approx(241.46e-6, rel=1e-4)
+    assert float(biased["expert_bias_s"][0]) == pytest.approx(expected_s, rel=1e-9)
+    assert float(biased["elementwise"][0] - no_bias["elementwise"][0]) == pytest.approx(expected_s, rel=1e-9)
+    assert np.array_equal(biased["expert_act_s"], no_bias["expert_act_s"])
+    Pr = _plan(recompute="selective", recompute_modules=("moe_act",))
+    terms = (per_layer_terms(GPT_OSS, H100, job, Pr), per_layer_terms(GPT_OSS.model_copy(update={"biases": False}),
+                                                                      H100, job, Pr))
+    assert float(terms[0]["selective"][0]) == pytest.approx(float(terms[1]["selective"][0]), rel=1e-12)
 
 
 def test_fused_grouped_mlp_and_torch_stacks_pay_no_clamp():
@@ -81,6 +97,7 @@ def test_fused_grouped_mlp_and_torch_stacks_pay_no_clamp():
     for job in (JobSpec(global_batch=8, fused_grouped_mlp=True), JobSpec(global_batch=8, kernels="torch-compile")):
         a, b = moe_mlp_fwd_s(GPT_OSS, H100, job, P), moe_mlp_fwd_s(PLAIN, H100, job, P)
         assert np.array_equal(a["expert_act_s"], b["expert_act_s"])
+        assert float(a["expert_bias_s"][0]) == 0.0
 
 
 def test_heldout_record_carries_the_fields_and_a_bad_one_is_refused(tmp_path):
@@ -98,11 +115,16 @@ def test_heldout_record_carries_the_fields_and_a_bad_one_is_refused(tmp_path):
     row = next(r for r in csv.DictReader(heldout_bridge.DATA.open())
                if r["release"] == "26.04" and r["model"] == "GPT OSS 120B" and r["system"] == "DGX-H100")
     rec = heldout_bridge.record(row)
-    assert (rec["model"]["rope_scaling"], rec["model"]["activation_clamp"]) == ("yarn", 7.0)
+    assert (rec["model"]["rope_scaling"], rec["model"]["activation_clamp"], rec["model"]["biases"]) == ("yarn", 7.0, True)
     path = tmp_path / "r.yaml"
     heldout_bridge.write_yaml(path, [rec])
     (case,), _ = load_reference([path])
-    assert (case.model.rope_scaling, case.model.activation_clamp) == ("yarn", 7.0)
+    assert (case.model.rope_scaling, case.model.activation_clamp, case.model.biases) == ("yarn", 7.0, True)
+    rec["model"]["biases"] = "yes"
+    path.write_text(yaml.safe_dump({"schema_version": 1, "records": [rec]}))
+    with pytest.raises(SpecError, match="model.biases"):
+        load_reference([path])
+    rec["model"]["biases"] = True
     rec["model"]["activation_clamp"] = "seven"
     path.write_text(yaml.safe_dump({"schema_version": 1, "records": [rec]}))
     with pytest.raises(SpecError, match="model.activation_clamp"):

@@ -129,6 +129,25 @@ UNFUSED_ROPE_BYTES = 24.0
 # extra there.
 CLAMP_GLU_BYTES = 16.0
 
+# Megatron-Core's routed-expert FC2 bias (moe/experts.py TEGroupedMLP: linear_fc2 with
+# skip_bias_add=True, then _apply_bias: for each local expert t + b * p on its rows, eager, and
+# torch.cat of the experts' outputs; megatron-core 0.19.2 and the Megatron-LM commits Bridge
+# 26.04-26.08 pin), bytes per routed row per hidden element, forward, 16-bit probabilities (the
+# router computes in the input dtype unless moe_router_dtype is set, which the GPT-OSS recipes do
+# not; TE's fused router returns probs in the logits dtype): b * p written 2, the add 2+2+2,
+# torch.cat 2+2 = 12. The FC1 bias is added in the GEMM's epilogue (skip_bias_add=False); TE's
+# fused grouped MLP carries both biases inside its kernels.
+EXPERT_FC2_BIAS_BYTES = 12.0
+
+
+def expert_fc2_bias_bytes(model: ModelSpec, kernels: str, fused_mlp: bool) -> float:
+    """Forward bytes per routed row per hidden element of Megatron's eager FC2 bias on the routed
+    experts (EXPERT_FC2_BIAS_BYTES); 0 without linear biases, under the torch stacks, or with
+    TE's fused grouped MLP."""
+    if kernels != "te" or not model.biases or model.moe is None or fused_mlp:
+        return 0.0
+    return EXPERT_FC2_BIAS_BYTES
+
 
 def unfused_rope_extra_bytes_per_token(model: ModelSpec, kernels: str) -> float:
     """Forward bytes per token that Megatron's unfused RoPE moves beyond the fused RoPE of TE's

@@ -261,6 +261,10 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     router = _gemm_time(2 * routed_tokens * h * E, np.minimum(np.minimum(routed_tokens, h), E), peak, eff, job.dtype) \
         + ROUTER_PASSES * 4.0 * routed_tokens * E / hbm
     permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * h / hbm
+    # the experts' FC2 bias, added eagerly per expert on the rows the busiest rank receives
+    # (kernels.EXPERT_FC2_BIAS_BYTES), streaming kernels
+    fc2_bias = tokens * k * h / t * kernels.expert_fc2_bias_bytes(model, job.kernels, fused_experts(model, job)) \
+        / (acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY)
     # experts: one GPU holds E/ep experts, 1/etp of each; rows per local expert per microbatch =
     # tokens·top_k·etp·ep/(E·t) (= tokens·top_k·ep/E at etp = tp); its FLOPs are 1/t of the
     # tensor-parallel group's routed work whatever the folding.
@@ -287,7 +291,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
             + imbalance * routed_tokens * k * tb["received_row"] * h / stream
         expert_act = 0.0 if fused_experts(model, job) else tokens * k * tb["expert_act"] * ffn / t / stream
         shared_act_bytes, shared_hbm = tb["shared_act"], stream
-    host_exposed = expert_host_exposed_s(model, job, P, imbalance * (expert_gemm + expert_act))
+    host_exposed = expert_host_exposed_s(model, job, P, imbalance * (expert_gemm + expert_act + fc2_bias))
     wgrad_extra = expert_wgrad_memory_excess_s(model, job, P, rows_per_expert * imbalance,
                                                imbalance * expert_gemm, hbm)
     shared_gemm, shared_elem = (0.0, 0.0)
@@ -295,10 +299,11 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
         shared_gemm, shared_elem = dense_mlp_fwd_s(model, model.moe.shared_experts * model.shared_expert_ffn_hidden,
                                                    tokens, t, peak, eff, job.dtype, shared_hbm, shared_act_bytes)
     return {"gemm": imbalance * expert_gemm + shared_gemm + router,
-            "elementwise": imbalance * expert_act + permute + shared_elem + host_exposed,
+            "elementwise": imbalance * (expert_act + fc2_bias) + permute + shared_elem + host_exposed,
             "wgrad_extra_s": wgrad_extra, "expert_host_exposed_s": host_exposed,
             "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
-            "expert_act_s": imbalance * expert_act, "shared_expert_s": shared_gemm + shared_elem}
+            "expert_act_s": imbalance * expert_act, "expert_bias_s": imbalance * fc2_bias,
+            "shared_expert_s": shared_gemm + shared_elem}
 
 
 def expert_host_exposed_s(model: ModelSpec, job: JobSpec, P: PlanArrays, expert_gpu_s) -> np.ndarray:
