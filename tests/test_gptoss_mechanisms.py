@@ -129,3 +129,26 @@ def test_heldout_record_carries_the_fields_and_a_bad_one_is_refused(tmp_path):
     path.write_text(yaml.safe_dump({"schema_version": 1, "records": [rec]}))
     with pytest.raises(SpecError, match="model.activation_clamp"):
         load_reference([path])
+
+
+def test_empty_recompute_module_list_recomputes_nothing(tmp_path):
+    """The 26.06 GB200 MXFP8 GPT-OSS recipe sets selective recompute with recompute_modules []
+    (planner/data/bridge_recipe_knobs_heldout.yaml): Megatron-Core fills in core_attn only for
+    None (transformer_config.py __post_init__), so nothing is recomputed; the H100 recipe's
+    [layernorm, moe_act] stays what it says."""
+    import csv
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import heldout_bridge
+    rows = [r for r in csv.DictReader(heldout_bridge.DATA.open()) if r["model"] == "GPT OSS 120B"
+            and (r["release"], r["system"], r["precision"]) in (("26.06", "DGX-GB200", "MXFP8"),
+                                                                ("26.04", "DGX-H100", "BF16"))]
+    path = tmp_path / "r.yaml"
+    heldout_bridge.write_yaml(path, [heldout_bridge.record(r) for r in rows])
+    cases, _ = load_reference([path])
+    (gb200,) = [c for c in cases if "GB200" in c.id]
+    assert gb200.plan.recompute == "none" and gb200.plan.recompute_modules is None
+    assert any("no recompute: selective with no module" in a for a in gb200.assumptions)
+    (h100,) = [c for c in cases if "H100" in c.id]
+    assert h100.plan.recompute == "selective" and h100.plan.recompute_modules == ("layernorm", "moe_act")
