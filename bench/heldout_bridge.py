@@ -63,6 +63,12 @@ def _model_block(row: dict) -> dict | str:
     if m.mla is not None:
         block["attention"] = f"MLA (q_lora {m.mla.q_lora_rank}, kv_lora {m.mla.kv_lora_rank})"
     block["mtp_layers"] = 0 if "w/o mtp" in row["model"].lower() else m.mtp_layers
+    if m.biases:
+        block["biases"] = True  # linear biases (GPT-OSS); the loader's default for a RoPE model is none
+    if m.rope_scaling != "none":
+        block["rope_scaling"] = m.rope_scaling
+    if m.activation_clamp is not None:
+        block["activation_clamp"] = m.activation_clamp
     return block
 
 

@@ -30,7 +30,8 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "qwen3_moe": ({"tie_word_embeddings": False}, ""),
     "deepseek_v3": ({"tie_word_embeddings": False}, ""),
     "gpt_oss": ({"tie_word_embeddings": False, "attention_bias": True},
-                "sliding-window layers costed as full attention; attention sinks not counted"),
+                "sliding-window layers costed as full attention; attention sinks not counted; "
+                "clamped quick-GeGLU costed as SwiGLU plus its clamp passes"),
     "gemma": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
     "gemma2": ({"tie_word_embeddings": True},
                "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
@@ -125,6 +126,15 @@ def model_fields(path: Path) -> dict:
         "qk_norm": model_type in QK_NORM_TYPES,
     }
     fields.update(_moe_fields(cfg, path, moe_keys))
+    # YaRN RoPE and a clamped gated activation (GPT-OSS: rope_scaling.rope_type "yarn",
+    # swiglu_limit 7.0) change what Megatron runs (time.py: unfused RoPE, eager clamp); MLA's
+    # decoupled RoPE (DeepSeek-V3's yarn) is not costed apart, so it is left out there
+    rope = cfg.get("rope_scaling")
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "yarn" and not cfg.get("kv_lora_rank"):
+        fields["rope_scaling"] = "yarn"
+    if isinstance(cfg.get("swiglu_limit"), (int, float)) and not isinstance(cfg["swiglu_limit"], bool) \
+            and cfg["swiglu_limit"] > 0:
+        fields["activation_clamp"] = float(cfg["swiglu_limit"])
     if cfg.get("kv_lora_rank"):
         fields["mla"] = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                                  "qk_rope_head_dim", "v_head_dim")}

@@ -87,6 +87,12 @@ class ModelSpec(BaseModel):
     activation: Activation = "gelu"
     tied_embeddings: bool = True
     position_embedding: Literal["learned", "rope"] = "learned"
+    rope_scaling: Literal["none", "yarn"] = Field(
+        default="none", description="RoPE frequency scaling: 'yarn' (GPT-OSS); Megatron applies a "
+        "YaRN RoPE unfused (time.py: unfused_rope_extra_bytes_per_token)")
+    activation_clamp: PositiveFloat | None = Field(
+        default=None, description="clamp limit of the gated MLP's inputs (GPT-OSS 7.0: gate at most "
+        "+limit, linear half within ±limit); costed on the routed experts (moe_mlp_fwd_s)")
     biases: bool = True
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     qk_norm: bool = Field(default=False, description="a norm over each query and key head before "

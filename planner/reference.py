@@ -222,6 +222,17 @@ def _kv_channels_in_config_ref(r: _Record) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _biases(r: _Record, default: bool) -> bool:
+    """model.biases when the record states it (GPT-OSS keeps its linear biases under RoPE), else
+    the architecture's default (GPT-style: biases; RoPE models: none)."""
+    value = r.get("model.biases")
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise SpecError(f"reference {r.id}: model.biases: expected true or false, got {value!r}")
+    return value
+
+
 def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
     name = str(r.get("model.name") or r.id)
     dims = {k: r.int(f"model.{k}") for k in ("layers", "hidden", "heads", "seq", "vocab")}
@@ -235,10 +246,11 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         query_groups=r.int("model.query_groups"), ffn=r.int("model.ffn"), seq_length=dims["seq"],
         vocab=dims["vocab"], activation=activation,
         tied_embeddings=bool(r.get("model.tied_embeddings", gpt_style)),
-        position_embedding="learned" if gpt_style else "rope", biases=gpt_style,
+        position_embedding="learned" if gpt_style else "rope", biases=_biases(r, gpt_style),
         # MPT: no dropout (llm-foundry MPTConfig defaults resid_pdrop = emb_pdrop = attn_pdrop = 0)
         dropout=(gpt_style or name.startswith("GPT")) and not name.upper().startswith("MPT"), moe=_moe(r, fsdp_schema))
-    optional = {"head_dim": r.int("model.kv_channels") or _kv_channels_in_config_ref(r), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0)}
+    optional = {"head_dim": r.int("model.kv_channels") or _kv_channels_in_config_ref(r), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0),
+                "rope_scaling": r.get("model.rope_scaling"), "activation_clamp": r.float("model.activation_clamp")}
     fields.update({k: v for k, v in optional.items() if k in ModelSpec.model_fields and v})
     try:
         return ModelSpec.model_validate(fields)

@@ -162,10 +162,17 @@ def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan)
         applies = applicable_recompute_modules(model)
         kept = None if asked is None else tuple(m for m in asked if applies.get(m, "unknown") is None)
         dropped = [] if asked is None else [m for m in asked if m not in (kept or ())]
-        update.update(recompute="selective", recompute_modules=kept or None)
-        notes.append(f"selective recompute of {' '.join(kept) if kept else 'core_attn (Megatron default)'} "
-                     f"({knobs.cite('recompute_modules')})" + (f"; {', '.join(dropped)} does nothing here"
-                                                                if dropped else ""))
+        if kept == ():
+            # an empty module list recomputes nothing: Megatron-Core fills in ["core_attn"] only for
+            # None (transformer_config.py __post_init__, megatron-core 0.19.2)
+            update.update(recompute="none", recompute_modules=None)
+            notes.append(f"no recompute: selective with no module that applies ({knobs.cite('recompute_modules')})"
+                         + (f"; {', '.join(dropped)} does nothing here" if dropped else ""))
+        else:
+            update.update(recompute="selective", recompute_modules=kept)
+            notes.append(f"selective recompute of {' '.join(kept) if kept else 'core_attn (Megatron default)'} "
+                         f"({knobs.cite('recompute_modules')})" + (f"; {', '.join(dropped)} does nothing here"
+                                                                    if dropped else ""))
     elif granularity is None and plan.recompute != "none":
         update.update(recompute="none", recompute_modules=None)
         notes.append(f"no recompute ({knobs.cite('recompute_granularity')})")

@@ -105,6 +105,68 @@ def torch_moe_bytes(model: ModelSpec, kernels: str) -> dict[str, float]:
             "token": TORCHTITAN_MOE_TOKEN_BYTES, "expert_act": eager_act, "shared_act": shared_act}
 
 
+# Megatron-Core's unfused RoPE (megatron/core/models/common/embeddings/rope_utils.py
+# _apply_rotary_pos_emb_bshd, megatron-core 0.19.2 and the Megatron-LM commits Megatron-Bridge
+# 26.04-26.08 pin), bytes per q or k element, forward, 2-byte activations, op by op: t * cos 2+2;
+# _rotate_half: the negated half 1+1 (per element of the whole) and torch.cat 2+2; * sin 2+2; the
+# add 2+2+2; the final torch.cat with the empty pass-through part 2+2 = 24 (cos/sin are per
+# position, negligible). Megatron-Bridge switches apply_rope_fusion off for every
+# position_embedding_type but "rope" (src/megatron/bridge/utils/fusions.py
+# validate_rope_fusion_compatibility, called in models/gpt_provider.py provide(); @0fbfe7d3 26.04,
+# @fcbb6031 26.06), and its GPT-OSS bridge sets "yarn" (models/gpt_oss/gpt_oss_bridge.py
+# provider_bridge); Megatron's own fused path also refuses a YaRN mscale != 1 (rope_utils.py
+# apply_rotary_pos_emb). TE's fitted lump already holds a fused RoPE (FUSED_ROPE_BYTES), so a YaRN
+# model under Megatron pays the difference.
+UNFUSED_ROPE_BYTES = 24.0
+# Megatron-Core's clamped quick-GeGLU on the routed experts (megatron/core/fusions/fused_bias_geglu.py
+# weighted_bias_quick_geglu_impl, called by moe/experts.py TEGroupedMLP with bias_activation_fusion,
+# which the GPT-OSS bridge sets): before the jit-fused activation kernel (one read of the FC1
+# output, one write: SwiGLU's cost, in the fitted lump) it clamps the gate half (max only) and the
+# linear half (both sides) eagerly and concatenates them again, bytes per element of the
+# activation's output (ffn wide), forward: clamp of the gate half 2+2, of the linear half 2+2,
+# torch.cat of both halves 4+4 = 16. Transformer Engine's fused grouped MLP (the op fuser's
+# ScaledClampedQGeGLU with `limit`, JobSpec.fused_grouped_mlp) clamps inside its kernel: nothing
+# extra there.
+CLAMP_GLU_BYTES = 16.0
+
+# Megatron-Core's routed-expert FC2 bias (moe/experts.py TEGroupedMLP: linear_fc2 with
+# skip_bias_add=True, then _apply_bias: for each local expert t + b * p on its rows, eager, and
+# torch.cat of the experts' outputs; megatron-core 0.19.2 and the Megatron-LM commits Bridge
+# 26.04-26.08 pin), bytes per routed row per hidden element, forward, 16-bit probabilities (the
+# router computes in the input dtype unless moe_router_dtype is set, which the GPT-OSS recipes do
+# not; TE's fused router returns probs in the logits dtype): b * p written 2, the add 2+2+2,
+# torch.cat 2+2 = 12. The FC1 bias is added in the GEMM's epilogue (skip_bias_add=False); TE's
+# fused grouped MLP carries both biases inside its kernels.
+EXPERT_FC2_BIAS_BYTES = 12.0
+
+
+def expert_fc2_bias_bytes(model: ModelSpec, kernels: str, fused_mlp: bool) -> float:
+    """Forward bytes per routed row per hidden element of Megatron's eager FC2 bias on the routed
+    experts (EXPERT_FC2_BIAS_BYTES); 0 without linear biases, under the torch stacks, or with
+    TE's fused grouped MLP."""
+    if kernels != "te" or not model.biases or model.moe is None or fused_mlp:
+        return 0.0
+    return EXPERT_FC2_BIAS_BYTES
+
+
+def unfused_rope_extra_bytes_per_token(model: ModelSpec, kernels: str) -> float:
+    """Forward bytes per token that Megatron's unfused RoPE moves beyond the fused RoPE of TE's
+    lump: a YaRN RoPE under Megatron ("te"), over every query and key element (MLA's decoupled
+    RoPE is not covered: 0)."""
+    if kernels != "te" or model.rope_scaling != "yarn" or model.mla:
+        return 0.0
+    return (UNFUSED_ROPE_BYTES - FUSED_ROPE_BYTES) * (model.q_hidden + model.kv_hidden)
+
+
+def clamp_glu_bytes(model: ModelSpec, kernels: str, fused_mlp: bool) -> float:
+    """Forward bytes per routed row per expert-FFN element of the eager clamp in front of
+    Megatron's fused gated activation (CLAMP_GLU_BYTES); 0 without a clamp, under the torch
+    stacks, or with TE's fused grouped MLP."""
+    if kernels != "te" or model.activation_clamp is None or fused_mlp:
+        return 0.0
+    return CLAMP_GLU_BYTES
+
+
 def rms_norm(model: ModelSpec) -> bool:
     """Llama-style models (RoPE) use RMSNorm; GPT-style (learned positions) LayerNorm."""
     return model.position_embedding == "rope"

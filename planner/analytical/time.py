@@ -130,6 +130,10 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     attention = core_flops / (peak_attn * eff.compute_rate * attn_max * width * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
+    # a YaRN RoPE runs unfused under Megatron (kernels.UNFUSED_ROPE_BYTES): op-by-op kernels on the
+    # tensor-parallel shard of the heads, each streaming (kernels.STREAMING_HBM_EFFICIENCY)
+    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
     mlp_w = flops.mlp_width(model)
@@ -161,7 +165,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     }
     # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
     return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
-            "elementwise": elem_bytes / elem_hbm + quant_bytes / hbm + mlp_elem + overhead_s,
+            "elementwise": elem_bytes / elem_hbm + rope_s + quant_bytes / hbm + mlp_elem + overhead_s,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
@@ -257,6 +261,10 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     router = _gemm_time(2 * routed_tokens * h * E, np.minimum(np.minimum(routed_tokens, h), E), peak, eff, job.dtype) \
         + ROUTER_PASSES * 4.0 * routed_tokens * E / hbm
     permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * h / hbm
+    # the experts' FC2 bias, added eagerly per expert on the rows the busiest rank receives
+    # (kernels.EXPERT_FC2_BIAS_BYTES), streaming kernels
+    fc2_bias = tokens * k * h / t * kernels.expert_fc2_bias_bytes(model, job.kernels, fused_experts(model, job)) \
+        / (acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY)
     # experts: one GPU holds E/ep experts, 1/etp of each; rows per local expert per microbatch =
     # tokens·top_k·etp·ep/(E·t) (= tokens·top_k·ep/E at etp = tp); its FLOPs are 1/t of the
     # tensor-parallel group's routed work whatever the folding.
@@ -268,6 +276,10 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
                                 peak, eff, job.dtype))
     # the activation pass; fused into the grouped GEMMs' epilogues by TE's op fuser
     expert_act = 0.0 if fused_experts(model, job) else 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
+    # a clamped gated activation (GPT-OSS) clamps eagerly in front of the fused kernel
+    # (kernels.CLAMP_GLU_BYTES), streaming kernels; part of the activation that moe_act recompute reruns
+    expert_act = expert_act + tokens * k * kernels.clamp_glu_bytes(model, job.kernels, fused_experts(model, job)) \
+        * ffn / t / (acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY)
     shared_act_bytes, shared_hbm = 2.0 * ELEMENTWISE_PASSES_FFN, hbm
     if job.kernels != "te":
         # the torch stacks run torchtitan's MoE op by op (kernels.torch_moe_bytes), each kernel a
@@ -279,7 +291,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
             + imbalance * routed_tokens * k * tb["received_row"] * h / stream
         expert_act = 0.0 if fused_experts(model, job) else tokens * k * tb["expert_act"] * ffn / t / stream
         shared_act_bytes, shared_hbm = tb["shared_act"], stream
-    host_exposed = expert_host_exposed_s(model, job, P, imbalance * (expert_gemm + expert_act))
+    host_exposed = expert_host_exposed_s(model, job, P, imbalance * (expert_gemm + expert_act + fc2_bias))
     wgrad_extra = expert_wgrad_memory_excess_s(model, job, P, rows_per_expert * imbalance,
                                                imbalance * expert_gemm, hbm)
     shared_gemm, shared_elem = (0.0, 0.0)
@@ -287,10 +299,11 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
         shared_gemm, shared_elem = dense_mlp_fwd_s(model, model.moe.shared_experts * model.shared_expert_ffn_hidden,
                                                    tokens, t, peak, eff, job.dtype, shared_hbm, shared_act_bytes)
     return {"gemm": imbalance * expert_gemm + shared_gemm + router,
-            "elementwise": imbalance * expert_act + permute + shared_elem + host_exposed,
+            "elementwise": imbalance * (expert_act + fc2_bias) + permute + shared_elem + host_exposed,
             "wgrad_extra_s": wgrad_extra, "expert_host_exposed_s": host_exposed,
             "router_s": router, "permute_s": permute, "expert_gemm_s": imbalance * expert_gemm,
-            "expert_act_s": imbalance * expert_act, "shared_expert_s": shared_gemm + shared_elem}
+            "expert_act_s": imbalance * expert_act, "expert_bias_s": imbalance * fc2_bias,
+            "shared_expert_s": shared_gemm + shared_elem}
 
 
 def expert_host_exposed_s(model: ModelSpec, job: JobSpec, P: PlanArrays, expert_gpu_s) -> np.ndarray:
