@@ -214,6 +214,9 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         assert cfg["attention_dropout"] == cfg["hidden_dropout"] == dropout, label
         assert cfg["gated_linear_unit"] == (m.activation == "swiglu"), label
         assert cfg["add_bias_linear"] == m.biases, label
+        # RoPE: fused, except a YaRN model's, costed (and launched) on the unfused path
+        if m.position_embedding == "rope":
+            assert ns["apply_rope_fusion"] == (m.rope_scaling != "yarn"), label
         assert ns["untie_embeddings_and_output_weights"] == (not m.tied_embeddings), label
         # MoE as the model costs it: the plan's dispatcher (DeepEP = flex), grouped GEMMs, fp32
         # router, the plan's expert TP (default tp)

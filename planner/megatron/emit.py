@@ -165,6 +165,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     add("--max-position-embeddings", model.seq_length)
     if model.position_embedding == "rope":
         add("--position-embedding-type", "rope")
+        if model.rope_scaling == "yarn":
+            # costed as Megatron-Bridge runs YaRN: unfused RoPE (kernels.UNFUSED_ROPE_BYTES); the
+            # launch runs that kernel path, with plain RoPE frequencies (YaRN's are not in the spec)
+            add("--no-rope-fusion")
     if model.activation == "swiglu":
         add("--swiglu")
     elif model.activation == "squared_relu":
@@ -288,6 +292,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     notes = []
     if plan.offload_weights > 0:
         notes.append("offload_weights is not expressible in Megatron-LM and was left out")
+    if model.rope_scaling == "yarn":
+        notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "
+                     "path that was costed); its frequency scaling is not part of the model spec: add "
+                     "--position-embedding-type yarn and its parameters by hand")
     if job.full_iteration_cuda_graph:
         notes.append("full-iteration CUDA graph: Megatron requires --no-check-for-nan-in-loss-and-grad with it, "
                      "so a NaN loss or gradient is not caught by that check")

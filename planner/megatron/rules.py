@@ -34,6 +34,7 @@ def _build_parser() -> _Parser:
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
+    p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
     p.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
                    action="store_false")
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
