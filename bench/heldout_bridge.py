@@ -7,7 +7,8 @@ the layout, precision and step time from the table) and read by the same loader 
 it is predicted as a held-out record would be. One fit reads these rows: GB300's compute rate
 against GB200 (bench/fit_gb300_rate.py) from the GB300 rows of the first release that has them,
 tagged [fits GB300 rate] below; every other row is out-of-sample, and the summary's last line
-leaves the tagged rows out. Models without a preset (Kimi-K2, Nemotron-3, DeepSeek-V4) are skipped.
+leaves the tagged rows out. Models without a preset (Nemotron-3's hybrid Mamba layers, DeepSeek-V4)
+are skipped.
 
     PYTHONPATH=. python bench/heldout_bridge.py [--write-yaml PATH]
 """
@@ -30,7 +31,7 @@ from planner.reference import load_reference
 DATA = Path(__file__).resolve().parent / "data" / "bridge_heldout.csv"
 MODELS = {"deepseekv3": "deepseek-v3", "deepseekv3(w/omtp)": "deepseek-v3", "gptoss120b": "gpt-oss-120b",
           "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b", "llama3_70b": "llama3-70b",
-          "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b"}
+          "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b", "kimi_k2": "kimi-k2"}
 GPUS = {"DGX-GB300": ("GB300", 4), "DGX-GB200": ("GB200", 4), "DGX-B300": ("B300", 8), "DGX-B200": ("B200", 8),
         "DGX-H100": ("H100", 8)}
 

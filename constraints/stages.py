@@ -250,12 +250,7 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     layers = tuple(int(solver.Value(x)) for x in n)
     kval = int(solver.Value(k)) if problem.recompute else 0
     if kval == 0:
-        # without recompute only a rank's total matters to the model: spread it evenly over the
-        # rank's chunks (Megatron's simplest flags; the same cost). Not on ranks whose stages
-        # can hold leading dense layers (ranks < D): there the chunks' order places them.
-        loads = rank_layers(layers, p)
-        layers = tuple(layers[s] if s % p < problem.lead else _even_chunks(loads[s % p], v, s % p == 0)[s // p]
-                       for s in range(S))
+        layers = _spread_over_chunks(layers, p, v, problem.lead)
     return StageSolution(layers, kval, name, status == cp_model.OPTIMAL, len(proto.variables),
                          len(proto.constraints), wall, int(solver.ObjectiveValue()))
 
@@ -315,6 +310,27 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
     if sol.stage_layers is None:
         return None, sol
     return plan_with_stages(plan, sol), sol
+
+
+def _spread_over_chunks(layers: tuple[int, ...], p: int, v: int, lead: int) -> tuple[int, ...]:
+    """Without recompute only a rank's total matters to the model (and which stages hold the
+    leading dense layers): each rank's layers spread evenly over its chunks (Megatron's simplest
+    flags; the same cost), except the stages that hold leading dense layers, kept as solved (the
+    chunks' order places those), with the rank's other layers spread over its other chunks. The
+    solver is indifferent between these splits; left alone it returned e.g. 1,25,1,1,... chunks."""
+    out = list(layers)
+    for r in range(p):
+        stages = [c * p + r for c in range(v)]
+        held = [s for s in stages if sum(layers[:s]) < lead]  # holds a leading dense layer
+        free = [s for s in stages if s not in held]
+        if not free:
+            continue
+        load = sum(layers[s] for s in free)
+        if load < len(free):  # every stage keeps at least one layer: leave it as solved
+            continue
+        for s, n in zip(free, _even_chunks(load, len(free), r == 0)):
+            out[s] = n
+    return tuple(out)
 
 
 def _even_chunks(n: int, v: int, short_first: bool) -> list[int]:

@@ -309,3 +309,25 @@ def test_megatron_layout_string_names_the_mtp_module():
     assert args["--mtp-num-layers"] == "1"
     text = args["--pipeline-model-parallel-layout"]
     assert text.count("m") == 1 and text.endswith("mL") and layout_from_string(text) == layout
+
+
+def test_solved_split_is_spread_evenly_over_each_ranks_chunks_at_the_same_cost():
+    """Without recompute the solver is indifferent to how a rank's layers sit in its chunks; the
+    split it returns spreads them (Kimi-K2's pp 2 · vpp 8 came back as 1,4,25,4,1,...), keeping
+    each rank's total and the stage that holds the leading dense layer, at the same step time."""
+    from constraints.stages import _spread_over_chunks
+    solved = (1, 4, 25, 4, 1, 4, 1, 4, 1, 4, 1, 3, 1, 3, 1, 3)
+    spread = _spread_over_chunks(solved, 2, 8, 1)
+    assert [sum(spread[r::2]) for r in range(2)] == [sum(solved[r::2]) for r in range(2)] == [32, 29]
+    assert spread[0] == 1  # the dense layer's stage
+    for r in range(2):
+        free = spread[r::2][1:] if r == 0 else spread[r::2]
+        assert max(free) - min(free) <= 1
+    model, system = load_model("deepseek-v3"), load_system("h100-sxm", 256)  # 3 leading dense layers
+    job = JobSpec(global_batch=1024)
+    base = dict(pp=2, vpp=8, dp=128, ep=8, micro_batch=1, global_batch=1024)
+    odd = (1, 4, 25, 4, 1, 4, 1, 4, 1, 4, 1, 3, 1, 3, 1, 4)  # 61 layers
+    even = _spread_over_chunks(odd, 2, 8, 3)
+    assert even[:2] == odd[:2] and even != odd
+    times = [estimate(model, system, Plan(**base, stage_layers=s), job).step_time_s for s in (odd, even)]
+    assert times[0] == pytest.approx(times[1], rel=1e-12)
