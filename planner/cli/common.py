@@ -251,7 +251,9 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if fields.get("dp") is None:
         if gpus % (tp * pp * cp):
-            raise SpecError(f"tp·pp·cp ({tp}·{pp}·{cp}) must divide the GPU count ({gpus}); "
+            defaulted = [f"{k} {fields[k]}" for k in ("tp", "pp", "cp") if k not in knobs and k in fields]
+            note = f"; {', '.join(defaulted)} by default" if defaulted else ""
+            raise SpecError(f"tp·pp·cp ({tp}·{pp}·{cp}{note}) must divide the GPU count ({gpus}); "
                             "pass --dp or change --gpus")
         fields["dp"] = gpus // (tp * pp * cp)
     if fields.get("sequence_parallel") and tp == 1:
