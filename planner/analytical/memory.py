@@ -13,7 +13,7 @@ from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
 from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
-from planner.plan import JobSpec
+from planner.plan import DP_IMPL_CODES, JobSpec
 
 
 def activation_parts(model: ModelSpec) -> dict[str, float]:
@@ -214,6 +214,9 @@ def model_state_elems(dense, expert, P: PlanArrays) -> tuple[np.ndarray, np.ndar
 # blocks' Linear layers only), so they keep `bpp.weights`.
 FP8_WEIGHT_BYTES = 1.0
 BF16_GRAD_BYTES = 2.0
+# FSDP2 accumulates the unsharded gradients of no-sync microbatches in its reduce dtype, fp32 under
+# torchtitan's mixed-precision policy (param bf16, reduce fp32; FSDPParam.to_accumulated_grad_if_needed).
+FSDP2_ACCUMULATED_GRAD_BYTES = 4.0
 
 
 def block_weight_bytes_per_elem(job: JobSpec, P: PlanArrays) -> np.ndarray:
@@ -254,6 +257,16 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
 
     weights = weight_elems * block_wb + vocab_w * (bpp.weights - block_wb)
     grads = grad_elems * grad_b
+    # torchtitan's FSDP2 under pipeline parallelism: its default reshard policy keeps a stage's
+    # parameters gathered after forward when pp > 1 (parallelize.py, reshard_after_forward_policy
+    # "default" = not pp_enabled), and PyTorch's pipeline schedules turn off gradient sync and
+    # reshard-after-backward for every backward microbatch but the last (torch.distributed.
+    # pipelining), so the stage accumulates unsharded gradients in the fp32 reduce dtype. Not
+    # Megatron's own schedule (the "te" stack), which reduces as it goes.
+    unsharded_stage = ((C.dp_impl == DP_IMPL_CODES["torch-fsdp2"]) & (C.zero_stage >= 2) & (C.pp > 1)
+                       & (job.kernels != "te"))
+    weights = np.where(unsharded_stage, params * block_wb + vocab * (bpp.weights - block_wb), weights)
+    grads = grads + np.where(unsharded_stage, params * FSDP2_ACCUMULATED_GRAD_BYTES, 0.0)
     optimizer = opt_elems * bpp.optimizer_total
 
     stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, C)
@@ -294,8 +307,9 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
                  "activations": activations - hbm_activations}
     offload_bytes = sum(offloaded.values())
     # the embedding / LM-head share of the model state in HBM, reported on its own line
-    vocab_hbm_w = _kept(vocab_w * bpp.weights, C.offload_weights)
-    vocab_hbm_g = _kept(vocab_g * grad_b, C.offload_weights)
+    vocab_hbm_w = _kept(np.where(unsharded_stage, vocab, vocab_w) * bpp.weights, C.offload_weights)
+    vocab_hbm_g = _kept(vocab_g * grad_b + np.where(unsharded_stage, vocab * FSDP2_ACCUMULATED_GRAD_BYTES, 0.0),
+                        C.offload_weights)
     vocab_hbm_o = vocab_o * bpp.optimizer_total * (1.0 - C.offload_optimizer)
 
     # Transient buffers: one layer recomputed in full, and the fp32 logits of the LM head
