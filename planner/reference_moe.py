@@ -90,7 +90,7 @@ def nvidia_moe_settings(rid: str, model: ModelSpec, plan: Plan, dtype: str, gpu:
     knobs = launch_knobs(rid)
     if knobs is not None:
         # forced balance and token-drop padded to capacity both run every expert at its share
-        update, recipe_notes = bridge_recipe_plan_updates(knobs, model, plan)
+        update, recipe_notes = bridge_recipe_plan_updates(knobs, model, plan, gpu)
         return update, 1.0, recipe_notes
     notes_l, gpu_u, disp = notes.lower(), gpu.upper(), dispatcher.lower()
     update, assumptions = {}, []
@@ -140,7 +140,31 @@ def _routing_note(knobs: RecipeKnobs) -> str:
     return "routing balance not set by the recipe: balanced assumed"
 
 
-def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan) -> tuple[dict, list[str]]:
+# From Megatron-Bridge 26.04 (v0.4.0, 0fbfe7d3) on, scripts/performance/utils/overrides.py
+# set_workload_base_configs runs after a system function's own dispatcher assignment and, whenever
+# the workload config names a flex backend, calls training/flex_dispatcher_backend.py
+# apply_flex_dispatcher_backend, which switches to the flex dispatcher when the GPU takes the
+# backend (HybridEP: compute capability 8, 9 or 10; DeepEP: 8 or 9, or a GPU named B200/B300, so not
+# GB200/GB300); otherwise it sets alltoall. Earlier releases decided it in each system function.
+FLEX_BY_BACKEND_FROM_RELEASE = (26, 4)
+
+
+def _release(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def backend_runs_flex(backend: str, gpu: str) -> bool:
+    """Whether apply_flex_dispatcher_backend turns the flex dispatcher on for `backend` on `gpu`."""
+    gpu_u = gpu.upper()
+    if backend == "hybridep":
+        return gpu_u.startswith(("A100", "H100", "H200", "GH200", "B200", "B300", "GB200", "GB300"))
+    if backend == "deepep":
+        return gpu_u.startswith(("A100", "H100", "H200", "GH200", "B200", "B300"))
+    return False
+
+
+def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan,
+                               gpu: str = "") -> tuple[dict, list[str]]:
     """(Plan field updates, assumptions) from a bridge record's own-release recipe: token
     dispatcher, expert all-to-all overlap, expert TP, selective recompute and TP comm overlap, each
     cited; the knobs the model does not cost yet are listed as such."""
@@ -177,11 +201,19 @@ def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan)
         update.update(recompute="none", recompute_modules=None)
         notes.append(f"no recompute ({knobs.cite('recompute_granularity')})")
     if plan.ep > 1:
-        flex = knobs.value("moe_token_dispatcher_type") == "flex"
-        update["moe_dispatcher"] = "deepep" if flex else "alltoall"
         backend = knobs.value("moe_flex_dispatcher_backend")
-        notes.append(f"flex dispatcher, {backend} ({knobs.cite('moe_flex_dispatcher_backend')})" if flex
-                     else f"alltoall dispatcher ({knobs.cite('moe_token_dispatcher_type')})")
+        dispatcher = knobs.value("moe_token_dispatcher_type")
+        by_backend = (dispatcher is None and backend is not None
+                      and _release(knobs.release)[:2] >= FLEX_BY_BACKEND_FROM_RELEASE)
+        flex = backend_runs_flex(backend, gpu) if by_backend else dispatcher == "flex"
+        update["moe_dispatcher"] = "deepep" if flex else "alltoall"
+        if by_backend:
+            notes.append(f"{'flex dispatcher, ' + backend if flex else 'alltoall dispatcher (' + backend + ' not on ' + gpu + ')'}"
+                         f" (set_workload_base_configs applies the workload's backend, release >= 26.04; "
+                         f"{knobs.cite('moe_flex_dispatcher_backend')})")
+        else:
+            notes.append(f"flex dispatcher, {backend} ({knobs.cite('moe_flex_dispatcher_backend')})" if flex
+                         else f"alltoall dispatcher ({knobs.cite('moe_token_dispatcher_type')})")
     if knobs.value("overlap_moe_expert_parallel_comm"):
         trial = Plan.model_validate({**plan.model_dump(), **update})
         refused = a2a_overlap_refusals(trial, model)

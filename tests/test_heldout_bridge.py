@@ -51,3 +51,22 @@ def test_measured_step_time_from_tokens_per_second(tmp_path):
     assert case.system.accelerator.name == "GB300-288GB" and case.job.dtype == "mxfp8"
     assert case.model.head_dim == 64 and case.model.moe.num_experts == 128
     assert case_b300.system.accelerator.name == "B300-288GB"
+
+
+def test_dispatcher_follows_the_workload_backend_from_release_26_04(tmp_path):
+    """Megatron-Bridge >= 26.04 (scripts/performance/utils/overrides.py set_workload_base_configs,
+    0fbfe7d3) applies the workload config's flex backend after the system function; the knob table
+    names the backend only. Qwen3-30B-A3B on 16 H100, 26.04: HybridEP, so the flex (DeepEP-style)
+    dispatcher; the 26.02 row, whose release decided it in the system function, is not switched."""
+    from planner.reference_moe import backend_runs_flex
+    assert backend_runs_flex("hybridep", "GB200") and backend_runs_flex("hybridep", "H100")
+    assert backend_runs_flex("deepep", "B300") and not backend_runs_flex("deepep", "GB300")
+    rows = [r for r in _rows() if r["model"] == "Qwen3_30B_a3B" and r["system"] == "DGX-H100"
+            and r["release"] in ("26.04", "26.02")]
+    path = tmp_path / "h100.yaml"
+    heldout_bridge.write_yaml(path, [heldout_bridge.record(r) for r in rows])
+    cases, _ = load_reference([path])
+    by_release = {c.id.split("_")[1]: c for c in cases}
+    assert by_release["26.04"].plan.moe_dispatcher == "deepep"
+    assert any("set_workload_base_configs" in a for a in by_release["26.04"].assumptions)
+    assert by_release["26.02"].plan.moe_dispatcher == "alltoall"
