@@ -36,7 +36,7 @@ COLUMNS = {"Model": "model", "#-GPUs": "gpus", "GBS": "gbs", "MBS": "mbs", "Sequ
            "PP": "pp", "CP": "cp", "VP": "vp", "EP": "ep", "Tokens / sec / GPU": "tokens_per_s_per_gpu",
            "Model TFLOP / sec / GPU": "model_tflops_per_gpu"}
 FIELDS = ["release", "table", "model", "system", "gpus", "precision", "gbs", "mbs", "seq", "tp", "pp", "cp", "dp",
-          "vp", "ep", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "commit", "file", "line"]
+          "vp", "ep", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "commit", "file", "line", "gbs_from"]
 # what makes two rows the same measurement (the printed numbers included); the GPU count and batch
 # are left out: the long-sequence B200 table's later revisions print 4x the GPUs of its first
 # (2 GPUs at tp1 cp1 dp2) for the same layout and TFLOP/s, and the 2024 tables print no batch
@@ -168,7 +168,7 @@ def main() -> None:
                                                / "measured_runs.yaml"))
     args = ap.parse_args()
     ref = _reference_keys(Path(args.reference))
-    seen, out, in_ref = set(), [], 0
+    seen, out, in_ref = {}, [], 0
     for path, parse in ((SUMMARY, summary_rows), (LONG_SEQUENCE, long_sequence_rows)):
         # oldest first, so a row repeated unchanged keeps the commit that first printed it
         commits = _git(args.repo, "log", "--all", "--reverse", "--date-order", "--format=%H", "--", path).split()
@@ -180,8 +180,14 @@ def main() -> None:
             for row in parse(text, commit):
                 same = tuple(row.get(k) or "" for k in SAME)
                 if same in seen:
+                    first = seen[same]
+                    if not first["gbs"] and row["gbs"]:
+                        # the 2024 long-sequence tables print no batch; a later revision of the
+                        # same measurement does: the row keeps its first commit, and says where
+                        # the batch was read
+                        first.update(gbs=row["gbs"], gbs_from=f"{row['commit']}:{row['line']}")
                     continue
-                seen.add(same)
+                seen[same] = row
                 if row["table"] == "summary" and _key(row) in ref:
                     in_ref += 1
                     continue

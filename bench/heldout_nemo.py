@@ -30,7 +30,8 @@ from planner.model import load_model
 from planner.reference import load_reference
 
 DATA = Path(__file__).resolve().parent / "data" / "nemo_heldout.csv"
-MODELS = {"GPT3-175B": "gpt3-175b", "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b"}
+MODELS = {"GPT3-175B": "gpt3-175b", "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b", "LLAMA2-7B": "llama2-7b",
+          "LLAMA2-13B": "llama2-13b", "LLAMA2-70B": "llama2-70b"}
 # the record's system block, as the nemo2407 records write it (B200: the b200 preset's GPU)
 SYSTEMS = {"DGX-H100": {"gpu": "H100-SXM5-80GB", "gpu_mem_gb": 80, "gpus_per_node": 8},
            "DGX-B200": {"gpu": "B200", "gpu_mem_gb": 180, "gpus_per_node": 8}}
@@ -43,7 +44,9 @@ def nemo_model_flops_per_token(layers: int, hidden: int, heads: int, query_group
     matrix (NVIDIA/NeMo nemo/utils/flops_formulas.py llama2/llama3 at e1335c8378, 2025-04-22,
     the formula of the 25.04 container; NeMo halved the attention term for the causal mask only
     later). The 24.07 table agrees: its LLAMA3-8B row, 711 TFLOP/s at 12273 tokens/s, is
-    57.9 GFLOP/token, which this gives at seq 8192 (the causal count would be 51.5)."""
+    57.9 GFLOP/token, which this gives at seq 8192 (the causal count would be 51.5), and its
+    LLAMA2-7B row (780 at 16934) 46.1 at seq 4096. The 24.03 long-sequence table is assumed to
+    count alike (its container predates the formula file)."""
     return layers * hidden**2 * (12 + 12 * query_groups / heads + 18 * ffn / hidden + 12 * seq / hidden
                                  + 6 * vocab / (layers * hidden))
 
@@ -91,7 +94,8 @@ def record(row: dict) -> dict | str:
         measured["tokens_per_sec_per_gpu"] = float(row["tokens_per_s_per_gpu"])
     return {"id": row_id(row),
             "source": {"title": f"NeMo docs ({row['release']} container, {row['system']}, {row['table']} table)",
-                       "repo": "NVIDIA/NeMo", "file": row["file"], "commit": row["commit"], "line": int(row["line"])},
+                       "repo": "NVIDIA/NeMo", "file": row["file"], "commit": row["commit"], "line": int(row["line"]),
+                       **({"batch_from": row["gbs_from"]} if row.get("gbs_from") else {})},
             "model": model,
             "system": {**SYSTEMS[row["system"]], "gpus": gpus},
             "parallel": {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "vpp": vpp,
