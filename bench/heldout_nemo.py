@@ -30,11 +30,17 @@ from planner.model import load_model
 from planner.reference import load_reference
 
 DATA = Path(__file__).resolve().parent / "data" / "nemo_heldout.csv"
+# The release tables after 24.07 are published on docs.nvidia.com, not in the NeMo repository:
+# the rows of the stored page snapshots whose every cell is legible, typed in by hand with the
+# page's address (25.02 DGX-B200 and the one DGX-H100 row shown; 25.04 DGX-GB200).
+DOCS_DATA = Path(__file__).resolve().parent / "data" / "nemo_docs_heldout.csv"
 MODELS = {"GPT3-175B": "gpt3-175b", "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b", "LLAMA2-7B": "llama2-7b",
-          "LLAMA2-13B": "llama2-13b", "LLAMA2-70B": "llama2-70b"}
+          "LLAMA2-13B": "llama2-13b", "LLAMA2-70B": "llama2-70b", "LLAMA3-405B": "llama3-405b",
+          "Mixtral-8x7B": "mixtral-8x7b"}
 # the record's system block, as the nemo2407 records write it (B200: the b200 preset's GPU)
 SYSTEMS = {"DGX-H100": {"gpu": "H100-SXM5-80GB", "gpu_mem_gb": 80, "gpus_per_node": 8},
-           "DGX-B200": {"gpu": "B200", "gpu_mem_gb": 180, "gpus_per_node": 8}}
+           "DGX-B200": {"gpu": "B200", "gpu_mem_gb": 180, "gpus_per_node": 8},
+           "DGX-GB200": {"gpu": "GB200", "gpu_mem_gb": 186, "gpus_per_node": 4}}
 
 
 def nemo_model_flops_per_token(layers: int, hidden: int, heads: int, query_groups: int, ffn: int, vocab: int,
@@ -52,11 +58,11 @@ def nemo_model_flops_per_token(layers: int, hidden: int, heads: int, query_group
 
 
 def row_id(row: dict) -> str:
-    """nemo<release digits>_<model>_<system>_<gpus>gpu_gbs<gbs>_seq<seq>_<commit[:8]> (the commit
-    keeps revisions of one configuration apart)."""
+    """nemo<release digits>_<model>_<system>_<gpus>gpu_gbs<gbs>_seq<seq>_<commit[:8] or 'docs'> (the
+    commit keeps revisions of one configuration apart)."""
     release = row["release"].replace(".", "")
     return (f"nemo{release}_{row['model']}_{row['system']}_{row['gpus']}gpu_gbs{row['gbs']}_seq{row['seq']}"
-            f"_{row['commit'][:8]}")
+            f"_{row['commit'][:8] if row.get('commit') else 'docs'}")
 
 
 def _step_time(row: dict, gbs: int, seq: int, gpus: int, preset: str) -> tuple[float, str]:
@@ -69,6 +75,14 @@ def _step_time(row: dict, gbs: int, seq: int, gpus: int, preset: str) -> tuple[f
             "(nemo/utils/flops_formulas.py @e1335c8378)")
 
 
+def _source(row: dict) -> dict:
+    title = f"NeMo performance summary ({row['release']} container, {row['system']}, {row['table']} table)"
+    if not row.get("commit"):
+        return {"title": title, "url": row["url"], "how": "typed from the page"}
+    return {"title": title, "repo": "NVIDIA/NeMo", "file": row["file"], "commit": row["commit"], "line": int(row["line"]),
+            **({"batch_from": row["gbs_from"]} if row.get("gbs_from") else {})}
+
+
 def record(row: dict) -> dict | str:
     """The row as a measured_runs.yaml record, or why it cannot be one."""
     preset = MODELS.get(row["model"])
@@ -78,10 +92,15 @@ def record(row: dict) -> dict | str:
         return f"no system preset for {row['system']}"
     if not row["gbs"]:
         return "global batch not printed"
+    if row.get("fsdp") == "1":
+        # NeMo 25.04's FSDP is Megatron-FSDP; the loader reads a sharding degree only from Bridge records
+        return "FSDP row (a measured_runs record states no FSDP)"
     gpus, gbs, seq = int(row["gpus"]), int(row["gbs"]), int(row["seq"])
     tp, pp, cp = int(row["tp"]), int(row["pp"]), int(row["cp"])
-    if row["dp"] and tp * pp * cp * int(row["dp"]) != gpus:
+    if row.get("dp") and tp * pp * cp * int(row["dp"]) != gpus:
         return "printed tp·pp·cp·dp is not the GPU count"
+    if row.get("ga") and gbs != int(row["mbs"]) * gpus // (tp * pp * cp) * int(row["ga"]):
+        return "printed GA is not gbs/(mbs·dp)"  # a check on the hand-typed docs rows too
     model = preset_model_block(preset, row["model"], seq)
     # as the in-sample nemo2407 records: tied embeddings stated, biases left to the loader's default
     model.pop("biases", None)
@@ -89,16 +108,15 @@ def record(row: dict) -> dict | str:
         model["tied_embeddings"] = True
     step, how = _step_time(row, gbs, seq, gpus, preset)
     vpp = int(row["vp"]) if row["vp"] and int(row["vp"]) > 1 else None
-    measured = {"model_tflops_per_gpu": float(row["model_tflops_per_gpu"])}
+    measured = {"model_tflops_per_gpu": float(row["model_tflops_per_gpu"])} if row["model_tflops_per_gpu"] else {}
     if row["tokens_per_s_per_gpu"]:
         measured["tokens_per_sec_per_gpu"] = float(row["tokens_per_s_per_gpu"])
     return {"id": row_id(row),
-            "source": {"title": f"NeMo docs ({row['release']} container, {row['system']}, {row['table']} table)",
-                       "repo": "NVIDIA/NeMo", "file": row["file"], "commit": row["commit"], "line": int(row["line"]),
-                       **({"batch_from": row["gbs_from"]} if row.get("gbs_from") else {})},
+            "source": _source(row),
             "model": model,
             "system": {**SYSTEMS[row["system"]], "gpus": gpus},
-            "parallel": {"tp": tp, "pp": pp, "cp": cp, "dp": gpus // (tp * pp * cp), "vpp": vpp,
+            "parallel": {"tp": tp, "pp": pp, "cp": cp, "ep": int(row.get("ep") or 1), "dp": gpus // (tp * pp * cp),
+                         "vpp": vpp,
                          "microbatch": int(row["mbs"]) if row["mbs"] else None, "global_batch": gbs,
                          "sequence_parallel": "likely (NeMo default when tp>1; not stated)", "recompute": None,
                          "distributed_optimizer": "likely (NeMo default; not stated)"},
@@ -110,7 +128,7 @@ def record(row: dict) -> dict | str:
 
 def records() -> tuple[list[dict], dict[str, int]]:
     out, skipped = [], {}
-    for row in csv.DictReader(DATA.open()):
+    for row in [*csv.DictReader(DATA.open()), *csv.DictReader(DOCS_DATA.open())]:
         r = record(row)
         if isinstance(r, str):
             key = r.split(" for ")[0]
