@@ -2,7 +2,9 @@
 hold (bench/data/nemo_heldout.csv, extracted by bench/extract_nemo_heldout.py with commit, file and
 line): the earlier revisions of the 24.07 DGX-H100 table (same layouts as the nemo2407 records,
 other measured numbers) and the long-sequence context-parallel tables (24.03 DGX-H100, 25.04
-DGX-B200). Each row is written as a measured_runs.yaml record in the nemo2407 records' conventions
+DGX-B200); and the later releases' rows published only on docs.nvidia.com
+(bench/data/nemo_docs_heldout.csv, typed in with each page's address: 25.02 DGX-B200/H100, 25.04
+DGX-GB200). Each row is written as a measured_runs.yaml record in the nemo2407 records' conventions
 (model block from the planner's model preset; sequence parallel and the distributed optimizer
 "likely", recompute unstated, which the loader fills with NeMo's H100 recipe defaults) and read by
 the same loader `planner validate --reference` uses. Nothing is fitted to these rows.
