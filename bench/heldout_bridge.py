@@ -54,8 +54,13 @@ def _model_block(row: dict) -> dict | str:
     preset = MODELS.get(row["model"].lower().replace(" ", ""))
     if preset is None:
         return f"no model preset for {row['model']}"
+    return preset_model_block(preset, row["model"], _int(row["seq"]), "w/o mtp" in row["model"].lower())
+
+
+def preset_model_block(preset: str, name: str, seq: int, without_mtp: bool = False) -> dict:
+    """A reference record's model block from a planner model preset (bench/heldout_nemo.py too)."""
     m = load_model(preset)
-    block = {"name": row["model"], "arch": "gpt", "seq": _int(row["seq"]), "layers": m.layers, "hidden": m.hidden,
+    block = {"name": name, "arch": "gpt", "seq": seq, "layers": m.layers, "hidden": m.hidden,
              "heads": m.heads, "query_groups": m.query_groups, "kv_channels": m.head_dim, "ffn": m.ffn_hidden,
              "vocab": m.vocab, "activation": m.activation, "dims_source": f"planner model preset {preset}"}
     if m.moe is not None:
@@ -63,7 +68,7 @@ def _model_block(row: dict) -> dict | str:
                         "shared_experts": m.moe.shared_experts, "first_k_dense": m.moe.first_dense_layers}
     if m.mla is not None:
         block["attention"] = f"MLA (q_lora {m.mla.q_lora_rank}, kv_lora {m.mla.kv_lora_rank})"
-    block["mtp_layers"] = 0 if "w/o mtp" in row["model"].lower() else m.mtp_layers
+    block["mtp_layers"] = 0 if without_mtp else m.mtp_layers
     if m.biases:
         block["biases"] = True  # linear biases (GPT-OSS); the loader's default for a RoPE model is none
     if m.rope_scaling != "none":
