@@ -8,14 +8,13 @@ writes bench/data/bridge_heldout.csv; every row keeps its commit, file and line.
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import subprocess
 from pathlib import Path
 
 import yaml
 
-from heldout_bridge import row_id
+from heldout_bridge import row_id, write_csv
 
 FILES = ("docs/performance-summary.md", "docs/performance-summary-archive.md")
 OUT = Path(__file__).resolve().parent / "data" / "bridge_heldout.csv"
@@ -84,11 +83,7 @@ def main() -> None:
         for row in rows_of(text, commit, path):
             if {"model", "system", "precision", "gpus", "gbs"} <= set(row) and not in_reference(row, ref_ids):
                 out.append(row)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with OUT.open("w", newline="") as handle:
-        w = csv.DictWriter(handle, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(out)
+    write_csv(OUT, FIELDS, out)
     print(f"{len(out)} rows not in {args.reference} -> {OUT}")
 
 

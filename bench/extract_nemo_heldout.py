@@ -21,13 +21,14 @@ revisions keeps its first commit.
 from __future__ import annotations
 
 import argparse
-import csv
 import html
 import re
 import subprocess
 from pathlib import Path
 
 import yaml
+
+from heldout_bridge import write_csv
 
 SUMMARY = "docs/source/performance/performance_summary.md"
 LONG_SEQUENCE = "docs/source/performance/performance_long_sequence.md"
@@ -192,11 +193,7 @@ def main() -> None:
                     in_ref += 1
                     continue
                 out.append(row)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    with OUT.open("w", newline="") as handle:
-        w = csv.DictWriter(handle, fieldnames=FIELDS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(out)
+    write_csv(OUT, FIELDS, out)
     print(f"{len(out)} rows not in {args.reference} ({in_ref} in it) -> {OUT}")
 
 

@@ -106,16 +106,31 @@ def record(row: dict) -> dict | str:
                         "how": "gbs*seq/(tokens_per_sec_per_gpu*gpus)"}}
 
 
-def records() -> tuple[list[dict], dict[str, int]]:
+def build_records(rows, to_record) -> tuple[list[dict], dict[str, int]]:
+    """(records, skip counts): each row through `to_record`, whose str answer is why it is skipped
+    (counted by the reason's text before ' for ')."""
     out, skipped = [], {}
-    for row in csv.DictReader(DATA.open()):
-        r = record(row)
+    for row in rows:
+        r = to_record(row)
         if isinstance(r, str):
             key = r.split(" for ")[0]
             skipped[key] = skipped.get(key, 0) + 1
         else:
             out.append(r)
     return out, skipped
+
+
+def records() -> tuple[list[dict], dict[str, int]]:
+    return build_records(csv.DictReader(DATA.open()), record)
+
+
+def write_csv(path: Path, fields: list[str], rows: list[dict]) -> None:
+    """The extracted rows (the extract_*_heldout scripts' output), one per line, fields in order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        w = csv.DictWriter(handle, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
 
 
 def write_yaml(path: Path, recs: list[dict]) -> None:

@@ -24,9 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import yaml
-
-from heldout_bridge import preset_model_block
+from heldout_bridge import build_records, preset_model_block, write_yaml
 from planner.calibration import predict
 from planner.model import load_model
 from planner.reference import load_reference
@@ -129,19 +127,7 @@ def record(row: dict) -> dict | str:
 
 
 def records() -> tuple[list[dict], dict[str, int]]:
-    out, skipped = [], {}
-    for row in [*csv.DictReader(DATA.open()), *csv.DictReader(DOCS_DATA.open())]:
-        r = record(row)
-        if isinstance(r, str):
-            key = r.split(" for ")[0]
-            skipped[key] = skipped.get(key, 0) + 1
-        else:
-            out.append(r)
-    return out, skipped
-
-
-def write_yaml(path: Path, recs: list[dict]) -> None:
-    path.write_text(yaml.safe_dump({"schema_version": 1, "records": recs}, sort_keys=False))
+    return build_records([*csv.DictReader(DATA.open()), *csv.DictReader(DOCS_DATA.open())], record)
 
 
 def main() -> None:
