@@ -25,7 +25,6 @@ import argparse
 import math
 import re
 import statistics
-import tempfile
 from pathlib import Path
 
 import heldout_bridge
@@ -42,11 +41,7 @@ BOUNDS = (0.8, 1.6)
 
 
 def heldout_cases() -> list:
-    recs, _ = heldout_bridge.records()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "bridge_heldout.yaml"
-        heldout_bridge.write_yaml(path, recs)
-        cases, _ = load_reference([path])
+    cases, _ = heldout_bridge.read_back(heldout_bridge.records()[0])
     return [c for c in cases if c.system.accelerator.name == ACCELERATOR]
 
 

@@ -137,15 +137,21 @@ def write_yaml(path: Path, recs: list[dict]) -> None:
     path.write_text(yaml.safe_dump({"schema_version": 1, "records": recs}, sort_keys=False))
 
 
+def read_back(recs: list[dict], keep: Path | None = None) -> tuple[list, list]:
+    """(cases, records the loader did not read): the records through the reference loader, as
+    `planner validate --reference FILE` reads them; `keep`: also leave the YAML file there."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = keep or Path(tmp) / "heldout.yaml"
+        write_yaml(path, recs)
+        return load_reference([path])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write-yaml", type=Path, help="also keep the records as a bridge_runs.yaml-style file")
     args = ap.parse_args()
     recs, skipped = records()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = args.write_yaml or Path(tmp) / "bridge_heldout.yaml"
-        write_yaml(path, recs)
-        cases, not_read = load_reference([path])
+    cases, not_read = read_back(recs, args.write_yaml)
     import fit_gb300_rate  # here: it imports this module
     gb300 = [c for c in cases if c.system.accelerator.name == fit_gb300_rate.ACCELERATOR]
     fitted_ids = {c.id for c in fit_gb300_rate.split(gb300)[1]}

@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import tempfile
 from pathlib import Path
 
-from heldout_bridge import build_records, preset_model_block, write_yaml
+from heldout_bridge import build_records, preset_model_block, read_back
 from planner.calibration import predict
 from planner.model import load_model
-from planner.reference import load_reference
 
 DATA = Path(__file__).resolve().parent / "data" / "nemo_heldout.csv"
 # The release tables after 24.07 are published on docs.nvidia.com, not in the NeMo repository:
@@ -135,10 +133,7 @@ def main() -> None:
     ap.add_argument("--write-yaml", type=Path, help="also keep the records as a measured_runs.yaml-style file")
     args = ap.parse_args()
     recs, skipped = records()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = args.write_yaml or Path(tmp) / "nemo_heldout.yaml"
-        write_yaml(path, recs)
-        cases, not_read = load_reference([path])
+    cases, not_read = read_back(recs, args.write_yaml)
     table_of = {r["id"]: r["notes"] for r in recs}
     errors: dict[str, list[float]] = {}
     for c in sorted(cases, key=lambda c: c.id):

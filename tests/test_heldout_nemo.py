@@ -13,6 +13,7 @@ import yaml
 from planner.reference import REFERENCE_DIR, load_reference
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import heldout_bridge  # noqa: E402
 import heldout_nemo  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def test_every_row_has_its_source_and_becomes_a_record_or_says_why(tmp_path):
     assert set(skipped) <= {"no model preset", "no system preset", "global batch not printed",
                             "FSDP row (a measured_runs record states no FSDP)"} and len(recs) >= 40
     path = tmp_path / "heldout.yaml"
-    heldout_nemo.write_yaml(path, recs)
+    heldout_bridge.write_yaml(path, recs)
     cases, not_read = load_reference([path])
     assert not not_read and len(cases) == len(recs)
     by_id = {c.id: c for c in cases}
@@ -61,7 +62,7 @@ def test_measured_step_time_from_tokens_per_second(tmp_path):
                and r["commit"].startswith("141aa8e2"))
     assert row["tokens_per_s_per_gpu"] == "832"
     path = tmp_path / "one.yaml"
-    heldout_nemo.write_yaml(path, [heldout_nemo.record(row)])
+    heldout_bridge.write_yaml(path, [heldout_nemo.record(row)])
     (case,), _ = load_reference([path])
     assert case.measured_step_s == pytest.approx(2048 * 2048 / (832 * 512), rel=1e-4)
     assert (case.plan.tp, case.plan.pp, case.plan.vpp, case.plan.dp, case.plan.micro_batch) == (4, 8, 6, 16, 2)
@@ -80,7 +81,7 @@ def test_long_sequence_step_time_from_nemo_flop_count(tmp_path):
                and r["seq"] == "8192")
     assert (row["gpus"], row["gbs"], row["model_tflops_per_gpu"]) == ("2", "512", "1671")
     path = tmp_path / "one.yaml"
-    heldout_nemo.write_yaml(path, [heldout_nemo.record(row)])
+    heldout_bridge.write_yaml(path, [heldout_nemo.record(row)])
     (case,), _ = load_reference([path])
     assert case.measured_step_s == pytest.approx(512 * 8192 * per_token / (1671e12 * 2), rel=1e-4)
     assert case.system.accelerator.name.startswith("B200")
