@@ -96,19 +96,19 @@ def test_schedule_matches_simulation():
 
 
 def test_estimate_offload_time_by_hand():
-    """Llama-3 70B on 8 GB200 at tp 1, micro-batch 4, 70 of 80 layers offloaded (7/8): the
+    """Llama-3 70B on 8 GB200 at tp 1, micro-batch 4, 76 of 80 layers offloaded (0.95): the
     estimate's exposed offload time is m × (forward + backward exposure) from its own per-layer
-    forward, backward and activation bytes at 225 GB/s, and positive: a layer's copy (~20 ms)
-    outlasts its forward (~16 ms), so 70 queued copies overrun the 78-layer window. With all
-    layers (79 in Megatron) every copy is exposed, both ways."""
+    forward, backward and activation bytes at 225 GB/s, and positive: a layer's copy (~35 ms,
+    FP8 GEMM inputs kept in 8 bits) outlasts its forward (~31 ms), so 76 queued copies overrun
+    the 78-layer window. With all layers (79 in Megatron) every copy is exposed, both ways."""
     # a 128-token vocabulary: the LM head's time (not an offload window) vanishes from forward_s
     model = load_model("llama3-70b").model_copy(update={"vocab": 128})
     system = load_system("gb200-nvl72", 8)
     job = JobSpec(global_batch=64, dtype="fp8")
-    plan = Plan(dp=8, micro_batch=4, global_batch=64, zero_stage=3, offload_activations=0.875)
+    plan = Plan(dp=8, micro_batch=4, global_batch=64, zero_stage=3, offload_activations=0.95)
     e = estimate(model, system, plan, job)
     m = 64 / (4 * 8)
-    L, N = 80, 70
+    L, N = 80, 76
     act_layer = (e.memory_breakdown_bytes["activations_bytes"] + e.offload_breakdown_bytes["offload_activations_bytes"]) / L
     copy = act_layer / 225e9
     fwd, bwd = e.time_breakdown_s["forward_s"] / m / L, e.time_breakdown_s["backward_s"] / m / L

@@ -11,12 +11,13 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
+from planner.analytical.precision import GEMM_OPERAND_BYTES
 from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
 from planner.plan import DP_IMPL_CODES, JobSpec
 
 
-def activation_parts(model: ModelSpec) -> dict[str, float]:
+def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_bytes: float = 0.0) -> dict[str, float]:
     """Stored activations of one layer per token, by what stores them, in units of s·b·h bytes
     (Korthikanti et al. 2022 §4.1, Table 2 first row: sbh(34 + 5as/h)), of the repeated layer (the
     MoE layer of a MoE model; its leading dense layers are their own kind,
@@ -32,41 +33,66 @@ def activation_parts(model: ModelSpec) -> dict[str, float]:
     permuted expert inputs (one bf16 copy per routed expert, kept for FC1's weight gradient:
     2·top_k) and the router's fp32 logits and probabilities (8·E/h), `moe_shared` its shared
     experts' MLP terms (Megatron-Core moe/: token_dispatcher permute, router.py,
-    shared_experts.py). `score` is the s² attention term 5as/h (never stored by fused attention)."""
+    shared_experts.py). `score` is the s² attention term 5as/h (never stored by fused attention).
+
+    Low-precision GEMMs (`gemm_input_bytes`, 2 = bf16): Transformer Engine's Linear,
+    LayerNormLinear and GroupedLinear keep the input of a GEMM for its weight gradient as the
+    quantised copy they made for the forward GEMM (columnwise usage; `save_original_input` off by
+    default: transformer_engine/pytorch/module/linear.py, layernorm_linear.py, grouped_linear.py),
+    so the inputs only a GEMM keeps shrink to that format: the QKV GEMM's normed input (not with
+    MLA, whose down-projections keep the original: Megatron-Core multi_latent_attention.py
+    set_save_original_input), a dense MLP's normed input and the input of every second MLP GEMM
+    (the activation's output), the experts' permuted inputs. What a non-GEMM op also keeps stays
+    16-bit: the norms' inputs, Q/K/V and the output the attention core keeps, the activation's
+    input, a MoE layer's normed input (the router's). The output projection's input is the
+    attention output the core keeps; Megatron lets linear_proj keep that original except under
+    FP8 delayed scaling (attention.py), where the quantised copy comes on top (`proj_copy_bytes`)."""
     h = model.hidden
-    act = 6.0 if model.activation == "swiglu" else 4.0
+    g = gemm_input_bytes
+    act = (4.0 if model.activation == "swiglu" else 2.0) + g  # activation input (+ up) 16-bit, output as fc2 keeps it
     f_moe = 1.0 if model.moe else 0.0  # the repeated layer is a MoE layer or a dense one
     parts = {
-        "norm_inputs": 4.0, "qkv_input": 2.0, "mlp_input": 2.0,
+        "norm_inputs": 4.0, "qkv_input": 2.0 if model.mla else g, "mlp_input": 2.0 if model.moe else g,
         # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
         "dropout_masks": 2.0 if model.dropout else 0.0,
         "qkv": (2.0 * model.q_hidden + 4.0 * model.kv_hidden) / h,
-        "proj_input": 2.0 * attention_out_width(model) / h,
+        "proj_input": (2.0 + proj_copy_bytes) * attention_out_width(model) / h,
         "dense_mlp": (1 - f_moe) * act * model.ffn_hidden / h,
         "moe_routed": 0.0, "moe_shared": 0.0,
         "score": 5.0 * model.heads * model.seq_length / h,
     }
     if model.moe:
         moe = model.moe
-        parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + 2.0 * moe.top_k
+        parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + g * moe.top_k
                                        + 8.0 * moe.num_experts / h)
         parts["moe_shared"] = f_moe * act * moe.shared_experts * model.shared_expert_ffn_hidden / h
     return parts
+
+
+def saved_gemm_input_bytes(job: JobSpec) -> tuple[float, float]:
+    """(bytes per element of a GEMM input kept for the weight gradient, bytes of the output
+    projection's extra quantised copy) under the job's recipe (see `activation_parts`): the
+    low-precision format with Transformer Engine, 16-bit under the torch stacks."""
+    if job.kernels != "te":
+        return 2.0, 0.0
+    return GEMM_OPERAND_BYTES[job.dtype], (GEMM_OPERAND_BYTES[job.dtype] if job.dtype == "fp8" else 0.0)
 
 
 UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks")
 SHARDED_PARTS = ("qkv", "proj_input", "dense_mlp", "moe_routed", "moe_shared")
 
 
-def activation_coefficients(model: ModelSpec) -> tuple[float, float, float]:
+def activation_coefficients(model: ModelSpec, gemm_input_bytes: float = 2.0,
+                            proj_copy_bytes: float = 0.0) -> tuple[float, float, float]:
     """Korthikanti et al. 2022 Table 2's sbh(34 + 5as/h) as the terms tensor parallelism does not
     shard (10), the terms it shards (24) and the s² score term (5as/h), in units of s·b·h bytes,
     generalised (see `activation_parts`)."""
-    parts = activation_parts(model)
+    parts = activation_parts(model, gemm_input_bytes, proj_copy_bytes)
     return (sum(parts[k] for k in UNSHARDED_PARTS), sum(parts[k] for k in SHARDED_PARTS), parts["score"])
 
 
-def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray,
+                                 gemm_input_bytes: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
     """(not tp-sharded, tp-sharded) activations per layer, in s·b·h bytes, that selective recompute
     of the module set `modules` (bit masks, planner.plan.RECOMPUTE_MODULE_BITS) does not store.
     Which tensors each module frees (Megatron-Core 0.19, transformer_layer.py, attention.py,
@@ -84,17 +110,18 @@ def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray) -> tuple
                       and its inner activations
       moe             MoE layers' MLP checkpointed whole: routed experts, permuted copies, router,
                       shared experts (its input, the pre-MLP norm output, stays)
-      moe_act         output-discarding: the expert activation's output (fc2's input), 2·k·f/h
-                      of the routed experts' act·k·f/h (inside `moe` when both are set)
+      moe_act         output-discarding: the expert activation's output (fc2's input, as fc2
+                      keeps it: `gemm_input_bytes`), g·k·f/h of the routed experts' act·k·f/h
+                      (inside `moe` when both are set)
       shared_experts  the shared experts checkpointed whole (inside `moe` when both are set)"""
-    parts = activation_parts(model)
+    parts = activation_parts(model, gemm_input_bytes)
     h = model.hidden
     f_moe = 1.0 if model.moe else 0.0  # the repeated layer is a MoE layer or a dense one
 
     def has(name):
         return module_selected(modules, name)
     norms = 2.0 * (model.mla is not None) + 2.0 * f_moe
-    moe_act = f_moe * 2.0 * model.moe.top_k * model.expert_ffn_hidden / h if model.moe else 0.0
+    moe_act = f_moe * gemm_input_bytes * model.moe.top_k * model.expert_ffn_hidden / h if model.moe else 0.0
     routed = np.where(has("moe"), parts["moe_routed"], np.where(has("moe_act"), moe_act, 0.0))
     shared = np.where(has("moe") | has("shared_experts"), parts["moe_shared"], 0.0)
     unsharded = has("layernorm") * norms + has("mlp") * (1 - f_moe) * parts["mlp_input"]
@@ -109,12 +136,13 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
     modules free is not stored (`selective_freed_coefficients`; core_attn, the default, drops the
     5as/h term, which fused/flash attention never stores); full: only the 2sbh layer input
     (sharded by SP). Context parallelism splits s by cp."""
-    unsharded, sharded, score = activation_coefficients(model)
+    g, proj_copy = saved_gemm_input_bytes(job)
+    unsharded, sharded, score = activation_coefficients(model, g, proj_copy)
     t = P.tp
     sp = (P.sequence_parallel > 0) & (t > 1)
     sbh = P.micro_batch * model.seq_length / P.cp * model.hidden
     selective = P.recompute == 1
-    freed_u, freed_s = selective_freed_coefficients(model, np.where(selective, P.recompute_modules, 0.0))
+    freed_u, freed_s = selective_freed_coefficients(model, np.where(selective, P.recompute_modules, 0.0), g)
     keeps_scores = ((P.recompute == 0) | (selective & ~module_selected(P.recompute_modules, "core_attn"))) \
         & (not job.flash_attention)
     per_layer = sbh * (np.where(sp, (unsharded - freed_u) / t, unsharded - freed_u) + (sharded - freed_s) / t
