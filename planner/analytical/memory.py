@@ -75,7 +75,8 @@ def saved_gemm_input_bytes(job: JobSpec) -> tuple[float, float]:
     low-precision format with Transformer Engine, 16-bit under the torch stacks."""
     if job.kernels != "te":
         return 2.0, 0.0
-    return GEMM_OPERAND_BYTES[job.dtype], (GEMM_OPERAND_BYTES[job.dtype] if job.dtype == "fp8" else 0.0)
+    g = GEMM_OPERAND_BYTES[job.dtype]
+    return g, (g if job.dtype == "fp8" else 0.0)
 
 
 UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks")
@@ -283,8 +284,6 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     grad_b, grad_wire_b = grad_bytes_per_elem(job, C)
     gathered = np.where(C.zero_stage >= 3, 2.0 * params / some_layers * block_wb, 0.0)
 
-    weights = weight_elems * block_wb + vocab_w * (bpp.weights - block_wb)
-    grads = grad_elems * grad_b
     # torchtitan's FSDP2 under pipeline parallelism: its default reshard policy keeps a stage's
     # parameters gathered after forward when pp > 1 (parallelize.py, reshard_after_forward_policy
     # "default" = not pp_enabled), and PyTorch's pipeline schedules turn off gradient sync and
@@ -293,8 +292,12 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     # Megatron's own schedule (the "te" stack), which reduces as it goes.
     unsharded_stage = ((C.dp_impl == DP_IMPL_CODES["torch-fsdp2"]) & (C.zero_stage >= 2) & (C.pp > 1)
                        & (job.kernels != "te"))
-    weights = np.where(unsharded_stage, params * block_wb + vocab * (bpp.weights - block_wb), weights)
-    grads = grads + np.where(unsharded_stage, params * FSDP2_ACCUMULATED_GRAD_BYTES, 0.0)
+    weight_elems = np.where(unsharded_stage, params, weight_elems)
+    vocab_w = np.where(unsharded_stage, vocab, vocab_w)
+    accumulated_grad_b = np.where(unsharded_stage, FSDP2_ACCUMULATED_GRAD_BYTES, 0.0)
+
+    weights = weight_elems * block_wb + vocab_w * (bpp.weights - block_wb)
+    grads = grad_elems * grad_b + params * accumulated_grad_b
     optimizer = opt_elems * bpp.optimizer_total
 
     stored_per_layer, full_per_layer = activation_bytes_per_layer(model, job, C)
@@ -335,9 +338,8 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
                  "activations": activations - hbm_activations}
     offload_bytes = sum(offloaded.values())
     # the embedding / LM-head share of the model state in HBM, reported on its own line
-    vocab_hbm_w = _kept(np.where(unsharded_stage, vocab, vocab_w) * bpp.weights, C.offload_weights)
-    vocab_hbm_g = _kept(vocab_g * grad_b + np.where(unsharded_stage, vocab * FSDP2_ACCUMULATED_GRAD_BYTES, 0.0),
-                        C.offload_weights)
+    vocab_hbm_w = _kept(vocab_w * bpp.weights, C.offload_weights)
+    vocab_hbm_g = _kept(vocab_g * grad_b + vocab * accumulated_grad_b, C.offload_weights)
     vocab_hbm_o = vocab_o * bpp.optimizer_total * (1.0 - C.offload_optimizer)
 
     # Transient buffers: one layer recomputed in full, and the fp32 logits of the LM head
