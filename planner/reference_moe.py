@@ -208,8 +208,8 @@ def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan,
         flex = backend_runs_flex(backend, gpu) if by_backend else dispatcher == "flex"
         update["moe_dispatcher"] = "deepep" if flex else "alltoall"
         if by_backend:
-            notes.append(f"{'flex dispatcher, ' + backend if flex else 'alltoall dispatcher (' + backend + ' not on ' + gpu + ')'}"
-                         f" (set_workload_base_configs applies the workload's backend, release >= 26.04; "
+            what = f"flex dispatcher, {backend}" if flex else f"alltoall dispatcher ({backend} not on {gpu})"
+            notes.append(f"{what} (set_workload_base_configs applies the workload's backend, release >= 26.04; "
                          f"{knobs.cite('moe_flex_dispatcher_backend')})")
         else:
             notes.append(f"flex dispatcher, {backend} ({knobs.cite('moe_flex_dispatcher_backend')})" if flex

@@ -100,13 +100,15 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
     )
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    # an op-by-op kernel's bandwidth (kernels.STREAMING_HBM_EFFICIENCY)
+    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
     sp = (P.sequence_parallel > 0) & (t > 1)
     te = job.kernels == "te"
     torch_hidden_bytes, torch_ffn_bytes = (0.0, 0.0) if te else kernels.torch_elementwise_bytes(model, job.kernels)
     act_bytes = 2.0 * ELEMENTWISE_PASSES_FFN if te else torch_ffn_bytes
     # the torch stacks' element-wise bytes are counted kernel by kernel, each a streaming pass
     # (kernels.STREAMING_HBM_EFFICIENCY); TE's lump keeps the fitted hbm_efficiency
-    elem_hbm = hbm if te else acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    elem_hbm = hbm if te else stream
     # The MLP of the repeated layer: the MoE layer of a MoE model, else the dense MLP. A MoE
     # model's leading dense layers are costed as their own kind (layer_kinds, per_layer_terms).
     if model.moe:
@@ -131,8 +133,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
     # a YaRN RoPE runs unfused under Megatron (kernels.UNFUSED_ROPE_BYTES): op-by-op kernels on the
-    # tensor-parallel shard of the heads, each streaming (kernels.STREAMING_HBM_EFFICIENCY)
-    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    # tensor-parallel shard of the heads, each streaming
     rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
     score_bytes = 0.0 if job.flash_attention else \
         2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
@@ -253,6 +254,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     eff = acc.efficiency
     peak = acc.peak(precision.gemm_peak_key(job.dtype))
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY  # op-by-op kernels
     h, t, E, k = model.hidden, P.tp, model.moe.num_experts, model.moe.top_k
     tokens = P.micro_batch * model.seq_length / P.cp  # per tensor-parallel group
     routed_tokens = routed_tokens_per_rank(model, P)
@@ -263,8 +265,7 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * h / hbm
     # the experts' FC2 bias, added eagerly per expert on the rows the busiest rank receives
     # (kernels.EXPERT_FC2_BIAS_BYTES), streaming kernels
-    fc2_bias = tokens * k * h / t * kernels.expert_fc2_bias_bytes(model, job.kernels, fused_experts(model, job)) \
-        / (acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY)
+    fc2_bias = tokens * k * h / t * kernels.expert_fc2_bias_bytes(model, job.kernels, fused_experts(model, job)) / stream
     # experts: one GPU holds E/ep experts, 1/etp of each; rows per local expert per microbatch =
     # tokens·top_k·etp·ep/(E·t) (= tokens·top_k·ep/E at etp = tp); its FLOPs are 1/t of the
     # tensor-parallel group's routed work whatever the folding.
@@ -279,14 +280,13 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     # a clamped gated activation (GPT-OSS) clamps eagerly in front of the fused kernel
     # (kernels.CLAMP_GLU_BYTES), streaming kernels; part of the activation that moe_act recompute reruns
     expert_act = expert_act + tokens * k * kernels.clamp_glu_bytes(model, job.kernels, fused_experts(model, job)) \
-        * ffn / t / (acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY)
+        * ffn / t / stream
     shared_act_bytes, shared_hbm = 2.0 * ELEMENTWISE_PASSES_FFN, hbm
     if job.kernels != "te":
         # the torch stacks run torchtitan's MoE op by op (kernels.torch_moe_bytes), each kernel a
         # streaming pass: its routing glue and permutations replace Megatron's permute/unpermute
         # passes, the experts' eager SwiGLU the fused activation lump
         tb = kernels.torch_moe_bytes(model, job.kernels)
-        stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
         permute = (routed_tokens * k * tb["routed_row"] + routed_tokens * tb["token"]) * h / stream \
             + imbalance * routed_tokens * k * tb["received_row"] * h / stream
         expert_act = 0.0 if fused_experts(model, job) else tokens * k * tb["expert_act"] * ffn / t / stream
