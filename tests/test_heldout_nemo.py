@@ -15,13 +15,14 @@ from planner.reference import REFERENCE_DIR, load_reference
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import heldout_bridge  # noqa: E402
 import heldout_nemo  # noqa: E402
+from tests.test_heldout_bridge import assert_read_back_as_written  # noqa: E402
 
 
 def _rows():
     return list(csv.DictReader(heldout_nemo.DATA.open()))
 
 
-def test_every_row_has_its_source_and_becomes_a_record_or_says_why(tmp_path):
+def test_every_row_has_its_source_and_becomes_a_record_or_says_why():
     rows = _rows()
     assert len(rows) >= 30 and all(re.fullmatch(r"[0-9a-f]{40}", r["commit"]) and int(r["line"]) > 0
                                    and r["file"].startswith("docs/source/performance/performance_") for r in rows)
@@ -34,14 +35,7 @@ def test_every_row_has_its_source_and_becomes_a_record_or_says_why(tmp_path):
     recs, skipped = heldout_nemo.records()
     assert set(skipped) <= {"no model preset", "no system preset", "global batch not printed",
                             "FSDP row (a measured_runs record states no FSDP)"} and len(recs) >= 40
-    path = tmp_path / "heldout.yaml"
-    heldout_bridge.write_yaml(path, recs)
-    cases, not_read = load_reference([path])
-    assert not not_read and len(cases) == len(recs)
-    by_id = {c.id: c for c in cases}
-    for r in recs:
-        c = by_id[r["id"]]
-        assert c.plan.gpus == r["system"]["gpus"] and c.plan.global_batch == r["parallel"]["global_batch"]
+    assert_read_back_as_written(recs)
 
 
 def test_no_row_is_a_reference_record():
