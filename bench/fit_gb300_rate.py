@@ -30,7 +30,7 @@ from pathlib import Path
 import heldout_bridge
 
 from planner import fit
-from planner.calibration import load_reference, predict
+from planner.calibration import load_reference
 from planner.evidence import model_shape
 
 ACCELERATOR = "GB300-288GB"
@@ -59,18 +59,15 @@ def split(cases: list) -> tuple[list, list, list]:
     return in_reference, fit_rows, [c for c in cases if release_of(c) != FIT_RELEASE]
 
 
-def predict_at(case, rate: float) -> float:
-    acc = case.system.accelerator
-    acc = acc.model_copy(update={"efficiency": acc.efficiency.model_copy(update={"compute_rate_vs_fit_group": rate})})
-    return predict(case, case.system.model_copy(update={"accelerator": acc}))["step_time_s"]
-
-
-def mean_abs_log_error(cases: list, rate: float) -> float:
-    return statistics.mean(abs(math.log(predict_at(c, rate) / c.measured_step_s)) for c in cases)
+def errors_at(prepared: list, rate: float) -> list[float]:
+    """predicted / measured - 1 of each prepared row (planner.fit.prepare) at this compute rate."""
+    return [p.predict_s({"compute_rate_vs_fit_group": rate}) / p.case.measured_step_s - 1 for p in prepared]
 
 
 def fit_rate(fit_rows: list) -> float:
-    rate, _ = fit._golden(lambda r: mean_abs_log_error(fit_rows, r), *BOUNDS, 1.0, 30)
+    prepared = fit.prepare(fit_rows)
+    rate, _ = fit._golden(lambda r: statistics.mean(abs(math.log1p(e)) for e in errors_at(prepared, r)),
+                          *BOUNDS, 1.0, 30)
     return round(rate, 3)
 
 
@@ -93,8 +90,9 @@ def main() -> None:
           f"{len(heldout_fit)} held-out rows of release {FIT_RELEASE}: "
           f"{', '.join(c.id for c in in_reference + sorted(heldout_fit, key=lambda c: c.id))}")
     for label, rows in (("fit", in_reference + heldout_fit), ("test", test_rows)):
+        prepared = fit.prepare(rows)
         for r in (1.0, rate):
-            errs = [predict_at(c, r) / c.measured_step_s - 1 for c in rows]
+            errs = errors_at(prepared, r)
             print(f"  {label:4s} {len(rows):3d} rows at {r:5.3f}: mean |err| {statistics.mean(map(abs, errs)):6.1%}, "
                   f"mean err {statistics.mean(errs):+6.1%}, max |err| {max(map(abs, errs)):6.1%}")
     if args.write:
