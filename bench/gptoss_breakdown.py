@@ -15,7 +15,6 @@ and two that it does not cost, as what-ifs on the same row: the 18 sliding-windo
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,6 @@ import heldout_bridge  # noqa: E402
 from planner.analytical import PlanArrays, time  # noqa: E402
 from planner.analytical.layer_kinds import lead_layers  # noqa: E402
 from planner.calibration import predict  # noqa: E402
-from planner.reference import load_reference  # noqa: E402
 
 DEFAULT_ROWS = ("26.04_GPT_OSS_120B_DGX-H100", "26.06_GPT_OSS_120B_DGX-GB200")
 OFF = {"rope_scaling": {"rope_scaling": "none"}, "activation_clamp": {"activation_clamp": None},
@@ -53,11 +51,7 @@ def attention_share_s(case) -> float:
 
 def main() -> None:
     wanted = sys.argv[1:] or DEFAULT_ROWS
-    recs, _ = heldout_bridge.records()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "heldout.yaml"
-        heldout_bridge.write_yaml(path, recs)
-        cases, _ = load_reference([path])
+    cases, _ = heldout_bridge.read_back(heldout_bridge.records()[0])
     for case in (c for c in cases if any(w in c.id for w in wanted)):
         pred = predict(case)
         print(f"{case.id}  {case.plan.short()}  {case.job.dtype}")
