@@ -18,11 +18,10 @@ import statistics
 
 import yaml
 
+from hardware.spec import GIB
 from planner.analytical import estimate
 from planner.calibration import load_reference
 from planner.reference import REFERENCE_DIR
-
-GIB = 2**30
 
 
 def measured_memory_gib() -> dict[str, float]:
