@@ -53,7 +53,7 @@ from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import rank_memory
 from planner.analytical.time import OPTIMIZER_BYTES_PER_PARAM, per_layer_terms, rank_microbatch_s
 from planner.model import ModelSpec
-from planner.pipeline_layout import balanced_layout, rank_layers
+from planner.pipeline_layout import balanced_layout
 from planner.plan import JobSpec, Plan
 
 TIME_LIMIT_S = 10.0

@@ -1,7 +1,6 @@
 """Knobs the release's *_llm_pretrain.py system function sets (token dispatcher, common configs,
 full-iteration paged stash), found by reading that function's body at the release commit."""
 import os
-import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent

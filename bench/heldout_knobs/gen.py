@@ -7,7 +7,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 OUT = Path(os.environ.get("HELDOUT_KNOBS_OUT", ROOT / "planner/data/bridge_recipe_knobs_heldout.yaml"))
 
-import yaml, re
+import yaml
 src = yaml.safe_load(open(str(ROOT / 'planner/data/bridge_recipe_knobs.yaml')))
 REL = src['releases']
 C = {r: v['commit'] for r, v in REL.items()}
@@ -108,7 +108,7 @@ print(len(records))
 
 # ---- 26.02 .. 26.06.01: the workload configs of scripts/performance (picked by wl.py:
 # system / precision / variant whose gbs per GPU equals the row's, the layout-matching one first)
-import csv, sys
+import csv
 sys.path.insert(0, str(HERE))
 from wl import pick, pick25, row_id as rid_of
 MOE = ('DeepSeekV3', 'GPT OSS 120B', 'Qwen3_30B_a3B', 'Qwen3_235B_a22B')

@@ -7,7 +7,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 OUT = Path(os.environ.get("HELDOUT_KNOBS_OUT", ROOT / "planner/data/bridge_recipe_knobs_heldout.yaml"))
 
-import csv, re, subprocess, sys, textwrap
+import re, subprocess
 sys.path.insert(0, str(ROOT / 'bench'))
 from heldout_bridge import row_id
 GIT = ['git', '--git-dir', os.environ.get('BRIDGE_GIT_DIR', '/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo')]
