@@ -20,8 +20,9 @@ from planner import fit
 from planner.calibration import load_reference
 
 # Fit group -> preset files that take its parameters (the first is the group's own accelerator).
-ACCELERATOR_FILES = {"A100-SXM4-80GB": ["a100-sxm4-80gb", "a100-sxm4-40gb"],
-                     "H100-SXM5-80GB": ["h100-sxm5-80gb", "h200-141gb", "gh200-96gb", "h100-gt-96gb"],
+ACCELERATOR_FILES = {"A100-SXM4-80GB": ["a100-sxm4-80gb", "a100-sxm4-40gb", "a800-sxm4-80gb"],
+                     "H100-SXM5-80GB": ["h100-sxm5-80gb", "h200-141gb", "gh200-96gb", "h100-gt-96gb",
+                                        "h800-sxm5-80gb"],
                      "B200-180GB": ["b200-180gb", "b300-288gb"],
                      "GB200-186GB": ["gb200-186gb", "gb300-288gb"]}
 INTEGER_PARAMS = ("matmul_half_dim", "matmul_half_dim_fp8", "attention_half_seq", "attention_half_seq_fa2",

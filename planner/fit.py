@@ -29,8 +29,8 @@ PARAMETER_PRIORITY = ("matmul_max", "matmul_max_fp8", "hbm_efficiency", "layer_o
 FIT_ROWS_PER_PARAMETER = 5
 # Fit group (the accelerator whose rows are fitted) -> accelerators that take its parameters.
 FIT_GROUPS = {
-    "A100-SXM4-80GB": ("A100-SXM4-80GB", "A100-SXM4-40GB"),
-    "H100-SXM5-80GB": ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB"),
+    "A100-SXM4-80GB": ("A100-SXM4-80GB", "A100-SXM4-40GB", "A800-SXM4-80GB"),
+    "H100-SXM5-80GB": ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB", "H800-SXM5-80GB"),
     "B200-180GB": ("B200-180GB", "B300-288GB"),
     "GB200-186GB": ("GB200-186GB", "GB300-288GB"),
 }
@@ -203,8 +203,8 @@ def fit_all(prepared: list[Prepared]) -> dict[str, dict]:
 # which rows fit it.)
 FA2_MEASURED_H100 = 0.286
 FA2_HALF_SEQ_MEASURED = 1110.0
-_H100_FAMILY = ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB")
-_A100S = ("A100-SXM4-80GB", "A100-SXM4-40GB")
+_H100_FAMILY = ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB", "H800-SXM5-80GB")
+_A100S = ("A100-SXM4-80GB", "A100-SXM4-40GB", "A800-SXM4-80GB")
 ATTENTION_CEILINGS = ("attention_max_fa2", "attention_max_triton")
 
 

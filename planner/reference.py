@@ -75,8 +75,13 @@ GPU_PRESETS = (
     (r"^b200 \(power-limited\)", "b200", "B200 at its datasheet peak (the run was power-limited)"),
     (r"^b200", "b200", ""),
     (r"blackwell", "b200", "Blackwell SKU not stated: B200 assumed"),
+    # PCIe / NVL boards have other peaks, power and links than the SXM parts: no preset, skipped
+    (r"(h100|a100).*\b(pcie|nvl)\b", None, ""),
+    (r"gh200", "gh200", ""),
     (r"h200", "h200", ""),
+    (r"h800", "h800", ""),
     (r"h100", "h100-sxm", ""),
+    (r"a800", "a800-80g", ""),
     (r"a100.*40", "a100-40g", ""),
     (r"a100", "a100-80g", ""),
 )

@@ -152,6 +152,14 @@ def test_gpu_names_map_to_presets():
     assert system_preset_for("a100_40gb")[0] == "a100-40g"
     assert system_preset_for("H100-SXM5-80GB")[0] == "h100-sxm"
     assert system_preset_for("V100-SXM3-32GB (DGX-2)")[0] is None
+    # the export variants are their own systems (NVLink 400 GB/s), not the H100/A100 presets
+    assert system_preset_for("H800")[0] == "h800"
+    assert system_preset_for("A800-SXM4-80GB")[0] == "a800-80g"
+    assert system_preset_for("GH200 Grace Hopper")[0] == "gh200"  # not the H200 preset
+    # a board with other peaks and links is skipped, not read as the SXM part
+    assert system_preset_for("H100 PCIe 80GB")[0] is None
+    assert system_preset_for("H100 NVL")[0] is None
+    assert system_preset_for("A100-PCIe-40GB")[0] is None
 
 
 def test_family_map():
