@@ -87,9 +87,38 @@ def _name(cfg: dict, path: Path) -> str:
     return path.parent.name or "hf-model"
 
 
+# Layer kinds a config may list per layer (layer_types: Gemma-3, GPT-OSS, Qwen3-Next;
+# layers_block_type: Jamba; block_types: RecurrentGemma) that are attention + MLP layers.
+ATTENTION_LAYER_KINDS = {"attention", "full_attention", "sliding_attention", "global", "local"}
+# Fields that only a non-attention token mixer has: Mamba/SSM layers (Nemotron-H's
+# hybrid_override_pattern, Jamba, Falcon-H1, Zamba) and linear attention (Qwen3-Next's gated
+# DeltaNet, Kimi Linear, MiniMax's lightning attention).
+NON_ATTENTION_MIXER_FIELDS = ("hybrid_override_pattern", "ssm_state_size", "mamba_d_state", "mamba_num_heads",
+                              "mamba_d_ssm", "linear_num_value_heads", "linear_attn_config", "attn_type_list")
+
+
+def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
+    """A hybrid stack (Mamba or linear-attention layers between attention layers) costed as an
+    all-attention transformer would be silently wrong in time and memory: say so instead."""
+    model_type = cfg.get("model_type")
+    for key in ("layer_types", "layers_block_type", "block_types"):
+        kinds = cfg.get(key)
+        if isinstance(kinds, list):
+            other = sorted({str(k) for k in kinds} - ATTENTION_LAYER_KINDS)
+            if other:
+                raise SpecError(f"model {path} (model_type {model_type!r}): {key} has {', '.join(other)} layers; "
+                                "only attention layers are modelled (allowed: "
+                                f"{', '.join(sorted(ATTENTION_LAYER_KINDS))}), not hybrid Mamba or linear-attention stacks")
+    field = next((k for k in NON_ATTENTION_MIXER_FIELDS if cfg.get(k) is not None), None)
+    if field is not None:
+        raise SpecError(f"model {path} (model_type {model_type!r}): {field} marks a Mamba or linear-attention "
+                        "mixer; only attention + MLP/MoE layers are modelled (hybrid stacks are not)")
+
+
 def model_fields(path: Path) -> dict:
     """config.json -> the fields of a ModelSpec (validated by the caller)."""
     cfg = read_config(path)
+    refuse_non_attention_mixers(cfg, path)
     model_type = cfg.get("model_type")
     defaults = ARCHITECTURES.get(model_type, ({}, ""))[0]
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}

@@ -78,6 +78,14 @@ def test_short_context_models_keep_their_max_position(tmp_path):
     ({"moe_layer_freq": 2, "n_routed_experts": 8, "num_experts_per_tok": 2}, "moe_layer_freq 2 is not supported"),
     ({"mlp_only_layers": [3, 7], "num_experts": 8, "num_experts_per_tok": 2}, "mlp_only_layers [3, 7]"),
     ({"hidden_size": -5}, "hidden: Input should be greater than 0"),
+    # hybrid stacks are refused, not costed as all-attention transformers: Nemotron-H's pattern
+    # (M = Mamba), Qwen3-Next's per-layer kinds, Jamba's block types
+    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M-M*-M-"},
+     "hybrid_override_pattern marks a Mamba or linear-attention mixer"),
+    ({"model_type": "qwen3_next", "layer_types": ["linear_attention"] * 3 + ["full_attention"]},
+     "layer_types has linear_attention layers"),
+    ({"model_type": "jamba", "layers_block_type": ["mamba", "attention", "mamba"]},
+     "layers_block_type has mamba layers"),
 ])
 def test_unreadable_configs_are_one_line_errors(tmp_path, edit, message):
     cfg = json.loads((HF / "llama-3.1-70b" / "config.json").read_text())
