@@ -71,9 +71,10 @@ GPU_PRESETS = (
     (r"grand teton|hbm2e 9[56]", "h100-grand-teton", ""),
     (r"gb300", "gb300-nvl72", ""),
     (r"gb200", "gb200-nvl72", ""),
-    (r"^b300", "b300", ""),
-    (r"^b200 \(power-limited\)", "b200", "B200 at its datasheet peak (the run was power-limited)"),
-    (r"^b200", "b200", ""),
+    # \b keeps "NVIDIA B200" a B200 and "GB200" not one
+    (r"\bb300", "b300", ""),
+    (r"\bb200 \(power-limited\)", "b200", "B200 at its datasheet peak (the run was power-limited)"),
+    (r"\bb200", "b200", ""),
     (r"blackwell", "b200", "Blackwell SKU not stated: B200 assumed"),
     # PCIe / NVL boards have other peaks, power and links than the SXM parts: no preset, skipped
     (r"(h100|a100).*\b(pcie|nvl)\b", None, ""),
@@ -162,8 +163,10 @@ def system_preset_for(gpu: str) -> tuple[str | None, str]:
 
 
 # Precision as published -> ComputeDtype. Order matters: "FP8-MX" before "FP8", "FP8-CS" before "FP8".
+# Block-wise FP8 (DeepSeek-V3 §3.3's 1x128 / 128x128 tiles, TE's Float8BlockScaling) takes each
+# block's scale from the tensor at hand, as current scaling does: read as FP8-CS.
 _PRECISIONS = (("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp8-cs", "fp8-cs"),
-               ("fp8", "fp8"), ("fp16", "fp16"), ("bf16", "bf16"))
+               ("blockwise", "fp8-cs"), ("block-wise", "fp8-cs"), ("fp8", "fp8"), ("fp16", "fp16"), ("bf16", "bf16"))
 
 
 def parse_precision(text: str, rid: str, path: str = "precision") -> tuple[str, str]:

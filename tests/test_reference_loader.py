@@ -160,6 +160,18 @@ def test_gpu_names_map_to_presets():
     assert system_preset_for("H100 PCIe 80GB")[0] is None
     assert system_preset_for("H100 NVL")[0] is None
     assert system_preset_for("A100-PCIe-40GB")[0] is None
+    # a vendor prefix does not hide a Blackwell SKU, and a GB200 is not read as a B200
+    assert system_preset_for("NVIDIA B200")[0] == "b200"
+    assert system_preset_for("NVIDIA B300 SXM")[0] == "b300"
+    assert system_preset_for("NVIDIA GB200 NVL72")[0] == "gb200-nvl72"
+
+
+def test_blockwise_fp8_reads_as_current_scaling():
+    from planner.reference import parse_precision
+    assert parse_precision("fp8-blockwise", "r")[0] == "fp8-cs"
+    dtype, note = parse_precision("FP8 blockwise (DeepSeek-V3 tiles)", "r")
+    assert dtype == "fp8-cs" and "blockwise" in note
+    assert parse_precision("FP8", "r")[0] == "fp8"  # delayed scaling stays delayed
 
 
 def test_family_map():
