@@ -11,7 +11,11 @@ measured run. Beyond that, planner.recommend's job gate ranks measured practice 
 and the model's own fastest plan is reported beside it (model-best, model/meas): the claim the
 model makes, shown, not recommended. "<0.85 unsupported" marks a recommendation that breaks the
 issue's bar.
-    PYTHONPATH=. python bench/recipes_vs_plan.py [--moe-only] [--top 1]
+    PYTHONPATH=. python bench/recipes_vs_plan.py [--moe-only] [--heldout]
+
+--heldout runs the same check on the Megatron-Bridge recipes the reference does not hold
+(bench/heldout_bridge.py: GB300, B300 and later releases): jobs no published run in the reference
+bounds, so only the plan-family gate of planner.recommend applies there.
 """
 from __future__ import annotations
 
@@ -42,8 +46,14 @@ def distinct_recipes(cases, moe_only: bool):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--moe-only", action="store_true")
+    ap.add_argument("--heldout", action="store_true",
+                    help="the held-out Megatron-Bridge recipes (bench/heldout_bridge.py) instead of the reference's")
     args = ap.parse_args()
-    cases, _ = load_reference()
+    if args.heldout:
+        from heldout_bridge import read_back, records
+        cases, _ = read_back(records()[0])
+    else:
+        cases, _ = load_reference()
     print(f"{'recipe':58s} {'recipe plan':44s} {'meas s':>8s} {'pred s':>8s} {'recommended plan':44s} "
           f"{'rec s':>8s} {'rec/meas':>8s} {'support s':>9s} {'model-best s':>12s} {'model/meas':>10s} "
           f"{'search s':>8s}")
