@@ -110,12 +110,32 @@ def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
             "(fitted on Megatron MoE ModelZoo runs)")
 
 
-def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> Table | None:
+# A rank this much slower per microbatch than the median rank sets the pipeline's pace with time
+# to spare elsewhere: worth telling the user that the layers per stage can be re-split.
+IMBALANCE_NOTE_RATIO = 1.25
+
+
+def pipeline_imbalance_note(rows, plan: Plan) -> str | None:
+    """One line when the slowest pipeline rank takes IMBALANCE_NOTE_RATIO x the median rank's
+    microbatch time or more (1F1B runs at the pace of its slowest stage), else None."""
+    times = sorted(r.microbatch_s for r in rows)
+    median = times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+    slowest = max(range(len(rows)), key=lambda i: rows[i].microbatch_s)
+    ratio = rows[slowest].microbatch_s / median
+    if ratio < IMBALANCE_NOTE_RATIO:
+        return None
+    return (f"Pipeline imbalance: rank {slowest} takes {ratio:.2f}x the median rank's time per microbatch and "
+            f"sets the pace; `planner plan` with the same pins re-splits the layers per stage "
+            f"(--pp {plan.pp}{f' --vpp {plan.vpp}' if plan.vpp > 1 else ''}).")
+
+
+def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan,
+                         rows=None) -> Table | None:
     """Layers by kind, microbatch time and HBM of each pipeline rank, runs of equal ranks merged;
     None when every rank holds the same layers (nothing to tell)."""
     if plan.pp == 1:
         return None
-    rows = pipeline_ranks(model, system, job, plan)
+    rows = rows if rows is not None else pipeline_ranks(model, system, job, plan)
     described = [(r.describe(model, plan.pp), r) for r in rows]
     if len({(r.layers, r.lead_layers, r.recomputed) for r in rows}) == 1 and not lead_layers(model):
         return None
@@ -148,7 +168,8 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     console.print(describe_plan(est))
     for table in estimate_tables(est, title):
         console.print(table)
-    ranks = pipeline_ranks_table(model, system, job, est.plan) if job is not None else None
+    rank_rows = pipeline_ranks(model, system, job, est.plan) if job is not None and est.plan.pp > 1 else None
+    ranks = pipeline_ranks_table(model, system, job, est.plan, rank_rows) if rank_rows else None
     if ranks is not None:
         console.print(ranks)
     # MFU counts the full s×s attention (Narayanan eq. 3, as the published MFUs); HFU counts what
@@ -160,7 +181,9 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
         from planner.evidence import evidence_note, published_job_note
         published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
                                        job.dtype, est.step_time_s, job.moe_load_imbalance)
-        for note in (moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan), published):
+        imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
+        for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan),
+                     published):
             if note:
                 console.print(note)
     if est.violations:

@@ -331,3 +331,17 @@ def test_solved_split_is_spread_evenly_over_each_ranks_chunks_at_the_same_cost()
     assert even[:2] == odd[:2] and even != odd
     times = [estimate(model, system, Plan(**base, stage_layers=s), job).step_time_s for s in (odd, even)]
     assert times[0] == pytest.approx(times[1], rel=1e-12)
+
+
+def test_estimate_names_a_pipeline_rank_that_sets_the_pace():
+    """The imbalance note fires from the ranks' own microbatch times: on the hand-made rows below
+    the slowest rank takes 2.0 / 1.0 of the median; a balanced split stays silent."""
+    from types import SimpleNamespace
+
+    from planner.report import IMBALANCE_NOTE_RATIO, pipeline_imbalance_note
+    plan = Plan(tp=1, pp=4, dp=1, micro_batch=1)
+    rows = [SimpleNamespace(microbatch_s=t) for t in (1.0, 1.0, 1.0, 2.0)]
+    note = pipeline_imbalance_note(rows, plan)
+    assert note is not None and "rank 3 takes 2.00x" in note and "--pp 4" in note
+    even = [SimpleNamespace(microbatch_s=t) for t in (1.0, 1.1, 1.0, IMBALANCE_NOTE_RATIO * 0.99)]
+    assert pipeline_imbalance_note(even, plan) is None
