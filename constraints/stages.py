@@ -51,7 +51,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays
 from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import rank_memory
-from planner.analytical.time import OPTIMIZER_BYTES_PER_PARAM, per_layer_terms, rank_microbatch_s
+from planner.analytical.time import optimizer_step_bytes_per_param, per_layer_terms, rank_microbatch_s
 from planner.model import ModelSpec
 from planner.pipeline_layout import balanced_layout
 from planner.plan import JobSpec, Plan
@@ -135,7 +135,7 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
         "a": times[one][0] - times[zero][0], "b": times[one_rc][0] - times[one][0], "h": times[zero][p - 1],
         "c": hbm[zero], "w": hbm[one] - hbm[zero], "x": hbm[one_rc] - hbm[one],
         "p0": params[zero], "p1": params[one][0] - params[zero][0],
-        "opt_s_per_elem": OPTIMIZER_BYTES_PER_PARAM / (system.accelerator.hbm_bandwidth_bytes_per_s
+        "opt_s_per_elem": optimizer_step_bytes_per_param(job) / (system.accelerator.hbm_bandwidth_bytes_per_s
                                                        * system.accelerator.efficiency.hbm_efficiency),
         "opt_elems_per_param": float(mem["opt_elems"][0][p] - mem["opt_elems"][0][0])
         / max(params[one][0] - params[zero][0], 1e-30),

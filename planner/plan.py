@@ -296,6 +296,10 @@ class BytesPerParam(BaseModel):
         return self.weights + self.grads + self.optimizer_total
 
 
+# Bytes per parameter of Adam's two moments by their dtype (JobSpec.adam_moments).
+ADAM_MOMENT_BYTES = {"fp32": 8.0, "bf16": 4.0}
+
+
 class JobSpec(BaseModel):
     """What the user asks: batch, precision, memory reserve, pins and forbids."""
 
@@ -344,6 +348,26 @@ class JobSpec(BaseModel):
     # FlashAttention (llm-foundry attn_impl "triton"), with its own ceiling (attention_max_triton).
     triton_flash_attention: bool = False
     loss_kernel: LossKernel = "fp32"
+    # Adam's two moments (exp_avg, exp_avg_sq): "fp32" (Megatron's default), or "bf16" as Megatron's
+    # precision-aware optimizer keeps them (--use-precision-aware-optimizer --exp-avg-dtype bf16
+    # --exp-avg-sq-dtype bf16; TE FusedAdam), what DeepSeek-V3 trained with (arXiv:2412.19437
+    # §3.3.3) and NVIDIA's DeepSeek / Qwen3 perf recipes set (Megatron-Bridge perf_recipes/deepseek/
+    # common.py). It halves `bytes_per_param.optimizer` (8 -> 4); the fp32 master copy stays 4 B
+    # (Megatron keeps it, main_params_dtype fp32; TE's 16-bit-remainder store under bf16 params,
+    # store_param_remainders, is not counted: 2 B/param more than such a run holds).
+    adam_moments: Literal["fp32", "bf16"] = "fp32"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moments_bytes(cls, data):
+        """bf16 moments set the optimizer bytes, unless bytes_per_param says otherwise."""
+        if isinstance(data, dict) and data.get("adam_moments") == "bf16":
+            bpp = data.get("bytes_per_param") or {}
+            bpp = bpp.model_dump() if isinstance(bpp, BytesPerParam) else dict(bpp)
+            if bpp.get("optimizer", ADAM_MOMENT_BYTES["fp32"]) not in ADAM_MOMENT_BYTES.values():
+                raise ValueError(f"adam_moments bf16 contradicts bytes_per_param.optimizer {bpp['optimizer']}")
+            data = {**data, "bytes_per_param": {**bpp, "optimizer": ADAM_MOMENT_BYTES["bf16"]}}
+        return data
 
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
@@ -378,7 +402,7 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "BytesPerParam", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
+__all__ = ["Plan", "JobSpec", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
            "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",

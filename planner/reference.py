@@ -162,6 +162,13 @@ def system_preset_for(gpu: str) -> tuple[str | None, str]:
     return None, ""
 
 
+# Every Megatron-Bridge DeepSeek-V3 recipe keeps Adam's moments in bf16 on the precision-aware
+# optimizer (use_precision_aware_optimizer, exp_avg_dtype = exp_avg_sq_dtype = bfloat16):
+# recipes/deepseek/deepseek_v3.py at v0.1.0rc3 .. v0.5.0 (25.09-26.06), perf_recipes/deepseek/
+# common.py _enable_deepseek_precision_aware_optimizer at v0.6.0 (26.08).
+BRIDGE_DSV3_BF16_MOMENTS = ("Megatron-Bridge recipes/deepseek/deepseek_v3.py v0.1.0rc3-v0.5.0, "
+                            "perf_recipes/deepseek/common.py v0.6.0: precision-aware optimizer")
+
 # Precision as published -> ComputeDtype. Order matters: "FP8-MX" before "FP8", "FP8-CS" before "FP8".
 # Block-wise FP8 (DeepSeek-V3 §3.3's 1x128 / 128x128 tiles, TE's Float8BlockScaling) takes each
 # block's scale from the tensor at hand, as current scaling does: read as FP8-CS.
@@ -699,6 +706,9 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         plan = Plan.model_validate({**plan.model_dump(), "tp_comm_overlap": False})
         assumptions.append(f"no TP comm overlap with NVFP4 ({BRIDGE_NVFP4_NO_TP_OVERLAP})")
     model, plan, extra = _with_moe_recipe(r, model, plan, dtype, extra, assumptions)
+    if bridge and family_of(model.name) == "DeepSeek-V3":
+        extra = {**extra, "adam_moments": "bf16"}
+        assumptions.append(f"bf16 Adam moments ({BRIDGE_DSV3_BF16_MOMENTS})")
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=not era_2021,
                   hbm_reserve_gib=0.0, **extra)
     system = load_system(preset, gpus)

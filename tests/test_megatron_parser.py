@@ -127,6 +127,8 @@ SAVED = [  # `planner plan --save` runs whose files `planner megatron --plan` mu
     ["-m", "MODEL_YAML", "-s", "h100-sxm", "-g", "16", "-b", "64", "--dtype", "fp16", "--zero-stage", "3"],
     # costed with a full-iteration CUDA graph: a dense model's launch carries it
     ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--cuda-graph", "full-iteration"],
+    # Adam's moments in bf16 (the precision-aware optimizer): costed at 4 B/param, launched with it
+    ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--adam-moments", "bf16"],
 ]
 DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1e-4"]
 
@@ -249,7 +251,13 @@ def test_saved_plan_and_its_launch_agree(parsed):
         assert res["ns"]["cuda_graph_impl"] == ("full_iteration" if graph else "none")
         # off with the graph (Megatron's rule), and off under fp16's dynamic loss scaling anyway
         assert res["ns"]["check_for_nan_in_loss_and_grad"] == (not graph and job.dtype != "fp16")
+        bf16_moments = job.adam_moments == "bf16"
+        assert job.bytes_per_param.optimizer == (4.0 if bf16_moments else 8.0)
+        assert res["ns"]["use_precision_aware_optimizer"] == (bf16_moments or plan.offload_optimizer > 0)
+        moment_dtype = "torch.bfloat16" if bf16_moments else "torch.float32"
+        assert str(res["ns"]["exp_avg_dtype"]) == str(res["ns"]["exp_avg_sq_dtype"]) == moment_dtype
     assert any(job.full_iteration_cuda_graph for (_, _, _, job), _ in parsed["saved"])
+    assert any(job.adam_moments == "bf16" for (_, _, _, job), _ in parsed["saved"])
 
 
 def test_megatron_rejects_what_we_refuse(parsed):

@@ -28,9 +28,15 @@ TP_EXPOSED_BWD = 0.5
 TP_EXPOSED_WITH_OVERLAP = 0.3
 # Backward of a GEMM is two GEMMs of the same size (input and weight gradients).
 BACKWARD_FACTOR = 2.0
-# Adam step per parameter: read grad, master, m, v (4 B each) and write master, m, v and the
-# 16-bit weight: 30 B moved, memory-bound.
-OPTIMIZER_BYTES_PER_PARAM = 30.0
+# Adam step per parameter, memory-bound: read the fp32 gradient, read and write the master copy
+# and both moments, write the 16-bit weight: 4 + 2·(4 + 8) + 2 = 30 B with fp32 moments, 22 B
+# with bf16 ones (JobSpec.adam_moments).
+OPTIMIZER_GRAD_READ_BYTES = 4.0
+
+
+def optimizer_step_bytes_per_param(job: JobSpec) -> float:
+    bpp = job.bytes_per_param
+    return OPTIMIZER_GRAD_READ_BYTES + 2.0 * bpp.optimizer_total + bpp.weights
 # Element-wise bytes per token per layer, forward, in units of hidden (norms, residual adds,
 # dropout, bias) and of the MLP width (activation function read + write); 2-byte elements.
 ELEMENTWISE_PASSES_HIDDEN = 12.0
@@ -704,7 +710,8 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     opt_elems = mem["opt_elems"]
     hbm_bw = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     f_o = P.offload_optimizer
-    optimizer = opt_elems * (1 - f_o) * OPTIMIZER_BYTES_PER_PARAM / hbm_bw
+    step_bytes = optimizer_step_bytes_per_param(job)
+    optimizer = opt_elems * (1 - f_o) * step_bytes / hbm_bw
 
     # --- offload traffic (docs/design.md, offload): weights (+ their gradients) stream in for the
     # forward and backward of every microbatch, overlapping that microbatch's compute.
@@ -727,7 +734,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
             - compute_mb), 0.0)
         per_mb = np.maximum(np.maximum(0.0, weights_mb - compute_mb) + activations_mb, shared_link)
         offload = m * per_mb \
-            + f_o * opt_elems * (OPTIMIZER_BYTES_PER_PARAM + bpp.grad_reduce + bpp.weights) / off_bw
+            + f_o * opt_elems * (step_bytes + bpp.grad_reduce + bpp.weights) / off_bw
     else:
         offload = np.zeros(len(P))
 

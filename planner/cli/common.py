@@ -186,6 +186,23 @@ def kernel_settings(cuda_graph: str = "none", fp8_attention: bool = False, fused
             "fused_grouped_mlp": fused_grouped_mlp}
 
 
+AdamMomentsOpt = Annotated[Optional[str], typer.Option(
+    "--adam-moments", help="Dtype of Adam's two moments: fp32 (Megatron's default, 8 B/param) or bf16 "
+    "(4 B/param; Megatron's precision-aware optimizer, --use-precision-aware-optimizer --exp-avg-dtype bf16 "
+    "--exp-avg-sq-dtype bf16, as DeepSeek-V3 and NVIDIA's DeepSeek/Qwen3 recipes train; needs the distributed "
+    "optimizer, ZeRO >= 1). Default: the plan file's, else fp32.")]
+ADAM_MOMENT_DTYPES = ("fp32", "bf16")
+
+
+def adam_moments_setting(value: str | None) -> dict:
+    """The JobSpec field of --adam-moments ({} when not given), one-line error for another dtype."""
+    if value is None:
+        return {}
+    if value not in ADAM_MOMENT_DTYPES:
+        raise SpecError(f"adam-moments: must be one of {', '.join(ADAM_MOMENT_DTYPES)}, got {value!r}")
+    return {"adam_moments": value}
+
+
 MoeImbalanceOpt = Annotated[float, typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "

@@ -23,6 +23,8 @@ from planner.cli.common import (
     MoeA2aOverlapOpt,
     MoeDispatcherOpt,
     MoeImbalanceOpt,
+    AdamMomentsOpt,
+    adam_moments_setting,
     GpusOpt,
     JsonOpt,
     MicroBatchOpt,
@@ -86,6 +88,7 @@ def estimate_command(
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
     cuda_graph: CudaGraphOpt = None, fp8_attention: Fp8AttentionOpt = None,
     fused_grouped_mlp: FusedGroupedMlpOpt = None,
+    adam_moments: AdamMomentsOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
@@ -111,6 +114,7 @@ def estimate_command(
         given_kernels = {field: None if flag is None else kernels[field] for field, flag in (
             ("full_iteration_cuda_graph", cuda_graph), ("fp8_attention", fp8_attention),
             ("fused_grouped_mlp", fused_grouped_mlp))}
+        given_kernels["adam_moments"] = adam_moments_setting(adam_moments).get("adam_moments")
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
                                 flash_attention=flash_attention, **given_kernels)
     else:
@@ -120,7 +124,7 @@ def estimate_command(
         job = make_job(global_batch=None, dtype=dtype or "bf16",
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
                        flash_attention=True if flash_attention is None else flash_attention,
-                       **kernels)
+                       **kernels, **adam_moments_setting(adam_moments))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     if plan.gpus != system_spec.num_gpus:

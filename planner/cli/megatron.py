@@ -9,6 +9,8 @@ import typer
 
 from hardware.errors import SpecError
 from planner.cli.common import (
+    AdamMomentsOpt,
+    adam_moments_setting,
     DEFAULT_BATCH,
     BatchOpt,
     CpOpt,
@@ -83,6 +85,7 @@ def megatron_command(
     cross_entropy_fusion: _flag("cross-entropy-fusion", "Fused cross-entropy kernels (costed).") = None,
     grad_reduce_in_bf16: _flag("grad-reduce-in-bf16", "16-bit gradient buffers and DP reduce (costed).") = None,
     fp8_param_gather: _flag("fp8-param-gather", "FP8 weights, gathered in FP8 (costed; FP8 dtypes).") = None,
+    adam_moments: AdamMomentsOpt = None,
     write_gb_per_s: Annotated[Optional[float], typer.Option(
         "--write-gb-per-s", help="Checkpoint storage write bandwidth, GB/s, as `planner checkpoint` "
                                  "(default: its default).")] = None,
@@ -109,14 +112,15 @@ def _job(o: dict, plan=None):
     from planner.planfile import job_for_plan_file
     if o["global_batch"] is not None and o["global_batch"] < 1:
         raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
-    saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"],
-                              hbm_reserve_gib=o["hbm_reserve_gib"]) if plan is not None else None
+    moments = adam_moments_setting(o["adam_moments"])
+    saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"], hbm_reserve_gib=o["hbm_reserve_gib"],
+                              adam_moments=moments.get("adam_moments")) if plan is not None else None
     if saved is not None:
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
     return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or "bf16",
-                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"])
+                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments)
 
 
 def _plan_and_job(o: dict, model, system):

@@ -43,6 +43,8 @@ from planner.cli.common import (
     TpOpt,
     MoeA2aOverlapOpt,
     MoeImbalanceOpt,
+    AdamMomentsOpt,
+    adam_moments_setting,
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
@@ -81,7 +83,8 @@ def _inputs(o: dict):
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
-                                     o.get("fused_grouped_mlp", False)))
+                                     o.get("fused_grouped_mlp", False)),
+                   **adam_moments_setting(o.get("adam_moments")))
     return model, system, job
 
 
@@ -167,6 +170,7 @@ def register(app: typer.Typer) -> None:
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
+        adam_moments: AdamMomentsOpt = None,
         cuda_graph: CudaGraphOpt = "none",
         fp8_attention: Fp8AttentionOpt = False,
         fused_grouped_mlp: FusedGroupedMlpOpt = False,
@@ -213,6 +217,7 @@ def register(app: typer.Typer) -> None:
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
+        adam_moments: AdamMomentsOpt = None,
         cuda_graph: CudaGraphOpt = "none",
         fp8_attention: Fp8AttentionOpt = False,
         fused_grouped_mlp: FusedGroupedMlpOpt = False,

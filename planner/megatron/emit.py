@@ -258,8 +258,14 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--cpu-offloading-num-layers", k)
     if plan.offload_optimizer > 0:
         add("--optimizer-cpu-offload")
-        add("--use-precision-aware-optimizer")
         add("--optimizer-offload-fraction", f"{plan.offload_optimizer:g}")
+    # TE's FusedAdam behind the precision-aware optimizer: needed by the CPU offload (MA 2a) and
+    # what keeps Adam's moments in bf16 (JobSpec.adam_moments, the bytes the memory model counts)
+    if plan.offload_optimizer > 0 or job.adam_moments == "bf16":
+        add("--use-precision-aware-optimizer")
+    if job.adam_moments == "bf16":
+        add("--exp-avg-dtype", "bf16")
+        add("--exp-avg-sq-dtype", "bf16")
 
     # Precision (MA 1, 3) and the switches the model costs.
     a.extend(PRECISION_FLAGS[job.dtype])

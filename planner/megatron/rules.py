@@ -70,7 +70,8 @@ def _build_parser() -> _Parser:
                "--moe-token-drop-policy": ("probs", "position"),
                "--cross-entropy-fusion-impl": ("native", "te"),
                "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
-               "--cuda-graph-impl": ("none", "local", "transformer_engine", "full_iteration")}
+               "--cuda-graph-impl": ("none", "local", "transformer_engine", "full_iteration"),
+               "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"), "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8")}
     for name, allowed in choices.items():
         p.add_argument(name, choices=allowed, default=None)
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
@@ -123,6 +124,7 @@ MSG_EXPERTS_EP = "Number of experts should be a multiple of expert model paralle
 MSG_OPT_OFFLOAD = ("The optimizer cpu offload must be used in conjunction with "
                    "`--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the "
                    "code path of this flag.")
+MSG_PRECISION_AWARE_DIST_OPT = "--use-precision-aware-optimizer only supported with distributed optimizer"
 MSG_CPU_OFFLOAD_PP = "Currently there is no support for Pipeline parallelism with CPU offloading"
 MSG_FP8_PARAM_GATHER = ("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
                         "megatron fsdp, or inference mode")
@@ -352,6 +354,10 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     # MA 2a: optimizer CPU offload.
     if a.optimizer_cpu_offload and not a.use_precision_aware_optimizer:
         err(MSG_OPT_OFFLOAD)
+    # core/optimizer/optimizer_config.py __post_init__ (0.19.2): the precision-aware optimizer
+    # runs only on the distributed optimizer, which Megatron-FSDP turns on (arguments.py).
+    if a.use_precision_aware_optimizer and not (a.use_distributed_optimizer or a.use_megatron_fsdp):
+        err(MSG_PRECISION_AWARE_DIST_OPT)
 
     # MA 2b: TransformerConfig.
     if a.num_attention_heads % tp:
