@@ -51,3 +51,4 @@ def test_cli_takes_the_two_dtypes_only():
     out = runner.invoke(app, ["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1",
                               "--pp", "1", "--zero-stage", "0", "--adam-moments", "bf16", "--format", "args"])
     assert out.exit_code == 2 and "bf16 moments need Megatron's precision-aware optimizer" in out.output
+

@@ -305,3 +305,11 @@ def test_every_listed_command_loads_and_helps():
         assert "--install-completion" not in result.output
     top = run(["--help"])
     assert all(name in top.output for name in COMMANDS)
+
+
+@pytest.mark.parametrize("command, flag", [("plan", ["--moe-imbalance", "1.6"]), ("check", ["--fused-grouped-mlp"]),
+                                           ("estimate", ["--tp", "1", "--pp", "1", "--moe-imbalance", "2"])])
+def test_moe_only_flags_on_a_dense_model_are_an_input_error(command, flag):
+    out = CliRunner().invoke(app, [command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", *flag])
+    assert out.exit_code == 2, out.output
+    assert "applies to MoE models only; llama3-8b has no experts" in out.output

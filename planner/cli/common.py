@@ -203,6 +203,16 @@ def adam_moments_setting(value: str | None) -> dict:
     return {"adam_moments": value}
 
 
+def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None) -> None:
+    """A MoE-only setting given for a model without experts is a mistake, not a no-op."""
+    if model.moe is not None:
+        return
+    if moe_imbalance is not None and moe_imbalance != 1.0:
+        raise SpecError(f"moe-imbalance: applies to MoE models only; {model.name} has no experts")
+    if fused_grouped_mlp:
+        raise SpecError(f"fused-grouped-mlp: applies to MoE models only; {model.name} has no experts")
+
+
 MoeImbalanceOpt = Annotated[float, typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "

@@ -25,6 +25,7 @@ from planner.cli.common import (
     MoeImbalanceOpt,
     AdamMomentsOpt,
     adam_moments_setting,
+    refuse_moe_flags_on_dense,
     GpusOpt,
     JsonOpt,
     MicroBatchOpt,
@@ -98,6 +99,7 @@ def estimate_command(
     Example: planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
+    refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp)
     knobs = given_knobs(locals())
     kernels = kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp))
     job = None

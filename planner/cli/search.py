@@ -45,6 +45,7 @@ from planner.cli.common import (
     MoeImbalanceOpt,
     AdamMomentsOpt,
     adam_moments_setting,
+    refuse_moe_flags_on_dense,
     TpOverlapOpt,
     VppOpt,
     ZeroOpt,
@@ -71,6 +72,7 @@ def _inputs(o: dict):
     check_int("global-batch", o["global_batch"], 1, MAX_GLOBAL_BATCH)
     check_int("max-global-batch", o["max_global_batch"], 1, MAX_GLOBAL_BATCH)
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
+    refuse_moe_flags_on_dense(model, o.get("moe_imbalance"), o.get("fused_grouped_mlp"))
     if o["free_batch"] and o["global_batch"] is not None:
         raise SpecError(f"global-batch: --global-batch {o['global_batch']} fixes the batch and --free-batch "
                         "lets the search pick it; give one (use --max-global-batch to cap a free batch)")
