@@ -377,8 +377,8 @@ def options(space: Space) -> dict[str, np.ndarray]:
                 continue
             if o["offload_optimizer"] > 0 and o["zero_stage"] != 1:
                 continue
-            if space.job.adam_moments == "bf16" and o["zero_stage"] == 0:
-                continue  # the precision-aware optimizer runs on the distributed optimizer
+            if space.job.adam_moments == "bf16" and o["zero_stage"] != 1:
+                continue  # the precision-aware optimizer: distributed optimizer only (expressible.py)
         rows.append(combo)
     arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(OPTION_KEYS))
     return {k: arr[:, i].copy() for i, k in enumerate(OPTION_KEYS)}

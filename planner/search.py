@@ -458,8 +458,8 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space) -> Ch
         free = build_space(model, system, job.model_copy(update={"pins": {}}))
         if len(layouts(free)["tp"]):
             binding.append("pins")
-            why = (" (bf16 Adam moments need the distributed optimizer: zero_stage >= 1)"
-                   if job.adam_moments == "bf16" and job.pins.get("zero_stage") == 0 else "")
+            why = (" (bf16 Adam moments need the distributed optimizer: zero_stage 1)"
+                   if job.adam_moments == "bf16" and job.pins.get("zero_stage", 1) != 1 else "")
             reasons.append(f"pins: your pins ({_pins(job)}) leave no valid layout{why}; without them there are "
                            f"{count(model, system, job.model_copy(update={'pins': {}})):,} mappings")
     prods = sorted({a * b * c for a in d["tp"] for b in d["pp"] for c in d["cp"]})

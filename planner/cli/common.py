@@ -190,7 +190,7 @@ AdamMomentsOpt = Annotated[Optional[str], typer.Option(
     "--adam-moments", help="Dtype of Adam's two moments: fp32 (Megatron's default, 8 B/param) or bf16 "
     "(4 B/param; Megatron's precision-aware optimizer, --use-precision-aware-optimizer --exp-avg-dtype bf16 "
     "--exp-avg-sq-dtype bf16, as DeepSeek-V3 and NVIDIA's DeepSeek/Qwen3 recipes train; needs the distributed "
-    "optimizer, ZeRO >= 1). Default: the plan file's, else fp32.")]
+    "optimizer, ZeRO-1). Default: the plan file's, else fp32.")]
 ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 
 

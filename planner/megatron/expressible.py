@@ -54,12 +54,12 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         # MA 3: --optimizer-cpu-offload goes with the distributed optimizer.
         reasons.append("offload_optimizer: --optimizer-cpu-offload needs the distributed optimizer "
                        f"(zero_stage 1), got zero_stage {plan.zero_stage}")
-    if job.adam_moments == "bf16" and (plan.zero_stage == 0 or plan.dp_impl == "torch-fsdp2"):
+    if job.adam_moments == "bf16" and plan.zero_stage != 1:
         # core/optimizer/optimizer_config.py: the precision-aware optimizer needs the distributed
-        # optimizer (ZeRO-1, or Megatron-FSDP, which turns it on)
+        # optimizer; Megatron-Bridge turns it off under Megatron-FSDP ("cannot work with FSDP
+        # together", scripts/performance/utils/helpers.py @v0.2.0), so ZeRO-1 only
         reasons.append("adam_moments: bf16 moments need Megatron's precision-aware optimizer, which runs on the "
-                       f"distributed optimizer (zero_stage >= 1, not torch-fsdp2); got zero_stage {plan.zero_stage}"
-                       f"{', torch-fsdp2' if plan.dp_impl == 'torch-fsdp2' else ''}")
+                       f"distributed optimizer (zero_stage 1), got zero_stage {plan.zero_stage}")
     if plan.vpp > 1:
         # MA 2a: interleaving needs pp > 1; MA 2c: microbatches >= pp and a multiple of pp.
         if plan.pp == 1:
