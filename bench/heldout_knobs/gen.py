@@ -1,5 +1,6 @@
 """Writes planner/data/bridge_recipe_knobs_heldout.yaml from hand-read recipe facts (26.08 perf_recipes)."""
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -102,7 +103,17 @@ qwen('qwen3_30b_a3b', 'gb200', 8, 512, dict(tp=1, pp=1, vpp=None, ep=8), 'Qwen3_
 qwen('qwen3_235b_a22b', 'gb300', 256, 8192, dict(tp=1, pp=4, vpp=12, ep=32), 'Qwen3_235B_a22B')
 
 HEADER = open(HERE / 'header.txt').read()
-out = yaml.safe_dump({'schema_version': 1, 'releases': REL, 'records': records}, sort_keys=False, width=140)
+
+
+class _NoAliases(yaml.SafeDumper):
+    """Two knobs may hold the same list object (a config's shared empty list): write each out."""
+    def ignore_aliases(self, data):
+        return True
+
+
+def dump(data) -> str:
+    return yaml.dump(data, Dumper=_NoAliases, sort_keys=False, width=140)
+out = dump({'schema_version': 1, 'releases': REL, 'records': records})
 open(OUT, 'w').write(HEADER + out)
 print(len(records))
 
@@ -164,7 +175,7 @@ for row in csv.DictReader(open(ROOT / 'bench/data/bridge_heldout.csv')):
     if moe and g('expert_tensor_parallel_size') is not None:
         k['expert_tensor_parallel_size'] = (g('expert_tensor_parallel_size'), at)
     from fn import llm_knobs  # (25.11: its *_llm_pretrain.py functions were not read)
-    prec = name.split(f"_{row['system'].replace('DGX-', '')}_")[1].rsplit('_V', 1)[0]
+    prec = re.sub(r'_(V|GBS)\d+$', '', name.split(f"_{row['system'].replace('DGX-', '')}_")[1])
     mkey = 'DeepSeekV3' if row['model'].startswith('DeepSeekV3') else row['model']
     fk = {} if rel == '25.11' else llm_knobs(mkey, row['system'].replace('DGX-', ''), prec, k.get('cuda_graph_impl', (None,))[0],
                                              C[rel], lambda p, fnm: w(rel, p, fnm))
@@ -186,7 +197,7 @@ for row in csv.DictReader(open(ROOT / 'bench/data/bridge_heldout.csv')):
         config=name, recipe_layout=layout, layout_matches_record=lay_ok, mismatch=mm,
         knobs={n: {'value': v, 'where': wh} for n, (v, wh) in k.items()})
 
-out = yaml.safe_dump({'schema_version': 1, 'releases': REL, 'records': records}, sort_keys=False, width=140)
+out = dump({'schema_version': 1, 'releases': REL, 'records': records})
 open(OUT, 'w').write(HEADER + out)
 print(len(records))
 for s in skipped: print('SKIP', *s)

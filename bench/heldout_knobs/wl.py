@@ -57,7 +57,8 @@ def pick(row, commit):
     gpus, gbs = int(row['gpus']), int(row['gbs'])
     cands = []
     for name, c in cfgs.items():
-        if not re.fullmatch(f'{prefix}_PRETRAIN_CONFIG_{sysname}_{prec}_V\\d+', name):
+        # the versioned variants (_V1, _V2) and the named-batch ones (_GBS15360: 26.06's DeepSeek-V3)
+        if not re.fullmatch(f'{prefix}_PRETRAIN_CONFIG_{sysname}_{prec}_(V|GBS)\\d+', name):
             continue
         lay = {'tp': c.tensor_model_parallel_size, 'pp': c.pipeline_model_parallel_size,
                'vpp': c.virtual_pipeline_model_parallel_size, 'ep': c.expert_model_parallel_size}
