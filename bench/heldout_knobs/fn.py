@@ -12,7 +12,8 @@ from wl import show
 LLM = {'DeepSeekV3': ('deepseek/deepseek_llm_pretrain.py', 'deepseek_v3'),
        'GPT OSS 120B': ('gpt_oss/gpt_oss_llm_pretrain.py', 'gpt_oss_120b'),
        'Qwen3_30B_a3B': ('qwen/qwen3_llm_pretrain.py', 'qwen3_30b_a3b'),
-       'Qwen3_235B_a22B': ('qwen/qwen3_llm_pretrain.py', 'qwen3_235b_a22b')}
+       'Qwen3_235B_a22B': ('qwen/qwen3_llm_pretrain.py', 'qwen3_235b_a22b'),
+       'Kimi_K2': ('kimi/kimi_llm_pretrain.py', 'kimi_k2')}
 def _body(src, name):
     m = re.search(rf'^def {name}\(.*?(?=^def |\Z)', src, re.S | re.M)
     return (m.group(0), src[:m.start()].count('\n') + 1) if m else (None, None)

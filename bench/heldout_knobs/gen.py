@@ -122,7 +122,7 @@ print(len(records))
 import csv
 sys.path.insert(0, str(HERE))
 from wl import pick, pick25, row_id as rid_of
-MOE = ('DeepSeekV3', 'GPT OSS 120B', 'Qwen3_30B_a3B', 'Qwen3_235B_a22B')
+MOE = ('DeepSeekV3', 'GPT OSS 120B', 'Qwen3_30B_a3B', 'Qwen3_235B_a22B', 'Kimi_K2')
 skipped = []
 for row in csv.DictReader(open(ROOT / 'bench/data/bridge_heldout.csv')):
     rel = row['release']

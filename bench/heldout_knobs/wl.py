@@ -19,7 +19,8 @@ FILES = {'DeepSeekV3': ('deepseek', 'deepseek_workload_base_configs.py', 'DEEPSE
          'Qwen3_235B_a22B': ('qwen', 'qwen3_workload_base_configs.py', 'QWEN3_235B_A22B'),
          'LLAMA3_8B': ('llama', 'llama3_workload_base_configs.py', 'LLAMA3_8B'),
          'LLAMA3_70B': ('llama', 'llama3_workload_base_configs.py', 'LLAMA3_70B'),
-         'LLAMA3.1_405B': ('llama', 'llama31_workload_base_configs.py', 'LLAMA31_405B')}
+         'LLAMA3.1_405B': ('llama', 'llama31_workload_base_configs.py', 'LLAMA31_405B'),
+         'Kimi_K2': ('kimi', 'kimi_workload_base_configs.py', 'KIMI_K2')}
 PREC = {'MXFP8': 'FP8_MX', 'FP8-MX': 'FP8_MX', 'FP8': 'FP8_CS', 'FP8-CS': 'FP8_CS', 'BF16': 'BF16', 'NVFP4': 'NVFP4'}
 _cache = {}
 def configs(commit, path):
@@ -57,8 +58,9 @@ def pick(row, commit):
     gpus, gbs = int(row['gpus']), int(row['gbs'])
     cands = []
     for name, c in cfgs.items():
-        # the versioned variants (_V1, _V2) and the named-batch ones (_GBS15360: 26.06's DeepSeek-V3)
-        if not re.fullmatch(f'{prefix}_PRETRAIN_CONFIG_{sysname}_{prec}_(V|GBS)\\d+', name):
+        # the versioned variants (_V1, _V2), the named-batch ones (_GBS15360: 26.06's DeepSeek-V3)
+        # and the unversioned ones (Kimi-K2's, the only kind its file has)
+        if not re.fullmatch(f'{prefix}_PRETRAIN_CONFIG_{sysname}_{prec}(_(V|GBS)\\d+)?', name):
             continue
         lay = {'tp': c.tensor_model_parallel_size, 'pp': c.pipeline_model_parallel_size,
                'vpp': c.virtual_pipeline_model_parallel_size, 'ep': c.expert_model_parallel_size}
