@@ -19,7 +19,7 @@ GB = 1e9
 # with 16-element E4M3 block scales (Blackwell only).
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
 # Compute dtypes whose GEMMs run in 8 bits or fewer: they take the low-precision GEMM curve.
-LOW_PRECISION = ("fp8", "fp8-cs", "mxfp8", "nvfp4")
+LOW_PRECISION = ("fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
 
 
 class _Strict(BaseModel):

@@ -38,7 +38,7 @@ FIT_GROUPS = {
 # not fitted, on H100 and on the Blackwell parts that have no kernel tables of their own.
 MEASURED = ("matmul_half_dim", "matmul_half_dim_fp8", "attention_max", "attention_half_seq")
 FIXED = {"A100-SXM4-80GB": (), "H100-SXM5-80GB": MEASURED, "B200-180GB": MEASURED, "GB200-186GB": MEASURED}
-LOW_PRECISION = ("fp8", "fp8-cs", "mxfp8", "nvfp4")
+LOW_PRECISION = ("fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
 # Every fit starts here, not from the presets, so that re-running it reproduces the presets.
 START = {"matmul_max": 0.7, "matmul_max_fp8": 0.6, "matmul_half_dim": 100.0, "attention_max": 0.5,
          "hbm_efficiency": 0.5, "layer_overhead_us": 100.0}

@@ -82,12 +82,14 @@ def check_recompute_modules(plan: "Plan", model) -> None:
             raise SpecError(f"recompute_modules: {name} {why[name]}; allowed for {model.name}: {allowed}")
 
 # fp8 = FP8 with delayed scaling (Transformer Engine DelayedScaling, hybrid E4M3/E5M2); fp8-cs = FP8
-# with per-tensor current scaling (Float8CurrentScaling); mxfp8 = block-scaled FP8 (MXFP8BlockScaling,
+# with per-tensor current scaling (Float8CurrentScaling); fp8-block = FP8 with DeepSeek-V3's block
+# scales (Float8BlockScaling: 1x128 activation / 128x128 weight tiles, fp32 scales; Megatron
+# --fp8-recipe blockwise); mxfp8 = block-scaled FP8 (MXFP8BlockScaling,
 # 32-element E8M0 scales, Blackwell); nvfp4 = FP4 E2M1 with 16-element block scales (NVFP4BlockScaling,
 # Blackwell). planner/analytical/precision.py says which GEMMs run in them and what their scaling
 # passes cost; planner/megatron/emit.py maps them to Megatron flags.
-ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4"]
-COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "mxfp8", "nvfp4")
+ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"]
+COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
 # Who implements sharded data parallelism (ZeRO stage 2/3); the stage says what is sharded.
 # "megatron": Megatron-Core (distributed optimizer for ZeRO-1, Megatron-FSDP for 2/3);
 # "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
@@ -372,7 +374,7 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
         if self.fp8_attention and self.dtype in ("bf16", "fp16"):
-            raise ValueError(f"fp8_attention needs a low-precision dtype (fp8, fp8-cs, mxfp8, nvfp4), got {self.dtype}")
+            raise ValueError(f"fp8_attention needs a low-precision dtype (fp8, fp8-cs, fp8-block, mxfp8, nvfp4), got {self.dtype}")
         unknown = sorted(set(self.pins) - set(KNOBS))
         if unknown:
             raise ValueError(f"unknown knob {unknown[0]!r}; allowed: {', '.join(KNOBS)}")

@@ -170,10 +170,10 @@ BRIDGE_DSV3_BF16_MOMENTS = ("Megatron-Bridge recipes/deepseek/deepseek_v3.py v0.
                             "perf_recipes/deepseek/common.py v0.6.0: precision-aware optimizer")
 
 # Precision as published -> ComputeDtype. Order matters: "FP8-MX" before "FP8", "FP8-CS" before "FP8".
-# Block-wise FP8 (DeepSeek-V3 §3.3's 1x128 / 128x128 tiles, TE's Float8BlockScaling) takes each
-# block's scale from the tensor at hand, as current scaling does: read as FP8-CS.
+# Block-wise FP8: DeepSeek-V3 §3.3's 1x128 / 128x128 tiles, TE's Float8BlockScaling.
 _PRECISIONS = (("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp8-cs", "fp8-cs"),
-               ("blockwise", "fp8-cs"), ("block-wise", "fp8-cs"), ("fp8", "fp8"), ("fp16", "fp16"), ("bf16", "bf16"))
+               ("blockwise", "fp8-block"), ("block-wise", "fp8-block"), ("fp8-block", "fp8-block"),
+               ("fp8", "fp8"), ("fp16", "fp16"), ("bf16", "bf16"))
 
 
 def parse_precision(text: str, rid: str, path: str = "precision") -> tuple[str, str]:
@@ -188,7 +188,7 @@ def parse_precision(text: str, rid: str, path: str = "precision") -> tuple[str, 
     if low in ("na", "n/a", "none", "not stated", ""):
         return "bf16", f"bf16 (precision not stated: {text!r})"
     raise SpecError(f"reference {rid}: {path}: unknown precision {text!r}; allowed: BF16, FP16, FP8, "
-                    "FP8-CS, FP8-MX/MXFP8, NVFP4, na (case-insensitive)")
+                    "FP8-CS, FP8 blockwise, FP8-MX/MXFP8, NVFP4, na (case-insensitive)")
 
 
 def _moe(r: _Record, fsdp_schema: bool) -> dict | None:

@@ -123,7 +123,8 @@ class CheckedBatches:
 # ---- parsed arguments -> what the plan says -----------------------------------------------------
 
 SHARDING = {"optim_grads": 2, "optim_grads_params": 3}
-PRECISIONS = {("hybrid", "delayed"): "fp8", ("hybrid", "tensorwise"): "fp8-cs", ("e4m3", "mxfp8"): "mxfp8"}
+PRECISIONS = {("hybrid", "delayed"): "fp8", ("hybrid", "tensorwise"): "fp8-cs", ("e4m3", "blockwise"): "fp8-block",
+              ("e4m3", "mxfp8"): "mxfp8"}
 
 
 def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:

@@ -67,6 +67,22 @@ def test_fp8_current_scaling_costs_one_more_read_pass():
     assert ew["fp8"] - ew["bf16"] == pytest.approx(QUANTISE_BYTES_PER_ELEMENT["fp8"] * per_pass_s, rel=1e-9)
 
 
+def test_fp8_block_scaling_costs_its_tile_scales():
+    """fp8-block (DeepSeek-V3 1x128 tiles) minus fp8 delayed = a 4-byte fp32 scale per 128 elements,
+    row- and column-wise: 8/128 B per quantised element, hand count for Llama-3 8B on Hopper; its
+    GEMMs run at the FP8 peak like the per-tensor recipes (the forward GEMM time equals fp8's)."""
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    P = PlanArrays.from_plans([Plan(tp=2, dp=4, global_batch=4, sequence_parallel=True)], model.layers)
+    fwd = {d: layer_compute_fwd_s(model, system, JobSpec(dtype=d), P) for d in ("fp8", "fp8-block")}
+    h, kv, ffn = 4096, 1024, 14336
+    elements = (h + h) + (h + 2 * kv + h) + (h + ffn) + (2 * ffn + h)
+    hbm = system.accelerator.hbm_bandwidth_bytes_per_s * system.accelerator.efficiency.hbm_efficiency
+    per_byte_s = model.seq_length / 2 * elements / 3 / hbm
+    extra = float(fwd["fp8-block"]["elementwise"][0] - fwd["fp8"]["elementwise"][0])
+    assert extra == pytest.approx(2 * 4.0 / 128 * per_byte_s, rel=1e-9)
+    assert float(fwd["fp8-block"]["gemm"][0]) == float(fwd["fp8"]["gemm"][0])
+
+
 def test_nvfp4_gemms_twice_as_fast_as_mxfp8_on_gb200():
     model, system = load_model("llama3-70b"), load_system("gb200-nvl72", 8)
     P = PlanArrays.from_plans([Plan(tp=8, global_batch=1, sequence_parallel=True)], model.layers)

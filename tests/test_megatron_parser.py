@@ -56,6 +56,9 @@ CASES = [
     ("llama3-70b", "b200", 64, "mxfp8",
      dict(tp=4, pp=2, dp=8, vpp=5, micro_batch=1, global_batch=128, sequence_parallel=True,
           fp8_param_gather=True)),
+    # DeepSeek-V3's block-scaled FP8 on Hopper (--fp8-recipe blockwise), FP8 weights gathered
+    ("llama3-8b", "h100-sxm", 8, "fp8-block",
+     dict(dp=8, micro_batch=1, global_batch=64, recompute="full", fp8_param_gather=True)),
     ("mixtral-8x7b", "b200", 32, "nvfp4",
      dict(tp=1, pp=2, dp=16, ep=8, micro_batch=2, global_batch=256, zero_stage=1)),
     # frontier shapes: MLA + shared expert + 3 dense layers + MTP; head_dim apart from hidden/heads

@@ -166,11 +166,11 @@ def test_gpu_names_map_to_presets():
     assert system_preset_for("NVIDIA GB200 NVL72")[0] == "gb200-nvl72"
 
 
-def test_blockwise_fp8_reads_as_current_scaling():
+def test_blockwise_fp8_reads_as_the_block_recipe():
     from planner.reference import parse_precision
-    assert parse_precision("fp8-blockwise", "r")[0] == "fp8-cs"
+    assert parse_precision("fp8-blockwise", "r")[0] == "fp8-block"
     dtype, note = parse_precision("FP8 blockwise (DeepSeek-V3 tiles)", "r")
-    assert dtype == "fp8-cs" and "blockwise" in note
+    assert dtype == "fp8-block" and "blockwise" in note
     assert parse_precision("FP8", "r")[0] == "fp8"  # delayed scaling stays delayed
 
 

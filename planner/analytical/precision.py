@@ -13,6 +13,10 @@ Bytes per quantised element, from the recipes' definitions:
   used next step (TE docs, "Using FP8 with Transformer Engine": DelayedScaling, amax history).
 - fp8-cs (per-tensor current scaling): the tensor's own amax is needed before the cast, one more
   2-byte read (TE Float8CurrentScaling).
+- fp8-block (DeepSeek-V3 §3.3.2 fine-grained quantisation, TE Float8BlockScaling): each 1x128 tile
+  of an activation (128x128 of a weight) gets its own fp32 scale from its own amax, computed in
+  the cast kernel that reads the tile: read 2 + write 1 + 1 (row- and column-wise copies) and one
+  4-byte scale per 128 elements each way.
 - mxfp8: one E8M0 scale per 32 elements computed inside the cast, row- and column-wise blocks
   (OCP Microscaling Formats (MX) Specification v1.0, §5: block size 32, 8-bit shared scale).
 - nvfp4: FP4 E2M1 values (0.5 B) with one E4M3 scale per 16 elements, and a second-level fp32
@@ -23,7 +27,7 @@ Weight casts happen once per step (TE caches them across microbatches) and are n
 from __future__ import annotations
 
 # Accelerator peak used by the block's GEMMs (hardware.spec.Dtype keys).
-GEMM_PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp8-cs": "fp8", "mxfp8": "mxfp8",
+GEMM_PEAK_KEY = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8", "fp8-cs": "fp8", "fp8-block": "fp8", "mxfp8": "mxfp8",
                  "nvfp4": "nvfp4"}
 
 QUANTISE_BYTES_PER_ELEMENT = {
@@ -31,13 +35,15 @@ QUANTISE_BYTES_PER_ELEMENT = {
     "fp16": 0.0,
     "fp8": 2.0 + 1.0 + 1.0,
     "fp8-cs": 2.0 + 2.0 + 1.0 + 1.0,
+    "fp8-block": 2.0 + 1.0 + 1.0 + 2 * 4.0 / 128,
     "mxfp8": 2.0 + 1.0 + 1.0 + 2 * 1.0 / 32,
     "nvfp4": 2.0 + 2.0 + 0.5 + 0.5 + 2 * 1.0 / 16,
 }
 
 # Bytes per GEMM operand element as the kernel reads it (the quantised copy; block scales
 # included: MX one E8M0 per 32, NVFP4 one E4M3 per 16, as above).
-GEMM_OPERAND_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8-cs": 1.0, "mxfp8": 1.0 + 1.0 / 32,
+GEMM_OPERAND_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp8-cs": 1.0, "fp8-block": 1.0 + 4.0 / 128,
+                      "mxfp8": 1.0 + 1.0 / 32,
                       "nvfp4": 0.5 + 1.0 / 16}
 
 

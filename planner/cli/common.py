@@ -34,7 +34,7 @@ BatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", "-b", help="Global batch in sequences (fixed).")]
 MaxBatchOpt = Annotated[int, typer.Option(
     "--max-global-batch", help="Largest global batch the search may pick when --global-batch is not given.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), mxfp8 or nvfp4 (Blackwell only).")]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), mxfp8 or nvfp4 (Blackwell only).")]
 ReserveOpt = Annotated[float, typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]

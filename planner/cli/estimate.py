@@ -68,7 +68,7 @@ def estimate_command(
     seq_length: SeqOpt = None,
     global_batch: BatchOpt = None,
     dtype: Annotated[Optional[str], typer.Option(
-        "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), "
+        "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), "
                         "mxfp8 or nvfp4 (Blackwell only); default: the plan file's, else bf16.")] = None,
     hbm_reserve_gib: Annotated[Optional[float], typer.Option(
         "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation "

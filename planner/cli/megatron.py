@@ -55,7 +55,7 @@ MegatronReserveOpt = Annotated[Optional[float], typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB; "
                               "default: the plan file's, else 2).")]
 MegatronDtypeOpt = Annotated[Optional[str], typer.Option(
-    "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), "
+    "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), "
                     "mxfp8 or nvfp4 (Blackwell). Default: the plan file's, else bf16.")]
 
 

@@ -33,6 +33,8 @@ PRECISION_FLAGS: dict[str, list[Arg]] = {
     "fp16": [("--fp16", None)],
     "fp8": [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", "delayed")],
     "fp8-cs": [("--bf16", None), ("--fp8-format", "hybrid"), ("--fp8-recipe", "tensorwise")],
+    # E4M3 throughout, as DeepSeek-V3 trained (§3.3.2) and Megatron passes it to Float8BlockScaling
+    "fp8-block": [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "blockwise")],
     "mxfp8": [("--bf16", None), ("--fp8-format", "e4m3"), ("--fp8-recipe", "mxfp8")],
     "nvfp4": [("--bf16", None), ("--fp4-format", "e2m1"), ("--fp4-recipe", "nvfp4")],
 }

@@ -12,10 +12,10 @@ from planner.plan import JobSpec, Plan, applicable_recompute_modules
 
 # Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
 # (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
-PRECISION_MIN_ARCH: dict[str, int] = {"bf16": 8, "fp16": 7, "fp8": 9, "fp8-cs": 9, "mxfp8": 10,
+PRECISION_MIN_ARCH: dict[str, int] = {"bf16": 8, "fp16": 7, "fp8": 9, "fp8-cs": 9, "fp8-block": 9, "mxfp8": 10,
                                       "nvfp4": 10}
 # Precisions whose compute weights Megatron can keep (and gather) in FP8 (--fp8-param-gather).
-FP8_PARAM_DTYPES = ("fp8", "fp8-cs", "mxfp8")
+FP8_PARAM_DTYPES = ("fp8", "fp8-cs", "fp8-block", "mxfp8")
 
 
 def cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
