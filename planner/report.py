@@ -1,6 +1,8 @@
 """Human-readable tables and JSON of Estimates (rich)."""
 from __future__ import annotations
 
+import statistics
+
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -118,8 +120,7 @@ IMBALANCE_NOTE_RATIO = 1.25
 def pipeline_imbalance_note(rows, plan: Plan) -> str | None:
     """One line when the slowest pipeline rank takes IMBALANCE_NOTE_RATIO x the median rank's
     microbatch time or more (1F1B runs at the pace of its slowest stage), else None."""
-    times = sorted(r.microbatch_s for r in rows)
-    median = times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
+    median = statistics.median(r.microbatch_s for r in rows)
     slowest = max(range(len(rows)), key=lambda i: rows[i].microbatch_s)
     ratio = rows[slowest].microbatch_s / median
     if ratio < IMBALANCE_NOTE_RATIO:

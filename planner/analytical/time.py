@@ -37,6 +37,8 @@ OPTIMIZER_GRAD_READ_BYTES = 4.0
 def optimizer_step_bytes_per_param(job: JobSpec) -> float:
     bpp = job.bytes_per_param
     return OPTIMIZER_GRAD_READ_BYTES + 2.0 * bpp.optimizer_total + bpp.weights
+
+
 # Element-wise bytes per token per layer, forward, in units of hidden (norms, residual adds,
 # dropout, bias) and of the MLP width (activation function read + write); 2-byte elements.
 ELEMENTWISE_PASSES_HIDDEN = 12.0
