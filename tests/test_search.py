@@ -74,6 +74,8 @@ CASES = [
     # two layer kinds (a leading dense layer) and an MTP layer, 'moe' recompute allowed beside
     # the overlap: the overlap-twin rules' conditions (constraints/dominance.py)
     (TINY_MOE_LEAD, "h100-sxm", 16, JobSpec(global_batch=64, framework="any")),
+    # bf16 Adam moments (precision-aware optimizer: ZeRO-1 only) with DeepSeek-V3's block FP8
+    ("llama3-8b", "h800", 8, JobSpec(global_batch=64, adam_moments="bf16", dtype="fp8-block")),
 ]
 IDS = [f"{getattr(m, 'name', m)}-{s}-{n}-{i}" for i, (m, s, n, _) in enumerate(CASES)]
 TOP = 5
