@@ -14,7 +14,9 @@ Domains (see `knob_domains`)
                powers of two); a pp that does not divide the layers runs the balanced split of
                `planner.pipeline_layout.balanced_layout`, which the per-stage solver
                (`constraints.stages`) then refines for the plans it reports
-  cp           1 and the divisors c <= 8 of seq/2 (so that seq % 2c == 0)
+  cp           1 and the divisors c <= 8 of seq/2 (so that seq % 2c == 0); beyond 8, powers of two
+               while each CP rank keeps >= 8K tokens (long-context runs: Llama 3 405B cp 16 at
+               128K, NeMo cp 32 at 1M); a pin may ask for any divisor of seq/2
   ep           divisors of the number of experts (MoE only; else 1)
   etp          expert tensor parallel (MoE only; else = tp): tp (Megatron's default) or 1 (the folded
                layout published MoE recipes use); a pin may name any divisor of the expert ffn
@@ -69,6 +71,10 @@ from planner.analytical.memory import selective_freed_coefficients
 from planner.megatron.expressible import FP8_DELAYED_NO_RECOMPUTE
 
 CP_CAP = 8
+# Finer context splits are searched only for long sequences: the published long-context layouts
+# keep 8K (Llama 3 405B, arXiv:2407.21783 Table 4: cp 16 at 131072) to 32K tokens per CP rank (NeMo
+# 24.03 long-sequence table: cp 8/16/32 at 256K/512K/1M); at 4K-8K sequences cp > 8 only adds rows.
+CP_LONG_MIN_TOKENS_PER_RANK = 8192
 VPP_CAP = 8
 MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
 FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
@@ -147,6 +153,12 @@ class Space:
         return self.job.global_batch or self.job.max_global_batch
 
 
+def cp_splits(model: ModelSpec, cp: int) -> bool:
+    """Load-balanced causal CP cuts the sequence into 2·cp chunks (Megatron-Core / TE
+    context parallel): seq % (2·cp) == 0."""
+    return cp == 1 or model.seq_length % (2 * cp) == 0
+
+
 def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str, tuple]:
     """Legal values of each knob BEFORE pins (dp and global_batch are listed but derived per row)."""
     n = system.num_gpus
@@ -162,8 +174,11 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     uneven = {d for d in range(1, model.layers + 1) if n % d == 0} if not job.allow_idle_gpus \
         else set(_pow2_upto(model.layers))
     pp = sorted(d for d in set(divisors(model.layers)) | uneven if d <= n and fills(d))
-    half = model.seq_length // 2 if model.seq_length % 2 == 0 else 0
-    cp = [1] + [c for c in range(2, CP_CAP + 1) if half and half % c == 0 and c <= n and fills(c)]
+    cp = [1] + [c for c in range(2, CP_CAP + 1) if cp_splits(model, c) and c <= n and fills(c)]
+    c = 2 * CP_CAP
+    while cp_splits(model, c) and model.seq_length // c >= CP_LONG_MIN_TOKENS_PER_RANK and c <= n:
+        cp += [c] if fills(c) else []
+        c *= 2
     ep = divisors(model.moe.num_experts) if model.moe else [1]
     etp = [d for d in divisors(model.expert_ffn_hidden) if d <= n
            and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
@@ -253,6 +268,10 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
             continue
         if knob == "vpp" and value == int(value) and 1 <= value <= model.layers:
             domains[knob] = (int(value),)  # any interleaving depth may be pinned (e.g. 12)
+            continue
+        if knob == "cp" and value == int(value) and 1 <= value <= system.num_gpus and cp_splits(model, int(value)) \
+                and (job.allow_idle_gpus or system.num_gpus % value == 0):
+            domains[knob] = (int(value),)  # any legal context split may be pinned (e.g. 16 at 128K)
             continue
         if knob == "dp" and not any(v == value for v in allowed):
             raise SpecError(f"pin dp: {raw} leaves no tp·pp·cp that fills {system.num_gpus} GPUs; "
