@@ -75,6 +75,7 @@ def best_in_layout(run: dict, model: ModelSpec, extra_pins: dict | None = None):
     pins = {**run.get("pinned", {}), **ERA_PINS.get(str(run.get("era", "")), {}), **(extra_pins or {})}
     job = JobSpec(global_batch=run["global_batch"], max_global_batch=max(3072, run["global_batch"]),
                   dtype=run["dtype"], adam_moments=run.get("adam_moments", "fp32"), pins=pins,
+                  moe_dispatcher=run.get("moe_dispatcher", "alltoall"),
                   flash_attention=not run.get("era"))
     restrict = {"vpp": lambda v: v > 1} if run.get("interleaved") else None
     best = plan(model, system, job, top_k=1, restrict=restrict).best

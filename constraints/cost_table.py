@@ -51,6 +51,7 @@ from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_bat
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
 from planner.analytical.layer_kinds import lead_layers
+from planner.plan import MOE_DISPATCHER_CODES
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
 CHUNK = 32_768   # rows per estimate_many call: working set in cache (400 k: ~25 % more CPU, measured)
@@ -62,6 +63,8 @@ KEEP_RESULTS = ("step_time_s", "hbm_bytes", "offload_bytes", "violations")
 
 def plan_arrays(space: Space, rows: dict[str, np.ndarray]) -> PlanArrays:
     cols = {k: rows[k] for k in LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS}
+    if space.model.moe:
+        cols["moe_dispatcher"] = MOE_DISPATCHER_CODES[space.job.moe_dispatcher]
     return PlanArrays.from_columns(len(rows["tp"]), space.model.layers, lead_layers(space.model), **cols)
 
 

@@ -320,6 +320,11 @@ class JobSpec(BaseModel):
     tp_within_nvlink: bool = Field(
         default=True, description="keep tensor parallelism inside one NVLink domain (what practice does)")
     framework: Literal["megatron", "any"] = "megatron"
+    # The token dispatcher every searched plan is costed with (a deployment choice, not searched:
+    # DeepEP needs its library and GPU-initiated IB): "deepep" sends a token across the network
+    # once per destination node and fans it out over NVLink (DeepSeek-V3 §3.2.2; Megatron
+    # --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep).
+    moe_dispatcher: MoeDispatcher = "alltoall"
     moe_load_imbalance: float = Field(
         default=1.0, ge=1.0, le=8.0,
         description="MoE: tokens routed to the busiest expert over the mean (1.0 = balanced routing, "

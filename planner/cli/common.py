@@ -156,7 +156,10 @@ EtpOpt = Annotated[Optional[int], typer.Option(
 DpImplOpt = Annotated[Optional[str], typer.Option(
     "--dp-impl", help="Sharded data parallel implementation: megatron, torch-fsdp2 or deepspeed.")]
 MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
-    "--moe-dispatcher", help="MoE token dispatcher: alltoall or deepep.")]
+    "--moe-dispatcher",
+    help="MoE token dispatcher: alltoall (Megatron's default) or deepep (DeepEP through Megatron's flex "
+         "dispatcher: a token crosses the network once per destination node, then NVLink; needs the DeepEP "
+         "library). `plan`/`check` cost every plan with it; default alltoall.")]
 MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
     "--moe-a2a-overlap/--no-moe-a2a-overlap",
     help="Hide the expert all-to-all behind another microbatch's compute (Megatron "
@@ -203,10 +206,13 @@ def adam_moments_setting(value: str | None) -> dict:
     return {"adam_moments": value}
 
 
-def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None) -> None:
+def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
+                              moe_dispatcher: str | None = None) -> None:
     """A MoE-only setting given for a model without experts is a mistake, not a no-op."""
     if model.moe is not None:
         return
+    if moe_dispatcher is not None:
+        raise SpecError(f"moe-dispatcher: applies to MoE models only; {model.name} has no experts")
     if moe_imbalance is not None and moe_imbalance != 1.0:
         raise SpecError(f"moe-imbalance: applies to MoE models only; {model.name} has no experts")
     if fused_grouped_mlp:

@@ -42,6 +42,7 @@ from planner.cli.common import (
     TpAcrossNodesOpt,
     TpOpt,
     MoeA2aOverlapOpt,
+    MoeDispatcherOpt,
     MoeImbalanceOpt,
     AdamMomentsOpt,
     adam_moments_setting,
@@ -72,18 +73,20 @@ def _inputs(o: dict):
     check_int("global-batch", o["global_batch"], 1, MAX_GLOBAL_BATCH)
     check_int("max-global-batch", o["max_global_batch"], 1, MAX_GLOBAL_BATCH)
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
-    refuse_moe_flags_on_dense(model, o.get("moe_imbalance"), o.get("fused_grouped_mlp"))
+    refuse_moe_flags_on_dense(model, o.get("moe_imbalance"), o.get("fused_grouped_mlp"), o.get("moe_dispatcher"))
     if o["free_batch"] and o["global_batch"] is not None:
         raise SpecError(f"global-batch: --global-batch {o['global_batch']} fixes the batch and --free-batch "
                         "lets the search pick it; give one (use --max-global-batch to cap a free batch)")
     gb = None if o["free_batch"] else (o["global_batch"] or DEFAULT_BATCH)
     pins = given_knobs(o)
+    pins.pop("moe_dispatcher", None)  # a job setting for the search: every plan is costed with it
     refuse_contradictions(pins, o["framework"])
     max_gb = max(o["max_global_batch"], gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
+                   moe_dispatcher=o.get("moe_dispatcher") or "alltoall",
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
                                      o.get("fused_grouped_mlp", False)),
                    **adam_moments_setting(o.get("adam_moments")))
@@ -171,6 +174,7 @@ def register(app: typer.Typer) -> None:
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
+        moe_dispatcher: MoeDispatcherOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
         adam_moments: AdamMomentsOpt = None,
         cuda_graph: CudaGraphOpt = "none",
@@ -218,6 +222,7 @@ def register(app: typer.Typer) -> None:
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
+        moe_dispatcher: MoeDispatcherOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
         adam_moments: AdamMomentsOpt = None,
         cuda_graph: CudaGraphOpt = "none",
