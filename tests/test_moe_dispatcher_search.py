@@ -50,3 +50,13 @@ def test_dispatcher_on_a_dense_model_is_an_input_error():
     res = CliRunner().invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
                                    "--moe-dispatcher", "deepep"])
     assert res.exit_code == 2 and "moe-dispatcher: applies to MoE models only" in res.output
+
+
+def test_named_choices_are_case_insensitive_and_name_the_flag():
+    ok = CliRunner().invoke(app, ["plan", "-m", "qwen3-30b-a3b", "-s", "h100-sxm", "-g", "32", "-b", "64", "--ep", "32",
+                                  "--tp", "1", "--pp", "1", "--moe-dispatcher", "DeepEP", "--top", "1"])
+    assert ok.exit_code == 0 and "DeepEP dispatch" in ok.output
+    bad = CliRunner().invoke(app, ["estimate", "-m", "qwen3-30b-a3b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                   "--tp", "1", "--pp", "1", "--ep", "8", "--dp-impl", "zero3"])
+    assert bad.exit_code == 2
+    assert "dp-impl: unknown 'zero3'; allowed: megatron, torch-fsdp2, deepspeed" in bad.output

@@ -230,6 +230,8 @@ PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence
                    "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap", "etp", "dp_impl", "moe_dispatcher",
                    "moe_a2a_overlap")
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+NAMED_CHOICES = {"recompute": RECOMPUTE_CHOICES, "moe_dispatcher": ("alltoall", "deepep"),
+                 "dp_impl": ("megatron", "torch-fsdp2", "deepspeed")}
 POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
 
 
@@ -248,8 +250,10 @@ def given_knobs(options: dict) -> dict:
             check_int(flag, value, 0, 3)
         elif knob.startswith("offload_"):
             check_float(flag, value, 0.0, 1.0)
-        if knob == "recompute" and value not in RECOMPUTE_CHOICES:
-            raise SpecError(f"recompute: unknown {value!r}; allowed: {', '.join(RECOMPUTE_CHOICES)}")
+        if knob in NAMED_CHOICES:
+            value = str(value).strip().lower()
+            if value not in NAMED_CHOICES[knob]:
+                raise SpecError(f"{flag}: unknown {options[knob]!r}; allowed: {', '.join(NAMED_CHOICES[knob])}")
         knobs[knob] = value
     return knobs
 

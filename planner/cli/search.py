@@ -79,14 +79,14 @@ def _inputs(o: dict):
                         "lets the search pick it; give one (use --max-global-batch to cap a free batch)")
     gb = None if o["free_batch"] else (o["global_batch"] or DEFAULT_BATCH)
     pins = given_knobs(o)
-    pins.pop("moe_dispatcher", None)  # a job setting for the search: every plan is costed with it
+    dispatcher = pins.pop("moe_dispatcher", "alltoall")  # a job setting: the search costs every plan with it
     refuse_contradictions(pins, o["framework"])
     max_gb = max(o["max_global_batch"], gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
-                   moe_dispatcher=o.get("moe_dispatcher") or "alltoall",
+                   moe_dispatcher=dispatcher,
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
                                      o.get("fused_grouped_mlp", False)),
                    **adam_moments_setting(o.get("adam_moments")))
