@@ -43,7 +43,7 @@ RULE_TEXT = {
     "experts_ep": "experts must be divisible by ep, expert ffn by etp, and tp·pp·dp·cp by etp·ep·pp",
     "batch": "global batch = microbatches · micro_batch · dp",
     "batch_size": "global batch must equal the fixed batch (or stay within the cap)",
-    "vpp_microbatches": "with interleaving the number of microbatches must be a multiple of pp",
+    "vpp_microbatches": "with interleaving the number of microbatches must be at least pp",
     "sp_needs_tp": "sequence parallelism needs tp > 1",
     "tp_overlap_needs_sp": "tp comm overlap needs sequence parallelism",
     "megatron_weight_offload": "Megatron-LM cannot offload weights",
@@ -128,7 +128,7 @@ def encode(table: Table, assumptions: bool = False) -> Encoded:
     table_rule("experts_ep", ("ep", "etp", "tp", "pp", "dp", "cp"),
                lambda e, x, t, p, d, c: E % e == 0 and (t * p * d * c) % (x * e * p) == 0
                and (eff % x == 0 if moe else (e == 1 and x == t)))
-    table_rule("vpp_microbatches", ("pp", "vpp", "m"), lambda p, v, k: v == 1 or (k >= p and k % p == 0))
+    table_rule("vpp_microbatches", ("pp", "vpp", "m"), lambda p, v, k: v == 1 or k >= p)
     table_rule("sp_needs_tp", ("tp", "sequence_parallel"), lambda t, s: not s or t > 1)
     table_rule("tp_overlap_needs_sp", ("sequence_parallel", "tp_comm_overlap"), lambda s, o: not o or s)
 

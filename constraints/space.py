@@ -316,7 +316,9 @@ def layouts(space: Space) -> dict[str, np.ndarray]:
     """All (tp, pp, dp, cp, ep, vpp, micro_batch) that pass the structural rules, each with its
     legal microbatch counts m = global_batch / (micro_batch·dp) as range(m_min, m_max + 1, m_step):
     fixed batch: the one m; free batch: 1..M (M = cap // (micro_batch·dp)), or the multiples of
-    pp up to M with interleaving (Megatron: m >= pp and a multiple of pp)."""
+    pp up to M with interleaving (Megatron needs m >= pp; a fixed batch whose m pp does not divide
+    runs with a microbatch group N != pp, pipeline_layout.vp_microbatch_group; a free batch keeps to
+    multiples of pp, which it can always pick, for search speed)."""
     d = space.domains
     model = space.model
     experts = model.moe.num_experts if model.moe else 1
@@ -347,7 +349,7 @@ def layouts(space: Space) -> dict[str, np.ndarray]:
                                 spans = [(1, top, 1)] if top >= 1 else []
                         else:
                             spans = [(g // unit, g // unit, 1) for g in gb_dom if g % unit == 0
-                                     and (vpp == 1 or ((g // unit) % pp == 0 and g // unit >= pp))]
+                                     and (vpp == 1 or g // unit >= pp)]
                         for span in spans:
                             for k, v in zip(names, (tp, pp, dp, cp, ep, etp, vpp, mb) + span):
                                 cols[k].append(v)

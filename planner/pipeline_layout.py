@@ -148,6 +148,9 @@ def pipeline_args(plan, layers: int, mtp_layers: int = 0) -> list[tuple[str, obj
     out: list[tuple[str, object]] = []
     if plan.vpp > 1 and "--pipeline-model-parallel-layout" not in flags:
         out.append(("--num-virtual-stages-per-pipeline-rank", plan.vpp))
+    group = int(vp_microbatch_group(plan.num_microbatches, plan.pp)) if plan.vpp > 1 else plan.pp
+    if group != plan.pp:  # pp does not divide the microbatches: Megatron's default N = pp would refuse
+        out.append(("--microbatch-group-size-per-virtual-pipeline-stage", group))
     i = 0
     while i < len(flags):
         if i + 1 < len(flags) and not flags[i + 1].startswith("--"):
@@ -229,3 +232,22 @@ def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...]
 
 __all__ = ["stage_lead_layers", "pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
            "rank_layers", "rank_of_stage"]
+
+
+def vp_microbatch_group(m, pp):
+    """N, the microbatches each virtual stage runs in a row under Megatron's interleaved schedule
+    (--microbatch-group-size-per-virtual-pipeline-stage; None means N = pp): pp when pp divides
+    the m microbatches, else the smallest N in [pp, m] whose last group m % N is 0 or >= pp
+    (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving:
+    N outside [pp, m] or a last group in (0, pp) is refused). The smallest such N keeps the
+    warm-up, (v−1)·N + 2(pp−1) chunk-forwards on rank 0, and so the in-flight activations, least.
+    Elementwise over arrays; m < pp gives pp (no interleaved schedule runs then)."""
+    import numpy as np
+    m_arr, p_arr = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(pp, dtype=np.float64))
+    out = p_arr.copy()
+    odd = (m_arr >= p_arr) & (np.mod(m_arr, p_arr) != 0)
+    pairs = {(int(a), int(b)) for a, b in zip(m_arr[odd].ravel(), p_arr[odd].ravel())}
+    for mi, pi in pairs:
+        n = next(n for n in range(pi + 1, mi + 1) if mi % n == 0 or mi % n >= pi)
+        out[odd & (m_arr == mi) & (p_arr == pi)] = n
+    return out if out.shape else float(out)

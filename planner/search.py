@@ -185,7 +185,8 @@ def count(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> i
     offload fractions of weights / activations / optimizer) from the domains of
     `constraints.space` that satisfies every structural rule: divisibility (heads, query groups,
     hidden/ffn by tp; layers by pp·vpp; experts by ep), GPU count, batch (global batch a multiple
-    of micro_batch·dp, fixed or up to the cap; interleaving needs a multiple of pp microbatches),
+    of micro_batch·dp, fixed or up to the cap; interleaving needs >= pp microbatches, a free batch
+    a multiple of pp),
     compatibility (SP needs tp > 1, TP overlap needs SP) and, for framework 'megatron',
     expressibility in Megatron-LM. MEMORY IS IGNORED (no plan is evaluated): this is the size of
     the space the search prunes, i.e. exactly the rows the brute-force oracle enumerates.

@@ -14,6 +14,7 @@ from hardware import load_system
 from planner import megatron as mg
 from planner.megatron.emit import DROPOUT_PROBABILITY
 from planner.model import ModelSpec, load_model
+from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import JobSpec, Plan
 from tests.megatron_parser import (
     ROOT,
@@ -53,6 +54,10 @@ CASES = [
     # the Bridge Llama-3 70B GB200 FP8 recipe: Megatron-FSDP, 40 of 80 layers offloaded to Grace
     ("llama3-70b", "gb200-nvl72", 64, "fp8",
      dict(dp=64, micro_batch=2, global_batch=256, zero_stage=3, fp8_param_gather=True, offload_activations=0.5)),
+    # interleaved with 10 microbatches over pp 4: Megatron's default group (N = pp) would refuse at
+    # run time; the launch sets N = 5 (pipeline_layout.vp_microbatch_group)
+    ("llama3-70b", "h100-sxm", 96, "bf16",
+     dict(tp=8, pp=4, dp=3, vpp=5, micro_batch=1, global_batch=30, sequence_parallel=True, recompute="full")),
     ("llama3-70b", "b200", 64, "mxfp8",
      dict(tp=4, pp=2, dp=8, vpp=5, micro_batch=1, global_batch=128, sequence_parallel=True,
           fp8_param_gather=True)),
@@ -204,6 +209,8 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         ns, cfg = res["ns"], res["cfg"]
         assert plan_from_megatron(ns, cfg, m) == plan, label
         assert ns["overlap_param_gather"] == (plan.dp_comm_overlap and plan.zero_stage in (1, 3)), label
+        group = vp_microbatch_group(plan.num_microbatches, plan.pp) if plan.vpp > 1 else plan.pp
+        assert ns["microbatch_group_size_per_vp_stage"] == (None if group == plan.pp else group), label
         assert dtype_from_megatron(ns) == job.dtype, label
         # the model Megatron builds: every shape field the cost model reads (layers, widths, heads,
         # groups, head dims, MLA, experts, shared experts, dense layers, MTP, vocab, q/k norms)

@@ -294,5 +294,5 @@ def test_cli_flags_for_folding_dispatcher_and_dp_impl():
     assert "--expert-tensor-parallel-size 1" in r.output and "--moe-token-dispatcher-type flex" in r.output
     bad = CliRunner().invoke(app, ["estimate", "-m", "qwen3-235b-a22b", "-s", "h100-sxm", "-g", "256",
                                    "--dp-impl", "fsdp9"])
-    assert bad.exit_code == 2 and "dp_impl" in bad.output and "torch-fsdp2" in bad.output
+    assert bad.exit_code == 2 and "dp-impl" in bad.output and "torch-fsdp2" in bad.output
     assert "Traceback" not in bad.output

@@ -181,7 +181,9 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
             if mb > cap or gb % (mb * dp):
                 continue
             m = gb // (mb * dp)
-            if vpp > 1 and (m < pp or m % pp):
+            # interleaving: Megatron needs m >= pp (a microbatch group N != pp covers the rest); a
+            # free batch keeps to multiples of pp
+            if vpp > 1 and (m < pp or (not job.global_batch and m % pp)):
                 continue
             # recompute: 0 none, 1 full, then selective with each module set that acts on the model
             # and frees memory (core_attn frees nothing under flash attention): dense: mlp; MoE

@@ -27,7 +27,7 @@ RULES: dict[str, str] = {
                  "(pp·vpp <= layers), or stage_layers summing to the layers",
     "batch": "global batch must be a multiple of micro_batch·dp",
     "vpp_needs_pp": "interleaving (vpp > 1) needs pp > 1",
-    "vpp_microbatches": "with interleaving the number of microbatches must be a multiple of pp",
+    "vpp_microbatches": "with interleaving the number of microbatches must be at least pp",
     "experts_ep": "experts must be divisible by ep, expert ffn by etp, and the GPU count by etp·ep·pp",
     "cp_seq": "sequence length must be a multiple of 2·cp",
     "tp_overlap_needs_sp": "tp comm overlap needs sequence parallelism",
@@ -52,7 +52,7 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         "layers_pp": layout_breaks(model.layers, P),
         "batch": P.global_batch % (P.micro_batch * dp) != 0,
         "vpp_needs_pp": (v > 1) & (p == 1),
-        "vpp_microbatches": (v > 1) & ((m < p) | (np.mod(m, p) != 0)),
+        "vpp_microbatches": (v > 1) & (m < p),
         # Megatron MoE parallel folding: experts get their own (etp, ep, expert-dp) grid over the
         # same GPUs; only world % (etp·ep·pp) == 0 is required (megatron/core/parallel_state.py)
         "experts_ep": (E % P.ep != 0) | (np.mod(gpus, P.etp * P.ep * p) != 0)

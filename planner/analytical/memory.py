@@ -14,6 +14,7 @@ from planner.analytical.flops import attention_out_width
 from planner.analytical.precision import GEMM_OPERAND_BYTES
 from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
+from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import DP_IMPL_CODES, JobSpec
 
 
@@ -170,9 +171,10 @@ class RankColumns:
 def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
     """Microbatches (in units of a whole rank's activations) that each representative rank r
     holds at its peak, (n, R). 1F1B: min(pp − r, m) (rank r warms up with pp − r − 1 forwards,
-    Narayanan et al. SC'21 §2.2). Interleaved (Megatron's schedule: 2(pp − r − 1) + (v − 1)·pp
-    warm-up chunk-forwards plus one, each 1/v of the rank): (2(p−r−1) + (v−1)p + 1)/v, which for
-    r = 0 is Korthikanti et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v)); scaled by min(1, m/p).
+    Narayanan et al. SC'21 §2.2). Interleaved (Megatron's schedule: 2(pp − r − 1) + (v − 1)·N
+    warm-up chunk-forwards plus one, each 1/v of the rank, N = pp unless pp does not divide m:
+    pipeline_layout.vp_microbatch_group): (2(p−r−1) + (v−1)N + 1)/v, which for r = 0 and N = p
+    is Korthikanti et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v)); scaled by min(1, m/p).
     MoE all-to-all overlap (combined 1F1B) runs one more warm-up forward so that each 1F1B step
     pairs independent microbatches (megatron/core/pipeline_parallel/schedules.py,
     get_pp_rank_microbatches: +1 with overlap_moe_expert_parallel_comm); without pipelining it
@@ -182,7 +184,8 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
     p, v, r = C.pp, C.vpp, P.rank_index
     extra = (C.moe_a2a_overlap > 0) * 1.0
     plain = np.minimum(p - r + extra, m)
-    interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * p + 1.0 + extra) / v * np.minimum(1.0, m / p)
+    n_group = vp_microbatch_group(m, p)
+    interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * n_group + 1.0 + extra) / v * np.minimum(1.0, m / p)
     return np.where(v > 1, interleaved, plain)
 
 

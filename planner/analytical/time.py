@@ -17,6 +17,7 @@ from planner.analytical.memory import at_rank
 from planner.analytical.offload import activation_offload_exposed_s
 from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
+from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import JobSpec
 
 # Fraction of TP communication left exposed. Without --tp-comm-overlap the forward all-reduces
@@ -404,13 +405,14 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
 def unpaired_microbatch_fraction(P: PlanArrays) -> np.ndarray:
     """Share of a rank's forward (and backward) chunk passes that the combined 1F1B schedule
     cannot pair with a pass of another microbatch: the warm-up forwards and cool-down backwards.
-    Interleaved: 2(p−1) + (v−1)·p + 1 warm-up chunk-forwards on rank 0 out of m·v
+    Interleaved: 2(p−1) + (v−1)·N + 1 warm-up chunk-forwards on rank 0 out of m·v (N = p unless
+    p does not divide m: pipeline_layout.vp_microbatch_group)
     (megatron/core/pipeline_parallel/schedules.py, get_pp_rank_microbatches, +1 with
     overlap_moe_expert_parallel_comm); without pipelining only the first forward and the last
     backward (combined_1f1b_schedule_for_no_pipelining)."""
     m = P.global_batch / (P.micro_batch * P.dp)
     p, v = P.pp, P.vpp
-    warmup = np.where(p > 1, 2.0 * (p - 1.0) + (v - 1.0) * p + 1.0, 1.0)
+    warmup = np.where(p > 1, 2.0 * (p - 1.0) + (v - 1.0) * vp_microbatch_group(m, p) + 1.0, 1.0)
     return np.minimum(1.0, warmup / np.maximum(m * v, 1.0))
 
 

@@ -61,14 +61,13 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         reasons.append("adam_moments: bf16 moments need Megatron's precision-aware optimizer, which runs on the "
                        f"distributed optimizer (zero_stage 1), got zero_stage {plan.zero_stage}")
     if plan.vpp > 1:
-        # MA 2a: interleaving needs pp > 1; MA 2c: microbatches >= pp and a multiple of pp.
+        # MA 2a: interleaving needs pp > 1; MA 2c: microbatches >= pp (a group size N != pp,
+        # emitted, covers an m that pp does not divide: pipeline_layout.vp_microbatch_group).
         if plan.pp == 1:
             reasons.append("vpp: the interleaved schedule needs pp > 1")
-        else:
-            m = plan.num_microbatches
-            if m < plan.pp or m % plan.pp:
-                reasons.append(f"vpp: the interleaved schedule needs the number of microbatches ({m}) "
-                               f"to be >= pp and a multiple of pp ({plan.pp})")
+        elif plan.num_microbatches < plan.pp:
+            reasons.append(f"vpp: the interleaved schedule needs at least pp ({plan.pp}) microbatches, "
+                           f"got {plan.num_microbatches}")
     reasons += layout_not_expressible(plan, layers)  # uneven layouts: pipeline_layout.py (issue 8)
     if model.heads % plan.tp:  # MA 2b
         reasons.append(f"heads ({model.heads}) must be a multiple of tp ({plan.tp})")
