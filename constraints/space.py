@@ -65,10 +65,10 @@ from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
 from planner.plan import (KNOBS, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, JobSpec, applicable_recompute_modules,
-                          recompute_modules_mask)
+                          recompute_modules_from_mask, recompute_modules_mask)
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import selective_freed_coefficients
-from planner.megatron.expressible import FP8_DELAYED_NO_RECOMPUTE
+from planner.megatron.expressible import FP8_DELAYED_NO_RECOMPUTE, graph_option_refusals, graph_job_refusals
 
 CP_CAP = 8
 # Finer context splits are searched only for long sequences: the published long-context layouts
@@ -80,6 +80,7 @@ MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of tw
 FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_GRID = (0.0, 0.5, 1.0)
+RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
 
 # The parallel layout: two rows with the same values here are the same "mapping of the model
 # onto the GPUs"; the search returns the K best DISTINCT layouts, each with its best batch and
@@ -249,6 +250,8 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
     if job.hbm_reserve_gib >= hbm_gib:
         raise SpecError(f"hbm-reserve-gib: the reserve ({job.hbm_reserve_gib:g} GiB) leaves nothing of "
                         f"the {hbm_gib:g} GiB HBM; allowed: 0 <= reserve < {hbm_gib:g}")
+    if job.framework == "megatron" and graph_job_refusals(model, job):
+        raise SpecError(graph_job_refusals(model, job)[0])
     domains = knob_domains(model, system, job)
     notes = []
     for knob, raw in job.pins.items():
@@ -400,6 +403,10 @@ def options(space: Space) -> dict[str, np.ndarray]:
                 continue
             if space.job.adam_moments == "bf16" and o["zero_stage"] != 1:
                 continue  # the precision-aware optimizer: distributed optimizer only (expressible.py)
+            if space.job.cuda_graph_modules and graph_option_refusals(
+                    RECOMPUTE_NAMES[int(o["recompute"])], recompute_modules_from_mask(int(o["recompute_modules"])),
+                    o["offload_activations"], bool(o["moe_a2a_overlap"]), space.model, space.job):
+                continue  # per-layer CUDA graphs (expressible.py)
         rows.append(combo)
     arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(OPTION_KEYS))
     return {k: arr[:, i].copy() for i, k in enumerate(OPTION_KEYS)}

@@ -105,6 +105,7 @@ KERNEL_STACKS: tuple[str, ...] = ("te", "torch-eager", "torch-compile")
 # routed expert; "deepep" (flex dispatcher with DeepEP) sends a token once per remote NVLink
 # domain and fans it out over NVLink there.
 MoeDispatcher = Literal["alltoall", "deepep"]
+CudaGraphModuleName = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess"]
 MOE_DISPATCHER_CODES: dict[str, int] = {"alltoall": 0, "deepep": 1}
 
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
@@ -349,6 +350,12 @@ class JobSpec(BaseModel):
     # fused_grouped_mlp: Transformer Engine's op fuser (use_transformer_engine_op_fuser) fuses the
     #   experts' activation and its quantisation casts into the grouped GEMMs.
     full_iteration_cuda_graph: bool = False
+    # cuda_graph_modules: per-layer CUDA graphs (Megatron-Core --cuda-graph-impl transformer_engine
+    #   --cuda-graph-modules, enums.CudaGraphModule) of these static modules; a layer whose every
+    #   static module is captured (attention and the dense MLP, or attention, the MoE router and its
+    #   preprocess) pays no per-layer launch overhead. The routed experts stay eager (dynamic shapes),
+    #   so their host time (time.expert_host_exposed_s) stays.
+    cuda_graph_modules: tuple[CudaGraphModuleName, ...] = ()
     fp8_attention: bool = False
     fused_grouped_mlp: bool = False
     # The torch stacks' attention kernel: False = FlashAttention-2; True = MPT's Triton
@@ -414,4 +421,4 @@ __all__ = ["Plan", "JobSpec", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RE
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",
            "SpecError", "DpImpl", "DP_IMPL_CODES", "KernelStack", "KERNEL_STACKS", "LossKernel", "MoeDispatcher",
-           "MOE_DISPATCHER_CODES"]
+           "CudaGraphModuleName", "MOE_DISPATCHER_CODES"]

@@ -54,10 +54,12 @@ from `planner validate`; no per-row factor is applied to any of them):
 """
 from __future__ import annotations
 
+from typing import get_args
+
 from planner.bridge_recipes import RecipeKnobs, launch_knobs
 from planner.megatron.expressible import a2a_overlap_refusals
 from planner.model import ModelSpec
-from planner.plan import Plan, applicable_recompute_modules
+from planner.plan import CudaGraphModuleName, Plan, applicable_recompute_modules
 
 # Busiest expert-parallel rank's rows over the mean with LEARNED dropless routing (aux-loss
 # balanced, as trained), as opposed to forced-balanced benchmark routing. A named physical
@@ -261,6 +263,10 @@ def bridge_recipe_job_updates(knobs: RecipeKnobs, dtype: str) -> tuple[dict, lis
     if full_iteration_graph(knobs):
         update["full_iteration_cuda_graph"] = True
         notes.append(f"full-iteration CUDA graph ({knobs.cite('cuda_graph_impl')})")
+    elif layer_graph_modules(knobs):
+        update["cuda_graph_modules"] = layer_graph_modules(knobs)
+        notes.append(f"per-layer CUDA graphs of {'/'.join(update['cuda_graph_modules'])} "
+                     f"({knobs.cite('cuda_graph_impl')})")
     if knobs.value("cutedsl_fused_grouped_mlp"):
         update["fused_grouped_mlp"] = True
         notes.append(f"fused grouped MLP, TE op fuser ({knobs.cite('cutedsl_fused_grouped_mlp')})")
@@ -278,10 +284,20 @@ def full_iteration_graph(knobs: RecipeKnobs) -> bool:
     return impl == "full_iteration" or (impl == "local" and "full_iteration" in scope)
 
 
+def layer_graph_modules(knobs: RecipeKnobs) -> tuple[str, ...]:
+    """The modules Transformer Engine's per-layer CUDA graphs capture (cuda_graph_impl
+    'transformer_engine' with a cuda_graph_scope), as JobSpec.cuda_graph_modules; () for other
+    graphs or a scope with a module the model does not know (e.g. mamba)."""
+    impl, scope = knobs.value("cuda_graph_impl"), tuple(knobs.value("cuda_graph_scope") or ())
+    if impl != "transformer_engine" or not scope or not set(scope) <= set(get_args(CudaGraphModuleName)):
+        return ()
+    return scope
+
+
 def uncosted_graph_notes(knobs: RecipeKnobs) -> list[str]:
-    """The assumption text for per-layer CUDA graphs, which the time model does not cost."""
+    """The assumption text for per-layer CUDA graphs the time model does not cost ('local' ones)."""
     impl, scope = knobs.value("cuda_graph_impl"), knobs.value("cuda_graph_scope")
-    if not impl or full_iteration_graph(knobs):
+    if not impl or full_iteration_graph(knobs) or layer_graph_modules(knobs):
         return []
     return [f"not costed: CUDA graphs {impl}" + (f" scope {'/'.join(scope)}" if scope else "")
             + f" ({knobs.cite('cuda_graph_impl')})"]
@@ -307,5 +323,5 @@ def _uncosted_knobs(knobs: RecipeKnobs) -> list[str]:
 
 
 __all__ = ["MOE_IMBALANCE_LEARNED_DROPLESS", "a2a_overlap_allowed", "bridge_recipe_job_updates", "bridge_recipe_model",
-           "bridge_recipe_plan_updates", "full_iteration_graph", "nvidia_moe_settings", "tp_overlap_update",
+           "bridge_recipe_plan_updates", "full_iteration_graph", "layer_graph_modules", "nvidia_moe_settings", "tp_overlap_update",
            "uncosted_graph_notes"]

@@ -155,7 +155,10 @@ def test_cases_run_their_own_release_recipe(bridge_cases):
     assert any(a.startswith("fused grouped MLP, TE op fuser (Megatron-Bridge v0.5.0") for a in notes)
     assert any(a.startswith("full-iteration CUDA graph (Megatron-Bridge v0.5.0") for a in notes)
     assert not any(a.startswith("not costed: CUDA graphs full_iteration") for a in notes)
-    assert any(a.startswith("not costed: CUDA graphs transformer_engine") for a in c[QWEN_2604_GB200].assumptions)
+    # 26.04's per-layer TE graphs of attention, router and preprocess: costed, cited
+    assert job0.cuda_graph_modules == ("attn", "moe_router", "moe_preprocess")
+    assert any(a.startswith("per-layer CUDA graphs of attn/moe_router/moe_preprocess (Megatron-Bridge")
+               for a in c[QWEN_2604_GB200].assumptions)
     assert not any(a.startswith("no recompute (NeMo/Bridge") for a in c[DSV3_260401_B200].assumptions)
 
 

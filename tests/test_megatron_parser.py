@@ -137,6 +137,8 @@ SAVED = [  # `planner plan --save` runs whose files `planner megatron --plan` mu
     ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--cuda-graph", "full-iteration"],
     # Adam's moments in bf16 (the precision-aware optimizer): costed at 4 B/param, launched with it
     ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--adam-moments", "bf16"],
+    # per-layer Transformer Engine CUDA graphs of the static modules (MoE: attention, router, preprocess)
+    ["-m", "qwen3-30b-a3b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--cuda-graph", "layers"],
 ]
 DATA_ARGS = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "10", "--lr", "1e-4"]
 
@@ -258,7 +260,12 @@ def test_saved_plan_and_its_launch_agree(parsed):
         assert res["ns"]["global_batch_size"] == plan.global_batch
         assert res["ns"]["vocab_size"] == m.vocab
         graph = job.full_iteration_cuda_graph
-        assert res["ns"]["cuda_graph_impl"] == ("full_iteration" if graph else "none")
+        impl = "full_iteration" if graph else "transformer_engine" if job.cuda_graph_modules else "none"
+        assert res["ns"]["cuda_graph_impl"] == impl
+        if job.cuda_graph_modules:  # the modules the model has, as Megatron's enum reads them back
+            modules = sorted(str(x).split(".")[-1] for x in res["ns"]["cuda_graph_modules"])
+            assert modules == sorted(x for x in job.cuda_graph_modules if m.moe or not x.startswith("moe")
+                                     if x != "mlp" or not m.moe or m.moe.first_dense_layers)
         # off with the graph (Megatron's rule), and off under fp16's dynamic loss scaling anyway
         assert res["ns"]["check_for_nan_in_loss_and_grad"] == (not graph and job.dtype != "fp16")
         bf16_moments = job.adam_moments == "bf16"
@@ -268,6 +275,7 @@ def test_saved_plan_and_its_launch_agree(parsed):
         assert str(res["ns"]["exp_avg_dtype"]) == str(res["ns"]["exp_avg_sq_dtype"]) == moment_dtype
     assert any(job.full_iteration_cuda_graph for (_, _, _, job), _ in parsed["saved"])
     assert any(job.adam_moments == "bf16" for (_, _, _, job), _ in parsed["saved"])
+    assert any(job.cuda_graph_modules for (_, _, _, job), _ in parsed["saved"])
 
 
 def test_megatron_rejects_what_we_refuse(parsed):

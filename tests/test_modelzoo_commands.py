@@ -59,8 +59,8 @@ def test_gb300_runs_the_all_to_all_overlap_its_command_sets(zoo):
     assert c.plan.moe_a2a_overlap and c.plan.moe_dispatcher == "deepep" and c.plan.recompute == "none"
     assert any(a.startswith("expert all-to-all overlap + delayed wgrad (" + CITE + "best_practice/qwen3/readme.md:103 A2A_OVERLAP=1")
                for a in c.assumptions)
-    assert any(a.startswith("not costed: CUDA graphs transformer_engine scope attn/moe_router/moe_preprocess")
-               for a in c.assumptions)
+    assert c.job.cuda_graph_modules == ("attn", "moe_router", "moe_preprocess")
+    assert any(a.startswith("per-layer CUDA graphs of attn/moe_router/moe_preprocess (") for a in c.assumptions)
     on = estimate(c.model, c.system, c.plan, c.job).time_breakdown_s["cp_ep_comm_exposed_s"]
     off = estimate(c.model, c.system, c.plan.model_copy(update={"moe_a2a_overlap": False}), c.job) \
         .time_breakdown_s["cp_ep_comm_exposed_s"]

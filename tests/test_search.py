@@ -76,6 +76,10 @@ CASES = [
     (TINY_MOE_LEAD, "h100-sxm", 16, JobSpec(global_batch=64, framework="any")),
     # bf16 Adam moments (precision-aware optimizer: ZeRO-1 only) with DeepSeek-V3's block FP8
     ("llama3-8b", "h800", 8, JobSpec(global_batch=64, adam_moments="bf16", dtype="fp8-block")),
+    # per-layer CUDA graphs of attention, router and preprocess: no full recompute, no activation
+    # offload, no moe recompute beside the router graph (the space's and expressible.py's rules)
+    ("mixtral-8x7b", "a100-80g", 16, JobSpec(global_batch=64, cuda_graph_modules=("attn", "moe_router",
+                                                                                  "moe_preprocess"))),
 ]
 IDS = [f"{getattr(m, 'name', m)}-{s}-{n}-{i}" for i, (m, s, n, _) in enumerate(CASES)]
 TOP = 5

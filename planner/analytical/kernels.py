@@ -207,3 +207,20 @@ def quantise_bytes_per_element(dtype: str, kernels: str) -> float:
     if kernels == "torch-compile" and dtype == "fp8-cs":
         return precision.QUANTISE_BYTES_PER_ELEMENT["fp8"]
     return precision.QUANTISE_BYTES_PER_ELEMENT[dtype]
+
+
+# The static modules of each layer kind that per-layer CUDA graphs can capture (Megatron-Core
+# enums.CudaGraphModule; `moe` captures the whole MoE layer, drop-and-pad only). The routed
+# experts of a dropless MoE layer are dynamic and stay eager.
+STATIC_MODULES = {"dense": ({"attn", "mlp"},), "moe": ({"attn", "moe_router", "moe_preprocess"}, {"attn", "moe"})}
+
+
+def layer_launches_captured(moe_layer: bool, job) -> bool:
+    """Whether a layer's per-layer launch overhead (efficiency.layer_overhead_us) is gone: a
+    full-iteration graph, or per-layer graphs of every static module of the layer's kind (the DeepSeek-V3
+    GB200 guide @1d9edcf8 §2.3: attention, router, EP preprocess and shared experts captured, "only the
+    routed experts part still has some CPU overhead")."""
+    if job.full_iteration_cuda_graph:
+        return True
+    captured = set(job.cuda_graph_modules)
+    return any(needed <= captured for needed in STATIC_MODULES["moe" if moe_layer else "dense"])

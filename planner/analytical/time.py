@@ -157,8 +157,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
                                                shared_mlp_width=(2 if model.activation == "swiglu" else 1) * shared_ffn,
                                                shared_ffn=shared_ffn) \
         / (1 + BACKWARD_FACTOR)
-    # per-layer launch/host overhead, not paid when the whole iteration is one CUDA graph
-    overhead_s = 0.0 if job.full_iteration_cuda_graph else eff.layer_overhead_us * 1e-6
+    # per-layer launch/host overhead, not paid when CUDA graphs capture the layer's launches
+    overhead_s = 0.0 if kernels.layer_launches_captured(model.moe is not None, job) else eff.layer_overhead_us * 1e-6
     # Forward pieces that selective recompute reruns (`selective_recompute_s`), per layer of their
     # kind: a dense MLP, a MoE MLP, its parts, MLA's up-projections, one separate norm.
     moe_parts = moe if model.moe else {"gemm": 0.0, "elementwise": 0.0, "expert_act_s": 0.0, "shared_expert_s": 0.0}

@@ -167,10 +167,11 @@ MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
 # Kernel-level settings of NVIDIA's tuned recipes (planner.plan.JobSpec): costed by `plan` and
 # `estimate`; `planner megatron` does not emit them (module planner.cli.megatron says why).
 CudaGraphOpt = Annotated[str, typer.Option(
-    "--cuda-graph", help="CUDA graphs the run uses: none, or full-iteration (Megatron-Core "
-    "cuda_graph_impl full_iteration: no per-layer launch or host time). Costed; `planner megatron` "
-    "emits it for dense models (--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad) "
-    "and refuses it for MoE.")]
+    "--cuda-graph", help="CUDA graphs the run uses: none; layers (Transformer Engine graphs of each "
+    "layer's static modules: attention, dense MLP, MoE router and preprocess; no per-layer launch "
+    "overhead, the routed experts stay eager; launched as --cuda-graph-impl transformer_engine "
+    "--cuda-graph-modules ...); or full-iteration (Megatron-Core cuda_graph_impl full_iteration: no "
+    "per-layer launch or host time; `planner megatron` emits it for dense models and refuses it for MoE).")]
 Fp8AttentionOpt = Annotated[bool, typer.Option(
     "--fp8-attention/--no-fp8-attention", help="Attention core in FP8 (--fp8-dot-product-attention; "
     "needs an FP8/FP4 dtype). Costed, not emitted by `planner megatron`.")]
@@ -178,15 +179,21 @@ FusedGroupedMlpOpt = Annotated[bool, typer.Option(
     "--fused-grouped-mlp/--no-fused-grouped-mlp", help="MoE: Transformer Engine's op fuser fuses the experts' "
     "activation and casts into the grouped GEMMs (Bridge's CuTeDSL grouped MLP). Costed, not emitted by "
     "`planner megatron`.")]
-CUDA_GRAPHS = ("none", "full-iteration")
+CUDA_GRAPHS = ("none", "layers", "full-iteration")
+# --cuda-graph layers: every static module of the model's layers (megatron-core enums.CudaGraphModule:
+# mlp is a dense layer's; a MoE layer's router and its preprocess, the routed experts staying eager)
+LAYER_GRAPH_MODULES = {False: ("attn", "mlp"), True: ("attn", "moe_router", "moe_preprocess")}
 
 
-def kernel_settings(cuda_graph: str = "none", fp8_attention: bool = False, fused_grouped_mlp: bool = False) -> dict:
-    """JobSpec fields of the kernel flags (one-line error for an unknown --cuda-graph)."""
+def kernel_settings(cuda_graph: str = "none", fp8_attention: bool = False, fused_grouped_mlp: bool = False,
+                    moe: bool = False) -> dict:
+    """JobSpec fields of the kernel flags (one-line error for an unknown --cuda-graph); `moe`: the
+    model has experts (which modules --cuda-graph layers captures)."""
     if cuda_graph not in CUDA_GRAPHS:
         raise SpecError(f"cuda-graph: must be one of {', '.join(CUDA_GRAPHS)}, got {cuda_graph!r}")
-    return {"full_iteration_cuda_graph": cuda_graph == "full-iteration", "fp8_attention": fp8_attention,
-            "fused_grouped_mlp": fused_grouped_mlp}
+    return {"full_iteration_cuda_graph": cuda_graph == "full-iteration",
+            "cuda_graph_modules": LAYER_GRAPH_MODULES[moe] if cuda_graph == "layers" else (),
+            "fp8_attention": fp8_attention, "fused_grouped_mlp": fused_grouped_mlp}
 
 
 AdamMomentsOpt = Annotated[Optional[str], typer.Option(

@@ -101,7 +101,8 @@ def estimate_command(
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp)
     knobs = given_knobs(locals())
-    kernels = kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp))
+    kernels = kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp),
+                              moe=model_spec.moe is not None)
     job = None
     if plan_file:
         if knobs:
@@ -114,7 +115,7 @@ def estimate_command(
         # cost the plan as it was saved (dtype, reserve, attention), as `planner megatron --plan` does
         # only the kernel flags the user gave are checked against the file (None: not given)
         given_kernels = {field: None if flag is None else kernels[field] for field, flag in (
-            ("full_iteration_cuda_graph", cuda_graph), ("fp8_attention", fp8_attention),
+            ("full_iteration_cuda_graph", cuda_graph), ("cuda_graph_modules", cuda_graph), ("fp8_attention", fp8_attention),
             ("fused_grouped_mlp", fused_grouped_mlp))}
         given_kernels["adam_moments"] = adam_moments_setting(adam_moments).get("adam_moments")
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,

@@ -88,7 +88,7 @@ def _inputs(o: dict):
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
                    moe_dispatcher=dispatcher,
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
-                                     o.get("fused_grouped_mlp", False)),
+                                     o.get("fused_grouped_mlp", False), moe=model.moe is not None),
                    **adam_moments_setting(o.get("adam_moments")))
     return model, system, job
 

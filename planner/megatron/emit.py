@@ -286,6 +286,16 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         # host time). Megatron requires the NaN check off with it (training/arguments.py).
         add("--cuda-graph-impl", "full_iteration")
         add("--no-check-for-nan-in-loss-and-grad")
+    elif job.cuda_graph_modules:
+        # per-layer graphs of the static modules this model has (enums.CudaGraphModule: mlp is a
+        # dense layer's, moe_router / moe_preprocess a MoE layer's)
+        has = {"attn": True, "mlp": model.moe is None or bool(model.moe.first_dense_layers),
+               "moe": model.moe is not None, "moe_router": model.moe is not None,
+               "moe_preprocess": model.moe is not None}
+        modules = [m for m in job.cuda_graph_modules if has[m]]
+        if modules:
+            add("--cuda-graph-impl", "transformer_engine")
+            add("--cuda-graph-modules", " ".join(modules))
     add("--manual-gc")
     add("--manual-gc-interval", MANUAL_GC_INTERVAL)
 

@@ -8,7 +8,7 @@ from hardware.spec import SystemSpec
 from planner.pipeline_layout import layout_not_expressible
 from planner.megatron.launch import gpu_arch_major
 from planner.model import ModelSpec
-from planner.plan import JobSpec, Plan, applicable_recompute_modules
+from planner.plan import DEFAULT_RECOMPUTE_MODULES, JobSpec, Plan, applicable_recompute_modules
 
 # Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
 # (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
@@ -69,6 +69,9 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append(f"vpp: the interleaved schedule needs at least pp ({plan.pp}) microbatches, "
                            f"got {plan.num_microbatches}")
     reasons += layout_not_expressible(plan, layers)  # uneven layouts: pipeline_layout.py (issue 8)
+    reasons += graph_job_refusals(model, job) + graph_option_refusals(
+        plan.recompute, plan.recompute_modules or (DEFAULT_RECOMPUTE_MODULES if plan.recompute == "selective" else ()),
+        plan.offload_activations, plan.moe_a2a_overlap, model, job)
     if model.heads % plan.tp:  # MA 2b
         reasons.append(f"heads ({model.heads}) must be a multiple of tp ({plan.tp})")
     if model.mla is not None and model.kv_groups < model.heads:  # arguments.py validate_args
@@ -200,3 +203,48 @@ def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:
                         f"{system.gpus_per_node}-GPU nodes")
     return problems
 
+
+
+# Per-layer CUDA graphs (--cuda-graph-impl transformer_engine --cuda-graph-modules), as
+# megatron-core 0.19.2 transformer_config.py __post_init__ checks them.
+def graph_job_refusals(model: ModelSpec, job: JobSpec) -> list[str]:
+    """What no plan of this job can run with its cuda_graph_modules (model and dispatcher rules)."""
+    mods = set(job.cuda_graph_modules)
+    if not mods or job.full_iteration_cuda_graph:
+        return []
+    out = []
+    if model.moe is None and mods & {"moe", "moe_router", "moe_preprocess"}:
+        out.append("cuda_graph_modules: moe / moe_router / moe_preprocess need a MoE model")
+    if model.moe is not None and "mlp" in mods and not model.moe.first_dense_layers:
+        out.append("cuda_graph_modules: mlp captures dense layers, which this MoE model has none of")
+    if "moe" in mods:
+        out.append("cuda_graph_modules: moe (the whole MoE layer) needs drop-and-pad experts "
+                   "(--moe-pad-expert-input-to-capacity), which a plan does not launch")
+    if "moe_preprocess" in mods and "moe_router" not in mods:
+        out.append("cuda_graph_modules: moe_preprocess needs moe_router")
+    if "moe_preprocess" in mods and model.moe is not None and model.moe.capacity_factor is not None:
+        out.append("cuda_graph_modules: moe_preprocess cannot be captured with a capacity factor "
+                   "(device-to-host copies in the preprocess)")
+    return out
+
+
+def graph_option_refusals(recompute: str, modules: tuple[str, ...], offload_activations: float,
+                          moe_a2a_overlap: bool, model: ModelSpec, job: JobSpec) -> list[str]:
+    """What a plan's memory/overlap options cannot be with the job's per-layer CUDA graphs."""
+    mods = set(job.cuda_graph_modules)
+    if not mods or job.full_iteration_cuda_graph:
+        return []
+    out = []
+    if recompute == "full":
+        out.append("recompute: full recompute runs only with a full-iteration CUDA graph, not per-layer graphs")
+    if offload_activations > 0:
+        out.append("offload_activations: CPU offloading does not run with per-layer CUDA graphs")
+    if moe_a2a_overlap and mods & {"mlp", "moe"}:
+        out.append("moe_a2a_overlap: per-layer graphs of mlp / moe do not run with the all-to-all overlap")
+    if recompute == "selective":
+        if "moe" in modules and "moe_router" in mods:
+            out.append("recompute_modules: moe recompute does not run with a moe_router CUDA graph")
+        # graphed recompute cannot draw random numbers: no dropout inside a graphed recomputed module
+        if model.dropout and (("core_attn" in modules and "attn" in mods) or ("mlp" in modules and "mlp" in mods)):
+            out.append("recompute_modules: a graphed module with dropout cannot be recomputed")
+    return out

@@ -20,7 +20,7 @@ NONEXISTENT_FLAGS = ("--virtual-pipeline-model-parallel-size", "--fp8", "--cpu-o
 Arg = tuple[str, str | None]
 # Flags that take several values (argparse nargs): the Arg value holds them space-separated and
 # they become separate words on the command line.
-MULTI_VALUE_FLAGS = ("--recompute-modules",)
+MULTI_VALUE_FLAGS = ("--recompute-modules", "--cuda-graph-modules")
 
 
 def value_words(flag: str, value: str | None) -> list[str]:

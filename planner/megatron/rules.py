@@ -85,6 +85,7 @@ def _build_parser() -> _Parser:
         p.add_argument(name, default=None)
     p.add_argument("--data-path", nargs="*", default=None)
     p.add_argument("--recompute-modules", nargs="*", default=None)
+    p.add_argument("--cuda-graph-modules", nargs="*", default=None)
     return p
 
 

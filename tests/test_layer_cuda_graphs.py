@@ -1,0 +1,58 @@
+"""Per-layer CUDA graphs (Megatron --cuda-graph-impl transformer_engine --cuda-graph-modules):
+a layer whose every static module is captured pays no per-layer launch overhead; the routed
+experts stay eager."""
+import pytest
+from typer.testing import CliRunner
+
+from hardware import load_system
+from planner.analytical import kernels
+from planner.analytical.estimate import estimate
+from planner.analytical.time import BACKWARD_FACTOR
+from planner.cli.app import app
+from planner.model import load_model
+from planner.plan import JobSpec, Plan
+
+
+@pytest.mark.parametrize("modules,moe,captured", [
+    (("attn", "mlp"), False, True), (("attn",), False, False), (("mlp",), False, False),
+    (("attn", "moe_router", "moe_preprocess"), True, True), (("moe_router", "moe_preprocess"), True, False),
+    (("attn", "moe_router"), True, False), (("attn", "moe"), True, True), (("attn", "mlp"), True, False),
+])
+def test_a_layer_is_captured_only_with_all_its_static_modules(modules, moe, captured):
+    assert kernels.layer_launches_captured(moe, JobSpec(cuda_graph_modules=modules)) is captured
+    assert kernels.layer_launches_captured(moe, JobSpec(full_iteration_cuda_graph=True))
+
+
+def test_captured_layers_drop_exactly_the_launch_overhead():
+    """Llama-3 8B on 8 H100, dp 8, 8 microbatches: 32 layers x 8 microbatches x the H100's fitted
+    layer overhead, forward and backward (BACKWARD_FACTOR x the forward)."""
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    plan = Plan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=64, zero_stage=1)
+    eager = estimate(model, system, plan, JobSpec(global_batch=64)).step_time_s
+    graphed = estimate(model, system, plan, JobSpec(global_batch=64, cuda_graph_modules=("attn", "mlp"))).step_time_s
+    overhead_s = system.accelerator.efficiency.layer_overhead_us * 1e-6
+    assert eager - graphed == pytest.approx(32 * 8 * overhead_s * (1 + BACKWARD_FACTOR), rel=1e-9)
+
+
+def test_moe_experts_keep_their_host_time():
+    """Qwen3-30B-A3B, ep 8, 16 local experts: graphs of attention, router and preprocess remove
+    the layer overhead but not the experts' eager launches (time.expert_host_exposed_s)."""
+    model, system = load_model("qwen3-30b-a3b"), load_system("h100-sxm", 8)
+    plan = Plan(tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=64, zero_stage=1)
+    layers = JobSpec(global_batch=64, cuda_graph_modules=("attn", "moe_router", "moe_preprocess"))
+    full = JobSpec(global_batch=64, full_iteration_cuda_graph=True)
+    eager = estimate(model, system, plan, JobSpec(global_batch=64)).step_time_s
+    assert estimate(model, system, plan, full).step_time_s < estimate(model, system, plan, layers).step_time_s < eager
+
+
+def test_cli_layers_launches_transformer_engine_graphs(tmp_path):
+    runner = CliRunner()
+    for name, modules in (("llama3-8b", "attn mlp"), ("qwen3-30b-a3b", "attn moe_router moe_preprocess")):
+        out = tmp_path / f"{name}.yaml"
+        res = runner.invoke(app, ["plan", "-m", name, "-s", "h100-sxm", "-g", "8", "-b", "64", "--cuda-graph", "layers",
+                                  "--top", "1", "--save", str(out)])
+        assert res.exit_code == 0, res.output
+        launch = runner.invoke(app, ["megatron", "--plan", str(out), "--format", "args"])
+        assert launch.exit_code == 0, launch.output
+        assert "--cuda-graph-impl transformer_engine" in launch.output
+        assert f"--cuda-graph-modules {modules}" in launch.output
