@@ -15,8 +15,10 @@ or a wider one: planner.evidence.supporting_runs) and the model predicts its bes
 CLAIM_LIMIT faster than the fastest such run, no measurement supports that gain (the model predicts
 the published runs themselves within its error; the layouts it prefers beyond them nobody has
 run). Then the plans the model ranks within the bar lead, or, if it ranked none, the published
-runs' own layouts, fastest measured first, re-scored for this job; the faster plans are reported
-as model-only candidates.
+runs' own layouts, fastest measured first, re-scored for this job, or, if none of those is a valid
+plan of the job as asked (a recipe may rely on what the model does not cost, e.g. fine-grained
+activation offload), the model's fastest plans within the bar from a wider search; the faster
+plans are reported as model-only candidates.
 """
 from __future__ import annotations
 
@@ -35,6 +37,9 @@ from planner.ties import rank_with_ties
 # Issue 9's bar (planner.evidence.CLAIM_LIMIT): no plan is predicted more than 15 % faster than
 # measured practice unless a measured run supports it.
 UNMEASURED_ADVANTAGE_LIMIT = CLAIM_LIMIT
+# Distinct layouts the job gate searches for plans within its bar when neither the model's top K
+# nor any published layout of the job qualifies.
+WIDER_TOP_K = 50
 
 
 @dataclass
@@ -100,7 +105,12 @@ def _job_gate(model, system, job, top_k, out: Recommendation) -> None:
     if not candidates:
         candidates = published_layouts(model, system, job, runs)[:top_k]
     if not candidates:
-        return  # no published layout is valid for this job as asked (pins, memory reserve)
+        # no published layout is a valid plan of the job as asked (pins, memory reserve): the
+        # model's own fastest plans within the bar
+        wider = search(model, system, job, top_k=max(WIDER_TOP_K, top_k))
+        candidates = [r for r in wider.ranked if r.objective >= bar][:top_k]
+    if not candidates:
+        return
     seen = {r.plan for r in candidates}
     fastest = out.best
     out.model_only = [r for r in out.ranked if r.objective < bar and r.plan not in seen] + out.model_only

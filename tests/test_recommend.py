@@ -176,3 +176,18 @@ def test_a_pin_reads_the_same_on_a_published_plan_as_in_the_search():
     plan = Plan(tp=2, dp=4, ep=4, global_batch=8, sequence_parallel=True, recompute="full")
     assert not breaks_pins(plan, {"tp": 2, "etp": 2, "sequence_parallel": "true", "recompute": "full"})
     assert breaks_pins(plan, {"etp": 1}) and breaks_pins(plan, {"recompute": "none"}) and breaks_pins(plan, {"tp": 4})
+
+
+def test_job_gate_searches_wider_when_no_published_layout_is_valid():
+    """The published layout is pinned out and the model's top 2 are both beyond the bar: the
+    gate takes the model's fastest plans within the bar from a wider search (its 50 best)."""
+    job = JobSpec(global_batch=16, pins={"tp": 2})
+    wide = search(TINY_MOE, SYSTEM, job, top_k=recommend_mod.WIDER_TOP_K).ranked
+    assert len(wide) > 6 and wide[5].objective > wide[4].objective
+    bar = (wide[4].objective + wide[5].objective) / 2
+    with pytest.MonkeyPatch.context() as mp:
+        _published(mp, measured_s=bar / (1 - recommend_mod.UNMEASURED_ADVANTAGE_LIMIT))
+        res = recommend(TINY_MOE, SYSTEM, job, top_k=2)
+        assert [r.plan for r in res.ranked] == [r.plan for r in wide[5:7]]
+        assert all(r.objective >= bar for r in res.ranked) and res.model_only[0].objective < bar
+        assert res.stats["job_gate"]["recommended_from"] == "search"
