@@ -184,13 +184,22 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
                                        job.dtype, est.step_time_s, job.moe_load_imbalance)
         imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
         for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan),
-                     published):
+                     published, megatron_note(model, job, est.plan)):
             if note:
                 console.print(note)
     if est.violations:
         console.print("[bold red]Not feasible:[/bold red]")
         for rule in est.violations:
             console.print(f"  - {rule}: {RULES[rule]}")
+
+
+def megatron_note(model: ModelSpec, job: JobSpec, plan) -> str | None:
+    """Why Megatron-LM would not run this plan as costed (`planner megatron` refuses it), if so."""
+    if job.framework != "megatron":
+        return None
+    from planner.megatron.expressible import not_expressible
+    reasons = not_expressible(plan, model, job)
+    return f"Not expressible in Megatron-LM (`planner megatron` refuses it): {'; '.join(reasons)}" if reasons else None
 
 
 def estimate_json(est: Estimate) -> str:

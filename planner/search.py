@@ -473,7 +473,7 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space) -> Ch
         binding.append("batch")
         reasons.append(f"batch: the global batch {job.global_batch} is not a multiple of "
                        f"micro_batch·dp for any dp in {dps[:12]}{'...' if len(dps) > 12 else ''} "
-                       f"(with interleaving also of pp microbatches)")
+                       f"(with interleaving also at least pp microbatches)")
     if not reasons:
         reasons.append("no combination of the knob domains passes the structural rules")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=binding)

@@ -56,3 +56,18 @@ def test_cli_layers_launches_transformer_engine_graphs(tmp_path):
         assert launch.exit_code == 0, launch.output
         assert "--cuda-graph-impl transformer_engine" in launch.output
         assert f"--cuda-graph-modules {modules}" in launch.output
+
+
+def test_pins_that_break_a_graph_rule_are_one_line_input_errors():
+    runner = CliRunner()
+    res = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                              "--cuda-graph", "layers", "--recompute", "full"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert "full recompute runs only with a full-iteration CUDA graph" in res.output
+
+
+def test_estimate_says_when_megatron_would_not_run_the_plan():
+    res = CliRunner().invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                   "--tp", "1", "--pp", "1", "--cuda-graph", "layers", "--recompute", "full"])
+    assert res.exit_code == 0  # it fits; the cost stands, with the note
+    assert "Not expressible in Megatron-LM" in " ".join(res.output.split())

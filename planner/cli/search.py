@@ -90,6 +90,11 @@ def _inputs(o: dict):
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
                                      o.get("fused_grouped_mlp", False), moe=model.moe is not None),
                    **adam_moments_setting(o.get("adam_moments")))
+    if job.framework == "megatron":
+        from planner.megatron.expressible import graph_pin_refusals
+        refused = graph_pin_refusals(job.pins, model, job)
+        if refused:
+            raise SpecError(f"{refused[0]} (--cuda-graph layers); drop one of the two")
     return model, system, job
 
 

@@ -248,3 +248,11 @@ def graph_option_refusals(recompute: str, modules: tuple[str, ...], offload_acti
         if model.dropout and (("core_attn" in modules and "attn" in mods) or ("mlp" in modules and "mlp" in mods)):
             out.append("recompute_modules: a graphed module with dropout cannot be recomputed")
     return out
+
+
+def graph_pin_refusals(pins: dict, model: ModelSpec, job: JobSpec) -> list[str]:
+    """The per-layer CUDA graph rules that the job's pins alone break (no plan could satisfy them)."""
+    modules = pins.get("recompute_modules") or (DEFAULT_RECOMPUTE_MODULES if pins.get("recompute") == "selective" else ())
+    return graph_job_refusals(model, job) + graph_option_refusals(
+        pins.get("recompute", "none"), tuple(modules), pins.get("offload_activations") or 0.0,
+        bool(pins.get("moe_a2a_overlap")), model, job)
