@@ -248,6 +248,6 @@ def vp_microbatch_group(m, pp):
     odd = (m_arr >= p_arr) & (np.mod(m_arr, p_arr) != 0)
     pairs = {(int(a), int(b)) for a, b in zip(m_arr[odd].ravel(), p_arr[odd].ravel())}
     for mi, pi in pairs:
-        n = next(n for n in range(pi + 1, mi + 1) if mi % n == 0 or mi % n >= pi)
+        n = next((n for n in range(pi + 1, mi + 1) if mi % n == 0 or mi % n >= pi), max(pi, mi))
         out[odd & (m_arr == mi) & (p_arr == pi)] = n
     return out if out.shape else float(out)

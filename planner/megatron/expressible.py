@@ -204,7 +204,6 @@ def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:
     return problems
 
 
-
 # Per-layer CUDA graphs (--cuda-graph-impl transformer_engine --cuda-graph-modules), as
 # megatron-core 0.19.2 transformer_config.py __post_init__ checks them.
 def graph_job_refusals(model: ModelSpec, job: JobSpec) -> list[str]:
