@@ -24,6 +24,7 @@ from hardware.load import load_system
 from planner.analytical.estimate import estimate
 from planner.model import ModelSpec, load_model
 from planner.plan import JobSpec
+from planner.recommend import recommend
 from planner.search import plan
 
 DATA = Path(__file__).resolve().parent / "data" / "paper_runs.yaml"
@@ -69,14 +70,24 @@ def measured_step_s(run: dict, model: ModelSpec) -> tuple[float, str]:
     return flops / (run["published_tflops_per_gpu"] * 1e12 * run["gpus"]), "PaLM-convention FLOPs / TFLOP/s"
 
 
+def job_of(run: dict, pins: dict) -> JobSpec:
+    return JobSpec(global_batch=run["global_batch"], max_global_batch=max(3072, run["global_batch"]),
+                   dtype=run["dtype"], adam_moments=run.get("adam_moments", "fp32"), pins=pins,
+                   moe_dispatcher=run.get("moe_dispatcher", "alltoall"), flash_attention=not run.get("era"))
+
+
+def recommended(run: dict, model: ModelSpec):
+    """What `planner plan` recommends for the job with only the era's software pinned (the claim
+    bar: a recommendation predicted more than 15 % faster than the measured run is a claim)."""
+    system = load_system(run["system"], run["gpus"])
+    return recommend(model, system, job_of(run, dict(ERA_PINS.get(str(run.get("era", "")), {}))), top_k=1).best
+
+
 def best_in_layout(run: dict, model: ModelSpec, extra_pins: dict | None = None):
     """The estimate of the planner's fastest plan inside the run's published layout (None if none fits)."""
     system = load_system(run["system"], run["gpus"])
     pins = {**run.get("pinned", {}), **ERA_PINS.get(str(run.get("era", "")), {}), **(extra_pins or {})}
-    job = JobSpec(global_batch=run["global_batch"], max_global_batch=max(3072, run["global_batch"]),
-                  dtype=run["dtype"], adam_moments=run.get("adam_moments", "fp32"), pins=pins,
-                  moe_dispatcher=run.get("moe_dispatcher", "alltoall"),
-                  flash_attention=not run.get("era"))
+    job = job_of(run, pins)
     restrict = {"vpp": lambda v: v > 1} if run.get("interleaved") else None
     best = plan(model, system, job, top_k=1, restrict=restrict).best
     if best is None or best.plan.recompute != "full" or not run.get("era"):
@@ -90,6 +101,8 @@ def best_in_layout(run: dict, model: ModelSpec, extra_pins: dict | None = None):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", type=Path, help="write the rows here")
+    ap.add_argument("--free", action="store_true",
+                    help="also run `planner plan` on each job with no layout pinned (the 15 %% claim bar)")
     args = ap.parse_args()
     data = load_runs()
     inline = data.get("models", {})
@@ -108,6 +121,10 @@ def main() -> None:
         note = " (convention-sensitive)" if run.get("convention_sensitive") else \
             f" (not expressible: {run['not_expressible']})" if run.get("not_expressible") else ""
         print(f"{run['id']:32s} {measured:10.2f} {pred:11.2f} {err:+7.1%}  {best.plan.short()}{note}")
+        if args.free:
+            rec = recommended(run, model)
+            print(f"{'':32s} {'':10s} {rec.estimate.step_time_s:11.2f} {rec.estimate.step_time_s / measured:6.2f}x  "
+                  f"planner plan, no layout pinned: {rec.plan.short()}")
         rows.append({"id": run["id"], "measured_s": measured, "predicted_s": pred, "error": err, "how": how,
                      "plan": best.plan.short(), "framework": run.get("framework"),
                      "excluded": bool(run.get("convention_sensitive") or run.get("not_expressible"))})
