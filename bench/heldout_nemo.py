@@ -34,7 +34,9 @@ DATA = Path(__file__).resolve().parent / "data" / "nemo_heldout.csv"
 DOCS_DATA = Path(__file__).resolve().parent / "data" / "nemo_docs_heldout.csv"
 MODELS = {"GPT3-175B": "gpt3-175b", "LLAMA3-8B": "llama3-8b", "LLAMA3-70B": "llama3-70b", "LLAMA2-7B": "llama2-7b",
           "LLAMA2-13B": "llama2-13b", "LLAMA2-70B": "llama2-70b", "LLAMA3-405B": "llama3-405b",
-          "Mixtral-8x7B": "mixtral-8x7b"}
+          "Mixtral-8x7B": "mixtral-8x7b", "GPT3-5B": "gpt3-5b", "GPT3-20B": "gpt3-20b",
+          "Nemotron-8B": "nemotron3-8b", "Nemotron-22B": "nemotron3-22b", "Nemotron-15B": "nemotron4-15b",
+          "Nemotron-340B": "nemotron4-340b"}
 # the record's system block, as the nemo2407 records write it (B200: the b200 preset's GPU)
 SYSTEMS = {"DGX-H100": {"gpu": "H100-SXM5-80GB", "gpu_mem_gb": 80, "gpus_per_node": 8},
            "DGX-B200": {"gpu": "B200", "gpu_mem_gb": 180, "gpus_per_node": 8},

@@ -67,6 +67,20 @@ def test_preset_param_counts_match_published(preset, total_b, active_b):
     assert m.active_params / 1e9 == pytest.approx(active_b, rel=0.01)
 
 
+@pytest.mark.parametrize("preset,embedding_b,non_embedding_b", [
+    ("nemotron4-15b", 3.2, 12.5),    # Parmar et al. 2024, Nemotron-4 15B Technical Report, Table 1
+    ("nemotron4-340b", 9.4, 331.6),  # NVIDIA 2024, Nemotron-4 340B Technical Report, Table 1
+])
+def test_nemotron4_presets_match_the_reports_parameter_split(preset, embedding_b, non_embedding_b):
+    """The reports give embedding and non-embedding parameters to 0.1B: untied input and output
+    matrices (vocab·h each), and squared-ReLU MLPs of two matrices with GQA attention. The 15B
+    report's 3.2B embedding is 2·256000·6144 = 3.146B rounded up, hence 2 % there."""
+    m = load_model(preset)
+    embedding = m.vocab * m.hidden * (1 if m.tied_embeddings else 2)
+    assert embedding / 1e9 == pytest.approx(embedding_b, rel=0.02)
+    assert (m.num_params - embedding) / 1e9 == pytest.approx(non_embedding_b, abs=0.05)
+
+
 def test_gqa_and_swiglu_flops_by_hand():
     m = load_model("llama3-8b")
     h, kv, f = 4096, 1024, 14336
