@@ -97,6 +97,9 @@ CASES = [
      dict(tp=2, dp=8, micro_batch=1, global_batch=64, sequence_parallel=True,
           recompute="selective", recompute_modules=("mlp",))),
     # a published layout the job gate (planner.recommend) ranks first for Qwen3-235B on 256 H100 in
+    # top-1 routing (Switch / Llama 4 Scout style): Megatron needs the softmax before the top-k
+    (("mixtral-8x7b", {"top_k": 1}), "h100-sxm", 64, "bf16",
+     dict(tp=2, ep=8, dp=32, global_batch=256, micro_batch=1, sequence_parallel=True)),
     # FP8: the ModelZoo's Megatron-FSDP run, DeepEP, bf16 gradient reduce, as the reference data has it
     ("qwen3-235b-a22b", "h100-sxm", 256, "fp8",
      _published_plan_fields("mcore-modelzoo_qwen3-235b_256gpu_tp2_pp1_ep8_edp32_fsdp_deepep_3")),
@@ -192,6 +195,8 @@ def _checker_cases(tmp_path_factory):
             dict(qwen3, argv=qwen3["argv"] + ["--fp8-format", "hybrid"]),
             # moe_act recompute needs grouped GEMMs
             dict(qwen3, argv=[w for w in qwen3["argv"] if w != "--moe-grouped-gemm"])]
+    top1 = next(b[0] for b in built if b[1].moe is not None and b[1].moe.top_k == 1)
+    bad.append(dict(top1, argv=[w for w in top1["argv"] if w != "--moe-router-pre-softmax"]))  # softmax of 1
     return (built, saved, bad), [b[0] for b in built + saved] + bad
 
 

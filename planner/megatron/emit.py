@@ -112,6 +112,12 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
         return []
     a: list[Arg] = [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
                     ("--moe-ffn-hidden-size", str(model.expert_ffn_hidden))]
+    if moe.top_k == 1:
+        # a softmax over the one chosen logit is 1 with zero gradient, so Megatron refuses top-1
+        # softmax routing unless the softmax runs over all experts first (transformer_config.py:
+        # "Please use --moe-router-pre-softmax when topk is 1"; Switch Transformer routing,
+        # Fedus et al. 2021 §2.1). The router's arithmetic is not costed either way.
+        a.append(("--moe-router-pre-softmax", None))
     if moe.first_dense_layers:
         a.append(("--moe-layer-freq", moe_layer_pattern(model)))
     if moe.shared_experts:

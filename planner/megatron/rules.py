@@ -31,7 +31,7 @@ def _build_parser() -> _Parser:
                  "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput",
                  "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"):
+                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
@@ -122,6 +122,8 @@ MSG_CUDA_MAX_CONN = ("Using tensor model parallelism or context parallelism requ
 MSG_FSDP_MAX_CONN = "FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset."
 MSG_EP_NEEDS_EXPERTS = "num_experts must be non None to use expert model parallelism"
 MSG_EXPERTS_EP = "Number of experts should be a multiple of expert model parallel_size."
+# core/transformer/transformer_config.py __post_init__ (0.19.2; softmax scores, not sinkhorn)
+MSG_TOP1_PRE_SOFTMAX = "Please use --moe-router-pre-softmax when topk is 1."
 MSG_OPT_OFFLOAD = ("The optimizer cpu offload must be used in conjunction with "
                    "`--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the "
                    "code path of this flag.")
@@ -351,6 +353,8 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
             err(MSG_EP_NEEDS_EXPERTS)
         elif a.num_experts % ep:
             err(MSG_EXPERTS_EP)
+    if a.num_experts is not None and a.moe_router_topk == 1 and not a.moe_router_pre_softmax:
+        err(MSG_TOP1_PRE_SOFTMAX)
 
     # MA 2a: optimizer CPU offload.
     if a.optimizer_cpu_offload and not a.use_precision_aware_optimizer:
