@@ -37,6 +37,12 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
     "gemma3_text": ({"tie_word_embeddings": True},
                     "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
+    # Llama 4 (the text tower of Llama4ForConditionalGeneration): every MoE layer also runs one
+    # shared expert as wide as a routed one (transformers modeling_llama4.py Llama4TextMoe)
+    "llama4_text": ({"tie_word_embeddings": False},
+                    "chunked attention (attention_chunk_size) costed as full causal attention, the same "
+                    "up to the chunk length; the weightless L2 q/k norm of the RoPE layers counted as "
+                    "qk_norm on every layer"),
 }
 APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
 # Architectures that normalise each query and key head (HF modeling code: q_norm / k_norm).
@@ -152,8 +158,11 @@ def model_fields(path: Path) -> dict:
         "position_embedding": "rope",
         "biases": bool(cfg.get("attention_bias", False)),
         "dropout": False,
-        "qk_norm": model_type in QK_NORM_TYPES,
+        "qk_norm": model_type in QK_NORM_TYPES or cfg.get("use_qk_norm") is True,
     }
+    if model_type == "llama4_text" and cfg.get("intermediate_size_mlp"):
+        # the dense layers' width; intermediate_size is the experts' (Llama4TextMLP vs experts)
+        fields["ffn"] = cfg["intermediate_size_mlp"]
     fields.update(_moe_fields(cfg, path, moe_keys))
     # YaRN RoPE and a clamped gated activation (GPT-OSS: rope_scaling.rope_type "yarn",
     # swiglu_limit 7.0) change what Megatron runs (time.py: unfused RoPE, eager clamp); MLA's
@@ -189,10 +198,15 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
             raise SpecError(f"model {path}: mlp_only_layers {dense_only} is not supported (only leading "
                             "dense layers, i.e. [0, 1, ..., k-1])")
         first_dense = len(dense_only)
-    for key in ("moe_layer_freq", "decoder_sparse_step"):
+    for key in ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step"):
         if cfg.get(key, 1) != 1:
             raise SpecError(f"model {path}: {key} {cfg[key]} is not supported (allowed: 1, every layer "
-                            "after the leading dense ones is MoE)")
+                            "after the leading dense ones is MoE; interleaved dense and MoE layers are not "
+                            "modelled)")
+    moe_layers = cfg.get("moe_layers")  # Llama 4's explicit list of MoE layers
+    if isinstance(moe_layers, list) and moe_layers != list(range(first_dense, cfg["num_hidden_layers"])):
+        raise SpecError(f"model {path}: moe_layers {moe_layers} is not supported (allowed: every layer "
+                        f"from {first_dense} to {cfg['num_hidden_layers'] - 1})")
     moe["first_dense_layers"] = first_dense
     # DeepSeek-V3 group-limited routing (n_group 8, topk_group 4); 1 group is no limit
     if (cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
@@ -202,4 +216,7 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     elif cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of this width
         moe["shared_experts"] = 1
         moe["shared_expert_ffn"] = cfg["shared_expert_intermediate_size"]
+    elif cfg.get("model_type") == "llama4_text":  # one shared expert, no config field names it
+        moe["shared_experts"] = 1
+        moe["shared_expert_ffn"] = expert_ffn
     return {"moe": moe}

@@ -98,6 +98,42 @@ def test_unreadable_configs_are_one_line_errors(tmp_path, edit, message):
     assert "\n" not in str(err.value)
 
 
+def test_llama4_scout_reads_its_shared_expert_and_matches_a_hand_count():
+    """Llama 4 Scout's text tower (Llama4TextMoe: 16 routed experts, top-1, and one shared expert
+    as wide as a routed one on every layer). By hand: attention h·(q + 2·kv) + q·h with q = h =
+    5120, kv = 8·128; 16 + 1 SwiGLU experts of 3·h·8192; the router h·16; two RMSNorms; untied
+    vocab 202048. Meta's model card gives 17B active, 109B total for the multimodal model (its
+    vision tower on top of this text tower's 107.8B), hence 2 % there."""
+    m = load_model(str(HF / "llama-4-scout"))
+    h, f, e, v, layers = 5120, 8192, 16, 202048, 48
+    attention = h * (h + 2 * 1024) + h * h
+    expert = 3 * h * f
+    hand_total = layers * (attention + (e + 1) * expert + h * e) + 2 * v * h
+    hand_active = layers * (attention + 2 * expert + h * e) + 2 * v * h
+    # the model also counts the per-layer norms (a few hundred thousand parameters in 108B)
+    assert m.num_params == pytest.approx(hand_total, rel=1e-4)
+    assert m.active_params == pytest.approx(hand_active, rel=1e-4)
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.shared_experts, m.moe.shared_expert_ffn) == (16, 1, 1, f)
+    assert m.active_params / 1e9 == pytest.approx(17, rel=0.02)
+    assert m.num_params / 1e9 == pytest.approx(109, rel=0.02)
+
+
+@pytest.mark.parametrize("edit,message", [
+    # Llama 4 Maverick: MoE every second layer (the others dense at intermediate_size_mlp)
+    ({"interleave_moe_layer_step": 2, "num_local_experts": 128}, "interleave_moe_layer_step 2 is not supported"),
+    ({"moe_layers": [1, 3, 5]}, "moe_layers [1, 3, 5] is not supported"),
+])
+def test_llama4_interleaved_moe_layers_are_refused_in_one_line(tmp_path, edit, message):
+    cfg = json.loads((HF / "llama-4-scout" / "config.json").read_text())
+    cfg["text_config"].update(edit)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SpecError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
+        load_model(str(tmp_path))
+    assert "\n" not in str(err.value)
+    result = CliRunner().invoke(app, ["plan", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "64", "-b", "64"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+
+
 def test_not_json_and_empty_directory(tmp_path):
     with pytest.raises(SpecError, match="holds no config.json"):
         load_model(str(tmp_path))
