@@ -10,6 +10,7 @@ parameters). Qwen3's and Gemma-3's per-head q/k norms are `qk_norm`.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -49,6 +50,10 @@ APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text")
 
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
+# Where a config gives its routed-expert count; any other field naming experts (a count spelt
+# otherwise) is refused rather than read as a dense model.
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+UNREAD_EXPERT_KEY = re.compile(r"(^|_)(num_)?experts?(_|$)|^moe_num_|^moe_k$")
 
 
 def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:
@@ -129,7 +134,13 @@ def model_fields(path: Path) -> dict:
     defaults = ARCHITECTURES.get(model_type, ({}, ""))[0]
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     missing = [f for f in REQUIRED if f not in cfg]
-    moe_keys = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)]
+    moe_keys = [k for k in EXPERT_COUNT_KEYS if cfg.get(k)]
+    unread = sorted(k for k, v in cfg.items() if UNREAD_EXPERT_KEY.search(k) and v and k not in EXPERT_COUNT_KEYS)
+    if unread and not moe_keys:
+        # a MoE config spelling its experts differently (ERNIE-4.5 moe_num_experts, DBRX
+        # ffn_config) would otherwise be read as the dense model it is not
+        raise SpecError(f"model {path} (model_type {model_type!r}): {', '.join(unread)} names experts this "
+                        f"reader does not map (it reads the expert count from {', '.join(EXPERT_COUNT_KEYS)})")
     if not moe_keys and "intermediate_size" not in cfg:
         missing.append("intermediate_size")
     if missing:

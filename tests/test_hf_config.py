@@ -77,6 +77,9 @@ def test_short_context_models_keep_their_max_position(tmp_path):
      "model_type 'rwkv'): missing num_hidden_layers, hidden_size"),
     ({"moe_layer_freq": 2, "n_routed_experts": 8, "num_experts_per_tok": 2}, "moe_layer_freq 2 is not supported"),
     ({"mlp_only_layers": [3, 7], "num_experts": 8, "num_experts_per_tok": 2}, "mlp_only_layers [3, 7]"),
+    # ERNIE-4.5's MoE fields: an expert count spelt otherwise is refused, not read as a dense model
+    ({"model_type": "ernie4_5_moe", "moe_num_experts": 64, "moe_k": 8, "moe_intermediate_size": 3584},
+     "moe_k, moe_num_experts names experts this reader does not map"),
     ({"hidden_size": -5}, "hidden: Input should be greater than 0"),
     # hybrid stacks are refused, not costed as all-attention transformers: Nemotron-H's pattern
     # (M = Mamba), Qwen3-Next's per-layer kinds, Jamba's block types
