@@ -38,6 +38,8 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
     "gemma3_text": ({"tie_word_embeddings": True},
                     "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
+    "glm4_moe": ({"tie_word_embeddings": False},
+                 "q/k/v biases not counted; partial RoPE (partial_rotary_factor) not costed apart"),
     # Llama 4 (the text tower of Llama4ForConditionalGeneration): every MoE layer also runs one
     # shared expert as wide as a routed one (transformers modeling_llama4.py Llama4TextMoe)
     "llama4_text": ({"tie_word_embeddings": False},
@@ -46,6 +48,9 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                     "qk_norm on every layer"),
 }
 APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
+# Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
+# gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
+MLP_BIAS_TYPES = ("gpt_oss",)
 # Architectures that normalise each query and key head (HF modeling code: q_norm / k_norm).
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text")
 
@@ -167,7 +172,10 @@ def model_fields(path: Path) -> dict:
         "activation": "swiglu" if gated else "gelu",
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
         "position_embedding": "rope",
-        "biases": bool(cfg.get("attention_bias", False)),
+        # `biases` is every linear layer's (GPT-OSS: attention and experts); attention_bias alone
+        # is the q/k/v projections' (Qwen2, GLM-4.5), not counted (APPROXIMATIONS)
+        "biases": bool(cfg.get("attention_bias", False))
+        and (model_type in MLP_BIAS_TYPES or cfg.get("mlp_bias") is True),
         "dropout": False,
         "qk_norm": model_type in QK_NORM_TYPES or cfg.get("use_qk_norm") is True,
     }

@@ -37,6 +37,18 @@ def test_deepseek_v3_config_reads_mla_moe_and_mtp():
     assert m.mtp_layers == 1 and not m.tied_embeddings
 
 
+def test_glm45_air_matches_the_model_card_without_expert_biases():
+    """GLM-4.5-Air: 106B total, 12B active (zai-org model card; without the MTP layer and, for the
+    active count, the embedding and LM head). Its attention_bias is the q/k/v projections' only
+    (Glm4MoeAttention; the experts have none), so no expert biases are costed, which would
+    also force expert TP 1 on Megatron."""
+    m = load_model(str(HF / "glm-4.5-air"))
+    assert (m.num_params - m.mtp_params) / 1e9 == pytest.approx(106, rel=0.01)
+    assert (m.active_params - m.embedding_params - m.output_params) / 1e9 == pytest.approx(12, rel=0.02)
+    assert (m.moe.num_experts, m.moe.top_k, m.moe.shared_experts, m.moe.first_dense_layers) == (128, 8, 1, 1)
+    assert m.mtp_layers == 1 and not m.biases
+
+
 def test_gpt_oss_total_and_active_match_the_model_card():
     m = load_model(str(HF / "gpt-oss-120b"))
     assert m.num_params / 1e9 == pytest.approx(116.83, rel=0.01)
