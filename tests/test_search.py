@@ -299,6 +299,17 @@ def test_cli_check_exit_codes():
     assert no.exit_code == 1 and "no" in no.output and "GiB" in no.output
 
 
+def test_cli_plan_says_why_nothing_fits():
+    """`planner plan` with no plan names the binding rule as `planner check` does: a 405B model on
+    8 H100s is short of HBM by a factor and fits on more GPUs; 8 sequences on 1,000 GPUs meet no
+    batch split."""
+    memory = runner.invoke(app, ["plan", "-m", "llama3-405b", "-s", "h100-sxm", "-g", "8", "-b", "8"])
+    assert memory.exit_code == 1 and "No plan fits" in memory.output
+    assert "HBM" in memory.output and "GPUs" in memory.output
+    batch = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "1000", "-b", "8"])
+    assert batch.exit_code == 1 and "not a multiple of micro_batch·dp" in " ".join(batch.output.split())
+
+
 def test_cli_bad_pin_exit_2():
     r = runner.invoke(app, ["plan", "--tp", "5"])
     assert r.exit_code == 2 and "Traceback" not in r.output and "allowed" in r.output

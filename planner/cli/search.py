@@ -340,7 +340,10 @@ def _plan(o: dict) -> None:
         from planner.report import offload_note, print_estimate
         console = Console()
         if result.best is None:
-            console.print("[bold red]No plan fits.[/bold red] Run `planner check` with the same options to see why.")
+            from planner.search import check
+            why = check(model, system, job)  # the same diagnosis `planner check` prints
+            console.print("[bold red]No plan fits.[/bold red] " + ("; ".join(why.reasons[:2]) if why.reasons else
+                          "Run `planner check` with the same options to see why."))
         else:
             best = result.best.estimate
             print_estimate(console, model, system, best, title="Best plan: step time", job=job)
