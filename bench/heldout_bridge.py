@@ -31,7 +31,8 @@ from planner.reference import load_reference
 DATA = Path(__file__).resolve().parent / "data" / "bridge_heldout.csv"
 MODELS = {"deepseekv3": "deepseek-v3", "deepseekv3(w/omtp)": "deepseek-v3", "gptoss120b": "gpt-oss-120b",
           "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b", "llama3_70b": "llama3-70b",
-          "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b", "kimi_k2": "kimi-k2"}
+          "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b", "kimi_k2": "kimi-k2",
+          "nemotron_3_nano": "nemotron-3-nano"}
 GPUS = {"DGX-GB300": ("GB300", 4), "DGX-GB200": ("GB200", 4), "DGX-B300": ("B300", 8), "DGX-B200": ("B200", 8),
         "DGX-H100": ("H100", 8)}
 
@@ -66,6 +67,11 @@ def preset_model_block(preset: str, name: str, seq: int, without_mtp: bool = Fal
     if m.moe is not None:
         block["moe"] = {"num_experts": m.moe.num_experts, "topk": m.moe.top_k, "moe_ffn": m.expert_ffn_hidden,
                         "shared_experts": m.moe.shared_experts, "first_k_dense": m.moe.first_dense_layers}
+        if m.moe.shared_expert_ffn:
+            block["moe"]["shared_expert_ffn"] = m.moe.shared_expert_ffn
+    if m.hybrid_pattern:
+        block["hybrid_pattern"] = m.hybrid_pattern
+        block["mamba"] = m.mamba.model_dump() if m.mamba else None
     if m.mla is not None:
         block["attention"] = f"MLA (q_lora {m.mla.q_lora_rank}, kv_lora {m.mla.kv_lora_rank})"
     block["mtp_layers"] = 0 if without_mtp else m.mtp_layers

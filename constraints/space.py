@@ -169,6 +169,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         return job.allow_idle_gpus or n % size == 0
 
     widths = [model.hidden, model.ffn_hidden] + ([model.expert_ffn_hidden] if model.moe else [])
+    # a Mamba mixer splits its heads and its B/C groups over tp (Megatron-Core MambaMixer asserts both)
+    widths += [model.mamba.num_heads, model.mamba.groups] if model.mamba else []
     tp = [d for d in divisors(model.heads)
           if all(w % d == 0 for w in widths) and (g % d == 0 or d % g == 0) and d <= n
           and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink) and fills(d)]
@@ -180,6 +182,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     while cp_splits(model, c) and model.seq_length // c >= CP_LONG_MIN_TOKENS_PER_RANK and c <= n:
         cp += [c] if fills(c) else []
         c *= 2
+    if model.hybrid_pattern:
+        cp = [1]  # the Mamba blocks' context parallelism (an all-to-all to head-parallel) is not costed
     ep = divisors(model.moe.num_experts) if model.moe else [1]
     etp = [d for d in divisors(model.expert_ffn_hidden) if d <= n
            and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
@@ -203,7 +207,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "zero_stage": ZERO_STAGES,
         "offload_weights": (0.0,) if mega else off,
         "offload_activations": off, "offload_optimizer": off,
-        "moe_a2a_overlap": (0, 1) if model.moe and (model.mtp_layers or 0) <= 1 else (0,),
+        # the combined 1F1B schedule of the all-to-all overlap is Megatron's GPTModel's (not a hybrid stack's)
+        "moe_a2a_overlap": (0, 1) if model.moe and (model.mtp_layers or 0) <= 1 and not model.hybrid_pattern else (0,),
     }
 
 

@@ -69,8 +69,50 @@ class MLASpec(BaseModel):
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
+class MambaSpec(BaseModel):
+    """A Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", §7; Megatron-Core
+    ssm/mamba_mixer.py; --mamba-num-heads / --mamba-head-dim / --mamba-state-dim /
+    --mamba-num-groups): d_inner = num_heads·head_dim channels, a state of state_dim per head
+    whose input (B) and output (C) projections are shared by the heads of one of `groups` groups."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    num_heads: PositiveInt
+    head_dim: PositiveInt
+    state_dim: PositiveInt
+    groups: PositiveInt = 8
+    conv_kernel: PositiveInt = Field(default=4, description="causal depthwise conv1d width")
+    chunk_size: PositiveInt = Field(default=128, description="SSD chunk length (Mamba-2 §6)")
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """x, B and C pass the conv1d: d_inner + 2·groups·state_dim channels."""
+        return self.d_inner + 2 * self.groups * self.state_dim
+
+    @property
+    def in_proj_width(self) -> int:
+        """in_proj's output: z and x (d_inner each), B and C (groups·state each), dt (one per head)."""
+        return 2 * self.d_inner + 2 * self.groups * self.state_dim + self.num_heads
+
+    @model_validator(mode="after")
+    def _groups(self) -> "MambaSpec":
+        if self.num_heads % self.groups:
+            raise ValueError(f"groups ({self.groups}) must divide num_heads ({self.num_heads})")
+        return self
+
+
+# Megatron's hybrid layer pattern (--hybrid-override-pattern; megatron/core/ssm/
+# mamba_hybrid_layer_allocation.py Symbols): one block per layer, each with its own pre-norm.
+HYBRID_BLOCKS = {"M": "Mamba-2 mixer", "*": "attention", "-": "dense MLP", "E": "MoE MLP"}
+
+
 class ModelSpec(BaseModel):
-    """A decoder-only transformer. Every MLP/attention is a matmul of these widths."""
+    """A decoder-only transformer. Every MLP/attention is a matmul of these widths. With
+    `hybrid_pattern` (Nemotron-H / Nemotron-3) each layer is ONE block of the pattern (a Mamba-2
+    mixer, attention, a dense MLP or a MoE MLP) instead of attention followed by an MLP."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -101,6 +143,10 @@ class ModelSpec(BaseModel):
     mla: MLASpec | None = None
     mtp_layers: NonNegativeInt = Field(default=0, description="multi-token-prediction modules "
                                        "(DeepSeek-V3: 1), each a block + 2h->h projection")
+    hybrid_pattern: str | None = Field(default=None, description="one block per layer: M Mamba-2, "
+                                       "* attention, - dense MLP, E MoE MLP (Megatron "
+                                       "--hybrid-override-pattern; Nemotron-H)")
+    mamba: MambaSpec | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -126,7 +172,30 @@ class ModelSpec(BaseModel):
         if self.moe and self.moe.first_dense_layers >= self.layers:
             raise ValueError(f"moe.first_dense_layers ({self.moe.first_dense_layers}) must be < "
                              f"layers ({self.layers})")
+        if self.hybrid_pattern is not None:
+            self._check_hybrid()
+        elif self.mamba is not None:
+            raise ValueError("mamba: a Mamba mixer needs hybrid_pattern (which layers are Mamba blocks)")
         return self
+
+    def _check_hybrid(self) -> None:
+        pattern = self.hybrid_pattern
+        bad = sorted(set(pattern) - set(HYBRID_BLOCKS))
+        if bad:
+            raise ValueError(f"hybrid_pattern: {''.join(bad)!r} is not a block; allowed: "
+                             + ", ".join(f"{k} ({v})" for k, v in HYBRID_BLOCKS.items()))
+        if len(pattern) != self.layers:
+            raise ValueError(f"hybrid_pattern has {len(pattern)} blocks; it must have one per layer ({self.layers})")
+        if ("M" in pattern) != (self.mamba is not None):
+            raise ValueError("hybrid_pattern and mamba: Mamba blocks (M) need `mamba`, and `mamba` needs M blocks")
+        if ("E" in pattern) != (self.moe is not None):
+            raise ValueError("hybrid_pattern and moe: MoE blocks (E) need `moe`, and `moe` needs E blocks")
+        if self.moe and self.moe.first_dense_layers:
+            raise ValueError("moe.first_dense_layers: a hybrid model places its dense MLPs in hybrid_pattern (-)")
+        if self.mla or self.mtp_layers:
+            raise ValueError("hybrid_pattern: MLA and MTP modules are not modelled in hybrid stacks")
+        if self.mamba and self.mamba.d_inner % self.mamba.groups:
+            raise ValueError("mamba: groups must divide num_heads·head_dim")
 
     # ---- derived widths -------------------------------------------------------------------
     @property
@@ -167,6 +236,29 @@ class ModelSpec(BaseModel):
         """Weight matrices of width ffn in one MLP: up+down, plus the gate for SwiGLU."""
         return 3 if self.activation == "swiglu" else 2
 
+    # ---- hybrid stacks: blocks per kind ---------------------------------------------------
+    def blocks(self, kind: str) -> int:
+        """Layers of one block kind of a hybrid stack (HYBRID_BLOCKS); 0 for a transformer."""
+        return self.hybrid_pattern.count(kind) if self.hybrid_pattern else 0
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers with an attention block (every layer of a transformer)."""
+        return self.blocks("*") if self.hybrid_pattern else self.layers
+
+    @property
+    def mamba_block_params(self) -> int:
+        """One Mamba-2 block: in_proj h×in_proj_width, the conv1d (weights and bias per channel),
+        dt bias, A and D per head, the gated RMSNorm over d_inner, out_proj d_inner×h, the pre-norm
+        (Megatron-Core ssm/mamba_mixer.py; no linear biases)."""
+        m = self.mamba
+        return (self.hidden * m.in_proj_width + m.conv_channels * (m.conv_kernel + 1) + 3 * m.num_heads
+                + m.d_inner + m.d_inner * self.hidden + self.hidden)
+
+    def _hybrid_mean(self, per_kind: dict[str, int]) -> float:
+        """Mean over the pattern's layers of a per-block-kind count."""
+        return sum(self.blocks(k) * v for k, v in per_kind.items()) / self.layers
+
     # ---- layer kinds: dense MLP layers and MoE layers ------------------------------------
     @property
     def dense_layers(self) -> int:
@@ -201,9 +293,11 @@ class ModelSpec(BaseModel):
         return self._mlp_params(self.ffn_hidden)
 
     @property
-    def expert_params_per_layer(self) -> int:
-        """All routed experts of one MoE layer (0 for dense models): the part EP shards."""
-        return self.moe.num_experts * self._mlp_params(self.expert_ffn_hidden) if self.moe else 0
+    def expert_params_per_layer(self) -> float:
+        """All routed experts of one MoE layer (0 for dense models): the part EP shards. A hybrid
+        stack's mean over its layers (E blocks hold them)."""
+        experts = self.moe.num_experts * self._mlp_params(self.expert_ffn_hidden) if self.moe else 0
+        return self._hybrid_mean({"E": experts}) if self.hybrid_pattern else experts
 
     @property
     def shared_expert_params_per_layer(self) -> int:
@@ -233,9 +327,16 @@ class ModelSpec(BaseModel):
         return self.moe_layer_non_expert_params + self.expert_params_per_layer if self.moe else 0
 
     @property
-    def non_expert_params_per_layer(self) -> int:
+    def non_expert_params_per_layer(self) -> float:
         """The repeated layer without routed experts: the MoE layer for MoE models (an upper bound
-        for their few leading dense layers, see dense_layer_params), else the dense layer."""
+        for their few leading dense layers, see dense_layer_params), else the dense layer. A hybrid
+        stack's mean block (each block one pre-norm), as memory costs its stages by layer count."""
+        if self.hybrid_pattern:
+            norm = self.norm_params / 2
+            return self._hybrid_mean({
+                "M": self.mamba_block_params if self.mamba else 0, "*": self.attention_params + norm,
+                "-": self.dense_mlp_params + norm,
+                "E": self.router_params + self.shared_expert_params_per_layer + norm})
         return self.moe_layer_non_expert_params if self.moe else self.dense_layer_params
 
     @property
@@ -245,7 +346,10 @@ class ModelSpec(BaseModel):
 
     @property
     def transformer_params(self) -> int:
-        """All layers of the main stack, dense and MoE layers counted as what they are."""
+        """All layers of the main stack, dense and MoE layers counted as what they are (a hybrid
+        stack: every block as what it is)."""
+        if self.hybrid_pattern:
+            return round(self.layers * (self.non_expert_params_per_layer + self.expert_params_per_layer))
         return self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
 
     @property
@@ -283,6 +387,9 @@ class ModelSpec(BaseModel):
         the MTP modules, as DeepSeek-V3 reports its 37B)."""
         if not self.moe:
             return self.num_params - self.mtp_params
+        if self.hybrid_pattern:
+            active = self.layers * self.non_expert_params_per_layer + self.blocks("E") * self.active_expert_params_per_layer
+            return round(active) + self.embedding_params + self.output_params
         moe_layer = self.moe_layer_non_expert_params + self.active_expert_params_per_layer
         return self.dense_layers * self.dense_layer_params + self.moe_layers * moe_layer + \
             self.embedding_params + self.output_params

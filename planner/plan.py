@@ -105,7 +105,7 @@ KERNEL_STACKS: tuple[str, ...] = ("te", "torch-eager", "torch-compile")
 # routed expert; "deepep" (flex dispatcher with DeepEP) sends a token once per remote NVLink
 # domain and fans it out over NVLink there.
 MoeDispatcher = Literal["alltoall", "deepep"]
-CudaGraphModuleName = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess"]
+CudaGraphModuleName = Literal["attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba"]
 MOE_DISPATCHER_CODES: dict[str, int] = {"alltoall": 0, "deepep": 1}
 
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.

@@ -211,8 +211,8 @@ def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
         # the ModelZoo's DeepSeek-V3.yaml sets; the records name the model only
         out.update(router_groups=8, router_group_topk=4)
     # Fields helper "models" adds to MoESpec; filled only where they exist.
-    optional = {"shared_experts": shared, "shared_expert_ffn": (ffn * shared) if shared and ffn else None,
-                "first_dense_layers": first_dense}
+    shared_ffn = r.int("model.moe.shared_expert_ffn") or ((ffn * shared) if shared and ffn else None)
+    optional = {"shared_experts": shared, "shared_expert_ffn": shared_ffn, "first_dense_layers": first_dense}
     out.update({k: v for k, v in optional.items() if k in MoESpec.model_fields and v})
     return out
 
@@ -265,7 +265,9 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         # MPT: no dropout (llm-foundry MPTConfig defaults resid_pdrop = emb_pdrop = attn_pdrop = 0)
         dropout=(gpt_style or name.startswith("GPT")) and not name.upper().startswith("MPT"), moe=_moe(r, fsdp_schema))
     optional = {"head_dim": r.int("model.kv_channels") or _kv_channels_in_config_ref(r), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0),
-                "rope_scaling": r.get("model.rope_scaling"), "activation_clamp": r.float("model.activation_clamp")}
+                "rope_scaling": r.get("model.rope_scaling"), "activation_clamp": r.float("model.activation_clamp"),
+                # a hybrid stack's blocks and Mamba-2 mixer (ModelSpec.hybrid_pattern / mamba)
+                "hybrid_pattern": r.get("model.hybrid_pattern"), "mamba": r.get("model.mamba")}
     fields.update({k: v for k, v in optional.items() if k in ModelSpec.model_fields and v})
     try:
         return ModelSpec.model_validate(fields)

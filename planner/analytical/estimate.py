@@ -90,7 +90,7 @@ def selective_recompute_flops_per_token(model: ModelSpec, modules: np.ndarray, a
 
     def has(name):
         return module_selected(modules, name)
-    return (has("core_attn") * model.layers * attn_exec
+    return (has("core_attn") * model.attention_layers * attn_exec
             + has("mla_up_proj") * model.layers * flops.mla_up_proj_flops_per_token(model)
             + has("mlp") * model.dense_layers * flops.dense_mlp_matmul_flops_per_token(model)
             + model.moe_layers * np.where(has("moe"), moe_layer, has("shared_experts") * shared))
@@ -110,7 +110,10 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     attn_exec = flops.executed_attention_core_flops_per_token(model, job.flash_attention)
     skipped = flops.attention_core_flops_per_token(model) - attn_exec
     layer_fwd = flops.layer_matmul_flops_per_token(model) + attn_exec
-    executed = flops.model_flops_per_token(model) - 3.0 * (model.layers + model.mtp_layers) * skipped
+    if model.hybrid_pattern:  # a recomputed layer is the stack's mean block
+        layer_fwd = (flops.transformer_matmul_flops_per_token(model) + model.attention_layers * attn_exec
+                     + model.blocks("M") * flops.ssd_flops_per_token(model)) / model.layers
+    executed = flops.model_flops_per_token(model) - 3.0 * (model.attention_layers + model.mtp_layers) * skipped
     rc_layers = P.recompute_total
     if lead_layers(model):  # recomputed leading dense layers rerun the dense layer's GEMMs
         lead_fwd = flops.layer_matmul_flops_per_token(lead_layer_model(model)) + attn_exec

@@ -84,8 +84,38 @@ def layer_matmul_flops_per_token(model: ModelSpec) -> float:
     return attention_matmul_flops_per_token(model) + mlp_matmul_flops_per_token(model)
 
 
+def mamba_matmul_flops_per_token(model: ModelSpec) -> float:
+    """A Mamba-2 block's projections (Megatron-Core ssm/mamba_mixer.py): in_proj h → z, x, B, C,
+    dt and out_proj d_inner → h."""
+    m = model.mamba
+    return 2.0 * model.hidden * m.in_proj_width + 2.0 * m.d_inner * model.hidden if m else 0.0
+
+
+def ssd_flops_per_token(model: ModelSpec) -> float:
+    """Forward FLOPs of a Mamba-2 block's state-space scan by the chunked SSD algorithm (Dao & Gu
+    2024, "Transformers are SSMs", §6, chunk Q, state N, head dim P, H heads in G groups): inside a
+    chunk the causal C·Bᵀ (Q·N per token and group) and its product with X (Q·P per token and
+    head, both halved by the causal mask); across chunks each chunk's state Bᵀ·X and each token's
+    readout C·state (2·N·P per token and head each)."""
+    m = model.mamba
+    if m is None:
+        return 0.0
+    q, n, p = m.chunk_size, m.state_dim, m.head_dim
+    return float(m.groups * q * n + m.num_heads * (q * p + 4 * n * p))
+
+
+def hybrid_block_matmul_flops_per_token(model: ModelSpec) -> dict[str, float]:
+    """Forward GEMM FLOPs of one block of each kind of a hybrid stack (model.HYBRID_BLOCKS)."""
+    moe = mlp_matmul_flops_per_token(model) if model.moe else 0.0
+    return {"M": mamba_matmul_flops_per_token(model), "*": attention_matmul_flops_per_token(model),
+            "-": dense_mlp_matmul_flops_per_token(model), "E": moe}
+
+
 def transformer_matmul_flops_per_token(model: ModelSpec) -> float:
-    """Forward GEMM FLOPs of all layers, leading dense layers counted with the dense MLP."""
+    """Forward GEMM FLOPs of all layers, leading dense layers counted with the dense MLP (a hybrid
+    stack: each block as what it is)."""
+    if model.hybrid_pattern:
+        return sum(model.blocks(k) * f for k, f in hybrid_block_matmul_flops_per_token(model).items())
     dense = attention_matmul_flops_per_token(model) + dense_mlp_matmul_flops_per_token(model)
     return model.dense_layers * dense + model.moe_layers * layer_matmul_flops_per_token(model)
 
@@ -132,8 +162,10 @@ def mtp_flops_per_token(model: ModelSpec) -> float:
 def model_flops_per_token(model: ModelSpec) -> float:
     """Forward + backward (3×) model FLOPs, no recompute: the numerator of MFU. Attention is
     counted over the full s×s matrix (non-causal), as the published MFUs we validate against
-    count it, so at long sequence MFU exceeds the executed fraction of peak (see HFU)."""
-    layers = transformer_matmul_flops_per_token(model) + model.layers * attention_core_flops_per_token(model)
+    count it, so at long sequence MFU exceeds the executed fraction of peak (see HFU). A hybrid
+    stack adds its Mamba blocks' scans (ssd_flops_per_token)."""
+    layers = transformer_matmul_flops_per_token(model) + model.attention_layers * attention_core_flops_per_token(model) \
+        + model.blocks("M") * ssd_flops_per_token(model)
     return 3.0 * (layers + logit_flops_per_token(model) + mtp_flops_per_token(model))
 
 
@@ -143,16 +175,17 @@ def megatron_logged_flops_per_token(model: ModelSpec) -> float:
     for the causal mask. The Megatron MoE ModelZoo's TFLOP/s are this: its Qwen3-235B FSDP row
     (276 TFLOP/s · 256 GPUs · 17.6 s over 2048·4096 tokens) is 148.2 GFLOP/token, this gives 148.3
     (the full-attention count, 167.3, is 13 % more; at 128K tokens 2.6× more)."""
-    core = attention_core_flops_per_token(model) * (model.layers + model.mtp_layers)
+    core = attention_core_flops_per_token(model) * (model.attention_layers + model.mtp_layers)
     return model_flops_per_token(model) - 3.0 * (1.0 - CAUSAL_FRACTION) * core
 
 
 def hardware_flops_per_token(model: ModelSpec, recompute: str) -> float:
     """FLOPs actually executed: full recompute adds one layer forward (eq. 3's 96 vs 72),
     selective recompute adds the attention-core forward (Korthikanti et al. 2022 §5)."""
-    core = model.layers * attention_core_flops_per_token(model)
+    core = model.attention_layers * attention_core_flops_per_token(model)
+    ssd = model.blocks("M") * ssd_flops_per_token(model)
     extra = {"none": 0.0, "selective": core,
-             "full": transformer_matmul_flops_per_token(model) + core}[recompute]
+             "full": transformer_matmul_flops_per_token(model) + core + ssd}[recompute]
     return model_flops_per_token(model) + extra
 
 

@@ -213,6 +213,15 @@ def quantise_bytes_per_element(dtype: str, kernels: str) -> float:
 # enums.CudaGraphModule; `moe` captures the whole MoE layer, drop-and-pad only). The routed
 # experts of a dropless MoE layer are dynamic and stay eager.
 STATIC_MODULES = {"dense": ({"attn", "mlp"},), "moe": ({"attn", "moe_router", "moe_preprocess"}, {"attn", "moe"})}
+# A hybrid stack's blocks (model.HYBRID_BLOCKS), each captured by its own module's graph.
+BLOCK_STATIC_MODULES = {"M": ({"mamba"},), "*": ({"attn"},), "-": ({"mlp"},),
+                        "E": ({"moe_router", "moe_preprocess"}, {"moe"})}
+
+
+def block_launches_captured(kind: str, job) -> bool:
+    """layer_launches_captured for one block of a hybrid stack."""
+    captured = set(job.cuda_graph_modules)
+    return job.full_iteration_cuda_graph or any(needed <= captured for needed in BLOCK_STATIC_MODULES[kind])
 
 
 def layer_launches_captured(moe_layer: bool, job) -> bool:

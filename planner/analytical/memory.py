@@ -52,7 +52,7 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
     g = gemm_input_bytes
     act = (4.0 if model.activation == "swiglu" else 2.0) + g  # activation input (+ up) 16-bit, output as fc2 keeps it
     f_moe = 1.0 if model.moe else 0.0  # the repeated layer is a MoE layer or a dense one
-    parts = {
+    parts = {"mamba_input": 0.0, "mamba": 0.0,
         "norm_inputs": 4.0, "qkv_input": 2.0 if model.mla else g, "mlp_input": 2.0 if model.moe else g,
         # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
         "dropout_masks": 2.0 if model.dropout else 0.0,
@@ -67,7 +67,28 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
         parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + g * moe.top_k
                                        + 8.0 * moe.num_experts / h)
         parts["moe_shared"] = f_moe * act * moe.shared_experts * model.shared_expert_ffn_hidden / h
+    if model.hybrid_pattern:
+        return _hybrid_parts(model, parts, g, act)
     return parts
+
+
+def _hybrid_parts(model: ModelSpec, layer: dict[str, float], g: float, act: float) -> dict[str, float]:
+    """A hybrid stack's mean block (planner.analytical.hybrid): each block keeps its one norm's
+    input (2) and dropout mask, an attention block its transformer-layer attention terms, a
+    dense-MLP block its GEMM input and activations, a MoE block its routed and shared terms, and a
+    Mamba-2 block (mamba_ssm's memory-efficient path, MambaSplitConv1dScanCombinedFn: the conv and
+    scan are recomputed in the backward) in_proj's input (`mamba_input`, the GEMM's format), its
+    output z, x, B, C, dt (16-bit), the scan output y (16-bit) and out_proj's input (the GEMM's
+    format) (`mamba`), weighted by the blocks' share of the layers."""
+    f = {k: model.blocks(k) / model.layers for k in ("M", "*", "-", "E")}
+    h, m = model.hidden, model.mamba
+    mamba = (2.0 * m.in_proj_width + 2.0 * m.d_inner + g * m.d_inner) / h if m else 0.0
+    return {"norm_inputs": 2.0, "dropout_masks": 1.0 if model.dropout else 0.0,
+            "qkv_input": f["*"] * layer["qkv_input"], "qkv": f["*"] * layer["qkv"],
+            "proj_input": f["*"] * layer["proj_input"], "score": f["*"] * layer["score"],
+            "mlp_input": f["-"] * g + f["E"] * 2.0, "dense_mlp": f["-"] * act * model.ffn_hidden / h,
+            "moe_routed": f["E"] * layer["moe_routed"], "moe_shared": f["E"] * layer["moe_shared"],
+            "mamba_input": f["M"] * g, "mamba": f["M"] * mamba}
 
 
 def saved_gemm_input_bytes(job: JobSpec) -> tuple[float, float]:
@@ -80,8 +101,8 @@ def saved_gemm_input_bytes(job: JobSpec) -> tuple[float, float]:
     return g, (g if job.dtype == "fp8" else 0.0)
 
 
-UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks")
-SHARDED_PARTS = ("qkv", "proj_input", "dense_mlp", "moe_routed", "moe_shared")
+UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks", "mamba_input")
+SHARDED_PARTS = ("qkv", "proj_input", "dense_mlp", "moe_routed", "moe_shared", "mamba")
 
 
 def activation_coefficients(model: ModelSpec, gemm_input_bytes: float = 2.0,

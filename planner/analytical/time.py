@@ -90,24 +90,64 @@ def overlapped_collective_s(total_s, window_s, p, v):
     return np.maximum(0.0, np.maximum(total_s / v - chunk, total_s - ((v - 1) * p + 1) * chunk))
 
 
-def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
-    """One layer, one microbatch, one GPU, forward: GEMMs, attention core, element-wise."""
+def attention_gemm_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
+    """The attention's QKV and output-projection GEMMs, one microbatch, one GPU, forward."""
+    eff = system.accelerator.efficiency
+    peak_gemm = system.accelerator.peak(precision.gemm_peak_key(job.dtype))
+    h, t = model.hidden, P.tp
+    tokens = P.micro_batch * model.seq_length / P.cp
+    qkv_w = flops.qkv_out_width(model)
+    out_w = flops.attention_out_width(model)  # = h unless head_dim is set apart (Qwen3) or MLA
+    return (
+        _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
+        + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
+    )
+
+
+def attention_core_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
+    """The attention core (softmax(QKᵀ)V; with unfused attention its s×s score passes; with
+    context parallelism the ring steps' output merges), one microbatch, one GPU, forward."""
     acc = system.accelerator
     eff = acc.efficiency
-    peak_gemm = acc.peak(precision.gemm_peak_key(job.dtype))
     # The attention core stays in 16 bits unless --fp8-dot-product-attention: then cuDNN's FP8
     # kernel runs at the FP8 peak with the same achieved fraction (Shah et al. 2024,
     # FlashAttention-3, Figs. 5 and 7: cuDNN head-dim 256 at 4k, FP8 1087 / BF16 581 TFLOP/s
     # non-causal, 1015 / 483 causal, i.e. 1.9-2.1x, the 2x of the peaks)
     peak_attn = acc.peak(precision.attention_peak_key(job.dtype, job.fp8_attention))
+    t = P.tp
+    tokens = P.micro_batch * model.seq_length / P.cp
+    hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
+    # count the hardware-FLOP total uses).
+    core_flops = flops.executed_attention_core_flops_per_token(model, job.flash_attention) * tokens / t
+    # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
+    chunk = model.seq_length / P.cp
+    # cuDNN fused (TE) or FlashAttention-2 (torch stacks; TE with NVTE_FUSED_ATTN=0)
+    attn_kernel = "flash-attn" if job.te_flash_attention else "triton-flash" if job.triton_flash_attention \
+        else job.kernels
+    attn_max, attn_half = eff.attention_curve(attn_kernel)
+    # the head-width factor measured for cuDNN's fused kernel (kernels.py), not the unfused path
+    width = kernels.attention_head_dim_factor(model, "cudnn") if attn_kernel == "te" and job.flash_attention else 1.0
+    attention = core_flops / (peak_attn * eff.compute_rate * attn_max * width * chunk / (chunk + attn_half))
+    # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
+    score_bytes = 0.0 if job.flash_attention else \
+        2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
+    return attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm)
+
+
+def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """One layer, one microbatch, one GPU, forward: GEMMs, attention core, element-wise. A hybrid
+    stack's layer is the mean of its blocks (planner.analytical.hybrid)."""
+    if model.hybrid_pattern:
+        from planner.analytical import hybrid
+        return hybrid.mean_layer_fwd_s(model, system, job, P)
+    acc = system.accelerator
+    eff = acc.efficiency
+    peak_gemm = acc.peak(precision.gemm_peak_key(job.dtype))
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
-    out_w = flops.attention_out_width(model)  # = h unless head_dim is set apart (Qwen3) or MLA
-    attn_gemm = (
-        _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
-    )
+    attn_gemm = attention_gemm_fwd_s(model, system, job, P)
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     # an op-by-op kernel's bandwidth (kernels.STREAMING_HBM_EFFICIENCY)
     stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
@@ -127,25 +167,11 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         mlp_gemm, mlp_elem = dense_mlp_fwd_s(model, model.ffn_hidden, tokens, t, peak_gemm, eff, job.dtype, elem_hbm,
                                              act_bytes)
     gemm = attn_gemm + mlp_gemm
-    # Attention core at its own ceiling; causal fused kernels skip the masked half (the same
-    # count the hardware-FLOP total uses).
-    core_flops = flops.executed_attention_core_flops_per_token(model, job.flash_attention) * tokens / t
-    # the kernel sees the local query chunk: with context parallelism each ring step is s/cp long
-    chunk = model.seq_length / P.cp
-    # cuDNN fused (TE) or FlashAttention-2 (torch stacks; TE with NVTE_FUSED_ATTN=0)
-    attn_kernel = "flash-attn" if job.te_flash_attention else "triton-flash" if job.triton_flash_attention \
-        else job.kernels
-    attn_max, attn_half = eff.attention_curve(attn_kernel)
-    # the head-width factor measured for cuDNN's fused kernel (kernels.py), not the unfused path
-    width = kernels.attention_head_dim_factor(model, "cudnn") if attn_kernel == "te" and job.flash_attention else 1.0
-    attention = core_flops / (peak_attn * eff.compute_rate * attn_max * width * chunk / (chunk + attn_half))
     hidden_bytes = 2.0 * ELEMENTWISE_PASSES_HIDDEN * h if te else torch_hidden_bytes
     elem_bytes = tokens * hidden_bytes / np.where(sp, t, 1.0)
     # a YaRN RoPE runs unfused under Megatron (kernels.UNFUSED_ROPE_BYTES): op-by-op kernels on the
     # tensor-parallel shard of the heads, each streaming
     rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
-    score_bytes = 0.0 if job.flash_attention else \
-        2.0 * UNFUSED_SCORE_PASSES * tokens * model.seq_length * model.heads / t
     mlp_w = flops.mlp_width(model)
     ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
     topk = model.moe.top_k if model.moe else 1
@@ -173,8 +199,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         "mla_up_proj_s": _gemm_time(up_flops, up_min, peak_gemm, eff, job.dtype) if model.mla else 0.0,
         "norm_s": 2.0 * tokens * LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm,
     }
-    # the unfused s×s score passes belong to the attention core (selective recompute reruns them)
-    return {"gemm": gemm, "attention": attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm),
+    return {"gemm": gemm, "attention": attention_core_fwd_s(model, system, job, P),
             "elementwise": elem_bytes / elem_hbm + rope_s + quant_bytes / hbm + mlp_elem + overhead_s,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
@@ -491,8 +516,10 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     # GEMM/communication overlap (TE userbuffers) works through NVLink peer memory: a TP group
     # that leaves the NVLink domain gets no overlap from it.
     overlap = (P.tp_comm_overlap > 0) & (t <= system.nvlink_domain_gpus)
-    tp_fwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
-    tp_bwd = 2 * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_BWD)
+    # one collective per block: a hybrid stack's layer is a single block
+    blocks = 1.0 if model.hybrid_pattern else 2.0
+    tp_fwd = blocks * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
+    tp_bwd = blocks * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_BWD)
 
     # --- context parallel: ring attention passes K,V around the cp ranks (Liu et al. 2023, Ring
     # Attention §3; Megatron's default cp_comm_type "p2p", TE AttnFuncWithCPAndKVP2P): cp−1 sends
@@ -510,6 +537,8 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     # as far as the all-to-all overlap leaves it (leading dense layers, their own kind, have none).
     if model.moe:
         a2a = moe_dispatch_s(model, system, job, P, act_bytes)
+        if model.hybrid_pattern:  # the mean block: only the MoE blocks dispatch
+            a2a = a2a * model.blocks("E") / model.layers
         ep_fwd, ep_bwd = a2a_overlap_exposed_s(a2a, fwd_compute, bwd_compute, P)
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))

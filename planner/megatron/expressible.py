@@ -182,6 +182,10 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
     """Why `planner megatron` must not emit this plan for this system (empty = emit): plan-level
     rules, torchrun geometry, precision the GPU lacks, and overlap Megatron-FSDP would force."""
     reasons = not_expressible(plan, model, job) + launch_problems(plan, system)
+    if model.hybrid_pattern:
+        reasons.append("model: a hybrid Mamba stack launches with Megatron's pretrain_mamba.py "
+                       "(--hybrid-override-pattern, --mamba-*), which planner megatron does not emit; "
+                       "the plan is costed, not launched")
     arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
     if arch < need:
         reasons.append(f"dtype: {job.dtype} needs compute capability {need}.x or newer; "
@@ -214,7 +218,9 @@ def graph_job_refusals(model: ModelSpec, job: JobSpec) -> list[str]:
     out = []
     if model.moe is None and mods & {"moe", "moe_router", "moe_preprocess"}:
         out.append("cuda_graph_modules: moe / moe_router / moe_preprocess need a MoE model")
-    if model.moe is not None and "mlp" in mods and not model.moe.first_dense_layers:
+    if "mamba" in mods and model.mamba is None:
+        out.append("cuda_graph_modules: mamba captures Mamba blocks, which this model has none of")
+    if model.moe is not None and "mlp" in mods and not model.moe.first_dense_layers and "-" not in (model.hybrid_pattern or ""):
         out.append("cuda_graph_modules: mlp captures dense layers, which this MoE model has none of")
     if "moe" in mods:
         out.append("cuda_graph_modules: moe (the whole MoE layer) needs drop-and-pad experts "

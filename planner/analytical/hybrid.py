@@ -1,0 +1,133 @@
+"""Hybrid stacks (Nemotron-H, Nemotron-3; Megatron-Core MambaModel with --hybrid-override-pattern):
+each layer is ONE block, a Mamba-2 mixer (M), attention (*), a dense MLP (-) or a MoE MLP (E),
+with its own pre-norm and residual add, instead of attention followed by an MLP.
+
+A layer is costed as the pattern's mean block: exact for a rank that holds the whole stack
+(pp = 1, every Nemotron-3 Nano recipe) and for stages whose blocks mix as the whole pattern does;
+with pipelining, a stage holding more Mamba or MoE blocks than its share is not seen.
+
+The attention, dense-MLP and MoE blocks are the halves of a transformer layer (time.py) with half
+of its element-wise lump and launch overhead each. The Mamba-2 block (Megatron-Core
+ssm/mamba_mixer.py, mamba_ssm's chunked SSD kernels; Dao & Gu 2024, "Transformers are SSMs", §6-7):
+in_proj and out_proj GEMMs; the causal depthwise conv1d over x, B, C (rerun in the backward), the
+gated RMSNorm and the mixer's two layout copies as streaming passes
+(kernels.STREAMING_HBM_EFFICIENCY); the SSD scan as its small matmuls (smallest
+dimension min(chunk, head_dim, state)) at the 16-bit GEMM curve plus its memory traffic (x, B, C,
+dt in, y out, and each chunk's fp32 state written and read back), the two not overlapped, as
+mamba_ssm runs them as separate kernels. Nothing here is fitted.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from hardware.spec import SystemSpec
+from planner.analytical import flops, kernels, precision
+from planner.analytical import time as tm
+from planner.analytical.plans import PlanArrays
+from planner.model import HYBRID_BLOCKS, ModelSpec
+from planner.plan import JobSpec
+
+# The pieces layer_compute_fwd_s returns; a block lacking one has 0.
+LAYER_KEYS = ("gemm", "attention", "elementwise", "wgrad_extra", "dense_mlp_s", "moe_mlp_s", "moe_act_s",
+              "shared_expert_s", "mla_up_proj_s", "norm_s")
+# Bytes per token and channel of the Mamba-2 block's streaming passes: the conv1d reads and writes
+# x, B, C (2 + 2, SiLU fused); the gated RMSNorm reads y and z and writes its output (2 + 2 + 2).
+CONV_BYTES = 4.0
+GATED_NORM_BYTES = 6.0
+SSD_STATE_BYTES = 4.0  # chunk states are fp32 (mamba_ssm chunk_state / state_passing)
+# Megatron-Core MambaMixer._ssm_training turns in_proj's output z, x, B, C, dt from sequence-first
+# to batch-first and the scan's output y back, each with .contiguous(): a copy, read 2 + write 2
+# per element, forward (and its gradient's copy backward).
+TRANSPOSE_BYTES = 4.0
+
+
+def block_fractions(model: ModelSpec) -> dict[str, float]:
+    return {k: model.blocks(k) / model.layers for k in HYBRID_BLOCKS}
+
+
+def mamba_block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """(gemm, elementwise) seconds of one Mamba-2 block's mixer, one microbatch, one GPU, forward."""
+    m, h, t = model.mamba, model.hidden, P.tp
+    acc = system.accelerator
+    eff = acc.efficiency
+    peak = acc.peak(precision.gemm_peak_key(job.dtype))
+    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    tokens = P.micro_batch * model.seq_length / P.cp
+    width = m.in_proj_width
+    gemm = (tm._gemm_time(2 * tokens * h * width / t, np.minimum(np.minimum(tokens, h), width / t), peak, eff, job.dtype)
+            + tm._gemm_time(2 * tokens * m.d_inner * h / t, np.minimum(np.minimum(tokens, m.d_inner / t), h),
+                            peak, eff, job.dtype))
+    # the scan: 16-bit small matmuls (the fp8 recipes quantise only the projections)
+    ssd = tm._gemm_time(flops.ssd_flops_per_token(model) * tokens / t, float(min(m.chunk_size, m.head_dim, m.state_dim)),
+                        acc.peak(precision.high_precision_dtype(job.dtype)), eff, precision.high_precision_dtype(job.dtype))
+    ssd_bytes = 2.0 * (m.conv_channels + m.num_heads) + 2.0 * m.d_inner \
+        + 2 * SSD_STATE_BYTES * m.num_heads * m.head_dim * m.state_dim / m.chunk_size
+    # the memory-efficient path (mamba_split_conv1d_scan_combined) reruns the conv1d in the
+    # backward: its bytes once more, charged so that forward + BACKWARD_FACTOR·forward carries them
+    conv_bytes = CONV_BYTES * m.conv_channels * (1 + 1 / (1 + tm.BACKWARD_FACTOR))
+    stream_bytes = ssd_bytes + conv_bytes + GATED_NORM_BYTES * m.d_inner + TRANSPOSE_BYTES * (width + m.d_inner)
+    return {"gemm": gemm + ssd, "elementwise": tokens * stream_bytes / t / stream}
+
+
+def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, dict]:
+    """Per block kind of the pattern: the pieces of layer_compute_fwd_s for one block."""
+    acc = system.accelerator
+    eff = acc.efficiency
+    peak = acc.peak(precision.gemm_peak_key(job.dtype))
+    hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
+    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    h, t = model.hidden, P.tp
+    tokens = P.micro_batch * model.seq_length / P.cp
+    sp = (P.sequence_parallel > 0) & (t > 1)
+    # half a transformer layer's element-wise lump and launch overhead per block (one pre-norm,
+    # one residual add each)
+    hidden_s = tokens * 2.0 * tm.ELEMENTWISE_PASSES_HIDDEN * h / 2 / np.where(sp, t, 1.0) / hbm
+
+    def common(kind: str):
+        # the block's share of the lump, and its launches unless its module's graph captures them
+        return hidden_s + (0.0 if kernels.block_launches_captured(kind, job) else eff.layer_overhead_us * 1e-6 / 2)
+    norm_s = tokens * tm.LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm
+    quant_per_element = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t \
+        / (1 + tm.BACKWARD_FACTOR) / hbm
+    out: dict[str, dict] = {}
+    if model.blocks("*"):
+        qkv_w = flops.qkv_out_width(model)
+        rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
+        out["*"] = {"gemm": tm.attention_gemm_fwd_s(model, system, job, P),
+                    "attention": tm.attention_core_fwd_s(model, system, job, P),
+                    "elementwise": common("*") + rope_s + quant_per_element * (3 * h + qkv_w), "norm_s": norm_s}
+    if model.blocks("-"):
+        ffn = model.ffn_hidden
+        up_w = (2 if model.activation == "swiglu" else 1) * ffn
+        gemm, elem = tm.dense_mlp_fwd_s(model, ffn, tokens, t, peak, eff, job.dtype, hbm)
+        out["-"] = {"gemm": gemm, "elementwise": common("-") + elem + quant_per_element * (2 * h + ffn + up_w),
+                    "dense_mlp_s": gemm + elem, "norm_s": norm_s}
+    if model.blocks("E"):
+        moe = tm.moe_mlp_fwd_s(model, system, job, P)
+        mlp_w = flops.mlp_width(model)
+        ffn = model.expert_ffn_hidden
+        shared_ffn = model.moe.shared_experts * model.shared_expert_ffn_hidden
+        gated = 2 if model.activation == "swiglu" else 1
+        whole = precision.quantised_elements_per_token(h, 0.0, mlp_w, ffn, model.moe.top_k,
+                                                       fused_mlp=tm.fused_experts(model, job),
+                                                       shared_mlp_width=gated * shared_ffn, shared_ffn=shared_ffn)
+        mlp_elements = whole - 3 * h  # less the (QKV-less) attention part that function counts
+        out["E"] = {"gemm": moe["gemm"], "elementwise": common("E") + moe["elementwise"] + quant_per_element * mlp_elements,
+                    "wgrad_extra": moe["wgrad_extra_s"], "moe_mlp_s": moe["gemm"] + moe["elementwise"],
+                    "moe_act_s": moe["expert_act_s"], "shared_expert_s": moe["shared_expert_s"], "norm_s": norm_s}
+    if model.blocks("M"):
+        mamba = mamba_block_fwd_s(model, system, job, P)
+        m = model.mamba
+        out["M"] = {"gemm": mamba["gemm"],
+                    "elementwise": common("M") + mamba["elementwise"]
+                    + quant_per_element * (2 * h + m.d_inner + m.in_proj_width), "norm_s": norm_s}
+    return out
+
+
+def mean_layer_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """layer_compute_fwd_s of a hybrid stack: its blocks' pieces, weighted by their share of
+    the layers."""
+    blocks = block_fwd_s(model, system, job, P)
+    share = block_fractions(model)
+    return {key: sum(share[k] * np.asarray(b.get(key, 0.0), dtype=np.float64) for k, b in blocks.items())
+            for key in LAYER_KEYS}
