@@ -38,6 +38,9 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
     "gemma3_text": ({"tie_word_embeddings": True},
                     "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
+    "nemotron_h": ({"tie_word_embeddings": False},
+                   "a hybrid stack: each layer costed as the pattern's mean block (exact without "
+                   "pipelining); attention without position embedding costed with RoPE's fused pass"),
     "glm4_moe": ({"tie_word_embeddings": False},
                  "q/k/v biases not counted; partial RoPE (partial_rotary_factor) not costed apart"),
     # Llama 4 (the text tower of Llama4ForConditionalGeneration): every MoE layer also runs one
@@ -115,8 +118,12 @@ NON_ATTENTION_MIXER_FIELDS = ("hybrid_override_pattern", "ssm_state_size", "mamb
 
 def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
     """A hybrid stack (Mamba or linear-attention layers between attention layers) costed as an
-    all-attention transformer would be silently wrong in time and memory: say so instead."""
+    all-attention transformer would be silently wrong in time and memory: say so instead. Only
+    Nemotron-H's (model_type nemotron_h: Megatron's block pattern, Mamba-2 mixers) is read
+    (`_nemotron_h_fields`)."""
     model_type = cfg.get("model_type")
+    if model_type == "nemotron_h":
+        return
     for key in ("layer_types", "layers_block_type", "block_types"):
         kinds = cfg.get(key)
         if isinstance(kinds, list):
@@ -183,6 +190,8 @@ def model_fields(path: Path) -> dict:
         # the dense layers' width; intermediate_size is the experts' (Llama4TextMLP vs experts)
         fields["ffn"] = cfg["intermediate_size_mlp"]
     fields.update(_moe_fields(cfg, path, moe_keys))
+    if model_type == "nemotron_h":
+        fields.update(_nemotron_h_fields(cfg, fields))
     # YaRN RoPE and a clamped gated activation (GPT-OSS: rope_scaling.rope_type "yarn",
     # swiglu_limit 7.0) change what Megatron runs (time.py: unfused RoPE, eager clamp); MLA's
     # decoupled RoPE (DeepSeek-V3's yarn) is not costed apart, so it is left out there
@@ -199,6 +208,25 @@ def model_fields(path: Path) -> dict:
     if cfg.get("num_nextn_predict_layers"):
         fields["mtp_layers"] = cfg["num_nextn_predict_layers"]
     return fields
+
+
+def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
+    """Nemotron-H / Nemotron-3 (transformers' NemotronHConfig): hybrid_override_pattern is
+    Megatron's block pattern (M Mamba-2, * attention, - MLP, E MoE); the Mamba-2 mixer from
+    mamba_num_heads / mamba_head_dim / ssm_state_size / n_groups / conv_kernel / chunk_size; the
+    MLPs' relu2 is squared ReLU; the shared expert's width is moe_shared_expert_intermediate_size."""
+    out = {"hybrid_pattern": cfg.get("hybrid_override_pattern"),
+           "mamba": {"num_heads": cfg.get("mamba_num_heads"), "head_dim": cfg.get("mamba_head_dim"),
+                     "state_dim": cfg.get("ssm_state_size"), "groups": cfg.get("n_groups", 8),
+                     "conv_kernel": cfg.get("conv_kernel", 4), "chunk_size": cfg.get("chunk_size", 128)}
+           if "M" in str(cfg.get("hybrid_override_pattern") or "") else None}
+    if str(cfg.get("mlp_hidden_act", "")).lower() in ("relu2", "squared_relu"):
+        out["activation"] = "squared_relu"
+    moe = fields.get("moe")
+    if moe and cfg.get("moe_shared_expert_intermediate_size"):
+        moe["shared_experts"] = cfg.get("n_shared_experts") or 1
+        moe["shared_expert_ffn"] = cfg["moe_shared_expert_intermediate_size"] // moe["shared_experts"]
+    return out
 
 
 def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:

@@ -358,7 +358,7 @@ class ModelSpec(BaseModel):
         M ∈ R^{h×2h}, and the norms of its two inputs and of its output; embedding and output
         head are shared with the main model (DeepSeek-V3 config: num_nextn_predict_layers)."""
         norm = (2 if self.biases else 1) * self.hidden
-        return self.mtp_layers * (self.params_per_layer + 2 * self.hidden * self.hidden + 3 * norm)
+        return round(self.mtp_layers * (self.params_per_layer + 2 * self.hidden * self.hidden + 3 * norm))
 
     @property
     def embedding_params(self) -> int:

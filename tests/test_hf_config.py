@@ -37,6 +37,15 @@ def test_deepseek_v3_config_reads_mla_moe_and_mtp():
     assert m.mtp_layers == 1 and not m.tied_embeddings
 
 
+def test_nemotron_h_config_reads_its_hybrid_pattern_and_mamba_mixer():
+    """Nemotron 3 Nano's NemotronHConfig: the block pattern, the Mamba-2 mixer, relu2 as squared
+    ReLU and the shared expert's own width (3712, twice a routed expert's)."""
+    m = load_model(str(HF / "nemotron-3-nano"))
+    assert m.hybrid_pattern.count("M") == 23 and m.hybrid_pattern.count("*") == 6
+    assert (m.mamba.num_heads, m.mamba.head_dim, m.mamba.state_dim, m.mamba.groups) == (64, 64, 128, 8)
+    assert m.activation == "squared_relu" and m.moe.shared_expert_ffn == 3712 and m.moe.expert_ffn == 1856
+
+
 def test_glm45_air_matches_the_model_card_without_expert_biases():
     """GLM-4.5-Air: 106B total, 12B active (zai-org model card; without the MTP layer and, for the
     active count, the embedding and LM head). Its attention_bias is the q/k/v projections' only
@@ -58,7 +67,7 @@ def test_gpt_oss_total_and_active_match_the_model_card():
 
 @pytest.mark.parametrize("fixture,preset", [
     ("deepseek-v3", "deepseek-v3"), ("qwen3-235b-a22b", "qwen3-235b-a22b"), ("qwen3-30b-a3b", "qwen3-30b-a3b"),
-    ("mixtral-8x7b", "mixtral-8x7b"), ("gpt-oss-120b", "gpt-oss-120b"),
+    ("mixtral-8x7b", "mixtral-8x7b"), ("gpt-oss-120b", "gpt-oss-120b"), ("nemotron-3-nano", "nemotron-3-nano"),
 ])
 def test_config_and_preset_are_the_same_model(fixture, preset):
     a, b = load_model(str(HF / fixture)), load_model(preset)
@@ -95,8 +104,8 @@ def test_short_context_models_keep_their_max_position(tmp_path):
     ({"hidden_size": -5}, "hidden: Input should be greater than 0"),
     # hybrid stacks are refused, not costed as all-attention transformers: Nemotron-H's pattern
     # (M = Mamba), Qwen3-Next's per-layer kinds, Jamba's block types
-    ({"model_type": "nemotron_h", "hybrid_override_pattern": "M-M-M*-M-"},
-     "hybrid_override_pattern marks a Mamba or linear-attention mixer"),
+    ({"model_type": "falcon_h1", "mamba_d_ssm": 1024},
+     "mamba_d_ssm marks a Mamba or linear-attention mixer"),
     ({"model_type": "qwen3_next", "layer_types": ["linear_attention"] * 3 + ["full_attention"]},
      "layer_types has linear_attention layers"),
     ({"model_type": "jamba", "layers_block_type": ["mamba", "attention", "mamba"]},
