@@ -80,6 +80,8 @@ CASES = [
     # offload, no moe recompute beside the router graph (the space's and expressible.py's rules)
     ("mixtral-8x7b", "a100-80g", 16, JobSpec(global_batch=64, cuda_graph_modules=("attn", "moe_router",
                                                                                   "moe_preprocess"))),
+    # a hybrid Mamba / MoE / attention stack (one block per layer, the pattern's mean block per stage)
+    ("nemotron-3-nano", "h100-sxm", 16, JobSpec(global_batch=64)),
 ]
 IDS = [f"{getattr(m, 'name', m)}-{s}-{n}-{i}" for i, (m, s, n, _) in enumerate(CASES)]
 TOP = 5
