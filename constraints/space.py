@@ -277,6 +277,9 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
         if knob == "vpp" and value == int(value) and 1 <= value <= model.layers:
             domains[knob] = (int(value),)  # any interleaving depth may be pinned (e.g. 12)
             continue
+        if knob == "cp" and value != 1 and model.hybrid_pattern:
+            raise SpecError(f"pin cp: {raw} is not a legal value here; allowed: 1 (a hybrid Mamba stack's "
+                            "context parallelism is not costed)")
         if knob == "cp" and value == int(value) and 1 <= value <= system.num_gpus and cp_splits(model, int(value)) \
                 and (job.allow_idle_gpus or system.num_gpus % value == 0):
             domains[knob] = (int(value),)  # any legal context split may be pinned (e.g. 16 at 128K)

@@ -107,6 +107,15 @@ def test_malformed_hybrid_models_are_one_line_errors(tmp_path, update, message):
     assert message in " ".join(result.output.split())
 
 
+def test_context_parallel_pin_on_a_hybrid_stack_is_refused():
+    """plan refuses the pin in one line; estimate costs the plan but marks it infeasible by name."""
+    result = CliRunner().invoke(app, ["plan", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16", "-b", "1024",
+                                      "--cp", "2"])
+    assert result.exit_code == 2 and "Traceback" not in result.output and "allowed: 1" in result.output
+    est = estimate(NANO, load_system("h100-sxm", 16), Plan(cp=2, dp=8, ep=8, global_batch=1024, micro_batch=1))
+    assert "hybrid_cp" in est.violations and not est.feasible
+
+
 def test_planner_megatron_refuses_a_hybrid_stack_in_one_line():
     result = CliRunner().invoke(app, ["megatron", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16",
                                       "-b", "1024", "--tp", "1", "--pp", "1", "--ep", "8"])

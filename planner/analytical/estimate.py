@@ -33,6 +33,8 @@ RULES: dict[str, str] = {
     "tp_overlap_needs_sp": "tp comm overlap needs sequence parallelism",
     "hbm": "per-GPU memory exceeds HBM capacity minus the reserve",
     "offload_capacity": "offloaded bytes exceed the offload tier (or there is none)",
+    "mamba_tp": "a Mamba mixer's heads and groups must be divisible by tp",
+    "hybrid_cp": "context parallelism of a hybrid Mamba stack is not costed (cp must be 1)",
 }
 RULE_BITS = {name: 1 << i for i, name in enumerate(RULES)}
 
@@ -62,6 +64,8 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         "tp_overlap_needs_sp": (P.tp_comm_overlap > 0) & ~((P.sequence_parallel > 0) & (t > 1)),
         "hbm": mem["hbm_bytes"] > mem["hbm_capacity_bytes"],
         "offload_capacity": mem["offload_bytes"] > mem["offload_capacity_bytes"] * (1 + 1e-12),
+        "mamba_tp": ((model.mamba.num_heads % t != 0) | (model.mamba.groups % t != 0)) if model.mamba else False,
+        "hybrid_cp": (c > 1) & bool(model.hybrid_pattern),
     }
     bits = np.zeros(len(P), dtype=np.int64)
     for name, broken in checks.items():
