@@ -21,8 +21,10 @@ from planner.plan import Plan
 EVIDENCE_FILE = Path(__file__).resolve().parent / "data" / "evidence.json"
 
 
-def family_label(is_moe: bool, zero3: bool, pipelined: bool, expert_parallel: bool) -> str:
-    parts = ["MoE" if is_moe else "dense",
+def family_label(is_moe: bool, zero3: bool, pipelined: bool, expert_parallel: bool, hybrid: bool = False) -> str:
+    """A plan family's name; a hybrid Mamba stack's families are their own (the reference data holds
+    no run of one)."""
+    parts = [("hybrid Mamba " if hybrid else "") + ("MoE" if is_moe else "dense"),
              "ZeRO-3/FSDP" if zero3 else "replicated weights (ZeRO-0/1/2)",
              "pipelined" if pipelined else "no pipeline"]
     if is_moe:
@@ -30,11 +32,11 @@ def family_label(is_moe: bool, zero3: bool, pipelined: bool, expert_parallel: bo
     return " · ".join(parts)
 
 
-def family_of_plan(is_moe: bool, plan: Plan) -> str:
-    return family_label(is_moe, plan.zero_stage == 3, plan.pp > 1, plan.ep > 1)
+def family_of_plan(is_moe: bool, plan: Plan, hybrid: bool = False) -> str:
+    return family_label(is_moe, plan.zero_stage == 3, plan.pp > 1, plan.ep > 1, hybrid)
 
 
-def families(is_moe: bool) -> dict[str, dict]:
+def families(is_moe: bool, hybrid: bool = False) -> dict[str, dict]:
     """Every family of this kind: {label: the search restriction (knob -> predicate) to its plans}."""
     out = {}
     for zero3, pipelined, expert_parallel in itertools.product((False, True), repeat=3):
@@ -44,7 +46,7 @@ def families(is_moe: bool) -> dict[str, dict]:
                     "pp": (lambda p, want=pipelined: (p > 1) == want)}
         if is_moe:
             restrict["ep"] = lambda e, want=expert_parallel: (e > 1) == want
-        out[family_label(is_moe, zero3, pipelined, expert_parallel)] = restrict
+        out[family_label(is_moe, zero3, pipelined, expert_parallel, hybrid)] = restrict
     return out
 
 
@@ -53,8 +55,8 @@ def runs_of(family: str) -> int:
     return int(load_table().get(family, {}).get("runs", 0))
 
 
-def measured_runs(is_moe: bool, plan: Plan) -> int:
-    return runs_of(family_of_plan(is_moe, plan))
+def measured_runs(is_moe: bool, plan: Plan, hybrid: bool = False) -> int:
+    return runs_of(family_of_plan(is_moe, plan, hybrid))
 
 
 def table_from_rows(rows: list[dict], plans: dict[str, Plan], moe: dict[str, bool]) -> dict[str, dict]:
@@ -165,7 +167,7 @@ def published_job_note(model: ModelSpec, accelerator: str, gpus: int, global_bat
 
 
 def evidence_note(model: ModelSpec, plan: Plan) -> str:
-    fam = family_of_plan(model.moe is not None, plan)
+    fam = family_of_plan(model.moe is not None, plan, model.hybrid_pattern is not None)
     e = load_table().get(fam)
     if not e:
         return (f"Evidence: no published run in the reference data is of this plan family ({fam}); "

@@ -62,11 +62,11 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
 
 
 def _family_gate(model, system, job, top_k, time_limit_s, res: SearchResult, out: Recommendation) -> None:
-    is_moe = model.moe is not None
-    if measured_runs(is_moe, res.best.plan):
+    is_moe, hybrid = model.moe is not None, model.hybrid_pattern is not None
+    if measured_runs(is_moe, res.best.plan, hybrid):
         return
     measured = []
-    for label, restrict in families(is_moe).items():
+    for label, restrict in families(is_moe, hybrid).items():
         if runs_of(label):
             sub = search(model, system, job, top_k=top_k, time_limit_s=time_limit_s, restrict=restrict)
             measured.extend(sub.ranked)
@@ -79,10 +79,10 @@ def _family_gate(model, system, job, top_k, time_limit_s, res: SearchResult, out
         return  # within the model's error of measured practice: its ranking stands
     order = rank_with_ties([r.objective for r in measured], [r.plan for r in measured], top_k)
     out.ranked = [measured[i] for i in order]
-    out.model_only = [r for r in res.ranked if r.objective < bar and not measured_runs(is_moe, r.plan)]
+    out.model_only = [r for r in res.ranked if r.objective < bar and not measured_runs(is_moe, r.plan, hybrid)]
     out.stats["evidence_gate"] = {
         "limit": UNMEASURED_ADVANTAGE_LIMIT,
-        "model_only_family": family_of_plan(is_moe, res.best.plan),
+        "model_only_family": family_of_plan(is_moe, res.best.plan, hybrid),
         "model_only_advantage": 1 - res.best.objective / measured[0].objective}
 
 

@@ -116,6 +116,18 @@ def test_context_parallel_pin_on_a_hybrid_stack_is_refused():
     assert "hybrid_cp" in est.violations and not est.feasible
 
 
+def test_hybrid_plans_are_their_own_evidence_family():
+    """The reference data holds no hybrid run: a hybrid plan's family has none, the output says its
+    time rests on the model alone, and transformer MoE runs do not gate it."""
+    from planner.evidence import evidence_note, family_of_plan
+    from planner.recommend import recommend
+    plan = Plan(dp=16, ep=8, global_batch=1024, micro_batch=1)
+    assert family_of_plan(True, plan, hybrid=True).startswith("hybrid Mamba MoE")
+    assert "rests on the model alone" in evidence_note(NANO, plan)
+    rec = recommend(NANO, load_system("h100-sxm", 16), JobSpec(global_batch=1024), top_k=1)
+    assert rec.model_only == [] and "evidence_gate" not in rec.stats
+
+
 def test_planner_megatron_refuses_a_hybrid_stack_in_one_line():
     result = CliRunner().invoke(app, ["megatron", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16",
                                       "-b", "1024", "--tp", "1", "--pp", "1", "--ep", "8"])
