@@ -128,6 +128,19 @@ def test_hybrid_plans_are_their_own_evidence_family():
     assert rec.model_only == [] and "evidence_gate" not in rec.stats
 
 
+def test_layer_cuda_graphs_capture_the_mamba_blocks_too():
+    """--cuda-graph layers on a hybrid stack adds the mamba module; each block kind whose module is
+    captured pays no launch overhead (the Nano recipes' attn, mamba, moe_router, moe_preprocess)."""
+    from planner.cli.common import kernel_settings
+    settings = kernel_settings("layers", moe=True, mamba=True)
+    assert set(settings["cuda_graph_modules"]) == {"attn", "mamba", "moe_router", "moe_preprocess"}
+    system, plan = load_system("gb200-nvl72", 8), Plan(dp=8, ep=8, global_batch=512, micro_batch=2)
+    eager = estimate(NANO, system, plan, JobSpec(dtype="mxfp8"))
+    graphed = estimate(NANO, system, plan, JobSpec(dtype="mxfp8", cuda_graph_modules=settings["cuda_graph_modules"]))
+    partial = estimate(NANO, system, plan, JobSpec(dtype="mxfp8", cuda_graph_modules=("attn",)))
+    assert graphed.step_time_s < partial.step_time_s < eager.step_time_s
+
+
 def test_planner_megatron_refuses_a_hybrid_stack_in_one_line():
     result = CliRunner().invoke(app, ["megatron", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16",
                                       "-b", "1024", "--tp", "1", "--pp", "1", "--ep", "8"])

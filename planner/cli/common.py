@@ -186,14 +186,15 @@ LAYER_GRAPH_MODULES = {False: ("attn", "mlp"), True: ("attn", "moe_router", "moe
 
 
 def kernel_settings(cuda_graph: str = "none", fp8_attention: bool = False, fused_grouped_mlp: bool = False,
-                    moe: bool = False) -> dict:
+                    moe: bool = False, mamba: bool = False) -> dict:
     """JobSpec fields of the kernel flags (one-line error for an unknown --cuda-graph); `moe`: the
-    model has experts (which modules --cuda-graph layers captures)."""
+    model has experts, `mamba`: Mamba blocks (which modules --cuda-graph layers captures)."""
     given, cuda_graph = cuda_graph, str(cuda_graph).strip().lower()
     if cuda_graph not in CUDA_GRAPHS:
         raise SpecError(f"cuda-graph: must be one of {', '.join(CUDA_GRAPHS)}, got {given!r}")
     return {"full_iteration_cuda_graph": cuda_graph == "full-iteration",
-            "cuda_graph_modules": LAYER_GRAPH_MODULES[moe] if cuda_graph == "layers" else (),
+            "cuda_graph_modules": (LAYER_GRAPH_MODULES[moe] + (("mamba",) if mamba else ()))
+            if cuda_graph == "layers" else (),
             "fp8_attention": fp8_attention, "fused_grouped_mlp": fused_grouped_mlp}
 
 

@@ -102,7 +102,7 @@ def estimate_command(
     refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp)
     knobs = given_knobs(locals())
     kernels = kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp),
-                              moe=model_spec.moe is not None)
+                              moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)
     job = None
     if plan_file:
         if knobs:

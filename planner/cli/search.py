@@ -88,7 +88,8 @@ def _inputs(o: dict):
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
                    moe_dispatcher=dispatcher,
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
-                                     o.get("fused_grouped_mlp", False), moe=model.moe is not None),
+                                     o.get("fused_grouped_mlp", False), moe=model.moe is not None,
+                                     mamba=model.mamba is not None),
                    **adam_moments_setting(o.get("adam_moments")))
     if job.framework == "megatron":
         from planner.megatron.expressible import graph_pin_refusals
@@ -298,7 +299,8 @@ def register(app: typer.Typer) -> None:
         # start-up (rich's import and table layout; `planner presets` goal: 0.3 s, issue 10)
         model_rows = [(m.name, f"{m.num_params / 1e9:,.1f}", str(m.layers), str(m.hidden), str(m.heads),
                        str(m.kv_groups), str(m.ffn_hidden), str(m.seq_length),
-                       f"{m.moe.num_experts}x top-{m.moe.top_k}" if m.moe else "") for m in models]
+                       (f"{m.moe.num_experts}x top-{m.moe.top_k}" if m.moe else "")
+                       + (" (hybrid Mamba)" if m.hybrid_pattern else "")) for m in models]
         print(_text_table("Model presets (--model)", ("name", "params (B)", "layers", "hidden", "heads", "kv groups",
                                                       "ffn", "seq", "MoE"), model_rows, left=1))
         system_rows = [(s.name, s.accelerator.name, str(s.num_gpus), str(s.gpus_per_node), str(s.nvlink_domain_gpus),
