@@ -32,7 +32,7 @@ DATA = Path(__file__).resolve().parent / "data" / "bridge_heldout.csv"
 MODELS = {"deepseekv3": "deepseek-v3", "deepseekv3(w/omtp)": "deepseek-v3", "gptoss120b": "gpt-oss-120b",
           "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b", "llama3_70b": "llama3-70b",
           "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b", "kimi_k2": "kimi-k2",
-          "nemotron_3_nano": "nemotron-3-nano"}
+          "nemotron_3_nano": "nemotron-3-nano", "nemotron_3_super": "nemotron-3-super"}
 GPUS = {"DGX-GB300": ("GB300", 4), "DGX-GB200": ("GB200", 4), "DGX-B300": ("B300", 8), "DGX-B200": ("B200", 8),
         "DGX-H100": ("H100", 8)}
 
@@ -69,12 +69,16 @@ def preset_model_block(preset: str, name: str, seq: int, without_mtp: bool = Fal
                         "shared_experts": m.moe.shared_experts, "first_k_dense": m.moe.first_dense_layers}
         if m.moe.shared_expert_ffn:
             block["moe"]["shared_expert_ffn"] = m.moe.shared_expert_ffn
+        if m.moe.latent_size:
+            block["moe"]["latent_size"] = m.moe.latent_size
     if m.hybrid_pattern:
         block["hybrid_pattern"] = m.hybrid_pattern
         block["mamba"] = m.mamba.model_dump() if m.mamba else None
     if m.mla is not None:
         block["attention"] = f"MLA (q_lora {m.mla.q_lora_rank}, kv_lora {m.mla.kv_lora_rank})"
     block["mtp_layers"] = 0 if without_mtp else m.mtp_layers
+    if m.mtp_shared_weights and not without_mtp:
+        block["mtp_shared_weights"] = True
     if m.biases:
         block["biases"] = True  # linear biases (GPT-OSS); the loader's default for a RoPE model is none
     if m.rope_scaling != "none":

@@ -226,6 +226,13 @@ def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
     if moe and cfg.get("moe_shared_expert_intermediate_size"):
         moe["shared_experts"] = cfg.get("n_shared_experts") or 1
         moe["shared_expert_ffn"] = cfg["moe_shared_expert_intermediate_size"] // moe["shared_experts"]
+    if moe and cfg.get("moe_latent_size"):
+        moe["latent_size"] = cfg["moe_latent_size"]  # LatentMoE (Nemotron 3 Super)
+    if fields.get("mtp_layers"):
+        pattern = cfg.get("mtp_hybrid_override_pattern", "*E")
+        if pattern != "*E":
+            raise SpecError(f"model: mtp_hybrid_override_pattern {pattern!r} is not supported (allowed: '*E', "
+                            "an attention and a MoE block)")
     return out
 
 

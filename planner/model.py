@@ -35,6 +35,11 @@ class MoESpec(BaseModel):
     # router_group_topk groups only.
     router_groups: PositiveInt | None = Field(default=None, description="expert groups for group-limited "
                                               "routing (None = no limit)")
+    # LatentMoE (Nemotron 3 Super; Megatron-Core --moe-latent-size): each routed token is projected
+    # h -> latent_size before the dispatch and back after the combine, and the routed experts work
+    # on latent_size-wide rows; the router and the shared experts stay on h.
+    latent_size: PositiveInt | None = Field(default=None, description="LatentMoE width of the routed "
+                                            "experts' rows (None = the hidden size)")
     router_group_topk: PositiveInt | None = Field(default=None, description="groups a token may route to")
 
     @model_validator(mode="after")
@@ -143,6 +148,8 @@ class ModelSpec(BaseModel):
     mla: MLASpec | None = None
     mtp_layers: NonNegativeInt = Field(default=0, description="multi-token-prediction modules "
                                        "(DeepSeek-V3: 1), each a block + 2h->h projection")
+    mtp_shared_weights: bool = Field(default=False, description="the MTP modules are one module run "
+                                     "mtp_layers times (Megatron mtp_use_repeated_layer; Nemotron 3 Super)")
     hybrid_pattern: str | None = Field(default=None, description="one block per layer: M Mamba-2, "
                                        "* attention, - dense MLP, E MoE MLP (Megatron "
                                        "--hybrid-override-pattern; Nemotron-H)")
@@ -192,8 +199,11 @@ class ModelSpec(BaseModel):
             raise ValueError("hybrid_pattern and moe: MoE blocks (E) need `moe`, and `moe` needs E blocks")
         if self.moe and self.moe.first_dense_layers:
             raise ValueError("moe.first_dense_layers: a hybrid model places its dense MLPs in hybrid_pattern (-)")
-        if self.mla or self.mtp_layers:
-            raise ValueError("hybrid_pattern: MLA and MTP modules are not modelled in hybrid stacks")
+        if self.mla:
+            raise ValueError("hybrid_pattern: MLA is not modelled in hybrid stacks")
+        if self.mtp_layers and not (self.moe and "*" in self.hybrid_pattern):
+            raise ValueError("hybrid_pattern: a hybrid stack's MTP module is an attention and a MoE block "
+                             "(Nemotron's mtp_hybrid_override_pattern *E); it needs both")
         if self.mamba and self.mamba.d_inner % self.mamba.groups:
             raise ValueError("mamba: groups must divide num_heads·head_dim")
 
@@ -230,6 +240,17 @@ class ModelSpec(BaseModel):
         if not self.moe or not self.moe.shared_experts:
             return 0
         return self.moe.shared_expert_ffn or self.expert_ffn_hidden
+
+    @property
+    def expert_hidden(self) -> int:
+        """Width of the rows the routed experts see and the all-to-all moves: the LatentMoE
+        latent size, else the hidden size."""
+        return (self.moe.latent_size if self.moe else None) or self.hidden
+
+    @property
+    def latent_proj_params(self) -> int:
+        """LatentMoE's two projections of one MoE layer, h -> latent and latent -> h (0 without)."""
+        return 2 * self.hidden * self.moe.latent_size if self.moe and self.moe.latent_size else 0
 
     @property
     def mlp_matrices(self) -> int:
@@ -283,9 +304,11 @@ class ModelSpec(BaseModel):
         qk_norm = 2 * (2 if self.biases else 1) * self.head_dim if self.qk_norm else 0
         return weights + (qkv + h if self.biases else 0) + qk_norm
 
-    def _mlp_params(self, ffn: int) -> int:
-        weights = self.mlp_matrices * self.hidden * ffn
-        bias = ((self.mlp_matrices - 1) * ffn + self.hidden) if self.biases else 0
+    def _mlp_params(self, ffn: int, width: int | None = None) -> int:
+        """One MLP of inner width `ffn` on rows `width` wide (default the hidden size)."""
+        width = width or self.hidden
+        weights = self.mlp_matrices * width * ffn
+        bias = ((self.mlp_matrices - 1) * ffn + width) if self.biases else 0
         return weights + bias
 
     @property
@@ -296,7 +319,7 @@ class ModelSpec(BaseModel):
     def expert_params_per_layer(self) -> float:
         """All routed experts of one MoE layer (0 for dense models): the part EP shards. A hybrid
         stack's mean over its layers (E blocks hold them)."""
-        experts = self.moe.num_experts * self._mlp_params(self.expert_ffn_hidden) if self.moe else 0
+        experts = self.moe.num_experts * self._mlp_params(self.expert_ffn_hidden, self.expert_hidden) if self.moe else 0
         return self._hybrid_mean({"E": experts}) if self.hybrid_pattern else experts
 
     @property
@@ -305,7 +328,9 @@ class ModelSpec(BaseModel):
 
     @property
     def router_params(self) -> int:
-        return self.hidden * self.moe.num_experts if self.moe else 0
+        """The router (h×E) and, with LatentMoE, the two latent projections (non-expert weights
+        every token passes)."""
+        return self.hidden * self.moe.num_experts + self.latent_proj_params if self.moe else 0
 
     @property
     def norm_params(self) -> int:
@@ -353,12 +378,34 @@ class ModelSpec(BaseModel):
         return self.dense_layers * self.dense_layer_params + self.moe_layers * self.moe_layer_params
 
     @property
+    def mtp_layer_expert_params(self) -> int:
+        """Routed experts of one MTP module's layer (a hybrid stack's: one MoE block's)."""
+        if self.hybrid_pattern:
+            return self.moe.num_experts * self._mlp_params(self.expert_ffn_hidden, self.expert_hidden) if self.moe else 0
+        return self.expert_params_per_layer
+
+    @property
+    def mtp_layer_params(self) -> float:
+        """One MTP module's layer: the repeated layer, or a hybrid stack's attention block and MoE
+        block (Nemotron's mtp_hybrid_override_pattern "*E")."""
+        if self.hybrid_pattern:
+            norm = self.norm_params / 2
+            return (self.attention_params + norm + self.router_params + self.shared_expert_params_per_layer + norm
+                    + self.mtp_layer_expert_params)
+        return self.params_per_layer
+
+    @property
+    def mtp_weight_modules(self) -> int:
+        """MTP modules with weights of their own (one when they share them)."""
+        return min(self.mtp_layers, 1) if self.mtp_shared_weights else self.mtp_layers
+
+    @property
     def mtp_params(self) -> int:
         """DeepSeek-V3 §2.2 MTP modules: each a layer of the repeated kind, the projection
         M ∈ R^{h×2h}, and the norms of its two inputs and of its output; embedding and output
         head are shared with the main model (DeepSeek-V3 config: num_nextn_predict_layers)."""
         norm = (2 if self.biases else 1) * self.hidden
-        return round(self.mtp_layers * (self.params_per_layer + 2 * self.hidden * self.hidden + 3 * norm))
+        return round(self.mtp_weight_modules * (self.mtp_layer_params + 2 * self.hidden * self.hidden + 3 * norm))
 
     @property
     def embedding_params(self) -> int:
@@ -379,7 +426,7 @@ class ModelSpec(BaseModel):
     @property
     def active_expert_params_per_layer(self) -> int:
         """Routed-expert parameters one token uses in one MoE layer (top_k experts)."""
-        return self.moe.top_k * self._mlp_params(self.expert_ffn_hidden) if self.moe else 0
+        return self.moe.top_k * self._mlp_params(self.expert_ffn_hidden, self.expert_hidden) if self.moe else 0
 
     @property
     def active_params(self) -> int:

@@ -212,7 +212,8 @@ def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
         out.update(router_groups=8, router_group_topk=4)
     # Fields helper "models" adds to MoESpec; filled only where they exist.
     shared_ffn = r.int("model.moe.shared_expert_ffn") or ((ffn * shared) if shared and ffn else None)
-    optional = {"shared_experts": shared, "shared_expert_ffn": shared_ffn, "first_dense_layers": first_dense}
+    optional = {"shared_experts": shared, "shared_expert_ffn": shared_ffn, "first_dense_layers": first_dense,
+                "latent_size": r.int("model.moe.latent_size")}  # LatentMoE (Nemotron 3 Super)
     out.update({k: v for k, v in optional.items() if k in MoESpec.model_fields and v})
     return out
 
@@ -267,7 +268,8 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
     optional = {"head_dim": r.int("model.kv_channels") or _kv_channels_in_config_ref(r), "mla": _mla(r), "mtp_layers": r.int("model.mtp_layers", minimum=0),
                 "rope_scaling": r.get("model.rope_scaling"), "activation_clamp": r.float("model.activation_clamp"),
                 # a hybrid stack's blocks and Mamba-2 mixer (ModelSpec.hybrid_pattern / mamba)
-                "hybrid_pattern": r.get("model.hybrid_pattern"), "mamba": r.get("model.mamba")}
+                "hybrid_pattern": r.get("model.hybrid_pattern"), "mamba": r.get("model.mamba"),
+                "mtp_shared_weights": r.get("model.mtp_shared_weights")}
     fields.update({k: v for k, v in optional.items() if k in ModelSpec.model_fields and v})
     try:
         return ModelSpec.model_validate(fields)

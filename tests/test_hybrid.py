@@ -43,6 +43,39 @@ def test_nano_matches_the_model_card_and_a_hand_count():
     assert NANO.active_params / 1e9 == pytest.approx(3.6, abs=0.05)
 
 
+def test_super_matches_its_checkpoint_to_the_parameter():
+    """Nemotron 3 Super's BF16 safetensors (as quoted with its config in public code): 123,611,012,096
+    weights, 2,942,324,736 of them in the MTP module (one attention and one MoE block, the 2h->h
+    projection and norms, shared by the recipes' two MTP passes) and 107,898,470,400 in the
+    backbone's inactive experts (40 MoE blocks x 490 of 512 LatentMoE experts of 2·1024·2688)."""
+    m = load_model("nemotron-3-super")
+    assert m.num_params == 123_611_012_096
+    assert m.mtp_params == 2_942_324_736
+    assert 40 * (512 - 22) * m._mlp_params(2688, 1024) == 107_898_470_400
+    assert m.mtp_layers == 2 and m.mtp_weight_modules == 1
+
+
+def test_latent_moe_flops_by_hand():
+    """LatentMoE per token: top-22 experts of two 1024×2688 matrices, the h<->latent projections
+    (2·4096·1024 each way), one shared expert of two 4096×5376 matrices, the router 4096×512."""
+    m = load_model("nemotron-3-super")
+    expected = 2 * (22 * 2 * 1024 * 2688 + 2 * 4096 * 1024 + 2 * 4096 * 5376 + 4096 * 512)
+    assert flops.mlp_matmul_flops_per_token(m) == expected
+
+
+def test_latent_moe_moves_latent_rows():
+    """The dispatch and combine carry the 1024-wide latent rows, not the 4096-wide hidden ones: a
+    quarter of the bytes (the same link, so a quarter of the time up to its latency)."""
+    from planner.analytical import PlanArrays
+    from planner.analytical import time as tm
+    m = load_model("nemotron-3-super")
+    wide = m.model_copy(update={"moe": m.moe.model_copy(update={"latent_size": None})})
+    system, job = load_system("h100-sxm", 64), JobSpec(dtype="bf16")
+    P = PlanArrays.from_plans([Plan(dp=64, ep=64, global_batch=64)], m.layers)
+    ratio = float(tm.moe_dispatch_s(m, system, job, P)[0] / tm.moe_dispatch_s(wide, system, job, P)[0])
+    assert ratio == pytest.approx(1024 / 4096, rel=0.05)
+
+
 def test_mamba_flops_by_hand():
     """Projections 2·h·in_proj + 2·d_inner·h; the SSD scan (Mamba-2 §6, chunk Q = 128, N = 128,
     P = 64, H = 64, G = 8): G·Q·N + H·(Q·P + 4·N·P) per token."""

@@ -60,8 +60,8 @@ def attention_matmul_flops_per_token(model: ModelSpec) -> float:
     return 2.0 * (attention_in_weights(model) + attention_out_width(model) * model.hidden)
 
 
-def _mlp_flops(model: ModelSpec, ffn: int) -> float:
-    return 2.0 * model.mlp_matrices * model.hidden * ffn
+def _mlp_flops(model: ModelSpec, ffn: int, width: int | None = None) -> float:
+    return 2.0 * model.mlp_matrices * (width or model.hidden) * ffn
 
 
 def dense_mlp_matmul_flops_per_token(model: ModelSpec) -> float:
@@ -72,9 +72,10 @@ def mlp_matmul_flops_per_token(model: ModelSpec) -> float:
     """One token's MLP GEMMs in the repeated layer: for MoE the top_k routed experts, the shared
     experts and the router; else the dense MLP."""
     if model.moe:
-        return model.moe.top_k * _mlp_flops(model, model.expert_ffn_hidden) \
+        # LatentMoE: the routed experts on latent-wide rows, plus the h <-> latent projections
+        return model.moe.top_k * _mlp_flops(model, model.expert_ffn_hidden, model.expert_hidden) \
             + model.moe.shared_experts * _mlp_flops(model, model.shared_expert_ffn_hidden) \
-            + 2.0 * model.hidden * model.moe.num_experts
+            + 2.0 * model.hidden * model.moe.num_experts + 2.0 * model.latent_proj_params
     return dense_mlp_matmul_flops_per_token(model)
 
 
@@ -154,6 +155,7 @@ def logit_flops_per_token(model: ModelSpec) -> float:
 def mtp_flops_per_token(model: ModelSpec) -> float:
     """Forward FLOPs of DeepSeek-V3's MTP modules (§2.2): each runs one more layer, the 2h→h
     projection and the shared output head on every token."""
+    # a hybrid stack's module: one attention and one MoE block (their GEMMs are the layer's)
     per_module = layer_matmul_flops_per_token(model) + attention_core_flops_per_token(model) \
         + 2.0 * 2 * model.hidden * model.hidden + logit_flops_per_token(model)
     return model.mtp_layers * per_module

@@ -110,7 +110,8 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         gated = 2 if model.activation == "swiglu" else 1
         whole = precision.quantised_elements_per_token(h, 0.0, mlp_w, ffn, model.moe.top_k,
                                                        fused_mlp=tm.fused_experts(model, job),
-                                                       shared_mlp_width=gated * shared_ffn, shared_ffn=shared_ffn)
+                                                       shared_mlp_width=gated * shared_ffn, shared_ffn=shared_ffn,
+                                                       row_width=model.moe.latent_size)
         mlp_elements = whole - 3 * h  # less the (QKV-less) attention part that function counts
         out["E"] = {"gemm": moe["gemm"], "elementwise": common("E") + moe["elementwise"] + quant_per_element * mlp_elements,
                     "wgrad_extra": moe["wgrad_extra_s"], "moe_mlp_s": moe["gemm"] + moe["elementwise"],

@@ -64,8 +64,11 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
     }
     if model.moe:
         moe = model.moe
-        parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + g * moe.top_k
-                                       + 8.0 * moe.num_experts / h)
+        # the permuted rows are the experts' width (LatentMoE: latent), plus, with LatentMoE, the
+        # up-projection's input (the combined latent rows) in the GEMM's format
+        w = model.expert_hidden / h
+        parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + g * moe.top_k * w
+                                       + 8.0 * moe.num_experts / h + (g * w if moe.latent_size else 0.0))
         parts["moe_shared"] = f_moe * act * moe.shared_experts * model.shared_expert_ffn_hidden / h
     if model.hybrid_pattern:
         return _hybrid_parts(model, parts, g, act)
@@ -236,7 +239,7 @@ def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarra
     if model.mtp_layers:
         # the MTP modules live on the last stage with the loss (DeepSeek-V3 §2.2; Megatron's layout
         # places 'm' before 'L'): each a repeated layer + the 2h→h projection + norms (mtp_params)
-        mtp_experts = model.mtp_layers * model.expert_params_per_layer
+        mtp_experts = model.mtp_weight_modules * model.mtp_layer_expert_params
         blocks = blocks + last * (model.mtp_params - mtp_experts) / C.tp
         expert = expert + last * mtp_experts / (C.etp * C.ep)
     return blocks, vocab, expert
@@ -343,7 +346,8 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         # eq. 21), sharded like the layer inputs under sequence parallelism
         sp = (C.sequence_parallel > 0) & (C.tp > 1)
         sbh = C.micro_batch * model.seq_length / C.cp * model.hidden
-        mtp_act = model.mtp_layers * (np.where(C.recompute == 2, full_per_layer, stored_per_layer)
+        blocks_per_module = 2.0 if model.hybrid_pattern else 1.0  # a hybrid module: two mean blocks
+        mtp_act = model.mtp_layers * (blocks_per_module * np.where(C.recompute == 2, full_per_layer, stored_per_layer)
                                       + 4.0 * sbh / np.where(sp, C.tp, 1.0))
         act_mb = act_mb + (P.rank_index == C.pp - 1) * mtp_act
     activations = act_mb * in_flight_microbatches(P)

@@ -64,7 +64,7 @@ def high_precision_dtype(dtype: str) -> str:
 
 def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float, ffn: float,
                                  rows_per_token: float, fused_mlp: bool = False, shared_mlp_width: float = 0.0,
-                                 shared_ffn: float = 0.0) -> float:
+                                 shared_ffn: float = 0.0, row_width: float | None = None) -> float:
     """Elements quantised per token and layer, forward + backward (whole layer, before TP split):
     forward the inputs of QKV, projection, FC1 (h each) and FC2 (ffn); backward the output
     gradients of QKV (qkv_width), projection (h), FC1 (mlp_width) and FC2 (h). MLP terms count
@@ -78,6 +78,10 @@ def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float
     and output gradients are quantised like a dense MLP's (never op-fused: the fuser is the
     routed experts' grouped MLP)."""
     attention = (hidden + hidden) + (qkv_width + hidden)
-    mlp = hidden + hidden if fused_mlp else (hidden + ffn) + (mlp_width + hidden)
+    # the MLP's rows: `row_width` wide for LatentMoE's routed experts (and its two projections,
+    # h -> latent and latent -> h, quantised like a dense MLP's GEMMs), else hidden
+    w = row_width or hidden
+    mlp = w + w if fused_mlp else (w + ffn) + (mlp_width + w)
+    latent = (hidden + w) + (w + hidden) if row_width else 0.0
     shared = (hidden + shared_ffn) + (shared_mlp_width + hidden) if shared_ffn else 0.0
-    return attention + rows_per_token * mlp + shared
+    return attention + rows_per_token * mlp + shared + latent

@@ -181,7 +181,8 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     quant_bytes = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t * \
         precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job),
                                                shared_mlp_width=(2 if model.activation == "swiglu" else 1) * shared_ffn,
-                                               shared_ffn=shared_ffn) \
+                                               shared_ffn=shared_ffn,
+                                               row_width=model.moe.latent_size if model.moe else None) \
         / (1 + BACKWARD_FACTOR)
     # per-layer launch/host overhead, not paid when CUDA graphs capture the layer's launches
     overhead_s = 0.0 if kernels.layer_launches_captured(model.moe is not None, job) else eff.layer_overhead_us * 1e-6
@@ -296,18 +297,26 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     # router: a tokens×h by h×E GEMM, its fp32 softmax/top-k element-wise
     router = _gemm_time(2 * routed_tokens * h * E, np.minimum(np.minimum(routed_tokens, h), E), peak, eff, job.dtype) \
         + ROUTER_PASSES * 4.0 * routed_tokens * E / hbm
-    permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * h / hbm
+    # LatentMoE (ModelSpec.moe.latent_size): the routed rows are `w` wide from the projection
+    # h -> latent before the dispatch to the projection back after the combine (Megatron-Core
+    # moe_layer.py fc1/fc2 latent projections), two GEMMs over the group's tokens
+    w = model.expert_hidden
+    if model.moe.latent_size:
+        router = router + 2 * _gemm_time(2 * routed_tokens * h * w, np.minimum(np.minimum(routed_tokens, h), w),
+                                         peak, eff, job.dtype)
+    permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * w / hbm
     # the experts' FC2 bias, added eagerly per expert on the rows the busiest rank receives
     # (kernels.EXPERT_FC2_BIAS_BYTES), streaming kernels
-    fc2_bias = tokens * k * h / t * kernels.expert_fc2_bias_bytes(model, job.kernels, fused_experts(model, job)) / stream
+    fc2_bias = tokens * k * model.expert_hidden / t * kernels.expert_fc2_bias_bytes(model, job.kernels,
+                                                                                     fused_experts(model, job)) / stream
     # experts: one GPU holds E/ep experts, 1/etp of each; rows per local expert per microbatch =
     # tokens·top_k·etp·ep/(E·t) (= tokens·top_k·ep/E at etp = tp); its FLOPs are 1/t of the
     # tensor-parallel group's routed work whatever the folding.
     ffn, up_w = model.expert_ffn_hidden, flops.mlp_width(model)
     rows_per_expert = tokens * k * P.etp * P.ep / (E * t)
-    expert_gemm = (_gemm_time(2 * tokens * k * h * up_w / t, np.minimum(np.minimum(rows_per_expert, h), up_w / P.etp),
+    expert_gemm = (_gemm_time(2 * tokens * k * w * up_w / t, np.minimum(np.minimum(rows_per_expert, w), up_w / P.etp),
                               peak, eff, job.dtype)
-                   + _gemm_time(2 * tokens * k * ffn * h / t, np.minimum(np.minimum(rows_per_expert, ffn / P.etp), h),
+                   + _gemm_time(2 * tokens * k * ffn * w / t, np.minimum(np.minimum(rows_per_expert, ffn / P.etp), w),
                                 peak, eff, job.dtype))
     # the activation pass; fused into the grouped GEMMs' epilogues by TE's op fuser
     expert_act = 0.0 if fused_experts(model, job) else 2.0 * tokens * k * ELEMENTWISE_PASSES_FFN * ffn / t / hbm
@@ -368,7 +377,7 @@ def expert_wgrad_memory_excess_s(model: ModelSpec, job: JobSpec, P: PlanArrays, 
     (~300 bf16) when an expert gets few hundred rows (fine-grained experts at small ep). `rows`
     per local expert on the busiest rank; `wgrad_compute_s` = the forward GEMM time (wgrad does
     the same FLOPs)."""
-    h, E = model.hidden, model.moe.num_experts
+    h, E = model.expert_hidden, model.moe.num_experts  # the experts' row width (LatentMoE: latent)
     ffn, up_w = model.expert_ffn_hidden, flops.mlp_width(model)
     local_experts = E / P.ep
     b = precision.GEMM_OPERAND_BYTES[job.dtype]
@@ -407,7 +416,7 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     NVLink domain (72 GPUs on NVL72) while etp·ep fits there and crosses the NICs otherwise
     (`comm.group_link`). With etp > 1 the expert-TP group all-gathers the received rows and
     reduce-scatters the outputs. The busiest rank receives `moe_load_imbalance` × the mean."""
-    h, k = model.hidden, model.moe.top_k
+    h, k = model.expert_hidden, model.moe.top_k  # rows move at the experts' width (LatentMoE: latent)
     routed_tokens = routed_tokens_per_rank(model, P)
     rows = routed_tokens * k
     imbalance = moe_load_imbalance(model, job, P)
@@ -491,6 +500,10 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
     proj = _gemm_time(2 * tokens * 2 * h * h / t, np.minimum(np.minimum(tokens, h / t), 2 * h),
                       acc.peak(precision.gemm_peak_key(job.dtype)), acc.efficiency, job.dtype)
     block = layer["gemm"] + layer["attention"] + layer["elementwise"]
+    if model.hybrid_pattern:  # the module's attention block and MoE block (Nemotron's "*E")
+        from planner.analytical import hybrid
+        kinds = hybrid.block_fwd_s(model, system, job, P)
+        block = sum(kinds[k]["gemm"] + kinds[k].get("attention", 0.0) + kinds[k]["elementwise"] for k in ("*", "E"))
     if model.moe:
         block = block + moe_dispatch_s(model, system, job, P)
     return model.mtp_layers * (block + proj + logit_fwd_s)
