@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
+from planner.pipeline_layout import layout_from_string
 from planner.model import MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
 
@@ -143,6 +144,10 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
     extra = {}
     if recompute == "selective":  # --recompute-modules (TransformerConfig: None -> ["core_attn"])
         extra["recompute_modules"] = cfg["recompute_modules"]
+    layout = ns.get("pipeline_model_parallel_layout")
+    if isinstance(layout, str) and layout not in ("<absent>", "None"):
+        # an explicit layout: the decoder layers per virtual stage (planner.pipeline_layout)
+        extra["stage_layers"] = list(layout_from_string(layout))
     if "etp" in Plan.model_fields:  # expert tensor parallel, where Plan has it: what Megatron runs
         default, etp = Plan.model_fields["etp"].default, cfg["expert_tensor_parallel_size"]
         extra["etp"] = default if default in (None, tp) and etp == tp else etp
