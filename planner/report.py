@@ -160,6 +160,14 @@ def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, pla
     return table
 
 
+def hybrid_stage_note(model: ModelSpec, plan) -> str:
+    """A pipelined hybrid stack's stages are costed with the pattern's mean block (hybrid.py)."""
+    if not model.hybrid_pattern or plan.pp == 1:
+        return ""
+    return ("Hybrid stack: each pipeline stage is costed as holding the pattern's mean block; a stage "
+            "with more Mamba or MoE blocks than its share runs slower than shown.")
+
+
 def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "",
                    job: JobSpec | None = None) -> None:
     """The plan, its time and memory tables, per-rank layers where ranks differ and, given the
@@ -184,7 +192,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
                                        job.dtype, est.step_time_s, job.moe_load_imbalance)
         imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
         for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan),
-                     published, megatron_note(model, job, est.plan)):
+                     published, megatron_note(model, job, est.plan), hybrid_stage_note(model, est.plan)):
             if note:
                 console.print(note)
     if est.violations:

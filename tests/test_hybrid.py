@@ -174,6 +174,15 @@ def test_layer_cuda_graphs_capture_the_mamba_blocks_too():
     assert graphed.step_time_s < partial.step_time_s < eager.step_time_s
 
 
+def test_pipelined_hybrid_plans_say_how_stages_are_costed():
+    result = CliRunner().invoke(app, ["estimate", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16", "--tp", "1",
+                                      "--pp", "2", "--ep", "8", "-b", "1024"])
+    assert "mean block" in " ".join(result.output.split())
+    flat = CliRunner().invoke(app, ["estimate", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16", "--tp", "1",
+                                    "--pp", "1", "--ep", "8", "-b", "1024"])
+    assert "mean block" not in " ".join(flat.output.split())
+
+
 def test_planner_megatron_refuses_a_hybrid_stack_in_one_line():
     result = CliRunner().invoke(app, ["megatron", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16",
                                       "-b", "1024", "--tp", "1", "--pp", "1", "--ep", "8"])
