@@ -32,7 +32,8 @@ DATA = Path(__file__).resolve().parent / "data" / "bridge_heldout.csv"
 MODELS = {"deepseekv3": "deepseek-v3", "deepseekv3(w/omtp)": "deepseek-v3", "gptoss120b": "gpt-oss-120b",
           "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b", "llama3_70b": "llama3-70b",
           "llama3.1_405b": "llama3.1-405b", "llama3_8b": "llama3-8b", "kimi_k2": "kimi-k2",
-          "nemotron_3_nano": "nemotron-3-nano", "nemotron_3_super": "nemotron-3-super"}
+          "nemotron_3_nano": "nemotron-3-nano", "nemotron_3_super": "nemotron-3-super",
+          "nemotron_3_5_lightning": "nemotron-3.5-lightning"}
 GPUS = {"DGX-GB300": ("GB300", 4), "DGX-GB200": ("GB200", 4), "DGX-B300": ("B300", 8), "DGX-B200": ("B200", 8),
         "DGX-H100": ("H100", 8)}
 
