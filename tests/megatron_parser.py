@@ -133,10 +133,14 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
     tp, pp = cfg["tensor_model_parallel_size"], cfg["pipeline_model_parallel_size"]
     vpp = cfg["virtual_pipeline_model_parallel_size"] or 1
     recompute, k = cfg["recompute_granularity"] or "none", None
+    layout = ns.get("pipeline_model_parallel_layout")
+    stage_layers = list(layout_from_string(layout)) if isinstance(layout, str) and layout not in ("<absent>", "None") \
+        else None
     if recompute == "full":
         assert cfg["recompute_method"] == "block"
-        per_chunk = model.layers // (pp * vpp)
-        k = None if cfg["recompute_num_layers"] == per_chunk else cfg["recompute_num_layers"] * vpp
+        # block recompute of n layers per chunk is all of them once n covers the largest chunk
+        per_chunk = max(stage_layers) if stage_layers else model.layers // (pp * vpp)
+        k = None if cfg["recompute_num_layers"] >= per_chunk else cfg["recompute_num_layers"] * vpp
     if ns["use_megatron_fsdp"]:
         zero = SHARDING[ns["data_parallel_sharding_strategy"]]
     else:
@@ -144,10 +148,8 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
     extra = {}
     if recompute == "selective":  # --recompute-modules (TransformerConfig: None -> ["core_attn"])
         extra["recompute_modules"] = cfg["recompute_modules"]
-    layout = ns.get("pipeline_model_parallel_layout")
-    if isinstance(layout, str) and layout not in ("<absent>", "None"):
-        # an explicit layout: the decoder layers per virtual stage (planner.pipeline_layout)
-        extra["stage_layers"] = list(layout_from_string(layout))
+    if stage_layers:  # an explicit layout: the decoder layers per virtual stage (planner.pipeline_layout)
+        extra["stage_layers"] = stage_layers
     if "etp" in Plan.model_fields:  # expert tensor parallel, where Plan has it: what Megatron runs
         default, etp = Plan.model_fields["etp"].default, cfg["expert_tensor_parallel_size"]
         extra["etp"] = default if default in (None, tp) and etp == tp else etp
