@@ -19,6 +19,14 @@ def test_custom_model_and_system_plan():
     assert best is not None and best.estimate.feasible and best.plan.gpus == 256
 
 
+def test_custom_hybrid_model_plans():
+    model = load_model(str(EXAMPLES / "custom_hybrid_model.yaml"))
+    assert (model.blocks("M"), model.blocks("-"), model.blocks("*")) == (21, 17, 4)
+    assert round(model.num_params / 1e9, 1) == 4.0  # Nemotron 3 Nano 4B
+    best = plan(model, load_system("h100-sxm", 8), JobSpec(global_batch=256), top_k=1).best
+    assert best is not None and best.estimate.feasible and best.plan.cp == 1
+
+
 def test_saved_megatron_example_is_a_valid_launch():
     p = load_plan(EXAMPLES / "megatron_gpt3_175b.yaml")
     model, system = load_model("gpt3-175b"), load_system("a100-80g", 1024)
