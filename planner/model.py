@@ -109,8 +109,8 @@ class MambaSpec(BaseModel):
         return self
 
 
-# Megatron's hybrid layer pattern (--hybrid-override-pattern; megatron/core/ssm/
-# mamba_hybrid_layer_allocation.py Symbols): one block per layer, each with its own pre-norm.
+# Megatron's hybrid layer pattern (--hybrid-layer-pattern, formerly --hybrid-override-pattern;
+# megatron/core/ssm/mamba_hybrid_layer_allocation.py Symbols): one block per layer, each with its own pre-norm.
 HYBRID_BLOCKS = {"M": "Mamba-2 mixer", "*": "attention", "-": "dense MLP", "E": "MoE MLP"}
 
 
@@ -152,7 +152,7 @@ class ModelSpec(BaseModel):
                                      "mtp_layers times (Megatron mtp_use_repeated_layer; Nemotron 3 Super)")
     hybrid_pattern: str | None = Field(default=None, description="one block per layer: M Mamba-2, "
                                        "* attention, - dense MLP, E MoE MLP (Megatron "
-                                       "--hybrid-override-pattern; Nemotron-H)")
+                                       "--hybrid-layer-pattern; Nemotron-H)")
     mamba: MambaSpec | None = None
 
     @model_validator(mode="before")

@@ -1,4 +1,4 @@
-"""Hybrid stacks (Nemotron-H / Nemotron-3: one block per layer, Megatron --hybrid-override-pattern):
+"""Hybrid stacks (Nemotron-H / Nemotron-3: one block per layer, Megatron --hybrid-layer-pattern):
 parameter and FLOP counts by hand and against NVIDIA's model card, the identity that a pattern of
 attention and MLP blocks IS a transformer (time and memory equal to the layer-pair model), the
 search space's limits, the launch refusal, and the held-out Nemotron 3 Nano rows."""

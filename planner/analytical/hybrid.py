@@ -1,5 +1,5 @@
-"""Hybrid stacks (Nemotron-H, Nemotron-3; Megatron-Core MambaModel with --hybrid-override-pattern):
-each layer is ONE block, a Mamba-2 mixer (M), attention (*), a dense MLP (-) or a MoE MLP (E),
+"""Hybrid stacks (Nemotron-H, Nemotron-3; Megatron-Core MambaModel with --hybrid-layer-pattern,
+formerly --hybrid-override-pattern): each layer is ONE block, a Mamba-2 mixer (M), attention (*), a dense MLP (-) or a MoE MLP (E),
 with its own pre-norm and residual add, instead of attention followed by an MLP.
 
 A layer is costed as the pattern's mean block: exact for a rank that holds the whole stack

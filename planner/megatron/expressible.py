@@ -186,7 +186,7 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
         reasons.append("moe.latent_size: LatentMoE (--moe-latent-size) is not emitted by planner megatron")
     if model.hybrid_pattern:
         reasons.append("model: a hybrid Mamba stack launches with Megatron's pretrain_mamba.py "
-                       "(--hybrid-override-pattern, --mamba-*), which planner megatron does not emit; "
+                       "(--hybrid-layer-pattern, --mamba-*), which planner megatron does not emit; "
                        "the plan is costed, not launched")
     arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
     if arch < need:
