@@ -7,8 +7,8 @@ the layout, precision and step time from the table) and read by the same loader 
 it is predicted as a held-out record would be. One fit reads these rows: GB300's compute rate
 against GB200 (bench/fit_gb300_rate.py) from the GB300 rows of the first release that has them,
 tagged [fits GB300 rate] below; every other row is out-of-sample, and the summary's last line
-leaves the tagged rows out. Models without a preset (Nemotron-3's hybrid Mamba layers, DeepSeek-V4)
-are skipped.
+leaves the tagged rows out. Models without a preset (Nemotron 3 Ultra, DeepSeek-V4) are skipped;
+the hybrid Nemotron 3 Nano / Super / 3.5 Lightning rows are read with their presets.
 
     PYTHONPATH=. python bench/heldout_bridge.py [--write-yaml PATH]
 """

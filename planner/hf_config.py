@@ -135,7 +135,8 @@ def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
     field = next((k for k in NON_ATTENTION_MIXER_FIELDS if cfg.get(k) is not None), None)
     if field is not None:
         raise SpecError(f"model {path} (model_type {model_type!r}): {field} marks a Mamba or linear-attention "
-                        "mixer; only attention + MLP/MoE layers are modelled (hybrid stacks are not)")
+                        "mixer; only attention + MLP/MoE layers and Nemotron-H's Mamba-2 stacks (model_type "
+                        "nemotron_h) are modelled")
 
 
 def model_fields(path: Path) -> dict:
