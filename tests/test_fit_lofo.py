@@ -124,3 +124,40 @@ def test_validate_keeps_the_ladder_steps_apart():
     groups = json.loads(result.output)["summary"]["software"]
     assert groups["MoE, untuned optimisation-ladder step"]["rows"] == 12
     assert groups["MoE, tuned"]["rows"] == 1
+
+
+def test_a_group_left_without_fitted_rows_takes_the_h100_fit_not_its_own_preset(all_cases):
+    """Every fitted A100 row is GPT, and the A100 preset was fitted on them: holding GPT out, the
+    A100 rows take the H100 fit made without GPT plus the H100's measured kernel shapes, never the
+    A100 preset (that would be an in-sample prediction under a LOFO label)."""
+    from hardware.load import load_accelerator
+    from planner.fit import MEASURED, fit_groups
+    picked = [c for c in all_cases if c.source == "narayanan2021" and c.fit][:3]
+    picked += [c for c in all_cases if c.source == "nemo2407"]
+    prepared = prepare(picked)
+    lofo = lofo_predictions(prepared, fit_all(prepared), families={"GPT"})
+    h100_without_gpt = fit_groups(prepared, lambda c: c.family != "GPT")["H100-SXM5-80GB"][0]
+    h100 = load_accelerator("h100-sxm5-80gb").efficiency
+    expected = {**{n: getattr(h100, n) for n in MEASURED if getattr(h100, n) is not None}, **h100_without_gpt}
+    a100 = [p for p in prepared if p.group == "A100-SXM4-80GB"]
+    assert len(a100) == 3
+    for p in a100:
+        assert lofo[p.case.id] == pytest.approx(p.predict_s(expected), rel=1e-12)
+        assert abs(lofo[p.case.id] / p.predict_s(None) - 1) > 0.01  # not the GPT-fitted preset
+
+
+def test_triton_ceiling_without_its_rows_follows_the_published_fa2_speedup(all_cases):
+    """Only MPT ran the Triton FlashAttention. Held out, an A100 takes FA2's fitted ceiling over
+    Dao 2023's fwd 1.4x / bwd 2x speed-up weighted by the passes' FLOPs (1 : 2.5), 6.4/3.5; an H100
+    (no published figure) takes FA2's own."""
+    from planner.fit import FA2_OVER_TRITON_A100
+    assert FA2_OVER_TRITON_A100 == pytest.approx(6.4 / 3.5)
+    picked = [c for c in all_cases if c.framework in ("torchtitan FSDP2", "llm-foundry FSDP")]
+    prepared = prepare(picked)
+    full = fit_all(prepared)
+    without_mpt = fit_torch_stack(prepared, full, lambda c: c.family != "MPT")
+    a100, h100 = without_mpt["A100-SXM4-80GB"], without_mpt["H100-SXM5-80GB"]
+    assert a100["attention_max_triton"] == pytest.approx(a100["attention_max_fa2"] / FA2_OVER_TRITON_A100)
+    assert h100["attention_max_triton"] == pytest.approx(h100["attention_max_fa2"])
+    with_mpt = fit_torch_stack(prepared, full)  # fitted on MPT's own rows: something else
+    assert with_mpt["A100-SXM4-80GB"]["attention_max_triton"] != pytest.approx(a100["attention_max_triton"])

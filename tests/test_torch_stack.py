@@ -14,7 +14,7 @@ from planner.analytical import kernels as K
 from planner.analytical.time import (CROSS_ENTROPY_PASSES, ELEMENTWISE_PASSES_FFN, ELEMENTWISE_PASSES_HIDDEN,
                                      layer_compute_fwd_s, per_layer_terms)
 from planner.calibration import load_reference, summarize
-from planner.fit import (FA2_HALF_SEQ_MEASURED, FA2_MEASURED_H100, fit_torch_stack, identifiable, prepare,
+from planner.fit import (FA2_HALF_SEQ_MEASURED, FA2_OVER_TRITON_A100, FA2_MEASURED_H100, fit_torch_stack, identifiable, prepare,
                          torch_stack_row, with_torch_stack)
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -190,7 +190,8 @@ def test_fsdp_groups_meet_what_was_measured(reference_accuracy_rows):
 def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     """Refitting the torch-stack parameters without MPT: doubling MPT's measured times moves the
     in-sample A100 ceiling of MPT's Triton attention (only MPT rows ran it) but not the fit made
-    without MPT, where the Triton ceiling falls back to the FlashAttention-2 one."""
+    without MPT, where the Triton ceiling falls back to the FlashAttention-2 one over the published
+    A100 speed-up (Dao 2023 §4.1)."""
     a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
     picked = [c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::8]
     assert sum(c.family != "MPT" for c in picked) >= 5 and sum(c.family == "MPT" for c in picked) >= 5
@@ -204,18 +205,19 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     assert full_moved[a100]["attention_max_triton"] < full_base[a100]["attention_max_triton"]
     assert full_moved[a100]["attention_max_fa2"] == full_base[a100]["attention_max_fa2"]
     without = fit_torch_stack(base, {}, keep, iters=8)[a100]
-    assert without["attention_max_triton"] == without["attention_max_fa2"]
+    assert without["attention_max_triton"] == pytest.approx(without["attention_max_fa2"] / FA2_OVER_TRITON_A100)
     p = base[0]
     assert with_torch_stack(p, {}, full_base)["attention_half_seq_fa2"] == FA2_HALF_SEQ_MEASURED
 
 
 def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     """MPT (all llm-foundry rows) has no fitted hardware rows, so its LOFO prediction is the presets'
-    hardware with the torch-stack parameters refitted on the torchtitan rows only (9.5 % here
-    and in `planner validate --lofo`, README: without MPT, MPT's Triton attention takes the
-    FlashAttention-2 ceiling, faster than what the Triton rows show in-sample)."""
+    hardware with the torch-stack parameters refitted on the torchtitan rows only (7.2 % here,
+    7.3 % in `planner validate --lofo` with the sharded-DP refit too, README: without MPT, MPT's
+    Triton attention takes the FlashAttention-2 ceiling over the published A100 speed-up, 1.83x,
+    slower than the 1.55x its rows show in-sample; it was 9.5 % with the two ceilings equal)."""
     torch_rows = prepare([c for c in cases if torch_stack_row(c)])
     without = fit_torch_stack(torch_rows, {}, lambda c: c.family != "MPT")
     errs = [abs(p.predict_s(with_torch_stack(p, {}, without)) / p.case.measured_step_s - 1)
             for p in torch_rows if p.case.family == "MPT"]
-    assert len(errs) == 216 and np.mean(errs) <= 0.096 + 0.005
+    assert len(errs) == 216 and np.mean(errs) <= 0.072 + 0.005
