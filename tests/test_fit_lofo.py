@@ -145,19 +145,3 @@ def test_a_group_left_without_fitted_rows_takes_the_h100_fit_not_its_own_preset(
         assert lofo[p.case.id] == pytest.approx(p.predict_s(expected), rel=1e-12)
         assert abs(lofo[p.case.id] / p.predict_s(None) - 1) > 0.01  # not the GPT-fitted preset
 
-
-def test_triton_ceiling_without_its_rows_follows_the_published_fa2_speedup(all_cases):
-    """Only MPT ran the Triton FlashAttention. Held out, an A100 takes FA2's fitted ceiling over
-    Dao 2023's fwd 1.4x / bwd 2x speed-up weighted by the passes' FLOPs (1 : 2.5), 6.4/3.5; an H100
-    (no published figure) takes FA2's own."""
-    from planner.fit import FA2_OVER_TRITON_A100
-    assert FA2_OVER_TRITON_A100 == pytest.approx(6.4 / 3.5)
-    picked = [c for c in all_cases if c.framework in ("torchtitan FSDP2", "llm-foundry FSDP")]
-    prepared = prepare(picked)
-    full = fit_all(prepared)
-    without_mpt = fit_torch_stack(prepared, full, lambda c: c.family != "MPT")
-    a100, h100 = without_mpt["A100-SXM4-80GB"], without_mpt["H100-SXM5-80GB"]
-    assert a100["attention_max_triton"] == pytest.approx(a100["attention_max_fa2"] / FA2_OVER_TRITON_A100)
-    assert h100["attention_max_triton"] == pytest.approx(h100["attention_max_fa2"])
-    with_mpt = fit_torch_stack(prepared, full)  # fitted on MPT's own rows: something else
-    assert with_mpt["A100-SXM4-80GB"]["attention_max_triton"] != pytest.approx(a100["attention_max_triton"])
