@@ -46,6 +46,8 @@ KNOB_NAMES: tuple[str, ...] = (
     "cpu_offloading_num_layers", "cpu_offloading_weights", "fp8_param_gather", "overlap_param_gather",
     # ModelZoo commands: Megatron's fine-grained activation offloading (--offload-modules)
     "offload_modules",
+    # layers kept in bf16 under a low-precision recipe (JobSpec.bf16_layers)
+    "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
 )
 _ENTRY_FIELDS = ("release", "commit", "tag", "config", "recipe_layout", "layout_matches_record", "mismatch", "knobs")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

@@ -370,6 +370,12 @@ class JobSpec(BaseModel):
     # (Megatron keeps it, main_params_dtype fp32; TE's 16-bit-remainder store under bf16 params,
     # store_param_remainders, is not counted: 2 B/param more than such a run holds).
     adam_moments: Literal["fp32", "bf16"] = "fp32"
+    # (first, last): transformer layers kept out of the low-precision recipe, their GEMMs in bf16
+    # (Megatron --first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16,
+    # megatron/core/fp8_utils.py is_first_last_bf16_layer). NVIDIA's NVFP4 recipes keep some: the
+    # last 14 of Nemotron 3 Super's 88 (Megatron-Bridge mixed_precision.py
+    # nemotron_3_super_bf16_with_nvfp4_mixed), the last 4 of GPT-OSS 20B's 24 (perf_recipes/gpt_oss).
+    bf16_layers: tuple[NonNegativeInt, NonNegativeInt] = (0, 0)
 
     @model_validator(mode="before")
     @classmethod
@@ -387,6 +393,11 @@ class JobSpec(BaseModel):
     def _pins(self) -> "JobSpec":
         if self.fp8_attention and self.dtype in ("bf16", "fp16"):
             raise ValueError(f"fp8_attention needs a low-precision dtype (fp8, fp8-cs, fp8-block, mxfp8, nvfp4), got {self.dtype}")
+        if any(self.bf16_layers) and self.dtype in ("bf16", "fp16", "fp8"):
+            why = ("Megatron refuses bf16 layers under delayed scaling" if self.dtype == "fp8"
+                   else f"under {self.dtype} every layer already runs 16-bit GEMMs")
+            raise ValueError(f"bf16_layers needs a current- or block-scaled low-precision dtype (fp8-cs, "
+                             f"fp8-block, mxfp8, nvfp4): {why}")
         unknown = sorted(set(self.pins) - set(KNOBS))
         if unknown:
             raise ValueError(f"unknown knob {unknown[0]!r}; allowed: {', '.join(KNOBS)}")

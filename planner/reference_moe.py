@@ -273,6 +273,11 @@ def bridge_recipe_job_updates(knobs: RecipeKnobs, dtype: str) -> tuple[dict, lis
     if knobs.value("fp8_dot_product_attention") and dtype not in ("bf16", "fp16"):
         update["fp8_attention"] = True
         notes.append(f"FP8 dot-product attention ({knobs.cite('fp8_dot_product_attention')})")
+    kept = (knobs.value("num_layers_at_start_in_bf16", 0), knobs.value("num_layers_at_end_in_bf16", 0))
+    if any(kept) and dtype not in ("bf16", "fp16"):
+        update["bf16_layers"] = kept
+        cited = "num_layers_at_end_in_bf16" if kept[1] else "num_layers_at_start_in_bf16"
+        notes.append(f"first {kept[0]} / last {kept[1]} layers in bf16 ({knobs.cite(cited)})")
     return update, notes
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
-from planner.analytical.precision import GEMM_OPERAND_BYTES
+from planner.analytical.precision import GEMM_OPERAND_BYTES, high_precision_dtype
 from planner.analytical.plans import PlanArrays, module_selected
 from planner.model import ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
@@ -94,6 +94,17 @@ def _hybrid_parts(model: ModelSpec, layer: dict[str, float], g: float, act: floa
             "mamba_input": f["M"] * g, "mamba": f["M"] * mamba}
 
 
+def bf16_layer_share(model: ModelSpec, job: JobSpec) -> float:
+    """Share of the model's layers that JobSpec.bf16_layers keeps in bf16."""
+    return min(sum(job.bf16_layers), model.layers) / model.layers
+
+
+def bf16_job(job: JobSpec) -> JobSpec:
+    """The job as its bf16-kept layers run it: 16-bit GEMMs and attention, no quantisation."""
+    return job.model_copy(update={"dtype": high_precision_dtype(job.dtype), "fp8_attention": False,
+                                  "bf16_layers": (0, 0)})
+
+
 def saved_gemm_input_bytes(job: JobSpec) -> tuple[float, float]:
     """(bytes per element of a GEMM input kept for the weight gradient, bytes of the output
     projection's extra quantised copy) under the job's recipe (see `activation_parts`): the
@@ -161,7 +172,14 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
     none: sbh(10 + 24/t + 5as/(ht)); TP+SP: sbh/t·(34 + 5as/h); selective: what the recomputed
     modules free is not stored (`selective_freed_coefficients`; core_attn, the default, drops the
     5as/h term, which fused/flash attention never stores); full: only the 2sbh layer input
-    (sharded by SP). Context parallelism splits s by cp."""
+    (sharded by SP). Context parallelism splits s by cp. Layers kept in bf16 under a
+    low-precision recipe (JobSpec.bf16_layers) keep 16-bit GEMM inputs: the mean layer is
+    weighted by their share (exact at pp 1; a stage holding more of them stores more)."""
+    share = bf16_layer_share(model, job)
+    if share:
+        low = activation_bytes_per_layer(model, job.model_copy(update={"bf16_layers": (0, 0)}), P)
+        wide = activation_bytes_per_layer(model, bf16_job(job), P)
+        return tuple((1 - share) * a + share * b for a, b in zip(low, wide))
     g, proj_copy = saved_gemm_input_bytes(job)
     unsharded, sharded, score = activation_coefficients(model, g, proj_copy)
     t = P.tp

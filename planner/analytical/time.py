@@ -12,7 +12,7 @@ import sys
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, named, precision
+from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, memory, named, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.offload import activation_offload_exposed_s
 from planner.analytical.plans import PlanArrays, module_selected
@@ -512,6 +512,8 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
 def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
     """One microbatch, one GPU: seconds per layer (forward / backward compute, exposed TP, CP
     and EP communication, selective recompute) and of the LM head; (n,) arrays."""
+    if any(job.bf16_layers):
+        return _with_bf16_layers(model, system, job, P)
     acc = system.accelerator
     eff = acc.efficiency
     h, t, c = model.hidden, P.tp, P.cp
@@ -593,6 +595,31 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         lead = per_layer_terms(layer_kinds.lead_layer_model(model), system, job, P)
         terms["lead"] = {key: lead[key] for key in LAYER_TERMS}
     return terms
+
+
+def _with_bf16_layers(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
+    """`per_layer_terms` with JobSpec.bf16_layers kept in bf16: each per-layer term is the mean
+    over the layers of the two precisions, weighted by their counts (exact where a rank holds the
+    mean layer, as at pp 1; a hybrid stack's bf16 layers are its pattern's own first and last
+    blocks, costed as their own mean block). The LM head is the low-precision job's (bf16 anyway)."""
+    first, last = job.bf16_layers
+    share = memory.bf16_layer_share(model, job)
+    low_model = wide_model = model
+    if model.hybrid_pattern:
+        pattern, n = model.hybrid_pattern, model.layers
+        kept = pattern[:first] + pattern[max(first, n - last):]
+        rest = pattern[first:max(first, n - last)] or kept
+        low_model = model.model_copy(update={"hybrid_pattern": rest, "layers": len(rest)})
+        wide_model = model.model_copy(update={"hybrid_pattern": kept, "layers": len(kept)})
+    terms = per_layer_terms(low_model, system, job.model_copy(update={"bf16_layers": (0, 0)}), P)
+    wide = per_layer_terms(wide_model, system, memory.bf16_job(job), P)
+
+    def mix(low: dict, high: dict) -> dict:
+        return {**low, **{key: (1 - share) * low[key] + share * high[key] for key in LAYER_TERMS}}
+    out = mix(terms, wide)
+    if "lead" in terms:
+        out["lead"] = mix(terms["lead"], wide["lead"])
+    return out
 
 
 # The per-layer entries of `per_layer_terms` (the rest belong to the LM head on the last rank).

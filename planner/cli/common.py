@@ -215,6 +215,28 @@ def adam_moments_setting(value: str | None) -> dict:
     return {"adam_moments": value}
 
 
+Bf16LayersOpt = Annotated[Optional[str], typer.Option(
+    "--bf16-layers", metavar="FIRST,LAST",
+    help="Under a low-precision --dtype, keep the first FIRST and last LAST transformer layers in bf16 "
+         "(Megatron --first-last-layers-bf16 --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16), "
+         "as NVIDIA's NVFP4 recipes do: 0,14 for Nemotron 3 Super, 0,4 for GPT-OSS 20B. Costed and emitted. "
+         "Default: none (the plan file's with --plan).")]
+
+
+def bf16_layers_setting(value: str | None, model) -> dict:
+    """The JobSpec field of --bf16-layers ({} when not given); one-line errors for a malformed
+    value or more layers than the model has."""
+    if value is None:
+        return {}
+    parts = str(value).replace(" ", "").split(",")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise SpecError(f"bf16-layers: expected FIRST,LAST (two non-negative integers, e.g. 0,14), got {value!r}")
+    first, last = map(int, parts)
+    if first + last > model.layers:
+        raise SpecError(f"bf16-layers: {first} + {last} layers exceed {model.name}'s {model.layers}")
+    return {"bf16_layers": (first, last)}
+
+
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
                               moe_dispatcher: str | None = None) -> None:
     """A MoE-only setting given for a model without experts is a mistake, not a no-op."""

@@ -23,6 +23,8 @@ from planner.cli.common import (
     MoeA2aOverlapOpt,
     MoeDispatcherOpt,
     MoeImbalanceOpt,
+    Bf16LayersOpt,
+    bf16_layers_setting,
     AdamMomentsOpt,
     adam_moments_setting,
     refuse_moe_flags_on_dense,
@@ -90,6 +92,7 @@ def estimate_command(
     cuda_graph: CudaGraphOpt = None, fp8_attention: Fp8AttentionOpt = None,
     fused_grouped_mlp: FusedGroupedMlpOpt = None,
     adam_moments: AdamMomentsOpt = None,
+    bf16_layers: Bf16LayersOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
@@ -118,6 +121,7 @@ def estimate_command(
             ("full_iteration_cuda_graph", cuda_graph), ("cuda_graph_modules", cuda_graph), ("fp8_attention", fp8_attention),
             ("fused_grouped_mlp", fused_grouped_mlp))}
         given_kernels["adam_moments"] = adam_moments_setting(adam_moments).get("adam_moments")
+        given_kernels["bf16_layers"] = bf16_layers_setting(bf16_layers, model_spec).get("bf16_layers")
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
                                 flash_attention=flash_attention, **given_kernels)
     else:
@@ -127,7 +131,8 @@ def estimate_command(
         job = make_job(global_batch=None, dtype=dtype or "bf16",
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
                        flash_attention=True if flash_attention is None else flash_attention,
-                       **kernels, **adam_moments_setting(adam_moments))
+                       **kernels, **adam_moments_setting(adam_moments),
+                       **bf16_layers_setting(bf16_layers, model_spec))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     if plan.gpus != system_spec.num_gpus:

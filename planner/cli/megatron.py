@@ -9,6 +9,8 @@ import typer
 
 from hardware.errors import SpecError
 from planner.cli.common import (
+    Bf16LayersOpt,
+    bf16_layers_setting,
     AdamMomentsOpt,
     adam_moments_setting,
     DEFAULT_BATCH,
@@ -86,6 +88,7 @@ def megatron_command(
     grad_reduce_in_bf16: _flag("grad-reduce-in-bf16", "16-bit gradient buffers and DP reduce (costed).") = None,
     fp8_param_gather: _flag("fp8-param-gather", "FP8 weights, gathered in FP8 (costed; FP8 dtypes).") = None,
     adam_moments: AdamMomentsOpt = None,
+    bf16_layers: Bf16LayersOpt = None,
     write_gb_per_s: Annotated[Optional[float], typer.Option(
         "--write-gb-per-s", help="Checkpoint storage write bandwidth, GB/s, as `planner checkpoint` "
                                  "(default: its default).")] = None,
@@ -107,20 +110,22 @@ def megatron_command(
     _run(locals())
 
 
-def _job(o: dict, plan=None):
+def _job(o: dict, model, plan=None):
     """JobSpec for the launch: a plan file's saved job settings, unless the user overrides them."""
     from planner.planfile import job_for_plan_file
     if o["global_batch"] is not None and o["global_batch"] < 1:
         raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
     moments = adam_moments_setting(o["adam_moments"])
+    bf16 = bf16_layers_setting(o["bf16_layers"], model)
     saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"], hbm_reserve_gib=o["hbm_reserve_gib"],
-                              adam_moments=moments.get("adam_moments")) if plan is not None else None
+                              adam_moments=moments.get("adam_moments"),
+                              bf16_layers=bf16.get("bf16_layers")) if plan is not None else None
     if saved is not None:
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
     return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or "bf16",
-                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments)
+                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments, **bf16)
 
 
 def _plan_and_job(o: dict, model, system):
@@ -137,8 +142,8 @@ def _plan_and_job(o: dict, model, system):
         if o["global_batch"] is not None and o["global_batch"] != plan.global_batch:
             raise SpecError(f"global-batch: {o['global_batch']} differs from the plan's "
                             f"global_batch ({plan.global_batch})")
-        return plan, _job(o, plan)
-    job = _job(o)
+        return plan, _job(o, model, plan)
+    job = _job(o, model)
     if any(o[k] is not None for k in ("tp", "pp", "dp")):
         return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch), job
     if given or perf:

@@ -44,6 +44,8 @@ from planner.cli.common import (
     MoeA2aOverlapOpt,
     MoeDispatcherOpt,
     MoeImbalanceOpt,
+    Bf16LayersOpt,
+    bf16_layers_setting,
     AdamMomentsOpt,
     adam_moments_setting,
     refuse_moe_flags_on_dense,
@@ -90,7 +92,7 @@ def _inputs(o: dict):
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
                                      o.get("fused_grouped_mlp", False), moe=model.moe is not None,
                                      mamba=model.mamba is not None),
-                   **adam_moments_setting(o.get("adam_moments")))
+                   **adam_moments_setting(o.get("adam_moments")), **bf16_layers_setting(o.get("bf16_layers"), model))
     if job.framework == "megatron":
         from planner.megatron.expressible import graph_pin_refusals
         refused = graph_pin_refusals(job.pins, model, job)
@@ -183,6 +185,7 @@ def register(app: typer.Typer) -> None:
         moe_dispatcher: MoeDispatcherOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
         adam_moments: AdamMomentsOpt = None,
+        bf16_layers: Bf16LayersOpt = None,
         cuda_graph: CudaGraphOpt = "none",
         fp8_attention: Fp8AttentionOpt = False,
         fused_grouped_mlp: FusedGroupedMlpOpt = False,
@@ -231,6 +234,7 @@ def register(app: typer.Typer) -> None:
         moe_dispatcher: MoeDispatcherOpt = None,
         moe_imbalance: MoeImbalanceOpt = 1.0,
         adam_moments: AdamMomentsOpt = None,
+        bf16_layers: Bf16LayersOpt = None,
         cuda_graph: CudaGraphOpt = "none",
         fp8_attention: Fp8AttentionOpt = False,
         fused_grouped_mlp: FusedGroupedMlpOpt = False,

@@ -277,6 +277,12 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
 
     # Precision (MA 1, 3) and the switches the model costs.
     a.extend(PRECISION_FLAGS[job.dtype])
+    if any(job.bf16_layers):
+        # layers kept out of the low-precision recipe (megatron/core/fp8_utils.py
+        # is_first_last_bf16_layer), as the model costs them
+        add("--first-last-layers-bf16")
+        add("--num-layers-at-start-in-bf16", job.bf16_layers[0])
+        add("--num-layers-at-end-in-bf16", job.bf16_layers[1])
     if plan.fp8_param_gather:
         add("--fp8-param-gather")
     if plan.grad_reduce_in_bf16:

@@ -31,7 +31,8 @@ def _build_parser() -> _Parser:
                  "--cross-entropy-loss-fusion", "--manual-gc", "--log-throughput",
                  "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
-                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax"):
+                 "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
+                 "--first-last-layers-bf16"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
@@ -51,7 +52,9 @@ def _build_parser() -> _Parser:
             "--make-vocab-size-divisible-by": 128, "--manual-gc-interval": 0, "--log-interval": 100,
             "--save-interval": None, "--q-lora-rank": None, "--kv-lora-rank": 32, "--qk-head-dim": 128,
             "--qk-pos-emb-head-dim": 64, "--v-head-dim": 128, "--moe-shared-expert-intermediate-size": None,
-            "--mtp-num-layers": None}
+            "--mtp-num-layers": None,
+            # TransformerConfig fields (ArgumentGroupFactory); 1 is the dataclass default
+            "--num-layers-at-start-in-bf16": 1, "--num-layers-at-end-in-bf16": 1}
     for name, default in ints.items():
         p.add_argument(name, type=int, default=default)
     choices = {"--recompute-granularity": ("full", "selective"),
@@ -155,6 +158,7 @@ MSG_SHARED_EXPERTS_OVERLAP = "shared_experts recompute cannot work with --moe-sh
 MSG_FP8_DELAYED_MODULES = "Delayed scaling does not support moe_act and layernorm recompute for fp8."
 MSG_MOE_A2A_OVERLAP_MOE = "disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm"
 MSG_CPU_OFFLOAD_RECOMPUTE = "CPU offloading does not work when activation recomputation is enabled"
+MSG_BF16_LAYERS_DELAYED = "Delayed scaling does not support first / last layer in BF16."
 MSG_FULL_ITER_NAN = ("--no-check-for-nan-in-loss-and-grad should be set with --cuda-graph-impl=full_iteration "
                      "for training.")
 
@@ -355,6 +359,17 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
             err(MSG_EXPERTS_EP)
     if a.num_experts is not None and a.moe_router_topk == 1 and not a.moe_router_pre_softmax:
         err(MSG_TOP1_PRE_SOFTMAX)
+
+    # core/transformer/transformer_config.py __post_init__ (0.19.2), under FP8 only: bf16 layers
+    # are refused with delayed scaling and each count is capped at the layers per stage.
+    if a.first_last_layers_bf16 and a.fp8_format:
+        if a.fp8_recipe in (None, "delayed"):
+            err(MSG_BF16_LAYERS_DELAYED)
+        per_stage = (a.num_layers or 0) // (a.pipeline_model_parallel_size or 1)
+        for name in ("num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16"):
+            if not 0 <= getattr(a, name) <= per_stage:
+                err(f"{name} ({getattr(a, name)}) must be between 0 and number of layers per pipeline "
+                    f"stage ({per_stage}).")
 
     # MA 2a: optimizer CPU offload.
     if a.optimizer_cpu_offload and not a.use_precision_aware_optimizer:
