@@ -48,6 +48,8 @@ KNOB_NAMES: tuple[str, ...] = (
     "offload_modules",
     # layers kept in bf16 under a low-precision recipe (JobSpec.bf16_layers)
     "num_layers_at_start_in_bf16", "num_layers_at_end_in_bf16",
+    # a per-module TE quantization recipe (quant_recipe), as JobSpec.module_dtypes
+    "module_dtypes",
 )
 _ENTRY_FIELDS = ("release", "commit", "tag", "config", "recipe_layout", "layout_matches_record", "mismatch", "knobs")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

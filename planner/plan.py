@@ -90,6 +90,12 @@ def check_recompute_modules(plan: "Plan", model) -> None:
 # passes cost; planner/megatron/emit.py maps them to Megatron flags.
 ComputeDtype = Literal["bf16", "fp16", "fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"]
 COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
+# Modules a per-module quantization recipe may run in another dtype than the job's (JobSpec.module_dtypes):
+# attention (its QKV and output projections), LatentMoE's h<->latent projections, a Mamba mixer's
+# output projection, and the MTP module as a whole.
+ModuleGroup = Literal["attention", "latent_proj", "mamba_out_proj", "mtp"]
+MODULE_GROUPS: tuple[str, ...] = ("attention", "latent_proj", "mamba_out_proj", "mtp")
+ModuleDtype = Literal["bf16", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"]
 # Who implements sharded data parallelism (ZeRO stage 2/3); the stage says what is sharded.
 # "megatron": Megatron-Core (distributed optimizer for ZeRO-1, Megatron-FSDP for 2/3);
 # "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
@@ -376,6 +382,11 @@ class JobSpec(BaseModel):
     # last 14 of Nemotron 3 Super's 88 (Megatron-Bridge mixed_precision.py
     # nemotron_3_super_bf16_with_nvfp4_mixed), the last 4 of GPT-OSS 20B's 24 (perf_recipes/gpt_oss).
     bf16_layers: tuple[NonNegativeInt, NonNegativeInt] = (0, 0)
+    # Per-module dtypes of a Transformer Engine quantization recipe (Megatron-Core
+    # TransformerConfig.quant_recipe, glob matchers over module names): NVIDIA's Nemotron 3 Super
+    # NVFP4 recipe keeps attention's linear_qkv / linear_proj, the latent projections and the MTP
+    # module in bf16 and runs the Mamba out_proj in MXFP8 (Megatron-Bridge te_quant.cfg).
+    module_dtypes: dict[ModuleGroup, ModuleDtype] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -393,6 +404,9 @@ class JobSpec(BaseModel):
     def _pins(self) -> "JobSpec":
         if self.fp8_attention and self.dtype in ("bf16", "fp16"):
             raise ValueError(f"fp8_attention needs a low-precision dtype (fp8, fp8-cs, fp8-block, mxfp8, nvfp4), got {self.dtype}")
+        if self.module_dtypes and self.dtype in ("bf16", "fp16", "fp8"):
+            raise ValueError(f"module_dtypes needs a current- or block-scaled low-precision dtype (fp8-cs, fp8-block, "
+                             f"mxfp8, nvfp4) for the rest of the model, got {self.dtype}")
         if any(self.bf16_layers) and self.dtype in ("bf16", "fp16", "fp8"):
             why = ("Megatron refuses bf16 layers under delayed scaling" if self.dtype == "fp8"
                    else f"under {self.dtype} every layer already runs 16-bit GEMMs")
@@ -427,7 +441,7 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
+__all__ = ["Plan", "JobSpec", "MODULE_GROUPS", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
            "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",

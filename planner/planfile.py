@@ -20,7 +20,7 @@ from planner.plan import JobSpec, Plan
 # JobSpec fields a launch depends on (pins, forbids and search bounds do not).
 SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework",
                     "full_iteration_cuda_graph", "cuda_graph_modules", "fp8_attention", "fused_grouped_mlp",
-                    "adam_moments", "bf16_layers")
+                    "adam_moments", "bf16_layers", "module_dtypes")
 
 
 def reference(ref: str, what: str) -> str:

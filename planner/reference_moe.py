@@ -278,6 +278,10 @@ def bridge_recipe_job_updates(knobs: RecipeKnobs, dtype: str) -> tuple[dict, lis
         update["bf16_layers"] = kept
         cited = "num_layers_at_end_in_bf16" if kept[1] else "num_layers_at_start_in_bf16"
         notes.append(f"first {kept[0]} / last {kept[1]} layers in bf16 ({knobs.cite(cited)})")
+    if knobs.value("module_dtypes") and dtype not in ("bf16", "fp16"):
+        update["module_dtypes"] = dict(knobs.value("module_dtypes"))
+        notes.append("per-module precision " + ", ".join(f"{k} {v}" for k, v in update["module_dtypes"].items())
+                     + f" ({knobs.cite('module_dtypes')})")
     return update, notes
 
 

@@ -54,9 +54,10 @@ def mamba_block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Pla
     stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
     tokens = P.micro_batch * model.seq_length / P.cp
     width = m.in_proj_width
+    out_dtype = precision.module_dtype(job, "mamba_out_proj")  # a per-module recipe may run it apart
     gemm = (tm._gemm_time(2 * tokens * h * width / t, np.minimum(np.minimum(tokens, h), width / t), peak, eff, job.dtype)
             + tm._gemm_time(2 * tokens * m.d_inner * h / t, np.minimum(np.minimum(tokens, m.d_inner / t), h),
-                            peak, eff, job.dtype))
+                            acc.peak(precision.gemm_peak_key(out_dtype)), eff, out_dtype))
     # the scan: 16-bit small matmuls (the fp8 recipes quantise only the projections)
     ssd = tm._gemm_time(flops.ssd_flops_per_token(model) * tokens / t, float(min(m.chunk_size, m.head_dim, m.state_dim)),
                         acc.peak(precision.high_precision_dtype(job.dtype)), eff, precision.high_precision_dtype(job.dtype))
@@ -87,15 +88,17 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         # the block's share of the lump, and its launches unless its module's graph captures them
         return hidden_s + (0.0 if kernels.block_launches_captured(kind, job) else eff.layer_overhead_us * 1e-6 / 2)
     norm_s = tokens * tm.LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm
-    quant_per_element = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t \
-        / (1 + tm.BACKWARD_FACTOR) / hbm
+    def quant_s(group=None):  # seconds per quantised element, in the module group's dtype
+        return tm.quantise_s_per_element(job, group, tokens, t, hbm)
+    quant_per_element = quant_s()
     out: dict[str, dict] = {}
     if model.blocks("*"):
         qkv_w = flops.qkv_out_width(model)
         rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
         out["*"] = {"gemm": tm.attention_gemm_fwd_s(model, system, job, P),
                     "attention": tm.attention_core_fwd_s(model, system, job, P),
-                    "elementwise": common("*") + rope_s + quant_per_element * (3 * h + qkv_w), "norm_s": norm_s}
+                    "elementwise": common("*") + rope_s
+                    + quant_s("attention") * precision.attention_quantised_elements(h, qkv_w), "norm_s": norm_s}
     if model.blocks("-"):
         ffn = model.ffn_hidden
         up_w = (2 if model.activation == "swiglu" else 1) * ffn
@@ -112,8 +115,10 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
                                                        fused_mlp=tm.fused_experts(model, job),
                                                        shared_mlp_width=gated * shared_ffn, shared_ffn=shared_ffn,
                                                        row_width=model.moe.latent_size)
-        mlp_elements = whole - 3 * h  # less the (QKV-less) attention part that function counts
-        out["E"] = {"gemm": moe["gemm"], "elementwise": common("E") + moe["elementwise"] + quant_per_element * mlp_elements,
+        latent = precision.latent_quantised_elements(h, model.moe.latent_size)
+        mlp_elements = whole - 3 * h - latent  # less the (QKV-less) attention part that function counts
+        quant = quant_per_element * mlp_elements + quant_s("latent_proj") * latent
+        out["E"] = {"gemm": moe["gemm"], "elementwise": common("E") + moe["elementwise"] + quant,
                     "wgrad_extra": moe["wgrad_extra_s"], "moe_mlp_s": moe["gemm"] + moe["elementwise"],
                     "moe_act_s": moe["expert_act_s"], "shared_expert_s": moe["shared_expert_s"], "norm_s": norm_s}
     if model.blocks("M"):
@@ -121,7 +126,9 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         m = model.mamba
         out["M"] = {"gemm": mamba["gemm"],
                     "elementwise": common("M") + mamba["elementwise"]
-                    + quant_per_element * (2 * h + m.d_inner + m.in_proj_width), "norm_s": norm_s}
+                    # in_proj: its input and output gradient; out_proj the same, in its own dtype
+                    + quant_per_element * (h + m.in_proj_width) + quant_s("mamba_out_proj") * (m.d_inner + h),
+                    "norm_s": norm_s}
     return out
 
 

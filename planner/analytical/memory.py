@@ -102,7 +102,7 @@ def bf16_layer_share(model: ModelSpec, job: JobSpec) -> float:
 def bf16_job(job: JobSpec) -> JobSpec:
     """The job as its bf16-kept layers run it: 16-bit GEMMs and attention, no quantisation."""
     return job.model_copy(update={"dtype": high_precision_dtype(job.dtype), "fp8_attention": False,
-                                  "bf16_layers": (0, 0)})
+                                  "bf16_layers": (0, 0), "module_dtypes": {}})
 
 
 def saved_gemm_input_bytes(job: JobSpec) -> tuple[float, float]:

@@ -62,6 +62,22 @@ def high_precision_dtype(dtype: str) -> str:
     return "fp16" if dtype == "fp16" else "bf16"
 
 
+def module_dtype(job, group: str) -> str:
+    """The dtype the module group's GEMMs run in (JobSpec.module_dtypes, else the job's)."""
+    return job.module_dtypes.get(group, job.dtype)
+
+
+def attention_quantised_elements(hidden: int, qkv_width: float) -> float:
+    """The attention's share of `quantised_elements_per_token`: the inputs of QKV and the
+    projection, the output gradients of QKV and the projection."""
+    return (hidden + hidden) + (qkv_width + hidden)
+
+
+def latent_quantised_elements(hidden: int, row_width: float | None) -> float:
+    """LatentMoE's two projections' share of `quantised_elements_per_token`."""
+    return (hidden + row_width) + (row_width + hidden) if row_width else 0.0
+
+
 def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float, ffn: float,
                                  rows_per_token: float, fused_mlp: bool = False, shared_mlp_width: float = 0.0,
                                  shared_ffn: float = 0.0, row_width: float | None = None) -> float:
@@ -77,11 +93,11 @@ def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float
     FeedForward under its float8/MX converters) and see every token once: their FC1/FC2 inputs
     and output gradients are quantised like a dense MLP's (never op-fused: the fuser is the
     routed experts' grouped MLP)."""
-    attention = (hidden + hidden) + (qkv_width + hidden)
+    attention = attention_quantised_elements(hidden, qkv_width)
     # the MLP's rows: `row_width` wide for LatentMoE's routed experts (and its two projections,
     # h -> latent and latent -> h, quantised like a dense MLP's GEMMs), else hidden
     w = row_width or hidden
     mlp = w + w if fused_mlp else (w + ffn) + (mlp_width + w)
-    latent = (hidden + w) + (w + hidden) if row_width else 0.0
+    latent = latent_quantised_elements(hidden, row_width)
     shared = (hidden + shared_ffn) + (shared_mlp_width + hidden) if shared_ffn else 0.0
     return attention + rows_per_token * mlp + shared + latent

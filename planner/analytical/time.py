@@ -91,17 +91,28 @@ def overlapped_collective_s(total_s, window_s, p, v):
 
 
 def attention_gemm_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
-    """The attention's QKV and output-projection GEMMs, one microbatch, one GPU, forward."""
+    """The attention's QKV and output-projection GEMMs, one microbatch, one GPU, forward (in the
+    attention's own dtype under a per-module recipe)."""
     eff = system.accelerator.efficiency
-    peak_gemm = system.accelerator.peak(precision.gemm_peak_key(job.dtype))
+    dtype = precision.module_dtype(job, "attention")
+    peak_gemm = system.accelerator.peak(precision.gemm_peak_key(dtype))
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
     qkv_w = flops.qkv_out_width(model)
     out_w = flops.attention_out_width(model)  # = h unless head_dim is set apart (Qwen3) or MLA
     return (
-        _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, job.dtype)
-        + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, job.dtype)
+        _gemm_time(2 * tokens * h * qkv_w / t, np.minimum(np.minimum(tokens, h), qkv_w / t), peak_gemm, eff, dtype)
+        + _gemm_time(2 * tokens * out_w * h / t, np.minimum(np.minimum(tokens, out_w / t), h), peak_gemm, eff, dtype)
     )
+
+
+def quantise_s_per_element(job: JobSpec, group: str | None, tokens, t, hbm_bytes_per_s):
+    """Seconds per quantised element per token of one layer's scaling passes (precision.py), in
+    the module group's dtype (None: the job's), charged as a third to the forward so that
+    forward + BACKWARD_FACTOR·forward carries all of it."""
+    dtype = precision.module_dtype(job, group) if group else job.dtype
+    return kernels.quantise_bytes_per_element(dtype, job.kernels) * tokens / t / (1 + BACKWARD_FACTOR) \
+        / hbm_bytes_per_s
 
 
 def attention_core_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
@@ -176,14 +187,18 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
     topk = model.moe.top_k if model.moe else 1
     shared_ffn = model.moe.shared_experts * model.shared_expert_ffn_hidden if model.moe and model.moe.shared_experts else 0
-    # Low-precision scaling passes (precision.py), forward + backward per layer; charged as a
-    # third to the forward so that forward + BACKWARD_FACTOR·forward carries all of it.
-    quant_bytes = kernels.quantise_bytes_per_element(job.dtype, job.kernels) * tokens / t * \
-        precision.quantised_elements_per_token(h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job),
-                                               shared_mlp_width=(2 if model.activation == "swiglu" else 1) * shared_ffn,
-                                               shared_ffn=shared_ffn,
-                                               row_width=model.moe.latent_size if model.moe else None) \
-        / (1 + BACKWARD_FACTOR)
+    # Low-precision scaling passes (precision.py), forward + backward per layer, each module
+    # group in its own dtype.
+    latent = model.moe.latent_size if model.moe else None
+    elements = precision.quantised_elements_per_token(
+        h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job),
+        shared_mlp_width=(2 if model.activation == "swiglu" else 1) * shared_ffn, shared_ffn=shared_ffn,
+        row_width=latent)
+    attn_elements = precision.attention_quantised_elements(h, qkv_w)
+    latent_elements = precision.latent_quantised_elements(h, latent)
+    quant_s = (quantise_s_per_element(job, None, tokens, t, hbm) * (elements - attn_elements - latent_elements)
+               + quantise_s_per_element(job, "attention", tokens, t, hbm) * attn_elements
+               + quantise_s_per_element(job, "latent_proj", tokens, t, hbm) * latent_elements)
     # per-layer launch/host overhead, not paid when CUDA graphs capture the layer's launches
     overhead_s = 0.0 if kernels.layer_launches_captured(model.moe is not None, job) else eff.layer_overhead_us * 1e-6
     # Forward pieces that selective recompute reruns (`selective_recompute_s`), per layer of their
@@ -201,7 +216,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
         "norm_s": 2.0 * tokens * LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm,
     }
     return {"gemm": gemm, "attention": attention_core_fwd_s(model, system, job, P),
-            "elementwise": elem_bytes / elem_hbm + rope_s + quant_bytes / hbm + mlp_elem + overhead_s,
+            "elementwise": elem_bytes / elem_hbm + rope_s + quant_s + mlp_elem + overhead_s,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
@@ -302,8 +317,9 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     # moe_layer.py fc1/fc2 latent projections), two GEMMs over the group's tokens
     w = model.expert_hidden
     if model.moe.latent_size:
+        latent_dtype = precision.module_dtype(job, "latent_proj")
         router = router + 2 * _gemm_time(2 * routed_tokens * h * w, np.minimum(np.minimum(routed_tokens, h), w),
-                                         peak, eff, job.dtype)
+                                         acc.peak(precision.gemm_peak_key(latent_dtype)), eff, latent_dtype)
     permute = PERMUTE_PASSES * 2.0 * routed_tokens * k * w / hbm
     # the experts' FC2 bias, added eagerly per expert on the rows the busiest rank receives
     # (kernels.EXPERT_FC2_BIAS_BYTES), streaming kernels
@@ -494,6 +510,10 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
     of [norm(h); norm(embedding)] and the shared output head again (`logit_fwd_s`)."""
     if not model.mtp_layers:
         return np.zeros(len(P))
+    if "mtp" in job.module_dtypes:  # the whole module in its own dtype (a per-module recipe)
+        job = job.model_copy(update={"dtype": job.module_dtypes["mtp"], "module_dtypes": {},
+                                     "fp8_attention": job.fp8_attention and job.module_dtypes["mtp"] != "bf16"})
+        layer = layer_compute_fwd_s(model, system, job, P)
     acc = system.accelerator
     tokens = P.micro_batch * model.seq_length / P.cp
     h, t = model.hidden, P.tp

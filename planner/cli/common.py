@@ -237,6 +237,34 @@ def bf16_layers_setting(value: str | None, model) -> dict:
     return {"bf16_layers": (first, last)}
 
 
+ModuleDtypeOpt = Annotated[Optional[list[str]], typer.Option(
+    "--module-dtype", metavar="MODULE=DTYPE",
+    help="A per-module quantization recipe (repeatable): run MODULE's GEMMs in DTYPE instead of --dtype. "
+         "MODULE: attention (QKV and output projections), latent_proj (LatentMoE's projections), "
+         "mamba_out_proj, mtp (the whole MTP module); DTYPE: bf16, fp8-cs, fp8-block, mxfp8, nvfp4. "
+         "Nemotron 3 Super's NVFP4 recipe: attention=bf16 latent_proj=bf16 mtp=bf16 mamba_out_proj=mxfp8. "
+         "Costed; `planner megatron` does not write the TE precision file it needs. Default: none.")]
+
+
+def module_dtypes_setting(values: list[str] | None) -> dict:
+    """The JobSpec field of --module-dtype ({} when not given); one-line errors naming the
+    allowed modules and dtypes."""
+    from planner.plan import MODULE_GROUPS
+    if not values:
+        return {}
+    allowed = ("bf16", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
+    out = {}
+    for value in values:
+        group, _, dtype = str(value).replace(" ", "").partition("=")
+        if group not in MODULE_GROUPS or dtype not in allowed:
+            raise SpecError(f"module-dtype: expected MODULE=DTYPE with MODULE one of {', '.join(MODULE_GROUPS)} and "
+                            f"DTYPE one of {', '.join(allowed)}, got {value!r}")
+        if group in out and out[group] != dtype:
+            raise SpecError(f"module-dtype: {group} given twice ({out[group]}, {dtype})")
+        out[group] = dtype
+    return {"module_dtypes": out}
+
+
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
                               moe_dispatcher: str | None = None) -> None:
     """A MoE-only setting given for a model without experts is a mistake, not a no-op."""

@@ -24,6 +24,8 @@ from planner.cli.common import (
     MoeDispatcherOpt,
     MoeImbalanceOpt,
     Bf16LayersOpt,
+    ModuleDtypeOpt,
+    module_dtypes_setting,
     bf16_layers_setting,
     AdamMomentsOpt,
     adam_moments_setting,
@@ -93,6 +95,7 @@ def estimate_command(
     fused_grouped_mlp: FusedGroupedMlpOpt = None,
     adam_moments: AdamMomentsOpt = None,
     bf16_layers: Bf16LayersOpt = None,
+    module_dtype: ModuleDtypeOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
@@ -122,6 +125,7 @@ def estimate_command(
             ("fused_grouped_mlp", fused_grouped_mlp))}
         given_kernels["adam_moments"] = adam_moments_setting(adam_moments).get("adam_moments")
         given_kernels["bf16_layers"] = bf16_layers_setting(bf16_layers, model_spec).get("bf16_layers")
+        given_kernels["module_dtypes"] = module_dtypes_setting(module_dtype).get("module_dtypes")
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
                                 flash_attention=flash_attention, **given_kernels)
     else:
@@ -132,7 +136,7 @@ def estimate_command(
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
                        flash_attention=True if flash_attention is None else flash_attention,
                        **kernels, **adam_moments_setting(adam_moments),
-                       **bf16_layers_setting(bf16_layers, model_spec))
+                       **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     if plan.gpus != system_spec.num_gpus:

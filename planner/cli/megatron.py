@@ -197,7 +197,9 @@ UNEMITTED_KERNELS = (
     ("full_iteration_cuda_graph", "cuda-graph full-iteration",
      "a dropless MoE graph needs HybridEP's per-rank capacity and paged stashing, whose padding is not costed"),
     ("fp8_attention", "fp8-attention", "Megatron 0.19's parser has no flag for it"),
-    ("fused_grouped_mlp", "fused-grouped-mlp", "it is Megatron-Bridge's CuTeDSL kernel, not a Megatron flag"))
+    ("fused_grouped_mlp", "fused-grouped-mlp", "it is Megatron-Bridge's CuTeDSL kernel, not a Megatron flag"),
+    ("module_dtypes", "module-dtype", "Megatron reads a per-module recipe from a Transformer Engine precision "
+     "file, --te-precision-config-file, which `planner megatron` does not write"))
 
 
 def _refuse_unemitted_kernels(job, model) -> None:

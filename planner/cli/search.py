@@ -45,6 +45,8 @@ from planner.cli.common import (
     MoeDispatcherOpt,
     MoeImbalanceOpt,
     Bf16LayersOpt,
+    ModuleDtypeOpt,
+    module_dtypes_setting,
     bf16_layers_setting,
     AdamMomentsOpt,
     adam_moments_setting,
@@ -92,7 +94,8 @@ def _inputs(o: dict):
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
                                      o.get("fused_grouped_mlp", False), moe=model.moe is not None,
                                      mamba=model.mamba is not None),
-                   **adam_moments_setting(o.get("adam_moments")), **bf16_layers_setting(o.get("bf16_layers"), model))
+                   **adam_moments_setting(o.get("adam_moments")), **bf16_layers_setting(o.get("bf16_layers"), model),
+                   **module_dtypes_setting(o.get("module_dtype")))
     if job.framework == "megatron":
         from planner.megatron.expressible import graph_pin_refusals
         refused = graph_pin_refusals(job.pins, model, job)
@@ -186,6 +189,7 @@ def register(app: typer.Typer) -> None:
         moe_imbalance: MoeImbalanceOpt = 1.0,
         adam_moments: AdamMomentsOpt = None,
         bf16_layers: Bf16LayersOpt = None,
+        module_dtype: ModuleDtypeOpt = None,
         cuda_graph: CudaGraphOpt = "none",
         fp8_attention: Fp8AttentionOpt = False,
         fused_grouped_mlp: FusedGroupedMlpOpt = False,
@@ -235,6 +239,7 @@ def register(app: typer.Typer) -> None:
         moe_imbalance: MoeImbalanceOpt = 1.0,
         adam_moments: AdamMomentsOpt = None,
         bf16_layers: Bf16LayersOpt = None,
+        module_dtype: ModuleDtypeOpt = None,
         cuda_graph: CudaGraphOpt = "none",
         fp8_attention: Fp8AttentionOpt = False,
         fused_grouped_mlp: FusedGroupedMlpOpt = False,

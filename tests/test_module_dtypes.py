@@ -1,0 +1,81 @@
+"""Per-module precision (JobSpec.module_dtypes, a Transformer Engine quantization recipe): the
+named modules' GEMMs and scaling passes run in their own dtype, everything else in the job's."""
+import pytest
+from typer.testing import CliRunner
+
+from hardware.load import load_system
+from planner.analytical import estimate
+from planner.bridge_recipes import HELDOUT_KNOBS_FILE, recipe_knobs
+from planner.cli import app
+from planner.model import ModelSpec, load_model
+from planner.plan import MODULE_GROUPS, JobSpec, Plan
+from planner.reference_moe import bridge_recipe_job_updates
+
+runner = CliRunner()
+LLAMA = load_model("llama3-8b")
+SUPER = load_model("nemotron-3-super")
+SUPER_RECIPE = {"attention": "bf16", "latent_proj": "bf16", "mtp": "bf16", "mamba_out_proj": "mxfp8"}
+
+
+def _step_s(model, job, plan=Plan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=64), system=("b200", 8)):
+    return estimate(model, load_system(*system), plan, job).step_time_s
+
+
+def test_a_module_in_the_jobs_own_dtype_changes_nothing():
+    base = _step_s(SUPER, JobSpec(dtype="nvfp4"), Plan(dp=64, ep=64, global_batch=512), ("gb300-nvl72", 64))
+    same = JobSpec(dtype="nvfp4", module_dtypes={g: "nvfp4" for g in MODULE_GROUPS})
+    assert _step_s(SUPER, same, Plan(dp=64, ep=64, global_batch=512), ("gb300-nvl72", 64)) == pytest.approx(base, rel=1e-12)
+
+
+@pytest.mark.parametrize("group", MODULE_GROUPS)
+def test_each_module_group_of_nemotron_3_super_costs_more_in_a_wider_dtype(group):
+    plan, system = Plan(dp=64, ep=64, global_batch=512), ("gb300-nvl72", 64)
+    base = _step_s(SUPER, JobSpec(dtype="nvfp4"), plan, system)
+    wider = _step_s(SUPER, JobSpec(dtype="nvfp4", module_dtypes={group: SUPER_RECIPE[group]}), plan, system)
+    everything = _step_s(SUPER, JobSpec(dtype="bf16"), plan, system)
+    assert base < wider < everything, group
+
+
+def test_a_transformer_spelt_as_blocks_costs_its_attention_override_the_same():
+    """The transformer path and the hybrid block path agree on an attention override."""
+    blocks = ModelSpec.model_validate({**LLAMA.model_dump(), "name": "llama-as-blocks", "layers": 64,
+                                       "hybrid_pattern": "*-" * 32})
+    job = JobSpec(dtype="nvfp4", module_dtypes={"attention": "bf16"})
+    assert _step_s(blocks, job) == pytest.approx(_step_s(LLAMA, job), rel=1e-9)
+    assert _step_s(LLAMA, job) > _step_s(LLAMA, JobSpec(dtype="nvfp4"))
+
+
+def test_a_module_the_model_lacks_is_not_charged():
+    """Llama has no MTP, no latent projections, no Mamba mixer."""
+    base = _step_s(LLAMA, JobSpec(dtype="mxfp8"))
+    absent = JobSpec(dtype="mxfp8", module_dtypes={"mtp": "bf16", "latent_proj": "bf16", "mamba_out_proj": "bf16"})
+    assert _step_s(LLAMA, absent) == pytest.approx(base, rel=1e-12)
+
+
+def test_the_nemotron_3_super_nvfp4_recipe_knob_is_read_as_module_dtypes():
+    knobs = recipe_knobs("bridge_26.08_Nemotron_3_Super_DGX-GB300_NVFP4_64gpu_gbs512", path=HELDOUT_KNOBS_FILE)
+    update, notes = bridge_recipe_job_updates(knobs, "nvfp4")
+    assert update["module_dtypes"] == SUPER_RECIPE and update["bf16_layers"] == (0, 14)
+    assert any("te_quant.cfg" in n for n in notes)
+    assert "module_dtypes" not in bridge_recipe_job_updates(knobs, "bf16")[0]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--dtype", "nvfp4", "--module-dtype", "attn=bf16"], "module-dtype: expected MODULE=DTYPE"),
+    (["--dtype", "nvfp4", "--module-dtype", "attention=fp16"], "module-dtype: expected MODULE=DTYPE"),
+    (["--dtype", "nvfp4", "--module-dtype", "attention=bf16", "--module-dtype", "attention=mxfp8"], "given twice"),
+    (["--module-dtype", "attention=bf16"], "module_dtypes needs a current- or block-scaled"),
+])
+def test_malformed_module_dtype_is_a_one_line_error(args, message):
+    r = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "b200", "-g", "8", "--tp", "1", "--pp", "1",
+                            "-b", "64", *args])
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
+
+
+def test_megatron_refuses_a_plan_costed_with_module_dtypes(tmp_path):
+    path = tmp_path / "plan.yaml"
+    r = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--dtype", "nvfp4",
+                            "--module-dtype", "attention=bf16", "--top", "1", "--save", str(path)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["megatron", "--plan", str(path), "-m", "llama3-8b", "-s", "b200", "-g", "8"])
+    assert r.exit_code == 2 and "--te-precision-config-file" in r.output and "Traceback" not in r.output, r.output
