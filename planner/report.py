@@ -168,12 +168,24 @@ def hybrid_stage_note(model: ModelSpec, plan) -> str:
             "with more Mamba or MoE blocks than its share runs slower than shown.")
 
 
+def precision_text(job: JobSpec) -> str:
+    """The job's GEMM precision, with its mixed-recipe exceptions (bf16 layers, per-module dtypes)."""
+    parts = []
+    first, last = job.bf16_layers
+    if first or last:
+        parts.append(" and ".join(p for p in (f"first {first}" if first else "", f"last {last}" if last else "") if p)
+                     + " layers bf16")
+    parts += [f"{module} {dtype}" for module, dtype in job.module_dtypes.items()]
+    return job.dtype + (f" ({'; '.join(parts)})" if parts else "")
+
+
 def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "",
                    job: JobSpec | None = None) -> None:
     """The plan, its time and memory tables, per-rank layers where ranks differ and, given the
     job, what the MoE time assumes about routing and how much measured evidence backs the plan."""
     console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params) on "
-                  f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})")
+                  f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})"
+                  + (f" · {precision_text(job)}" if job is not None else ""))
     console.print(describe_plan(est))
     for table in estimate_tables(est, title):
         console.print(table)

@@ -79,3 +79,11 @@ def test_megatron_refuses_a_plan_costed_with_module_dtypes(tmp_path):
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["megatron", "--plan", str(path), "-m", "llama3-8b", "-s", "b200", "-g", "8"])
     assert r.exit_code == 2 and "--te-precision-config-file" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_the_plan_header_names_the_mixed_recipe():
+    from planner.report import precision_text
+    assert precision_text(JobSpec(dtype="bf16")) == "bf16"
+    job = JobSpec(dtype="nvfp4", bf16_layers=(0, 14), module_dtypes={"attention": "bf16", "mamba_out_proj": "mxfp8"})
+    assert precision_text(job) == "nvfp4 (last 14 layers bf16; attention bf16; mamba_out_proj mxfp8)"
+    assert precision_text(JobSpec(dtype="mxfp8", bf16_layers=(1, 1))) == "mxfp8 (first 1 and last 1 layers bf16)"
