@@ -99,3 +99,18 @@ def test_megatron_emits_the_flags_and_its_rules_match_megatrons():
             in errors)
     assert not [e for e in validate_megatron_args(base + ["--fp8-recipe", "mxfp8", "--num-layers-at-end-in-bf16", "8"],
                                                   world_size=8) if "bf16" in e.lower()]
+
+
+def test_a_plan_file_keeping_more_layers_than_the_model_has_is_a_one_line_error(tmp_path):
+    path = tmp_path / "plan.yaml"
+    r = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--dtype", "nvfp4",
+                            "--bf16-layers", "0,4", "--top", "1", "--save", str(path)])
+    assert r.exit_code == 0, r.output
+    import yaml
+    data = yaml.safe_load(path.read_text())
+    data["job"]["bf16_layers"] = [0, 40]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(data))
+    for command in ("estimate", "megatron"):
+        r = runner.invoke(app, [command, "--plan", str(bad), "-m", "llama3-8b", "-s", "b200", "-g", "8"])
+        assert r.exit_code == 2 and "bf16-layers: the job keeps 0 + 40 layers" in r.output, (command, r.output)

@@ -265,6 +265,14 @@ def module_dtypes_setting(values: list[str] | None) -> dict:
     return {"module_dtypes": out}
 
 
+def check_bf16_layers_fit(job, model) -> None:
+    """A plan file's bf16_layers must fit the model it is costed on (the flag is checked as given)."""
+    first, last = job.bf16_layers
+    if first + last > model.layers:
+        raise SpecError(f"bf16-layers: the job keeps {first} + {last} layers in bf16 but {model.name} has "
+                        f"{model.layers}")
+
+
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
                               moe_dispatcher: str | None = None) -> None:
     """A MoE-only setting given for a model without experts is a mistake, not a no-op."""

@@ -24,6 +24,7 @@ from planner.cli.common import (
     MoeDispatcherOpt,
     MoeImbalanceOpt,
     Bf16LayersOpt,
+    check_bf16_layers_fit,
     ModuleDtypeOpt,
     module_dtypes_setting,
     bf16_layers_setting,
@@ -139,6 +140,7 @@ def estimate_command(
                        **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
+    check_bf16_layers_fit(job, model_spec)
     if plan.gpus != system_spec.num_gpus:
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")

@@ -10,6 +10,7 @@ import typer
 from hardware.errors import SpecError
 from planner.cli.common import (
     Bf16LayersOpt,
+    check_bf16_layers_fit,
     bf16_layers_setting,
     AdamMomentsOpt,
     adam_moments_setting,
@@ -121,6 +122,7 @@ def _job(o: dict, model, plan=None):
                               adam_moments=moments.get("adam_moments"),
                               bf16_layers=bf16.get("bf16_layers")) if plan is not None else None
     if saved is not None:
+        check_bf16_layers_fit(saved, model)
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
