@@ -72,13 +72,42 @@ def test_malformed_module_dtype_is_a_one_line_error(args, message):
     assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output, r.output
 
 
-def test_megatron_refuses_a_plan_costed_with_module_dtypes(tmp_path):
+def test_megatron_writes_the_te_precision_file_the_recipe_needs(tmp_path):
+    """The launch passes --te-precision-config-file and the script writes the file beside it, in
+    Megatron-Core's RecipeConfig layout; one line of flags cannot carry it (one-line refusal)."""
+    import json
+
+    import yaml
+
+    from planner.megatron.script import parse_script
     path = tmp_path / "plan.yaml"
     r = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--dtype", "nvfp4",
-                            "--module-dtype", "attention=bf16", "--top", "1", "--save", str(path)])
+                            "--module-dtype", "attention=bf16", "--module-dtype", "mtp=mxfp8", "--top", "1",
+                            "--save", str(path)])
     assert r.exit_code == 0, r.output
-    r = runner.invoke(app, ["megatron", "--plan", str(path), "-m", "llama3-8b", "-s", "b200", "-g", "8"])
-    assert r.exit_code == 2 and "--te-precision-config-file" in r.output and "Traceback" not in r.output, r.output
+    base = ["megatron", "--plan", str(path), "-m", "llama3-8b", "-s", "b200", "-g", "8"]
+    r = runner.invoke(app, base + ["--format", "json"])
+    assert r.exit_code == 0, r.output
+    launch = json.loads(r.output)
+    argv = launch["argv"]
+    assert argv[argv.index("--te-precision-config-file") + 1] == "te_precision.yaml"
+    recipe = yaml.safe_load(launch["files"]["te_precision.yaml"])
+    # megatron/core/extensions/transformer_engine.py: TEQuantizationParams with a training_recipe
+    # of TEQuantizationRecipe fields (fp8 recipes tensorwise/blockwise/mxfp8, fp4 nvfp4; {} = bf16)
+    assert recipe["configs"] == {
+        "bf16": {"transformer_engine_config_type": "TEQuantizationParams", "training_recipe": {}},
+        "mxfp8": {"transformer_engine_config_type": "TEQuantizationParams",
+                  "training_recipe": {"fp8_quantization_recipe": "mxfp8", "fp8_format": "e4m3"}}}
+    # quant_config.py: the first matching glob wins, so the MTP module's own attention is MTP's
+    assert [(m["pattern"], m["config"]) for m in recipe["matchers"].values()] == [
+        ("mtp.*", "mxfp8"), ("*self_attention.linear_*", "bf16")]
+    assert all(m["type"] == "glob" and m["enabled"] for m in recipe["matchers"].values())
+    r = runner.invoke(app, base)
+    assert r.exit_code == 0, r.output
+    assert "cat > te_precision.yaml <<'PLANNER_EOF'" in r.output and "pattern: mtp.*" in r.output
+    assert "--te-precision-config-file" in parse_script(r.output)[1]
+    r = runner.invoke(app, base + ["--format", "args"])
+    assert r.exit_code == 2 and "one line of flags cannot carry" in r.output and "Traceback" not in r.output
 
 
 def test_the_plan_header_names_the_mixed_recipe():

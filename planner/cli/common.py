@@ -243,7 +243,8 @@ ModuleDtypeOpt = Annotated[Optional[list[str]], typer.Option(
          "MODULE: attention (QKV and output projections), latent_proj (LatentMoE's projections), "
          "mamba_out_proj, mtp (the whole MTP module); DTYPE: bf16, fp8-cs, fp8-block, mxfp8, nvfp4. "
          "Nemotron 3 Super's NVFP4 recipe: attention=bf16 latent_proj=bf16 mtp=bf16 mamba_out_proj=mxfp8. "
-         "Costed; `planner megatron` does not write the TE precision file it needs. Default: none.")]
+         "Costed, and launched by `planner megatron` as a Transformer Engine precision file "
+         "(--te-precision-config-file, written by its script). Default: none.")]
 
 
 def module_dtypes_setting(values: list[str] | None) -> dict:

@@ -10,6 +10,8 @@ import typer
 from hardware.errors import SpecError
 from planner.cli.common import (
     Bf16LayersOpt,
+    ModuleDtypeOpt,
+    module_dtypes_setting,
     check_bf16_layers_fit,
     bf16_layers_setting,
     AdamMomentsOpt,
@@ -90,6 +92,7 @@ def megatron_command(
     fp8_param_gather: _flag("fp8-param-gather", "FP8 weights, gathered in FP8 (costed; FP8 dtypes).") = None,
     adam_moments: AdamMomentsOpt = None,
     bf16_layers: Bf16LayersOpt = None,
+    module_dtype: ModuleDtypeOpt = None,
     write_gb_per_s: Annotated[Optional[float], typer.Option(
         "--write-gb-per-s", help="Checkpoint storage write bandwidth, GB/s, as `planner checkpoint` "
                                  "(default: its default).")] = None,
@@ -118,16 +121,18 @@ def _job(o: dict, model, plan=None):
         raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
     moments = adam_moments_setting(o["adam_moments"])
     bf16 = bf16_layers_setting(o["bf16_layers"], model)
+    modules = module_dtypes_setting(o["module_dtype"])
     saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"], hbm_reserve_gib=o["hbm_reserve_gib"],
-                              adam_moments=moments.get("adam_moments"),
-                              bf16_layers=bf16.get("bf16_layers")) if plan is not None else None
+                              adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
+                              module_dtypes=modules.get("module_dtypes")) if plan is not None else None
     if saved is not None:
         check_bf16_layers_fit(saved, model)
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
     return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or "bf16",
-                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments, **bf16)
+                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments, **bf16,
+                    **modules)
 
 
 def _plan_and_job(o: dict, model, system):
@@ -199,9 +204,7 @@ UNEMITTED_KERNELS = (
     ("full_iteration_cuda_graph", "cuda-graph full-iteration",
      "a dropless MoE graph needs HybridEP's per-rank capacity and paged stashing, whose padding is not costed"),
     ("fp8_attention", "fp8-attention", "Megatron 0.19's parser has no flag for it"),
-    ("fused_grouped_mlp", "fused-grouped-mlp", "it is Megatron-Bridge's CuTeDSL kernel, not a Megatron flag"),
-    ("module_dtypes", "module-dtype", "Megatron reads a per-module recipe from a Transformer Engine precision "
-     "file, --te-precision-config-file, which `planner megatron` does not write"))
+    ("fused_grouped_mlp", "fused-grouped-mlp", "it is Megatron-Bridge's CuTeDSL kernel, not a Megatron flag"))
 
 
 def _refuse_unemitted_kernels(job, model) -> None:
@@ -242,7 +245,10 @@ def _run(o: dict) -> None:
     problems = mg.validate_launch(launch, mg.gpu_arch_major(system))
     if problems:
         raise SpecError("megatron: " + "; ".join(problems))
-    text = mg.render(launch, o["fmt"])
+    try:
+        text = mg.render(launch, o["fmt"])
+    except ValueError as err:  # a format that cannot carry what the launch needs
+        raise SpecError(str(err)) from None
     if o["output"] is None:
         typer.echo(text, nl=not text.endswith("\n"))
         return

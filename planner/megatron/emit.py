@@ -15,6 +15,7 @@ from typing import Callable
 from hardware.spec import SystemSpec
 from planner.pipeline_layout import pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, offload_fraction_of_layers
+from planner.megatron import te_precision
 from planner.megatron.launch import Arg, MegatronLaunch
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -283,6 +284,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--first-last-layers-bf16")
         add("--num-layers-at-start-in-bf16", job.bf16_layers[0])
         add("--num-layers-at-end-in-bf16", job.bf16_layers[1])
+    files = {}
+    if job.module_dtypes:  # a per-module recipe: the file Megatron reads it from, written beside the launch
+        add("--te-precision-config-file", te_precision.FILE_NAME)
+        files[te_precision.FILE_NAME] = te_precision.precision_file(job)
     if plan.fp8_param_gather:
         add("--fp8-param-gather")
     if plan.grad_reduce_in_bf16:
@@ -336,4 +341,5 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                          f"{cpu_offload_layers(plan, model)} whole layers ({ran:.4g})")
     return MegatronLaunch(args=a, env=env, unset_env=unset_env,
                           nnodes=math.ceil(gpus / system.gpus_per_node),
-                          gpus_per_node=min(gpus, system.gpus_per_node), world_size=gpus, notes=notes)
+                          gpus_per_node=min(gpus, system.gpus_per_node), world_size=gpus, notes=notes,
+                          files=files)

@@ -42,6 +42,8 @@ class MegatronLaunch:
     world_size: int = 1
     entrypoint: str = ENTRYPOINT
     notes: list[str] = field(default_factory=list)
+    # files the launch reads, written beside it (name -> text): the TE per-module precision file
+    files: dict[str, str] = field(default_factory=dict)
 
     def argv(self) -> list[str]:
         out: list[str] = []

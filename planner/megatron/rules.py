@@ -84,7 +84,8 @@ def _build_parser() -> _Parser:
     p.add_argument("--hidden-dropout", type=float, default=0.1)
     # Free-form values (placeholders in the script may hold unexpanded "$VARS").
     for name in ("--pipeline-model-parallel-layout", "--ckpt-format", "--tokenizer-type",
-                 "--tokenizer-model", "--split", "--train-iters", "--lr", "--save", "--load"):
+                 "--tokenizer-model", "--split", "--train-iters", "--lr", "--save", "--load",
+                 "--te-precision-config-file"):
         p.add_argument(name, default=None)
     p.add_argument("--data-path", nargs="*", default=None)
     p.add_argument("--recompute-modules", nargs="*", default=None)

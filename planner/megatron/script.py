@@ -35,6 +35,9 @@ _RENDEZVOUS_CHECK = "\n".join([
 def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "script") -> str:
     """'args': one line of flags; 'json': a dict; 'script': a ready-to-run bash script."""
     if format == "args":
+        if launch.files:
+            raise ValueError(f"format: the launch reads {', '.join(launch.files)}, which one line of flags cannot "
+                             f"carry; use --format script (writes it) or json (holds it)")
         return shlex.join(launch.argv())
     if format == "json":
         return json.dumps({
@@ -42,7 +45,7 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
             "nnodes": launch.nnodes, "nproc_per_node": launch.gpus_per_node,
             "world_size": launch.world_size,
             "args": {f: (True if v is None else v) for f, v in launch.args},
-            "argv": launch.argv(), "notes": launch.notes,
+            "argv": launch.argv(), "notes": launch.notes, "files": launch.files,
         }, indent=2)
     if format != "script":
         raise ValueError(f"format: unknown {format!r}; allowed: args, script, json")
@@ -59,6 +62,8 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
               "# whose vocabulary must be the model's --vocab-size) for a real run."]
     lines += [f'{key}="{value}"' for key, value in PLACEHOLDER_VARS.items()]
     lines.append("")
+    for name, text in launch.files.items():  # files the flags name, written where the launch runs
+        lines += [f"cat > {shlex.quote(name)} <<'PLANNER_EOF'", text.rstrip("\n"), "PLANNER_EOF", ""]
     body = [f"torchrun --nnodes $NNODES --nproc-per-node {launch.gpus_per_node} "
             f"--node-rank $NODE_RANK --master-addr $MASTER_ADDR --master-port {MASTER_PORT} "
             f"{launch.entrypoint}"]
