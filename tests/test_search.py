@@ -82,6 +82,9 @@ CASES = [
                                                                                   "moe_preprocess"))),
     # a hybrid Mamba / MoE / attention stack (one block per layer, the pattern's mean block per stage)
     ("nemotron-3-nano", "h100-sxm", 16, JobSpec(global_batch=64)),
+    # a mixed NVFP4 recipe: bf16 last layers and a per-module override (attention in bf16)
+    ("llama3-8b", "b200", 16, JobSpec(global_batch=64, dtype="nvfp4", bf16_layers=(0, 4),
+                                      module_dtypes={"attention": "bf16"})),
 ]
 IDS = [f"{getattr(m, 'name', m)}-{s}-{n}-{i}" for i, (m, s, n, _) in enumerate(CASES)]
 TOP = 5
