@@ -116,3 +116,15 @@ def test_the_plan_header_names_the_mixed_recipe():
     job = JobSpec(dtype="nvfp4", bf16_layers=(0, 14), module_dtypes={"attention": "bf16", "mamba_out_proj": "mxfp8"})
     assert precision_text(job) == "nvfp4 (last 14 layers bf16; attention bf16; mamba_out_proj mxfp8)"
     assert precision_text(JobSpec(dtype="mxfp8", bf16_layers=(1, 1))) == "mxfp8 (first 1 and last 1 layers bf16)"
+
+
+def test_a_module_groups_saved_gemm_input_takes_its_own_format():
+    """attention=bf16 under NVFP4: each layer keeps its QKV GEMM's normed input in 16 bits (2 B)
+    instead of NVFP4's 0.5 + 1/16 B per element: s·b·h·(2 − 0.5625) more per layer (pp 1, one
+    microbatch in flight, no recompute)."""
+    plan = Plan(tp=1, pp=1, dp=8, micro_batch=1, global_batch=8)
+    system = load_system("b200", 8)
+    acts = [estimate(LLAMA, system, plan, JobSpec(dtype="nvfp4", module_dtypes=m)).memory_breakdown_bytes[
+        "activations_bytes"] for m in ({}, {"attention": "bf16"})]
+    sbh = 1 * LLAMA.seq_length * LLAMA.hidden
+    assert acts[1] - acts[0] == pytest.approx(LLAMA.layers * sbh * (2.0 - (0.5 + 1 / 16)), rel=1e-9)

@@ -18,7 +18,8 @@ from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import DP_IMPL_CODES, JobSpec
 
 
-def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_bytes: float = 0.0) -> dict[str, float]:
+def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_bytes: float = 0.0,
+                     module_bytes: dict[str, float] | None = None) -> dict[str, float]:
     """Stored activations of one layer per token, by what stores them, in units of s·b·h bytes
     (Korthikanti et al. 2022 §4.1, Table 2 first row: sbh(34 + 5as/h)), of the repeated layer (the
     MoE layer of a MoE model; its leading dense layers are their own kind,
@@ -47,13 +48,17 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
     16-bit: the norms' inputs, Q/K/V and the output the attention core keeps, the activation's
     input, a MoE layer's normed input (the router's). The output projection's input is the
     attention output the core keeps; Megatron lets linear_proj keep that original except under
-    FP8 delayed scaling (attention.py), where the quantised copy comes on top (`proj_copy_bytes`)."""
+    FP8 delayed scaling (attention.py), where the quantised copy comes on top (`proj_copy_bytes`).
+    `module_bytes`: the GEMM-input bytes of module groups a per-module recipe runs in another
+    format (JobSpec.module_dtypes: attention's QKV input, the latent up-projection's input, the
+    Mamba out_proj's input), else `gemm_input_bytes`."""
     h = model.hidden
     g = gemm_input_bytes
+    g_of = {group: (module_bytes or {}).get(group, g) for group in ("attention", "latent_proj", "mamba_out_proj")}
     act = (4.0 if model.activation == "swiglu" else 2.0) + g  # activation input (+ up) 16-bit, output as fc2 keeps it
     f_moe = 1.0 if model.moe else 0.0  # the repeated layer is a MoE layer or a dense one
     parts = {"mamba_input": 0.0, "mamba": 0.0,
-        "norm_inputs": 4.0, "qkv_input": 2.0 if model.mla else g, "mlp_input": 2.0 if model.moe else g,
+        "norm_inputs": 4.0, "qkv_input": 2.0 if model.mla else g_of["attention"], "mlp_input": 2.0 if model.moe else g,
         # two 1-byte dropout masks (after attention and after the MLP) exist only with dropout
         "dropout_masks": 2.0 if model.dropout else 0.0,
         "qkv": (2.0 * model.q_hidden + 4.0 * model.kv_hidden) / h,
@@ -68,14 +73,15 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
         # up-projection's input (the combined latent rows) in the GEMM's format
         w = model.expert_hidden / h
         parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + g * moe.top_k * w
-                                       + 8.0 * moe.num_experts / h + (g * w if moe.latent_size else 0.0))
+                                       + 8.0 * moe.num_experts / h + (g_of["latent_proj"] * w if moe.latent_size else 0.0))
         parts["moe_shared"] = f_moe * act * moe.shared_experts * model.shared_expert_ffn_hidden / h
     if model.hybrid_pattern:
-        return _hybrid_parts(model, parts, g, act)
+        return _hybrid_parts(model, parts, g, act, g_of["mamba_out_proj"])
     return parts
 
 
-def _hybrid_parts(model: ModelSpec, layer: dict[str, float], g: float, act: float) -> dict[str, float]:
+def _hybrid_parts(model: ModelSpec, layer: dict[str, float], g: float, act: float,
+                  out_proj_g: float) -> dict[str, float]:
     """A hybrid stack's mean block (planner.analytical.hybrid): each block keeps its one norm's
     input (2) and dropout mask, an attention block its transformer-layer attention terms, a
     dense-MLP block its GEMM input and activations, a MoE block its routed and shared terms, and a
@@ -85,7 +91,7 @@ def _hybrid_parts(model: ModelSpec, layer: dict[str, float], g: float, act: floa
     format) (`mamba`), weighted by the blocks' share of the layers."""
     f = {k: model.blocks(k) / model.layers for k in ("M", "*", "-", "E")}
     h, m = model.hidden, model.mamba
-    mamba = (2.0 * m.in_proj_width + 2.0 * m.d_inner + g * m.d_inner) / h if m else 0.0
+    mamba = (2.0 * m.in_proj_width + 2.0 * m.d_inner + out_proj_g * m.d_inner) / h if m else 0.0
     return {"norm_inputs": 2.0, "dropout_masks": 1.0 if model.dropout else 0.0,
             "qkv_input": f["*"] * layer["qkv_input"], "qkv": f["*"] * layer["qkv"],
             "proj_input": f["*"] * layer["proj_input"], "score": f["*"] * layer["score"],
@@ -115,21 +121,29 @@ def saved_gemm_input_bytes(job: JobSpec) -> tuple[float, float]:
     return g, (g if job.dtype == "fp8" else 0.0)
 
 
+def module_gemm_input_bytes(job: JobSpec) -> dict[str, float]:
+    """The saved GEMM-input bytes of the module groups JobSpec.module_dtypes runs apart."""
+    if job.kernels != "te":
+        return {}
+    return {group: GEMM_OPERAND_BYTES[dtype] for group, dtype in job.module_dtypes.items()}
+
+
 UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks", "mamba_input")
 SHARDED_PARTS = ("qkv", "proj_input", "dense_mlp", "moe_routed", "moe_shared", "mamba")
 
 
 def activation_coefficients(model: ModelSpec, gemm_input_bytes: float = 2.0,
-                            proj_copy_bytes: float = 0.0) -> tuple[float, float, float]:
+                            proj_copy_bytes: float = 0.0,
+                            module_bytes: dict[str, float] | None = None) -> tuple[float, float, float]:
     """Korthikanti et al. 2022 Table 2's sbh(34 + 5as/h) as the terms tensor parallelism does not
     shard (10), the terms it shards (24) and the s² score term (5as/h), in units of s·b·h bytes,
     generalised (see `activation_parts`)."""
-    parts = activation_parts(model, gemm_input_bytes, proj_copy_bytes)
+    parts = activation_parts(model, gemm_input_bytes, proj_copy_bytes, module_bytes)
     return (sum(parts[k] for k in UNSHARDED_PARTS), sum(parts[k] for k in SHARDED_PARTS), parts["score"])
 
 
-def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray,
-                                 gemm_input_bytes: float = 2.0) -> tuple[np.ndarray, np.ndarray]:
+def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray, gemm_input_bytes: float = 2.0,
+                                 module_bytes: dict[str, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(not tp-sharded, tp-sharded) activations per layer, in s·b·h bytes, that selective recompute
     of the module set `modules` (bit masks, planner.plan.RECOMPUTE_MODULE_BITS) does not store.
     Which tensors each module frees (Megatron-Core 0.19, transformer_layer.py, attention.py,
@@ -151,7 +165,7 @@ def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray,
                       keeps it: `gemm_input_bytes`), g·k·f/h of the routed experts' act·k·f/h
                       (inside `moe` when both are set)
       shared_experts  the shared experts checkpointed whole (inside `moe` when both are set)"""
-    parts = activation_parts(model, gemm_input_bytes)
+    parts = activation_parts(model, gemm_input_bytes, module_bytes=module_bytes)
     h = model.hidden
     f_moe = 1.0 if model.moe else 0.0  # the repeated layer is a MoE layer or a dense one
 
@@ -181,12 +195,14 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
         wide = activation_bytes_per_layer(model, bf16_job(job), P)
         return tuple((1 - share) * a + share * b for a, b in zip(low, wide))
     g, proj_copy = saved_gemm_input_bytes(job)
-    unsharded, sharded, score = activation_coefficients(model, g, proj_copy)
+    module_bytes = module_gemm_input_bytes(job)
+    unsharded, sharded, score = activation_coefficients(model, g, proj_copy, module_bytes)
     t = P.tp
     sp = (P.sequence_parallel > 0) & (t > 1)
     sbh = P.micro_batch * model.seq_length / P.cp * model.hidden
     selective = P.recompute == 1
-    freed_u, freed_s = selective_freed_coefficients(model, np.where(selective, P.recompute_modules, 0.0), g)
+    freed_u, freed_s = selective_freed_coefficients(model, np.where(selective, P.recompute_modules, 0.0), g,
+                                                    module_bytes)
     keeps_scores = ((P.recompute == 0) | (selective & ~module_selected(P.recompute_modules, "core_attn"))) \
         & (not job.flash_attention)
     per_layer = sbh * (np.where(sp, (unsharded - freed_u) / t, unsharded - freed_u) + (sharded - freed_s) / t
