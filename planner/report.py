@@ -222,7 +222,14 @@ def megatron_note(model: ModelSpec, job: JobSpec, plan) -> str | None:
     return f"Not expressible in Megatron-LM (`planner megatron` refuses it): {'; '.join(reasons)}" if reasons else None
 
 
-def estimate_json(est: Estimate) -> str:
+def precision_json(job: JobSpec) -> dict:
+    """The job's GEMM precision with its mixed-recipe exceptions, for --json output."""
+    return {"dtype": job.dtype, "bf16_layers": list(job.bf16_layers), "module_dtypes": dict(job.module_dtypes)}
+
+
+def estimate_json(est: Estimate, job: JobSpec | None = None) -> str:
     data = est.model_dump()
     data["feasible"] = est.feasible
+    if job is not None:
+        data["precision"] = precision_json(job)
     return json_text(data)

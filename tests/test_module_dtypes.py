@@ -128,3 +128,14 @@ def test_a_module_groups_saved_gemm_input_takes_its_own_format():
         "activations_bytes"] for m in ({}, {"attention": "bf16"})]
     sbh = 1 * LLAMA.seq_length * LLAMA.hidden
     assert acts[1] - acts[0] == pytest.approx(LLAMA.layers * sbh * (2.0 - (0.5 + 1 / 16)), rel=1e-9)
+
+
+def test_json_output_carries_the_precision():
+    import json
+    args = ["-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--dtype", "nvfp4", "--bf16-layers", "0,4",
+            "--module-dtype", "attention=bf16", "--json"]
+    want = {"dtype": "nvfp4", "bf16_layers": [0, 4], "module_dtypes": {"attention": "bf16"}}
+    for command in (["plan", "--top", "1"], ["estimate", "--tp", "1", "--pp", "1"]):
+        r = runner.invoke(app, command + args)
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["precision"] == want, command

@@ -339,7 +339,9 @@ def _plan(o: dict) -> None:
     result = recommend(model, system, job, top_k=o["top"], allow_unmeasured=o["allow_unmeasured"])
     free = job.global_batch is None
     if o["json_out"]:
+        from planner.report import precision_json
         print(json_text({"model": model.name, "system": system.name, "gpus": system.num_gpus,
+                          "precision": precision_json(job),
                           "objective": result.objective, "plans": [_plan_json(r, model) for r in result.ranked],
                           "model_only": [_plan_json(r, model) for r in result.model_only],
                           "published_runs": _published_runs(model, system, job, result.best),
