@@ -32,7 +32,7 @@ PIN_FLAGS = ["--tp", "--pp", "--dp", "--cp", "--ep", "--micro-batch", "--vpp", "
              "--offload-weights", "--offload-activations", "--offload-optimizer"]
 COMMANDS = {
     "estimate": (BASE + ["--tp", "1", "--pp", "1"], ["-g", "--seq-length", "-b", "--hbm-reserve-gib",
-                                                      "--recompute-num-layers", *PIN_FLAGS]),
+                                                      "--recompute-num-layers", "--bf16-layers", *PIN_FLAGS]),
     "plan": (BASE + ["-b", "64", "--top", "2"], ["-g", "--seq-length", "-b", "--max-global-batch",
                                                  "--hbm-reserve-gib", "--top", *PIN_FLAGS]),
     "check": (BASE + ["-b", "64"], ["-g", "--seq-length", "-b", "--max-global-batch", "--hbm-reserve-gib",
