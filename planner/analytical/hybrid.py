@@ -103,21 +103,13 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         ffn = model.ffn_hidden
         up_w = (2 if model.activation == "swiglu" else 1) * ffn
         gemm, elem = tm.dense_mlp_fwd_s(model, ffn, tokens, t, peak, eff, job.dtype, hbm)
-        out["-"] = {"gemm": gemm, "elementwise": common("-") + elem + quant_per_element * (2 * h + ffn + up_w),
+        out["-"] = {"gemm": gemm,
+                    "elementwise": common("-") + elem + quant_per_element * precision.mlp_quantised_elements(h, up_w, ffn, 1),
                     "dense_mlp_s": gemm + elem, "norm_s": norm_s}
     if model.blocks("E"):
         moe = tm.moe_mlp_fwd_s(model, system, job, P)
-        mlp_w = flops.mlp_width(model)
-        ffn = model.expert_ffn_hidden
-        shared_ffn = model.moe.shared_experts * model.shared_expert_ffn_hidden
-        gated = 2 if model.activation == "swiglu" else 1
-        whole = precision.quantised_elements_per_token(h, 0.0, mlp_w, ffn, model.moe.top_k,
-                                                       fused_mlp=tm.fused_experts(model, job),
-                                                       shared_mlp_width=gated * shared_ffn, shared_ffn=shared_ffn,
-                                                       row_width=model.moe.latent_size)
-        latent = precision.latent_quantised_elements(h, model.moe.latent_size)
-        mlp_elements = whole - 3 * h - latent  # less the (QKV-less) attention part that function counts
-        quant = quant_per_element * mlp_elements + quant_s("latent_proj") * latent
+        quant = quant_per_element * tm.layer_mlp_quantised_elements(model, job) \
+            + quant_s("latent_proj") * precision.latent_quantised_elements(h, model.moe.latent_size)
         out["E"] = {"gemm": moe["gemm"], "elementwise": common("E") + moe["elementwise"] + quant,
                     "wgrad_extra": moe["wgrad_extra_s"], "moe_mlp_s": moe["gemm"] + moe["elementwise"],
                     "moe_act_s": moe["expert_act_s"], "shared_expert_s": moe["shared_expert_s"], "norm_s": norm_s}

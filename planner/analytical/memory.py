@@ -105,6 +105,11 @@ def bf16_layer_share(model: ModelSpec, job: JobSpec) -> float:
     return min(sum(job.bf16_layers), model.layers) / model.layers
 
 
+def without_bf16_layers(job: JobSpec) -> JobSpec:
+    """The job as its other layers run it (its recipe, no layer kept in bf16)."""
+    return job.model_copy(update={"bf16_layers": (0, 0)})
+
+
 def bf16_job(job: JobSpec) -> JobSpec:
     """The job as its bf16-kept layers run it: 16-bit GEMMs and attention, no quantisation."""
     return job.model_copy(update={"dtype": high_precision_dtype(job.dtype), "fp8_attention": False,
@@ -191,7 +196,7 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
     weighted by their share (exact at pp 1; a stage holding more of them stores more)."""
     share = bf16_layer_share(model, job)
     if share:
-        low = activation_bytes_per_layer(model, job.model_copy(update={"bf16_layers": (0, 0)}), P)
+        low = activation_bytes_per_layer(model, without_bf16_layers(job), P)
         wide = activation_bytes_per_layer(model, bf16_job(job), P)
         return tuple((1 - share) * a + share * b for a, b in zip(low, wide))
     g, proj_copy = saved_gemm_input_bytes(job)

@@ -74,7 +74,8 @@ def attention_quantised_elements(hidden: int, qkv_width: float) -> float:
 
 
 def latent_quantised_elements(hidden: int, row_width: float | None) -> float:
-    """LatentMoE's two projections' share of `quantised_elements_per_token`."""
+    """LatentMoE's two projections' share of `quantised_elements_per_token` (h -> latent and
+    latent -> h, quantised like a dense MLP's GEMMs)."""
     return (hidden + row_width) + (row_width + hidden) if row_width else 0.0
 
 
@@ -93,11 +94,19 @@ def quantised_elements_per_token(hidden: int, qkv_width: float, mlp_width: float
     FeedForward under its float8/MX converters) and see every token once: their FC1/FC2 inputs
     and output gradients are quantised like a dense MLP's (never op-fused: the fuser is the
     routed experts' grouped MLP)."""
-    attention = attention_quantised_elements(hidden, qkv_width)
-    # the MLP's rows: `row_width` wide for LatentMoE's routed experts (and its two projections,
-    # h -> latent and latent -> h, quantised like a dense MLP's GEMMs), else hidden
+    return (attention_quantised_elements(hidden, qkv_width)
+            + mlp_quantised_elements(hidden, mlp_width, ffn, rows_per_token, fused_mlp, shared_mlp_width, shared_ffn,
+                                     row_width)
+            + latent_quantised_elements(hidden, row_width))
+
+
+def mlp_quantised_elements(hidden: int, mlp_width: float, ffn: float, rows_per_token: float, fused_mlp: bool = False,
+                           shared_mlp_width: float = 0.0, shared_ffn: float = 0.0,
+                           row_width: float | None = None) -> float:
+    """The MLP's share of `quantised_elements_per_token`: its routed (or dense) GEMMs and the
+    shared experts, LatentMoE's projections apart (`latent_quantised_elements`)."""
+    # the MLP's rows: `row_width` wide for LatentMoE's routed experts, else hidden
     w = row_width or hidden
     mlp = w + w if fused_mlp else (w + ffn) + (mlp_width + w)
-    latent = latent_quantised_elements(hidden, row_width)
     shared = (hidden + shared_ffn) + (shared_mlp_width + hidden) if shared_ffn else 0.0
-    return attention + rows_per_token * mlp + shared + latent
+    return rows_per_token * mlp + shared

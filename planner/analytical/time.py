@@ -106,6 +106,18 @@ def attention_gemm_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: 
     )
 
 
+def layer_mlp_quantised_elements(model: ModelSpec, job: JobSpec) -> float:
+    """precision.mlp_quantised_elements of the repeated layer's MLP (a MoE model's: routed experts
+    and shared experts on its rows), per token, forward + backward."""
+    gated = 2 if model.activation == "swiglu" else 1
+    mlp_w = flops.mlp_width(model)
+    topk = model.moe.top_k if model.moe else 1
+    shared_ffn = model.moe.shared_experts * model.shared_expert_ffn_hidden if model.moe and model.moe.shared_experts else 0
+    return precision.mlp_quantised_elements(model.hidden, mlp_w, mlp_w / gated, topk, fused_experts(model, job),
+                                            gated * shared_ffn, shared_ffn,
+                                            model.moe.latent_size if model.moe else None)
+
+
 def quantise_s_per_element(job: JobSpec, group: str | None, tokens, t, hbm_bytes_per_s):
     """Seconds per quantised element per token of one layer's scaling passes (precision.py), in
     the module group's dtype (None: the job's), charged as a third to the forward so that
@@ -183,22 +195,13 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # a YaRN RoPE runs unfused under Megatron (kernels.UNFUSED_ROPE_BYTES): op-by-op kernels on the
     # tensor-parallel shard of the heads, each streaming
     rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
-    mlp_w = flops.mlp_width(model)
-    ffn = mlp_w / (2 if model.activation == "swiglu" else 1)
-    topk = model.moe.top_k if model.moe else 1
-    shared_ffn = model.moe.shared_experts * model.shared_expert_ffn_hidden if model.moe and model.moe.shared_experts else 0
     # Low-precision scaling passes (precision.py), forward + backward per layer, each module
     # group in its own dtype.
-    latent = model.moe.latent_size if model.moe else None
-    elements = precision.quantised_elements_per_token(
-        h, qkv_w, mlp_w, ffn, topk, fused_mlp=fused_experts(model, job),
-        shared_mlp_width=(2 if model.activation == "swiglu" else 1) * shared_ffn, shared_ffn=shared_ffn,
-        row_width=latent)
-    attn_elements = precision.attention_quantised_elements(h, qkv_w)
-    latent_elements = precision.latent_quantised_elements(h, latent)
-    quant_s = (quantise_s_per_element(job, None, tokens, t, hbm) * (elements - attn_elements - latent_elements)
-               + quantise_s_per_element(job, "attention", tokens, t, hbm) * attn_elements
-               + quantise_s_per_element(job, "latent_proj", tokens, t, hbm) * latent_elements)
+    quant_s = (quantise_s_per_element(job, None, tokens, t, hbm) * layer_mlp_quantised_elements(model, job)
+               + quantise_s_per_element(job, "attention", tokens, t, hbm)
+               * precision.attention_quantised_elements(h, qkv_w)
+               + quantise_s_per_element(job, "latent_proj", tokens, t, hbm)
+               * precision.latent_quantised_elements(h, model.moe.latent_size if model.moe else None))
     # per-layer launch/host overhead, not paid when CUDA graphs capture the layer's launches
     overhead_s = 0.0 if kernels.layer_launches_captured(model.moe is not None, job) else eff.layer_overhead_us * 1e-6
     # Forward pieces that selective recompute reruns (`selective_recompute_s`), per layer of their
@@ -510,20 +513,23 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
     of [norm(h); norm(embedding)] and the shared output head again (`logit_fwd_s`)."""
     if not model.mtp_layers:
         return np.zeros(len(P))
-    if "mtp" in job.module_dtypes:  # the whole module in its own dtype (a per-module recipe)
+    own_dtype = "mtp" in job.module_dtypes
+    if own_dtype:  # the whole module in its own dtype (a per-module recipe)
         job = job.model_copy(update={"dtype": job.module_dtypes["mtp"], "module_dtypes": {},
                                      "fp8_attention": job.fp8_attention and job.module_dtypes["mtp"] != "bf16"})
-        layer = layer_compute_fwd_s(model, system, job, P)
     acc = system.accelerator
     tokens = P.micro_batch * model.seq_length / P.cp
     h, t = model.hidden, P.tp
     proj = _gemm_time(2 * tokens * 2 * h * h / t, np.minimum(np.minimum(tokens, h / t), 2 * h),
                       acc.peak(precision.gemm_peak_key(job.dtype)), acc.efficiency, job.dtype)
-    block = layer["gemm"] + layer["attention"] + layer["elementwise"]
     if model.hybrid_pattern:  # the module's attention block and MoE block (Nemotron's "*E")
         from planner.analytical import hybrid
         kinds = hybrid.block_fwd_s(model, system, job, P)
         block = sum(kinds[k]["gemm"] + kinds[k].get("attention", 0.0) + kinds[k]["elementwise"] for k in ("*", "E"))
+    else:
+        if own_dtype:
+            layer = layer_compute_fwd_s(model, system, job, P)
+        block = layer["gemm"] + layer["attention"] + layer["elementwise"]
     if model.moe:
         block = block + moe_dispatch_s(model, system, job, P)
     return model.mtp_layers * (block + proj + logit_fwd_s)
@@ -631,7 +637,7 @@ def _with_bf16_layers(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Pla
         rest = pattern[first:max(first, n - last)] or kept
         low_model = model.model_copy(update={"hybrid_pattern": rest, "layers": len(rest)})
         wide_model = model.model_copy(update={"hybrid_pattern": kept, "layers": len(kept)})
-    terms = per_layer_terms(low_model, system, job.model_copy(update={"bf16_layers": (0, 0)}), P)
+    terms = per_layer_terms(low_model, system, memory.without_bf16_layers(job), P)
     wide = per_layer_terms(wide_model, system, memory.bf16_job(job), P)
 
     def mix(low: dict, high: dict) -> dict:
