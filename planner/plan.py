@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
                       field_validator, model_validator)
@@ -94,8 +94,9 @@ COMPUTE_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "fp8-cs", "fp8-block",
 # attention (its QKV and output projections), LatentMoE's h<->latent projections, a Mamba mixer's
 # output projection, and the MTP module as a whole.
 ModuleGroup = Literal["attention", "latent_proj", "mamba_out_proj", "mtp"]
-MODULE_GROUPS: tuple[str, ...] = ("attention", "latent_proj", "mamba_out_proj", "mtp")
+MODULE_GROUPS: tuple[str, ...] = get_args(ModuleGroup)
 ModuleDtype = Literal["bf16", "fp8-cs", "fp8-block", "mxfp8", "nvfp4"]
+MODULE_DTYPES: tuple[str, ...] = get_args(ModuleDtype)
 # Who implements sharded data parallelism (ZeRO stage 2/3); the stage says what is sharded.
 # "megatron": Megatron-Core (distributed optimizer for ZeRO-1, Megatron-FSDP for 2/3);
 # "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
@@ -441,7 +442,7 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "MODULE_GROUPS", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
+__all__ = ["Plan", "JobSpec", "MODULE_GROUPS", "MODULE_DTYPES", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
            "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",

@@ -231,10 +231,9 @@ def bf16_layers_setting(value: str | None, model) -> dict:
     parts = str(value).replace(" ", "").split(",")
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         raise SpecError(f"bf16-layers: expected FIRST,LAST (two non-negative integers, e.g. 0,14), got {value!r}")
-    first, last = map(int, parts)
-    if first + last > model.layers:
-        raise SpecError(f"bf16-layers: {first} + {last} layers exceed {model.name}'s {model.layers}")
-    return {"bf16_layers": (first, last)}
+    bf16_layers = (int(parts[0]), int(parts[1]))
+    check_bf16_layers_fit(bf16_layers, model)
+    return {"bf16_layers": bf16_layers}
 
 
 ModuleDtypeOpt = Annotated[Optional[list[str]], typer.Option(
@@ -250,28 +249,27 @@ ModuleDtypeOpt = Annotated[Optional[list[str]], typer.Option(
 def module_dtypes_setting(values: list[str] | None) -> dict:
     """The JobSpec field of --module-dtype ({} when not given); one-line errors naming the
     allowed modules and dtypes."""
-    from planner.plan import MODULE_GROUPS
+    from planner.plan import MODULE_DTYPES, MODULE_GROUPS
     if not values:
         return {}
-    allowed = ("bf16", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
     out = {}
     for value in values:
         group, _, dtype = str(value).replace(" ", "").partition("=")
-        if group not in MODULE_GROUPS or dtype not in allowed:
+        if group not in MODULE_GROUPS or dtype not in MODULE_DTYPES:
             raise SpecError(f"module-dtype: expected MODULE=DTYPE with MODULE one of {', '.join(MODULE_GROUPS)} and "
-                            f"DTYPE one of {', '.join(allowed)}, got {value!r}")
+                            f"DTYPE one of {', '.join(MODULE_DTYPES)}, got {value!r}")
         if group in out and out[group] != dtype:
             raise SpecError(f"module-dtype: {group} given twice ({out[group]}, {dtype})")
         out[group] = dtype
     return {"module_dtypes": out}
 
 
-def check_bf16_layers_fit(job, model) -> None:
-    """A plan file's bf16_layers must fit the model it is costed on (the flag is checked as given)."""
-    first, last = job.bf16_layers
+def check_bf16_layers_fit(bf16_layers: tuple[int, int], model) -> None:
+    """The (first, last) layers kept in bf16, from the flag or a plan file, must fit the model."""
+    first, last = bf16_layers
     if first + last > model.layers:
-        raise SpecError(f"bf16-layers: the job keeps {first} + {last} layers in bf16 but {model.name} has "
-                        f"{model.layers}")
+        raise SpecError(f"bf16-layers: the job keeps {first} + {last} layers in bf16, which exceed "
+                        f"{model.name}'s {model.layers}")
 
 
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,

@@ -140,7 +140,7 @@ def estimate_command(
                        **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
-    check_bf16_layers_fit(job, model_spec)
+    check_bf16_layers_fit(job.bf16_layers, model_spec)
     if plan.gpus != system_spec.num_gpus:
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")

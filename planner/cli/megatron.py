@@ -126,7 +126,7 @@ def _job(o: dict, model, plan=None):
                               adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
                               module_dtypes=modules.get("module_dtypes")) if plan is not None else None
     if saved is not None:
-        check_bf16_layers_fit(saved, model)
+        check_bf16_layers_fit(saved.bf16_layers, model)
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is

@@ -11,13 +11,13 @@ from planner.plan import JobSpec
 
 FILE_NAME = "te_precision.yaml"
 
-# Module groups -> the module-path globs Megatron's GPTModel gives them. The MTP module comes first:
+# Module groups -> the module-path glob Megatron's GPTModel gives them. The MTP module comes first:
 # its own attention must take the MTP group's dtype, not the attention group's.
-GROUP_PATTERNS: dict[str, tuple[str, ...]] = {
-    "mtp": ("mtp.*",),
-    "attention": ("*self_attention.linear_*",),
-    "latent_proj": ("*mlp.fc[12]_latent_proj",),
-    "mamba_out_proj": ("*mixer.out_proj",),
+GROUP_PATTERNS: dict[str, str] = {
+    "mtp": "mtp.*",
+    "attention": "*self_attention.linear_*",
+    "latent_proj": "*mlp.fc[12]_latent_proj",
+    "mamba_out_proj": "*mixer.out_proj",
 }
 # JobSpec dtypes -> TEQuantizationRecipe fields (fp8_format as `planner megatron` emits the job's)
 TRAINING_RECIPES = {
@@ -36,12 +36,9 @@ def precision_file(job: JobSpec) -> str:
     dtypes = sorted(set(job.module_dtypes.values()), key=list(TRAINING_RECIPES).index)
     configs = {dtype.replace("-", "_"): {"transformer_engine_config_type": "TEQuantizationParams",
                                          "training_recipe": TRAINING_RECIPES[dtype]} for dtype in dtypes}
-    matchers = {}
-    for group, patterns in GROUP_PATTERNS.items():
-        if group in job.module_dtypes:
-            for i, pattern in enumerate(patterns):
-                matchers[f"{group}_{i}"] = {"config": job.module_dtypes[group].replace("-", "_"), "type": "glob",
-                                            "pattern": pattern, "enabled": True}
+    matchers = {group: {"config": job.module_dtypes[group].replace("-", "_"), "type": "glob", "pattern": pattern,
+                        "enabled": True}
+                for group, pattern in GROUP_PATTERNS.items() if group in job.module_dtypes}
     return yaml.safe_dump({"configs": configs, "matchers": matchers}, sort_keys=False)
 
 
