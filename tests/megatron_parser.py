@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
-from planner.pipeline_layout import layout_from_string
-from planner.model import MLASpec, ModelSpec, MoESpec
+from planner.pipeline_layout import balanced_layout, layout_from_string
+from planner.model import MambaSpec, MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +136,9 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
     layout = ns.get("pipeline_model_parallel_layout")
     stage_layers = list(layout_from_string(layout)) if isinstance(layout, str) and layout not in ("<absent>", "None") \
         else None
+    if _hybrid_pattern(ns) and pp > 1:  # a hybrid stack's layout: the pattern's '|' segments
+        counts = [len(seg) for seg in _hybrid_pattern(ns).split("/")[0].split("|")]
+        stage_layers = None if tuple(counts) == balanced_layout(model.layers, pp, vpp) else counts
     if recompute == "full":
         assert cfg["recompute_method"] == "block"
         # block recompute of n layers per chunk is all of them once n covers the largest chunk
@@ -173,6 +176,11 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
                         else "alltoall"))
 
 
+def _hybrid_pattern(ns: dict) -> str | None:
+    pattern = ns.get("hybrid_layer_pattern")
+    return pattern if isinstance(pattern, str) and pattern not in ("<absent>", "None") else None
+
+
 def dtype_from_megatron(ns: dict) -> str:
     if ns["fp4"] is not None:
         assert (ns["fp4"], ns["fp4_recipe"]) == ("e2m1", "nvfp4") and ns["bf16"]
@@ -195,9 +203,10 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
     act_name = re.search(r"function (\w+)", cfg["activation_func"]).group(1)
     assert (act_name == "silu") == bool(cfg["gated_linear_unit"]), (act_name, cfg["gated_linear_unit"])
     moe = None
+    hybrid = _hybrid_pattern(ns)
     if cfg["num_moe_experts"]:
         freq = cfg["moe_layer_freq"]
-        pattern = [1] * cfg["num_layers"] if freq == 1 else freq
+        pattern = [1] * cfg["num_layers"] if freq == 1 or hybrid else freq  # a hybrid's pattern places its MoE blocks
         assert isinstance(pattern, list) and len(pattern) == cfg["num_layers"], freq
         first_dense = pattern.index(1)
         assert pattern == [0] * first_dense + [1] * (len(pattern) - first_dense), pattern  # leading only
@@ -206,7 +215,14 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         moe = MoESpec(num_experts=cfg["num_moe_experts"], top_k=cfg["moe_router_topk"],
                       expert_ffn=cfg["moe_ffn_hidden_size"], shared_experts=1 if shared else 0,
                       shared_expert_ffn=shared, first_dense_layers=first_dense,
-                      capacity_factor=cfg["moe_expert_capacity_factor"])
+                      capacity_factor=cfg["moe_expert_capacity_factor"], latent_size=cfg["moe_latent_size"])
+    mamba, main = None, None
+    if hybrid:
+        main = hybrid.split("/")[0].replace("|", "")
+        assert all(part == "*E" for part in hybrid.split("/")[1:]), hybrid  # MTP depths as costed
+        if "M" in main:
+            mamba = MambaSpec(num_heads=cfg["mamba_num_heads"], head_dim=cfg["mamba_head_dim"],
+                              state_dim=cfg["mamba_state_dim"], groups=cfg["mamba_num_groups"])
     mla = None
     if cfg["multi_latent_attention"]:
         # MLA runs Megatron's YaRN RoPE; at scaling factor 1 it is plain RoPE (no interpolation,
@@ -223,7 +239,9 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         tied_embeddings=not ns["untie_embeddings_and_output_weights"],
         position_embedding="rope" if ns["position_embedding_type"] == "rope" else "learned",
         biases=cfg["add_bias_linear"], dropout=cfg["attention_dropout"] > 0, qk_norm=cfg["qk_layernorm"],
-        moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0)
+        moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0,
+        mtp_shared_weights=bool(cfg["mtp_num_layers"] and cfg["mtp_use_repeated_layer"]),
+        hybrid_pattern=main, mamba=mamba)
 
 
 def model_shape(m: ModelSpec) -> dict:
@@ -241,4 +259,6 @@ def model_shape(m: ModelSpec) -> dict:
                             moe.shared_experts * m.shared_expert_ffn_hidden, moe.first_dense_layers,
                             moe.capacity_factor),
         "dense_layers": m.dense_layers, "moe_layers": m.moe_layers,
+        "hybrid_pattern": m.hybrid_pattern, "mamba": m.mamba.model_dump() if m.mamba else None,
+        "latent_size": moe and moe.latent_size, "mtp_shared_weights": m.mtp_shared_weights,
     }

@@ -100,6 +100,13 @@ CASES = [
     # top-1 routing (Switch / Llama 4 Scout style): Megatron needs the softmax before the top-k
     (("mixtral-8x7b", {"top_k": 1}), "h100-sxm", 64, "bf16",
      dict(tp=2, ep=8, dp=32, global_batch=256, micro_batch=1, sequence_parallel=True)),
+    # hybrid Mamba stacks (pretrain_mamba.py): Nemotron 3 Nano at pp 1; Nemotron 3 Super (LatentMoE,
+    # MTP with one repeated module) interleaved over pp 2 with an uneven layout as '|' segments
+    ("nemotron-3-nano", "gb200-nvl72", 16, "mxfp8",
+     dict(dp=16, ep=8, micro_batch=2, global_batch=128)),
+    ("nemotron-3-super", "b200", 64, "mxfp8",
+     dict(pp=2, dp=32, ep=8, vpp=4, micro_batch=1, global_batch=128, recompute="full",
+          stage_layers=[12, 11, 11, 11, 11, 11, 11, 10])),
     # FP8: the ModelZoo's Megatron-FSDP run, DeepEP, bf16 gradient reduce, as the reference data has it
     ("qwen3-235b-a22b", "h100-sxm", 256, "fp8",
      _published_plan_fields("mcore-modelzoo_qwen3-235b_256gpu_tp2_pp1_ep8_edp32_fsdp_deepep_3")),

@@ -102,7 +102,8 @@ def megatron_command(
     output: Annotated[Optional[Path], typer.Option(
         "--output", "-o", help="Write to this file (never overwrites an existing file).")] = None,
 ) -> None:
-    """Emit Megatron-LM `pretrain_gpt.py` arguments (and a torchrun script) for a plan.
+    """Emit Megatron-LM `pretrain_gpt.py` arguments (hybrid Mamba stacks: `pretrain_mamba.py`)
+    and a torchrun script for a plan.
 
     The plan comes from --plan FILE, from plan flags (unset knobs: tp=pp=cp=1, dp fills the GPUs),
     or, with neither, from the search: `planner plan`'s best plan for the same options (global

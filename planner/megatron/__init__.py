@@ -1,8 +1,10 @@
-"""Plan -> Megatron-LM launch for `pretrain_gpt.py`, and the checks Megatron runs on it.
+"""Plan -> Megatron-LM launch for `pretrain_gpt.py` (a hybrid Mamba stack: `pretrain_mamba.py`),
+and the checks Megatron runs on it.
 
   launch.py       MegatronLaunch: flags, env, torchrun geometry
   expressible.py  not_expressible(plan, model, job), launch_problems(plan, system): plan-level rules
   emit.py         megatron_args(plan, model, job, system) -> MegatronLaunch
+  hybrid.py       a hybrid stack's block pattern (cut at the plan's stages) and Mamba-2 shape
   rules.py        validate_megatron_args(args, world_size, env, arch): Megatron's own checks/messages
   script.py       render(launch, 'script'|'args'|'json'), parse_script(script)
 """

@@ -15,8 +15,8 @@ from typing import Callable
 from hardware.spec import SystemSpec
 from planner.pipeline_layout import pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, offload_fraction_of_layers
-from planner.megatron import te_precision
-from planner.megatron.launch import Arg, MegatronLaunch
+from planner.megatron import hybrid, te_precision
+from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
@@ -126,6 +126,9 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
         # moe_shared_expert_intermediate_size); same weights and FLOPs as n MLPs of width w.
         a.append(("--moe-shared-expert-intermediate-size",
                   str(moe.shared_experts * model.shared_expert_ffn_hidden)))
+    if moe.latent_size:
+        # LatentMoE (Nemotron 3 Super): routed rows projected h -> latent and back (time.py)
+        a.append(("--moe-latent-size", str(moe.latent_size)))
     if moe.capacity_factor is not None:
         # Tokens over capacity are dropped by lowest router probability (Megatron's default
         # policy, emitted so it cannot change). No --moe-pad-expert-input-to-capacity: padding
@@ -196,6 +199,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     a.extend(moe_args(model, plan.moe_dispatcher))
     if model.mtp_layers:
         add("--mtp-num-layers", model.mtp_layers)  # DeepSeek-V3 §2.2 modules, costed in flops.py
+        if model.mtp_shared_weights:  # one module's weights run at every depth (ModelSpec)
+            add("--mtp-use-repeated-layer")
+    if model.hybrid_pattern:
+        a.extend(hybrid.hybrid_args(plan, model))
 
     # Parallelism (MA 3): DP is derived by Megatron from WORLD_SIZE, never emitted.
     add("--tensor-model-parallel-size", plan.tp)
@@ -204,7 +211,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     # asserts their count equals --mtp-num-layers (pipeline_parallel_layer_layout.py,
     # validate_layer_layout, megatron-core 0.19.2)
     for flag, value in pipeline_args(plan, model.layers, model.mtp_layers):
-        add(flag, value)
+        if not (model.hybrid_pattern and flag in hybrid.LAYOUT_FLAGS):  # a hybrid's pattern holds its layout
+            add(flag, value)
     if plan.cp > 1:
         add("--context-parallel-size", plan.cp)
     if model.moe is not None or plan.ep > 1:
@@ -306,9 +314,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     elif job.cuda_graph_modules:
         # per-layer graphs of the static modules this model has (enums.CudaGraphModule: mlp is a
         # dense layer's, moe_router / moe_preprocess a MoE layer's)
-        has = {"attn": True, "mlp": model.moe is None or bool(model.moe.first_dense_layers),
+        has = {"attn": True, "mlp": model.moe is None or bool(model.moe.first_dense_layers)
+               or "-" in (model.hybrid_pattern or ""),
                "moe": model.moe is not None, "moe_router": model.moe is not None,
-               "moe_preprocess": model.moe is not None}
+               "moe_preprocess": model.moe is not None, "mamba": model.mamba is not None}
         modules = [m for m in job.cuda_graph_modules if has[m]]
         if modules:
             add("--cuda-graph-impl", "transformer_engine")
@@ -342,4 +351,4 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     return MegatronLaunch(args=a, env=env, unset_env=unset_env,
                           nnodes=math.ceil(gpus / system.gpus_per_node),
                           gpus_per_node=min(gpus, system.gpus_per_node), world_size=gpus, notes=notes,
-                          files=files)
+                          files=files, entrypoint=hybrid.ENTRYPOINT if model.hybrid_pattern else ENTRYPOINT)

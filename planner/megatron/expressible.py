@@ -182,12 +182,6 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
     """Why `planner megatron` must not emit this plan for this system (empty = emit): plan-level
     rules, torchrun geometry, precision the GPU lacks, and overlap Megatron-FSDP would force."""
     reasons = not_expressible(plan, model, job) + launch_problems(plan, system)
-    if model.moe is not None and model.moe.latent_size:
-        reasons.append("moe.latent_size: LatentMoE (--moe-latent-size) is not emitted by planner megatron")
-    if model.hybrid_pattern:
-        reasons.append("model: a hybrid Mamba stack launches with Megatron's pretrain_mamba.py "
-                       "(--hybrid-layer-pattern, --mamba-*), which planner megatron does not emit; "
-                       "the plan is costed, not launched")
     arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
     if arch < need:
         reasons.append(f"dtype: {job.dtype} needs compute capability {need}.x or newer; "

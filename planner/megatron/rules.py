@@ -32,7 +32,7 @@ def _build_parser() -> _Parser:
                  "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
-                 "--first-last-layers-bf16"):
+                 "--first-last-layers-bf16", "--mtp-use-repeated-layer"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
@@ -54,7 +54,9 @@ def _build_parser() -> _Parser:
             "--qk-pos-emb-head-dim": 64, "--v-head-dim": 128, "--moe-shared-expert-intermediate-size": None,
             "--mtp-num-layers": None,
             # TransformerConfig fields (ArgumentGroupFactory); 1 is the dataclass default
-            "--num-layers-at-start-in-bf16": 1, "--num-layers-at-end-in-bf16": 1}
+            "--num-layers-at-start-in-bf16": 1, "--num-layers-at-end-in-bf16": 1,
+            "--mamba-num-heads": None, "--mamba-head-dim": 64, "--mamba-state-dim": 128,
+            "--mamba-num-groups": 8, "--moe-latent-size": None}
     for name, default in ints.items():
         p.add_argument(name, type=int, default=default)
     choices = {"--recompute-granularity": ("full", "selective"),
@@ -85,7 +87,7 @@ def _build_parser() -> _Parser:
     # Free-form values (placeholders in the script may hold unexpanded "$VARS").
     for name in ("--pipeline-model-parallel-layout", "--ckpt-format", "--tokenizer-type",
                  "--tokenizer-model", "--split", "--train-iters", "--lr", "--save", "--load",
-                 "--te-precision-config-file"):
+                 "--te-precision-config-file", "--hybrid-layer-pattern"):
         p.add_argument(name, default=None)
     p.add_argument("--data-path", nargs="*", default=None)
     p.add_argument("--recompute-modules", nargs="*", default=None)
@@ -226,6 +228,8 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
 
     tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
     layers = a.num_layers
+    if a.hybrid_layer_pattern is not None:  # Megatron takes the count from the pattern, whatever --num-layers says
+        layers = len(a.hybrid_layer_pattern.split("/")[0].replace("|", ""))
 
     # MA 2a: world size and DP; CP counts toward the model size.
     total_model_size = tp * pp * cp
@@ -253,7 +257,11 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
               or a.decoder_last_pipeline_num_layers is not None
               or a.account_for_embedding_in_pipeline_split or a.account_for_loss_in_pipeline_split)
     vpp = None
-    if sum(v is not None for v in vpp_sources) > 1:
+    if a.hybrid_layer_pattern is not None:  # the pattern's '|' segments set the layout and vpp
+        errors.extend(hybrid_pattern_errors(a, pp))
+        segments = a.hybrid_layer_pattern.split("/")[0].count("|") + 1
+        vpp = segments // pp if segments > pp and segments % pp == 0 else None
+    elif sum(v is not None for v in vpp_sources) > 1:
         err(MSG_VPP_ONE_OF)
     elif a.pipeline_model_parallel_layout is not None:
         vpp = layout_string_stages(a.pipeline_model_parallel_layout) // pp  # (issue 8)
@@ -438,6 +446,39 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
         err(f"world_size ({world_size}) is not divisible by expert_tensor_model_pipeline_parallel "
             f"size ({grid})")
     return errors
+
+
+# megatron-core 0.19.2 training/arguments.py, validate_args on --hybrid-layer-pattern.
+MSG_HYBRID_LAYOUT_FLAGS = {
+    "pipeline_model_parallel_layout": "--pipeline-model-parallel-layout should not be used with "
+                                      "--hybrid-layer-pattern. Pipeline stage layout is defined by | "
+                                      "separators in the pattern.",
+    "num_virtual_stages_per_pipeline_rank": "--num-virtual-stages-per-pipeline-rank should not be used with "
+                                            "--hybrid-layer-pattern. Virtual pipeline stages are derived from "
+                                            "the number of | segments in the pattern.",
+    "account_for_embedding_in_pipeline_split": "--account-for-embedding-in-pipeline-split should not be used "
+                                               "with --hybrid-layer-pattern. Pipeline stage layout is defined "
+                                               "by | separators in the pattern.",
+    "account_for_loss_in_pipeline_split": "--account-for-loss-in-pipeline-split should not be used with "
+                                          "--hybrid-layer-pattern. Pipeline stage layout is defined by | "
+                                          "separators in the pattern."}
+HYBRID_BLOCKS = "MG*D+-E"  # hybrid_layer_allocation.Symbols.VALID_LAYERS
+
+
+def hybrid_pattern_errors(a: argparse.Namespace, pp: int) -> list[str]:
+    """Megatron's checks on a hybrid layer pattern: valid block symbols, no layout flag beside
+    it, and '|' segments a multiple of pp (hybrid_layer_allocation.py, arguments.py)."""
+    out = [msg for field, msg in MSG_HYBRID_LAYOUT_FLAGS.items() if getattr(a, field)]
+    main = a.hybrid_layer_pattern.split("/")[0]
+    bad = sorted(set(main.replace("|", "")) - set(HYBRID_BLOCKS))
+    if bad:
+        out.append(f"In hybrid layer pattern, {bad[0]!r} is not one of {sorted(HYBRID_BLOCKS)}")
+    segments = main.count("|") + 1
+    if segments > 1 and segments % pp:
+        out.append("The number of hybrid pipeline segments described by --hybrid-layer-pattern must be "
+                   "evenly divisible by --pipeline-model-parallel-size. "
+                   f"Got {segments} segments and {pp} pipeline parallel size.")
+    return out
 
 
 def recompute_module_errors(a: argparse.Namespace) -> list[str]:

@@ -5,6 +5,7 @@ import json
 import shlex
 from typing import Literal
 
+from planner.megatron.hybrid import ENTRYPOINT as HYBRID_ENTRYPOINT
 from planner.megatron.launch import ENTRYPOINT, MASTER_PORT, MegatronLaunch, value_words
 
 
@@ -74,7 +75,7 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
 
 
 def parse_script(script: str) -> tuple[dict[str, str], list[str], dict[str, str]]:
-    """Inverse of render('script'), for tests and tools: (exported env, pretrain_gpt.py argv,
+    """Inverse of render('script'), for tests and tools: (exported env, pretrain_gpt.py / pretrain_mamba.py argv,
     torchrun options). Placeholder values stay unexpanded ("$DATA_PATH")."""
     env: dict[str, str] = {}
     nnodes = ""
@@ -89,7 +90,7 @@ def parse_script(script: str) -> tuple[dict[str, str], list[str], dict[str, str]
             nnodes = s[len("NNODES="):]
         elif s.startswith("torchrun "):
             words = shlex.split(s.replace("$NNODES", nnodes))
-            at = words.index(ENTRYPOINT)
+            at = next(i for i, w in enumerate(words) if w in (ENTRYPOINT, HYBRID_ENTRYPOINT))
             head = words[1:at]
             torchrun = {head[i]: head[i + 1] for i in range(0, len(head), 2)}
             argv = words[at + 1:]

@@ -19,7 +19,8 @@ checker.NS_FIELDS += [f for f in ("fp4", "fp4_recipe", "optimizer_offload_fracti
                                   "log_interval", "make_vocab_size_divisible_by", "manual_gc_interval",
                                   "save", "load", "cuda_graph_impl", "check_for_nan_in_loss_and_grad",
                                   "apply_rope_fusion", "use_precision_aware_optimizer", "exp_avg_dtype",
-                                  "exp_avg_sq_dtype", "cuda_graph_modules", "pipeline_model_parallel_layout")
+                                  "exp_avg_sq_dtype", "cuda_graph_modules", "pipeline_model_parallel_layout",
+                                  "hybrid_layer_pattern")
                    if f not in checker.NS_FIELDS]
 # TransformerConfig fields of the model's shape beyond the checker's list (MLA, q/k norms,
 # shared experts, dense/MoE layer pattern, MTP, capacity) and what GPT-OSS would need.
@@ -31,7 +32,9 @@ checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_
                                    "glu_linear_offset", "activation_func_clamp_value", "add_qkv_bias",
                                    "normalization", "position_embedding_type", "seq_length", "rope_type",
                                    "rotary_scaling_factor", "original_max_position_embeddings",
-                                   "overlap_moe_expert_parallel_comm", "delay_wgrad_compute")
+                                   "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
+                                   "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
+                                   "moe_latent_size", "mtp_use_repeated_layer")
                        if f not in checker.CFG_FIELDS]
 
 
