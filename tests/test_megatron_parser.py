@@ -202,6 +202,12 @@ def _checker_cases(tmp_path_factory):
             dict(qwen3, argv=qwen3["argv"] + ["--fp8-format", "hybrid"]),
             # moe_act recompute needs grouped GEMMs
             dict(qwen3, argv=[w for w in qwen3["argv"] if w != "--moe-grouped-gemm"])]
+    # a hybrid stack's pattern holds its layout: no layout flag beside it, segments a multiple of pp
+    super_ = by_model["nemotron-3-super"]
+    at = super_["argv"].index("--hybrid-layer-pattern") + 1
+    three = super_["argv"][at].replace("|", "", 5)  # 8 stage segments -> 3, not a multiple of pp 2
+    bad += [dict(super_, argv=super_["argv"] + ["--account-for-embedding-in-pipeline-split"]),
+            dict(super_, argv=super_["argv"][:at] + [three] + super_["argv"][at + 1:])]
     top1 = next(b[0] for b in built if b[1].moe is not None and b[1].moe.top_k == 1)
     bad.append(dict(top1, argv=[w for w in top1["argv"] if w != "--moe-router-pre-softmax"]))  # softmax of 1
     return (built, saved, bad), [b[0] for b in built + saved] + bad
