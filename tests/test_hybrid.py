@@ -205,6 +205,11 @@ def test_planner_megatron_launches_a_hybrid_stack_with_pretrain_mamba():
     assert "--mtp-use-repeated-layer" in argv
     assert not {"--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout",
                 "--account-for-embedding-in-pipeline-split", "--moe-layer-freq"} & set(argv)
+    # one line of flags does not name its script: a note on stderr does
+    line = CliRunner().invoke(app, ["megatron", "-m", "nemotron-3-nano", "-s", "gb200-nvl72", "-g", "16", "-b", "128",
+                                    "--tp", "1", "--ep", "8", "--micro-batch", "2", "--format", "args"])
+    assert line.exit_code == 0 and "note: these are pretrain_mamba.py arguments" in line.stderr
+    assert line.stdout.startswith("--num-layers 52 ")
 
 
 def test_heldout_nemotron_3_nano_rows():

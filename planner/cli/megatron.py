@@ -250,6 +250,9 @@ def _run(o: dict) -> None:
         text = mg.render(launch, o["fmt"])
     except ValueError as err:  # a format that cannot carry what the launch needs
         raise SpecError(str(err)) from None
+    if o["fmt"] == "args" and launch.entrypoint != mg.ENTRYPOINT:
+        # one line of flags does not name its script; the script and json formats do
+        typer.echo(f"note: these are {launch.entrypoint} arguments, not {mg.ENTRYPOINT}'s", err=True)
     if o["output"] is None:
         typer.echo(text, nl=not text.endswith("\n"))
         return

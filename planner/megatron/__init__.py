@@ -10,7 +10,7 @@ and the checks Megatron runs on it.
 """
 from planner.megatron.emit import megatron_args
 from planner.megatron.expressible import launch_problems, launch_refusals, not_expressible
-from planner.megatron.launch import NONEXISTENT_FLAGS, MegatronLaunch, gpu_arch_major
+from planner.megatron.launch import ENTRYPOINT, NONEXISTENT_FLAGS, MegatronLaunch, gpu_arch_major
 from planner.megatron.rules import (
     parse_megatron_args,
     validate_launch,
@@ -18,6 +18,6 @@ from planner.megatron.rules import (
 )
 from planner.megatron.script import parse_script, render
 
-__all__ = ["MegatronLaunch", "megatron_args", "not_expressible", "launch_problems", "launch_refusals",
+__all__ = ["ENTRYPOINT", "MegatronLaunch", "megatron_args", "not_expressible", "launch_problems", "launch_refusals",
            "validate_megatron_args", "validate_launch", "parse_megatron_args", "render",
            "parse_script", "gpu_arch_major", "NONEXISTENT_FLAGS"]
