@@ -216,7 +216,9 @@ def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
     Megatron's block pattern (M Mamba-2, * attention, - MLP, E MoE); the Mamba-2 mixer from
     mamba_num_heads / mamba_head_dim / ssm_state_size / n_groups / conv_kernel / chunk_size; the
     MLPs' relu2 is squared ReLU; the shared expert's width is moe_shared_expert_intermediate_size."""
-    out = {"hybrid_pattern": cfg.get("hybrid_override_pattern"),
+    # no positional encoding: the Mamba blocks carry position (Megatron-Bridge 067f987df
+    # models/nemotronh/nemotron_h_bridge.py: position_embedding_type "none")
+    out = {"hybrid_pattern": cfg.get("hybrid_override_pattern"), "position_embedding": "none",
            "mamba": {"num_heads": cfg.get("mamba_num_heads"), "head_dim": cfg.get("mamba_head_dim"),
                      "state_dim": cfg.get("ssm_state_size"), "groups": cfg.get("n_groups", 8),
                      "conv_kernel": cfg.get("conv_kernel", 4), "chunk_size": cfg.get("chunk_size", 128)}

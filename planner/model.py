@@ -133,7 +133,9 @@ class ModelSpec(BaseModel):
     vocab: PositiveInt
     activation: Activation = "gelu"
     tied_embeddings: bool = True
-    position_embedding: Literal["learned", "rope"] = "learned"
+    position_embedding: Literal["learned", "rope", "none"] = Field(
+        default="learned", description="'learned' absolute positions (GPT), 'rope', or 'none' "
+        "(Nemotron-H / Nemotron 3: the Mamba blocks carry position)")
     rope_scaling: Literal["none", "yarn"] = Field(
         default="none", description="RoPE frequency scaling: 'yarn' (GPT-OSS); Megatron applies a "
         "YaRN RoPE unfused (time.py: unfused_rope_extra_bytes_per_token)")

@@ -237,7 +237,7 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         head_dim=cfg["kv_channels"], query_groups=cfg["num_query_groups"], ffn=cfg["ffn_hidden_size"],
         seq_length=ns["seq_length"], vocab=ns["vocab_size"], activation=ACTIVATIONS[act_name],
         tied_embeddings=not ns["untie_embeddings_and_output_weights"],
-        position_embedding="rope" if ns["position_embedding_type"] == "rope" else "learned",
+        position_embedding={"rope": "rope", "none": "none"}.get(ns["position_embedding_type"], "learned"),
         biases=cfg["add_bias_linear"], dropout=cfg["attention_dropout"] > 0, qk_norm=cfg["qk_layernorm"],
         moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0,
         mtp_shared_weights=bool(cfg["mtp_num_layers"] and cfg["mtp_use_repeated_layer"]),

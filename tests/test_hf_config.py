@@ -44,6 +44,7 @@ def test_nemotron_h_config_reads_its_hybrid_pattern_and_mamba_mixer():
     assert m.hybrid_pattern.count("M") == 23 and m.hybrid_pattern.count("*") == 6
     assert (m.mamba.num_heads, m.mamba.head_dim, m.mamba.state_dim, m.mamba.groups) == (64, 64, 128, 8)
     assert m.activation == "squared_relu" and m.moe.shared_expert_ffn == 3712 and m.moe.expert_ffn == 1856
+    assert m.position_embedding == "none"  # NemotronH: no RoPE; the Mamba blocks carry position
 
 
 def test_glm45_air_matches_the_model_card_without_expert_biases():

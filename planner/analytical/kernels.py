@@ -168,8 +168,9 @@ def clamp_glu_bytes(model: ModelSpec, kernels: str, fused_mlp: bool) -> float:
 
 
 def rms_norm(model: ModelSpec) -> bool:
-    """Llama-style models (RoPE) use RMSNorm; GPT-style (learned positions) LayerNorm."""
-    return model.position_embedding == "rope"
+    """Llama-style models (RoPE, or none as Nemotron-H) use RMSNorm; GPT-style (learned positions)
+    LayerNorm."""
+    return model.position_embedding != "learned"
 
 
 def torch_elementwise_bytes(model: ModelSpec, kernels: str) -> tuple[float, float]:

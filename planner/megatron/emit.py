@@ -181,6 +181,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
             # costed as Megatron-Bridge runs YaRN: unfused RoPE (kernels.UNFUSED_ROPE_BYTES); the
             # launch runs that kernel path, with plain RoPE frequencies (YaRN's are not in the spec)
             add("--no-rope-fusion")
+    elif model.position_embedding == "none":
+        add("--position-embedding-type", "none")
     if model.activation == "swiglu":
         add("--swiglu")
     elif model.activation == "squared_relu":
