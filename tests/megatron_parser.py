@@ -215,7 +215,8 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         moe = MoESpec(num_experts=cfg["num_moe_experts"], top_k=cfg["moe_router_topk"],
                       expert_ffn=cfg["moe_ffn_hidden_size"], shared_experts=1 if shared else 0,
                       shared_expert_ffn=shared, first_dense_layers=first_dense,
-                      capacity_factor=cfg["moe_expert_capacity_factor"], latent_size=cfg["moe_latent_size"])
+                      capacity_factor=cfg["moe_expert_capacity_factor"], latent_size=cfg["moe_latent_size"],
+                      router_groups=cfg["moe_router_num_groups"], router_group_topk=cfg["moe_router_group_topk"])
     mamba, main = None, None
     if hybrid:
         main = hybrid.split("/")[0].replace("|", "")
@@ -261,4 +262,5 @@ def model_shape(m: ModelSpec) -> dict:
         "dense_layers": m.dense_layers, "moe_layers": m.moe_layers,
         "hybrid_pattern": m.hybrid_pattern, "mamba": m.mamba.model_dump() if m.mamba else None,
         "latent_size": moe and moe.latent_size, "mtp_shared_weights": m.mtp_shared_weights,
+        "router_groups": moe and (moe.router_groups, moe.router_group_topk),
     }

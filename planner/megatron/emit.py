@@ -129,6 +129,11 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
     if moe.latent_size:
         # LatentMoE (Nemotron 3 Super): routed rows projected h -> latent and back (time.py)
         a.append(("--moe-latent-size", str(moe.latent_size)))
+    if moe.router_groups is not None:
+        # group-limited routing (DeepSeek-V3 §3.2.2), which the dispatch traffic is costed with
+        # (time.group_limited_remote_domains); TransformerConfig moe_router_num_groups / group_topk
+        a += [("--moe-router-num-groups", str(moe.router_groups)),
+              ("--moe-router-group-topk", str(moe.router_group_topk))]
     if moe.capacity_factor is not None:
         # Tokens over capacity are dropped by lowest router probability (Megatron's default
         # policy, emitted so it cannot change). No --moe-pad-expert-input-to-capacity: padding

@@ -56,7 +56,8 @@ def _build_parser() -> _Parser:
             # TransformerConfig fields (ArgumentGroupFactory); 1 is the dataclass default
             "--num-layers-at-start-in-bf16": 1, "--num-layers-at-end-in-bf16": 1,
             "--mamba-num-heads": None, "--mamba-head-dim": 64, "--mamba-state-dim": 128,
-            "--mamba-num-groups": 8, "--moe-latent-size": None}
+            "--mamba-num-groups": 8, "--moe-latent-size": None, "--moe-router-num-groups": None,
+            "--moe-router-group-topk": None}
     for name, default in ints.items():
         p.add_argument(name, type=int, default=default)
     choices = {"--recompute-granularity": ("full", "selective"),
