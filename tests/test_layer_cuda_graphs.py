@@ -11,6 +11,7 @@ from planner.analytical.time import BACKWARD_FACTOR
 from planner.cli.app import app
 from planner.model import load_model
 from planner.plan import JobSpec, Plan
+from planner.search import plan as search_plan
 
 
 @pytest.mark.parametrize("modules,moe,captured", [
@@ -71,3 +72,24 @@ def test_estimate_says_when_megatron_would_not_run_the_plan():
                                    "--tp", "1", "--pp", "1", "--cuda-graph", "layers", "--recompute", "full"])
     assert res.exit_code == 0  # it fits; the cost stands, with the note
     assert "Not expressible in Megatron-LM" in " ".join(res.output.split())
+
+
+def test_all_to_all_overlap_is_not_searched_beside_an_attention_graph():
+    """The overlap delays the weight gradients (--delay-wgrad-compute) into the graphed attention,
+    which megatron-core 0.19.2 runs only with Transformer Engine >= 2.12 (training/arguments.py;
+    the launches target TE 2.10, as ../shared/tools/megatron_check): refused in the plan rules, so
+    the search does not pick it, and Megatron's own message in the launch rules."""
+    from planner import megatron as mg
+    from planner.megatron.expressible import graph_option_refusals
+    qwen3 = load_model("qwen3-30b-a3b")
+    graphs = JobSpec(global_batch=64, cuda_graph_modules=("attn", "moe_router", "moe_preprocess"))
+    assert graph_option_refusals("none", (), 0.0, True, qwen3, graphs)
+    assert not graph_option_refusals("none", (), 0.0, False, qwen3, graphs)
+    routers_only = graphs.model_copy(update={"cuda_graph_modules": ("moe_router", "moe_preprocess")})
+    assert not graph_option_refusals("none", (), 0.0, True, qwen3, routers_only)  # no shared expert
+    plan = Plan(dp=8, ep=8, micro_batch=1, global_batch=64, moe_a2a_overlap=True)
+    system = load_system("h100-sxm", 8)
+    launch = mg.megatron_args(plan, qwen3, graphs, system)
+    assert mg.rules.MSG_GRAPH_DELAY_WGRAD_TE in mg.validate_launch(launch, 9)
+    best = search_plan(qwen3, system, graphs, top_k=3)
+    assert best.ranked and not any(r.plan.moe_a2a_overlap for r in best.ranked)

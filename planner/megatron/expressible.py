@@ -242,6 +242,12 @@ def graph_option_refusals(recompute: str, modules: tuple[str, ...], offload_acti
         out.append("offload_activations: CPU offloading does not run with per-layer CUDA graphs")
     if moe_a2a_overlap and mods & {"mlp", "moe"}:
         out.append("moe_a2a_overlap: per-layer graphs of mlp / moe do not run with the all-to-all overlap")
+    if moe_a2a_overlap and ("attn" in mods or ("moe_router" in mods and model.moe is not None
+                                               and model.moe.shared_experts)):
+        # the overlap delays the weight gradients (--delay-wgrad-compute) into the graphed module
+        out.append("moe_a2a_overlap: with an attn (or, with shared experts, moe_router) CUDA graph the "
+                   "delayed weight gradients run inside the graph, which Megatron allows only with "
+                   "Transformer Engine >= 2.12 (the launch targets megatron-core 0.19.2 with TE 2.10)")
     if recompute == "selective":
         if "moe" in modules and "moe_router" in mods:
             out.append("recompute_modules: moe recompute does not run with a moe_router CUDA graph")

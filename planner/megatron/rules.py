@@ -142,6 +142,7 @@ MSG_FP4_FP8 = "--fp4-format and --fp8-format cannot be used simultaneously. Plea
 MSG_CE_TE = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. Use "
              "--cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
 MSG_MOE_BIAS_ETP = "Bias in Moe is only supported when ETP==1"
+MSG_GRAPH_DELAY_WGRAD_TE = "CUDA graph with delay_wgrad_compute requires TE version >= 2.12.0."
 MSG_MLA_GQA = "Group query attention is mutually exclusive with multi latent attention."
 # core/transformer/transformer_config.py (__post_init__), overlap_moe_expert_parallel_comm checks
 MSG_A2A_VPP = ("If enabling EP A2A overlap, virtual_pipeline_model_parallel_size must be specified when "
@@ -434,6 +435,14 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
             err(MSG_A2A_MTP)
     if a.delay_wgrad_compute and not a.overlap_moe_expert_parallel_comm:
         err(MSG_DELAY_WGRAD)
+    # MA 2a: delayed weight gradients inside a per-layer graph (attention's, or the router's with
+    # an un-overlapped shared expert) need Transformer Engine 2.12; the launches target
+    # megatron-core 0.19.2 with TE 2.10, what ../shared/tools/megatron_check emulates
+    graphed = set(a.cuda_graph_modules or ())
+    if a.delay_wgrad_compute and a.overlap_grad_reduce and (
+            "attn" in graphed or ("moe_router" in graphed and a.moe_shared_expert_intermediate_size is not None
+                                  and not a.moe_shared_expert_overlap)):
+        err(MSG_GRAPH_DELAY_WGRAD_TE)
     # MA 2a; fp16 with dynamic loss scaling has turned the NaN check off before this assert
     if a.cuda_graph_impl == "full_iteration" and a.check_for_nan_in_loss_and_grad and not a.fp16:
         err(MSG_FULL_ITER_NAN)
