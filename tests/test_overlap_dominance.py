@@ -72,7 +72,7 @@ def test_overlap_is_never_slower_where_its_rule_holds(case):
         L, V = _sample(L, V)
         for on, off in _both_batches(space, lay, opt, L, twins.up[knob][V], V):
             assert (on["objective"] <= off["objective"] * (1 + 1e-12)).all(), knob
-            if knob == "moe_a2a_overlap":  # one more in-flight microbatch: never less memory
+            if knob == "moe_a2a_overlap":  # one more layer in flight: never less memory
                 assert (on["hbm_bytes"] >= off["hbm_bytes"]).all()
                 assert (on["offload_bytes"] >= off["offload_bytes"]).all()
                 # where the overlap fits its twin fits: what lets the table skip the twin

@@ -238,18 +238,22 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
     warm-up chunk-forwards plus one, each 1/v of the rank, N = pp unless pp does not divide m:
     pipeline_layout.vp_microbatch_group): (2(p−r−1) + (v−1)N + 1)/v, which for r = 0 and N = p
     is Korthikanti et al. 2022 §4.2.3's p·(1 + (p−1)/(p·v)); scaled by min(1, m/p).
-    MoE all-to-all overlap (combined 1F1B) runs one more warm-up forward so that each 1F1B step
-    pairs independent microbatches (megatron/core/pipeline_parallel/schedules.py,
-    get_pp_rank_microbatches: +1 with overlap_moe_expert_parallel_comm); without pipelining it
-    keeps the next microbatch's forward beside the current backward (combined_1f1b.py)."""
+    MoE all-to-all overlap (combined 1F1B) adds one LAYER: it runs one more warm-up forward
+    (megatron/core/pipeline_parallel/schedules.py get_pp_rank_microbatches, +1 with
+    overlap_moe_expert_parallel_comm; without pipelining the next microbatch's forward), but that
+    forward stands for the steady state's own: each combined step runs the next microbatch's layer
+    i beside the backward of the previous one's last unreleased layer (models/common/
+    model_chunk_schedule_plan.py TransformerModelChunkSchedulePlan.run: get_layer(i) with
+    pop_layer()), freeing a layer for each layer it stores, so the peak is the plain schedule's
+    plus the pair's one layer."""
     C = RankColumns(P)
     m = C.global_batch / (C.micro_batch * C.dp)
     p, v, r = C.pp, C.vpp, P.rank_index
-    extra = (C.moe_a2a_overlap > 0) * 1.0
-    plain = np.minimum(p - r + extra, m)
+    plain = np.minimum(p - r, m)
     n_group = vp_microbatch_group(m, p)
-    interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * n_group + 1.0 + extra) / v * np.minimum(1.0, m / p)
-    return np.where(v > 1, interleaved, plain)
+    interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * n_group + 1.0) / v * np.minimum(1.0, m / p)
+    paired_layer = (C.moe_a2a_overlap > 0) / np.maximum(P.rank_layers, 1.0)  # in units of the rank
+    return np.where(v > 1, interleaved, plain) + paired_layer
 
 
 def rank_layer_sum(model: ModelSpec, per_layer, n, lead):
