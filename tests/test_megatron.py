@@ -613,3 +613,16 @@ def test_precision_needs_the_gpu_generation(dtype, system, refused):
     m, s = load_model("llama3-8b"), load_system(system, 8)
     reasons = mg.launch_refusals(Plan(dp=8, global_batch=8), m, JobSpec(dtype=dtype), s)
     assert bool(reasons) == refused and all("compute capability" in r for r in reasons)
+
+
+def test_a_moe_launch_says_its_router_is_megatrons_default():
+    """The model spec has no router score function: a MoE launch runs Megatron's default (softmax
+    top-k) and says how to launch sigmoid routing with an expert bias; a dense launch says nothing
+    (Megatron's parser accepts DeepSeek-V3's launch with the named flags added)."""
+    system = load_system("h100-sxm", 64)
+    moe = mg.megatron_args(Plan(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True),
+                           load_model("mixtral-8x7b"), JobSpec(), system)
+    assert any("--moe-router-score-function sigmoid" in n and "--moe-router-enable-expert-bias" in n
+               for n in moe.notes)
+    dense = mg.megatron_args(Plan(dp=64, micro_batch=1, global_batch=64), load_model("llama3-8b"), JobSpec(), system)
+    assert not any("router" in n for n in dense.notes)

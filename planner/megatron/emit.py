@@ -343,6 +343,12 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     notes = []
     if plan.offload_weights > 0:
         notes.append("offload_weights is not expressible in Megatron-LM and was left out")
+    if model.moe is not None:
+        notes.append("routing: Megatron's default router (softmax over the top-k, no expert bias); a model "
+                     "trained with sigmoid scores and a load-balancing expert bias (DeepSeek-V3, Kimi K2, "
+                     "GLM-4.5, Nemotron 3) needs --moe-router-score-function sigmoid "
+                     "--moe-router-enable-expert-bias and its --moe-router-topk-scaling-factor added by hand "
+                     "(the router is not part of the model spec; its cost does not depend on them)")
     if model.rope_scaling == "yarn":
         notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "
                      "path that was costed); its frequency scaling is not part of the model spec: add "
