@@ -23,8 +23,14 @@ def test_custom_hybrid_model_plans():
     model = load_model(str(EXAMPLES / "custom_hybrid_model.yaml"))
     assert (model.blocks("M"), model.blocks("-"), model.blocks("*")) == (21, 17, 4)
     assert round(model.num_params / 1e9, 1) == 4.0  # Nemotron 3 Nano 4B
-    best = plan(model, load_system("h100-sxm", 8), JobSpec(global_batch=256), top_k=1).best
+    system, job = load_system("h100-sxm", 8), JobSpec(global_batch=256)
+    best = plan(model, system, job, top_k=1).best
     assert best is not None and best.estimate.feasible and best.plan.cp == 1
+    # its launch, as examples/README.md runs it: pretrain_mamba.py with the block pattern
+    launch = mg.megatron_args(best.plan, model, job, system)
+    assert launch.entrypoint == "pretrain_mamba.py" and mg.launch_refusals(best.plan, model, job, system) == []
+    assert mg.validate_launch(launch, mg.gpu_arch_major(system)) == []
+    assert launch.value("--hybrid-layer-pattern").replace("|", "") == model.hybrid_pattern
 
 
 def test_saved_megatron_example_is_a_valid_launch():
