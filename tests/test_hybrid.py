@@ -175,10 +175,31 @@ def test_layer_cuda_graphs_capture_the_mamba_blocks_too():
     assert graphed.step_time_s < partial.step_time_s < eager.step_time_s
 
 
+def test_the_busiest_ranks_own_blocks_are_measured_against_the_mean():
+    """Nano's blocks reordered as 26 Mamba then 26 MoE at pp 2: rank 1 holds every MoE block, so
+    its own blocks cost c_E against the mean (c_M + c_E)/2 it is costed with; interleaved (vpp 2)
+    the chunks alternate ranks and rank 0 holds the second Mamba half and the first MoE half."""
+    from planner.analytical import PlanArrays
+    from planner.analytical.hybrid import block_fwd_s, busiest_rank_excess
+    from planner.analytical.layer_kinds import lead_layers
+    halves = ModelSpec(**{**NANO.model_dump(), "hybrid_pattern": "M" * 26 + "E" * 26})
+    system, job = load_system("h100-sxm", 16), JobSpec(global_batch=64)
+    plan = Plan(pp=2, dp=8, ep=8, micro_batch=1, global_batch=64)
+    P = PlanArrays.from_plans([plan], halves.layers, lead_layers(halves))
+    blocks = block_fwd_s(halves, system, job, P)
+    c = {k: float(b["gemm"][0] + b["elementwise"][0]) for k, b in blocks.items()}
+    rank, excess = busiest_rank_excess(halves, system, job, plan)
+    assert rank == 1 and excess == pytest.approx(c["E"] / ((c["M"] + c["E"]) / 2) - 1, rel=1e-9)
+    assert busiest_rank_excess(halves, system, job, plan.model_copy(update={"pp": 1, "dp": 16})) == (0, 0.0)
+    interleaved = plan.model_copy(update={"vpp": 2})  # chunks M13 | M13 | E13 | E13 -> ranks 0,1,0,1
+    assert busiest_rank_excess(halves, system, job, interleaved)[1] == pytest.approx(0.0, abs=1e-12)
+
+
 def test_pipelined_hybrid_plans_say_how_stages_are_costed():
     result = CliRunner().invoke(app, ["estimate", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16", "--tp", "1",
                                       "--pp", "2", "--ep", "8", "-b", "1024"])
     assert "mean block" in " ".join(result.output.split())
+    assert "own blocks cost" in " ".join(result.output.split())
     flat = CliRunner().invoke(app, ["estimate", "-m", "nemotron-3-nano", "-s", "h100-sxm", "-g", "16", "--tp", "1",
                                     "--pp", "1", "--ep", "8", "-b", "1024"])
     assert "mean block" not in " ".join(flat.output.split())

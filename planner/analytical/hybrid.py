@@ -131,3 +131,26 @@ def mean_layer_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     share = block_fractions(model)
     return {key: sum(share[k] * np.asarray(b.get(key, 0.0), dtype=np.float64) for k, b in blocks.items())
             for key in LAYER_KEYS}
+
+
+def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan) -> tuple[int, float]:
+    """(pipeline rank, share) of a pipelined hybrid stack: the rank whose own blocks (the pattern cut
+    at the plan's layout, chunk j on rank j mod pp) cost the most forward compute per microbatch,
+    and how much more that is than its layer count at the mean block the model costs it with.
+    (0, 0.0) without pipelining, where the mean block is exact."""
+    from planner.analytical.layer_kinds import lead_layers
+    from planner.pipeline_layout import plan_layout
+    if not model.hybrid_pattern or plan.pp == 1:
+        return 0, 0.0
+    P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))
+    cost = {k: float(np.ravel(np.asarray(b["gemm"]) + np.asarray(b.get("attention", 0.0))
+                              + np.asarray(b["elementwise"]))[0])
+            for k, b in block_fwd_s(model, system, job, P).items()}
+    mean = sum(cost[c] for c in model.hybrid_pattern) / model.layers
+    own, count, at = [0.0] * plan.pp, [0] * plan.pp, 0
+    for j, n in enumerate(plan_layout(plan, model.layers)):
+        own[j % plan.pp] += sum(cost[c] for c in model.hybrid_pattern[at:at + n])
+        count[j % plan.pp] += n
+        at += n
+    rank = max(range(plan.pp), key=lambda r: own[r])
+    return rank, own[rank] / (count[rank] * mean) - 1.0 if count[rank] else 0.0
