@@ -23,8 +23,10 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import flops, kernels, precision
 from planner.analytical import time as tm
+from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.plans import PlanArrays
 from planner.model import HYBRID_BLOCKS, ModelSpec
+from planner.pipeline_layout import plan_layout
 from planner.plan import JobSpec
 
 # The pieces layer_compute_fwd_s returns; a block lacking one has 0.
@@ -138,8 +140,6 @@ def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan
     at the plan's layout, chunk j on rank j mod pp) cost the most forward compute per microbatch,
     and how much more that is than its layer count at the mean block the model costs it with.
     (0, 0.0) without pipelining, where the mean block is exact."""
-    from planner.analytical.layer_kinds import lead_layers
-    from planner.pipeline_layout import plan_layout
     if not model.hybrid_pattern or plan.pp == 1:
         return 0, 0.0
     P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))

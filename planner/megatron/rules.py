@@ -231,7 +231,7 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
     layers = a.num_layers
     if a.hybrid_layer_pattern is not None:  # Megatron takes the count from the pattern, whatever --num-layers says
-        layers = len(a.hybrid_layer_pattern.split("/")[0].replace("|", ""))
+        layers = len(hybrid_main_pattern(a).replace("|", ""))
 
     # MA 2a: world size and DP; CP counts toward the model size.
     total_model_size = tp * pp * cp
@@ -261,7 +261,7 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     vpp = None
     if a.hybrid_layer_pattern is not None:  # the pattern's '|' segments set the layout and vpp
         errors.extend(hybrid_pattern_errors(a, pp))
-        segments = a.hybrid_layer_pattern.split("/")[0].count("|") + 1
+        segments = hybrid_main_pattern(a).count("|") + 1
         vpp = segments // pp if segments > pp and segments % pp == 0 else None
     elif sum(v is not None for v in vpp_sources) > 1:
         err(MSG_VPP_ONE_OF)
@@ -475,11 +475,16 @@ MSG_HYBRID_LAYOUT_FLAGS = {
 HYBRID_BLOCKS = "MG*D+-E"  # hybrid_layer_allocation.Symbols.VALID_LAYERS
 
 
+def hybrid_main_pattern(a: argparse.Namespace) -> str:
+    """The decoder part of --hybrid-layer-pattern (before the first '/': MTP depths follow)."""
+    return a.hybrid_layer_pattern.split("/")[0]
+
+
 def hybrid_pattern_errors(a: argparse.Namespace, pp: int) -> list[str]:
     """Megatron's checks on a hybrid layer pattern: valid block symbols, no layout flag beside
     it, and '|' segments a multiple of pp (hybrid_layer_allocation.py, arguments.py)."""
     out = [msg for field, msg in MSG_HYBRID_LAYOUT_FLAGS.items() if getattr(a, field)]
-    main = a.hybrid_layer_pattern.split("/")[0]
+    main = hybrid_main_pattern(a)
     bad = sorted(set(main.replace("|", "")) - set(HYBRID_BLOCKS))
     if bad:
         out.append(f"In hybrid layer pattern, {bad[0]!r} is not one of {sorted(HYBRID_BLOCKS)}")
