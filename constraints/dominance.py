@@ -20,7 +20,7 @@ B. tp_comm_overlap (with sequence parallelism): it lowers the exposed TP fractio
 C. moe_a2a_overlap: per MoE layer the exposed all-to-all falls from 2a to 2a - (1-u)·hidden
    (a2a_overlap_exposed_s; forward alone from a to u·a), with the same conditions as B (`moe`
    recompute reruns the dispatch) and no activation offload across unequal ranks (the offload
-   traffic reads the fullest rank's activations). It costs one more in-flight microbatch
+   traffic reads the fullest rank's activations). It costs one more layer in flight
    (memory.in_flight_microbatches), so u needs MORE memory: v is dominated only where u fits.
 
 Where a rule holds, v is not costed. Ties (u exactly as fast as v, e.g. dp = 1, or every

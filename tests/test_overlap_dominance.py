@@ -1,7 +1,7 @@
 """The overlap-twin rules of constraints/dominance.py against the exact model itself: wherever a rule
 holds, the row with the switch on is never slower than its twin with it off (at the smallest and
 the largest legal batch), and needs the same memory (dp/tp overlap) or at least as much (the MoE
-all-to-all overlap: one more in-flight microbatch). The cost table skips those twins, so if the
+all-to-all overlap: one more layer in flight). The cost table skips those twins, so if the
 model changes so that an overlap can cost time, these tests name the rule to revisit. The search
 built on the rules is checked end to end by the zero-regret tests (tests/test_search.py)."""
 from __future__ import annotations

@@ -69,7 +69,7 @@ CASES = [
     # AND optimizer offload (16 GPUs: activation offload only, no overlap)
     ("mixtral-8x7b", "gh200", 8, JobSpec(max_global_batch=32)),
     # the MoE all-to-all overlap where memory binds: the overlap twins of the best plans do not
-    # fit (one more in-flight microbatch), so the table must cost the plans without it
+    # fit (one more layer in flight), so the table must cost the plans without it
     ("mixtral-8x7b", "a100-80g", 16, JobSpec(global_batch=64)),
     # two layer kinds (a leading dense layer) and an MTP layer, 'moe' recompute allowed beside
     # the overlap: the overlap-twin rules' conditions (constraints/dominance.py)
