@@ -160,19 +160,17 @@ def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, pla
     return table
 
 
-def hybrid_stage_note(model: ModelSpec, plan, system: SystemSpec | None = None, job: JobSpec | None = None) -> str:
-    """A pipelined hybrid stack's stages are costed with the pattern's mean block (hybrid.py); with
-    the system and job, how much the busiest rank's own blocks cost beyond that."""
+def hybrid_stage_note(model: ModelSpec, plan, system: SystemSpec, job: JobSpec) -> str:
+    """A pipelined hybrid stack's stages are costed with the pattern's mean block (hybrid.py), and
+    how much the busiest rank's own blocks cost beyond that."""
     if not model.hybrid_pattern or plan.pp == 1:
         return ""
-    note = ("Hybrid stack: each pipeline stage is costed as holding the pattern's mean block; a stage "
-            "with more Mamba or MoE blocks than its share runs slower than shown")
-    if system is None or job is None:
-        return note + "."
     from planner.analytical.hybrid import busiest_rank_excess
     rank, excess = busiest_rank_excess(model, system, job, plan)
-    return note + (f": rank {rank}'s own blocks cost {excess:+.1%} forward compute against that mean "
-                   "(the launch runs each stage's own blocks).")
+    return ("Hybrid stack: each pipeline stage is costed as holding the pattern's mean block; a stage "
+            "with more Mamba or MoE blocks than its share runs slower than shown: "
+            f"rank {rank}'s own blocks cost {excess:+.1%} forward compute against that mean "
+            "(the launch runs each stage's own blocks).")
 
 
 def precision_text(job: JobSpec) -> str:

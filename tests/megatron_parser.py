@@ -136,14 +136,14 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
     layout = ns.get("pipeline_model_parallel_layout")
     stage_layers = list(layout_from_string(layout)) if isinstance(layout, str) and layout not in ("<absent>", "None") \
         else None
+    first, last = (ns.get(f"decoder_{end}_pipeline_num_layers") for end in ("first", "last"))
     flags = {"account_embedding": ns.get("account_for_embedding_in_pipeline_split") is True,
              "account_loss": ns.get("account_for_loss_in_pipeline_split") is True,
-             "first": ns.get("decoder_first_pipeline_num_layers"), "last": ns.get("decoder_last_pipeline_num_layers")}
+             "first": first if isinstance(first, int) else None, "last": last if isinstance(last, int) else None}
     if stage_layers is None and pp > 1 and (flags["account_embedding"] or flags["account_loss"]
-                                            or isinstance(flags["first"], int) or isinstance(flags["last"], int)):
+                                            or flags["first"] is not None or flags["last"] is not None):
         # an uneven layout the launch set with Megatron's simpler flags (pipeline_layout.megatron_layout_args)
-        stage_layers = list(layout_from_flags(model.layers, pp, vpp, **{k: (v if isinstance(v, int) or k.startswith("account")
-                                                                            else None) for k, v in flags.items()}))
+        stage_layers = list(layout_from_flags(model.layers, pp, vpp, **flags))
     if _hybrid_pattern(ns) and pp > 1:  # a hybrid stack's layout: the pattern's '|' segments
         counts = [len(seg) for seg in _hybrid_pattern(ns).split("/")[0].split("|")]
         stage_layers = None if tuple(counts) == balanced_layout(model.layers, pp, vpp) else counts

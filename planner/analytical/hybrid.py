@@ -26,7 +26,7 @@ from planner.analytical import time as tm
 from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.plans import PlanArrays
 from planner.model import HYBRID_BLOCKS, ModelSpec
-from planner.pipeline_layout import plan_layout
+from planner.pipeline_layout import plan_layout, rank_of_stage
 from planner.plan import JobSpec
 
 # The pieces layer_compute_fwd_s returns; a block lacking one has 0.
@@ -126,6 +126,11 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     return out
 
 
+def block_forward_s(block: dict):
+    """A block's forward seconds: its GEMMs, attention core (if any) and element-wise passes."""
+    return block["gemm"] + block.get("attention", 0.0) + block["elementwise"]
+
+
 def mean_layer_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
     """layer_compute_fwd_s of a hybrid stack: its blocks' pieces, weighted by their share of
     the layers."""
@@ -143,14 +148,12 @@ def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan
     if not model.hybrid_pattern or plan.pp == 1:
         return 0, 0.0
     P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))
-    cost = {k: float(np.ravel(np.asarray(b["gemm"]) + np.asarray(b.get("attention", 0.0))
-                              + np.asarray(b["elementwise"]))[0])
-            for k, b in block_fwd_s(model, system, job, P).items()}
+    cost = {k: float(np.ravel(block_forward_s(b))[0]) for k, b in block_fwd_s(model, system, job, P).items()}
     mean = sum(cost[c] for c in model.hybrid_pattern) / model.layers
     own, count, at = [0.0] * plan.pp, [0] * plan.pp, 0
     for j, n in enumerate(plan_layout(plan, model.layers)):
-        own[j % plan.pp] += sum(cost[c] for c in model.hybrid_pattern[at:at + n])
-        count[j % plan.pp] += n
+        own[rank_of_stage(j, plan.pp)] += sum(cost[c] for c in model.hybrid_pattern[at:at + n])
+        count[rank_of_stage(j, plan.pp)] += n
         at += n
     rank = max(range(plan.pp), key=lambda r: own[r])
     return rank, own[rank] / (count[rank] * mean) - 1.0 if count[rank] else 0.0

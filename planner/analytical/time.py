@@ -525,7 +525,7 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
     if model.hybrid_pattern:  # the module's attention block and MoE block (Nemotron's "*E")
         from planner.analytical import hybrid
         kinds = hybrid.block_fwd_s(model, system, job, P)
-        block = sum(kinds[k]["gemm"] + kinds[k].get("attention", 0.0) + kinds[k]["elementwise"] for k in ("*", "E"))
+        block = sum(hybrid.block_forward_s(kinds[k]) for k in ("*", "E"))
     else:
         if own_dtype:
             layer = layer_compute_fwd_s(model, system, job, P)

@@ -14,7 +14,7 @@ from typing import Callable
 
 from hardware.spec import SystemSpec
 from planner.pipeline_layout import pipeline_args, plan_layout, recompute_per_chunk
-from planner.megatron.expressible import cpu_offload_layers, offload_fraction_of_layers
+from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
 from planner.megatron import hybrid, te_precision
 from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch
 from planner.model import ModelSpec
@@ -321,8 +321,7 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     elif job.cuda_graph_modules:
         # per-layer graphs of the static modules this model has (enums.CudaGraphModule: mlp is a
         # dense layer's, moe_router / moe_preprocess a MoE layer's)
-        has = {"attn": True, "mlp": model.moe is None or bool(model.moe.first_dense_layers)
-               or "-" in (model.hybrid_pattern or ""),
+        has = {"attn": True, "mlp": has_dense_mlp_layers(model),
                "moe": model.moe is not None, "moe_router": model.moe is not None,
                "moe_preprocess": model.moe is not None, "mamba": model.mamba is not None}
         modules = [m for m in job.cuda_graph_modules if has[m]]

@@ -206,6 +206,12 @@ def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:
 
 # Per-layer CUDA graphs (--cuda-graph-impl transformer_engine --cuda-graph-modules), as
 # megatron-core 0.19.2 transformer_config.py __post_init__ checks them.
+def has_dense_mlp_layers(model: ModelSpec) -> bool:
+    """Whether any layer has a dense MLP (what an `mlp` CUDA graph captures): every layer of a
+    dense transformer, a MoE model's leading dense layers, a hybrid stack's '-' blocks."""
+    return model.moe is None or bool(model.moe.first_dense_layers) or "-" in (model.hybrid_pattern or "")
+
+
 def graph_job_refusals(model: ModelSpec, job: JobSpec) -> list[str]:
     """What no plan of this job can run with its cuda_graph_modules (model and dispatcher rules)."""
     mods = set(job.cuda_graph_modules)
@@ -216,7 +222,7 @@ def graph_job_refusals(model: ModelSpec, job: JobSpec) -> list[str]:
         out.append("cuda_graph_modules: moe / moe_router / moe_preprocess need a MoE model")
     if "mamba" in mods and model.mamba is None:
         out.append("cuda_graph_modules: mamba captures Mamba blocks, which this model has none of")
-    if model.moe is not None and "mlp" in mods and not model.moe.first_dense_layers and "-" not in (model.hybrid_pattern or ""):
+    if "mlp" in mods and not has_dense_mlp_layers(model):
         out.append("cuda_graph_modules: mlp captures dense layers, which this MoE model has none of")
     if "moe" in mods:
         out.append("cuda_graph_modules: moe (the whole MoE layer) needs drop-and-pad experts "
