@@ -253,7 +253,7 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         if m.position_embedding == "rope":
             assert ns["apply_rope_fusion"] == (m.rope_scaling != "yarn"), label
         assert ns["untie_embeddings_and_output_weights"] == (not m.tied_embeddings), label
-        # MoE as the model costs it: the plan's dispatcher (DeepEP = flex), grouped GEMMs, fp32
+        # MoE as the model costs it: the plan's dispatcher (DeepEP = flex), grouped GEMMs, fused fp32
         # router, the plan's expert TP (default tp)
         if m.moe is not None:
             assert (cfg["num_moe_experts"], cfg["moe_router_topk"], cfg["moe_ffn_hidden_size"]) == \
@@ -262,6 +262,7 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
             assert cfg["moe_token_dispatcher_type"] == dispatcher and cfg["moe_grouped_gemm"], label
             etp = plan.etp if plan.etp is not None else plan.tp
             assert ns["moe_router_dtype"] == "fp32" and cfg["expert_tensor_parallel_size"] == etp, label
+            assert cfg["moe_router_fusion"], label  # the router is costed fused (time.ROUTER_PASSES)
         # attention kernel the model costs (flash/cuDNN: no s² activations)
         assert cfg["attention_backend"] == "AttnBackend.fused", label
         # FSDP: Megatron-FSDP builds ZeRO-3 shards from the meta device, env unset

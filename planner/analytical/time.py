@@ -371,9 +371,14 @@ def moe_mlp_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
 def expert_host_exposed_s(model: ModelSpec, job: JobSpec, P: PlanArrays, expert_gpu_s) -> np.ndarray:
     """Forward seconds one MoE layer waits on the host issuing its local experts' GEMMs
     (EXPERT_GEMM_HOST_US each, FC1 and FC2): the excess over the experts' GPU time. None with a
-    full-iteration CUDA graph (no launches) or the fused grouped MLP (one kernel for all experts).
-    The backward issues dgrad + wgrad per GEMM against twice the GPU time: BACKWARD_FACTOR."""
-    if job.full_iteration_cuda_graph or fused_experts(model, job):
+    full-iteration CUDA graph (no launches), the fused grouped MLP (one kernel for all experts) or
+    the torch stacks: torchtitan runs each expert projection as one torch._grouped_mm over all
+    local experts (torchtitan/models/moe.py _run_experts_grouped_mm), with no per-expert host loop.
+    The backward issues dgrad + wgrad per GEMM against twice the GPU time: BACKWARD_FACTOR.
+    Measured on an H100 (planner/data/h100_grouped_gemm.csv, bench/kernel_fit.py --moe): one
+    torch.matmul per expert issues in 26-78 us of host time (p10-p90, median 49); below a few
+    hundred rows per expert the loop runs at the host's pace, 2-10x slower than the grouped kernel."""
+    if job.full_iteration_cuda_graph or fused_experts(model, job) or job.kernels != "te":
         return np.zeros(np.shape(P.ep))
     local_experts = model.moe.num_experts / P.ep
     host_s = local_experts * 2.0 * EXPERT_GEMM_HOST_US * 1e-6

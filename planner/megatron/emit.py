@@ -146,8 +146,13 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
         a += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     else:
         a.append(("--moe-token-dispatcher-type", "alltoall"))
+    # The router is costed as fused (time.ROUTER_PASSES fp32 passes over tokens x experts): the
+    # unfused PyTorch path ran at 48-240 GB/s of those bytes on an H100, launch-bound
+    # (planner/data/h100_moe_kernels.csv), so the launch fuses it (TE >= 2.6 at run time, the
+    # TE 2.10 the launches target), as NVIDIA's recipes do (bridge_recipe_knobs.yaml
+    # moe_router_fusion); fp32 router logits as they do too.
     a += [("--moe-grouped-gemm", None),
-          ("--moe-router-dtype", "fp32")]  # the router is not costed; fp32 as NVIDIA's recipes
+          ("--moe-router-dtype", "fp32"), ("--moe-router-fusion", None)]
     return a
 
 
@@ -348,6 +353,11 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "GLM-4.5, Nemotron 3) needs --moe-router-score-function sigmoid "
                      "--moe-router-enable-expert-bias and its --moe-router-topk-scaling-factor added by hand "
                      "(the router is not part of the model spec; its cost does not depend on them)")
+        notes.append("token permutation: the cost assumes Transformer Engine's fused permute/unpermute kernels; "
+                     "add --moe-permute-fusion (TE >= 2.1), as NVIDIA's recipes do. It is not emitted because "
+                     "Megatron's argument check refuses it where Transformer Engine is not installed; unfused, "
+                     "the unpermute's scatter-add ran at ~600 GB/s on an H100 against the ~2,000 GB/s costed "
+                     "(planner/data/h100_moe_kernels.csv)")
     if model.rope_scaling == "yarn":
         notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "
                      "path that was costed); its frequency scaling is not part of the model spec: add "

@@ -32,7 +32,7 @@ def _build_parser() -> _Parser:
                  "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
-                 "--first-last-layers-bf16", "--mtp-use-repeated-layer"):
+                 "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
