@@ -56,7 +56,14 @@ FLASH_XENTROPY_BWD_BYTES = 4.0
 # heads of 96 reach 0.79-0.81 of the 128-wide throughput with cuDNN's fused attention (TE's) and
 # 0.88-0.89 with FlashAttention-2: (d/128)^k with k = ln(ratio)/ln(96/128), the mean over the
 # three sequence lengths. Heads of 128 and wider (MLA's 192-wide queries and keys) run at the
-# fitted ceilings, which were fitted on 128-wide heads; no wider head was measured.
+# fitted ceilings, which were fitted on 128-wide heads.
+# Measured since, and not applied (planner/data/h100_attention_head_dims.csv, 32 heads, seq
+# 4096/8192): cuDNN ran 64-wide heads at 0.78 of 128-wide throughput, not the 0.58 this power law
+# gives GPT-OSS, 192/128 (MLA) at 0.89, 192/192 at 0.71, 256 at 0.81. Applied as a table, the
+# MoE rows moved 9.1 -> 9.0 % in sample but the held-out Bridge rows 13.0 -> 13.5 % (GPT-OSS H100
+# -4.6 -> -7.3 %, already too fast: its sink/sliding-window attention kernels are not costed;
+# DeepSeek-V3 on B300/GB300 +6 -> +8 %: Blackwell's MLA kernels are not measured), so the
+# training runs do not support carrying the H100 kernel ratios over yet.
 # Applied to cuDNN's fused kernel only (not the unfused score path of 2021 Megatron): the torch stacks' 64-wide-head rows (llm-foundry MPT-350M on
 # A100, Triton FlashAttention, seq 2048-16384) are predicted within 5 % at those ceilings and
 # 13-18 % slow with the H100 FlashAttention-2 factor, so that measurement does not carry over to
