@@ -14,31 +14,16 @@ backend lacks) is recorded with its error.
 from __future__ import annotations
 
 import csv
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
-REPEATS = 15
+from kernels_table import median_ms  # same folder: CUDA events, median of 15 after 3 warm-ups
+
 WIDTHS = ((128, 128), (64, 64), (96, 96), (192, 192), (192, 128), (256, 256))
 BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
 HEADS = 32
-
-
-def median_ms(fn) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(REPEATS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def main() -> None:
