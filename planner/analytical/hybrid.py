@@ -14,7 +14,8 @@ gated RMSNorm and the mixer's two layout copies as streaming passes
 (kernels.STREAMING_HBM_EFFICIENCY); the SSD scan as its small matmuls (smallest
 dimension min(chunk, head_dim, state)) at the 16-bit GEMM curve plus its memory traffic (x, B, C,
 dt in, y out, and each chunk's fp32 state written and read back), the two not overlapped, as
-mamba_ssm runs them as separate kernels. Nothing here is fitted.
+mamba_ssm runs them as separate kernels, scaled to the scan's time measured on an H100
+(SSD_FWD_VS_MODEL, SSD_BACKWARD_FACTOR). Nothing here is fitted to training runs.
 """
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ LAYER_KEYS = ("gemm", "attention", "elementwise", "wgrad_extra", "dense_mlp_s", 
 CONV_BYTES = 4.0
 GATED_NORM_BYTES = 6.0
 SSD_STATE_BYTES = 4.0  # chunk states are fp32 (mamba_ssm chunk_state / state_passing)
+# The SSD scan measured on an H100 (planner/data/h100_ssd_scan.csv, bench/gpu/ssd_scan_table.py:
+# mamba_ssm's Triton mamba_chunk_scan_combined, what MambaMixer runs, on the Nemotron 3 Nano and
+# Super mixers at tp 1/2/4 and 8192-16384 tokens, the kernels' device time): its forward takes
+# 1.25x (1.18-1.42) what the small-matmul and memory terms below give, and its backward 3.9x
+# (3.6-4.3) its forward, against the layer model's BACKWARD_FACTOR of 2 (the backward recomputes
+# the chunk states and runs some fifteen kernels). Charged in the block's forward so that
+# forward + BACKWARD_FACTOR x forward carries the measured total, as the conv1d rerun is; a
+# recomputed Mamba block is then charged the same excess again (no recipe recomputes one).
+SSD_FWD_VS_MODEL = 1.25
+SSD_BACKWARD_FACTOR = 3.9
 # Megatron-Core MambaMixer._ssm_training turns in_proj's output z, x, B, C, dt from sequence-first
 # to batch-first and the scan's output y back, each with .contiguous(): a copy, read 2 + write 2
 # per element, forward (and its gradient's copy backward).
@@ -45,6 +56,24 @@ TRANSPOSE_BYTES = 4.0
 
 def block_fractions(model: ModelSpec) -> dict[str, float]:
     return {k: model.blocks(k) / model.layers for k in HYBRID_BLOCKS}
+
+
+def ssd_scan_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> tuple:
+    """(matmul, memory) seconds charged to one Mamba-2 block's forward for its SSD scan, one
+    microbatch, one GPU: 16-bit small matmuls at the GEMM curve (the fp8 recipes quantise only the
+    projections) and the scan's memory traffic, scaled to the measured scan forward and backward
+    (SSD_FWD_VS_MODEL, SSD_BACKWARD_FACTOR)."""
+    m, t = model.mamba, P.tp
+    acc = system.accelerator
+    stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    tokens = P.micro_batch * model.seq_length / P.cp
+    dtype = precision.high_precision_dtype(job.dtype)
+    matmul = tm._gemm_time(flops.ssd_flops_per_token(model) * tokens / t, float(min(m.chunk_size, m.head_dim, m.state_dim)),
+                           acc.peak(dtype), acc.efficiency, dtype)
+    ssd_bytes = 2.0 * (m.conv_channels + m.num_heads) + 2.0 * m.d_inner \
+        + 2 * SSD_STATE_BYTES * m.num_heads * m.head_dim * m.state_dim / m.chunk_size
+    measured = SSD_FWD_VS_MODEL * (1 + SSD_BACKWARD_FACTOR) / (1 + tm.BACKWARD_FACTOR)
+    return measured * matmul, measured * tokens * ssd_bytes / t / stream
 
 
 def mamba_block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
@@ -60,16 +89,12 @@ def mamba_block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Pla
     gemm = (tm._gemm_time(2 * tokens * h * width / t, np.minimum(np.minimum(tokens, h), width / t), peak, eff, job.dtype)
             + tm._gemm_time(2 * tokens * m.d_inner * h / t, np.minimum(np.minimum(tokens, m.d_inner / t), h),
                             acc.peak(precision.gemm_peak_key(out_dtype)), eff, out_dtype))
-    # the scan: 16-bit small matmuls (the fp8 recipes quantise only the projections)
-    ssd = tm._gemm_time(flops.ssd_flops_per_token(model) * tokens / t, float(min(m.chunk_size, m.head_dim, m.state_dim)),
-                        acc.peak(precision.high_precision_dtype(job.dtype)), eff, precision.high_precision_dtype(job.dtype))
-    ssd_bytes = 2.0 * (m.conv_channels + m.num_heads) + 2.0 * m.d_inner \
-        + 2 * SSD_STATE_BYTES * m.num_heads * m.head_dim * m.state_dim / m.chunk_size
+    ssd_matmul, ssd_memory = ssd_scan_fwd_s(model, system, job, P)
     # the memory-efficient path (mamba_split_conv1d_scan_combined) reruns the conv1d in the
     # backward: its bytes once more, charged so that forward + BACKWARD_FACTOR·forward carries them
     conv_bytes = CONV_BYTES * m.conv_channels * (1 + 1 / (1 + tm.BACKWARD_FACTOR))
-    stream_bytes = ssd_bytes + conv_bytes + GATED_NORM_BYTES * m.d_inner + TRANSPOSE_BYTES * (width + m.d_inner)
-    return {"gemm": gemm + ssd, "elementwise": tokens * stream_bytes / t / stream}
+    stream_bytes = conv_bytes + GATED_NORM_BYTES * m.d_inner + TRANSPOSE_BYTES * (width + m.d_inner)
+    return {"gemm": gemm + ssd_matmul, "elementwise": tokens * stream_bytes / t / stream + ssd_memory}
 
 
 def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, dict]:
