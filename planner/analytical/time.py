@@ -376,8 +376,9 @@ def expert_host_exposed_s(model: ModelSpec, job: JobSpec, P: PlanArrays, expert_
     local experts (torchtitan/models/moe.py _run_experts_grouped_mm), with no per-expert host loop.
     The backward issues dgrad + wgrad per GEMM against twice the GPU time: BACKWARD_FACTOR.
     Measured on an H100 (planner/data/h100_grouped_gemm.csv, bench/kernel_fit.py --moe): one
-    torch.matmul per expert issues in 26-78 us of host time (p10-p90, median 49); below a few
-    hundred rows per expert the loop runs at the host's pace, 2-10x slower than the grouped kernel."""
+    torch.matmul per expert issues in 26-78 us of host time (p10-p90, median 49); at 128-256 rows
+    per expert and 16 or more experts the loop runs at the host's pace, 1.3-17x (median 4.3x) the
+    grouped kernel's time."""
     if job.full_iteration_cuda_graph or fused_experts(model, job) or job.kernels != "te":
         return np.zeros(np.shape(P.ep))
     local_experts = model.moe.num_experts / P.ep
