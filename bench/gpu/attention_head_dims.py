@@ -13,13 +13,12 @@ backend lacks) is recorded with its error.
 """
 from __future__ import annotations
 
-import csv
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from kernels_table import median_ms  # same folder: CUDA events, median of 15 after 3 warm-ups
+from kernels_table import median_ms, write_csv  # same folder: CUDA events, median of 15 after 3 warm-ups
 
 WIDTHS = ((128, 128), (64, 64), (96, 96), (192, 192), (192, 128), (256, 256))
 BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
@@ -59,10 +58,7 @@ def main() -> None:
                                ratio_vs_128="", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
                 rows.append(row)
                 print(row, flush=True)
-    with open(sys.argv[1], "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(sys.argv[1], rows)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,12 @@ import torch.nn.functional as F
 REPEATS = 15
 
 
-def median_ms(fn) -> float:
+def median_ms(fn, repeats: int = REPEATS) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     out = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
@@ -98,13 +98,18 @@ def elementwise_rows():
     return rows
 
 
+def write_csv(path, rows: list[dict]) -> None:
+    """The rows as a CSV with the first row's keys as its header (the bench/gpu tables' format)."""
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     for name, rows in (("attention.csv", attention_rows()), ("elementwise.csv", elementwise_rows())):
-        with open(out / name, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_csv(out / name, rows)
         print(name)
         for r in rows:
             print("  ", r)

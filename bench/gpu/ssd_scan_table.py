@@ -17,32 +17,16 @@ Nemotron 3 recipes capture "mamba") leaves.
 """
 from __future__ import annotations
 
-import csv
-import statistics
 import sys
 
 import torch
 
+from kernels_table import median_ms, write_csv  # same folder: CUDA events after 3 warm-ups
 from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
 REPEATS = 10
 MODELS = {"nemotron-3-nano": 64, "nemotron-3-super": 128}
 HEAD_DIM, STATE, GROUPS, CHUNK, SEQ = 64, 128, 8, 128, 4096
-
-
-def median_ms(fn) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(REPEATS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
 
 
 def gpu_ms(fn) -> float:
@@ -81,17 +65,15 @@ def main() -> None:
                 row = {"model": model, "tp": tp, "heads": heads, "groups": groups, "head_dim": HEAD_DIM,
                        "state": STATE, "chunk": CHUNK, "batch": batch, "seq": SEQ}
                 try:
-                    row.update(fwd_ms=round(median_ms(fwd), 4), fwd_bwd_ms=round(median_ms(fwd_bwd), 4),
+                    row.update(fwd_ms=round(median_ms(fwd, REPEATS), 4),
+                               fwd_bwd_ms=round(median_ms(fwd_bwd, REPEATS), 4),
                                fwd_gpu_ms=round(gpu_ms(fwd), 4), fwd_bwd_gpu_ms=round(gpu_ms(fwd_bwd), 4), error="")
                 except Exception as exc:
                     row.update(fwd_ms="", fwd_bwd_ms="", fwd_gpu_ms="", fwd_bwd_gpu_ms="",
                                error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
                 rows.append(row)
                 print(row, flush=True)
-    with open(sys.argv[1], "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_csv(sys.argv[1], rows)
 
 
 if __name__ == "__main__":
