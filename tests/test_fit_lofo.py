@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 from typer.testing import CliRunner
 
+from planner import fit
 from planner.cli import app
 from planner.analytical import data_parallel
 from planner.fit import (fit_all, fit_sharded_dp, fit_torch_stack, lofo_predictions, prepare,
@@ -12,6 +13,18 @@ from planner.fit import (fit_all, fit_sharded_dp, fit_torch_stack, lofo_predicti
 from planner.reference import load_reference
 
 runner = CliRunner()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quick_fits():
+    """What these tests assert (which measurements a LOFO prediction depends on, which parameters
+    a family's rows move) holds at any number of golden-section steps: 4 instead of the fit's
+    11-12 keeps the module's many refits fast. Fit quality is tested where the fit is reproduced
+    (tests/test_blackwell_precision.py) and in the accuracy tests."""
+    golden = fit._golden
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fit, "_golden", lambda f, lo, hi, x0, iters, f_x0=None: golden(f, lo, hi, x0, min(iters, 4), f_x0))
+        yield
 
 
 @pytest.fixture(scope="module")
