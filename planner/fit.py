@@ -11,7 +11,9 @@ the rest keep their preset values.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from multiprocessing import get_context
 
 import numpy as np
 
@@ -422,34 +424,55 @@ def fit_moe(prepared: list[Prepared], params_of=lambda p: None, keep=lambda case
 
 
 def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict],
-                     families: set[str] | None = None) -> dict[str, float]:
+                     families: set[str] | None = None, workers: int = 1) -> dict[str, float]:
     """Case id -> step time predicted with parameters fitted without the case's model family:
     the hardware fit (a family with no fitted rows keeps `full_fit`), then on top of it the
     torch-stack parameters, then the sharded-DP and the MoE parameters, each refitted without the
     family.
     `families`: only the cases of these (each family is one refit; the others' rows are still
-    fitted on)."""
-    out = {}
-    for family in sorted({p.case.family for p in prepared} & (families or {p.case.family for p in prepared})):
-        members = [p for p in prepared if p.case.family == family]
-        if any(p.case.fit for p in members):
-            params = {g: v[0] for g, v in fit_groups(prepared, lambda c, f=family: c.family != f).items()}
-        else:
-            params = full_fit
-        torch_stack = {}
-        if any(torch_stack_row(p.case) for p in members):
-            torch_stack = fit_torch_stack(prepared, params, lambda c, f=family: c.family != f)
+    fitted on). `workers`: processes refitting families side by side; each family's refit is
+    independent of the others', so the result does not depend on it."""
+    names = sorted({p.case.family for p in prepared} & (families or {p.case.family for p in prepared}))
+    if workers > 1 and len(names) > 1:
+        # spawn, not fork: the parent may hold OR-tools' solver threads (planner.sweep's reason)
+        with ProcessPoolExecutor(max_workers=min(workers, len(names)), mp_context=get_context("spawn"),
+                                 initializer=_lofo_worker_start, initargs=(prepared, full_fit)) as pool:
+            parts = list(pool.map(_lofo_worker_family, names))
+    else:
+        parts = [_lofo_family(prepared, full_fit, family) for family in names]
+    return {case_id: t for part in parts for case_id, t in part.items()}
 
-        def params_of(p, params=params, torch_stack=torch_stack):
-            return (with_torch_stack(p, params, torch_stack) if torch_stack_row(p.case)
-                    else (params.get(p.group) or None))
-        dp_params = {}
-        if any(p.case.plan.zero_stage == 3 for p in members):
-            dp_params = fit_sharded_dp(prepared, params_of, lambda c, f=family: c.family != f)
-        moe_params = {}
-        if any(p.case.model.moe is not None for p in members):
-            moe_params = fit_moe(prepared, params_of, lambda c, f=family: c.family != f)
-        with data_parallel.parameters(**dp_params), tm.moe_parameters(**moe_params):
-            for p in members:
-                out[p.case.id] = p.predict_s(params_of(p))
-    return out
+
+_LOFO_INPUTS: tuple | None = None  # (prepared, full_fit) in a lofo_predictions worker process
+
+
+def _lofo_worker_start(prepared: list[Prepared], full_fit: dict[str, dict]) -> None:
+    global _LOFO_INPUTS
+    _LOFO_INPUTS = (prepared, full_fit)
+
+
+def _lofo_worker_family(family: str) -> dict[str, float]:
+    return _lofo_family(*_LOFO_INPUTS, family)
+
+
+def _lofo_family(prepared: list[Prepared], full_fit: dict[str, dict], family: str) -> dict[str, float]:
+    """lofo_predictions for one family's cases."""
+    members = [p for p in prepared if p.case.family == family]
+    if any(p.case.fit for p in members):
+        params = {g: v[0] for g, v in fit_groups(prepared, lambda c: c.family != family).items()}
+    else:
+        params = full_fit
+    torch_stack = {}
+    if any(torch_stack_row(p.case) for p in members):
+        torch_stack = fit_torch_stack(prepared, params, lambda c: c.family != family)
+
+    def params_of(p):
+        return with_torch_stack(p, params, torch_stack) if torch_stack_row(p.case) else (params.get(p.group) or None)
+    dp_params = {}
+    if any(p.case.plan.zero_stage == 3 for p in members):
+        dp_params = fit_sharded_dp(prepared, params_of, lambda c: c.family != family)
+    moe_params = {}
+    if any(p.case.model.moe is not None for p in members):
+        moe_params = fit_moe(prepared, params_of, lambda c: c.family != family)
+    with data_parallel.parameters(**dp_params), tm.moe_parameters(**moe_params):
+        return {p.case.id: p.predict_s(params_of(p)) for p in members}

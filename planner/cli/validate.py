@@ -1,6 +1,7 @@
 """`planner validate`: the analytical model against published measured runs."""
 from __future__ import annotations
 
+import os
 from typing import Annotated, Optional
 
 import typer
@@ -18,10 +19,10 @@ GROUP_KEYS = (("source", "by source"), ("kind", "dense / MoE"),
               ("framework", "by framework"), ("family", "by model family"))
 
 
-def _lofo_rows(cases, rows: list[dict]) -> list[dict]:
+def _lofo_rows(cases, rows: list[dict], workers: int) -> list[dict]:
     from planner import fit  # imported here: only --lofo needs it
     prepared = fit.prepare(cases)
-    lofo = fit.lofo_predictions(prepared, fit.fit_all(prepared))
+    lofo = fit.lofo_predictions(prepared, fit.fit_all(prepared), workers=workers)
     return [{**r, "predicted_s": lofo[r["id"]], "error": lofo[r["id"]] / r["measured_s"] - 1.0} for r in rows]
 
 
@@ -55,7 +56,10 @@ def register(app: typer.Typer) -> None:
         source: Annotated[Optional[str], typer.Option(help="Only rows whose id starts with this (e.g. dgxc, narayanan2021, bridge).")] = None,
         rows_out: Annotated[bool, typer.Option("--rows/--summary", help="Print every row, or only the summary.")] = True,
         lofo: Annotated[bool, typer.Option("--lofo", help="Also leave-one-model-family-out: refit the efficiency "
-                                           "parameters without each family and predict it (about 2½ minutes on 2 cores).")] = False,
+                                           "parameters without each family and predict it (about 2 minutes on 2 cores).")] = False,
+        workers: Annotated[Optional[int], typer.Option(
+            "--workers", "-j", help="Processes refitting the --lofo families side by side (default: the CPU "
+                                    "count; the result does not depend on it).")] = None,
         json_out: Annotated[bool, typer.Option("--json", help="Machine-readable rows and summary.")] = False,
     ) -> None:
         """Predicted vs measured step time for every reference run the model can express.
@@ -66,6 +70,8 @@ def register(app: typer.Typer) -> None:
 
         Example: planner validate --summary --lofo
         """
+        if workers is not None and workers < 1:
+            raise SpecError(f"workers: must be a positive integer, got {workers}")
         cases, skipped = _load_checked(reference)
         if source:
             all_cases = cases
@@ -75,7 +81,7 @@ def register(app: typer.Typer) -> None:
                 raise SpecError(f"source: no reference run id starts with {source!r}; ids start with e.g. "
                                 f"{', '.join(prefixes[:12])}")
         rows = accuracy_rows(cases)
-        lofo_rows = _lofo_rows(cases, rows) if lofo else None
+        lofo_rows = _lofo_rows(cases, rows, workers or os.cpu_count() or 1) if lofo else None
         summaries = {key: summarize(rows, key) for key, _ in GROUP_KEYS}
         lofo_summaries = {key: summarize(lofo_rows, key) for key, _ in GROUP_KEYS} if lofo_rows else None
         if json_out:
