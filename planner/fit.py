@@ -11,12 +11,11 @@ the rest keep their preset values.
 from __future__ import annotations
 
 import math
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 
 import numpy as np
 
+from planner import processes
 from planner.analytical import PlanArrays, data_parallel
 from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import memory_breakdown
@@ -434,10 +433,13 @@ def lofo_predictions(prepared: list[Prepared], full_fit: dict[str, dict],
     independent of the others', so the result does not depend on it."""
     names = sorted({p.case.family for p in prepared} & (families or {p.case.family for p in prepared}))
     if workers > 1 and len(names) > 1:
-        # spawn, not fork: the parent may hold OR-tools' solver threads (planner.sweep's reason)
-        with ProcessPoolExecutor(max_workers=min(workers, len(names)), mp_context=get_context("spawn"),
-                                 initializer=_lofo_worker_start, initargs=(prepared, full_fit)) as pool:
+        pool = processes.worker_pool(min(workers, len(names)), _lofo_worker_start, (prepared, full_fit))
+        try:
             parts = list(pool.map(_lofo_worker_family, names))
+        except BaseException:
+            processes.end_now(pool)  # Ctrl-C: do not wait for the other families' refits (minutes)
+            raise
+        pool.shutdown(wait=True)
     else:
         parts = [_lofo_family(prepared, full_fit, family) for family in names]
     return {case_id: t for part in parts for case_id, t in part.items()}

@@ -22,8 +22,7 @@ import csv
 import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from concurrent.futures import as_completed
 from pathlib import Path
 from typing import Any, Callable, Literal
 
@@ -33,6 +32,7 @@ from hardware.errors import SpecError, one_line
 from hardware.load import load_system
 from hardware.spec import GIB, SystemSpec
 from planner.model import ModelSpec, load_model
+from planner import processes
 from planner.plan import JobSpec
 
 PARAMETERS: dict[str, str] = {
@@ -389,10 +389,7 @@ def _run_local(points: list[Point], workers: int, on_result: Progress | None) ->
             if on_result:
                 on_result(rows[-1])
         return rows
-    # spawn, not fork: the parent has OR-tools loaded and forking a process with solver threads is unsafe.
-    # Workers ignore SIGINT: Ctrl-C is the parent's to handle, and it ends them (below) at once.
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(points)), mp_context=get_context("spawn"),
-                               initializer=_ignore_sigint)
+    pool = processes.worker_pool(min(workers, len(points)))
     try:
         futures = [pool.submit(evaluate_point, p) for p in points]
         for fut in as_completed(futures):
@@ -400,18 +397,10 @@ def _run_local(points: list[Point], workers: int, on_result: Progress | None) ->
             if on_result:
                 on_result(rows[-1])
     except BaseException:
-        # Ctrl-C or a failed point: do not wait for the running points (minutes), end the workers
-        for proc in list((pool._processes or {}).values()):  # noqa: SLF001 - no public way to kill them
-            proc.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        processes.end_now(pool)  # Ctrl-C or a failed point: do not wait for the running points (minutes)
         raise
     pool.shutdown(wait=True)
     return rows
-
-
-def _ignore_sigint() -> None:
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def import_ray():
