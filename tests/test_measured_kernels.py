@@ -116,3 +116,18 @@ def test_ssd_scan_costs_what_the_h100_measured():
         backward_over_forward = (float(r["fwd_bwd_gpu_ms"]) - float(r["fwd_gpu_ms"])) / float(r["fwd_gpu_ms"])
         assert 3.5 < backward_over_forward < 4.4
     assert np.mean(errors) < 0.10, errors
+
+
+def test_mamba_norm_and_layout_copies_cost_what_the_h100_measured():
+    """The gated RMSNorm and the mixer's transposing copies, forward + backward (their bytes
+    charged in the forward x (1 + BACKWARD_FACTOR) at the streaming bandwidth), against the kernels
+    measured on an H100 (planner/data/h100_mamba_norm.csv): within 10 % on every shape."""
+    from planner.analytical import hybrid, kernels
+    stream = H100.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
+    charged = {"gated_rmsnorm": hybrid.GATED_NORM_BYTES, "layout_copy": hybrid.TRANSPOSE_BYTES}
+    rows = list(csv.DictReader(open(DATA / "h100_mamba_norm.csv")))
+    assert {r["kernel"] for r in rows} == set(charged) and len(rows) == 24
+    for r in rows:
+        elements = int(r["tokens"]) * int(r["width"])
+        predicted_ms = charged[r["kernel"]] * elements * (1 + tm.BACKWARD_FACTOR) / stream * 1e3
+        assert abs(np.log(predicted_ms / float(r["fwd_bwd_gpu_ms"]))) < 0.10, (r, predicted_ms)

@@ -34,9 +34,15 @@ from planner.plan import JobSpec
 LAYER_KEYS = ("gemm", "attention", "elementwise", "wgrad_extra", "dense_mlp_s", "moe_mlp_s", "moe_act_s",
               "shared_expert_s", "mla_up_proj_s", "norm_s")
 # Bytes per token and channel of the Mamba-2 block's streaming passes: the conv1d reads and writes
-# x, B, C (2 + 2, SiLU fused); the gated RMSNorm reads y and z and writes its output (2 + 2 + 2).
+# x, B, C (2 + 2, SiLU fused).
 CONV_BYTES = 4.0
-GATED_NORM_BYTES = 6.0
+# The gated RMSNorm (mamba_ssm's Triton rmsnorm_fn with the z gate) reads y and z and writes its
+# output, 2 + 2 + 2 bytes forward; measured on an H100 (planner/data/h100_mamba_norm.csv,
+# bench/gpu/mamba_norm_table.py, kernel device time) its forward runs at 4.9 bytes' worth of the
+# streaming bandwidth and its backward 5.8x its forward (it recomputes the norm and reduces the
+# weight gradient per group): 33 bytes' worth forward + backward, charged as 11 in the forward
+# so that forward + BACKWARD_FACTOR x forward carries the measured total (as the SSD scan is).
+GATED_NORM_BYTES = 11.0
 SSD_STATE_BYTES = 4.0  # chunk states are fp32 (mamba_ssm chunk_state / state_passing)
 # The SSD scan measured on an H100 (planner/data/h100_ssd_scan.csv, bench/gpu/ssd_scan_table.py:
 # mamba_ssm's Triton mamba_chunk_scan_combined, what MambaMixer runs, on the Nemotron 3 Nano and
@@ -50,8 +56,10 @@ SSD_FWD_VS_MODEL = 1.25
 SSD_BACKWARD_FACTOR = 3.9
 # Megatron-Core MambaMixer._ssm_training turns in_proj's output z, x, B, C, dt from sequence-first
 # to batch-first and the scan's output y back, each with .contiguous(): a copy, read 2 + write 2
-# per element, forward (and its gradient's copy backward).
-TRANSPOSE_BYTES = 4.0
+# per element, forward (and its gradient's copy backward). Measured the same way
+# (h100_mamba_norm.csv, layout_copy), a transposing copy forward + backward takes 14.7 bytes' worth
+# of the streaming bandwidth (forward 6.2: a transpose reaches ~1.5 TB/s), charged as 4.9.
+TRANSPOSE_BYTES = 4.9
 
 
 def block_fractions(model: ModelSpec) -> dict[str, float]:
