@@ -18,7 +18,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from kernels_table import median_ms, write_csv  # same folder: CUDA events, median of 15 after 3 warm-ups
+from kernels_table import failure, median_ms, write_csv  # same folder: CUDA events, median of 15 after 3 warm-ups
 
 WIDTHS = ((128, 128), (64, 64), (96, 96), (192, 192), (192, 128), (256, 256))
 BACKENDS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION"}
@@ -54,8 +54,8 @@ def main() -> None:
                                planner_equiv_tflops=round(equiv, 1),
                                ratio_vs_128=round(equiv / base, 3) if base else "", error="")
                 except Exception as exc:  # a width this backend does not support
-                    row.update(fwd_ms="", fwd_bwd_ms="", fwd_causal_tflops="", planner_equiv_tflops="",
-                               ratio_vs_128="", error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                    row.update(failure(exc, "fwd_ms", "fwd_bwd_ms", "fwd_causal_tflops", "planner_equiv_tflops",
+                                       "ratio_vs_128"))
                 rows.append(row)
                 print(row, flush=True)
     write_csv(sys.argv[1], rows)

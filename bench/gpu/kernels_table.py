@@ -98,6 +98,12 @@ def elementwise_rows():
     return rows
 
 
+def failure(exc: Exception, *fields: str) -> dict:
+    """The cells of a measurement that failed (a shape or kernel this build lacks): its fields
+    empty and the error in one line."""
+    return {**{f: "" for f in fields}, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
+
+
 def write_csv(path, rows: list[dict]) -> None:
     """The rows as a CSV with the first row's keys as its header (the bench/gpu tables' format)."""
     with open(path, "w", newline="") as fh:

@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from kernels_table import write_csv  # same folder
+from kernels_table import failure, write_csv  # same folder
 from mamba_ssm.ops.triton.layernorm_gated import rmsnorm_fn
 from ssd_scan_table import gpu_ms  # same folder: kernel device time by torch.profiler
 
@@ -53,8 +53,7 @@ def main() -> None:
                                    fwd_gb_per_s_of_planner_bytes=round(planner_bytes * tokens * d / (f * 1e-3) / 1e9, 1),
                                    error="")
                     except Exception as exc:
-                        row.update(fwd_gpu_ms="", fwd_bwd_gpu_ms="", fwd_gb_per_s_of_planner_bytes="",
-                                   error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                        row.update(failure(exc, "fwd_gpu_ms", "fwd_bwd_gpu_ms", "fwd_gb_per_s_of_planner_bytes"))
                     rows.append(row)
                     print(row, flush=True)
     write_csv(sys.argv[1], rows)

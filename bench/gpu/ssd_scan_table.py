@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from kernels_table import median_ms, write_csv  # same folder: CUDA events after 3 warm-ups
+from kernels_table import failure, median_ms, write_csv  # same folder: CUDA events after 3 warm-ups
 from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
 
 REPEATS = 10
@@ -69,8 +69,7 @@ def main() -> None:
                                fwd_bwd_ms=round(median_ms(fwd_bwd, REPEATS), 4),
                                fwd_gpu_ms=round(gpu_ms(fwd), 4), fwd_bwd_gpu_ms=round(gpu_ms(fwd_bwd), 4), error="")
                 except Exception as exc:
-                    row.update(fwd_ms="", fwd_bwd_ms="", fwd_gpu_ms="", fwd_bwd_gpu_ms="",
-                               error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+                    row.update(failure(exc, "fwd_ms", "fwd_bwd_ms", "fwd_gpu_ms", "fwd_bwd_gpu_ms"))
                 rows.append(row)
                 print(row, flush=True)
     write_csv(sys.argv[1], rows)
