@@ -13,7 +13,6 @@ from planner.model import load_model
 from planner.plan import JobSpec, Plan
 
 DATA = Path(__file__).resolve().parents[1] / "planner" / "data"
-PEAK = {"bf16": 989.4e12, "fp8": 1978.9e12}  # H100 SXM datasheet, dense
 GEMMS = list(csv.DictReader(open(DATA / "h100_grouped_gemm.csv")))
 KERNELS = list(csv.DictReader(open(DATA / "h100_moe_kernels.csv")))
 H100 = load_system("h100-sxm", 8).accelerator
@@ -31,7 +30,7 @@ def _loop_fit(name, dtype, with_host=True):
     lone-kernel ceiling and the host time, with the preset's measured half-efficiency dimension."""
     E, R, n, k, t, _ = _variant(name)
     d = np.minimum(np.minimum(R, n), k)
-    curve = 2 * E * R * n * k / (PEAK[dtype] * tm.gemm_efficiency(1.0, H100.efficiency.matmul_half(dtype), d))
+    curve = 2 * E * R * n * k / (H100.peak(dtype) * tm.gemm_efficiency(1.0, H100.efficiency.matmul_half(dtype), d))
     e = np.arange(0.40, 0.95, 0.005)[:, None, None]
     host = (np.arange(0.0, 150.0, 1.0) if with_host else np.zeros(1))[None, :, None]
     err = np.mean(np.abs(np.log(np.maximum(curve / e, E * host * 1e-6) / t)), axis=-1)
