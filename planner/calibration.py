@@ -10,7 +10,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.layer_kinds import lead_layers
 from planner.reference import (DEFAULT_REFERENCES, FITTED_FRAMEWORKS, REFERENCE_DIR, RefCase, Skipped,
-                               load_reference, untuned_ladder_step)
+                               load_reference, untuned_software)
 
 DEFAULT_REFERENCE = DEFAULT_REFERENCES[0]  # kept for callers that name one file
 
@@ -38,8 +38,7 @@ def accuracy_rows(cases: list[RefCase], systems: dict[str, SystemSpec] | None = 
         err = pred["step_time_s"] / case.measured_step_s - 1.0
         rows.append({"id": case.id, "source": case.source, "framework": case.framework, "family": case.family,
                      "kind": case.kind,
-                     "software": (f"{case.kind}, untuned optimisation-ladder step"
-                                  if untuned_ladder_step(case.id, case.source) else f"{case.kind}, tuned"),
+                     "software": f"{case.kind}, {untuned_software(case.id, case.source) or 'tuned'}",
                      "fitted": case.fit, "gpu": case.system.accelerator.name,
                      "dtype": case.job.dtype, "gpus": case.system.num_gpus, "plan": case.plan.short(),
                      "measured_s": case.measured_step_s, "predicted_s": pred["step_time_s"],

@@ -21,7 +21,7 @@ from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical import time as tm
 from planner.analytical.time import step_time
-from planner.reference import RefCase, untuned_ladder_step
+from planner.reference import RefCase, source_flagged_slow, untuned_software
 
 BOUNDS = {"matmul_max": (0.3, 0.98), "matmul_max_fp8": (0.2, 0.98), "matmul_half_dim": (0.0, 1024.0),
           "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0), "layer_overhead_us": (0.0, 2000.0)}
@@ -287,7 +287,7 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
                 _resolve(out, fitted, field, accs, candidates)
             pending = []
         rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case) and row_kind(p.case)
-                and p.case.system.accelerator.name in fitted_on]
+                and p.case.system.accelerator.name in fitted_on and not source_flagged_slow(p.case.id)]
         start = _resolve(out, fitted, None, applies_to, fallback)
         value = start
         if identifiable(name, rows):
@@ -371,7 +371,8 @@ def fit_sharded_dp(prepared: list[Prepared], params_of=lambda p: None, keep=lamb
     predicted with efficiency parameters `params_of(row)` (None: its preset's)."""
     out: dict[str, float] = {}
     for names, row_kind, bounds in SHARDED_DP_FITS:
-        rows = [p for p in prepared if row_kind(p.case) and keep(p.case)]
+        rows = [p for p in prepared if row_kind(p.case) and keep(p.case)
+                and not untuned_software(p.case.id, p.case.source)]
         if len(rows) < FIT_ROWS_PER_PARAMETER:
             # nothing measured of this implementation: the NCCL ring, no contention beyond the
             # NCCL FSDP rows' (none if those are missing too)
@@ -407,8 +408,8 @@ MOE_FITS = (("A2A_OVERLAP_EFFICIENCY", (0.0, 1.0)), ("EXPERT_GEMM_HOST_US", (0.0
 
 
 def tuned_moe_row(case: RefCase) -> bool:
-    """A MoE run of tuned software: every MoE row but an optimisation ladder's earlier steps."""
-    return case.model.moe is not None and not untuned_ladder_step(case.id, case.source)
+    """A MoE run of tuned software: every MoE row but untuned ones (planner.reference.untuned_software)."""
+    return case.model.moe is not None and not untuned_software(case.id, case.source)
 
 
 def fit_moe(prepared: list[Prepared], params_of=lambda p: None, keep=lambda case: True,

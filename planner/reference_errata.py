@@ -10,8 +10,9 @@ fields of the record change, and its measured throughput is converted with them.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
+
+from planner.reference_launch_fields import with_fields
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,7 @@ ERRATA: dict[str, Erratum] = {
 
 def corrected_record(rec: dict, erratum: Erratum) -> dict:
     """A copy of the raw record with the erratum's fields set (the record itself is untouched)."""
-    out = copy.deepcopy(rec)
-    for path, value in erratum.fields.items():
-        node = out
-        *parents, leaf = path.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return out
+    return with_fields(rec, erratum.fields)
 
 
 __all__ = ["ERRATA", "Erratum", "corrected_record"]

@@ -15,7 +15,7 @@ LAYERS = [
          "planner.pipeline_layout", "planner.processes")),
     (2, ("planner.analytical",)),
     (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.reference", "planner.reference_moe",
-         "planner.reference_dense", "planner.reference_errata",
+         "planner.reference_dense", "planner.reference_errata", "planner.reference_launch_fields",
          "planner.bridge_recipes",
          "planner.evidence",
          "planner.fit", "planner.planfile",

@@ -15,7 +15,7 @@ from rich.table import Table
 from planner.calibration import DEFAULT_REFERENCES, accuracy_rows, load_reference, summarize
 
 GROUP_KEYS = (("source", "by source"), ("kind", "dense / MoE"),
-              ("software", "dense / MoE, an optimisation ladder's untuned steps apart"), ("gpu", "by accelerator"),
+              ("software", "dense / MoE, untuned software apart (a ladder's early steps, runs the source flags as slow)"), ("gpu", "by accelerator"),
               ("framework", "by framework"), ("family", "by model family"))
 
 
