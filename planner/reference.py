@@ -675,7 +675,12 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if gbs is None:
         return Skipped(rid, "global batch not published")
     if gbs % (mb * dp):
-        return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
+        own = _batch_the_record_implies(r, mb, dp, model.seq_length)
+        if own is None:
+            return Skipped(rid, f"global batch {gbs} is not a multiple of micro-batch·dp = {mb * dp}")
+        assumptions.append(f"global batch {own}, not the printed {gbs}: micro-batch·dp·accumulation = "
+                           f"{mb}·{dp}·{own // (mb * dp)} and tokens/s × step time / sequence both give {own}")
+        gbs = own
     modules = _recompute_modules(_ladder_recompute_text(r, assumptions), model, assumptions) \
         if recompute == "selective" else None
     plan_fields = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, micro_batch=mb, global_batch=gbs, vpp=vpp,
@@ -915,6 +920,20 @@ def _torchtitan_float8_all_gather_config(r: _Record) -> str | None:
 # and TFLOP/s (tests/test_reference_moe.py). The DeepSeek-V3 GB200 guide's tables are the same
 # counter (Megatron-LM docs, logged by the same training loop).
 MEGATRON_COUNTER_SOURCES = ("megatron_moe_modelzoo", "megatron_lm_dsv3_gb200_guide")
+
+
+def _batch_the_record_implies(r: _Record, mb: int, dp: int, seq: int) -> int | None:
+    """The global batch a record's own fields agree on where its printed one cannot be (not a
+    multiple of micro-batch·dp): micro-batch·dp·gradient accumulation, confirmed within 1 % by
+    its throughput (tokens/s × step time / sequence length, the sequences one step consumed).
+    None where the record lacks any of them or they disagree. DGX Cloud v25.04.01's GPT-3 175B
+    table prints 1204 on 512 GPUs where every other row has dp·64; 1024 is what its tokens/s
+    and step time give."""
+    accum, tps, step = r.int("parallel.grad_accum"), r.float("measured.tokens_per_sec"), r.float("measured.iteration_time_s")
+    if accum is None or tps is None or step is None:
+        return None
+    implied = mb * dp * accum
+    return implied if abs(tps * step / seq / implied - 1.0) <= 0.01 else None
 
 
 def _case_fsdp(r: _Record) -> RefCase | Skipped:

@@ -71,3 +71,21 @@ def test_the_pages_rowwise_runs_are_reported_apart_and_fit_nothing():
             for c in grand_teton]
     base, moved = fit_torch_stack(prepare(grand_teton), {}, iters=6), fit_torch_stack(prepare(sped), {}, iters=6)
     assert base["H100-GT-96GB"]["sustained_clock_fraction"] == moved["H100-GT-96GB"]["sustained_clock_fraction"]
+
+
+def test_a_printed_batch_its_own_record_contradicts_is_read_as_the_record_implies():
+    """DGX Cloud v25.04.01 GPT-3 175B on 512 GPUs prints global batch 1204, not a multiple of
+    micro-batch·dp = 16. Its own fields agree on 1024: micro-batch 1 · dp 16 · accumulation 64, and
+    249,068 tokens/s × 8.42 s / 2048 tokens = 1024.0 sequences. Fields that disagree keep it skipped."""
+    from planner.reference import _case_measured, _Record
+    recs = reference_yaml(REFERENCE_DIR / "measured_runs.yaml")["records"]
+    rec = next(r for r in recs if r["id"] == "dgxc_v25.04.01_GPT3-175B_bf16_512gpu")
+    assert rec["parallel"]["global_batch"] == 1204
+    assert 249068 * 8.42 / 2048 == pytest.approx(1024, abs=0.1)
+    case = _case_measured(_Record(rec), False)
+    assert case.plan.global_batch == 1024 and case.measured_step_s == 8.42
+    assert any("not the printed 1204" in a for a in case.assumptions)
+    off = copy.deepcopy(rec)
+    off["measured"]["tokens_per_sec"] = 249068 * 1.05  # the throughput no longer confirms it
+    skipped = _case_measured(_Record(off), False)
+    assert not hasattr(skipped, "plan") and "not a multiple" in skipped.reason
