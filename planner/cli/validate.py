@@ -64,9 +64,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Predicted vs measured step time for every reference run the model can express.
 
-        Prints per-row error, then mean |error| and max by source, dense/MoE, accelerator,
-        framework and model family (with --lofo also the leave-one-family-out error beside the
-        in-sample one), then how many records were read and why each skipped one was skipped.
+        Prints per-row error, then mean |error| and max by source, dense/MoE (also with untuned
+        software apart: an optimisation ladder's early steps, runs their source flags as slow),
+        accelerator, framework and model family (with --lofo also the leave-one-family-out error
+        beside the in-sample one), then how many records were read and why each skipped one was
+        skipped.
 
         Example: planner validate --summary --lofo
         """
