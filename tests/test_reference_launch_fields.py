@@ -1,11 +1,17 @@
-"""Fields a record leaves null that its source's published launch sets (planner/reference_launch_fields.py):
-torchtitan's async-TP page prints commands that start from train configs setting seq_len 8192,
-so its 12 records are read with that sequence length and say so. A stated field is never replaced."""
+"""Records read on their own source's evidence. Fields a record leaves null that its source's
+published launch sets (planner/reference_launch_fields.py): torchtitan's async-TP page prints
+commands that start from train configs setting seq_len 8192, so its 12 records are read with that
+sequence length and say so; a stated field is never replaced. Runs that page flags as slow are
+reported apart and fit nothing. A printed batch that the record's own fields contradict is read
+as they imply."""
 import copy
+import dataclasses
 
 import pytest
 
-from planner.reference import REFERENCE_DIR, load_reference
+from planner.calibration import accuracy_rows
+from planner.fit import fit_torch_stack, prepare
+from planner.reference import REFERENCE_DIR, _case_measured, _Record, load_reference, source_flagged_slow
 from planner.reference_launch_fields import completed_record
 from tests.conftest import reference_yaml
 
@@ -54,11 +60,6 @@ def test_a_stated_field_is_kept_and_other_sources_are_untouched(page_records):
 def test_the_pages_rowwise_runs_are_reported_apart_and_fit_nothing():
     """The page flags its float8 rowwise runs as slow (torchtitan#1207): they are read and grouped
     as software their source flags as slow, and the torch-stack fit ignores their times."""
-    import dataclasses
-
-    from planner.calibration import accuracy_rows
-    from planner.fit import fit_torch_stack, prepare
-    from planner.reference import source_flagged_slow
     cases, _ = load_reference()
     grand_teton = [c for c in cases if c.system.accelerator.name == "H100-GT-96GB"]
     flagged = {c.id for c in grand_teton if source_flagged_slow(c.id)}
@@ -77,7 +78,6 @@ def test_a_printed_batch_its_own_record_contradicts_is_read_as_the_record_implie
     """DGX Cloud v25.04.01 GPT-3 175B on 512 GPUs prints global batch 1204, not a multiple of
     micro-batch·dp = 16. Its own fields agree on 1024: micro-batch 1 · dp 16 · accumulation 64, and
     249,068 tokens/s × 8.42 s / 2048 tokens = 1024.0 sequences. Fields that disagree keep it skipped."""
-    from planner.reference import _case_measured, _Record
     recs = reference_yaml(REFERENCE_DIR / "measured_runs.yaml")["records"]
     rec = next(r for r in recs if r["id"] == "dgxc_v25.04.01_GPT3-175B_bf16_512gpu")
     assert rec["parallel"]["global_batch"] == 1204
