@@ -351,7 +351,7 @@ SOURCE_FLAGGED_SLOW = {
     # auto-filter (torchtitan#1319), keeps the small K/V projections in bf16, and it raised both
     # vanilla and async TP rowwise runs (about 10 % and 15 % over the bf16 TP baseline).
     r"^torchtitan_llama3-(8b|70b)_.*_tp8_(vanilla|async)TP_float8-rowwise$":
-        "torchtitan's async-TP page flags its float8 rowwise runs as slow, fixed after (torchtitan#1207)",
+        "the page flags its float8 rowwise runs as slow (torchtitan#1207)",
 }
 
 
@@ -393,8 +393,7 @@ def _fsdp_dtype(r: _Record, assumptions: list[str]) -> str:
             # Not costed apart. Rowwise casts each operand along both axes, and torchao before
             # its June 2025 auto-filter (pytorch/ao#2410) also converted the small K/V
             # projections, which ran about 40 % slower than in bf16 (torchtitan#1207).
-            assumptions.append("fp8-cs for torchao rowwise scaling (its extra casts and slow small "
-                               "projections before torchao's June 2025 auto-filter not costed: torchtitan#1207)")
+            assumptions.append("fp8-cs for torchao rowwise scaling (its overheads not costed: torchtitan#1207)")
         return "fp8-cs"
     prec = r.get("parallel.precision")
     if prec is None:
@@ -1141,6 +1140,6 @@ def _read_file(path: Path) -> tuple[tuple[RefCase, ...], tuple[Skipped, ...]]:
         if isinstance(out, RefCase):
             out.assumptions.extend(launch_notes)
             if why := source_flagged_slow(out.id):
-                out.assumptions.append(f"untuned software, reported apart and fitted on nothing: {why}")
+                out.assumptions.append(f"untuned software, fits nothing: {why}")
         (cases if isinstance(out, RefCase) else skipped).append(out)
     return tuple(cases), tuple(skipped)

@@ -26,8 +26,7 @@ class LaunchField:
 # table names, and the commands do not override it.
 _TORCHTITAN_ASYNC_TP_SEQ = LaunchField(
     path="model.seq", value=8192,
-    evidence="the page's commands start from torchtitan/models/llama3/train_configs/llama3_{8b,70b}.toml, "
-             "which set training.seq_len = 8192 at torchtitan 820504e, the commit the page names")
+    evidence="the page's commands start from llama3_{8b,70b}.toml: seq_len 8192 at torchtitan 820504e")
 
 LAUNCH_FIELDS: dict[tuple[str, str], tuple[LaunchField, ...]] = {
     ("pytorch/torchtitan", "benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"): (_TORCHTITAN_ASYNC_TP_SEQ,),
@@ -69,7 +68,7 @@ def completed_record(rec: dict) -> tuple[dict, list[str]]:
     filled = [f for f in LAUNCH_FIELDS.get(key, ()) if _get(rec, f.path) is None] if key else []
     if not filled:
         return rec, []
-    notes = [f"{f.path} = {f.value}, not printed by the source ({f.evidence})" for f in filled]
+    notes = [f"{f.path} = {f.value}, not printed ({f.evidence})" for f in filled]
     return with_fields(rec, {f.path: f.value for f in filled}), notes
 
 
