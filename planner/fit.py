@@ -21,7 +21,7 @@ from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical import time as tm
 from planner.analytical.time import step_time
-from planner.reference import RefCase, source_flagged_slow, untuned_software
+from planner.reference import RefCase, untuned_software
 
 BOUNDS = {"matmul_max": (0.3, 0.98), "matmul_max_fp8": (0.2, 0.98), "matmul_half_dim": (0.0, 1024.0),
           "attention_max": (0.15, 0.95), "hbm_efficiency": (0.2, 1.0), "layer_overhead_us": (0.0, 2000.0)}
@@ -287,7 +287,7 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
                 _resolve(out, fitted, field, accs, candidates)
             pending = []
         rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case) and row_kind(p.case)
-                and p.case.system.accelerator.name in fitted_on and not source_flagged_slow(p.case.id)]
+                and p.case.system.accelerator.name in fitted_on and not untuned_software(p.case.id, p.case.source)]
         start = _resolve(out, fitted, None, applies_to, fallback)
         value = start
         if identifiable(name, rows):
