@@ -226,3 +226,32 @@ def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     errs = [abs(p.predict_s(with_torch_stack(p, {}, without)) / p.case.measured_step_s - 1)
             for p in torch_rows if p.case.family == "MPT"]
     assert len(errs) == 216 and np.mean(errs) <= 0.072 + 0.005
+
+
+def test_per_op_sac_reruns_the_sequence_parallel_all_gathers_by_hand():
+    """torchtitan's per-op selective checkpointing keeps the reduce-scatters' outputs but not the
+    sequence-parallel all-gathers' (parallelize_llama.py @820504e, _save_list), so its backward
+    reruns both of the layer's all-gathers. Llama-3 8B, tp 8, micro-batch 12, seq 8192 on the Grand
+    Teton box: an all-gather of the 12 x 8192 x 4096 x 2 B activation over 8 GPUs at NVLink's
+    450 GB/s x 0.8 and 3 us is 7/8 x 805,306,368 B / 360e9 B/s + 7 x 3 us = 1.9784 ms. Vanilla TP:
+    both exposed, 3.9568 ms per layer on top of what TE's selective recompute charges. Async TP
+    fuses the MLP's gather with the rerun w3 GEMM (exposed as any fused TP collective, 0.3) while
+    the attention's feeds only the narrow K projection and stays exposed: 1.9784 x 1.3 ms. No
+    sequence parallelism (tp 1): no gathers, no rerun."""
+    system = load_system("h100-grand-teton", 64)
+    gather_s = 7 / 8 * 12 * 8192 * 4096 * 2 / (450e9 * 0.8) + 7 * 3e-6
+    assert gather_s == pytest.approx(1.9784e-3, rel=1e-4)
+
+    def extra_s(tp, overlap):
+        plan = Plan(tp=tp, dp=64 // tp, micro_batch=12, global_batch=12 * 64 // tp, sequence_parallel=tp > 1,
+                    recompute="selective", tp_comm_overlap=overlap)
+        P = PlanArrays.from_plans([plan], LLAMA3_8B.layers, 0)
+        sel = {k: float(per_layer_terms(LLAMA3_8B, system, JobSpec(global_batch=plan.global_batch, kernels=k),
+                                        P)["selective"][0]) for k in ("torch-compile", "te")}
+        return sel["torch-compile"] - sel["te"] - (
+            float((layer_compute_fwd_s(LLAMA3_8B, system, JobSpec(global_batch=1, kernels="torch-compile"), P)
+                   ["attention"] - layer_compute_fwd_s(LLAMA3_8B, system, JobSpec(global_batch=1, kernels="te"),
+                                                       P)["attention"])[0]))
+    assert extra_s(8, False) == pytest.approx(2 * gather_s, rel=1e-6)
+    assert extra_s(8, True) == pytest.approx(gather_s * (1 + 0.3), rel=1e-6)
+    assert extra_s(1, False) == pytest.approx(0.0, abs=1e-12)

@@ -174,7 +174,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     # an op-by-op kernel's bandwidth (kernels.STREAMING_HBM_EFFICIENCY)
     stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
-    sp = (P.sequence_parallel > 0) & (t > 1)
+    sp = sp_all_gathers(P)
     te = job.kernels == "te"
     torch_hidden_bytes, torch_ffn_bytes = (0.0, 0.0) if te else kernels.torch_elementwise_bytes(model, job.kernels)
     act_bytes = 2.0 * ELEMENTWISE_PASSES_FFN if te else torch_ffn_bytes
@@ -593,6 +593,17 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     # Recompute: full reruns the forward (with its communication) of its k layers; selective
     # reruns the forward of its modules in every layer (`selective_recompute_s`).
     selective = np.where(P.recompute == 1, selective_recompute_s(model, layer, P, tp_fwd, ep_fwd), 0.0)
+    # A torch stack's selective recompute is torchtitan's per-op policy (parallelize_llama.py
+    # @820504e, _save_list): it keeps the reduce-scatters' outputs but not the sequence-parallel
+    # all-gathers', so the backward reruns both of the layer's all-gathers (each backward GEMM
+    # that reads the gathered input needs them), each half an all-reduce. Async TP fuses an
+    # all-gather only with the GEMMs that take it as left operand (torch/_inductor/fx_passes/
+    # micro_pipeline_tp.py, fuse_all_gather_matmul), in the rerun the one recomputed GEMM it
+    # feeds: the MLP's w3 hides its gather like any fused one; the attention's, the narrow K
+    # projection (every second mm is rerun), cannot, so that gather stays exposed.
+    if job.kernels != "te":
+        rerun = 0.5 * ar * TP_EXPOSED_FWD + 0.25 * tp_fwd
+        selective = selective + np.where((P.recompute == 1) & sp_all_gathers(P), rerun, 0.0)
 
     # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward; outside the
     # low-precision autocast (Megatron's output layer is not a TE module), so bf16/fp16.
@@ -668,6 +679,11 @@ def layers_sum(terms: dict, per_layer, n, lead):
     if "lead" not in terms:
         return n * main
     return (n - lead) * main + lead * shape(per_layer(terms["lead"]))
+
+
+def sp_all_gathers(P: PlanArrays) -> np.ndarray:
+    """Whether a plan's tensor-parallel layers gather their sequence-parallel input (sp, tp > 1)."""
+    return (P.sequence_parallel > 0) & (P.tp > 1)
 
 
 def selective_recompute_s(model: ModelSpec, layer: dict, P: PlanArrays, tp_fwd, ep_fwd) -> np.ndarray:
