@@ -3,7 +3,7 @@
     python3 bench/gpu/tp_rank_layer_table.py OUT_DIR [--quick] [--ac]
 
 Why: the torchtitan async-TP page's Llama-3 8B runs at TP 8 (local batch 12, seq 8192) are
-predicted 18-20 % fast while the same model at TP 1 is within 1 %, and the vanilla-to-async TP
+predicted 17-19 % fast while the same model at TP 1 is within 1 %, and the vanilla-to-async TP
 difference is predicted right, so the miss is in what one rank computes. This measures that
 compute at the shapes each rank sees, kernel by kernel, as torchtitan @820504e writes the block
 (torchtitan/models/llama3/model.py): separate wq / wk / wv / wo and w1 / w3 / w2 linears, RoPE as
@@ -49,7 +49,7 @@ HEAD_DIM = 128
 # model: (hidden, heads, kv heads, ffn) as torchtitan's llama3_configs set them
 MODELS = {"llama3-8b": (4096, 32, 8, 14336), "llama3-70b": (8192, 64, 8, 28672)}
 # (model, tp, local batch): the torchtitan records' layouts. 8B TP 1 local batch 2 (the FSDP 8 / 128
-# rows, within 1 %), 8B TP 8 local batch 12 (the async-TP page, 18-20 % fast), 70B TP 8 local
+# rows, within 1 %), 8B TP 8 local batch 12 (the async-TP page, 17-19 % fast), 70B TP 8 local
 # batch 16 (the async-TP page and the Dec-2024 table, -1 to -9 %)
 CONFIGS = (("llama3-8b", 1, 2), ("llama3-8b", 8, 12), ("llama3-70b", 8, 16))
 # --quick: the same code on shapes a CPU runs in seconds (checks the script, measures nothing)
