@@ -161,16 +161,15 @@ def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, pla
 
 
 def hybrid_stage_note(model: ModelSpec, plan, system: SystemSpec, job: JobSpec) -> str:
-    """A pipelined hybrid stack's stages are costed with the pattern's mean block (hybrid.py), and
-    how much the busiest rank's own blocks cost beyond that."""
+    """A pipelined hybrid stack's ranks are timed with their own blocks (hybrid.rank_excess_s) but
+    their memory with the pattern's mean block; how far the busiest rank's blocks are from it."""
     if not model.hybrid_pattern or plan.pp == 1:
         return ""
     from planner.analytical.hybrid import busiest_rank_excess
     rank, excess = busiest_rank_excess(model, system, job, plan)
-    return ("Hybrid stack: each pipeline stage is costed as holding the pattern's mean block; a stage "
-            "with more Mamba or MoE blocks than its share runs slower than shown: "
-            f"rank {rank}'s own blocks cost {excess:+.1%} forward compute against that mean "
-            "(the launch runs each stage's own blocks).")
+    return ("Hybrid stack: each pipeline rank's time counts its own blocks (the pattern cut at the "
+            f"stages): rank {rank}'s cost {excess:+.1%} forward compute against the pattern's mean block, "
+            "included above. Its memory is still costed as the mean block's.")
 
 
 def precision_text(job: JobSpec) -> str:

@@ -80,7 +80,7 @@ CASES = [
     # offload, no moe recompute beside the router graph (the space's and expressible.py's rules)
     ("mixtral-8x7b", "a100-80g", 16, JobSpec(global_batch=64, cuda_graph_modules=("attn", "moe_router",
                                                                                   "moe_preprocess"))),
-    # a hybrid Mamba / MoE / attention stack (one block per layer, the pattern's mean block per stage)
+    # a hybrid Mamba / MoE / attention stack (one block per layer, each pipeline rank timed with its own blocks)
     ("nemotron-3-nano", "h100-sxm", 16, JobSpec(global_batch=64)),
     # a mixed NVFP4 recipe: bf16 last layers and a per-module override (attention in bf16)
     ("llama3-8b", "b200", 16, JobSpec(global_batch=64, dtype="nvfp4", bf16_layers=(0, 4),

@@ -1,7 +1,7 @@
 """Many plans as columns of numpy arrays: the shape the vectorized model and the search share."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -175,6 +175,34 @@ class PlanArrays:
 
     def take(self, index: np.ndarray) -> "PlanArrays":
         return PlanArrays(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def with_every_rank(P: PlanArrays, layers: int) -> PlanArrays:
+    """`P` with every pipeline rank of every row as a representative (column j: rank j mod pp),
+    for costs that depend on which layers a rank holds, not only on how many (a hybrid stack's
+    blocks, planner.analytical.hybrid.rank_excess_s). Default splits are grouped by (pp, vpp),
+    each group's `balanced_layout` computed once; explicit layouts keep every rank already and
+    are widened. One layer kind only (no leading dense layers)."""
+    p, v = P.pp.astype(int), P.vpp.astype(int)
+    width = max(3, int(p.max()))
+    idx = np.zeros((len(P), width))
+    nr = np.zeros((len(P), width))
+    explicit = has_layout(P.stage_layout)
+    keys = p * (v.max() + 1) + v
+    for key in np.unique(keys[~explicit]):
+        rows = np.flatnonzero((keys == key) & ~explicit)
+        pp, vpp = int(p[rows[0]]), int(v[rows[0]])
+        ranks = np.arange(width) % pp
+        idx[rows] = ranks
+        nr[rows] = np.asarray(rank_layers(balanced_layout(layers, pp, vpp), pp), dtype=np.float64)[ranks]
+    kr = np.where((P.recompute == RECOMPUTE_CODES["full"])[:, None],
+                  np.where(P.recompute_layers[:, None] > 0, np.minimum(P.recompute_layers[:, None], nr), nr), 0.0)
+    for i in np.flatnonzero(explicit):  # their columns are ranks already: widen to `width`
+        ranks = np.arange(width) % int(p[i])
+        idx[i], nr[i], kr[i] = ranks, P.rank_layers[i][ranks], P.rank_recompute[i][ranks]
+    zeros = np.zeros_like(nr)
+    return replace(P, rank_index=idx, rank_layers=nr, rank_recompute=kr, rank_lead_layers=zeros,
+                   rank_lead_recompute=zeros)
 
 
 def module_selected(modules: np.ndarray, name: str) -> np.ndarray:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hardware.spec import SystemSpec
+from planner.analytical.hybrid import rank_excess_s
 from planner.analytical.layer_kinds import lead_layers
 from planner.analytical.memory import rank_memory
 from planner.analytical.plans import PlanArrays
@@ -42,7 +43,8 @@ def pipeline_ranks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Pla
     """One row per pipeline rank of `plan` (its layout written out, so every rank is costed)."""
     explicit = plan.model_copy(update={"stage_layers": plan_layout(plan, model.layers)})
     P = PlanArrays.from_plans([explicit], model.layers, lead_layers(model))
-    times = rank_microbatch_s(per_layer_terms(model, system, job, P), P)[0]
+    terms = per_layer_terms(model, system, job, P)
+    times = rank_microbatch_s(terms, P, rank_excess_s(model, system, job, P, terms))[0]
     hbm = rank_memory(model, system, job, P)["hbm"][0]
     rows = {}
     for j, r in enumerate(P.rank_index[0].astype(int)):

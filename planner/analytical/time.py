@@ -15,7 +15,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, memory, named, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.offload import activation_offload_exposed_s
-from planner.analytical.plans import PlanArrays, module_selected
+from planner.analytical.plans import PlanArrays, module_selected, with_every_rank
 from planner.model import ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import JobSpec
@@ -730,16 +730,27 @@ def layer_recompute_s(x: dict) -> np.ndarray:
     return x["fwd_compute"] + x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]
 
 
-def rank_microbatch_s(terms: dict, P: PlanArrays) -> np.ndarray:
+def rank_microbatch_s(terms: dict, P: PlanArrays, excess: dict | None = None) -> np.ndarray:
     """(n, R): one microbatch's forward + backward on each representative rank: its n_r layers
     (of them the leading dense layers it holds costed as such), k_r of them recomputed in full
     (forward and its communication again), and on the last rank the LM head. The slowest rank
-    sets the 1F1B steady state (Narayanan et al. SC'21 §2.2)."""
+    sets the 1F1B steady state (Narayanan et al. SC'21 §2.2). `excess`: a pipelined hybrid
+    stack's ranks' own blocks beyond the mean block (`hybrid.rank_excess_s`)."""
     x = terms
     last = P.rank_index == _col(P.pp) - 1
-    return (layers_sum(x, layer_microbatch_s, P.rank_layers, P.rank_lead_layers)
-            + layers_sum(x, layer_recompute_s, P.rank_recompute, P.rank_lead_recompute)
-            + last * _col(x["logit_fwd"] + x["logit_bwd"]))
+    out = (layers_sum(x, layer_microbatch_s, P.rank_layers, P.rank_lead_layers)
+           + layers_sum(x, layer_recompute_s, P.rank_recompute, P.rank_lead_recompute)
+           + last * _col(x["logit_fwd"] + x["logit_bwd"]))
+    if excess is None:
+        return out
+    return out + excess["fwd"] + excess["bwd"] + excess["ep_fwd"] + excess["ep_bwd"] \
+        + recomputed_share(P) * (excess["fwd"] + excess["ep_fwd"])
+
+
+def recomputed_share(P: PlanArrays) -> np.ndarray:
+    """(n, R): the share of each representative rank's layers it recomputes in full (a hybrid
+    rank's block excess is taken to be spread evenly over its layers)."""
+    return np.where(P.rank_layers > 0, P.rank_recompute / np.maximum(P.rank_layers, 1.0), 0.0)
 
 
 def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
@@ -753,15 +764,23 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     m = P.global_batch / (P.micro_batch * dp)
     tokens = P.micro_batch * model.seq_length / c
     act_bytes = 2.0  # 16-bit activations on the wire
+    if model.hybrid_pattern and np.any(p > 1):
+        # which blocks a rank holds, not only how many: every rank kept (plans.with_every_rank)
+        P = with_every_rank(P, model.layers)
     terms = per_layer_terms(model, system, job, P)
     logit_fwd, logit_bwd = terms["logit_fwd"], terms["logit_bwd"]
+    excess = None
+    if model.hybrid_pattern:
+        from planner.analytical import hybrid
+        excess = hybrid.rank_excess_s(model, system, job, P, terms)
 
     # --- per pipeline rank (representative ranks, (n, R)): one microbatch's forward + backward
-    # over its n_r layers, k_r of them recomputed in full; the last rank adds the LM head.
-    # The slowest rank sets the 1F1B steady state (Narayanan et al. SC'21 §2.2).
+    # over its n_r layers, k_r of them recomputed in full; the last rank adds the LM head; a
+    # pipelined hybrid stack's rank its own blocks (`excess`). The slowest rank sets the 1F1B
+    # steady state (Narayanan et al. SC'21 §2.2).
     n_r, k_r = P.rank_layers, P.rank_recompute
     last_r = P.rank_index == _col(p) - 1
-    rank_time = rank_microbatch_s(terms, P)
+    rank_time = rank_microbatch_s(terms, P, excess)
     slow = np.argmax(rank_time, axis=1)
     def at(x):
         return at_rank(_col(x), slow, rank_time.shape)
@@ -781,6 +800,12 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     stage_tp = on_slow(lambda x: x["tp_fwd"] + x["tp_bwd"], lambda x: x["tp_fwd"])
     stage_cpep = on_slow(lambda x: x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"],
                          lambda x: x["cp_fwd"] + x["ep_fwd"])
+    if excess is not None:
+        share = at(recomputed_share(P))
+        stage_fwd = stage_fwd + at(excess["fwd"])
+        stage_bwd = stage_bwd + at(excess["bwd"])
+        recompute_compute = recompute_compute + share * at(excess["fwd"])
+        stage_cpep = stage_cpep + at(excess["ep_fwd"] + excess["ep_bwd"]) + share * at(excess["ep_fwd"])
 
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
     # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
