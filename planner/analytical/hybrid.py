@@ -235,7 +235,7 @@ def rank_excess_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     the blocks it really holds (`rank_block_counts`). Zero for a rank holding the pattern's mix.
     None where the mean block is exact (no pipelining) or not the terms' layer (bf16 first/last
     layers: the terms mix two precisions' blocks)."""
-    if not model.hybrid_pattern or not np.any(P.pp > 1) or any(job.bf16_layers):
+    if not model.hybrid_pattern or not np.any(P.pp > 1) or any(job.bf16_layers) or lead_layers(model):
         return None
     n = len(P)
     blocks = block_fwd_s(model, system, job, P)

@@ -764,13 +764,14 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     m = P.global_batch / (P.micro_batch * dp)
     tokens = P.micro_batch * model.seq_length / c
     act_bytes = 2.0  # 16-bit activations on the wire
-    if model.hybrid_pattern and np.any(p > 1):
+    by_block = bool(model.hybrid_pattern) and not layer_kinds.lead_layers(model)
+    if by_block and np.any(p > 1):
         # which blocks a rank holds, not only how many: every rank kept (plans.with_every_rank)
         P = with_every_rank(P, model.layers)
     terms = per_layer_terms(model, system, job, P)
     logit_fwd, logit_bwd = terms["logit_fwd"], terms["logit_bwd"]
     excess = None
-    if model.hybrid_pattern:
+    if by_block:
         from planner.analytical import hybrid
         excess = hybrid.rank_excess_s(model, system, job, P, terms)
 
