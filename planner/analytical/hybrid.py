@@ -176,21 +176,21 @@ def mean_layer_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
 
 def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan) -> tuple[int, float]:
     """(pipeline rank, share) of a pipelined hybrid stack: the rank whose own blocks (the pattern cut
-    at the plan's layout, chunk j on rank j mod pp) cost the most forward compute per microbatch,
-    and how much more that is than its layer count at the mean block the model costs it with.
-    (0, 0.0) without pipelining, where the mean block is exact."""
+    at the plan's layout, `rank_block_counts`) cost the most forward compute per microbatch, and how
+    much more that is than its layer count at the pattern's mean block. (0, 0.0) without
+    pipelining, where the mean block is exact."""
     if not model.hybrid_pattern or plan.pp == 1:
         return 0, 0.0
-    P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))
-    cost = {k: float(np.ravel(block_forward_s(b))[0]) for k, b in block_fwd_s(model, system, job, P).items()}
-    mean = sum(cost[c] for c in model.hybrid_pattern) / model.layers
-    own, count, at = [0.0] * plan.pp, [0] * plan.pp, 0
-    for j, n in enumerate(plan_layout(plan, model.layers)):
-        own[rank_of_stage(j, plan.pp)] += sum(cost[c] for c in model.hybrid_pattern[at:at + n])
-        count[rank_of_stage(j, plan.pp)] += n
-        at += n
-    rank = max(range(plan.pp), key=lambda r: own[r])
-    return rank, own[rank] / (count[rank] * mean) - 1.0 if count[rank] else 0.0
+    explicit = plan.model_copy(update={"stage_layers": plan_layout(plan, model.layers)})
+    P = PlanArrays.from_plans([explicit], model.layers, lead_layers(model))
+    blocks = block_fwd_s(model, system, job, P)
+    kinds, [(_, counts)] = rank_block_counts(model, P)
+    cost = np.array([float(np.ravel(block_forward_s(blocks[k]))[0]) for k in kinds])
+    mean = sum(cost[kinds.index(c)] for c in model.hybrid_pattern) / model.layers
+    own = counts @ cost  # per representative column: every rank, in order, then repeats
+    j = int(np.argmax(own))
+    layers = P.rank_layers[0, j]
+    return int(P.rank_index[0, j]), float(own[j] / (layers * mean) - 1.0) if layers else 0.0
 
 
 def rank_block_counts(model: ModelSpec, P: PlanArrays) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
