@@ -359,12 +359,17 @@ class ModelSpec(BaseModel):
         for their few leading dense layers, see dense_layer_params), else the dense layer. A hybrid
         stack's mean block (each block one pre-norm), as memory costs its stages by layer count."""
         if self.hybrid_pattern:
-            norm = self.norm_params / 2
-            return self._hybrid_mean({
-                "M": self.mamba_block_params if self.mamba else 0, "*": self.attention_params + norm,
-                "-": self.dense_mlp_params + norm,
-                "E": self.router_params + self.shared_expert_params_per_layer + norm})
+            return self._hybrid_mean(self.non_expert_params_by_block)
         return self.moe_layer_non_expert_params if self.moe else self.dense_layer_params
+
+    @property
+    def non_expert_params_by_block(self) -> dict[str, float]:
+        """A hybrid stack's parameters of one block of each kind, routed experts apart (each block
+        has one pre-norm)."""
+        norm = self.norm_params / 2
+        return {"M": self.mamba_block_params if self.mamba else 0, "*": self.attention_params + norm,
+                "-": self.dense_mlp_params + norm,
+                "E": self.router_params + self.shared_expert_params_per_layer + norm}
 
     @property
     def params_per_layer(self) -> int:

@@ -238,13 +238,37 @@ def test_a_pipelined_hybrid_rank_is_timed_with_its_own_blocks():
             float(mean.max()), rel=1e-9)
     # the step: 1F1B over m = 8 microbatches at the slower rank (1, the MoE half) plus the bubble
     # (the other rank once); against the same blocks alternating (M/E on both ranks) it differs by
-    # 8 x rank 1's difference + rank 0's difference, everything else (DP, optimizer) equal
+    # 8 x rank 1's difference + rank 0's difference + the optimizer step's (it waits for the rank
+    # with the most parameters: rank 1's 26 MoE blocks against 13)
     assert ranks[1].microbatch_s > ranks[0].microbatch_s
     alternating = ModelSpec(**{**NANO.model_dump(), "hybrid_pattern": "ME" * 26})
     mixed = pipeline_ranks(alternating, system, job, plan)
-    expected = 8 * (ranks[1].microbatch_s - mixed[1].microbatch_s) + (ranks[0].microbatch_s - mixed[0].microbatch_s)
-    assert estimate(halves, system, plan, job).step_time_s - estimate(alternating, system, plan, job).step_time_s \
-        == pytest.approx(expected, rel=1e-6)
+    a, b = estimate(halves, system, plan, job), estimate(alternating, system, plan, job)
+    expected = 8 * (ranks[1].microbatch_s - mixed[1].microbatch_s) + (ranks[0].microbatch_s - mixed[0].microbatch_s) \
+        + a.time_breakdown_s["optimizer_step_s"] - b.time_breakdown_s["optimizer_step_s"]
+    assert a.step_time_s - b.step_time_s == pytest.approx(expected, rel=1e-6)
+
+
+def test_a_pipelined_hybrid_rank_holds_the_parameters_of_its_own_blocks():
+    """Nano's 26 Mamba then 26 MoE blocks at pp 2, ep 8: rank 0 holds no routed experts, rank 1
+    all of them, 26 x 128 experts x 2 x 2688 x 1856 (squared ReLU: up and down) / 8 per GPU; rank
+    0's other parameters are 26 Mamba blocks (their in_proj, conv, out_proj, norms; counted by
+    hand in test_nano_matches_the_model_card_and_a_hand_count). The alternating pattern splits
+    both evenly."""
+    from planner.analytical import PlanArrays
+    from planner.analytical.layer_kinds import lead_layers
+    from planner.analytical.memory import stage_params
+    h = 2688
+    mamba = h * (8192 + 2048 + 64) + 6144 * 5 + 3 * 64 + 4096 + 4096 * h + h
+    per_moe_block = 128 * 2 * h * 1856 / 8
+    plan = Plan(pp=2, dp=8, ep=8, micro_batch=1, global_batch=64, stage_layers=(26, 26))
+    for pattern, expert_by_rank in (("M" * 26 + "E" * 26, (0, 26)), ("ME" * 26, (13, 13))):
+        model = ModelSpec(**{**NANO.model_dump(), "hybrid_pattern": pattern})
+        P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))
+        blocks, _, expert = stage_params(model, P, by_block=True)
+        assert list(expert[0][:2]) == pytest.approx([n * per_moe_block for n in expert_by_rank], rel=1e-12)
+        if pattern.startswith("M" * 26):
+            assert blocks[0][0] == pytest.approx(26 * mamba, rel=1e-12)
 
 
 def test_pipelined_hybrid_plans_say_how_stages_are_costed():

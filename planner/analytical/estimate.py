@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hardware.spec import SystemSpec
 from planner.analytical import flops, precision
+from planner.analytical import layer_kinds
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import PlanArrays, has_layout, module_selected
@@ -102,6 +103,16 @@ def selective_recompute_flops_per_token(model: ModelSpec, modules: np.ndarray, a
 
 def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
     """Time and memory of every plan in `P`: a dict of equal-length arrays."""
+    if layer_kinds.by_block(model) and len(np.unique(P.pp)) > 1:
+        # a pipelined hybrid stack costs every rank (plans.with_every_rank): one pipeline depth at
+        # a time keeps each batch's rank columns as few as its pp
+        out: dict[str, np.ndarray] = {}
+        for pp in np.unique(P.pp):
+            rows = np.flatnonzero(P.pp == pp)
+            for key, value in estimate_many(model, system, job, P.take(rows)).items():
+                value = np.broadcast_to(np.asarray(value), (len(rows),) + np.shape(value)[1:])
+                out.setdefault(key, np.zeros((len(P),) + value.shape[1:], dtype=value.dtype))[rows] = value
+        return out
     mem = memory_breakdown(model, system, job, P)
     times = step_time(model, system, job, P, mem)
     tokens = P.global_batch * model.seq_length

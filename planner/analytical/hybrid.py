@@ -4,8 +4,9 @@ with its own pre-norm and residual add, instead of attention followed by an MLP.
 
 A layer is costed as the pattern's mean block: exact for a rank that holds the whole stack
 (pp = 1, every Nemotron-3 Nano recipe) and for stages whose blocks mix as the whole pattern does.
-With pipelining, each rank's time adds what its own blocks cost beyond that (`rank_excess_s`);
-its memory still takes the mean block.
+With pipelining, each rank's time adds what its own blocks cost beyond that (`rank_excess_s`)
+and its parameters are its own blocks' (memory.stage_params); its activations still take the
+mean block.
 
 The attention, dense-MLP and MoE blocks are the halves of a transformer layer (time.py) with half
 of its element-wise lump and launch overhead each. The Mamba-2 block (Megatron-Core
@@ -25,10 +26,10 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import flops, kernels, precision
 from planner.analytical import time as tm
-from planner.analytical.layer_kinds import lead_layers
-from planner.analytical.plans import PlanArrays, has_layout
+from planner.analytical.layer_kinds import by_block, lead_layers, rank_block_counts, rank_block_sum
+from planner.analytical.plans import PlanArrays
 from planner.model import HYBRID_BLOCKS, ModelSpec
-from planner.pipeline_layout import balanced_layout, plan_layout, rank_of_stage
+from planner.pipeline_layout import plan_layout
 from planner.plan import JobSpec
 
 # The pieces layer_compute_fwd_s returns; a block lacking one has 0.
@@ -193,41 +194,6 @@ def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan
     return int(P.rank_index[0, j]), float(own[j] / (layers * mean) - 1.0) if layers else 0.0
 
 
-def rank_block_counts(model: ModelSpec, P: PlanArrays) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
-    """(block kinds, [(rows, counts)]): the rows of `P` grouped by layout (an explicit one, else
-    the default split of their (pp, vpp)), and for each group the (R, kinds) count of each block
-    kind on each representative rank: the pattern cut at the layout, virtual stage j on rank
-    j mod pp. A group's rows share their representative ranks (every rank, `plans.with_every_rank`,
-    or an explicit layout's); rows that do not are grouped alone."""
-    kinds = [k for k in HYBRID_BLOCKS if model.blocks(k)]
-    groups: dict = {}
-    explicit = has_layout(P.stage_layout)
-    p, v = P.pp.astype(int), P.vpp.astype(int)
-    keys = p * (v.max() + 1) + v
-    for key in np.unique(keys[~explicit]):  # default splits: one group per (pp, vpp)
-        rows = np.flatnonzero((keys == key) & ~explicit)
-        groups[(int(p[rows[0]]), int(v[rows[0]]), None)] = rows
-    for i in np.flatnonzero(explicit):
-        groups.setdefault((int(p[i]), int(v[i]), tuple(P.stage_layout[i][0])), []).append(i)
-    out = []
-    for (pp, vpp, layout), rows in groups.items():
-        stages = layout or balanced_layout(model.layers, pp, vpp)
-        per_rank = np.zeros((pp, len(kinds)))
-        at = 0
-        for j, n in enumerate(stages):
-            for c in model.hybrid_pattern[at:at + n]:
-                per_rank[rank_of_stage(j, pp), kinds.index(c)] += 1
-            at += n
-        rows = np.asarray(rows)
-        ranks = P.rank_index[rows].astype(int) % pp
-        same = np.all(ranks == ranks[0], axis=1)
-        if np.all(same):
-            out.append((rows, per_rank[ranks[0]]))
-        else:
-            out += [(rows[j:j + 1], per_rank[ranks[j]]) for j in range(len(rows))]
-    return kinds, out
-
-
 def rank_excess_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, terms: dict) -> dict | None:
     """What each representative rank of a pipelined hybrid stack costs per microbatch beyond its
     layer count at the mean block (the layer the per-layer terms describe): (n, R) seconds of its
@@ -235,30 +201,24 @@ def rank_excess_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     the blocks it really holds (`rank_block_counts`). Zero for a rank holding the pattern's mix.
     None where the mean block is exact (no pipelining) or not the terms' layer (bf16 first/last
     layers: the terms mix two precisions' blocks)."""
-    if not model.hybrid_pattern or not np.any(P.pp > 1) or any(job.bf16_layers) or lead_layers(model):
+    if not by_block(model) or not np.any(P.pp > 1) or any(job.bf16_layers):
         return None
     n = len(P)
     blocks = block_fwd_s(model, system, job, P)
-    kinds, groups = rank_block_counts(model, P)
 
     def per_row(x):
         return np.broadcast_to(np.asarray(x, dtype=np.float64), (n,))
     share_e = model.layers / model.blocks("E") if model.blocks("E") else 0.0
-    zero = np.zeros(n)
-    # (n, kinds) per-block cost of each piece, and the mean layer's
     cost = {
-        "fwd": np.stack([per_row(block_forward_s(blocks[k])) for k in kinds], axis=1),
-        "bwd": np.stack([per_row(tm.BACKWARD_FACTOR * block_forward_s(blocks[k])
-                                 + blocks[k].get("wgrad_extra", 0.0)) for k in kinds], axis=1),
-        "ep_fwd": np.stack([per_row(terms["ep_fwd"]) * share_e if k == "E" else zero for k in kinds], axis=1),
-        "ep_bwd": np.stack([per_row(terms["ep_bwd"]) * share_e if k == "E" else zero for k in kinds], axis=1)}
+        "fwd": {k: per_row(block_forward_s(b)) for k, b in blocks.items()},
+        "bwd": {k: per_row(tm.BACKWARD_FACTOR * block_forward_s(b) + b.get("wgrad_extra", 0.0))
+                for k, b in blocks.items()},
+        "ep_fwd": {"E": per_row(terms["ep_fwd"]) * share_e},
+        "ep_bwd": {"E": per_row(terms["ep_bwd"]) * share_e}}
     mean = {"fwd": terms["fwd_compute"], "bwd": terms["bwd_compute"], "ep_fwd": terms["ep_fwd"],
             "ep_bwd": terms["ep_bwd"]}
-    excess = {}
-    for key in cost:
-        out = np.zeros(P.rank_index.shape)
-        m = per_row(mean[key])
-        for rows, counts in groups:
-            out[rows] = cost[key][rows] @ counts.T - P.rank_layers[rows] * m[rows, None]
-        excess[key] = np.where((P.pp > 1)[:, None], out, 0.0)
-    return excess
+    pipelined = (P.pp > 1)[:, None]
+    counts = rank_block_counts(model, P)
+    return {key: np.where(pipelined, rank_block_sum(model, P, per_block, counts)
+                          - P.rank_layers * per_row(mean[key])[:, None], 0.0)
+            for key, per_block in cost.items()}

@@ -12,7 +12,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
 from planner.analytical.precision import GEMM_OPERAND_BYTES, high_precision_dtype
-from planner.analytical.plans import PlanArrays, module_selected
+from planner.analytical.plans import PlanArrays, module_selected, with_every_rank
 from planner.model import ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import DP_IMPL_CODES, JobSpec
@@ -264,21 +264,31 @@ def rank_layer_sum(model: ModelSpec, per_layer, n, lead):
     return (n - lead) * per_layer(model) + lead * per_layer(layer_kinds.lead_layer_model(model))
 
 
-def stage_params(model: ModelSpec, P: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(transformer-block dense, vocabulary, expert) parameters held by one GPU of each
     representative rank, (n, R). TP shards every matrix (norms are replicated: negligible and
     ignored); EP shards the experts over etp·ep (Megatron parallel folding; etp = tp by default); the first rank holds
     the embedding and the last the LM head (Megatron keeps a copy of a tied embedding there when
-    pp > 1; with pp = 1 untied embeddings are two matrices on the one rank)."""
+    pp > 1; with pp = 1 untied embeddings are two matrices on the one rank). `by_block`: a hybrid
+    stack's ranks hold the blocks their layout gives them (P's columns are real ranks with their
+    layouts' layer counts), not their layer count of mean blocks (the stage search's per-layer
+    probes keep the mean)."""
     C = RankColumns(P)
     n, lead = P.rank_layers, P.rank_lead_layers
-    # leading dense layers: the dense layer's parameters, no experts (lead_layer_model)
-    blocks = rank_layer_sum(model, lambda m: m.non_expert_params_per_layer, n, lead) / C.tp
+    if by_block and layer_kinds.by_block(model):
+        # a hybrid stack: the blocks each rank holds (a MoE block's experts are all the stack's)
+        counts = layer_kinds.rank_block_counts(model, P)
+        blocks = layer_kinds.rank_block_sum(model, P, model.non_expert_params_by_block, counts) / C.tp
+        per_moe_block = model.expert_params_per_layer * model.layers / max(model.blocks("E"), 1)
+        expert = layer_kinds.rank_block_sum(model, P, {"E": per_moe_block}, counts) / (C.etp * C.ep)
+    else:
+        # leading dense layers: the dense layer's parameters, no experts (lead_layer_model)
+        blocks = rank_layer_sum(model, lambda m: m.non_expert_params_per_layer, n, lead) / C.tp
+        expert = rank_layer_sum(model, lambda m: m.expert_params_per_layer, n, lead) / (C.etp * C.ep)
     first = P.rank_index == 0
     last = P.rank_index == C.pp - 1
     vocab_matrices = first * 1.0 + last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
     vocab = vocab_matrices * model.vocab * model.hidden / C.tp
-    expert = rank_layer_sum(model, lambda m: m.expert_params_per_layer, n, lead) / (C.etp * C.ep)
     if model.mtp_layers:
         # the MTP modules live on the last stage with the loss (DeepSeek-V3 §2.2; Megatron's layout
         # places 'm' before 'L'): each a repeated layer + the 2h→h projection + norms (mtp_params)
@@ -338,11 +348,13 @@ def at_rank(values, index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return full[np.arange(shape[0]), index]
 
 
-def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
-    """Bytes per GPU of every representative pipeline rank, (n, R) arrays by category."""
+def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
+                by_block: bool = False) -> dict[str, np.ndarray]:
+    """Bytes per GPU of every representative pipeline rank, (n, R) arrays by category
+    (`by_block`: see stage_params)."""
     C = RankColumns(P)
     bpp = job.bytes_per_param
-    blocks, vocab, expert = stage_params(model, P)
+    blocks, vocab, expert = stage_params(model, P, by_block)
     params = blocks + vocab + expert
     weight_elems, grad_elems, opt_elems = model_state_elems(blocks + vocab, expert, C)
     vocab_w, vocab_g, vocab_o = model_state_elems(vocab, 0.0, C)
@@ -438,7 +450,10 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     category, and the HBM budget. Every representative rank is costed ((n, R) arrays) and the
     one with the most HBM is reported (`memory_rank`). The optimizer step and the DP gradient
     reduce wait for the rank with the MOST parameters, so those counts are the max over ranks."""
-    r = rank_memory(model, system, job, P)
+    by_block = layer_kinds.by_block(model) and bool(np.any(P.pp > 1))
+    if by_block:
+        P = with_every_rank(P, model.layers)  # which blocks a rank holds: every rank costed
+    r = rank_memory(model, system, job, P, by_block)
     worst = np.argmax(r["hbm"], axis=1)
     def at(x):
         return at_rank(x, worst, r["hbm"].shape)

@@ -45,7 +45,7 @@ def pipeline_ranks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Pla
     P = PlanArrays.from_plans([explicit], model.layers, lead_layers(model))
     terms = per_layer_terms(model, system, job, P)
     times = rank_microbatch_s(terms, P, rank_excess_s(model, system, job, P, terms))[0]
-    hbm = rank_memory(model, system, job, P)["hbm"][0]
+    hbm = rank_memory(model, system, job, P, by_block=True)["hbm"][0]
     rows = {}
     for j, r in enumerate(P.rank_index[0].astype(int)):
         rows.setdefault(r, RankRow(r, int(P.rank_layers[0, j]), int(P.rank_lead_layers[0, j]),

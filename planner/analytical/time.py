@@ -764,7 +764,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     m = P.global_batch / (P.micro_batch * dp)
     tokens = P.micro_batch * model.seq_length / c
     act_bytes = 2.0  # 16-bit activations on the wire
-    by_block = bool(model.hybrid_pattern) and not layer_kinds.lead_layers(model)
+    by_block = layer_kinds.by_block(model)
     if by_block and np.any(p > 1):
         # which blocks a rank holds, not only how many: every rank kept (plans.with_every_rank)
         P = with_every_rank(P, model.layers)
