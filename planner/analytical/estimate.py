@@ -9,8 +9,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from hardware.spec import SystemSpec
-from planner.analytical import flops, precision
-from planner.analytical import layer_kinds
+from planner.analytical import flops, layer_kinds, precision
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import PlanArrays, has_layout, module_selected

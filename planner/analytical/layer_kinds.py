@@ -71,8 +71,8 @@ def rank_block_sum(model: ModelSpec, P: PlanArrays, per_block: dict, counts=None
     values = np.stack([np.broadcast_to(np.asarray(per_block.get(k, 0.0), dtype=np.float64), (len(P),))
                        for k in kinds], axis=1)
     out = np.zeros(P.rank_index.shape)
-    for rows, counts in groups:
-        out[rows] = values[rows] @ counts.T
+    for rows, table in groups:
+        out[rows] = values[rows] @ table.T
     return out
 
 
