@@ -161,16 +161,16 @@ def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, pla
 
 
 def hybrid_stage_note(model: ModelSpec, plan, system: SystemSpec, job: JobSpec) -> str:
-    """A pipelined hybrid stack's ranks are timed with their own blocks (hybrid.rank_excess_s) and
-    hold their parameters, their activations costed as the pattern's mean block's; how far the
-    busiest rank's blocks are from that mean."""
+    """A pipelined hybrid stack's ranks are timed and sized with their own blocks
+    (hybrid.rank_excess_s, memory.rank_memory); how far the busiest rank's blocks are from the
+    pattern's mean block."""
     if not model.hybrid_pattern or plan.pp == 1:
         return ""
     from planner.analytical.hybrid import busiest_rank_excess
     rank, excess = busiest_rank_excess(model, system, job, plan)
     return ("Hybrid stack: each pipeline rank's time counts its own blocks (the pattern cut at the "
             f"stages): rank {rank}'s cost {excess:+.1%} forward compute against the pattern's mean block, "
-            "included above, as are its blocks' parameters; its activations are costed as the mean block's.")
+            "included above, as are its blocks' parameters and activations.")
 
 
 def precision_text(job: JobSpec) -> str:

@@ -249,15 +249,17 @@ def test_a_pipelined_hybrid_rank_is_timed_with_its_own_blocks():
     assert a.step_time_s - b.step_time_s == pytest.approx(expected, rel=1e-6)
 
 
-def test_a_pipelined_hybrid_rank_holds_the_parameters_of_its_own_blocks():
+def test_a_pipelined_hybrid_rank_holds_the_parameters_and_activations_of_its_own_blocks():
     """Nano's 26 Mamba then 26 MoE blocks at pp 2, ep 8: rank 0 holds no routed experts, rank 1
     all of them, 26 x 128 experts x 2 x 2688 x 1856 (squared ReLU: up and down) / 8 per GPU; rank
     0's other parameters are 26 Mamba blocks (their in_proj, conv, out_proj, norms; counted by
-    hand in test_nano_matches_the_model_card_and_a_hand_count). The alternating pattern splits
-    both evenly."""
+    hand in test_nano_matches_the_model_card_and_a_hand_count). Rank 0's activations per
+    microbatch are 26 Mamba blocks' at 8192 tokens, bf16: the norm's input (2h bytes), in_proj's
+    input (2h) and output z, x, B, C, dt (2 x 10304), the scan output y and out_proj's input
+    (2 x 4096 each). The alternating pattern splits everything evenly."""
     from planner.analytical import PlanArrays
     from planner.analytical.layer_kinds import lead_layers
-    from planner.analytical.memory import stage_params
+    from planner.analytical.memory import rank_memory, stage_params
     h = 2688
     mamba = h * (8192 + 2048 + 64) + 6144 * 5 + 3 * 64 + 4096 + 4096 * h + h
     per_moe_block = 128 * 2 * h * 1856 / 8
@@ -269,6 +271,9 @@ def test_a_pipelined_hybrid_rank_holds_the_parameters_of_its_own_blocks():
         assert list(expert[0][:2]) == pytest.approx([n * per_moe_block for n in expert_by_rank], rel=1e-12)
         if pattern.startswith("M" * 26):
             assert blocks[0][0] == pytest.approx(26 * mamba, rel=1e-12)
+            act = rank_memory(model, load_system("h100-sxm", 16), JobSpec(global_batch=64), P,
+                              by_block=True)["activations_per_microbatch"][0]
+            assert act[0] == pytest.approx(26 * 8192 * (2 * h + 2 * h + 2 * 10304 + 2 * 4096 + 2 * 4096), rel=1e-12)
 
 
 def test_pipelined_hybrid_plans_say_how_stages_are_costed():

@@ -5,8 +5,8 @@ with its own pre-norm and residual add, instead of attention followed by an MLP.
 A layer is costed as the pattern's mean block: exact for a rank that holds the whole stack
 (pp = 1, every Nemotron-3 Nano recipe) and for stages whose blocks mix as the whole pattern does.
 With pipelining, each rank's time adds what its own blocks cost beyond that (`rank_excess_s`)
-and its parameters are its own blocks' (memory.stage_params); its activations still take the
-mean block.
+and its memory is its own blocks' (memory.rank_memory with by_block); only the stage search's
+per-layer probes (constraints/stages.py) keep the mean block.
 
 The attention, dense-MLP and MoE blocks are the halves of a transformer layer (time.py) with half
 of its element-wise lump and launch overhead each. The Mamba-2 block (Megatron-Core

@@ -13,7 +13,7 @@ from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
 from planner.analytical.precision import GEMM_OPERAND_BYTES, high_precision_dtype
 from planner.analytical.plans import PlanArrays, module_selected, with_every_rank
-from planner.model import ModelSpec
+from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import DP_IMPL_CODES, JobSpec
 
@@ -272,7 +272,7 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False) -> tup
     pp > 1; with pp = 1 untied embeddings are two matrices on the one rank). `by_block`: a hybrid
     stack's ranks hold the blocks their layout gives them (P's columns are real ranks with their
     layouts' layer counts), not their layer count of mean blocks (the stage search's per-layer
-    probes keep the mean)."""
+    probes keep the mean); rank_memory's activations likewise."""
     C = RankColumns(P)
     n, lead = P.rank_layers, P.rank_lead_layers
     if by_block and layer_kinds.by_block(model):
@@ -392,6 +392,14 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         lead_not_recomputed = np.where(C.recompute == 2, lead_full, lead_stored)
         act_mb = ((k - lead_k) * stored_per_layer + lead_k * lead_stored
                   + (layers_here - lead - (k - lead_k)) * not_recomputed + (lead - lead_k) * lead_not_recomputed)
+    elif by_block and layer_kinds.by_block(model):
+        # a hybrid rank's own blocks: each kind's activations (the stack cut down to that one
+        # block kind is its block), the layers it recomputes in full keeping their input only
+        kept = {kind: np.ravel(np.where(C.recompute == 2, *reversed(activation_bytes_per_layer(
+                    model.model_copy(update={"hybrid_pattern": kind, "layers": 1}), job, C))))
+                for kind in HYBRID_BLOCKS if model.blocks(kind)}
+        own = layer_kinds.rank_block_sum(model, P, kept)
+        act_mb = k * stored_per_layer + (layers_here - k) / some_layers * own
     else:
         act_mb = k * stored_per_layer + (layers_here - k) * np.where(C.recompute == 2, full_per_layer,
                                                                      stored_per_layer)
