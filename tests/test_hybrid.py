@@ -324,3 +324,26 @@ def test_heldout_nemotron_3_nano_rows():
     errors = [predict(c)["step_time_s"] / c.measured_step_s - 1 for c in cases]
     assert len(errors) == 20
     assert statistics.mean(abs(e) for e in errors) <= 0.10 and max(abs(e) for e in errors) <= 0.20
+
+
+def test_bf16_tail_layers_without_an_attention_block_keep_the_mtp_module():
+    """Nemotron 3 Super keeps its last 4 blocks in bf16 under an NVFP4 recipe (--bf16-layers 0,4):
+    those blocks (M, E, M, E) hold no attention block, yet the MTP module costed beside them is
+    still an attention block and a MoE block. The estimate runs (it was an internal error), the
+    bf16 tail costs more than none, and the MTP module costs what it costs without bf16 layers."""
+    from planner.analytical import PlanArrays
+    from planner.analytical import time as tm
+    super_ = load_model("nemotron-3-super")
+    assert "*" not in super_.hybrid_pattern[-4:]
+    system = load_system("b200", 64)
+    plan = Plan(tp=1, pp=4, dp=16, ep=8, micro_batch=1, global_batch=512)
+    plain = JobSpec(global_batch=512, dtype="nvfp4")
+    tail = JobSpec(global_batch=512, dtype="nvfp4", bf16_layers=(0, 4))
+    assert estimate(super_, system, plan, tail).step_time_s > estimate(super_, system, plan, plain).step_time_s
+    kept = super_.model_copy(update={"hybrid_pattern": super_.hybrid_pattern[-4:], "layers": 4})
+    P = PlanArrays.from_plans([plan], super_.layers, 0)
+    assert float(tm.mtp_fwd_s(kept, {}, 0.0, system, plain, P)[0]) == pytest.approx(
+        float(tm.mtp_fwd_s(super_, {}, 0.0, system, plain, P)[0]), rel=1e-12)
+    result = CliRunner().invoke(app, ["estimate", "-m", "nemotron-3-super", "-s", "b200", "-g", "64", "--tp", "1",
+                                      "--pp", "1", "--ep", "64", "-b", "512", "--dtype", "nvfp4", "--bf16-layers", "0,4"])
+    assert result.exit_code == 0, result.output

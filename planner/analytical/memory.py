@@ -392,9 +392,10 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         lead_not_recomputed = np.where(C.recompute == 2, lead_full, lead_stored)
         act_mb = ((k - lead_k) * stored_per_layer + lead_k * lead_stored
                   + (layers_here - lead - (k - lead_k)) * not_recomputed + (lead - lead_k) * lead_not_recomputed)
-    elif by_block and layer_kinds.by_block(model):
+    elif by_block and layer_kinds.by_block(model) and not any(job.bf16_layers):
         # a hybrid rank's own blocks: each kind's activations (the stack cut down to that one
-        # block kind is its block), the layers it recomputes in full keeping their input only
+        # block kind is its block), the layers it recomputes in full keeping their input only.
+        # Not with bf16 first/last layers: their share is the whole stack's (mean block, as time)
         kept = {kind: np.ravel(np.where(C.recompute == 2, *reversed(activation_bytes_per_layer(
                     model.model_copy(update={"hybrid_pattern": kind, "layers": 1}), job, C))))
                 for kind in HYBRID_BLOCKS if model.blocks(kind)}

@@ -530,8 +530,11 @@ def mtp_fwd_s(model: ModelSpec, layer: dict, logit_fwd_s, system: SystemSpec, jo
                       acc.peak(precision.gemm_peak_key(job.dtype)), acc.efficiency, job.dtype)
     if model.hybrid_pattern:  # the module's attention block and MoE block (Nemotron's "*E")
         from planner.analytical import hybrid
-        kinds = hybrid.block_fwd_s(model, system, job, P)
-        block = sum(hybrid.block_forward_s(kinds[k]) for k in ("*", "E"))
+        # its own blocks, whatever the stack's pattern holds (a bf16-kept tail may have no
+        # attention block: _with_bf16_layers costs those blocks as a pattern of their own)
+        module = "*E" if model.moe else "*-"
+        kinds = hybrid.block_fwd_s(model.model_copy(update={"hybrid_pattern": module, "layers": 2}), system, job, P)
+        block = sum(hybrid.block_forward_s(kinds[k]) for k in module)
     else:
         if own_dtype:
             layer = layer_compute_fwd_s(model, system, job, P)
