@@ -12,7 +12,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import flops, layer_kinds, precision
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
-from planner.analytical.plans import PlanArrays, has_layout, module_selected
+from planner.analytical.plans import PlanArrays, has_layout, module_selected, sequence_parallel_on, with_every_rank
 from planner.analytical.time import step_time
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan, check_recompute_modules
@@ -61,7 +61,7 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         | ((np.mod(model.expert_ffn_hidden, P.etp) != 0) if model.moe else False)
         | (((P.ep > 1) | (P.etp != t)) & (model.moe is None)),
         "cp_seq": (c > 1) & (model.seq_length % (2 * c) != 0),
-        "tp_overlap_needs_sp": (P.tp_comm_overlap > 0) & ~((P.sequence_parallel > 0) & (t > 1)),
+        "tp_overlap_needs_sp": (P.tp_comm_overlap > 0) & ~sequence_parallel_on(P),
         "hbm": mem["hbm_bytes"] > mem["hbm_capacity_bytes"],
         "offload_capacity": mem["offload_bytes"] > mem["offload_capacity_bytes"] * (1 + 1e-12),
         "mamba_tp": ((model.mamba.num_heads % t != 0) | (model.mamba.groups % t != 0)) if model.mamba else False,
@@ -112,6 +112,8 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
                 value = np.broadcast_to(np.asarray(value), (len(rows),) + np.shape(value)[1:])
                 out.setdefault(key, np.zeros((len(P),) + value.shape[1:], dtype=value.dtype))[rows] = value
         return out
+    if layer_kinds.by_block(model) and np.any(P.pp > 1):
+        P = with_every_rank(P, model.layers)  # once, for memory and time (each would otherwise)
     mem = memory_breakdown(model, system, job, P)
     times = step_time(model, system, job, P, mem)
     tokens = P.global_batch * model.seq_length

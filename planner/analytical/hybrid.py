@@ -27,7 +27,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import flops, kernels, precision
 from planner.analytical import time as tm
 from planner.analytical.layer_kinds import by_block, lead_layers, rank_block_counts, rank_block_sum
-from planner.analytical.plans import PlanArrays
+from planner.analytical.plans import PlanArrays, sequence_parallel_on
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import plan_layout
 from planner.plan import JobSpec
@@ -116,7 +116,7 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
     h, t = model.hidden, P.tp
     tokens = P.micro_batch * model.seq_length / P.cp
-    sp = (P.sequence_parallel > 0) & (t > 1)
+    sp = sequence_parallel_on(P)
     # half a transformer layer's element-wise lump and launch overhead per block (one pre-norm,
     # one residual add each)
     hidden_s = tokens * 2.0 * tm.ELEMENTWISE_PASSES_HIDDEN * h / 2 / np.where(sp, t, 1.0) / hbm
@@ -203,22 +203,18 @@ def rank_excess_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
     layers: the terms mix two precisions' blocks)."""
     if not by_block(model) or not np.any(P.pp > 1) or any(job.bf16_layers):
         return None
-    n = len(P)
     blocks = block_fwd_s(model, system, job, P)
-
-    def per_row(x):
-        return np.broadcast_to(np.asarray(x, dtype=np.float64), (n,))
     share_e = model.layers / model.blocks("E") if model.blocks("E") else 0.0
+    # per block of each kind (rank_block_sum broadcasts a number or one value per row)
     cost = {
-        "fwd": {k: per_row(block_forward_s(b)) for k, b in blocks.items()},
-        "bwd": {k: per_row(tm.BACKWARD_FACTOR * block_forward_s(b) + b.get("wgrad_extra", 0.0))
-                for k, b in blocks.items()},
-        "ep_fwd": {"E": per_row(terms["ep_fwd"]) * share_e},
-        "ep_bwd": {"E": per_row(terms["ep_bwd"]) * share_e}}
+        "fwd": {k: block_forward_s(b) for k, b in blocks.items()},
+        "bwd": {k: tm.BACKWARD_FACTOR * block_forward_s(b) + b.get("wgrad_extra", 0.0) for k, b in blocks.items()},
+        "ep_fwd": {"E": terms["ep_fwd"] * share_e},
+        "ep_bwd": {"E": terms["ep_bwd"] * share_e}}
     mean = {"fwd": terms["fwd_compute"], "bwd": terms["bwd_compute"], "ep_fwd": terms["ep_fwd"],
             "ep_bwd": terms["ep_bwd"]}
     pipelined = (P.pp > 1)[:, None]
     counts = rank_block_counts(model, P)
     return {key: np.where(pipelined, rank_block_sum(model, P, per_block, counts)
-                          - P.rank_layers * per_row(mean[key])[:, None], 0.0)
+                          - P.rank_layers * np.broadcast_to(mean[key], (len(P),))[:, None], 0.0)
             for key, per_block in cost.items()}

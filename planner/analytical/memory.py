@@ -12,7 +12,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
 from planner.analytical.precision import GEMM_OPERAND_BYTES, high_precision_dtype
-from planner.analytical.plans import PlanArrays, module_selected, with_every_rank
+from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, with_every_rank
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import DP_IMPL_CODES, JobSpec
@@ -203,7 +203,7 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
     module_bytes = module_gemm_input_bytes(job)
     unsharded, sharded, score = activation_coefficients(model, g, proj_copy, module_bytes)
     t = P.tp
-    sp = (P.sequence_parallel > 0) & (t > 1)
+    sp = sequence_parallel_on(P)
     sbh = P.micro_batch * model.seq_length / P.cp * model.hidden
     selective = P.recompute == 1
     freed_u, freed_s = selective_freed_coefficients(model, np.where(selective, P.recompute_modules, 0.0), g,
@@ -408,7 +408,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         # last rank: each MTP module's layer keeps its activations (not in the recompute blocks),
         # plus its projection's input [norm(h); norm(emb)], 2h wide in 2 bytes (DeepSeek-V3 §2.2
         # eq. 21), sharded like the layer inputs under sequence parallelism
-        sp = (C.sequence_parallel > 0) & (C.tp > 1)
+        sp = sequence_parallel_on(C)
         sbh = C.micro_batch * model.seq_length / C.cp * model.hidden
         blocks_per_module = 2.0 if model.hybrid_pattern else 1.0  # a hybrid module: two mean blocks
         mtp_act = model.mtp_layers * (blocks_per_module * np.where(C.recompute == 2, full_per_layer, stored_per_layer)

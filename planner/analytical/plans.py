@@ -182,9 +182,12 @@ def with_every_rank(P: PlanArrays, layers: int) -> PlanArrays:
     for costs that depend on which layers a rank holds, not only on how many (a hybrid stack's
     blocks, planner.analytical.hybrid.rank_excess_s). Default splits are grouped by (pp, vpp),
     each group's `balanced_layout` computed once; explicit layouts keep every rank already and
-    are widened. One layer kind only (no leading dense layers)."""
+    are widened. One layer kind only (no leading dense layers). A `P` that already has every rank
+    (from this function) is returned as it is."""
     p, v = P.pp.astype(int), P.vpp.astype(int)
     width = max(3, int(p.max()))
+    if P.rank_index.shape[1] == width and np.array_equal(P.rank_index, np.arange(width) % p[:, None]):
+        return P
     idx = np.zeros((len(P), width))
     nr = np.zeros((len(P), width))
     explicit = has_layout(P.stage_layout)
@@ -203,6 +206,12 @@ def with_every_rank(P: PlanArrays, layers: int) -> PlanArrays:
     zeros = np.zeros_like(nr)
     return replace(P, rank_index=idx, rank_layers=nr, rank_recompute=kr, rank_lead_layers=zeros,
                    rank_lead_recompute=zeros)
+
+
+def sequence_parallel_on(P) -> np.ndarray:
+    """Rows (of PlanArrays, or its per-rank columns) whose layers run Megatron's sequence
+    parallelism: sp set and tp > 1 (with tp 1 there is no sequence to split, and no all-gather)."""
+    return (P.sequence_parallel > 0) & (P.tp > 1)
 
 
 def module_selected(modules: np.ndarray, name: str) -> np.ndarray:

@@ -15,7 +15,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, memory, named, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.offload import activation_offload_exposed_s
-from planner.analytical.plans import PlanArrays, module_selected, with_every_rank
+from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, with_every_rank
 from planner.model import ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import JobSpec
@@ -174,7 +174,7 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     hbm = acc.hbm_bandwidth_bytes_per_s * eff.hbm_efficiency
     # an op-by-op kernel's bandwidth (kernels.STREAMING_HBM_EFFICIENCY)
     stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
-    sp = sp_all_gathers(P)
+    sp = sequence_parallel_on(P)
     te = job.kernels == "te"
     torch_hidden_bytes, torch_ffn_bytes = (0.0, 0.0) if te else kernels.torch_elementwise_bytes(model, job.kernels)
     act_bytes = 2.0 * ELEMENTWISE_PASSES_FFN if te else torch_ffn_bytes
@@ -277,7 +277,7 @@ PERMUTE_PASSES = 4.0
 def routed_tokens_per_rank(model: ModelSpec, P: PlanArrays) -> np.ndarray:
     """Tokens of one microbatch that one GPU routes: the tensor-parallel group's tokens, split
     over tp by sequence parallelism (Megatron's MoE layer routes each SP shard on its own)."""
-    sp = (P.sequence_parallel > 0) & (P.tp > 1)
+    sp = sequence_parallel_on(P)
     return P.micro_batch * model.seq_length / P.cp / np.where(sp, P.tp, 1.0)
 
 
@@ -606,7 +606,7 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     # projection (every second mm is rerun), cannot, so that gather stays exposed.
     if job.kernels != "te":
         rerun = 0.5 * ar * TP_EXPOSED_FWD + 0.25 * tp_fwd
-        selective = selective + np.where((P.recompute == 1) & sp_all_gathers(P), rerun, 0.0)
+        selective = selective + np.where((P.recompute == 1) & sequence_parallel_on(P), rerun, 0.0)
 
     # LM head (last stage): logits GEMM M=tokens, K=h, N=V/t, forward + backward; outside the
     # low-precision autocast (Megatron's output layer is not a TE module), so bf16/fp16.
@@ -682,11 +682,6 @@ def layers_sum(terms: dict, per_layer, n, lead):
     if "lead" not in terms:
         return n * main
     return (n - lead) * main + lead * shape(per_layer(terms["lead"]))
-
-
-def sp_all_gathers(P: PlanArrays) -> np.ndarray:
-    """Whether a plan's tensor-parallel layers gather their sequence-parallel input (sp, tp > 1)."""
-    return (P.sequence_parallel > 0) & (P.tp > 1)
 
 
 def selective_recompute_s(model: ModelSpec, layer: dict, P: PlanArrays, tp_fwd, ep_fwd) -> np.ndarray:
