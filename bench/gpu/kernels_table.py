@@ -100,8 +100,9 @@ def elementwise_rows():
 
 def failure(exc: Exception, *fields: str) -> dict:
     """The cells of a measurement that failed (a shape or kernel this build lacks): its fields
-    empty and the error in one line."""
-    return {**{f: "" for f in fields}, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
+    empty and the error in one line (an exception without a message: its type alone)."""
+    first_line = (str(exc).splitlines() or [""])[0][:120]
+    return {**{f: "" for f in fields}, "error": f"{type(exc).__name__}: {first_line}"}
 
 
 def write_csv(path, rows: list[dict]) -> None:

@@ -41,6 +41,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+import kernels_table  # same folder: the failed-measurement cells
+
 REPEATS = 10
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -144,8 +146,9 @@ def measure(cfg, kind, op, dtype, fn, arg_sets, flop, shape, pass_):
 
 
 def failure(cfg, kind, op, exc, dtype="bf16"):
-    return {**cfg, "kind": kind, "op": op, "dtype": dtype, "pass": "", "shape": "", "median_ms": "", "tflops": "",
-            "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"}
+    """A row whose measurement failed: its identity, empty cells, the error (kernels_table.failure)."""
+    return {**cfg, "kind": kind, "op": op, "dtype": dtype,
+            **kernels_table.failure(exc, "pass", "shape", "median_ms", "tflops")}
 
 
 def fwd_and_bwd(cfg, kind, op, make, flop_fwd, shape, passes=("fwd", "fwd_bwd")):
