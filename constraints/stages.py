@@ -12,7 +12,7 @@ the problem is a small integer program:
   rank loads  N_r = Σ_{s ≡ r} n_s,  K_r = Σ_{s ≡ r} min(k, n_s)
   time        T_r = a·N_r + b·K_r + [r last]·h           (seconds per microbatch, from the model)
   memory      c_r + w_r·N_r + x_r·K_r <= HBM − reserve  (bytes, from the model, per rank)
-  params      P_r = p0_r + p1·N_r <= Pmax                 (the optimizer step waits for the largest)
+  optimizer   P_r = p0_r + p1·N_r <= Pmax   (optimizer-state elements; the step waits for the largest)
   objective   m·T* + (Σ_r T_r − T*)/vpp + opt·Pmax, T* = max_r T_r; times vpp this is
               (m·vpp − 1)·T* + b·Σ K_r + vpp·opt·Pmax + const — linear.
 
@@ -35,6 +35,15 @@ so they are ordered n_{r,0} >= n_{r,1} >= ...; two middle ranks differ only in i
 microbatches (fewer on later ranks), so giving the later rank the larger load never hurts: middle
 ranks' loads are non-decreasing. With leading dense layers both hold only where no stage involved
 can hold one (stage index >= D: its prefix is >= D). One worker, fixed seed: deterministic.
+
+A pipelined hybrid stack (Nemotron-H / Nemotron 3: one Mamba, attention, MLP or MoE block per
+layer) has as many layer kinds as block kinds, in the pattern's order: stage s spans layers
+[e_s, e_{s+1}) and holds C_X(e_{s+1}) − C_X(e_s) blocks of kind X (C_X: the pattern's running
+count of X, a table read with AddElement), recomputing C_X(e_s + ks_s) − C_X(e_s); every kind has
+its own a, b, w, x, p1 probed from the model with one block of that kind per rank. No symmetry
+holds there. The optimizer term counts optimizer-state elements (a MoE block's experts are
+sharded over expert-data-parallel, its other weights over data-parallel), in units whose step
+costs one time unit.
 """
 from __future__ import annotations
 
@@ -49,10 +58,11 @@ from ortools.sat.python import cp_model
 from constraints.solve import SEED, WORKERS, interruptible_solve, new_solver
 from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays
-from planner.analytical.layer_kinds import lead_layers
+from planner.analytical.hybrid import rank_excess_s
+from planner.analytical.layer_kinds import by_block, lead_layers
 from planner.analytical.memory import rank_memory
 from planner.analytical.time import optimizer_step_bytes_per_param, per_layer_terms, rank_microbatch_s
-from planner.model import ModelSpec
+from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import balanced_layout
 from planner.plan import JobSpec, Plan
 
@@ -62,8 +72,14 @@ TIME_SCALE = 10**6   # one microbatch on the balanced split's rank ~ 1e6 integer
                      # scales made CP-SAT slow to prove; coarser ones lost near-ties: tests)
 MEMORY_STEPS = 10**7  # memory unit = capacity / 1e7 (~8 KB on 80 GB), coefficients rounded up:
                       # the solver never admits a split the model rejects
-PARAM_UNIT = 1e3     # parameters counted in thousands
+PARAM_UNIT = 1e3     # parameters counted in thousands where the optimizer step costs nothing
 FIXED_SEARCH_MAX_SPLITS = 10**4  # up to this many layer splits, search over the splits (solve_stages)
+# A hybrid stack's per-block problem (_solve_blocks): its element constraints do not prove 8-16
+# stages within seconds (Nemotron 3 Super, pp 8 vpp 2: no solution in 3 units of deterministic
+# time, ~12 s here), so it is searched near the mean-block answer, in deterministic time units.
+BLOCK_WORK_LIMIT = 0.25
+BLOCK_WINDOW = 3  # layers each stage bound may move from the mean-block answer (Nemotron 3 Nano at
+                  # pp 8 vpp 2: the window's optimum is the whole problem's, proven in 0.7 s; in 6 s whole)
 
 
 @dataclass(frozen=True)
@@ -78,12 +94,12 @@ class StageProblem:
     a: int                          # per layer, per microbatch (scaled time)
     b: int                          # per recomputed layer
     h: int                          # LM head (last rank)
-    opt: int                        # optimizer step per parameter element (scaled time)
+    opt: int                        # 1: the optimizer step of one unit of p (0: it costs nothing)
     c: tuple[int, ...]              # per rank: fixed memory (capacity / MEMORY_STEPS units)
     w: tuple[int, ...]              # per rank: memory per layer
     x: tuple[int, ...]              # per rank: memory change per recomputed layer (<= 0)
-    p0: tuple[int, ...]             # per rank: fixed parameters (elements)
-    p1: int                         # parameters per layer
+    p0: tuple[int, ...]             # per rank: fixed optimizer-state elements (in units of one time unit's step)
+    p1: int                         # optimizer-state elements per layer
     capacity: int                   # the same units
     lead: int = 0                   # leading dense layers of the model (their own coefficients:)
     a_d: int = 0
@@ -91,6 +107,15 @@ class StageProblem:
     w_d: tuple[int, ...] = ()
     x_d: tuple[int, ...] = ()
     p1_d: int = 0
+    # A pipelined hybrid stack (layer_kinds.by_block): a layer's costs follow its block, so a
+    # stage's costs are its blocks', read off the pattern at the stage's bounds. Per kind:
+    pattern: str = ""                       # the block pattern ("" : layers priced by a, b, w, ...)
+    kinds: tuple[str, ...] = ()
+    a_k: tuple[int, ...] = ()               # per held block (scaled time)
+    b_k: tuple[int, ...] = ()               # per recomputed block
+    w_k: tuple[tuple[int, ...], ...] = ()   # per rank, per kind: memory per held block
+    x_k: tuple[tuple[int, ...], ...] = ()   # per rank, per kind: memory change per recomputed block
+    p1_k: tuple[int, ...] = ()              # optimizer-state elements per held block
 
 
 @dataclass(frozen=True)
@@ -103,6 +128,7 @@ class StageSolution:
     constraints: int
     wall_s: float
     objective: int | None = None
+    window: int | None = None         # a hybrid's stage bounds searched within this many layers of a hint's
 
     @property
     def stage_recompute(self) -> tuple[int, ...] | None:
@@ -124,7 +150,9 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
     Q = replace(P, rank_index=idx, rank_layers=lay, rank_recompute=rec, rank_lead_layers=lead,
                 rank_lead_recompute=lead_rc)
     mem = rank_memory(model, system, job, Q)
-    hbm, params = mem["hbm"][0], mem["params_elems"][0]
+    # the optimizer step reads and writes each rank's optimizer-state elements (dense ones
+    # sharded over dp, expert ones over expert-dp: not a fixed share of the parameters)
+    hbm, params = mem["hbm"][0], mem["opt_elems"][0]
     times = rank_microbatch_s(per_layer_terms(model, system, job, Q), Q)[0]
     zero, one, one_rc = slice(0, p), slice(p, 2 * p), slice(2 * p, 3 * p)
     one_d, one_d_rc = slice(3 * p, 4 * p), slice(4 * p, 5 * p)
@@ -137,9 +165,36 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
         "p0": params[zero], "p1": params[one][0] - params[zero][0],
         "opt_s_per_elem": optimizer_step_bytes_per_param(job) / (system.accelerator.hbm_bandwidth_bytes_per_s
                                                        * system.accelerator.efficiency.hbm_efficiency),
-        "opt_elems_per_param": float(mem["opt_elems"][0][p] - mem["opt_elems"][0][0])
-        / max(params[one][0] - params[zero][0], 1e-30),
     }
+
+
+def _probe_blocks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> dict:
+    """Exact per-block coefficients of a pipelined hybrid stack: every rank r costed with no
+    block, one block of each kind, and that block recomputed in full, given to the model as the
+    blocks-per-rank counts it reads (`layer_kinds.rank_block_counts`' form)."""
+    P = PlanArrays.from_plans([plan], model.layers, 0)
+    p = plan.pp
+    kinds = [k for k in HYBRID_BLOCKS if model.blocks(k)]
+    probes = 1 + 2 * len(kinds)  # none; per kind: held, held and recomputed
+    held, rec = np.zeros((probes * p, len(kinds))), np.zeros((probes * p, len(kinds)))
+    for j in range(len(kinds)):
+        held[(1 + 2 * j) * p:(3 + 2 * j) * p, j] = 1.0
+        rec[(2 + 2 * j) * p:(3 + 2 * j) * p, j] = 1.0
+    zeros = np.zeros((1, probes * p))
+    Q = replace(P, rank_index=np.tile(np.arange(p, dtype=np.float64), probes)[None, :],
+                rank_layers=held.sum(axis=1)[None, :], rank_recompute=rec.sum(axis=1)[None, :],
+                rank_lead_layers=zeros, rank_lead_recompute=zeros)
+    counts = (kinds, [(np.array([0]), held, rec)])
+    terms = per_layer_terms(model, system, job, Q)
+    times = rank_microbatch_s(terms, Q, rank_excess_s(model, system, job, Q, terms, counts))[0]
+    mem = rank_memory(model, system, job, Q, by_block=True, counts=counts)
+    hbm, params = mem["hbm"][0], mem["opt_elems"][0]
+    one = [slice((1 + 2 * j) * p, (2 + 2 * j) * p) for j in range(len(kinds))]
+    one_rc = [slice((2 + 2 * j) * p, (3 + 2 * j) * p) for j in range(len(kinds))]
+    return {"kinds": kinds,
+            "a": [times[i][0] - times[0] for i in one], "b": [times[i][0] - times[o][0] for o, i in zip(one, one_rc)],
+            "w": [hbm[i] - hbm[:p] for i in one], "x": [hbm[i] - hbm[o] for o, i in zip(one, one_rc)],
+            "p1": [params[i][0] - params[0] for i in one]}
 
 
 def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> StageProblem | None:
@@ -153,27 +208,46 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
     # time unit: one microbatch on a rank of the balanced split ~ TIME_SCALE
     ref = model.layers / plan.pp * (pr["a"] + max(pr["b"], 0.0)) + pr["h"]
     unit = ref / TIME_SCALE
-    opt_per_param = pr["opt_s_per_elem"] * pr["opt_elems_per_param"] * v
+    opt_per_param = pr["opt_s_per_elem"] * v
+    # parameters in units whose optimizer step takes one time unit (opt = 1), so rounding them
+    # costs under a time unit (in thousands, a small model's step per unit rounded to 0: ignored)
+    param_unit = unit / opt_per_param if opt_per_param > 0 else PARAM_UNIT
+    params_in = lambda x: int(round(x / param_unit))  # noqa: E731
     capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
     unit_bytes = max(capacity, 1.0) / MEMORY_STEPS
     mib = lambda x: int(np.ceil(x / unit_bytes))  # noqa: E731
     return StageProblem(
         layers=model.layers, pp=plan.pp, vpp=v, microbatches=m, recompute=plan.recompute == "full",
         a=max(1, round(pr["a"] / unit)), b=max(0, round(pr["b"] / unit)), h=max(0, round(pr["h"] / unit)),
-        opt=round(opt_per_param / unit * PARAM_UNIT),
+        opt=1 if opt_per_param > 0 else 0,
         c=tuple(mib(x) for x in pr["c"]), w=tuple(mib(x) for x in pr["w"]), x=tuple(mib(x) for x in pr["x"]),
-        p0=tuple(int(round(x / PARAM_UNIT)) for x in pr["p0"]), p1=max(0, int(round(pr["p1"] / PARAM_UNIT))),
+        p0=tuple(params_in(x) for x in pr["p0"]), p1=max(0, params_in(pr["p1"])),
         capacity=int(capacity // unit_bytes),
         **({} if not lead_layers(model) else dict(
             lead=lead_layers(model), a_d=max(1, round(pr["a_d"] / unit)), b_d=max(0, round(pr["b_d"] / unit)),
             w_d=tuple(mib(x) for x in pr["w_d"]), x_d=tuple(mib(x) for x in pr["x_d"]),
-            p1_d=max(0, int(round(pr["p1_d"] / PARAM_UNIT))))))
+            p1_d=max(0, params_in(pr["p1_d"])))),
+        **({} if not (by_block(model) and not any(job.bf16_layers)) else _by_block_fields(
+            model, _probe_blocks(model, system, job, plan), unit, mib, params_in)))
+
+
+def _by_block_fields(model: ModelSpec, pr: dict, unit: float, mib, params_in) -> dict:
+    """StageProblem's per-kind fields, in its units (bf16 first/last layers keep the mean block,
+    as the model's time does: hybrid.rank_excess_s)."""
+    per_rank = lambda per_kind: tuple(tuple(mib(x[r]) for x in per_kind) for r in range(len(per_kind[0])))  # noqa: E731
+    return dict(pattern=model.hybrid_pattern, kinds=tuple(pr["kinds"]),
+                a_k=tuple(max(1, round(x / unit)) for x in pr["a"]), b_k=tuple(max(0, round(x / unit)) for x in pr["b"]),
+                w_k=per_rank(pr["w"]), x_k=per_rank(pr["x"]),
+                p1_k=tuple(max(0, params_in(x)) for x in pr["p1"]))
 
 
 @functools.lru_cache(maxsize=4096)
-def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_value: int | None = None) -> StageSolution:
+def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_value: int | None = None,
+                 hint: tuple | None = None, work_limit: float | None = None, window: int | None = None) -> StageSolution:
     """CP-SAT over the per-stage variables (see the module docstring); `k_value` fixes the
-    recompute count."""
+    recompute count. `hint`: (stage layers, k) to start from; `work_limit`: a cap on CP-SAT's
+    deterministic time (the same answer on any machine, unlike the wall-clock limit); `window`:
+    a hybrid stack's stage bounds kept within that many layers of the hint's."""
     t0 = time.perf_counter()
     L, p, v = problem.layers, problem.pp, problem.vpp
     S = p * v
@@ -190,6 +264,58 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
             ks.append(ks_s)
         else:
             ks.append(0)
+    if problem.pattern:
+        near = _bounds(hint[0]) if hint is not None and window is not None else None
+        loads = _block_loads(md, problem, n, ks, near, window)
+    else:
+        loads = _layer_loads(md, problem, n, ks, k)
+    times, memory, params, recompute_sum, horizon, params_max = loads
+    T = md.NewIntVar(0, horizon, "T")
+    pmax = md.NewIntVar(0, params_max, "Pmax")
+    for r in range(p):
+        md.Add(T >= times[r] + (problem.h if r == p - 1 else 0))
+        md.Add(memory[r] <= problem.capacity)
+        md.Add(pmax >= params[r])
+    md.Minimize((problem.microbatches * v - 1) * T + recompute_sum + problem.opt * pmax)
+    # Few splits (C(L−1, S−1) compositions): branch on the layer counts, after which everything
+    # else follows by propagation, so the search tree is at most the splits themselves. CP-SAT's
+    # automatic search (one worker) branched on the wide time and parameter bounds instead and,
+    # for some coefficient values, did not prove a 7-layer, 3-stage problem (15 splits) in 10 s;
+    # on large problems (126 layers over 64 stages) the automatic search is the fast one.
+    fixed_search = math.comb(L - 1, S - 1) <= FIXED_SEARCH_MAX_SPLITS
+    if fixed_search:
+        md.AddDecisionStrategy(n, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
+    # the same solver settings and Ctrl-C handling as the row search (constraints.solve): a
+    # SIGINT during this solve must stop it, not abort the process with the solver mid-flight
+    if hint is not None:
+        for x, value in zip(n, hint[0]):
+            md.AddHint(x, value)
+        if problem.recompute and k_value is None and hint[1]:
+            md.AddHint(k, hint[1])
+    solver = new_solver(time_limit_s)
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = work_limit
+    if fixed_search:
+        solver.parameters.search_branching = cp_model.FIXED_SEARCH
+    status = interruptible_solve(solver, md)
+    proto = md.Proto()
+    name = solver.StatusName(status)
+    wall = time.perf_counter() - t0
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return StageSolution(None, 0, name, False, len(proto.variables), len(proto.constraints), wall)
+    layers = tuple(int(solver.Value(x)) for x in n)
+    kval = int(solver.Value(k)) if problem.recompute else 0
+    if kval == 0 and not problem.pattern:  # (a hybrid's blocks differ with their place)
+        layers = _spread_over_chunks(layers, p, v, problem.lead)
+    return StageSolution(layers, kval, name, status == cp_model.OPTIMAL, len(proto.variables),
+                         len(proto.constraints), wall, int(solver.ObjectiveValue()))
+
+
+def _layer_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list, k):
+    """Per rank: (time, memory, parameters) from its layer counts, each layer kind (the repeated
+    layer, a MoE model's leading dense layers) at its coefficients; Σ_r of the recompute time;
+    bounds on the time and parameters. Adds the exact symmetry breaking (module docstring)."""
+    L, p, v, S = problem.layers, problem.pp, problem.vpp, len(n)
     N = [sum(n[c * p + r] for c in range(v)) for r in range(p)]
     K = [sum(ks[c * p + r] for c in range(v)) for r in range(p)]
     # leading dense layers: d_s of stage s (only s < D can hold any), dk_s of them recomputed
@@ -215,44 +341,72 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
                 md.Add(n[c * p + r] >= n[(c + 1) * p + r])
     for r in range(max(1, D), p - 2):
         md.Add(N[r] <= N[r + 1])
-    horizon = (max(problem.a, a_d) + max(problem.b, b_d)) * L + problem.h
-    T = md.NewIntVar(0, horizon, "T")
-    for r in range(p):
-        time_r = problem.a * N[r] + (a_d - problem.a) * Dr[r] + problem.b * K[r] + (b_d - problem.b) * DKr[r]
-        md.Add(T >= time_r + (problem.h if r == p - 1 else 0))
-        md.Add(problem.c[r] + problem.w[r] * N[r] + (w_d[r] - problem.w[r]) * Dr[r] + problem.x[r] * K[r]
-               + (x_d[r] - problem.x[r]) * DKr[r] <= problem.capacity)
-    pmax = md.NewIntVar(0, max(problem.p0) + max(problem.p1, p1_d) * L, "Pmax")
-    for r in range(p):
-        md.Add(pmax >= problem.p0[r] + problem.p1 * N[r] + (p1_d - problem.p1) * Dr[r])
+    times = [problem.a * N[r] + (a_d - problem.a) * Dr[r] + problem.b * K[r] + (b_d - problem.b) * DKr[r]
+             for r in range(p)]
+    memory = [problem.c[r] + problem.w[r] * N[r] + (w_d[r] - problem.w[r]) * Dr[r] + problem.x[r] * K[r]
+              + (x_d[r] - problem.x[r]) * DKr[r] for r in range(p)]
+    params = [problem.p0[r] + problem.p1 * N[r] + (p1_d - problem.p1) * Dr[r] for r in range(p)]
     # Σ_r T_r: the recompute part varies with the split (the layer part is a constant)
     recompute_sum = problem.b * sum(K) + (b_d - problem.b) * sum(DKr)
-    md.Minimize((problem.microbatches * v - 1) * T + recompute_sum + problem.opt * pmax)
-    # Few splits (C(L−1, S−1) compositions): branch on the layer counts, after which everything
-    # else follows by propagation, so the search tree is at most the splits themselves. CP-SAT's
-    # automatic search (one worker) branched on the wide time and parameter bounds instead and,
-    # for some coefficient values, did not prove a 7-layer, 3-stage problem (15 splits) in 10 s;
-    # on large problems (126 layers over 64 stages) the automatic search is the fast one.
-    fixed_search = math.comb(L - 1, S - 1) <= FIXED_SEARCH_MAX_SPLITS
-    if fixed_search:
-        md.AddDecisionStrategy(n, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
-    # the same solver settings and Ctrl-C handling as the row search (constraints.solve): a
-    # SIGINT during this solve must stop it, not abort the process with the solver mid-flight
-    solver = new_solver(time_limit_s)
-    if fixed_search:
-        solver.parameters.search_branching = cp_model.FIXED_SEARCH
-    status = interruptible_solve(solver, md)
-    proto = md.Proto()
-    name = solver.StatusName(status)
-    wall = time.perf_counter() - t0
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return StageSolution(None, 0, name, False, len(proto.variables), len(proto.constraints), wall)
-    layers = tuple(int(solver.Value(x)) for x in n)
-    kval = int(solver.Value(k)) if problem.recompute else 0
-    if kval == 0:
-        layers = _spread_over_chunks(layers, p, v, problem.lead)
-    return StageSolution(layers, kval, name, status == cp_model.OPTIMAL, len(proto.variables),
-                         len(proto.constraints), wall, int(solver.ObjectiveValue()))
+    horizon = (max(problem.a, a_d) + max(problem.b, b_d)) * L + problem.h
+    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1, p1_d) * L
+
+
+def _bounds(layers: tuple[int, ...]) -> list[int]:
+    return [sum(layers[:s]) for s in range(len(layers) + 1)]
+
+
+def _block_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list, near: list[int] | None = None,
+                 window: int | None = None):
+    """`_layer_loads` of a hybrid stack, each block at its kind's coefficients. Stage s spans
+    layers [e_s, e_s + n_s) of the pattern (e_s = Σ_{s'<s} n_s'), so it holds
+    C_X(e_{s+1}) − C_X(e_s) blocks of kind X, C_X(i) the count of X among the pattern's first i
+    (a table, read with AddElement), and recomputes C_X(e_s + ks_s) − C_X(e_s) (block recompute:
+    its first ks_s). No symmetry breaking: the stages' blocks differ with their place. `near`,
+    `window`: each bound e_s kept within `window` layers of near[s]."""
+    L, p, S = problem.layers, problem.pp, len(n)
+    kinds = range(len(problem.kinds))
+    table = [[problem.pattern[:i].count(x) for i in range(L + 1)] for x in problem.kinds]
+
+    def count_before(j: int, index, name: str):
+        if isinstance(index, int):
+            return table[j][index]
+        out = md.NewIntVar(0, table[j][L], name)
+        md.AddElement(index, table[j], out)
+        return out
+    bounds: list = [0]
+    for s in range(1, S):
+        lo, hi = s, L - S + s
+        if near is not None:
+            lo, hi = max(lo, near[s] - window), min(hi, near[s] + window)
+        e = md.NewIntVar(lo, hi, f"e{s}")
+        md.Add(e == sum(n[:s]))
+        bounds.append(e)
+    bounds.append(L)
+    before = [[count_before(j, e, f"c{j}_{s}") for s, e in enumerate(bounds)] for j in kinds]
+    # terms collected, then summed: OR-tools' `+=` on an expression may extend it in place, and
+    # the boundary expressions are shared by neighbouring stages
+    held_terms = [[[] for _ in kinds] for _ in range(p)]
+    recomputed_terms = [[[] for _ in kinds] for _ in range(p)]
+    for s in range(S):
+        r = s % p  # Megatron's order: virtual stage s = chunk·pp + rank
+        end = None
+        if problem.recompute:
+            end = md.NewIntVar(0, L, f"rc_end{s}")
+            md.Add(end == bounds[s] + ks[s])
+        for j in kinds:
+            held_terms[r][j] += [before[j][s + 1], -before[j][s]]
+            if end is not None:
+                recomputed_terms[r][j] += [count_before(j, end, f"rc{j}_{s}"), -before[j][s]]
+    held = [[sum(t) for t in per_rank] for per_rank in held_terms]
+    recomputed = [[sum(t) for t in per_rank] for per_rank in recomputed_terms]
+    times = [sum(problem.a_k[j] * held[r][j] + problem.b_k[j] * recomputed[r][j] for j in kinds) for r in range(p)]
+    memory = [problem.c[r] + sum(problem.w_k[r][j] * held[r][j] + problem.x_k[r][j] * recomputed[r][j] for j in kinds)
+              for r in range(p)]
+    params = [problem.p0[r] + sum(problem.p1_k[j] * held[r][j] for j in kinds) for r in range(p)]
+    recompute_sum = sum(problem.b_k[j] * recomputed[r][j] for r in range(p) for j in kinds)
+    horizon = (max(problem.a_k) + max(problem.b_k)) * L + problem.h
+    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1_k) * L
 
 
 def solve_over_k(problem: StageProblem, budget_s: float = TIME_LIMIT_S) -> StageSolution:
@@ -286,8 +440,11 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
     problem = stage_problem(model, system, job, plan)
     if problem is None:
         return None, None
-    sol = solve_stages(problem, FREE_K_LIMIT_S if problem.recompute else TIME_LIMIT_S)
-    if problem.recompute and not sol.proven_optimal:
+    if problem.pattern:
+        sol, solve = _solve_blocks(problem), _solve_blocks
+    else:
+        sol, solve = solve_stages(problem, FREE_K_LIMIT_S if problem.recompute else TIME_LIMIT_S), solve_stages
+    if problem.recompute and not sol.proven_optimal and not problem.pattern:
         # k as a variable did not prove in time (it happens even on 4 stages): enumerate k
         alt = solve_over_k(problem)
         better = alt if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective <= sol.objective) \
@@ -299,17 +456,67 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
     if plan.recompute == "full" and job.pins.get("recompute") != "full":
         plain = plan.model_copy(update={"recompute": "none", "recompute_num_layers": None,
                                         "stage_recompute_layers": None})
-        alt = solve_stages(stage_problem(model, system, job, plain))
+        alt = solve(stage_problem(model, system, job, plain))
         merged = dict(variables=sol.variables + alt.variables, constraints=sol.constraints + alt.constraints,
                       wall_s=sol.wall_s + alt.wall_s,
-                      # proven: each sub-problem solved to optimality or proven infeasible
-                      proven_optimal=all(x.status in ("OPTIMAL", "INFEASIBLE") for x in (sol, alt)))
+                      # proven: each sub-problem solved whole, to optimality or proven infeasible
+                      proven_optimal=all(x.status in ("OPTIMAL", "INFEASIBLE") and x.window is None for x in (sol, alt)))
         if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective < sol.objective):
             sol, plan = alt, plain
         sol = replace(sol, **merged)
     if sol.stage_layers is None:
         return None, sol
     return plan_with_stages(plan, sol), sol
+
+
+def _solve_blocks(problem: StageProblem) -> StageSolution:
+    """A hybrid stack's per-block problem. Few splits (as in solve_stages' fixed search): solved
+    whole, proven. Else around the answer of its mean-block twin (the same problem with every layer
+    the pattern's mean block, as the search costed hybrids before): each stage bound within
+    BLOCK_WINDOW layers of the twin's, each solve within BLOCK_WORK_LIMIT of CP-SAT's
+    deterministic time; optimal in that window at best, so not reported as proven."""
+    S = problem.pp * problem.vpp
+    if math.comb(problem.layers - 1, S - 1) <= FIXED_SEARCH_MAX_SPLITS:  # few splits: all of them
+        return solve_stages(problem, TIME_LIMIT_S)
+    mean = solve_stages(replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=()),
+                        TIME_LIMIT_S, work_limit=BLOCK_WORK_LIMIT)
+    if mean.stage_layers is None:
+        return mean
+    hint = (mean.stage_layers, mean.recompute_layers)
+    sol = solve_stages(problem, TIME_LIMIT_S, hint=hint, work_limit=BLOCK_WORK_LIMIT, window=BLOCK_WINDOW)
+    if sol.stage_layers is not None:  # a FEASIBLE answer's T and Pmax may be above its ranks' max
+        sol = replace(sol, objective=block_objective(problem, sol.stage_layers, sol.recompute_layers))
+    # CP-SAT's presolve may drop the hint: where its answer is worse than the hint's (or it found
+    # none in its work limit), the hint stands
+    at_hint = block_objective(problem, *hint)
+    if at_hint is not None and (sol.objective is None or at_hint < sol.objective):
+        sol = replace(sol, stage_layers=hint[0], recompute_layers=hint[1], status="FEASIBLE", objective=at_hint)
+    return replace(sol, variables=sol.variables + mean.variables, constraints=sol.constraints + mean.constraints,
+                   wall_s=sol.wall_s + mean.wall_s, proven_optimal=False, window=BLOCK_WINDOW)
+
+
+def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:
+    """The per-block problem's objective at a split and recompute count (k per stage, its first
+    blocks), block by block; None where a rank's memory exceeds the capacity."""
+    p = problem.pp
+    times, memory, params, recomputed = [0] * p, list(problem.c), list(problem.p0), 0
+    at = 0
+    for s, n in enumerate(layers):
+        r = s % p
+        for i, block in enumerate(problem.pattern[at:at + n]):
+            j = problem.kinds.index(block)
+            times[r] += problem.a_k[j]
+            memory[r] += problem.w_k[r][j]
+            params[r] += problem.p1_k[j]
+            if problem.recompute and i < k:
+                times[r] += problem.b_k[j]
+                memory[r] += problem.x_k[r][j]
+                recomputed += problem.b_k[j]
+        at += n
+    if max(memory) > problem.capacity:
+        return None
+    slowest = max(times[r] + (problem.h if r == p - 1 else 0) for r in range(p))
+    return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * max(params)
 
 
 def _spread_over_chunks(layers: tuple[int, ...], p: int, v: int, lead: int) -> tuple[int, ...]:

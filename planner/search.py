@@ -154,7 +154,8 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
         info = {"variables": sol.variables, "constraints": sol.constraints, "status": sol.status,
                 "proven_optimal": sol.proven_optimal, "solve_s": sol.wall_s,
                 "stage_layers": list(sol.stage_layers) if sol.stage_layers else None,
-                "recompute_layers_per_stage": sol.recompute_layers, "kept": False}
+                "recompute_layers_per_stage": sol.recompute_layers, "kept": False,
+                **({"window_layers": sol.window} if sol.window is not None else {})}
         best = Ranked(plan=r.plan, estimate=r.estimate, objective=r.objective, stages=info)
         if cand is not None:
             est = estimate(model, system, cand, job)

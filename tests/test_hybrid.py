@@ -8,6 +8,7 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
@@ -347,3 +348,38 @@ def test_bf16_tail_layers_without_an_attention_block_keep_the_mtp_module():
     result = CliRunner().invoke(app, ["estimate", "-m", "nemotron-3-super", "-s", "b200", "-g", "64", "--tp", "1",
                                       "--pp", "1", "--ep", "64", "-b", "512", "--dtype", "nvfp4", "--bf16-layers", "0,4"])
     assert result.exit_code == 0, result.output
+
+
+def test_a_recomputed_hybrid_stage_reruns_its_first_blocks():
+    """Megatron's block recompute reruns a stage's first k layers, so what a hybrid rank reruns
+    depends on which blocks come first. Pattern (13 Mamba, 13 MoE) twice at pp 2, one stage per
+    rank, 13 layers recomputed on rank 0 and 14 on rank 1: rank 0 reruns exactly its 13 Mamba
+    blocks and keeps its 13 MoE blocks' activations, rank 1 its 13 Mamba blocks and one MoE
+    block (a spread-evenly model would rerun 6.5 of each on rank 0). By hand: each recomputed
+    block adds the TP and CP collectives of a forward and its own forward (a MoE block's with
+    its all-to-all); each keeps its input (2 bytes x tokens x h) instead of its activations."""
+    from planner.analytical import PlanArrays
+    from planner.analytical import time as tm
+    from planner.analytical.hybrid import block_forward_s, block_fwd_s
+    from planner.analytical.memory import RankColumns, activation_bytes_per_layer, rank_memory
+    from planner.analytical.ranks import pipeline_ranks
+    model = ModelSpec(**{**NANO.model_dump(), "hybrid_pattern": ("M" * 13 + "E" * 13) * 2})
+    system, job = load_system("h100-sxm", 16), JobSpec(global_batch=64)
+    base = Plan(pp=2, dp=8, ep=8, micro_batch=1, global_batch=64, stage_layers=(26, 26))
+    plan = base.model_copy(update={"recompute": "full", "stage_recompute_layers": (13, 14)})
+    P = PlanArrays.from_plans([plan], model.layers, 0)
+    terms = tm.per_layer_terms(model, system, job, P)
+    blocks = block_fwd_s(model, system, job, P)
+    fwd = {k: float(block_forward_s(b)[0]) for k, b in blocks.items()}
+    a2a_fwd = float(terms["ep_fwd"][0]) * 52 / 26  # the mean layer's over the MoE share
+    comm = float((terms["tp_fwd"] + terms["cp_fwd"])[0])
+    plain = [r.microbatch_s for r in pipeline_ranks(model, system, job, base)]
+    ranks = [r.microbatch_s for r in pipeline_ranks(model, system, job, plan)]
+    assert ranks[0] - plain[0] == pytest.approx(13 * (comm + fwd["M"]), rel=1e-9)
+    assert ranks[1] - plain[1] == pytest.approx(14 * comm + 13 * fwd["M"] + fwd["E"] + a2a_fwd, rel=1e-9)
+    # memory: rank 0 keeps 13 inputs and 13 MoE blocks' full activations
+    C = RankColumns(P)
+    kept_e = float(np.ravel(activation_bytes_per_layer(model.model_copy(update={"hybrid_pattern": "E", "layers": 1}),
+                                                      job, C)[1])[0])
+    act = rank_memory(model, system, job, P, by_block=True)["activations_per_microbatch"][0]
+    assert act[0] == pytest.approx(13 * 2 * 8192 * model.hidden + 13 * kept_e, rel=1e-12)

@@ -4,9 +4,9 @@ with its own pre-norm and residual add, instead of attention followed by an MLP.
 
 A layer is costed as the pattern's mean block: exact for a rank that holds the whole stack
 (pp = 1, every Nemotron-3 Nano recipe) and for stages whose blocks mix as the whole pattern does.
-With pipelining, each rank's time adds what its own blocks cost beyond that (`rank_excess_s`)
-and its memory is its own blocks' (memory.rank_memory with by_block); only the stage search's
-per-layer probes (constraints/stages.py) keep the mean block.
+With pipelining, each rank's time adds what its own blocks cost beyond that (`rank_excess_s`),
+the blocks it recomputes in full included, and its memory is its own blocks' (memory.rank_memory
+with by_block); the stage search prices each block at its kind too (constraints/stages.py).
 
 The attention, dense-MLP and MoE blocks are the halves of a transformer layer (time.py) with half
 of its element-wise lump and launch overhead each. The Mamba-2 block (Megatron-Core
@@ -185,7 +185,7 @@ def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan
     explicit = plan.model_copy(update={"stage_layers": plan_layout(plan, model.layers)})
     P = PlanArrays.from_plans([explicit], model.layers, lead_layers(model))
     blocks = block_fwd_s(model, system, job, P)
-    kinds, [(_, counts)] = rank_block_counts(model, P)
+    kinds, [(_, counts, _)] = rank_block_counts(model, P)
     cost = np.array([float(np.ravel(block_forward_s(blocks[k]))[0]) for k in kinds])
     mean = sum(cost[kinds.index(c)] for c in model.hybrid_pattern) / model.layers
     own = counts @ cost  # per representative column: every rank, in order, then repeats
@@ -194,27 +194,35 @@ def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan
     return int(P.rank_index[0, j]), float(own[j] / (layers * mean) - 1.0) if layers else 0.0
 
 
-def rank_excess_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, terms: dict) -> dict | None:
+def rank_excess_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, terms: dict,
+                  counts=None) -> dict | None:
     """What each representative rank of a pipelined hybrid stack costs per microbatch beyond its
     layer count at the mean block (the layer the per-layer terms describe): (n, R) seconds of its
     forward and backward compute and of its blocks' expert all-to-all, forward and backward, from
-    the blocks it really holds (`rank_block_counts`). Zero for a rank holding the pattern's mix.
-    None where the mean block is exact (no pipelining) or not the terms' layer (bf16 first/last
-    layers: the terms mix two precisions' blocks)."""
+    the blocks it really holds, and of the forward and all-to-all it reruns for the blocks it
+    recomputes in full ("rc_fwd", "rc_ep_fwd"; `rank_block_counts`). Zero for a rank holding the
+    pattern's mix. None where the mean block is exact (no pipelining) or not the terms' layer
+    (bf16 first/last layers: the terms mix two precisions' blocks). `counts`: the blocks per
+    rank, `rank_block_counts(model, P)` unless given (the stage search probes with its own)."""
     if not by_block(model) or not np.any(P.pp > 1) or any(job.bf16_layers):
         return None
     blocks = block_fwd_s(model, system, job, P)
     share_e = model.layers / model.blocks("E") if model.blocks("E") else 0.0
-    # per block of each kind (rank_block_sum broadcasts a number or one value per row)
+    fwd = {k: block_forward_s(b) for k, b in blocks.items()}
+    ep_fwd = {"E": terms["ep_fwd"] * share_e}
+    # per block of each kind (rank_block_sum broadcasts a number or one value per row), the mean
+    # block's per-layer term, and whether the rank's recomputed blocks count instead of its held
     cost = {
-        "fwd": {k: block_forward_s(b) for k, b in blocks.items()},
-        "bwd": {k: tm.BACKWARD_FACTOR * block_forward_s(b) + b.get("wgrad_extra", 0.0) for k, b in blocks.items()},
-        "ep_fwd": {"E": terms["ep_fwd"] * share_e},
-        "ep_bwd": {"E": terms["ep_bwd"] * share_e}}
-    mean = {"fwd": terms["fwd_compute"], "bwd": terms["bwd_compute"], "ep_fwd": terms["ep_fwd"],
-            "ep_bwd": terms["ep_bwd"]}
+        "fwd": (fwd, terms["fwd_compute"], False),
+        "bwd": ({k: tm.BACKWARD_FACTOR * block_forward_s(b) + b.get("wgrad_extra", 0.0) for k, b in blocks.items()},
+                terms["bwd_compute"], False),
+        "ep_fwd": (ep_fwd, terms["ep_fwd"], False),
+        "ep_bwd": ({"E": terms["ep_bwd"] * share_e}, terms["ep_bwd"], False),
+        "rc_fwd": (fwd, terms["fwd_compute"], True),
+        "rc_ep_fwd": (ep_fwd, terms["ep_fwd"], True)}
     pipelined = (P.pp > 1)[:, None]
-    counts = rank_block_counts(model, P)
-    return {key: np.where(pipelined, rank_block_sum(model, P, per_block, counts)
-                          - P.rank_layers * np.broadcast_to(mean[key], (len(P),))[:, None], 0.0)
-            for key, per_block in cost.items()}
+    counts = counts or rank_block_counts(model, P)
+    return {key: np.where(pipelined, rank_block_sum(model, P, per_block, counts, recomputed)
+                          - (P.rank_recompute if recomputed else P.rank_layers)
+                          * np.broadcast_to(mean, (len(P),))[:, None], 0.0)
+            for key, (per_block, mean, recomputed) in cost.items()}

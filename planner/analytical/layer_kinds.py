@@ -8,6 +8,7 @@ import numpy as np
 
 from planner.analytical.plans import PlanArrays, has_layout
 from planner.model import HYBRID_BLOCKS, ModelSpec
+from planner.plan import RECOMPUTE_CODES
 from planner.pipeline_layout import balanced_layout, rank_of_stage
 
 
@@ -29,50 +30,77 @@ def by_block(model: ModelSpec) -> bool:
     return bool(model.hybrid_pattern) and not lead_layers(model)
 
 
-def rank_block_counts(model: ModelSpec, P: PlanArrays) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
-    """(block kinds, [(rows, counts)]): the rows of `P` grouped by layout (an explicit one, else
-    the default split of their (pp, vpp)), and for each group the (R, kinds) count of each block
-    kind of a hybrid stack on each representative rank: the pattern cut at the layout, virtual
-    stage j on rank j mod pp. A group's rows share their representative ranks (the default split's,
-    every rank after `plans.with_every_rank`, or an explicit layout's); rows that do not are
-    grouped alone."""
+def rank_block_counts(model: ModelSpec, P: PlanArrays) -> tuple[list[str], list[tuple]]:
+    """(block kinds, [(rows, held, recomputed)]): the rows of `P` grouped by layout (an explicit
+    one, else the default split of their (pp, vpp)) and full-recompute count, and for each group
+    the (R, kinds) count of each block kind of a hybrid stack that each representative rank holds
+    and recomputes in full: the pattern cut at the layout, virtual stage j on rank j mod pp.
+    Megatron's block method recomputes a stage's first layers: with per-stage counts, each
+    stage's first ones; else a rank's first k_r in chunk order (k_r as `plans._rank_columns`
+    counts it: min(k, the rank's layers), k = 0 all). A group's rows share their representative
+    ranks (the default split's, every rank after `plans.with_every_rank`, or an explicit
+    layout's); rows that do not are grouped alone."""
     kinds = [k for k in HYBRID_BLOCKS if model.blocks(k)]
     groups: dict = {}
     explicit = has_layout(P.stage_layout)
-    p, v = P.pp.astype(int), P.vpp.astype(int)
-    keys = p * (v.max() + 1) + v
-    for key in np.unique(keys[~explicit]):  # default splits: one group per (pp, vpp)
-        rows = np.flatnonzero((keys == key) & ~explicit)
-        groups[(int(p[rows[0]]), int(v[rows[0]]), None)] = rows
+    # recompute per group: ("stages", per-stage counts) or ("ranks", k; -1 none, 0 all)
+    k = np.where(P.recompute == RECOMPUTE_CODES["full"], P.recompute_layers, -1.0)
+    keys = np.stack([P.pp, P.vpp, k], axis=1).astype(int)
+    default = np.flatnonzero(~explicit)
+    if len(default):  # default splits: one group per (pp, vpp, recompute count)
+        uniq, inverse = np.unique(keys[default], axis=0, return_inverse=True)
+        for g, (pp, vpp, k_g) in enumerate(uniq):
+            groups[(int(pp), int(vpp), None, ("ranks", int(k_g)))] = default[np.ravel(inverse) == g]
     for i in np.flatnonzero(explicit):
-        groups.setdefault((int(p[i]), int(v[i]), tuple(P.stage_layout[i][0])), []).append(i)
+        layout, stage_rc = P.stage_layout[i]
+        rc = ("stages", tuple(stage_rc)) if stage_rc is not None else ("ranks", int(keys[i, 2]))
+        groups.setdefault((int(keys[i, 0]), int(keys[i, 1]), tuple(layout), rc), []).append(i)
     out = []
-    for (pp, vpp, layout), rows in groups.items():
-        stages = layout or balanced_layout(model.layers, pp, vpp)
-        per_rank = np.zeros((pp, len(kinds)))
-        at = 0
-        for j, n in enumerate(stages):
-            for c in model.hybrid_pattern[at:at + n]:
-                per_rank[rank_of_stage(j, pp), kinds.index(c)] += 1
-            at += n
+    for (pp, vpp, layout, rc), rows in groups.items():
+        held, recomputed = _block_tables(model.hybrid_pattern, kinds, layout or balanced_layout(model.layers, pp, vpp),
+                                         pp, rc)
         rows = np.asarray(rows)
         ranks = P.rank_index[rows].astype(int) % pp
         if np.all(ranks == ranks[0]):
-            out.append((rows, per_rank[ranks[0]]))
+            out.append((rows, held[ranks[0]], recomputed[ranks[0]]))
         else:
-            out += [(rows[j:j + 1], per_rank[ranks[j]]) for j in range(len(rows))]
+            out += [(rows[j:j + 1], held[ranks[j]], recomputed[ranks[j]]) for j in range(len(rows))]
     return kinds, out
 
 
-def rank_block_sum(model: ModelSpec, P: PlanArrays, per_block: dict, counts=None) -> np.ndarray:
-    """(n, R): Σ over the blocks each representative rank holds of `per_block[kind]` (a number, or
-    one per row; kinds not given count 0). `counts`: `rank_block_counts(model, P)`, if at hand."""
+def _block_tables(pattern: str, kinds: list[str], stages: tuple[int, ...], pp: int, rc: tuple):
+    """(held, recomputed): (pp, kinds) block counts per rank. `rc`: ("stages", the count each
+    stage recomputes, its first blocks) or ("ranks", k: each rank's first min(k, its blocks) in
+    chunk order; 0 all, -1 none)."""
+    held, recomputed = np.zeros((pp, len(kinds))), np.zeros((pp, len(kinds)))
+    chunked: list[str] = [""] * pp  # each rank's blocks, chunk by chunk
+    at = 0
+    for j, n in enumerate(stages):
+        r = rank_of_stage(j, pp)
+        chunked[r] += pattern[at:at + n]
+        if rc[0] == "stages":
+            for c in pattern[at:at + rc[1][j]]:
+                recomputed[r, kinds.index(c)] += 1
+        at += n
+    for r, blocks in enumerate(chunked):
+        for c in blocks:
+            held[r, kinds.index(c)] += 1
+        if rc[0] == "ranks" and rc[1] >= 0:
+            for c in blocks[:rc[1] or len(blocks)]:
+                recomputed[r, kinds.index(c)] += 1
+    return held, recomputed
+
+
+def rank_block_sum(model: ModelSpec, P: PlanArrays, per_block: dict, counts=None, recomputed: bool = False) -> np.ndarray:
+    """(n, R): Σ over the blocks each representative rank holds (`recomputed`: recomputes in
+    full) of `per_block[kind]` (a number, or one per row; kinds not given count 0). `counts`:
+    `rank_block_counts(model, P)`, if at hand."""
     kinds, groups = counts or rank_block_counts(model, P)
     values = np.stack([np.broadcast_to(np.asarray(per_block.get(k, 0.0), dtype=np.float64), (len(P),))
                        for k in kinds], axis=1)
     out = np.zeros(P.rank_index.shape)
-    for rows, table in groups:
-        out[rows] = values[rows] @ table.T
+    for rows, held, rec in groups:
+        out[rows] = values[rows] @ (rec if recomputed else held).T
     return out
 
 

@@ -264,20 +264,22 @@ def rank_layer_sum(model: ModelSpec, per_layer, n, lead):
     return (n - lead) * per_layer(model) + lead * per_layer(layer_kinds.lead_layer_model(model))
 
 
-def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
+                 counts=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(transformer-block dense, vocabulary, expert) parameters held by one GPU of each
     representative rank, (n, R). TP shards every matrix (norms are replicated: negligible and
     ignored); EP shards the experts over etp·ep (Megatron parallel folding; etp = tp by default); the first rank holds
     the embedding and the last the LM head (Megatron keeps a copy of a tied embedding there when
     pp > 1; with pp = 1 untied embeddings are two matrices on the one rank). `by_block`: a hybrid
     stack's ranks hold the blocks their layout gives them (P's columns are real ranks with their
-    layouts' layer counts), not their layer count of mean blocks (the stage search's per-layer
-    probes keep the mean); rank_memory's activations likewise."""
+    layouts' layer counts), not their layer count of mean blocks; rank_memory's activations
+    likewise. `counts`: the blocks per rank,
+    `layer_kinds.rank_block_counts(model, P)` unless given (the stage search probes with its own)."""
     C = RankColumns(P)
     n, lead = P.rank_layers, P.rank_lead_layers
     if by_block and layer_kinds.by_block(model):
         # a hybrid stack: the blocks each rank holds (a MoE block's experts are all the stack's)
-        counts = layer_kinds.rank_block_counts(model, P)
+        counts = counts or layer_kinds.rank_block_counts(model, P)
         blocks = layer_kinds.rank_block_sum(model, P, model.non_expert_params_by_block, counts) / C.tp
         per_moe_block = model.expert_params_per_layer * model.layers / max(model.blocks("E"), 1)
         expert = layer_kinds.rank_block_sum(model, P, {"E": per_moe_block}, counts) / (C.etp * C.ep)
@@ -349,12 +351,15 @@ def at_rank(values, index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 
 
 def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
-                by_block: bool = False) -> dict[str, np.ndarray]:
+                by_block: bool = False, counts=None) -> dict[str, np.ndarray]:
     """Bytes per GPU of every representative pipeline rank, (n, R) arrays by category
-    (`by_block`: see stage_params)."""
+    (`by_block`, `counts`: see stage_params)."""
     C = RankColumns(P)
     bpp = job.bytes_per_param
-    blocks, vocab, expert = stage_params(model, P, by_block)
+    by_block = by_block and layer_kinds.by_block(model)
+    if by_block:
+        counts = counts or layer_kinds.rank_block_counts(model, P)
+    blocks, vocab, expert = stage_params(model, P, by_block, counts)
     params = blocks + vocab + expert
     weight_elems, grad_elems, opt_elems = model_state_elems(blocks + vocab, expert, C)
     vocab_w, vocab_g, vocab_o = model_state_elems(vocab, 0.0, C)
@@ -392,15 +397,16 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         lead_not_recomputed = np.where(C.recompute == 2, lead_full, lead_stored)
         act_mb = ((k - lead_k) * stored_per_layer + lead_k * lead_stored
                   + (layers_here - lead - (k - lead_k)) * not_recomputed + (lead - lead_k) * lead_not_recomputed)
-    elif by_block and layer_kinds.by_block(model) and not any(job.bf16_layers):
+    elif by_block and not any(job.bf16_layers):
         # a hybrid rank's own blocks: each kind's activations (the stack cut down to that one
         # block kind is its block), the layers it recomputes in full keeping their input only.
         # Not with bf16 first/last layers: their share is the whole stack's (mean block, as time)
         kept = {kind: np.ravel(np.where(C.recompute == 2, *reversed(activation_bytes_per_layer(
                     model.model_copy(update={"hybrid_pattern": kind, "layers": 1}), job, C))))
                 for kind in HYBRID_BLOCKS if model.blocks(kind)}
-        own = layer_kinds.rank_block_sum(model, P, kept)
-        act_mb = k * stored_per_layer + (layers_here - k) / some_layers * own
+        own = layer_kinds.rank_block_sum(model, P, kept, counts) \
+            - layer_kinds.rank_block_sum(model, P, kept, counts, recomputed=True)
+        act_mb = k * stored_per_layer + own
     else:
         act_mb = k * stored_per_layer + (layers_here - k) * np.where(C.recompute == 2, full_per_layer,
                                                                      stored_per_layer)

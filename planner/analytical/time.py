@@ -741,14 +741,7 @@ def rank_microbatch_s(terms: dict, P: PlanArrays, excess: dict | None = None) ->
            + last * _col(x["logit_fwd"] + x["logit_bwd"]))
     if excess is None:
         return out
-    return out + excess["fwd"] + excess["bwd"] + excess["ep_fwd"] + excess["ep_bwd"] \
-        + recomputed_share(P) * (excess["fwd"] + excess["ep_fwd"])
-
-
-def recomputed_share(P: PlanArrays) -> np.ndarray:
-    """(n, R): the share of each representative rank's layers it recomputes in full (a hybrid
-    rank's block excess is taken to be spread evenly over its layers)."""
-    return np.where(P.rank_layers > 0, P.rank_recompute / np.maximum(P.rank_layers, 1.0), 0.0)
+    return out + sum(excess.values())
 
 
 def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> dict:
@@ -800,11 +793,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     stage_cpep = on_slow(lambda x: x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"],
                          lambda x: x["cp_fwd"] + x["ep_fwd"])
     if excess is not None:
-        share = at(recomputed_share(P))
         stage_fwd = stage_fwd + at(excess["fwd"])
         stage_bwd = stage_bwd + at(excess["bwd"])
-        recompute_compute = recompute_compute + share * at(excess["fwd"])
-        stage_cpep = stage_cpep + at(excess["ep_fwd"] + excess["ep_bwd"]) + share * at(excess["ep_fwd"])
+        recompute_compute = recompute_compute + at(excess["rc_fwd"])
+        stage_cpep = stage_cpep + at(excess["ep_fwd"] + excess["ep_bwd"] + excess["rc_ep_fwd"])
 
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
     # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
@@ -818,6 +810,11 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
                  + layers_sum(terms, lambda x: x["fwd_compute"] + (x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]),
                               P.recompute_total, P.lead_recompute_total)
                  + logit_fwd + logit_bwd)
+    if excess is not None:
+        # a hybrid's held blocks sum to the mean block over the whole pattern, its recomputed
+        # blocks need not: their excess over every rank (with_every_rank: column j is rank j mod pp)
+        distinct = np.arange(P.rank_index.shape[1])[None, :] < _col(p)
+        all_ranks = all_ranks + np.sum(np.where(distinct, excess["rc_fwd"] + excess["rc_ep_fwd"], 0.0), axis=1)
     bubble = np.where(p > 1, np.maximum(all_ranks - at(rank_time), 0.0) / v, 0.0)
     pp_bw, pp_lat = comm.group_link(system, 2, t * c * dp)
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
