@@ -66,8 +66,13 @@ from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import balanced_layout
 from planner.plan import JobSpec, Plan
 
+# Limits in nominal seconds, enforced as CP-SAT's deterministic time (WORK_PER_S units per second,
+# what one worker does in a second on this project's 2-core machine: 0.25-0.33 measured), so that
+# an unproven answer is the same on any machine; the wall clock is only a safety net.
 TIME_LIMIT_S = 10.0
 FREE_K_LIMIT_S = 3.0  # the model with k a variable first; if unproven by then, k is enumerated
+WORK_PER_S = 0.3
+WALL_SAFETY = 3.0     # the wall-clock limit, as a multiple of the nominal one
 TIME_SCALE = 10**6   # one microbatch on the balanced split's rank ~ 1e6 integer units (finer
                      # scales made CP-SAT slow to prove; coarser ones lost near-ties: tests)
 MEMORY_STEPS = 10**7  # memory unit = capacity / 1e7 (~8 KB on 80 GB), coefficients rounded up:
@@ -128,6 +133,7 @@ class StageSolution:
     constraints: int
     wall_s: float
     objective: int | None = None
+    work: float = 0.0                 # CP-SAT deterministic time spent
     window: int | None = None         # a hybrid's stage bounds searched within this many layers of a hint's
 
     @property
@@ -149,14 +155,14 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
     lead_rc = np.repeat([0.0, 0.0, 0.0, 0.0, 1.0], p)[None, :] if lead_layers(model) else np.zeros_like(lay)
     Q = replace(P, rank_index=idx, rank_layers=lay, rank_recompute=rec, rank_lead_layers=lead,
                 rank_lead_recompute=lead_rc)
-    mem = rank_memory(model, system, job, Q)
+    mem = rank_memory(model, system, job, _without_paired_layer(Q))
     # the optimizer step reads and writes each rank's optimizer-state elements (dense ones
     # sharded over dp, expert ones over expert-dp: not a fixed share of the parameters)
     hbm, params = mem["hbm"][0], mem["opt_elems"][0]
     times = rank_microbatch_s(per_layer_terms(model, system, job, Q), Q)[0]
     zero, one, one_rc = slice(0, p), slice(p, 2 * p), slice(2 * p, 3 * p)
     one_d, one_d_rc = slice(3 * p, 4 * p), slice(4 * p, 5 * p)
-    return {
+    return {"paired": _paired_layer_bytes(plan, mem, [one, one_d] if lead_layers(model) else [one]),
         "a_d": times[one_d][0] - times[zero][0], "b_d": times[one_d_rc][0] - times[one_d][0],
         "w_d": hbm[one_d] - hbm[zero], "x_d": hbm[one_d_rc] - hbm[one_d],
         "p1_d": params[one_d][0] - params[zero][0],
@@ -166,6 +172,23 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
         "opt_s_per_elem": optimizer_step_bytes_per_param(job) / (system.accelerator.hbm_bandwidth_bytes_per_s
                                                        * system.accelerator.efficiency.hbm_efficiency),
     }
+
+
+def _without_paired_layer(Q: PlanArrays) -> PlanArrays:
+    """The probe without the all-to-all overlap's paired layer (memory.in_flight_microbatches:
+    one more layer, costed as the rank's mean layer, 1/N of it): at one probed layer that is the
+    whole layer again, which the per-layer coefficient would charge every layer of the rank.
+    Its bytes are a per-rank constant instead (`_paired_layer_bytes`)."""
+    return replace(Q, moe_a2a_overlap=np.zeros_like(Q.moe_a2a_overlap))
+
+
+def _paired_layer_bytes(plan: Plan, mem: dict, one_layer: list[slice]) -> np.ndarray:
+    """Per rank: the all-to-all overlap's paired layer as a constant, the largest one-layer
+    activations of any layer kind (the model's mean layer of the rank lies between its kinds':
+    the solver never admits a split the model rejects). Zero without the overlap."""
+    act = mem["activations_per_microbatch"][0]
+    largest = np.max([act[s] for s in one_layer], axis=0)
+    return largest if plan.moe_a2a_overlap else np.zeros_like(largest)
 
 
 def _probe_blocks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> dict:
@@ -187,11 +210,11 @@ def _probe_blocks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
     counts = (kinds, [(np.array([0]), held, rec)])
     terms = per_layer_terms(model, system, job, Q)
     times = rank_microbatch_s(terms, Q, rank_excess_s(model, system, job, Q, terms, counts))[0]
-    mem = rank_memory(model, system, job, Q, by_block=True, counts=counts)
+    mem = rank_memory(model, system, job, _without_paired_layer(Q), by_block=True, counts=counts)
     hbm, params = mem["hbm"][0], mem["opt_elems"][0]
     one = [slice((1 + 2 * j) * p, (2 + 2 * j) * p) for j in range(len(kinds))]
     one_rc = [slice((2 + 2 * j) * p, (3 + 2 * j) * p) for j in range(len(kinds))]
-    return {"kinds": kinds,
+    return {"kinds": kinds, "paired": _paired_layer_bytes(plan, mem, one),
             "a": [times[i][0] - times[0] for i in one], "b": [times[i][0] - times[o][0] for o, i in zip(one, one_rc)],
             "w": [hbm[i] - hbm[:p] for i in one], "x": [hbm[i] - hbm[o] for o, i in zip(one, one_rc)],
             "p1": [params[i][0] - params[0] for i in one]}
@@ -203,6 +226,7 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
     if plan.pp == 1 or plan.zero_stage >= 3 or plan.uses_offload or model.layers < plan.pp * plan.vpp:
         return None
     pr = _probe(model, system, job, plan)
+    blocks = _probe_blocks(model, system, job, plan) if by_block(model) and not any(job.bf16_layers) else None
     m = plan.num_microbatches
     v = plan.vpp
     # time unit: one microbatch on a rank of the balanced split ~ TIME_SCALE
@@ -220,15 +244,15 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
         layers=model.layers, pp=plan.pp, vpp=v, microbatches=m, recompute=plan.recompute == "full",
         a=max(1, round(pr["a"] / unit)), b=max(0, round(pr["b"] / unit)), h=max(0, round(pr["h"] / unit)),
         opt=1 if opt_per_param > 0 else 0,
-        c=tuple(mib(x) for x in pr["c"]), w=tuple(mib(x) for x in pr["w"]), x=tuple(mib(x) for x in pr["x"]),
+        c=tuple(mib(x) for x in pr["c"] + (blocks or pr)["paired"]), w=tuple(mib(x) for x in pr["w"]),
+        x=tuple(mib(x) for x in pr["x"]),
         p0=tuple(params_in(x) for x in pr["p0"]), p1=max(0, params_in(pr["p1"])),
         capacity=int(capacity // unit_bytes),
         **({} if not lead_layers(model) else dict(
             lead=lead_layers(model), a_d=max(1, round(pr["a_d"] / unit)), b_d=max(0, round(pr["b_d"] / unit)),
             w_d=tuple(mib(x) for x in pr["w_d"]), x_d=tuple(mib(x) for x in pr["x_d"]),
             p1_d=max(0, params_in(pr["p1_d"])))),
-        **({} if not (by_block(model) and not any(job.bf16_layers)) else _by_block_fields(
-            model, _probe_blocks(model, system, job, plan), unit, mib, params_in)))
+        **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)))
 
 
 def _by_block_fields(model: ModelSpec, pr: dict, unit: float, mib, params_in) -> dict:
@@ -292,9 +316,8 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
             md.AddHint(x, value)
         if problem.recompute and k_value is None and hint[1]:
             md.AddHint(k, hint[1])
-    solver = new_solver(time_limit_s)
-    if work_limit is not None:
-        solver.parameters.max_deterministic_time = work_limit
+    solver = new_solver(WALL_SAFETY * time_limit_s)
+    solver.parameters.max_deterministic_time = work_limit if work_limit is not None else time_limit_s * WORK_PER_S
     if fixed_search:
         solver.parameters.search_branching = cp_model.FIXED_SEARCH
     status = interruptible_solve(solver, md)
@@ -302,13 +325,14 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     name = solver.StatusName(status)
     wall = time.perf_counter() - t0
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return StageSolution(None, 0, name, False, len(proto.variables), len(proto.constraints), wall)
+        return StageSolution(None, 0, name, False, len(proto.variables), len(proto.constraints), wall,
+                             work=solver.deterministic_time)
     layers = tuple(int(solver.Value(x)) for x in n)
     kval = int(solver.Value(k)) if problem.recompute else 0
     if kval == 0 and not problem.pattern:  # (a hybrid's blocks differ with their place)
         layers = _spread_over_chunks(layers, p, v, problem.lead)
     return StageSolution(layers, kval, name, status == cp_model.OPTIMAL, len(proto.variables),
-                         len(proto.constraints), wall, int(solver.ObjectiveValue()))
+                         len(proto.constraints), wall, int(solver.ObjectiveValue()), work=solver.deterministic_time)
 
 
 def _layer_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list, k):
@@ -413,16 +437,16 @@ def solve_over_k(problem: StageProblem, budget_s: float = TIME_LIMIT_S) -> Stage
     """The recompute count k enumerated, one CP-SAT model per k (k a constant: min(k, n_s) is
     then easy for CP-SAT; with k a variable it failed to prove 4-stage problems in 10 s), the
     best kept. Proven optimal when every k was solved to optimality or infeasibility within the
-    budget."""
+    budget (deterministic time, as every limit here)."""
     t0 = time.perf_counter()
-    best, proven, variables, constraints = None, True, 0, 0
+    best, proven, variables, constraints, work = None, True, 0, 0, 0.0
     for k in range(1, problem.layers - problem.pp * problem.vpp + 2):
-        left = budget_s - (time.perf_counter() - t0)
+        left = budget_s * WORK_PER_S - work
         if left <= 0:
             proven = False
             break
-        sol = solve_stages(problem, left, k)
-        variables, constraints = variables + sol.variables, constraints + sol.constraints
+        sol = solve_stages(problem, budget_s, k, work_limit=left)
+        variables, constraints, work = variables + sol.variables, constraints + sol.constraints, work + sol.work
         proven &= sol.status in ("OPTIMAL", "INFEASIBLE")
         if sol.stage_layers is not None and (best is None or sol.objective < best.objective):
             best = sol

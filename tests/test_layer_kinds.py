@@ -184,6 +184,19 @@ def test_cpsat_per_stage_zero_regret_with_leading_dense_layers(model, pp, vpp, r
     assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze)
 
 
+@pytest.mark.parametrize("lead,pp,rc,squeeze", [
+    pytest.param(lead, pp, rc, squeeze, id=f"d{lead}-pp{pp}-{rc}-{squeeze}")
+    for lead, pp, rc, squeeze in itertools.product((0, 2), (2, 3), ("none", "selective"), (None, 0.97))
+    if not (rc == "selective" and squeeze is None)])
+def test_cpsat_per_stage_zero_regret_with_the_all_to_all_overlap(lead, pp, rc, squeeze):
+    """Megatron's all-to-all overlap (interleaved, ep 2) holds one more layer's activations per
+    rank (memory.in_flight_microbatches), a constant per rank: probed as a per-layer cost it
+    charged every layer again, so the solver found no split where the balanced one fits
+    (DeepSeek-V3 on 1024 H100: every reported plan 'INFEASIBLE')."""
+    model = ORACLE_BASE.model_copy(update={"moe": ORACLE_BASE.moe.model_copy(update={"first_dense_layers": lead})})
+    assert_per_stage_zero_regret(model, pp, 2, rc, squeeze, ep=2, a2a_overlap=True)
+
+
 # ---- the layouts Megatron-Bridge's recipes set, read for the reference rows --------------------
 
 def _bridge_list_layout(stages: list[list[str]]) -> tuple[int, ...]:
@@ -345,3 +358,21 @@ def test_estimate_names_a_pipeline_rank_that_sets_the_pace():
     assert note is not None and "rank 3 takes 2.00x" in note and "--pp 4" in note
     even = [SimpleNamespace(microbatch_s=t) for t in (1.0, 1.1, 1.0, IMBALANCE_NOTE_RATIO * 0.99)]
     assert pipeline_imbalance_note(even, plan) is None
+
+
+def test_the_stage_problem_charges_the_overlaps_paired_layer_once_per_rank():
+    """With the all-to-all overlap each rank's memory is its layers' at its in-flight count plus
+    one layer (memory.in_flight_microbatches); the stage problem's linear memory c_r + w_r·N_r at
+    the balanced split equals the exact model's per-rank HBM to its rounding (one memory unit
+    per coefficient), on a MoE model without leading dense layers, where every layer is alike."""
+    from constraints.stages import MEMORY_STEPS, stage_problem
+    from planner.analytical.ranks import pipeline_ranks
+    model = ORACLE_BASE.model_copy(update={"layers": 16, "moe": ORACLE_BASE.moe.model_copy(
+        update={"first_dense_layers": 0})})
+    system, job = load_system("h100-sxm", 8), JobSpec()
+    plan = Plan(pp=4, vpp=2, dp=2, ep=2, global_batch=64, moe_a2a_overlap=True)
+    problem = stage_problem(model, system, job, plan)
+    unit = (system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30) / MEMORY_STEPS  # usable HBM
+    for rank in pipeline_ranks(model, system, job, plan):
+        linear = (problem.c[rank.rank] + problem.w[rank.rank] * rank.layers) * unit
+        assert linear == pytest.approx(rank.hbm_bytes, abs=(1 + rank.layers) * unit)

@@ -141,12 +141,12 @@ def test_cpsat_per_stage_has_zero_regret(model, pp, vpp, rc, squeeze):
     assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze)
 
 
-def assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze, ep=1):
+def assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze, ep=1, a2a_overlap=False):
     """CP-SAT's per-stage split is as fast as the per-stage brute force (`best_stage_split`), with
     HBM optionally squeezed to a fraction of what the balanced split needs without recompute."""
     system = load_system("h100-sxm", pp * ep)
     m = 4 * pp * ep
-    plan = Plan(pp=pp, vpp=vpp, dp=ep, ep=ep, global_batch=m, recompute=rc, zero_stage=1)
+    plan = Plan(pp=pp, vpp=vpp, dp=ep, ep=ep, global_batch=m, recompute=rc, zero_stage=1, moe_a2a_overlap=a2a_overlap)
     job = JobSpec()
     if squeeze:  # shrink HBM to a fraction of what the balanced split needs without recompute
         need = estimate(model, system, plan.model_copy(update={"recompute": "none"}), job).hbm_bytes
