@@ -158,3 +158,16 @@ def test_a_group_left_without_fitted_rows_takes_the_h100_fit_not_its_own_preset(
         assert lofo[p.case.id] == pytest.approx(p.predict_s(expected), rel=1e-12)
         assert abs(lofo[p.case.id] / p.predict_s(None) - 1) > 0.01  # not the GPT-fitted preset
 
+
+
+def test_batched_scoring_predicts_every_row_as_alone():
+    """The fit scores rows in batches (planner.fit.Batched: one step_time call for the rows that
+    share a model, system and job but for the global batch and GPU count); each prediction equals
+    the row costed alone, at efficiencies away from the presets'."""
+    from planner.calibration import load_reference
+    from planner.fit import Batched, prepare
+    rows = [p for p in prepare(load_reference()[0]) if p.group and p.case.fit]
+    batched = Batched(rows)
+    assert len(batched.groups) < len(rows)
+    params = {"matmul_max": 0.61, "hbm_efficiency": 0.55, "layer_overhead_us": 120.0}
+    assert batched.predict_s(params) == pytest.approx([p.predict_s(params) for p in rows], rel=1e-12)
