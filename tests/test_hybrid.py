@@ -383,3 +383,8 @@ def test_a_recomputed_hybrid_stage_reruns_its_first_blocks():
                                                       job, C)[1])[0])
     act = rank_memory(model, system, job, P, by_block=True)["activations_per_microbatch"][0]
     assert act[0] == pytest.approx(13 * 2 * 8192 * model.hidden + 13 * kept_e, rel=1e-12)
+    # executed FLOPs: the 26 Mamba blocks' and the one MoE block's forward again, every token
+    f_mamba = flops.mamba_matmul_flops_per_token(model) + flops.ssd_flops_per_token(model)
+    f_moe = flops.mlp_matmul_flops_per_token(model)
+    rerun = estimate(model, system, plan, job).hardware_flops - estimate(model, system, base, job).hardware_flops
+    assert rerun == pytest.approx(64 * 8192 * (26 * f_mamba + f_moe), rel=1e-12)

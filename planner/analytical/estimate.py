@@ -85,6 +85,18 @@ def violated_rules(bits: int) -> list[str]:
     return [name for name, bit in RULE_BITS.items() if bits & bit]
 
 
+def recomputed_block_flops_per_token(model: ModelSpec, P: PlanArrays, attn_exec: float) -> np.ndarray:
+    """Per row of a hybrid stack: forward FLOPs per token of the blocks its ranks recompute in
+    full, each at its kind's (block recompute: each stage's first k, layer_kinds.rank_block_counts),
+    summed over the pipeline ranks (P's column j is rank j mod pp: plans.with_every_rank, or rank 0
+    without pipelining)."""
+    per_block = flops.hybrid_block_matmul_flops_per_token(model)
+    per_block = {**per_block, "*": per_block["*"] + attn_exec, "M": per_block["M"] + flops.ssd_flops_per_token(model)}
+    each = layer_kinds.rank_block_sum(model, P, per_block, recomputed=True)
+    distinct = np.arange(each.shape[1])[None, :] < P.pp[:, None]
+    return np.sum(np.where(distinct, each, 0.0), axis=1)
+
+
 def selective_recompute_flops_per_token(model: ModelSpec, modules: np.ndarray, attn_exec: float) -> np.ndarray:
     """FLOPs per token that selective recompute of `modules` executes again, over all layers (the
     GEMMs and attention core of `time.selective_recompute_s`; norms and activations are
@@ -136,6 +148,8 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
         extra = (rc_layers - P.lead_recompute_total) * layer_fwd + P.lead_recompute_total * lead_fwd
     else:
         extra = rc_layers * layer_fwd
+    if layer_kinds.by_block(model) and not any(job.bf16_layers):  # the blocks each rank reruns
+        extra = np.where(P.recompute == 2, recomputed_block_flops_per_token(model, P, attn_exec), extra)
     extra = extra + np.where(P.recompute == 1, selective_recompute_flops_per_token(
         model, P.recompute_modules, attn_exec), 0.0)
     hw_flops = tokens * (executed + extra)
