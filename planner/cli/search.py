@@ -380,6 +380,8 @@ def _plan(o: dict) -> None:
             st = result.best.stages
             if st:  # the per-stage CP-SAT model (constraints/stages.py)
                 verdict = "proven optimal" if st["proven_optimal"] else st["status"].lower()
+                if st.get("window_layers"):  # a long hybrid stack: searched near its mean-block split
+                    verdict += f" (each stage bound kept within {st['window_layers']} layers of the mean-block split)"
                 what = "kept" if st["kept"] else "no better than the balanced split, not used"
                 console.print(f"per-stage CP-SAT: layers per virtual stage + recompute count, "
                               f"{st['variables']} variables, {st['constraints']} constraints, {verdict} "
