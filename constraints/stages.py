@@ -309,13 +309,13 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     fixed_search = math.comb(L - 1, S - 1) <= FIXED_SEARCH_MAX_SPLITS
     if fixed_search:
         md.AddDecisionStrategy(n, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
-    # the same solver settings and Ctrl-C handling as the row search (constraints.solve): a
-    # SIGINT during this solve must stop it, not abort the process with the solver mid-flight
     if hint is not None:
         for x, value in zip(n, hint[0]):
             md.AddHint(x, value)
         if problem.recompute and k_value is None and hint[1]:
             md.AddHint(k, hint[1])
+    # the same solver settings and Ctrl-C handling as the row search (constraints.solve): a
+    # SIGINT during this solve must stop it, not abort the process with the solver mid-flight
     solver = new_solver(WALL_SAFETY * time_limit_s)
     solver.parameters.max_deterministic_time = work_limit if work_limit is not None else time_limit_s * WORK_PER_S
     if fixed_search:
