@@ -83,6 +83,10 @@ FIXED_SEARCH_MAX_SPLITS = 10**4  # up to this many layer splits, search over the
 # stages within seconds (Nemotron 3 Super, pp 8 vpp 2: no solution in 3 units of deterministic
 # time, ~12 s here), so it is searched near the mean-block answer, in deterministic time units.
 BLOCK_WORK_LIMIT = 0.25
+# ... and where no mean-block split fits, the whole per-block problem, in a larger limit: the
+# layout is dropped otherwise (Nano at pp 8 vpp 2 with HBM at 75 % of the balanced split's need:
+# a fitting split found, and proven optimal, in 1.0 and 3.0 units; none in 0.25)
+BLOCK_WHOLE_WORK_LIMIT = 1.0
 BLOCK_WINDOW = 3  # layers each stage bound may move from the mean-block answer (Nemotron 3 Nano at
                   # pp 8 vpp 2: the window's optimum is the whole problem's, proven in 0.7 s; in 6 s whole)
 
@@ -498,14 +502,17 @@ def _solve_blocks(problem: StageProblem) -> StageSolution:
     whole, proven. Else around the answer of its mean-block twin (the same problem with every layer
     the pattern's mean block, as the search costed hybrids before): each stage bound within
     BLOCK_WINDOW layers of the twin's, each solve within BLOCK_WORK_LIMIT of CP-SAT's
-    deterministic time; optimal in that window at best, so not reported as proven."""
+    deterministic time; optimal in that window at best, so not reported as proven. Where the twin
+    has no split that fits, the per-block problem is searched whole, in BLOCK_WHOLE_WORK_LIMIT."""
     S = problem.pp * problem.vpp
     if math.comb(problem.layers - 1, S - 1) <= FIXED_SEARCH_MAX_SPLITS:  # few splits: all of them
         return solve_stages(problem, TIME_LIMIT_S)
     mean = solve_stages(replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=()),
                         TIME_LIMIT_S, work_limit=BLOCK_WORK_LIMIT)
-    if mean.stage_layers is None:
-        return mean
+    if mean.stage_layers is None:  # no mean-block split fits: the per-block problem whole, unhinted
+        sol = solve_stages(problem, TIME_LIMIT_S, work_limit=BLOCK_WHOLE_WORK_LIMIT)
+        return replace(sol, variables=sol.variables + mean.variables, constraints=sol.constraints + mean.constraints,
+                       wall_s=sol.wall_s + mean.wall_s)
     hint = (mean.stage_layers, mean.recompute_layers)
     sol = solve_stages(problem, TIME_LIMIT_S, hint=hint, work_limit=BLOCK_WORK_LIMIT, window=BLOCK_WINDOW)
     if sol.stage_layers is not None:  # a FEASIBLE answer's T and Pmax may be above its ranks' max

@@ -236,3 +236,22 @@ def test_a_long_hybrid_is_searched_near_its_mean_block_split():
     exact = estimate(model, system, chosen, job)
     assert exact.feasible
     assert exact.step_time_s <= estimate(model, system, plan_with_stages(plan, mean), job).step_time_s * (1 + 1e-9)
+
+
+def test_a_hybrid_split_that_fits_where_no_mean_block_split_does():
+    """Nano at pp 8 vpp 2 with HBM cut to 75 % of what its balanced split needs: under the mean
+    block no split fits, so the per-block problem is searched whole; it finds one that the exact
+    model confirms fits."""
+    from dataclasses import replace as dc_replace
+    from constraints.stages import solve_stages, stage_problem
+    model, system = load_model("nemotron-3-nano"), load_system("h100-sxm", 32)
+    plan = Plan(tp=1, pp=8, vpp=2, dp=4, ep=4, global_batch=512)
+    need = estimate(model, system, plan, JobSpec(global_batch=512)).hbm_bytes
+    job = JobSpec(global_batch=512, hbm_reserve_gib=(system.accelerator.hbm_capacity_bytes - 0.75 * need) / 2**30)
+    assert not estimate(model, system, plan, job).feasible
+    problem = stage_problem(model, system, job, plan)
+    mean = solve_stages(dc_replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=()))
+    assert mean.status == "INFEASIBLE"
+    chosen, sol = best_stages(model, system, job, plan)
+    assert sol.window is None and chosen is not None
+    assert estimate(model, system, chosen, job).feasible
