@@ -310,7 +310,7 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     # automatic search (one worker) branched on the wide time and parameter bounds instead and,
     # for some coefficient values, did not prove a 7-layer, 3-stage problem (15 splits) in 10 s;
     # on large problems (126 layers over 64 stages) the automatic search is the fast one.
-    fixed_search = math.comb(L - 1, S - 1) <= FIXED_SEARCH_MAX_SPLITS
+    fixed_search = few_splits(problem)
     if fixed_search:
         md.AddDecisionStrategy(n, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
     if hint is not None:
@@ -477,24 +477,38 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
         alt = solve_over_k(problem)
         better = alt if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective <= sol.objective) \
             else sol
-        sol = replace(better, proven_optimal=alt.proven_optimal, status=alt.status if alt.proven_optimal else better.status,
-                      variables=sol.variables + alt.variables, constraints=sol.constraints + alt.constraints,
-                      wall_s=sol.wall_s + alt.wall_s)
+        sol = _with_effort_of(better, sol if better is alt else alt, proven_optimal=alt.proven_optimal,
+                              status=alt.status if alt.proven_optimal else better.status)
     # k = 0 is the plan without recompute: not a choice when the user pinned recompute
     if plan.recompute == "full" and job.pins.get("recompute") != "full":
         plain = plan.model_copy(update={"recompute": "none", "recompute_num_layers": None,
                                         "stage_recompute_layers": None})
         alt = solve(stage_problem(model, system, job, plain))
-        merged = dict(variables=sol.variables + alt.variables, constraints=sol.constraints + alt.constraints,
-                      wall_s=sol.wall_s + alt.wall_s,
-                      # proven: each sub-problem solved whole, to optimality or proven infeasible
-                      proven_optimal=all(x.status in ("OPTIMAL", "INFEASIBLE") and x.window is None for x in (sol, alt)))
+        # proven: each sub-problem solved whole, to optimality or proven infeasible
+        proven = all(x.status in ("OPTIMAL", "INFEASIBLE") and x.window is None for x in (sol, alt))
         if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective < sol.objective):
-            sol, plan = alt, plain
-        sol = replace(sol, **merged)
+            sol, alt, plan = alt, sol, plain
+        sol = _with_effort_of(sol, alt, proven_optimal=proven)
     if sol.stage_layers is None:
         return None, sol
     return plan_with_stages(plan, sol), sol
+
+
+def few_splits(problem: StageProblem) -> bool:
+    """Whether the layer splits (C(L−1, S−1) compositions) are few enough to search them all."""
+    return math.comb(problem.layers - 1, problem.pp * problem.vpp - 1) <= FIXED_SEARCH_MAX_SPLITS
+
+
+def mean_block_twin(problem: StageProblem) -> StageProblem:
+    """A hybrid stack's per-block problem with every layer the pattern's mean block."""
+    return replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=())
+
+
+def _with_effort_of(sol: StageSolution, *others: StageSolution, **changes) -> StageSolution:
+    """`sol` counting the variables, constraints and wall time of the solves `others` too."""
+    return replace(sol, variables=sol.variables + sum(o.variables for o in others),
+                   constraints=sol.constraints + sum(o.constraints for o in others),
+                   wall_s=sol.wall_s + sum(o.wall_s for o in others), **changes)
 
 
 def _solve_blocks(problem: StageProblem) -> StageSolution:
@@ -504,15 +518,11 @@ def _solve_blocks(problem: StageProblem) -> StageSolution:
     BLOCK_WINDOW layers of the twin's, each solve within BLOCK_WORK_LIMIT of CP-SAT's
     deterministic time; optimal in that window at best, so not reported as proven. Where the twin
     has no split that fits, the per-block problem is searched whole, in BLOCK_WHOLE_WORK_LIMIT."""
-    S = problem.pp * problem.vpp
-    if math.comb(problem.layers - 1, S - 1) <= FIXED_SEARCH_MAX_SPLITS:  # few splits: all of them
+    if few_splits(problem):
         return solve_stages(problem, TIME_LIMIT_S)
-    mean = solve_stages(replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=()),
-                        TIME_LIMIT_S, work_limit=BLOCK_WORK_LIMIT)
+    mean = solve_stages(mean_block_twin(problem), TIME_LIMIT_S, work_limit=BLOCK_WORK_LIMIT)
     if mean.stage_layers is None:  # no mean-block split fits: the per-block problem whole, unhinted
-        sol = solve_stages(problem, TIME_LIMIT_S, work_limit=BLOCK_WHOLE_WORK_LIMIT)
-        return replace(sol, variables=sol.variables + mean.variables, constraints=sol.constraints + mean.constraints,
-                       wall_s=sol.wall_s + mean.wall_s)
+        return _with_effort_of(solve_stages(problem, TIME_LIMIT_S, work_limit=BLOCK_WHOLE_WORK_LIMIT), mean)
     hint = (mean.stage_layers, mean.recompute_layers)
     sol = solve_stages(problem, TIME_LIMIT_S, hint=hint, work_limit=BLOCK_WORK_LIMIT, window=BLOCK_WINDOW)
     if sol.stage_layers is not None:  # a FEASIBLE answer's T and Pmax may be above its ranks' max
@@ -522,8 +532,7 @@ def _solve_blocks(problem: StageProblem) -> StageSolution:
     at_hint = block_objective(problem, *hint)
     if at_hint is not None and (sol.objective is None or at_hint < sol.objective):
         sol = replace(sol, stage_layers=hint[0], recompute_layers=hint[1], status="FEASIBLE", objective=at_hint)
-    return replace(sol, variables=sol.variables + mean.variables, constraints=sol.constraints + mean.constraints,
-                   wall_s=sol.wall_s + mean.wall_s, proven_optimal=False, window=BLOCK_WINDOW)
+    return _with_effort_of(sol, mean, proven_optimal=False, window=BLOCK_WINDOW)
 
 
 def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:

@@ -219,14 +219,13 @@ def test_a_long_hybrid_is_searched_near_its_mean_block_split():
     stage bound within BLOCK_WINDOW layers of the mean-block answer; its objective is its split's
     per-block costs added up block by block, no worse than the mean-block split's; the plan it
     returns is no slower under the exact model, and says it was windowed."""
-    from dataclasses import replace as dc_replace
-    from constraints.stages import BLOCK_WINDOW, block_objective, plan_with_stages, solve_stages, stage_problem
+    from constraints.stages import BLOCK_WINDOW, block_objective, mean_block_twin, plan_with_stages, solve_stages, stage_problem
     model, system = load_model("nemotron-3-nano"), load_system("h100-sxm", 32)
     plan, job = Plan(pp=8, vpp=2, dp=4, ep=4, global_batch=512), JobSpec(global_batch=512)
     chosen, sol = best_stages(model, system, job, plan)
     assert sol.window == BLOCK_WINDOW and not sol.proven_optimal
     problem = stage_problem(model, system, job, plan)
-    mean = solve_stages(dc_replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=()))
+    mean = solve_stages(mean_block_twin(problem))
     near = [sum(mean.stage_layers[:s]) for s in range(len(mean.stage_layers) + 1)]
     got = [sum(chosen.stage_layers[:s]) for s in range(len(chosen.stage_layers) + 1)]
     assert max(abs(a - b) for a, b in zip(near, got)) <= BLOCK_WINDOW
@@ -242,15 +241,14 @@ def test_a_hybrid_split_that_fits_where_no_mean_block_split_does():
     """Nano at pp 8 vpp 2 with HBM cut to 75 % of what its balanced split needs: under the mean
     block no split fits, so the per-block problem is searched whole; it finds one that the exact
     model confirms fits."""
-    from dataclasses import replace as dc_replace
-    from constraints.stages import solve_stages, stage_problem
+    from constraints.stages import mean_block_twin, solve_stages, stage_problem
     model, system = load_model("nemotron-3-nano"), load_system("h100-sxm", 32)
     plan = Plan(tp=1, pp=8, vpp=2, dp=4, ep=4, global_batch=512)
     need = estimate(model, system, plan, JobSpec(global_batch=512)).hbm_bytes
     job = JobSpec(global_batch=512, hbm_reserve_gib=(system.accelerator.hbm_capacity_bytes - 0.75 * need) / 2**30)
     assert not estimate(model, system, plan, job).feasible
     problem = stage_problem(model, system, job, plan)
-    mean = solve_stages(dc_replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=()))
+    mean = solve_stages(mean_block_twin(problem))
     assert mean.status == "INFEASIBLE"
     chosen, sol = best_stages(model, system, job, plan)
     assert sol.window is None and chosen is not None

@@ -12,7 +12,8 @@ from hardware.spec import SystemSpec
 from planner.analytical import flops, layer_kinds, precision
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
-from planner.analytical.plans import PlanArrays, has_layout, module_selected, sequence_parallel_on, with_every_rank
+from planner.analytical.plans import (PlanArrays, has_layout, module_selected, sequence_parallel_on,
+                                     sum_over_ranks, with_every_rank)
 from planner.analytical.time import step_time
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan, check_recompute_modules
@@ -92,9 +93,7 @@ def recomputed_block_flops_per_token(model: ModelSpec, P: PlanArrays, attn_exec:
     without pipelining)."""
     per_block = flops.hybrid_block_matmul_flops_per_token(model)
     per_block = {**per_block, "*": per_block["*"] + attn_exec, "M": per_block["M"] + flops.ssd_flops_per_token(model)}
-    each = layer_kinds.rank_block_sum(model, P, per_block, recomputed=True)
-    distinct = np.arange(each.shape[1])[None, :] < P.pp[:, None]
-    return np.sum(np.where(distinct, each, 0.0), axis=1)
+    return sum_over_ranks(P, layer_kinds.rank_block_sum(model, P, per_block, recomputed=True))
 
 
 def selective_recompute_flops_per_token(model: ModelSpec, modules: np.ndarray, attn_exec: float) -> np.ndarray:

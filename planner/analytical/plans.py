@@ -208,6 +208,13 @@ def with_every_rank(P: PlanArrays, layers: int) -> PlanArrays:
                    rank_lead_recompute=zeros)
 
 
+def sum_over_ranks(P: PlanArrays, values: np.ndarray) -> np.ndarray:
+    """(n,): Σ of (n, R) per-rank `values` over each row's pipeline ranks, once each, for a `P`
+    whose column j is rank j mod pp (`with_every_rank`, or every column rank 0 without pipelining)."""
+    distinct = np.arange(values.shape[1])[None, :] < P.pp[:, None]
+    return np.sum(np.where(distinct, values, 0.0), axis=1)
+
+
 def sequence_parallel_on(P) -> np.ndarray:
     """Rows (of PlanArrays, or its per-rank columns) whose layers run Megatron's sequence
     parallelism: sp set and tp > 1 (with tp 1 there is no sequence to split, and no all-gather)."""

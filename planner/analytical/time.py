@@ -15,7 +15,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, memory, named, precision
 from planner.analytical.memory import at_rank
 from planner.analytical.offload import activation_offload_exposed_s
-from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, with_every_rank
+from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, sum_over_ranks, with_every_rank
 from planner.model import ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import JobSpec
@@ -813,8 +813,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     if excess is not None:
         # a hybrid's held blocks sum to the mean block over the whole pattern, its recomputed
         # blocks need not: their excess over every rank (with_every_rank: column j is rank j mod pp)
-        distinct = np.arange(P.rank_index.shape[1])[None, :] < _col(p)
-        all_ranks = all_ranks + np.sum(np.where(distinct, excess["rc_fwd"] + excess["rc_ep_fwd"], 0.0), axis=1)
+        all_ranks = all_ranks + sum_over_ranks(P, excess["rc_fwd"] + excess["rc_ep_fwd"])
     bubble = np.where(p > 1, np.maximum(all_ranks - at(rank_time), 0.0) / v, 0.0)
     pp_bw, pp_lat = comm.group_link(system, 2, t * c * dp)
     p2p = comm.p2p_s(tokens * h * act_bytes / t, pp_bw, pp_lat)
