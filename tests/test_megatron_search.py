@@ -1,10 +1,12 @@
 """Every plan the search picks on the preset systems must be a Megatron launch Megatron accepts,
 and the emitted script must parse back to the same GPU count and batch arithmetic.
 
-The suite checks one system of each class (SUITE_SYSTEMS) for every model and precision; the
-other presets differ from their class's representative only in HBM size, efficiency constants
-or clock (no other code path: the same GPU generation, node size, NVLink domain and offload
-tier). The full matrix (every preset system):
+The suite checks one system of each class (SUITE_SYSTEMS) with every model, each precision on
+every system and every model in each precision on two or more systems (a pairwise design,
+SUITE_CASES: 18 searches of the 36 in the full cross); the other presets differ from their
+class's representative only in HBM size, efficiency constants or clock (no other code path: the
+same GPU generation, node size, NVLink domain and offload tier). The full matrix (every preset
+system, every model in every precision):
 
     PARPLAN_FULL_MATRIX=1 python -m pytest -q tests/test_megatron_search.py
 
@@ -28,7 +30,20 @@ MODELS = ("gpt3-175b", "llama3-70b", "mixtral-8x7b")
 # Left to the full matrix: a100-40g (Ampere), h200, h100-grand-teton (Hopper), b300
 # (Blackwell), gb300-nvl72 (NVL72).
 SUITE_SYSTEMS = ("a100-80g", "h100-sxm", "h100-offload-1tib", "gh200", "b200", "gb200-nvl72")
-SYSTEMS = system_preset_names() if os.environ.get("PARPLAN_FULL_MATRIX") else SUITE_SYSTEMS
+FULL_MATRIX = bool(os.environ.get("PARPLAN_FULL_MATRIX"))
+SYSTEMS = system_preset_names() if FULL_MATRIX else SUITE_SYSTEMS
+DTYPES = ("bf16", "fp8")
+
+
+def pairwise(systems, models, dtypes=DTYPES):
+    """(system, model, dtype) with every system-model pair once, the precision alternating along
+    both: each system runs each precision and each model runs each precision on every other
+    system."""
+    return [(s, m, dtypes[(i + j) % len(dtypes)]) for i, s in enumerate(systems) for j, m in enumerate(models)]
+
+
+SUITE_CASES = ([(s, m, d) for s in SYSTEMS for m in MODELS for d in DTYPES] if FULL_MATRIX
+               else pairwise(SUITE_SYSTEMS, MODELS))
 
 
 def test_suite_systems_cover_every_system_class():
@@ -42,9 +57,20 @@ def test_suite_systems_cover_every_system_class():
     assert {system_class(n) for n in SUITE_SYSTEMS} == {system_class(n) for n in system_preset_names()}
 
 
-@pytest.mark.parametrize("system_name", SYSTEMS)
-@pytest.mark.parametrize("model_name", MODELS)
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_suite_cases_cover_every_pair():
+    """Every (system, model), (system, precision) and (model, precision) pair of the suite's
+    systems is searched, the last on two or more systems with an FP8 peak (the A100's FP8 case
+    is the refusal path)."""
+    cases = pairwise(SUITE_SYSTEMS, MODELS)
+    assert {(s, m) for s, m, _ in cases} == {(s, m) for s in SUITE_SYSTEMS for m in MODELS}
+    assert {(s, d) for s, _, d in cases} == {(s, d) for s in SUITE_SYSTEMS for d in DTYPES}
+    fp8_capable = {s for s in SUITE_SYSTEMS if "fp8" in load_system(s, 8).accelerator.peak_flops}
+    for m in MODELS:
+        for d in DTYPES:
+            assert len({s for s, m_, d_ in cases if (m_, d_) == (m, d) and s in fp8_capable}) >= 2, (m, d)
+
+
+@pytest.mark.parametrize("system_name,model_name,dtype", SUITE_CASES)
 def test_searched_plans_emit_valid_megatron(system_name, model_name, dtype):
     model, system = load_model(model_name), load_system(system_name, 256)
     job = JobSpec(global_batch=None, max_global_batch=1024, dtype=dtype)
