@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
-from planner.pipeline_layout import balanced_layout, layout_from_flags, layout_from_string
+from planner.pipeline_layout import even_layout, layout_from_flags, layout_from_string
 from planner.model import MambaSpec, MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
 
@@ -145,8 +145,11 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
         # an uneven layout the launch set with Megatron's simpler flags (pipeline_layout.megatron_layout_args)
         stage_layers = list(layout_from_flags(model.layers, pp, vpp, **flags))
     if _hybrid_pattern(ns) and pp > 1:  # a hybrid stack's layout: the pattern's '|' segments
+        # the launch always writes them; a Plan names its layout unless the split is even
+        # (layers a multiple of pp·vpp), as the search's plans do (an uneven balanced split
+        # such as 5, 6 x 13, 5 for 88 layers on pp 3 vpp 5 included)
         counts = [len(seg) for seg in _hybrid_pattern(ns).split("/")[0].split("|")]
-        stage_layers = None if tuple(counts) == balanced_layout(model.layers, pp, vpp) else counts
+        stage_layers = None if tuple(counts) == even_layout(model.layers, pp, vpp) else counts
     if recompute == "full":
         assert cfg["recompute_method"] == "block"
         # block recompute of n layers per chunk is all of them once n covers the largest chunk
