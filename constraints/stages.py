@@ -517,22 +517,80 @@ def _solve_blocks(problem: StageProblem) -> StageSolution:
     the pattern's mean block, as the search costed hybrids before): each stage bound within
     BLOCK_WINDOW layers of the twin's, each solve within BLOCK_WORK_LIMIT of CP-SAT's
     deterministic time; optimal in that window at best, so not reported as proven. Where the twin
-    has no split that fits, the per-block problem is searched whole, in BLOCK_WHOLE_WORK_LIMIT."""
+    has no split that fits, the per-block problem is searched whole, in BLOCK_WHOLE_WORK_LIMIT.
+    The answer is then the most regular split that ties with it (smooth_split)."""
+    near = None
     if few_splits(problem):
-        return solve_stages(problem, TIME_LIMIT_S)
-    mean = solve_stages(mean_block_twin(problem), TIME_LIMIT_S, work_limit=BLOCK_WORK_LIMIT)
-    if mean.stage_layers is None:  # no mean-block split fits: the per-block problem whole, unhinted
-        return _with_effort_of(solve_stages(problem, TIME_LIMIT_S, work_limit=BLOCK_WHOLE_WORK_LIMIT), mean)
-    hint = (mean.stage_layers, mean.recompute_layers)
-    sol = solve_stages(problem, TIME_LIMIT_S, hint=hint, work_limit=BLOCK_WORK_LIMIT, window=BLOCK_WINDOW)
-    if sol.stage_layers is not None:  # a FEASIBLE answer's T and Pmax may be above its ranks' max
-        sol = replace(sol, objective=block_objective(problem, sol.stage_layers, sol.recompute_layers))
-    # CP-SAT's presolve may drop the hint: where its answer is worse than the hint's (or it found
-    # none in its work limit), the hint stands
-    at_hint = block_objective(problem, *hint)
-    if at_hint is not None and (sol.objective is None or at_hint < sol.objective):
-        sol = replace(sol, stage_layers=hint[0], recompute_layers=hint[1], status="FEASIBLE", objective=at_hint)
-    return _with_effort_of(sol, mean, proven_optimal=False, window=BLOCK_WINDOW)
+        sol = solve_stages(problem, TIME_LIMIT_S)
+    else:
+        mean = solve_stages(mean_block_twin(problem), TIME_LIMIT_S, work_limit=BLOCK_WORK_LIMIT)
+        if mean.stage_layers is None:  # no mean-block split fits: the per-block problem whole, unhinted
+            sol = _with_effort_of(solve_stages(problem, TIME_LIMIT_S, work_limit=BLOCK_WHOLE_WORK_LIMIT), mean)
+        else:
+            hint = (mean.stage_layers, mean.recompute_layers)
+            near = (hint[0], BLOCK_WINDOW)
+            sol = solve_stages(problem, TIME_LIMIT_S, hint=hint, work_limit=BLOCK_WORK_LIMIT, window=BLOCK_WINDOW)
+            if sol.stage_layers is not None:  # a FEASIBLE answer's T and Pmax may be above its ranks' max
+                sol = replace(sol, objective=block_objective(problem, sol.stage_layers, sol.recompute_layers))
+            # CP-SAT's presolve may drop the hint: where its answer is worse than the hint's (or it
+            # found none in its work limit), the hint stands
+            at_hint = block_objective(problem, *hint)
+            if at_hint is not None and (sol.objective is None or at_hint < sol.objective):
+                sol = replace(sol, stage_layers=hint[0], recompute_layers=hint[1], status="FEASIBLE",
+                              objective=at_hint)
+            sol = _with_effort_of(sol, mean, proven_optimal=False, window=BLOCK_WINDOW)
+    if sol.stage_layers is None:
+        return sol
+    smooth = smooth_split(problem, sol.stage_layers, sol.recompute_layers,
+                          block_objective(problem, sol.stage_layers, sol.recompute_layers), near)
+    return replace(sol, stage_layers=smooth, objective=block_objective(problem, smooth, sol.recompute_layers))
+
+
+# block_objective evaluations smooth_split may spend (~40 us each on 88 blocks)
+SMOOTH_MAX_EVALUATIONS = 4000
+
+
+def smooth_split(problem: StageProblem, layers: tuple[int, ...], k: int, objective: int,
+                 near: tuple[tuple[int, ...], int] | None = None) -> tuple[int, ...]:
+    """Among the splits that tie with `layers` under block_objective (many do: a rank's time is
+    the sum of its blocks, whichever of its chunks holds them), a more regular one: bounds s..t
+    move together by one layer (stage s-1 gains or gives a layer that stage t gives or gains, the
+    stages between keep their counts), the shortest runs tried first, a move kept where it brings
+    the split closer to the balanced one (sum of squared differences) at an objective of at most
+    `objective`; until no move does, or SMOOTH_MAX_EVALUATIONS. `near` = (split, w): every bound
+    stays within w layers of that split's (the window the solve searched). Deterministic."""
+    target = balanced_layout(problem.layers, problem.pp, problem.vpp)
+    ref = _bounds(near[0]) if near is not None else None
+
+    def rough(split):
+        return sum((a - b) ** 2 for a, b in zip(split, target))
+    current, evaluations = list(layers), 0
+    moved = True
+    while moved and evaluations < SMOOTH_MAX_EVALUATIONS:
+        moved = False
+        now = rough(current)
+        for span in range(len(current) - 1):
+            for s in range(1, len(current) - span):
+                t = s + span  # bounds s..t move: stage s-1 and stage t change count
+                for step in (-1, 1):
+                    cand = current.copy()
+                    cand[s - 1] += step
+                    cand[t] -= step
+                    if min(cand[s - 1], cand[t]) < 1 or rough(cand) >= now:
+                        continue
+                    if ref is not None and any(abs(b + step - ref[i]) > near[1] for i, b in
+                                               enumerate(_bounds(current)[s:t + 1], start=s)):
+                        continue
+                    evaluations += 1
+                    at = block_objective(problem, tuple(cand), k)
+                    if at is not None and at <= objective:
+                        current, moved = cand, True
+                        break
+                if moved or evaluations >= SMOOTH_MAX_EVALUATIONS:
+                    break
+            if moved or evaluations >= SMOOTH_MAX_EVALUATIONS:
+                break
+    return tuple(current)
 
 
 def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:
@@ -603,5 +661,5 @@ def default_stage_layers(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     return plan.stage_layers or balanced_layout(model.layers, plan.pp, plan.vpp)
 
 
-__all__ = ["StageProblem", "StageSolution", "stage_problem", "solve_stages", "best_stages", "plan_with_stages",
+__all__ = ["smooth_split", "SMOOTH_MAX_EVALUATIONS", "StageProblem", "StageSolution", "stage_problem", "solve_stages", "best_stages", "plan_with_stages",
            "default_stage_layers", "SEED", "WORKERS"]

@@ -253,3 +253,39 @@ def test_a_hybrid_split_that_fits_where_no_mean_block_split_does():
     chosen, sol = best_stages(model, system, job, plan)
     assert sol.window is None and chosen is not None
     assert estimate(model, system, chosen, job).feasible
+
+
+def test_a_tied_irregular_hybrid_split_is_smoothed_at_no_cost():
+    """Many splits of a hybrid stack tie under the per-block objective; smooth_split moves from an
+    irregular one toward the balanced split without raising the objective, and keeps every bound
+    inside the window it is given. The irregular start is one move from the balanced split (a
+    layer passed from one stage to another) found to cost exactly as much."""
+    from constraints.stages import _bounds, block_objective, smooth_split, stage_problem
+    from planner.pipeline_layout import balanced_layout
+    model, system = load_model("nemotron-3-nano"), load_system("h100-sxm", 32)
+    plan, job = Plan(pp=8, vpp=2, dp=4, ep=4, global_batch=512), JobSpec(global_batch=512)
+    problem = stage_problem(model, system, job, plan)
+    balanced = balanced_layout(model.layers, 8, 2)
+    at = block_objective(problem, balanced, 0)
+    assert at is not None
+
+    def rough(split):
+        return sum((a - b) ** 2 for a, b in zip(split, balanced))
+    ties = []
+    for s in range(1, len(balanced)):
+        for t in range(s, len(balanced)):
+            for step in (2, -2, 1, -1):
+                cand = list(balanced)
+                cand[s - 1] += step
+                cand[t] -= step
+                if min(cand) >= 1 and block_objective(problem, tuple(cand), 0) == at:
+                    ties.append(tuple(cand))
+    assert ties, "no split ties with the balanced one"
+    start = max(ties, key=rough)
+    got = smooth_split(problem, start, 0, at)
+    assert block_objective(problem, got, 0) <= at and sum(got) == model.layers and min(got) >= 1
+    assert rough(got) < rough(start)
+    # inside a window of 1 layer around the start, no bound moves further than that
+    near = smooth_split(problem, start, 0, at, near=(start, 1))
+    assert max(abs(a - b) for a, b in zip(_bounds(near), _bounds(start))) <= 1
+    assert block_objective(problem, near, 0) <= at
