@@ -541,56 +541,59 @@ def _solve_blocks(problem: StageProblem) -> StageSolution:
             sol = _with_effort_of(sol, mean, proven_optimal=False, window=BLOCK_WINDOW)
     if sol.stage_layers is None:
         return sol
-    smooth = smooth_split(problem, sol.stage_layers, sol.recompute_layers,
-                          block_objective(problem, sol.stage_layers, sol.recompute_layers), near)
-    return replace(sol, stage_layers=smooth, objective=block_objective(problem, smooth, sol.recompute_layers))
+    smooth, at = smooth_split(problem, sol.stage_layers, sol.recompute_layers,
+                              block_objective(problem, sol.stage_layers, sol.recompute_layers), near)
+    return replace(sol, stage_layers=smooth, objective=at)
 
 
 # block_objective evaluations smooth_split may spend (~40 us each on 88 blocks)
 SMOOTH_MAX_EVALUATIONS = 4000
 
 
+def _run_moves(split: list[int]):
+    """(s, t, step) in smooth_split's order: bounds s..t move by `step` together, the shortest
+    runs first, then from the first bound on."""
+    for span in range(len(split) - 1):
+        for s in range(1, len(split) - span):
+            for step in (-1, 1):
+                yield s, s + span, step
+
+
 def smooth_split(problem: StageProblem, layers: tuple[int, ...], k: int, objective: int,
-                 near: tuple[tuple[int, ...], int] | None = None) -> tuple[int, ...]:
+                 near: tuple[tuple[int, ...], int] | None = None) -> tuple[tuple[int, ...], int]:
     """Among the splits that tie with `layers` under block_objective (many do: a rank's time is
-    the sum of its blocks, whichever of its chunks holds them), a more regular one: bounds s..t
-    move together by one layer (stage s-1 gains or gives a layer that stage t gives or gains, the
-    stages between keep their counts), the shortest runs tried first, a move kept where it brings
-    the split closer to the balanced one (sum of squared differences) at an objective of at most
-    `objective`; until no move does, or SMOOTH_MAX_EVALUATIONS. `near` = (split, w): every bound
-    stays within w layers of that split's (the window the solve searched). Deterministic."""
+    the sum of its blocks, whichever of its chunks holds them), a more regular one, and its
+    objective: bounds s..t move together by one layer (stage s-1 gains or gives a layer that
+    stage t gives or gains, the stages between keep their counts), the first move in _run_moves'
+    order kept that brings the split closer to the balanced one (sum of squared differences) at
+    an objective of at most `objective`; until no move does, or SMOOTH_MAX_EVALUATIONS. `near` =
+    (split, w): every bound stays within w layers of that split's (the window the solve
+    searched). Deterministic."""
     target = balanced_layout(problem.layers, problem.pp, problem.vpp)
     ref = _bounds(near[0]) if near is not None else None
 
     def rough(split):
         return sum((a - b) ** 2 for a, b in zip(split, target))
-    current, evaluations = list(layers), 0
+    current, at, evaluations = list(layers), objective, 0
     moved = True
-    while moved and evaluations < SMOOTH_MAX_EVALUATIONS:
-        moved = False
-        now = rough(current)
-        for span in range(len(current) - 1):
-            for s in range(1, len(current) - span):
-                t = s + span  # bounds s..t move: stage s-1 and stage t change count
-                for step in (-1, 1):
-                    cand = current.copy()
-                    cand[s - 1] += step
-                    cand[t] -= step
-                    if min(cand[s - 1], cand[t]) < 1 or rough(cand) >= now:
-                        continue
-                    if ref is not None and any(abs(b + step - ref[i]) > near[1] for i, b in
-                                               enumerate(_bounds(current)[s:t + 1], start=s)):
-                        continue
-                    evaluations += 1
-                    at = block_objective(problem, tuple(cand), k)
-                    if at is not None and at <= objective:
-                        current, moved = cand, True
-                        break
-                if moved or evaluations >= SMOOTH_MAX_EVALUATIONS:
-                    break
-            if moved or evaluations >= SMOOTH_MAX_EVALUATIONS:
+    while moved:
+        moved, now, bounds = False, rough(current), _bounds(current)
+        for s, t, step in _run_moves(current):
+            if evaluations >= SMOOTH_MAX_EVALUATIONS:
+                return tuple(current), at
+            cand = current.copy()
+            cand[s - 1] += step
+            cand[t] -= step
+            if min(cand[s - 1], cand[t]) < 1 or rough(cand) >= now:
+                continue
+            if ref is not None and any(abs(bounds[i] + step - ref[i]) > near[1] for i in range(s, t + 1)):
+                continue
+            evaluations += 1
+            cost = block_objective(problem, tuple(cand), k)
+            if cost is not None and cost <= objective:
+                current, at, moved = cand, cost, True
                 break
-    return tuple(current)
+    return tuple(current), at
 
 
 def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:
@@ -661,5 +664,5 @@ def default_stage_layers(model: ModelSpec, plan: Plan) -> tuple[int, ...]:
     return plan.stage_layers or balanced_layout(model.layers, plan.pp, plan.vpp)
 
 
-__all__ = ["smooth_split", "SMOOTH_MAX_EVALUATIONS", "StageProblem", "StageSolution", "stage_problem", "solve_stages", "best_stages", "plan_with_stages",
-           "default_stage_layers", "SEED", "WORKERS"]
+__all__ = ["StageProblem", "StageSolution", "stage_problem", "solve_stages", "best_stages", "plan_with_stages",
+           "smooth_split", "default_stage_layers", "SEED", "WORKERS"]
