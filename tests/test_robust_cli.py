@@ -308,6 +308,16 @@ def test_every_listed_command_loads_and_helps():
     assert all(name in top.output for name in COMMANDS)
 
 
+def test_help_keeps_example_commands_whole_and_reflows_prose():
+    # the subcommands share the top level's plain click layout: prose re-wrapped to the terminal,
+    # each example command on one line a user can copy
+    lines = [line.strip() for line in run(["plan", "--help"]).output.splitlines()]
+    assert "planner plan -m gpt3-175b -s h100-offload-1tib -g 1024 --free-batch --top 10 --json" in lines
+    prose = run(["estimate", "--help"]).output
+    assert "Exit code 0 when the plan fits" in " ".join(prose.split())
+    assert "╭" not in prose  # no rich panel in one command's help and not in another's
+
+
 @pytest.mark.parametrize("command, flag", [("plan", ["--moe-imbalance", "1.6"]), ("check", ["--fused-grouped-mlp"]),
                                            ("estimate", ["--tp", "1", "--pp", "1", "--moe-imbalance", "2"])])
 def test_moe_only_flags_on_a_dense_model_are_an_input_error(command, flag):

@@ -52,7 +52,7 @@ class _LazyOneLineGroup(TyperGroup):
         if name not in COMMANDS:
             return None
         if name not in self.commands:
-            sub = typer.Typer(add_completion=False)
+            sub = typer.Typer(add_completion=False, rich_markup_mode=None)
             importlib.import_module(f"planner.cli.{COMMANDS[name][0]}").register(sub)
             built = typer.main.get_command(sub)
             found = built.commands if isinstance(built, TyperGroup) else {built.name: built}

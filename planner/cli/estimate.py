@@ -103,7 +103,10 @@ def estimate_command(
 
     Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
     Exit code 0 when the plan fits, 1 when it does not (memory or a rule), 2 for an input error.
-    Example: planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
+
+    \b
+    Example:
+      planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp)

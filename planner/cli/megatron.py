@@ -110,7 +110,10 @@ def megatron_command(
     batch 1536 unless -b is given). The plan must pass the rules and memory check of
     `planner estimate`; otherwise exit 2 with what breaks. The script saves checkpoints at the
     Daly interval of `planner checkpoint` and logs throughput.
-    Example: planner megatron -m llama3-70b -s h100-sxm -g 64 -b 128 --tp 8 --pp 4 --sequence-parallel
+
+    \b
+    Example:
+      planner megatron -m llama3-70b -s h100-sxm -g 64 -b 128 --tp 8 --pp 4 --sequence-parallel
     """
     _run(locals())
 

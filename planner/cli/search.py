@@ -209,12 +209,12 @@ def register(app: typer.Typer) -> None:
         """Search for the fastest plans (CP-SAT over the exact model); default: GPT-3 175B on 1024 A100, batch 1536.
 
         Flags such as --tp or --recompute pin a knob; everything else is searched. Exit code 0 with a
-        plan, 1 when nothing fits (then see `planner check`), 2 for a mistake in the input. Examples:
+        plan, 1 when nothing fits (then see `planner check`), 2 for a mistake in the input.
 
+        \b
+        Examples:
           planner plan -m llama3-70b -s h100-sxm -g 512 -b 1024
-
           planner plan -m gpt3-175b -s h100-offload-1tib -g 1024 --free-batch --top 10 --json
-
           planner plan -m llama3-8b -s h100-sxm -g 64 -b 512 --save plan.yaml
         """
         _plan(dict(locals()))
@@ -251,7 +251,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Can this model train on this box? Prints yes + the best plan (exit 0) or no + what is missing (exit 1).
 
-        Example: planner check -m gpt3-175b -s a100-80g -g 8 -b 64
+        \b
+        Example:
+          planner check -m gpt3-175b -s a100-80g -g 8 -b 64
         """
         raise typer.Exit(_check(dict(locals())))
 
@@ -271,7 +273,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Number of valid mappings (knob assignments passing every non-memory rule; memory ignored).
 
-        Example: planner count -m seed-1t-256blocks -s h100-sxm -g 4096 --free-batch
+        \b
+        Example:
+          planner count -m seed-1t-256blocks -s h100-sxm -g 4096 --free-batch
         """
         o = dict(locals())
         o.update(dtype="bf16", hbm_reserve_gib=2.0)

@@ -106,7 +106,9 @@ def register(app: typer.Typer) -> None:
         Each finished point is appended to OUT/NAME.points.jsonl at once: a sweep that is stopped
         (Ctrl-C, exit 130) or killed resumes where it stopped when rerun with the same inputs.
 
-        Example: planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
+        \b
+        Example:
+          planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
         """
         if workers is not None and workers < 1:
             raise SpecError(f"workers: must be a positive integer, got {workers}")

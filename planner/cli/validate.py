@@ -70,7 +70,9 @@ def register(app: typer.Typer) -> None:
         beside the in-sample one), then how many records were read and why each skipped one was
         skipped.
 
-        Example: planner validate --summary --lofo
+        \b
+        Example:
+          planner validate --summary --lofo
         """
         if workers is not None and workers < 1:
             raise SpecError(f"workers: must be a positive integer, got {workers}")
