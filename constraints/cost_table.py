@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.dominance import Twins
+from planner.threads import map_in_order
 from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, layouts, options, pair_mask,
                                take_pairs)
 from planner.analytical import PlanArrays, estimate_many
@@ -70,14 +71,13 @@ def plan_arrays(space: Space, rows: dict[str, np.ndarray]) -> PlanArrays:
 
 def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS) -> dict[str, np.ndarray]:
     """Exact model on every row (in chunks); adds `objective`."""
-    n = len(rows["tp"])
-    out: dict[str, list] = {k: [] for k in keep}
-    for lo in range(0, n, CHUNK):
+    def chunk(lo: int) -> dict[str, np.ndarray]:
         part = {k: v[lo:lo + CHUNK] for k, v in rows.items()}
         res = estimate_many(space.model, space.system, space.job, plan_arrays(space, part))
-        for k in keep:
-            out[k].append(res[k])
-    res = {k: (np.concatenate(v) if v else np.zeros(0)) for k, v in out.items()}
+        return {k: res[k] for k in keep}
+
+    parts = map_in_order(chunk, range(0, len(rows["tp"]), CHUNK))  # on several threads: planner.threads
+    res = {k: (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)) for k in keep}
     res["violations"] = res["violations"].astype(np.int64)
     res["objective"] = objective(space, rows, res["step_time_s"])
     return res
@@ -400,9 +400,11 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
             if not len(li):
                 continue
             oi = cols[ci]
-            res_m = _cat([evaluate(space, at_batch(part, part["m_max"]))  # columns built chunk by chunk
-                          for lo in range(0, len(li), CHUNK)
-                          for part in (_pairs(lay, opt, li[lo:lo + CHUNK], oi[lo:lo + CHUNK]),)])
+            def at_largest_batch(lo: int, li=li, oi=oi) -> dict[str, np.ndarray]:
+                part = _pairs(lay, opt, li[lo:lo + CHUNK], oi[lo:lo + CHUNK])  # columns built chunk by chunk
+                return evaluate(space, at_batch(part, part["m_max"]))
+
+            res_m = _cat(map_in_order(at_largest_batch, range(0, len(li), CHUNK)))
             evaluated += len(li)
             fits = res_m["violations"] == 0
             covered[li, oi] = fits

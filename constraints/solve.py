@@ -12,7 +12,9 @@ brute-force oracle in the tests is the second line of defence.
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,17 +47,30 @@ def new_solver(time_limit: float) -> cp_model.CpSolver:
     return s
 
 
+# Solves running now, so that a Ctrl-C caught on the main thread can stop those that other
+# threads started (planner.threads.map_in_order: the per-stage solves of several plans).
+_running: set = set()
+_running_lock = threading.Lock()
+_stopping = threading.Event()
+
+
 def interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> int:
-    """solver.Solve in a helper thread (it releases the GIL) so that the main thread stays in
+    """solver.Solve in a helper thread (it releases the GIL) so that the calling thread stays in
     Python and gets Ctrl-C at once; then the search is stopped and KeyboardInterrupt goes on.
-    A late round of `plan --top 1000` solves for seconds, which a blocked main thread would wait out."""
-    import threading
+    A late round of `plan --top 1000` solves for seconds, which a blocked main thread would wait out.
+    Called from a thread other than the main one, the main thread stops it (`stop_running_solves`)."""
     done: dict = {}
     worker = threading.Thread(target=lambda: done.setdefault("code", solver.Solve(model)), daemon=True)
+    with _running_lock:
+        if _stopping.is_set():
+            raise KeyboardInterrupt  # a Ctrl-C is being handled: start nothing new
+        _running.add(solver)
     try:
         worker.start()  # inside: a Ctrl-C that lands while the thread starts must stop it too
         while worker.is_alive():
             worker.join(0.05)
+            if _stopping.is_set():
+                solver.StopSearch()
     except KeyboardInterrupt:
         # until the solve returns: a stop that lands before the search starts is reset by it, and a
         # thread still inside the solver when Python exits aborts the process
@@ -63,7 +78,27 @@ def interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> i
             solver.StopSearch()
             worker.join(0.01)
         raise
+    finally:
+        with _running_lock:
+            _running.discard(solver)
+    if _stopping.is_set():
+        raise KeyboardInterrupt  # stopped from the main thread: the answer is not one to use
     return done["code"]
+
+
+@contextmanager
+def stopping_solves():
+    """While inside: every running solve is stopped and none starts (each raises
+    KeyboardInterrupt in its thread). For the thread that caught a Ctrl-C, around waiting for the
+    solves other threads run."""
+    _stopping.set()
+    try:
+        with _running_lock:
+            for solver in _running:
+                solver.StopSearch()
+        yield
+    finally:
+        _stopping.clear()
 
 
 def solve_top_k(table: Table, k: int = 1, time_limit_s: float = TIME_LIMIT_S,
@@ -134,4 +169,4 @@ def explain(table: Table, time_limit_s: float = TIME_LIMIT_S) -> list[str]:
     return core
 
 
-__all__ = ["Solutions", "solve_top_k", "explain", "SEED", "WORKERS"]
+__all__ = ["Solutions", "solve_top_k", "explain", "stopping_solves", "SEED", "WORKERS"]

@@ -2,9 +2,12 @@
 grid points, `planner validate --lofo`'s family refits), with Ctrl-C ending them at once."""
 from __future__ import annotations
 
+import os
 import signal
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
+
+from planner.threads import THREADS_ENV
 
 
 def worker_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:
@@ -30,5 +33,7 @@ def end_now(pool: ProcessPoolExecutor) -> None:
 
 def _start_worker(initializer, initargs: tuple) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # the pool already fills the CPUs: each worker's search stays on its own thread (planner.threads)
+    os.environ[THREADS_ENV] = "1"
     if initializer is not None:
         initializer(*initargs)

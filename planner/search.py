@@ -22,8 +22,9 @@ from typing import Callable
 
 import numpy as np
 
-from constraints.solve import explain, solve_top_k
+from constraints.solve import explain, solve_top_k, stopping_solves
 from constraints.stages import best_stages
+from planner.threads import map_in_order
 from constraints.space import (N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class, layouts, options,
                                options_allowed, pair_mask, take_pairs)
 from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
@@ -143,11 +144,14 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
     answer is re-scored by the exact model and kept when it is feasible, expressible and no
     slower; then the list is re-ranked (ties: planner.ties)."""
     out = []
+    # the first few plans only (search-speed budget), their solves side by side (planner.threads)
+    solved = map_in_order(lambda r: best_stages(model, system, job, r.plan), ranked[:STAGE_REFINE_TOP],
+                          stopping=stopping_solves)
     for n, r in enumerate(ranked):
-        if n >= STAGE_REFINE_TOP:  # search-speed budget: the first few plans only
+        if n >= STAGE_REFINE_TOP:
             out.append(r)
             continue
-        cand, sol = best_stages(model, system, job, r.plan)
+        cand, sol = solved[n]
         if sol is None:
             out.append(r)
             continue

@@ -12,7 +12,7 @@ API = set(planner.__all__)
 LAYERS = [
     (0, ("hardware",)),
     (1, ("planner.model", "planner.hf_config", "planner.plan", "planner.ties", "planner.jsonout",
-         "planner.pipeline_layout", "planner.processes")),
+         "planner.pipeline_layout", "planner.processes", "planner.threads")),
     (2, ("planner.analytical",)),
     (3, ("planner.megatron", "planner.checkpoint", "planner.calibration", "planner.reference", "planner.reference_moe",
          "planner.reference_dense", "planner.reference_errata", "planner.reference_launch_fields",

@@ -110,7 +110,8 @@ app = typer.Typer(
          "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`. "
          "-m/-s take a preset name or a path to a YAML file: a bare preset name always means the "
          "preset (write ./NAME.yaml for a file of that name). Exit codes: 0 done, 1 no plan fits, "
-         "2 input error, 130 interrupted.")
+         "2 input error, 130 interrupted. PARPLAN_THREADS=N sets the threads a search uses "
+         "(default: the usable CPUs, at most 8; same plans on any count).")
 
 
 @app.callback()
