@@ -46,13 +46,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.dominance import Twins
-from planner.threads import map_in_order
 from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, layouts, options, pair_mask,
                                take_pairs)
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
 from planner.analytical.layer_kinds import lead_layers
 from planner.plan import MOE_DISPATCHER_CODES
+from planner.threads import map_in_order
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
 CHUNK = 32_768   # rows per estimate_many call: working set in cache (400 k: ~25 % more CPU, measured)

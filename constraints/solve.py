@@ -58,7 +58,7 @@ def interruptible_solve(solver: cp_model.CpSolver, model: cp_model.CpModel) -> i
     """solver.Solve in a helper thread (it releases the GIL) so that the calling thread stays in
     Python and gets Ctrl-C at once; then the search is stopped and KeyboardInterrupt goes on.
     A late round of `plan --top 1000` solves for seconds, which a blocked main thread would wait out.
-    Called from a thread other than the main one, the main thread stops it (`stop_running_solves`)."""
+    Called from a thread other than the main one, the main thread stops it (`stopping_solves`)."""
     done: dict = {}
     worker = threading.Thread(target=lambda: done.setdefault("code", solver.Solve(model)), daemon=True)
     with _running_lock:
