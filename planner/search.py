@@ -24,7 +24,6 @@ import numpy as np
 
 from constraints.solve import explain, solve_top_k, stopping_solves
 from constraints.stages import best_stages
-from planner.threads import map_in_order
 from constraints.space import (N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class, layouts, options,
                                options_allowed, pair_mask, take_pairs)
 from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
@@ -36,6 +35,7 @@ from planner.analytical.memory import memory_breakdown
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
+from planner.threads import map_in_order
 from planner.ties import TIE_REL_TOL, rank_with_ties
 
 HYPOTHETICAL_OFFLOAD_GIB = 4096.0
@@ -145,13 +145,9 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
     slower; then the list is re-ranked (ties: planner.ties)."""
     out = []
     # the first few plans only (search-speed budget), their solves side by side (planner.threads)
-    solved = map_in_order(lambda r: best_stages(model, system, job, r.plan), ranked[:STAGE_REFINE_TOP],
-                          stopping=stopping_solves)
-    for n, r in enumerate(ranked):
-        if n >= STAGE_REFINE_TOP:
-            out.append(r)
-            continue
-        cand, sol = solved[n]
+    head = ranked[:STAGE_REFINE_TOP]
+    solved = map_in_order(lambda r: best_stages(model, system, job, r.plan), head, stopping=stopping_solves)
+    for r, (cand, sol) in zip(head, solved):
         if sol is None:
             out.append(r)
             continue
@@ -169,6 +165,7 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
                 info["kept"] = True
                 best = Ranked(plan=cand, estimate=est, objective=obj, stages=info)
         out.append(best)
+    out += ranked[STAGE_REFINE_TOP:]
     out.sort(key=lambda r: r.objective)  # stable: equal objectives keep the search's order
     return [out[i] for i in rank_with_ties([r.objective for r in out], [r.plan for r in out], top_k)]
 
