@@ -13,7 +13,10 @@ LLM = {'DeepSeekV3': ('deepseek/deepseek_llm_pretrain.py', 'deepseek_v3'),
        'GPT OSS 120B': ('gpt_oss/gpt_oss_llm_pretrain.py', 'gpt_oss_120b'),
        'Qwen3_30B_a3B': ('qwen/qwen3_llm_pretrain.py', 'qwen3_30b_a3b'),
        'Qwen3_235B_a22B': ('qwen/qwen3_llm_pretrain.py', 'qwen3_235b_a22b'),
-       'Kimi_K2': ('kimi/kimi_llm_pretrain.py', 'kimi_k2')}
+       'Kimi_K2': ('kimi/kimi_llm_pretrain.py', 'kimi_k2'),
+       'Nemotron_3_Nano': (('nemotronh/nemotron_3_llm_pretrain.py', 'nemotronh/nemotron_3_nano_llm_pretrain.py'),
+                           'nemotron_3_nano'),
+       'Nemotron_3_Super': ('nemotronh/nemotron_3_llm_pretrain.py', 'nemotron_3_super')}
 def _body(src, name):
     m = re.search(rf'^def {name}\(.*?(?=^def |\Z)', src, re.S | re.M)
     return (m.group(0), src[:m.start()].count('\n') + 1) if m else (None, None)
@@ -25,11 +28,15 @@ def lit(t):
 def llm_knobs(model, system, precision, cuda_graph_impl, commit, where):
     if model not in LLM:
         return {}
-    path, stem = LLM[model]
-    path = 'scripts/performance/configs/' + path
-    try:
-        src = show(commit, path)
-    except Exception:
+    paths, stem = LLM[model]
+    for path in (paths,) if isinstance(paths, str) else paths:  # the first the release has
+        path = 'scripts/performance/configs/' + path
+        try:
+            src = show(commit, path)
+            break
+        except Exception:
+            continue
+    else:
         return {}
     fname = f'{stem}_pretrain_config_{system.lower()}'
     body, line = _body(src, fname)

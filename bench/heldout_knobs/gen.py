@@ -102,6 +102,51 @@ qwen('qwen3_30b_a3b', 'gb300', 8, 512, dict(tp=1, pp=1, vpp=None, ep=8), 'Qwen3_
 qwen('qwen3_30b_a3b', 'gb200', 8, 512, dict(tp=1, pp=1, vpp=None, ep=8), 'Qwen3_30B_a3B')
 qwen('qwen3_235b_a22b', 'gb300', 256, 8192, dict(tp=1, pp=4, vpp=12, ep=32), 'Qwen3_235B_a22B')
 
+# ---- 26.08 Nemotron 3 hybrid stacks (perf_recipes/nemotronh/<system>/nemotronh.py)
+from nemotron import LLM as NLLM, no_tp_comm_overlap, nvfp4_knobs  # noqa: E402
+NSCOPE = ['attn', 'mamba', 'moe_router', 'moe_preprocess']
+NQUANT = {'attention': 'bf16', 'latent_proj': 'bf16', 'mtp': 'bf16', 'mamba_out_proj': 'mxfp8'}
+def nemo(rid_model, sys, prec, gpus, layout, cfg, line, extra=None, on=''):
+    f = PR + f'nemotronh/{sys}/nemotronh.py'
+    at = w(rel, f, f'{cfg} (line {line})' + on)
+    k = dict(extra or {})
+    k.update({'moe_flex_dispatcher_backend': ('hybridep', at), 'expert_tensor_parallel_size': (1, at),
+              'moe_router_force_load_balancing': (True, at), 'cuda_graph_impl': ('transformer_engine', at),
+              'cuda_graph_scope': (NSCOPE, at)})
+    if layout['tp'] > 1:
+        off = no_tp_comm_overlap(C[rel], lambda p, fnm: w(rel, p, fnm), [
+            (f, cfg), (PR + 'nemotronh/common.py', '_apply_nemotron_3_super_perf_defaults'),
+            (PR + '_common.py', '_benchmark_common'),
+            ('src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_super.py', '_nemotron_3_super_pretrain_64gpu_h100_bf16_config'),
+            ('src/megatron/bridge/recipes/nemotronh/h100/nemotron_3_super.py', 'nemotron_3_super_pretrain_16gpu_h100_bf16_config')])
+        if off:
+            k['tp_comm_overlap'] = off
+    add(f'bridge_26.08_{rid_model}_DGX-{sys.upper()}_{prec}_{gpus}gpu_gbs512', rel, cfg, dict(layout, gbs=512), k)
+def nvfp4(sys, line):
+    cfg = f'nemotron_3_super_pretrain_64gpu_{sys}_nvfp4_config'
+    return {'module_dtypes': (NQUANT, w(rel, PR + f'nemotronh/{sys}/nemotronh.py', f'{cfg} (line {line}, nvfp4) loads '
+                              'src/megatron/bridge/perf_recipes/nemotronh/te_quant.cfg (linear_qkv, linear_proj, '
+                              'fc1/fc2_latent_proj and mtp.* in bf16, mixer.out_proj in mxfp8)')),
+            'num_layers_at_end_in_bf16': (14, w(rel, 'src/megatron/bridge/training/mixed_precision.py',
+                                                'nemotron_3_super_bf16_with_nvfp4_mixed (line 428), the precision of '
+                                                'perf_recipes/nemotronh/common.py _nemotron_3_super_nvfp4_precision'))}
+SUPER1 = dict(tp=1, pp=1, vpp=None, ep=64)
+SUPER2 = dict(tp=2, pp=1, vpp=None, ep=64)
+nemo('Nemotron_3_Super', 'gb300', 'MXFP8', 64, SUPER1, 'nemotron_3_super_pretrain_64gpu_gb300_fp8mx_config', 118)
+nemo('Nemotron_3_Super', 'gb300', 'NVFP4', 64, SUPER1, 'nemotron_3_super_pretrain_64gpu_gb300_nvfp4_config', 165,
+     nvfp4('gb300', 184))
+nemo('Nemotron_3_Super', 'gb200', 'MXFP8', 64, SUPER2, 'nemotron_3_super_pretrain_64gpu_gb200_fp8mx_config', 122)
+nemo('Nemotron_3_Super', 'gb200', 'NVFP4', 64, SUPER2, 'nemotron_3_super_pretrain_64gpu_gb200_nvfp4_config', 169,
+     nvfp4('gb200', 188))
+nemo('Nemotron_3_Nano', 'gb300', 'MXFP8', 8, dict(tp=1, pp=1, vpp=None, ep=8),
+     'nemotron_3_nano_pretrain_8gpu_gb300_fp8mx_config', 362)
+nemo('Nemotron_3_5_Lightning', 'gb200', 'MXFP8', 8, dict(tp=1, pp=1, vpp=None, ep=8),
+     'nemotron_3_5_lightning_pretrain_8gpu_gb200_fp8mx_config', 492,
+     {'module_dtypes': ({'mtp': 'bf16'}, w(rel, PR + 'nemotronh/gb200/nemotronh.py',
+                        'nemotron_3_5_lightning_pretrain_8gpu_gb200_fp8mx_config (line 498): keep_mtp_spec_in_bf16 = True, '
+                        'the MTP block outside the low-precision recipe'))},
+     on=', on nemotron_3_nano_pretrain_8gpu_gb200_fp8mx_config (line 357)')
+
 HEADER = open(HERE / 'header.txt').read()
 
 
@@ -122,7 +167,8 @@ print(len(records))
 import csv
 sys.path.insert(0, str(HERE))
 from wl import pick, pick25, row_id as rid_of
-MOE = ('DeepSeekV3', 'GPT OSS 120B', 'Qwen3_30B_a3B', 'Qwen3_235B_a22B', 'Kimi_K2')
+MOE = ('DeepSeekV3', 'GPT OSS 120B', 'Qwen3_30B_a3B', 'Qwen3_235B_a22B', 'Kimi_K2', 'Nemotron_3_Nano',
+       'Nemotron_3_Super')
 skipped = []
 for row in csv.DictReader(open(ROOT / 'bench/data/bridge_heldout.csv')):
     rel = row['release']
@@ -181,6 +227,18 @@ for row in csv.DictReader(open(ROOT / 'bench/data/bridge_heldout.csv')):
                                              C[rel], lambda p, fnm: w(rel, p, fnm))
     for n, v in fk.items():
         k.setdefault(n, v)
+    if row['model'] == 'Nemotron_3_Super':
+        where = lambda p, fnm: w(rel, p, fnm)
+        if prec == 'NVFP4':
+            for n, v in nvfp4_knobs(C[rel], where).items():
+                k.setdefault(n, v)
+        if (lay['tp'] or 1) > 1 and not g('moe_a2a_overlap'):  # the a2a overlap would create a CommOverlapConfig
+            sys_fn = f"nemotron_3_super_pretrain_config_{row['system'].replace('DGX-', '').lower()}"
+            off = no_tp_comm_overlap(C[rel], where, [(NLLM, sys_fn), (NLLM, 'set_nemotron_3_super_common_configs'),
+                                                     ('src/megatron/bridge/recipes/nemotronh/nemotron_3_super.py',
+                                                      'nemotron_3_super_pretrain_config')])
+            if off:
+                k['tp_comm_overlap'] = off
     gbs_cfg = c.global_batch_size
     mm = None
     if not lay_ok:

@@ -20,7 +20,11 @@ FILES = {'DeepSeekV3': ('deepseek', 'deepseek_workload_base_configs.py', 'DEEPSE
          'LLAMA3_8B': ('llama', 'llama3_workload_base_configs.py', 'LLAMA3_8B'),
          'LLAMA3_70B': ('llama', 'llama3_workload_base_configs.py', 'LLAMA3_70B'),
          'LLAMA3.1_405B': ('llama', 'llama31_workload_base_configs.py', 'LLAMA31_405B'),
-         'Kimi_K2': ('kimi', 'kimi_workload_base_configs.py', 'KIMI_K2')}
+         'Kimi_K2': ('kimi', 'kimi_workload_base_configs.py', 'KIMI_K2'),
+         # 26.02.01 has the Nano's file only; 26.04 on, one file for Nano and Super
+         'Nemotron_3_Nano': ('nemotronh', ('nemotron_3_workload_base_configs.py', 'nemotron_3_nano_workload_base_configs.py'),
+                             'NEMOTRON_3_NANO'),
+         'Nemotron_3_Super': ('nemotronh', 'nemotron_3_workload_base_configs.py', 'NEMOTRON_3_SUPER')}
 PREC = {'MXFP8': 'FP8_MX', 'FP8-MX': 'FP8_MX', 'FP8': 'FP8_CS', 'FP8-CS': 'FP8_CS', 'BF16': 'BF16', 'NVFP4': 'NVFP4'}
 _cache = {}
 def configs(commit, path):
@@ -49,10 +53,14 @@ def pick(row, commit):
     if prec is None:
         return f"precision {row['precision']!r} names no single recipe"
     sysname = row['system'].replace('DGX-', '')
-    path = f'scripts/performance/configs/{fam}/{fname}'
-    try:
-        cfgs, lines = configs(commit, path)
-    except subprocess.CalledProcessError:
+    for fname in (fname,) if isinstance(fname, str) else fname:
+        path = f'scripts/performance/configs/{fam}/{fname}'
+        try:
+            cfgs, lines = configs(commit, path)
+            break
+        except subprocess.CalledProcessError:
+            continue
+    else:
         return f'no {path}'
     want = {'tp': _int(row['tp']), 'pp': _int(row['pp']), 'vpp': _int(row['vp']), 'ep': _int(row['ep']) or 1}
     gpus, gbs = int(row['gpus']), int(row['gbs'])
