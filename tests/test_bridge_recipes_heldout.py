@@ -93,3 +93,54 @@ def test_full_iteration_rows_carry_the_paged_stash_of_their_llm_pretrain_functio
     assert k.value("moe_paged_stash") is True and k.value("moe_expert_rank_capacity_factor") == 1.5
     assert k.value("moe_router_force_load_balancing") is True and k.value("recompute_granularity") is None
     assert "set_full_iter_cg_configs" in k.where("moe_paged_stash")
+
+
+def test_nemotron_3_super_tp2_recipes_run_without_tp_overlap_and_are_read_so():
+    """Megatron-Bridge v0.5.0 (fcbb6031103d): src/megatron/bridge/recipes/common.py _pretrain_common
+    sets comm_overlap=None (line 127); recipes/nemotronh/nemotron_3_super.py and scripts/performance/
+    configs/nemotronh/nemotron_3_llm_pretrain.py create no CommOverlapConfig, and the GB200 workload
+    config (tp 2) sets no moe_a2a_overlap, so training/comm_overlap.py leaves tp_comm_overlap off.
+    The held-out loader then costs the row's TP collectives unoverlapped; its tp 1 GB300 sibling has
+    no such knob (nothing to overlap)."""
+    rid = "bridge_26.06_Nemotron_3_Super_DGX-GB200_MXFP8_64gpu_gbs512"
+    k = recipe_knobs(rid, required=True)
+    assert k.recipe_layout["tp"] == 2 and k.value("tp_comm_overlap") is False
+    assert "_pretrain_common (line 127): comm_overlap=None" in k.where("tp_comm_overlap")
+    assert "tp_comm_overlap" not in recipe_knobs(rid.replace("GB200", "GB300"), required=True).knobs
+    spec = importlib.util.spec_from_file_location("heldout_bridge", ROOT / "bench" / "heldout_bridge.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cases, _ = mod.read_back(mod.records()[0])
+    case = next(c for c in cases if c.id == rid)
+    assert case.plan.tp == 2 and case.plan.sequence_parallel and case.plan.tp_comm_overlap is False
+
+
+def test_nemotron_3_super_nvfp4_knobs_parse_the_recipes_te_quant_file():
+    """bench/heldout_knobs/nemotron.py reads te_quant.cfg's matchers: linear_qkv / linear_proj ->
+    attention bf16, fc1/fc2 latent projections -> latent_proj bf16, mtp.* -> bf16, mixer.out_proj ->
+    mxfp8 (the 'mxfp8' config's fp8_quantization_recipe); and the 26.04 release sets the 14 BF16
+    last layers in set_nemotron_3_super_common_configs itself (line 50), not through
+    mixed_precision.py as 26.04.01 on do."""
+    import sys
+    sys.path.insert(0, str(ROOT / "bench" / "heldout_knobs"))
+    try:
+        from nemotron import te_quant_module_dtypes
+    finally:
+        sys.path.pop(0)
+    cfg = """configs:
+  mxfp8: {transformer_engine_config_type: TEQuantizationParams, training_recipe: {fp8_quantization_recipe: mxfp8}}
+  bf16: {transformer_engine_config_type: TEQuantizationParams, training_recipe: {}}
+matchers:
+  attn_qkv_bf16: {config: bf16, type: glob, pattern: "*.linear_qkv", enabled: true}
+  attn_proj_bf16: {config: bf16, type: glob, pattern: "*.linear_proj", enabled: true}
+  latent_bf16: {config: bf16, type: glob, pattern: "*mlp.fc[12]_latent_proj", enabled: true}
+  mtp_bf16: {config: bf16, type: glob, pattern: "mtp.*", enabled: true}
+  mamba_outproj_mxfp8: {config: mxfp8, type: glob, pattern: "*mixer.out_proj", enabled: true}
+  off: {config: mxfp8, type: glob, pattern: "mtp.*", enabled: false}
+"""
+    dtypes, said = te_quant_module_dtypes(cfg)
+    assert dtypes == {"attention": "bf16", "latent_proj": "bf16", "mtp": "bf16", "mamba_out_proj": "mxfp8"}
+    assert said.endswith("*mixer.out_proj mxfp8")
+    k = recipe_knobs("bridge_26.04_Nemotron_3_Super_DGX-GB200_NVFP4_64gpu_gbs512", required=True)
+    assert k.value("module_dtypes") == dtypes and k.value("num_layers_at_end_in_bf16") == 14
+    assert "set_nemotron_3_super_common_configs (line 50, nvfp4)" in k.where("num_layers_at_end_in_bf16")
