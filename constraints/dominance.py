@@ -22,6 +22,8 @@ C. moe_a2a_overlap: per MoE layer the exposed all-to-all falls from 2a to 2a - (
    recompute reruns the dispatch) and no activation offload across unequal ranks (the offload
    traffic reads the fullest rank's activations). It costs one more layer in flight
    (memory.in_flight_microbatches), so u needs MORE memory: v is dominated only where u fits.
+   Where the overlap hides nothing (NCCL's intra-domain all-to-all, time.a2a_in_nccl_copy_kernels)
+   only the forward/backward split of the same exposure changes: no rule, both twins are costed.
 
 Where a rule holds, v is not costed. Ties (u exactly as fast as v, e.g. dp = 1, or every
 microbatch unpaired) would rank v first (`order_rows`: the lower knob value), so the cost table
@@ -36,7 +38,8 @@ import numpy as np
 
 from constraints.space import OPTION_KEYS, Space
 from planner.analytical.layer_kinds import lead_layers
-from planner.plan import RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS
+from planner.analytical.time import a2a_in_nccl_copy_kernels
+from planner.plan import MOE_DISPATCHER_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS
 
 # the switches, in the order their twins are looked up
 OVERLAP_KNOBS = ("dp_comm_overlap", "tp_comm_overlap", "moe_a2a_overlap")
@@ -84,7 +87,9 @@ def rule_holds(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarr
         return np.broadcast_to(fixed & ~_selective_with(opt, ("mlp", "moe"))[None, :], shape)
     if knob == "moe_a2a_overlap":
         no_act_offload = (lay["pp"] == 1)[:, None] | (opt["offload_activations"] == 0)[None, :]
-        return np.broadcast_to(fixed & ~_selective_with(opt, ("moe",))[None, :], shape) & no_act_offload
+        hides = ~a2a_in_nccl_copy_kernels(space.system, MOE_DISPATCHER_CODES[space.job.moe_dispatcher],
+                                          lay["ep"], lay["etp"])[:, None]
+        return np.broadcast_to(fixed & hides & ~_selective_with(opt, ("moe",))[None, :], shape) & no_act_offload
     raise ValueError(knob)
 
 

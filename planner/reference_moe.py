@@ -36,20 +36,22 @@ from `planner validate`; no per-row factor is applied to any of them):
   moe_router, moe_preprocess) and HybridEP, against x86 hosts on older code. One host constant per
   CPU would be fitted on this single row (the other GB200/GB300 rows have <= 4 local experts and
   are not host-bound), i.e. a per-row factor.
-- Bridge 25.11 DGX-B200 Qwen3-235B (-27 %) and DeepSeek-V3 (-17 %): both ran 16-25 % slower per
+- Bridge 25.11 DGX-B200 Qwen3-235B (-18 %) and DeepSeek-V3 (-17 %): both ran 16-25 % slower per
   microbatch than the same layouts on the same GPUs in the neighbouring releases, which the model
   predicts within 5 %: Qwen3 tp1 pp8 ep8, 156.6 ms per microbatch (25.11) against 124.8 (25.09,
   +2.3 %) and 134.6 (26.02, -3.5 %; equal bubble share 7/256); DeepSeek-V3 tp1 pp16 ep8, 107 ms
-  bubble-corrected against 90 (26.02, -1.7 %). The recipe settings that differ are costed (Qwen3's
-  all-to-all overlap, worth 1.7 s in the model: 16.4 s without it, still -18 %; the record's vpp 2
-  against the recipe's vpp 4 moves it 0.2 s), so the gap is the 25.11 container's kernels on B200, a
-  software-release efficiency the model has no mechanism for.
+  bubble-corrected against 90 (26.02, -1.7 %). The recipe settings that differ are costed: Qwen3's
+  all-to-all overlap runs NCCL's alltoall at ep 8 inside the node, where it hides nothing
+  (time.a2a_in_nccl_copy_kernels; with the shared efficiency it was worth 1.7 s and the
+  row -27 %), and the record's vpp 2 against the recipe's vpp 4 moves it 0.2 s. The rest of the gap
+  is the 25.11 container on B200 (or the overlap's measured loss there, which the model does not
+  charge), a software-release efficiency the model has no mechanism for.
 - ModelZoo H100 tp2 pp8 vpp4 ep32 DeepEP "+1f1b overlap" (-18 %): its pair without the overlap is
   +7 %; measured the overlap saved 2.1 s (19.7 -> 17.6 s, 0.893x), the model credits 6.7 s (0.684x),
   while the same layout with NCCL alltoall (Bridge Qwen3 H100 25.09 -> 25.11, overlap switched on)
   matches (predicted 0.760x, measured 0.764x). What differs is the dispatcher (DeepEP's normal
-  kernels run on SMs the overlapped GEMMs then lack; the model has one overlap efficiency,
-  A2A_OVERLAP_EFFICIENCY, for every dispatcher) and the code (a dev branch, moe_dev f3e6c5); one
+  kernels run on SMs the overlapped GEMMs then lack; across nodes the model has one overlap
+  efficiency, A2A_OVERLAP_EFFICIENCY, for every dispatcher) and the code (a dev branch, moe_dev f3e6c5); one
   pair cannot separate them, so the fitted efficiency stays shared.
 """
 from __future__ import annotations

@@ -22,11 +22,13 @@ TINY_MOE = ModelSpec(name="tiny-moe", layers=6, hidden=1024, heads=16, query_gro
 TINY_MOE_LEAD = TINY_MOE.model_copy(update={"name": "tiny-moe-lead", "moe": MoESpec(num_experts=8, top_k=2,
                                                                                       first_dense_layers=1),
                                             "mtp_layers": 1})
+# The MoE spaces dispatch with DeepEP: with NCCL's alltoall inside the NVLink domain the overlap
+# hides nothing and rule C does not apply (test_no_overlap_rule_where_nccl_...).
 SPACES = [  # (model, system, GPUs, job): dense and MoE, pipelines with equal and unequal ranks, offload
-    (TINY_MOE, "h100-sxm", 16, JobSpec(max_global_batch=64, framework="any")),
-    (TINY_MOE_LEAD, "h100-sxm", 16, JobSpec(global_batch=64)),
-    (TINY_MOE, "h100-offload-1tib", 8, JobSpec(global_batch=32, framework="any")),
-    ("mixtral-8x7b", "h100-sxm", 24, JobSpec(global_batch=96)),
+    (TINY_MOE, "h100-sxm", 16, JobSpec(max_global_batch=64, framework="any", moe_dispatcher="deepep")),
+    (TINY_MOE_LEAD, "h100-sxm", 16, JobSpec(global_batch=64, moe_dispatcher="deepep")),
+    (TINY_MOE, "h100-offload-1tib", 8, JobSpec(global_batch=32, framework="any", moe_dispatcher="deepep")),
+    ("mixtral-8x7b", "h100-sxm", 24, JobSpec(global_batch=96, moe_dispatcher="deepep")),
     ("llama3-8b", "h100-sxm", 24, JobSpec(max_global_batch=96)),
 ]
 
@@ -114,3 +116,19 @@ def test_overlap_can_be_slower_where_its_rule_does_not_hold(knob, case):
     slower = [(on["objective"] > off["objective"] * (1 + 1e-9)).any()
               for on, off in _both_batches(space, lay, opt, L, up[V], V)]
     assert any(slower)
+
+
+def test_no_overlap_rule_where_nccl_moves_the_all_to_all_inside_the_domain():
+    """NCCL's alltoall dispatcher with the ep group inside the NVLink domain (on 8 H100s every ep·etp
+    is): the overlap hides nothing (time.a2a_in_nccl_copy_kernels), so rule C never
+    skips a twin, and each overlapped row takes exactly its twin's time: nothing to pick it for."""
+    space = build_space(TINY_MOE, load_system("h100-sxm", 8), JobSpec(global_batch=32, framework="any"))
+    lay, opt, twins = _twins(space)
+    up = twins.up["moe_a2a_overlap"]
+    L, V = np.nonzero(twins.mask & (up >= 0)[None, :])
+    L, V = L[twins.mask[L, up[V]]], V[twins.mask[L, up[V]]]  # both twins allowed
+    assert len(L) > 0 and not twins.dominated_by_twin("moe_a2a_overlap", twins.mask).any()
+    L, V = _sample(L, V, 2000)
+    for on, off in _both_batches(space, lay, opt, L, up[V], V):
+        np.testing.assert_allclose(on["objective"], off["objective"], rtol=1e-12)
+        assert (on["hbm_bytes"] >= off["hbm_bytes"]).all()

@@ -18,7 +18,7 @@ from planner.analytical.offload import activation_offload_exposed_s
 from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, sum_over_ranks, with_every_rank
 from planner.model import ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
-from planner.plan import JobSpec
+from planner.plan import MOE_DISPATCHER_CODES, JobSpec
 
 # Fraction of TP communication left exposed. Without --tp-comm-overlap the forward all-reduces
 # block; in backward Megatron overlaps the input-gradient all-reduce with the weight-gradient
@@ -475,7 +475,26 @@ def unpaired_microbatch_fraction(P: PlanArrays) -> np.ndarray:
     return np.minimum(1.0, warmup / np.maximum(m * v, 1.0))
 
 
-def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays):
+def a2a_in_nccl_copy_kernels(system: SystemSpec, dispatcher_code, ep, etp) -> np.ndarray:
+    """Whether the expert all-to-all runs as NCCL's intra-domain copy kernels: the alltoall
+    dispatcher, and the ep group (strided by etp, `moe_dispatch_s`) inside the NVLink domain.
+
+    There the combined-1F1B overlap hides nothing (`a2a_overlap_exposed_s`). NCCL moves
+    intra-domain data with SM kernels (each channel a thread block loading and storing over
+    NVLink), which beside the paired microbatch's GEMMs wait for SMs; DeepEP/HybridEP (a few SMs,
+    or copy engines) and NIC-bound transfers across domains overlap. Measured, every such overlap
+    ran slower than the same job without it: Bridge Qwen3-235B on 64 B200 (ep 8) 25.09 -> 25.11
+    15.97 -> 20.05 s (the reference); held out, Qwen3-30B-A3B on 16 H100 (ep 8) 26.02 with it
+    51.3 s, 26.02.01 without 28.9 s, Qwen3-235B on 256 B300 (ep 8) 26.02 with it 48.7 s, 26.04
+    without 26.9 s; across nodes (Qwen3-235B, 256 H100, ep 32) 25.09 -> 25.11 saved what
+    A2A_OVERLAP_EFFICIENCY predicts (0.764x measured, 0.760x predicted). The model charges no gain,
+    not the measured loss. Megatron-Bridge's EP-overlap guidance (docs/training/
+    communication-overlap.md, 0.6.0) names DeepEP/HybridEP as the dispatchers with the higher overlap."""
+    return (np.asarray(dispatcher_code) == MOE_DISPATCHER_CODES["alltoall"]) & \
+        (np.asarray(ep) * np.asarray(etp) <= system.nvlink_domain_gpus)
+
+
+def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays, nccl_in_domain=False):
     """(forward, backward) exposed expert all-to-all per layer and microbatch.
 
     Without overlap the dispatch + combine block the layer in both passes. With
@@ -485,12 +504,13 @@ def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays):
     max(compute, communication) at best; A2A_OVERLAP_EFFICIENCY of that ideal is reached (the
     communication kernels take SMs from the GEMMs and each sub-layer waits for its own tokens).
     The unpaired warm-up/cool-down passes expose theirs. The hidden part is charged to the
-    backward (the pass it overlaps)."""
+    backward (the pass it overlaps). Where `nccl_in_domain` (a2a_in_nccl_copy_kernels) the overlap
+    hides nothing: both passes expose what they would without it."""
     plain = np.broadcast_to(a2a_s, np.shape(P.tp)).astype(np.float64)
     u = unpaired_microbatch_fraction(P)
     hidden = A2A_OVERLAP_EFFICIENCY * np.minimum(2.0 * plain, fwd_compute_s + bwd_compute_s)
     paired = 2.0 * plain - hidden
-    on = P.moe_a2a_overlap > 0
+    on = (P.moe_a2a_overlap > 0) & ~np.asarray(nccl_in_domain, dtype=bool)
     fwd = np.where(on, u * plain, plain)
     bwd = np.where(on, u * plain + (1.0 - u) * paired, plain)
     return fwd, bwd
@@ -589,7 +609,8 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         a2a = moe_dispatch_s(model, system, job, P, act_bytes)
         if model.hybrid_pattern:  # the mean block: only the MoE blocks dispatch
             a2a = a2a * model.blocks("E") / model.layers
-        ep_fwd, ep_bwd = a2a_overlap_exposed_s(a2a, fwd_compute, bwd_compute, P)
+        ep_fwd, ep_bwd = a2a_overlap_exposed_s(a2a, fwd_compute, bwd_compute, P,
+                                               a2a_in_nccl_copy_kernels(system, P.moe_dispatcher, P.ep, P.etp))
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 
