@@ -163,7 +163,9 @@ MoeDispatcherOpt = Annotated[Optional[str], typer.Option(
 MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
     "--moe-a2a-overlap/--no-moe-a2a-overlap",
     help="Hide the expert all-to-all behind another microbatch's compute (Megatron "
-         "--overlap-moe-expert-parallel-comm; needs ep > 1, vpp > 1 when pp > 1, no full recompute).")]
+         "--overlap-moe-expert-parallel-comm; needs ep > 1, vpp > 1 when pp > 1, no full recompute). "
+         "With the alltoall dispatcher and the ep group inside one NVLink domain it hides nothing "
+         "(NCCL's in-domain copy kernels; measured slower with it): use --moe-dispatcher deepep.")]
 # Kernel-level settings of NVIDIA's tuned recipes (planner.plan.JobSpec): costed by `plan` and
 # `estimate`; `planner megatron` does not emit them (module planner.cli.megatron says why).
 CudaGraphOpt = Annotated[str, typer.Option(
