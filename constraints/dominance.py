@@ -23,7 +23,7 @@ C. moe_a2a_overlap: per MoE layer the exposed all-to-all falls from 2a to 2a - (
    traffic reads the fullest rank's activations). It costs one more layer in flight
    (memory.in_flight_microbatches), so u needs MORE memory: v is dominated only where u fits.
    Where the overlap hides nothing (NCCL's intra-domain all-to-all, time.a2a_in_nccl_copy_kernels)
-   only the forward/backward split of the same exposure changes: no rule, both twins are costed.
+   u takes v's time with more memory: no rule, both twins are costed (the tie ranks v first).
 
 Where a rule holds, v is not costed. Ties (u exactly as fast as v, e.g. dp = 1, or every
 microbatch unpaired) would rank v first (`order_rows`: the lower knob value), so the cost table
