@@ -112,6 +112,21 @@ def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
             "(fitted on Megatron MoE ModelZoo runs)")
 
 
+def moe_dispatch_note(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> str | None:
+    """Where NCCL's alltoall moves the expert all-to-all inside the NVLink domain, Megatron's
+    all-to-all overlap hides nothing (time.a2a_in_nccl_copy_kernels): say what would let it."""
+    if model.moe is None or plan.ep == 1 or job.framework != "megatron" or plan.moe_dispatcher != "alltoall":
+        return None
+    from planner.analytical.time import a2a_in_nccl_copy_kernels
+    from planner.plan import MOE_DISPATCHER_CODES
+    if not a2a_in_nccl_copy_kernels(system, MOE_DISPATCHER_CODES["alltoall"], plan.ep, plan.expert_tp):
+        return None
+    return (f"MoE: the expert all-to-all (ep {plan.ep}, inside the {system.nvlink_domain_gpus}-GPU NVLink "
+            "domain) runs on NCCL's copy kernels, where Megatron's all-to-all overlap hides nothing "
+            "(measured slower with it); --moe-dispatcher deepep (DeepEP / HybridEP, as NVIDIA's MoE "
+            "recipes run) lets the search overlap it")
+
+
 # A rank this much slower per microbatch than the median rank sets the pipeline's pace with time
 # to spare elsewhere: worth telling the user that the layers per stage can be re-split.
 IMBALANCE_NOTE_RATIO = 1.25
@@ -208,7 +223,8 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
         published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
                                        job.dtype, est.step_time_s, job.moe_load_imbalance)
         imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
-        for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance), evidence_note(model, est.plan),
+        for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance),
+                     moe_dispatch_note(model, system, job, est.plan), evidence_note(model, est.plan),
                      published, megatron_note(model, job, est.plan), hybrid_stage_note(model, est.plan, system, job)):
             if note:
                 console.print(note)

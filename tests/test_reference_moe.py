@@ -153,3 +153,21 @@ def test_config_reference_dimensions_are_read():
     assert qwen.model.q_hidden == 64 * 128
     dsv3 = next(c for c in cases if "gb200guide" in c.id)
     assert dsv3.model.mla is not None and (dsv3.model.mla.q_lora_rank, dsv3.model.mla.kv_lora_rank) == (1536, 512)
+
+
+def test_plan_output_says_where_the_all_to_all_overlap_hides_nothing():
+    """report.moe_dispatch_note: NCCL's alltoall with ep·etp inside the NVLink domain (ep 8 on a
+    72-GPU NVL72 or an 8-GPU node) names the dispatcher that lets the overlap work; across nodes,
+    with DeepEP, for dense models and outside Megatron it says nothing."""
+    from planner.report import moe_dispatch_note  # noqa: PLC0415
+    m = load_model("qwen3-30b-a3b")
+    nvl72, dgx = load_system("gb200-nvl72", 64), load_system("h100-sxm", 64)
+    job = JobSpec(global_batch=1024)
+    note = moe_dispatch_note(m, nvl72, job, Plan(dp=64, ep=8, global_batch=1024))
+    assert note and "ep 8, inside the 72-GPU NVLink domain" in note and "--moe-dispatcher deepep" in note
+    assert moe_dispatch_note(m, dgx, job, Plan(dp=64, ep=8, global_batch=1024))
+    assert moe_dispatch_note(m, dgx, job, Plan(dp=64, ep=16, global_batch=1024)) is None  # across nodes
+    assert moe_dispatch_note(m, nvl72, job, Plan(dp=64, ep=8, global_batch=1024, moe_dispatcher="deepep")) is None
+    assert moe_dispatch_note(m, nvl72, JobSpec(global_batch=1024, framework="any"),
+                             Plan(dp=64, ep=8, global_batch=1024)) is None
+    assert moe_dispatch_note(load_model("llama3-8b"), dgx, job, Plan(dp=64, global_batch=1024)) is None
