@@ -121,10 +121,21 @@ def moe_dispatch_note(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: 
     from planner.plan import MOE_DISPATCHER_CODES
     if not a2a_in_nccl_copy_kernels(system, MOE_DISPATCHER_CODES["alltoall"], plan.ep, plan.expert_tp):
         return None
-    return (f"MoE: the expert all-to-all (ep {plan.ep}, inside the {system.nvlink_domain_gpus}-GPU NVLink "
+    text = (f"MoE: the expert all-to-all (ep {plan.ep}, inside the {system.nvlink_domain_gpus}-GPU NVLink "
             "domain) runs on NCCL's copy kernels, where Megatron's all-to-all overlap hides nothing "
             "(measured slower with it); --moe-dispatcher deepep (DeepEP / HybridEP, as NVIDIA's MoE "
             "recipes run) lets the search overlap it")
+    # the same plan with DeepEP and, where Megatron accepts it, the overlap: a number, not a search
+    from planner.analytical.estimate import estimate
+    from planner.megatron.expressible import a2a_overlap_refusals
+    overlap = not a2a_overlap_refusals(plan, model)
+    deepep = estimate(model, system, plan.model_copy(update={"moe_dispatcher": "deepep", "moe_a2a_overlap": overlap}),
+                      job.model_copy(update={"moe_dispatcher": "deepep"}))
+    now = estimate(model, system, plan, job)
+    if deepep.feasible and now.feasible and deepep.step_time_s < now.step_time_s:
+        text += (f" (this plan with DeepEP{' and the overlap' if overlap else ''}: {now.step_time_s:.3f} → "
+                 f"{deepep.step_time_s:.3f} s per step)")
+    return text
 
 
 # A rank this much slower per microbatch than the median rank sets the pipeline's pace with time
