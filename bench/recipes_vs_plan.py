@@ -5,7 +5,8 @@ For every Megatron-Bridge / Megatron-Core record (one per distinct model, system
 and precision; the fastest release's time when several releases ran it), the search runs on the
 same model, system, GPUs, global batch, precision and routing balance as the recipe, with the
 default HBM reserve, and what `planner plan` recommends is set against the recipe's measured time
-(rec/meas). `support s` is the fastest published run of the same job at this precision or a wider
+(rec/meas), with the recipe's token dispatcher (DeepEP/HybridEP where it ran Megatron's flex
+dispatcher). `support s` is the fastest published run of the same job at this precision or a wider
 one (planner.evidence.supporting_runs): a plan predicted within 15 % of it is supported by a
 measured run. Beyond that, planner.recommend's job gate ranks measured practice first ("gated")
 and the model's own fastest plan is reported beside it (model-best, model/meas): the claim the
@@ -58,7 +59,9 @@ def main() -> None:
           f"{'rec s':>8s} {'rec/meas':>8s} {'support s':>9s} {'model-best s':>12s} {'model/meas':>10s} "
           f"{'search s':>8s}")
     for c in sorted(distinct_recipes(cases, args.moe_only), key=lambda c: c.id):
-        job = c.job.model_copy(update={"hbm_reserve_gib": 2.0})
+        # the recipe's own token dispatcher (DeepEP/HybridEP where it ran the flex dispatcher): the
+        # search then has the software the recipe had
+        job = c.job.model_copy(update={"hbm_reserve_gib": 2.0, "moe_dispatcher": c.plan.moe_dispatcher})
         t0 = time.perf_counter()
         try:
             res = recommend(c.model, c.system, job, top_k=1)  # what `planner plan` prints first
