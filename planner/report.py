@@ -117,6 +117,8 @@ def moe_dispatch_note(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: 
     all-to-all overlap hides nothing (time.a2a_in_nccl_copy_kernels): say what would let it."""
     if model.moe is None or plan.ep == 1 or job.framework != "megatron" or plan.moe_dispatcher != "alltoall":
         return None
+    if model.hybrid_pattern or (model.mtp_layers or 0) > 1:
+        return None  # no overlap to enable: the search never runs it there (constraints.space knob_domains)
     from planner.analytical.time import a2a_in_nccl_copy_kernels
     from planner.plan import MOE_DISPATCHER_CODES
     if not a2a_in_nccl_copy_kernels(system, MOE_DISPATCHER_CODES["alltoall"], plan.ep, plan.expert_tp):

@@ -177,3 +177,5 @@ def test_plan_output_says_where_the_all_to_all_overlap_hides_nothing():
     assert moe_dispatch_note(m, nvl72, JobSpec(global_batch=1024, framework="any"),
                              Plan(dp=64, ep=8, global_batch=1024)) is None
     assert moe_dispatch_note(load_model("llama3-8b"), dgx, job, Plan(dp=64, global_batch=1024)) is None
+    # a hybrid stack: Megatron's combined 1F1B schedule is GPTModel's, the search never overlaps it
+    assert moe_dispatch_note(load_model("nemotron-3-nano"), nvl72, job, Plan(dp=64, ep=8, global_batch=1024)) is None
