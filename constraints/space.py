@@ -68,7 +68,8 @@ from planner.plan import (KNOBS, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, JobSpec
                           recompute_modules_from_mask, recompute_modules_mask)
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import selective_freed_coefficients
-from planner.megatron.expressible import FP8_DELAYED_NO_RECOMPUTE, graph_option_refusals, graph_job_refusals
+from planner.megatron.expressible import (FP8_DELAYED_NO_RECOMPUTE, a2a_overlap_model, graph_option_refusals,
+                                          graph_job_refusals)
 
 CP_CAP = 8
 # Finer context splits are searched only for long sequences: the published long-context layouts
@@ -207,8 +208,7 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "zero_stage": ZERO_STAGES,
         "offload_weights": (0.0,) if mega else off,
         "offload_activations": off, "offload_optimizer": off,
-        # the combined 1F1B schedule of the all-to-all overlap is Megatron's GPTModel's (not a hybrid stack's)
-        "moe_a2a_overlap": (0, 1) if model.moe and (model.mtp_layers or 0) <= 1 and not model.hybrid_pattern else (0,),
+        "moe_a2a_overlap": (0, 1) if a2a_overlap_model(model) else (0,),
     }
 
 

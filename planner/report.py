@@ -112,15 +112,18 @@ def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
             "(fitted on Megatron MoE ModelZoo runs)")
 
 
-def moe_dispatch_note(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> str | None:
+def moe_dispatch_note(model: ModelSpec, system: SystemSpec, job: JobSpec, est: Estimate) -> str | None:
     """Where NCCL's alltoall moves the expert all-to-all inside the NVLink domain, Megatron's
     all-to-all overlap hides nothing (time.a2a_in_nccl_copy_kernels): say what would let it."""
-    if model.moe is None or plan.ep == 1 or job.framework != "megatron" or plan.moe_dispatcher != "alltoall":
-        return None
-    if model.hybrid_pattern or (model.mtp_layers or 0) > 1:
-        return None  # no overlap to enable: the search never runs it there (constraints.space knob_domains)
+    from planner.analytical.estimate import estimate
     from planner.analytical.time import a2a_in_nccl_copy_kernels
+    from planner.megatron.expressible import a2a_overlap_model, a2a_overlap_refusals
     from planner.plan import MOE_DISPATCHER_CODES
+    plan = est.plan
+    if plan.ep == 1 or job.framework != "megatron" or plan.moe_dispatcher != "alltoall":
+        return None
+    if not a2a_overlap_model(model):
+        return None  # no overlap to enable: the search never runs it there (constraints.space knob_domains)
     if not a2a_in_nccl_copy_kernels(system, MOE_DISPATCHER_CODES["alltoall"], plan.ep, plan.expert_tp):
         return None
     text = (f"MoE: the expert all-to-all (ep {plan.ep}, inside the {system.nvlink_domain_gpus}-GPU NVLink "
@@ -128,14 +131,11 @@ def moe_dispatch_note(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: 
             "(measured slower with it); --moe-dispatcher deepep (DeepEP / HybridEP, as NVIDIA's MoE "
             "recipes run) lets the search overlap it")
     # the same plan with DeepEP and, where Megatron accepts it, the overlap: a number, not a search
-    from planner.analytical.estimate import estimate
-    from planner.megatron.expressible import a2a_overlap_refusals
     overlap = not a2a_overlap_refusals(plan, model)
     deepep = estimate(model, system, plan.model_copy(update={"moe_dispatcher": "deepep", "moe_a2a_overlap": overlap}),
                       job.model_copy(update={"moe_dispatcher": "deepep"}))
-    now = estimate(model, system, plan, job)
-    if deepep.feasible and now.feasible and deepep.step_time_s < now.step_time_s:
-        text += (f" (this plan with DeepEP{' and the overlap' if overlap else ''}: {now.step_time_s:.3f} → "
+    if deepep.feasible and est.feasible and deepep.step_time_s < est.step_time_s:
+        text += (f" (this plan with DeepEP{' and the overlap' if overlap else ''}: {est.step_time_s:.3f} → "
                  f"{deepep.step_time_s:.3f} s per step)")
     return text
 
@@ -237,7 +237,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
                                        job.dtype, est.step_time_s, job.moe_load_imbalance)
         imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
         for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance),
-                     moe_dispatch_note(model, system, job, est.plan), evidence_note(model, est.plan),
+                     moe_dispatch_note(model, system, job, est), evidence_note(model, est.plan),
                      published, megatron_note(model, job, est.plan), hybrid_stage_note(model, est.plan, system, job)):
             if note:
                 console.print(note)

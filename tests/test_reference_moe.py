@@ -163,19 +163,23 @@ def test_plan_output_says_where_the_all_to_all_overlap_hides_nothing():
     m = load_model("qwen3-30b-a3b")
     nvl72, dgx = load_system("gb200-nvl72", 64), load_system("h100-sxm", 64)
     job = JobSpec(global_batch=1024)
+
+    def note_for(system, plan, job=job, model=m):
+        return moe_dispatch_note(model, system, job, estimate(model, system, plan, job))
+
     plan = Plan(dp=64, ep=8, global_batch=1024)
-    note = moe_dispatch_note(m, nvl72, job, plan)
+    note = note_for(nvl72, plan)
     assert note and "ep 8, inside the 72-GPU NVLink domain" in note and "--moe-dispatcher deepep" in note
     # the same plan with DeepEP and the overlap, as the note's numbers say
     now = estimate(m, nvl72, plan, job).step_time_s
     deepep = estimate(m, nvl72, plan.model_copy(update={"moe_dispatcher": "deepep", "moe_a2a_overlap": True}),
                       JobSpec(global_batch=1024, moe_dispatcher="deepep")).step_time_s
     assert deepep < now and f"with DeepEP and the overlap: {now:.3f} → {deepep:.3f} s per step" in note
-    assert moe_dispatch_note(m, dgx, job, Plan(dp=64, ep=8, global_batch=1024))
-    assert moe_dispatch_note(m, dgx, job, Plan(dp=64, ep=16, global_batch=1024)) is None  # across nodes
-    assert moe_dispatch_note(m, nvl72, job, Plan(dp=64, ep=8, global_batch=1024, moe_dispatcher="deepep")) is None
-    assert moe_dispatch_note(m, nvl72, JobSpec(global_batch=1024, framework="any"),
-                             Plan(dp=64, ep=8, global_batch=1024)) is None
-    assert moe_dispatch_note(load_model("llama3-8b"), dgx, job, Plan(dp=64, global_batch=1024)) is None
+    assert note_for(dgx, Plan(dp=64, ep=8, global_batch=1024))
+    assert note_for(dgx, Plan(dp=64, ep=16, global_batch=1024)) is None  # across nodes
+    assert note_for(nvl72, Plan(dp=64, ep=8, global_batch=1024, moe_dispatcher="deepep")) is None
+    outside_megatron = JobSpec(global_batch=1024, framework="any")
+    assert note_for(nvl72, Plan(dp=64, ep=8, global_batch=1024), job=outside_megatron) is None
+    assert note_for(dgx, Plan(dp=64, global_batch=1024), model=load_model("llama3-8b")) is None
     # a hybrid stack: Megatron's combined 1F1B schedule is GPTModel's, the search never overlaps it
-    assert moe_dispatch_note(load_model("nemotron-3-nano"), nvl72, job, Plan(dp=64, ep=8, global_batch=1024)) is None
+    assert note_for(nvl72, Plan(dp=64, ep=8, global_batch=1024), model=load_model("nemotron-3-nano")) is None

@@ -137,6 +137,12 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     return reasons
 
 
+def a2a_overlap_model(model: ModelSpec) -> bool:
+    """Whether the model can run the MoE all-to-all overlap at all: MoE, at most one MTP layer, and
+    not a hybrid stack (Megatron's combined 1F1B schedule is GPTModel's)."""
+    return model.moe is not None and (model.mtp_layers or 0) <= 1 and not model.hybrid_pattern
+
+
 def a2a_overlap_refusals(plan: Plan, model: ModelSpec) -> list[str]:
     """Why Megatron would refuse --overlap-moe-expert-parallel-comm on this plan (empty = it
     accepts it), whether or not the plan asks for it (transformer_config.py,
