@@ -24,7 +24,8 @@ ACCELERATOR_FILES = {"A100-SXM4-80GB": ["a100-sxm4-80gb", "a100-sxm4-40gb", "a80
                      "H100-SXM5-80GB": ["h100-sxm5-80gb", "h200-141gb", "gh200-96gb", "h100-gt-96gb",
                                         "h800-sxm5-80gb"],
                      "B200-180GB": ["b200-180gb", "b300-288gb"],
-                     "GB200-186GB": ["gb200-186gb", "gb300-288gb"]}
+                     "GB200-186GB": ["gb200-186gb", "gb300-288gb"],
+                     "V100-SXM3-32GB": ["v100-sxm3-32gb"]}
 INTEGER_PARAMS = ("matmul_half_dim", "matmul_half_dim_fp8", "attention_half_seq", "attention_half_seq_fa2",
                   "layer_overhead_us")
 

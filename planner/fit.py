@@ -34,17 +34,21 @@ FIT_GROUPS = {
     "H100-SXM5-80GB": ("H100-SXM5-80GB", "H200-SXM-141GB", "GH200-96GB", "H100-GT-96GB", "H800-SXM5-80GB"),
     "B200-180GB": ("B200-180GB", "B300-288GB"),
     "GB200-186GB": ("GB200-186GB", "GB300-288GB"),
+    "V100-SXM3-32GB": ("V100-SXM3-32GB",),
 }
 # Kernel-shape parameters measured on an H100 (planner/data/h100_*.csv, bench/kernel_fit.py): kept,
 # not fitted, on H100 and on the Blackwell parts that have no kernel tables of their own.
 MEASURED = ("matmul_half_dim", "matmul_half_dim_fp8", "attention_max", "attention_half_seq")
-FIXED = {"A100-SXM4-80GB": (), "H100-SXM5-80GB": MEASURED, "B200-180GB": MEASURED, "GB200-186GB": MEASURED}
+FIXED = {"A100-SXM4-80GB": (), "H100-SXM5-80GB": MEASURED, "B200-180GB": MEASURED, "GB200-186GB": MEASURED,
+         "V100-SXM3-32GB": ()}
 LOW_PRECISION = ("fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
 # Every fit starts here, not from the presets, so that re-running it reproduces the presets.
 START = {"matmul_max": 0.7, "matmul_max_fp8": 0.6, "matmul_half_dim": 100.0, "attention_max": 0.5,
          "hbm_efficiency": 0.5, "layer_overhead_us": 100.0}
 # Blackwell groups have few rows: what they do not fit themselves they take from the H100 fit.
-INHERITS = {"B200-180GB": "H100-SXM5-80GB", "GB200-186GB": "H100-SXM5-80GB"}
+# The V100 (four rows, the Megatron-LM README's 2020 tables) fits its GEMM ceiling and takes the
+# rest from the A100 fit, the nearest part fitted on the same Megatron fp16 software.
+INHERITS = {"B200-180GB": "H100-SXM5-80GB", "GB200-186GB": "H100-SXM5-80GB", "V100-SXM3-32GB": "A100-SXM4-80GB"}
 # A group left with no fitted rows (its only family held out: every fitted A100 row is GPT) must
 # not fall back on its preset, which those rows fitted: it takes the whole H100 efficiency set
 # (measured kernel shapes and fitted ceilings), the efficiencies being fractions of each GPU's own
@@ -175,12 +179,20 @@ def fit_group(group: str, rows: list[Prepared], inherited: dict | None = None, s
     return params, score
 
 
+def fit_order() -> list[str]:
+    """FIT_GROUPS, each after the groups it takes parameters from (INHERITS, WHEN_EMPTY): H100,
+    then A100 (empty without GPT: H100's), B200, GB200, then the V100 (A100's)."""
+    def depth(group: str) -> int:
+        parents = [p for p in (INHERITS.get(group), WHEN_EMPTY.get(group)) if p]
+        return 1 + max(map(depth, parents)) if parents else 0
+    return sorted(FIT_GROUPS, key=depth)
+
+
 def fit_groups(prepared: list[Prepared], keep=lambda case: True) -> dict[str, tuple[dict, float, int]]:
     """Per group: (parameters, mean |log error|, rows) fitted on the fitted rows that `keep` accepts;
     groups in INHERITS start from their parent's fitted parameters (which is fitted first)."""
     out: dict[str, tuple[dict, float, int]] = {}
-    parents = set(INHERITS.values()) | set(WHEN_EMPTY.values())
-    for group in sorted(FIT_GROUPS, key=lambda g: g not in parents):  # parents first
+    for group in fit_order():
         rows = [p for p in prepared if p.group == group and p.case.fit and keep(p.case)]
         parent = INHERITS.get(group)
         inherited = {k: v for k, v in out[parent][0].items() if k not in FIXED.get(group, ())} if parent else {}

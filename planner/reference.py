@@ -68,6 +68,8 @@ FAMILIES = (
 
 # GPU name in a record -> system preset (first match, case-insensitive), with the assumption made.
 GPU_PRESETS = (
+    # the DGX-2's V100 (SXM3 32 GB); other V100 boards (DGX-1's SXM2 hybrid cube-mesh, PCIe): skipped
+    (r"v100.*(sxm3|dgx-2)", "dgx2-v100", ""),
     (r"v100", None, ""),
     (r"grand teton|hbm2e 9[56]", "h100-grand-teton", ""),
     (r"gb300", "gb300-nvl72", ""),

@@ -116,7 +116,8 @@ def test_calibrate_reproduces_the_presets(fitted):
             preset = {"A100-SXM4-80GB": "a100-80g", "H100-SXM5-80GB": "h100-sxm", "B200-180GB": "b200",
                       "GB200-186GB": "gb200-nvl72", "A100-SXM4-40GB": "a100-40g", "H200-SXM-141GB": "h200",
                       "GH200-96GB": "gh200", "H100-GT-96GB": "h100-grand-teton", "B300-288GB": "b300",
-                      "GB300-288GB": "gb300-nvl72", "H800-SXM5-80GB": "h800", "A800-SXM4-80GB": "a800-80g"}[member]
+                      "GB300-288GB": "gb300-nvl72", "H800-SXM5-80GB": "h800", "A800-SXM4-80GB": "a800-80g",
+                      "V100-SXM3-32GB": "dgx2-v100"}[member]
             eff = load_system(preset).accelerator.efficiency
             for name, value in params.items():
                 assert getattr(eff, name) == pytest.approx(value, rel=0.01, abs=1.0 if "dim" in name or "us" in name else 0.002), (member, name)

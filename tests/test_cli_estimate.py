@@ -8,7 +8,8 @@ from hardware import load_system, system_preset_names
 from planner.analytical import estimate, flops
 from planner.cli import app
 from planner.model import load_model, model_preset_names
-from planner.plan import Plan
+from planner.cli.common import gpu_job_defaults
+from planner.plan import JobSpec, Plan
 from tests.conftest import one_line_error
 
 runner = CliRunner()
@@ -20,7 +21,7 @@ def test_every_preset_pair_estimates(model_name, system_name):
     model, system = load_model(model_name), load_system(system_name)
     tp = max(t for t in (1, 2, 4, 8) if model.heads % t == 0)
     plan = Plan(tp=tp, dp=system.num_gpus // tp, global_batch=system.num_gpus // tp, sequence_parallel=tp > 1)
-    est = estimate(model, system, plan)
+    est = estimate(model, system, plan, JobSpec(**gpu_job_defaults(system)))  # V100: fp16, unfused attention
     assert est.step_time_s > 0 and est.hbm_bytes > 0
     assert 0 < est.mfu < 1
     assert sum(est.time_breakdown_s.values()) == pytest.approx(est.step_time_s)

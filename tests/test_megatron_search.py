@@ -28,8 +28,9 @@ MODELS = ("gpt3-175b", "llama3-70b", "mixtral-8x7b")
 # nodes, the same with an offload tier, Grace Hopper (4-GPU nodes, a 32-GPU NVLink domain, an
 # offload tier), Blackwell on 8-GPU nodes, Blackwell NVL72 (4-GPU nodes, a 72-GPU NVLink domain).
 # Left to the full matrix: a100-40g (Ampere), h200, h100-grand-teton (Hopper), b300
-# (Blackwell), gb300-nvl72 (NVL72).
-SUITE_SYSTEMS = ("a100-80g", "h100-sxm", "h100-offload-1tib", "gh200", "b200", "gb200-nvl72")
+# (Blackwell), gb300-nvl72 (NVL72). Volta (a 16-GPU NVSwitch node, no bf16: its "bf16" cases run
+# fp16, what `planner` defaults to there) is dgx2-v100.
+SUITE_SYSTEMS = ("a100-80g", "h100-sxm", "h100-offload-1tib", "gh200", "b200", "gb200-nvl72", "dgx2-v100")
 FULL_MATRIX = bool(os.environ.get("PARPLAN_FULL_MATRIX"))
 SYSTEMS = system_preset_names() if FULL_MATRIX else SUITE_SYSTEMS
 DTYPES = ("bf16", "fp8")
@@ -73,7 +74,10 @@ def test_suite_cases_cover_every_pair():
 @pytest.mark.parametrize("system_name,model_name,dtype", SUITE_CASES)
 def test_searched_plans_emit_valid_megatron(system_name, model_name, dtype):
     model, system = load_model(model_name), load_system(system_name, 256)
-    job = JobSpec(global_batch=None, max_global_batch=1024, dtype=dtype)
+    if dtype == "bf16" and "bf16" not in system.accelerator.peak_flops:
+        dtype = "fp16"
+    job = JobSpec(global_batch=None, max_global_batch=1024, dtype=dtype,
+                  flash_attention=mg.gpu_arch_major(system) >= 8)
     if dtype == "fp8" and "fp8" not in system.accelerator.peak_flops:
         with pytest.raises(SpecError, match="fp8"):
             plan(model, system, job, top_k=1)

@@ -151,7 +151,9 @@ def test_gpu_names_map_to_presets():
     assert system_preset_for("GB300")[0] == "gb300-nvl72"
     assert system_preset_for("a100_40gb")[0] == "a100-40g"
     assert system_preset_for("H100-SXM5-80GB")[0] == "h100-sxm"
-    assert system_preset_for("V100-SXM3-32GB (DGX-2)")[0] is None
+    assert system_preset_for("V100-SXM3-32GB (DGX-2)")[0] == "dgx2-v100"
+    # the DGX-1's V100 (SXM2, hybrid cube-mesh NVLink, not a switch) has no preset
+    assert system_preset_for("V100-SXM2-16GB (DGX-1)")[0] is None
     # the export variants are their own systems (NVLink 400 GB/s), not the H100/A100 presets
     assert system_preset_for("H800")[0] == "h800"
     assert system_preset_for("A800-SXM4-80GB")[0] == "a800-80g"
@@ -186,7 +188,7 @@ def test_validate_prints_counts_and_skip_reasons():
     result = runner.invoke(app, ["validate", "--summary"])
     assert result.exit_code == 0, result.output
     assert "read 616 records" in result.output
-    assert "read 616 records: 588 compared, 28 skipped" in result.output
+    assert "read 616 records: 592 compared, 24 skipped" in result.output
     assert "skipped torchtitan_b200-dense_8gpu_fsdp8_bf16: model dimensions not published" in result.output
     for title in ("by source", "dense / MoE", "by accelerator", "by framework", "by model family"):
         assert title in result.output

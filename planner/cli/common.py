@@ -34,7 +34,7 @@ BatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", "-b", help="Global batch in sequences (fixed).")]
 MaxBatchOpt = Annotated[int, typer.Option(
     "--max-global-batch", help="Largest global batch the search may pick when --global-batch is not given.")]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), mxfp8 or nvfp4 (Blackwell only).")]
+DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), mxfp8 or nvfp4 (Blackwell only). Default: bf16, or fp16 on a GPU without bf16 (V100).")]
 ReserveOpt = Annotated[float, typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
@@ -104,6 +104,16 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
         return flag if flag is not None else saved.get(key)
     return load_inputs(given(model, "model") or DEFAULT_MODEL, given(system, "system") or DEFAULT_SYSTEM,
                        given(gpus, "gpus"), given(seq_length, "seq_length"))
+
+
+def gpu_job_defaults(system: SystemSpec) -> dict:
+    """What a job on this GPU runs unless told otherwise: bf16 where the GPU has it, else fp16
+    (Volta: Megatron's --fp16 with loss scaling); fused attention from Ampere on, the unfused
+    score path on Volta, where neither Transformer Engine's fused kernels nor FlashAttention-2
+    run (both need compute capability 8.0)."""
+    from planner.megatron import gpu_arch_major
+    return {"dtype": "bf16" if "bf16" in system.accelerator.peak_flops else "fp16",
+            "flash_attention": gpu_arch_major(system) >= 8}
 
 
 def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtype: str = "bf16",

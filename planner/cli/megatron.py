@@ -46,6 +46,7 @@ from planner.cli.common import (
     POSITIVE_KNOBS,
     given_knobs,
     load_inputs_for_plan,
+    gpu_job_defaults,
     make_job,
     plan_from_knobs,
 )
@@ -118,7 +119,7 @@ def megatron_command(
     _run(locals())
 
 
-def _job(o: dict, model, plan=None):
+def _job(o: dict, model, system, plan=None):
     """JobSpec for the launch: a plan file's saved job settings, unless the user overrides them."""
     from planner.planfile import job_for_plan_file
     if o["global_batch"] is not None and o["global_batch"] < 1:
@@ -134,7 +135,9 @@ def _job(o: dict, model, plan=None):
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
-    return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or "bf16",
+    gpu_defaults = gpu_job_defaults(system)
+    return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or gpu_defaults["dtype"],
+                    flash_attention=gpu_defaults["flash_attention"],
                     hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments, **bf16,
                     **modules)
 
@@ -153,8 +156,8 @@ def _plan_and_job(o: dict, model, system):
         if o["global_batch"] is not None and o["global_batch"] != plan.global_batch:
             raise SpecError(f"global-batch: {o['global_batch']} differs from the plan's "
                             f"global_batch ({plan.global_batch})")
-        return plan, _job(o, model, plan)
-    job = _job(o, model)
+        return plan, _job(o, model, system, plan)
+    job = _job(o, model, system)
     if any(o[k] is not None for k in ("tp", "pp", "dp")):
         return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch), job
     if given or perf:

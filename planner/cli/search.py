@@ -59,6 +59,7 @@ from planner.cli.common import (
     check_int,
     given_knobs,
     refuse_contradictions,
+    gpu_job_defaults,
     load_inputs,
     make_job,
 )
@@ -86,7 +87,9 @@ def _inputs(o: dict):
     dispatcher = pins.pop("moe_dispatcher", "alltoall")  # a job setting: the search costs every plan with it
     refuse_contradictions(pins, o["framework"])
     max_gb = max(o["max_global_batch"], gb or 0)
-    job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"],
+    gpu_defaults = gpu_job_defaults(system)
+    job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"] or gpu_defaults["dtype"],
+                   flash_attention=gpu_defaults["flash_attention"],
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
@@ -176,7 +179,7 @@ def register(app: typer.Typer) -> None:
         global_batch: BatchOpt = None,
         free_batch: FreeBatchOpt = False,
         max_global_batch: MaxBatchOpt = 3072,
-        dtype: DtypeOpt = "bf16",
+        dtype: DtypeOpt = None,
         hbm_reserve_gib: ReserveOpt = 2.0,
         top: Annotated[int, Opt("--top", "-k", help="How many distinct layouts to return.")] = 5,
         tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
@@ -227,7 +230,7 @@ def register(app: typer.Typer) -> None:
         global_batch: BatchOpt = None,
         free_batch: FreeBatchOpt = False,
         max_global_batch: MaxBatchOpt = 3072,
-        dtype: DtypeOpt = "bf16",
+        dtype: DtypeOpt = None,
         hbm_reserve_gib: ReserveOpt = 2.0,
         tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
         micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from hardware import load_system
 from hardware.errors import SpecError
 from planner.jsonout import json_text
 from planner.cli.common import (
@@ -22,6 +23,7 @@ from planner.cli.common import (
     SeqOpt,
     SystemOpt,
     TpAcrossNodesOpt,
+    gpu_job_defaults,
     make_job,
 )
 from planner.sweep import (
@@ -85,7 +87,7 @@ def register(app: typer.Typer) -> None:
             "--global-batch", "-b", help="Fixed global batch (sequences); default: free, up to --max-global-batch.")] = None,
         max_global_batch: Annotated[int, Opt(
             "--max-global-batch", help="Largest global batch the search may pick (seeds: 3072).")] = 3072,
-        dtype: DtypeOpt = "bf16",
+        dtype: DtypeOpt = None,
         hbm_reserve_gib: ReserveOpt = 2.0,
         framework: FrameworkOpt = "megatron",
         no_offload: NoOffloadOpt = False,
@@ -129,8 +131,10 @@ def register(app: typer.Typer) -> None:
             from planner.sweep import import_ray
             import_ray()
         axes = [Axis.from_cli(v) for v in vary]
+        gpu_defaults = gpu_job_defaults(load_system(system))  # the axes vary sizes, not the GPU
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
-                       dtype=dtype, hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
+                       dtype=dtype or gpu_defaults["dtype"], flash_attention=gpu_defaults["flash_attention"],
+                       hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
                        framework=framework, tp_within_nvlink=not tp_across_nodes)
         spec = SweepSpec.build(model=model, system=system, gpus=gpus, seq_length=seq_length, job=job,
                                axes=axes, time_limit_s=time_limit_s, explain=explain)

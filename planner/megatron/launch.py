@@ -64,11 +64,13 @@ class MegatronLaunch:
 
 
 def gpu_arch_major(system: SystemSpec) -> int:
-    """Compute-capability major of the accelerator, from its name (A100 8, H100/H200/GH200 9,
+    """Compute-capability major of the accelerator, from its name (V100 7, A100 8, H100/H200/GH200 9,
     B200/GB200 10)."""
     name = system.accelerator.name.upper()
     if name.startswith(("B", "GB")):
         return 10
+    if name.startswith("V"):
+        return 7
     if name.startswith("A"):
         return 8
     return 9
