@@ -252,10 +252,30 @@ def _biases(r: _Record, default: bool) -> bool:
     return value
 
 
+def _preset_named_by(r: _Record) -> str | None:
+    """The model preset a record names where it publishes no dimensions of its own ("Qwen3 8B
+    (dims not taken from this repo)" -> qwen3-8b): the preset's are the model's public config."""
+    from planner.model import model_preset_names
+    name = re.sub(r"\(.*?\)", "", str(r.get("model.name") or "")).strip().lower().replace(" ", "-")
+    return name if name in model_preset_names() else None
+
+
+def _model_notes(r: _Record) -> list[str]:
+    """The assumption _model made for a record, if any (its dimensions from a preset)."""
+    preset = _preset_named_by(r)
+    if preset is None or r.int("model.layers") is not None:
+        return []
+    return [f"model dimensions from the {preset} preset (planner/presets/{preset}.yaml: the model's public "
+            "config; the record prints none)"]
+
+
 def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
     name = str(r.get("model.name") or r.id)
     dims = {k: r.int(f"model.{k}") for k in ("layers", "hidden", "heads", "seq", "vocab")}
     missing = [k for k, v in dims.items() if v is None]
+    if missing and dims["layers"] is None and (preset := _preset_named_by(r)):
+        from planner.model import load_model
+        return load_model(preset, {"seq_length": dims["seq"]})
     if missing:
         return f"model dimensions not published ({', '.join(missing)})"
     act = str(r.get("model.activation") or "gelu").lower()
@@ -611,7 +631,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     model = _model(r, False, gpt_style)
     if isinstance(model, str):
         return Skipped(rid, model)
-    assumptions = [gpu_note] if gpu_note else []
+    assumptions = ([gpu_note] if gpu_note else []) + _model_notes(r)
     tp, pp, cp = r.int("parallel.tp"), r.int("parallel.pp"), r.int("parallel.cp", 1)
     gpus = r.int("system.gpus")
     if gpus is None:
@@ -946,7 +966,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     model = _model(r, True, gpt_style=framework == "DeepSpeed ZeRO-3" or framework == "llm-foundry FSDP")
     if isinstance(model, str):
         return Skipped(rid, model)
-    assumptions = [gpu_note] if gpu_note else []
+    assumptions = ([gpu_note] if gpu_note else []) + _model_notes(r)
     tp, pp, cp = r.int("parallel.tp", 1), r.int("parallel.pp", 1), r.int("parallel.cp", 1)
     gpus = r.int("system.gpus")
     if gpus is None:

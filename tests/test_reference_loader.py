@@ -188,7 +188,7 @@ def test_validate_prints_counts_and_skip_reasons():
     result = runner.invoke(app, ["validate", "--summary"])
     assert result.exit_code == 0, result.output
     assert "read 616 records" in result.output
-    assert "read 616 records: 592 compared, 24 skipped" in result.output
+    assert "read 616 records: 595 compared, 21 skipped" in result.output
     assert "skipped torchtitan_b200-dense_8gpu_fsdp8_bf16: model dimensions not published" in result.output
     for title in ("by source", "dense / MoE", "by accelerator", "by framework", "by model family"):
         assert title in result.output
@@ -203,3 +203,19 @@ def test_dsv3_ladder_switches_recompute_modules_where_the_guide_does(loaded):
     for row in ("04", "12"):
         assert by_id[stem + row].plan.recompute_modules == ("mlp", "moe_act")
         assert any("from row 4 on" in a for a in by_id[stem + row].assumptions)
+
+
+def test_a_record_without_dimensions_takes_the_preset_it_names(loaded):
+    """torchtitan's NVFP4 page prints "Qwen3 8B" and no dimensions: the qwen3-8b preset (Hugging Face
+    Qwen/Qwen3-8B config.json) supplies them, at the record's own sequence length, and the row says
+    so; a record naming no preset ("unspecified dense model") stays skipped."""
+    cases, skipped = loaded
+    qwen = [c for c in cases if c.id.startswith("torchtitan_qwen3-8b")]
+    assert len(qwen) == 3
+    for c in qwen:
+        m = c.model
+        assert (m.layers, m.hidden, m.heads, m.query_groups, m.ffn, m.vocab, m.seq_length) == \
+            (36, 4096, 32, 8, 12288, 151936, 2048)
+        assert any("qwen3-8b preset" in a for a in c.assumptions)
+    assert [s for s in skipped if s.id.startswith("torchtitan_b200-dense")]
+    assert all("model dimensions not published" in s.reason for s in skipped if s.id.startswith("torchtitan_b200-dense"))
