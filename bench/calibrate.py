@@ -33,7 +33,7 @@ INTEGER_PARAMS = ("matmul_half_dim", "matmul_half_dim_fp8", "attention_half_seq"
 
 # Fields each preset keeps as its own (measured or fitted per accelerator, not per fit group).
 PER_ACCELERATOR = ("attention_max_fa2", "attention_half_seq_fa2", "attention_max_triton", "sustained_clock_fraction",
-                  "compute_rate_vs_fit_group")
+                  "compute_rate_vs_fit_group", "matmul_max_torch")
 
 
 def write(group: str, params: dict, torch_stack: dict[str, dict]) -> None:

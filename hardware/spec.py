@@ -54,6 +54,11 @@ class ComputeEfficiency(_Strict):
     # benchmark tables ran by default before 2024: its own in-training ceiling, with FA2's
     # half-efficiency sequence. None = FlashAttention-2's curve (no rows of it measured).
     attention_max_triton: float | None = Field(default=None, gt=0, le=1)
+    # In-training GEMM ceiling of the PyTorch-native stacks where it differs from `matmul_max`,
+    # which the Megatron rows fit: on the A100 those are 2020-21 fp16 runs (Narayanan et al. SC'21,
+    # the Megatron-LM README), its torch rows 2023-24 bf16 ones (llm-foundry, torchtitan) on newer
+    # cuBLAS. None = `matmul_max`.
+    matmul_max_torch: float | None = Field(default=None, gt=0, le=1)
     # Sustained SM clock under the system's power limit, as a fraction of the clock the peaks
     # assume: a GPU capped below its rated board power (Meta's Grand Teton H100 at 500 W instead
     # of 700 W) lowers its clock under dense GEMM load. Scales GEMM and attention time, not

@@ -217,15 +217,17 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
 
 def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     """MPT (all llm-foundry rows) has no fitted hardware rows, so its LOFO prediction is the presets'
-    hardware with the torch-stack parameters refitted on the torchtitan rows only (7.2 % here,
-    7.3 % in `planner validate --lofo` with the sharded-DP refit too, README: without MPT, MPT's
-    Triton attention takes the FlashAttention-2 ceiling over the published A100 speed-up, 1.83x,
-    slower than the 1.55x its rows show in-sample; it was 9.5 % with the two ceilings equal)."""
+    hardware with the torch-stack parameters refitted on the torchtitan rows only (8.5 % here and
+    in `planner validate --lofo`, README: without MPT, MPT's Triton attention takes the
+    FlashAttention-2 ceiling over the published A100 speed-up, 1.83x, and the A100's torchtitan rows
+    put that ceiling near its bound, FA2's own best, 0.71 (0.39 for Triton against 0.28 in sample);
+    7.2 % before the A100 torch GEMM ceiling and the per-op checkpointing model, 9.5 % with the two
+    attention ceilings equal)."""
     torch_rows = prepare([c for c in cases if torch_stack_row(c)])
     without = fit_torch_stack(torch_rows, {}, lambda c: c.family != "MPT")
     errs = [abs(p.predict_s(with_torch_stack(p, {}, without)) / p.case.measured_step_s - 1)
             for p in torch_rows if p.case.family == "MPT"]
-    assert len(errs) == 216 and np.mean(errs) <= 0.072 + 0.005
+    assert len(errs) == 216 and np.mean(errs) <= 0.085 + 0.005
 
 
 def test_per_op_sac_reruns_the_sequence_parallel_all_gathers_by_hand():
@@ -234,7 +236,7 @@ def test_per_op_sac_reruns_the_sequence_parallel_all_gathers_by_hand():
     reruns both of the layer's all-gathers. Llama-3 8B, tp 8, micro-batch 12, seq 8192 on the Grand
     Teton box: an all-gather of the 12 x 8192 x 4096 x 2 B activation over 8 GPUs at NVLink's
     450 GB/s x 0.8 and 3 us is 7/8 x 805,306,368 B / 360e9 B/s + 7 x 3 us = 1.9784 ms. Vanilla TP:
-    both exposed, 3.9568 ms per layer on top of what TE's selective recompute charges. Async TP
+    both exposed, 3.9568 ms per layer on top of the policy's compute rerun (time.op_sac_mlp_rerun). Async TP
     fuses the MLP's gather with the rerun w3 GEMM (exposed as any fused TP collective, 0.3) while
     the attention's feeds only the narrow K projection and stays exposed: 1.9784 x 1.3 ms. No
     sequence parallelism (tp 1): no gathers, no rerun."""
@@ -246,12 +248,31 @@ def test_per_op_sac_reruns_the_sequence_parallel_all_gathers_by_hand():
         plan = Plan(tp=tp, dp=64 // tp, micro_batch=12, global_batch=12 * 64 // tp, sequence_parallel=tp > 1,
                     recompute="selective", tp_comm_overlap=overlap)
         P = PlanArrays.from_plans([plan], LLAMA3_8B.layers, 0)
-        sel = {k: float(per_layer_terms(LLAMA3_8B, system, JobSpec(global_batch=plan.global_batch, kernels=k),
-                                        P)["selective"][0]) for k in ("torch-compile", "te")}
-        return sel["torch-compile"] - sel["te"] - (
-            float((layer_compute_fwd_s(LLAMA3_8B, system, JobSpec(global_batch=1, kernels="torch-compile"), P)
-                   ["attention"] - layer_compute_fwd_s(LLAMA3_8B, system, JobSpec(global_batch=1, kernels="te"),
-                                                       P)["attention"])[0]))
+        job = JobSpec(global_batch=plan.global_batch, kernels="torch-compile")
+        rerun = float(layer_compute_fwd_s(LLAMA3_8B, system, job, P)["op_sac_rerun_s"][0])
+        return float(per_layer_terms(LLAMA3_8B, system, job, P)["selective"][0]) - rerun
     assert extra_s(8, False) == pytest.approx(2 * gather_s, rel=1e-6)
     assert extra_s(8, True) == pytest.approx(gather_s * (1 + 0.3), rel=1e-6)
     assert extra_s(1, False) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_per_op_sac_memory_matches_published_peaks(cases):
+    """What torchtitan's per-op policy keeps (memory.op_sac_saved_per_layer: the layer input, the
+    odd mms' outputs, SDPA's output, the reduce-scatters') puts the peak within 15 % of the memory
+    six torchtitan runs published: trainy's Llama-3 8B fp8 (48.0 / 47.0 GiB), Qwen3 8B BF16 / MXFP8
+    (112.9 / 112.6) and the NVFP4 page's Llama-3 8B BF16 / MXFP8 (174.5 / 179.9), each costed with
+    that policy. Storing what no recompute stores, as the planner did before, overshoots trainy's
+    by more than half."""
+    from planner.analytical.estimate import estimate
+    published = {"torchtitan-trainy_llama3-8b_32gpu_fsdp32_fp8": 48.0, "torchtitan-trainy_llama3-8b_64gpu_fsdp64_fp8": 47.0,
+                 "torchtitan_qwen3-8b_4gpu_fsdp4_bf16": 112.88, "torchtitan_qwen3-8b_4gpu_fsdp4_mxfp8": 112.63,
+                 "torchtitan_llama3-8b_4gpu_fsdp4_bf16": 174.49, "torchtitan_llama3-8b_4gpu_fsdp4_mxfp8": 179.94}
+    by_id = {c.id: c for c in cases}
+    for rid, gib in published.items():
+        c = by_id[rid]
+        plan = c.plan.model_copy(update={"recompute": "selective"})
+        est = estimate(c.model, c.system, plan, c.job)
+        assert est.hbm_bytes / 2**30 == pytest.approx(gib, rel=0.15), rid
+        if rid.startswith("torchtitan-trainy"):
+            kept_all = estimate(c.model, c.system, c.plan.model_copy(update={"recompute": "none"}), c.job)
+            assert kept_all.hbm_bytes / 2**30 > 1.5 * gib

@@ -54,21 +54,25 @@ def test_layer_compute_is_no_faster_than_the_block_measured_alone(model_name, tp
     assert 1.0 <= _fwd_bwd_s(layer) / measured_s <= 1.3, (_fwd_bwd_s(layer), measured_s)
 
 
-@pytest.mark.parametrize("model_name,tp,local_batch", CONFIGS[:2])
+@pytest.mark.parametrize("model_name,tp,local_batch", CONFIGS)
 def test_selective_recompute_costs_what_torchtitan_per_op_sac_measured(model_name, tp, local_batch):
     """torchtitan's per-op selective checkpointing (keep every mm output but every second one,
-    and SDPA's; rerun the rest) added 11.2 % (TP 1) and 13.7 % (TP 8) to the block's
-    forward+backward, both blocks eager. The planner's selective-recompute compute for the same
-    layer under eager kernels, as a share of its forward+backward compute, is within 3 points of
-    that (communication left out: one GPU measures none). Not the 70B TP 8 block: measured 12.2 %,
-    the planner 7.5 % (its selective charge is the attention core's forward, which the per-op
-    policy keeps; what that policy reruns, every second mm and the element-wise ops, is not costed
-    yet)."""
-    model, layer, P = _planner_layer(model_name, tp, local_batch, recompute="selective", kernels="torch-eager")
-    planned = float(tm.selective_recompute_s(model, layer, P, 0.0, 0.0)[0]) / _fwd_bwd_s(layer)
-    none = _measured_ms(BLOCK_AC, model_name, tp, "block", "eager_none")
-    measured = _measured_ms(BLOCK_AC, model_name, tp, "block", "eager_op_sac") / none - 1
-    assert abs(planned - measured) <= 0.03, (planned, measured)
+    and SDPA's; rerun the rest) added 11.2 % (8B TP 1), 13.7 % (8B TP 8) and 12.2 % (70B TP 8) to
+    the eager block's forward+backward, 9.7 % to the compiled 8B TP 1 block. What the planner
+    charges the torch stacks for it (time.OP_SAC_ATTENTION_PROJ_RERUN: half the attention
+    projections, one MLP GEMM of three, every element-wise op), as a share of the layer's
+    forward+backward compute under the same kernels, is within 3 points of each (communication
+    left out: one GPU measures none). The attention core's forward, which the planner charged
+    before, gave 7.5 % for the 70B block."""
+    for kernels, op in (("torch-eager", "eager"), ("torch-compile", "compiled")):
+        try:
+            none = _measured_ms(BLOCK_AC, model_name, tp, "block", f"{op}_none")
+            measured = _measured_ms(BLOCK_AC, model_name, tp, "block", f"{op}_op_sac") / none - 1
+        except ValueError:  # torch.compile failed at TP 8 in that PyTorch build: no row
+            continue
+        model, layer, P = _planner_layer(model_name, tp, local_batch, recompute="selective", kernels=kernels)
+        planned = float(layer["op_sac_rerun_s"][0]) / _fwd_bwd_s(layer)
+        assert abs(planned - measured) <= 0.03, (kernels, planned, measured)
 
 
 def test_tp8_rank_gemms_run_slower_per_flop_than_tp1():

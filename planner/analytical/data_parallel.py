@@ -52,12 +52,15 @@ from planner.plan import DP_IMPL_CODES
 # fitted alternately, bench/calibrate.py --write then bench/fsdp_moe_eval.py --fit, until neither
 # moves (two rounds from 0.358: 0.449, A100 FlashAttention-2 0.436 -> 0.467, then fixed; 0.467,
 # A100 FlashAttention-2 0.473, once the torchtitan async-TP page's 8 tuned rows and DGX Cloud's
-# GPT-3 175B 512-GPU rows were read);
+# GPT-3 175B 512-GPU rows were read; 0.467 -> 0.516 with torchtitan's per-op checkpointing costed
+# and the A100's torch GEMM ceiling fitted, 2026-11-27: the next round gives 0.547 at the same
+# 5.5-5.6 % on these rows, the GEMM ceiling and this contention trading off along a flat valley,
+# so the alternation was stopped there);
 # DEEPSPEED_ZERO3_* on the 6 DeepSpeed ZeRO-3 rows of Narayanan et al. SC'21 Table 2, whose
 # step time does not shrink from mb 2 to mb 1 (768 -> 1536 GPUs: 66.75 s both; 1120 -> 2240:
 # 180 -> 184 s), i.e. those steps are gather-bound (c > x: the bandwidth efficiency), while at
 # mb 4 the step exceeds both compute and gathers (x + s·c: the contention). Fitted 0.111, 0.486.
-FSDP_COMPUTE_CONTENTION = 0.467
+FSDP_COMPUTE_CONTENTION = 0.516
 MEGATRON_FSDP_COMPUTE_CONTENTION = 0.001
 DEEPSPEED_ZERO3_COMPUTE_CONTENTION = 0.486
 # DeepSpeed ZeRO-3's achieved fraction of ring bandwidth for its per-layer gathers / reduces.

@@ -14,7 +14,7 @@ from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import (PlanArrays, has_layout, module_selected, sequence_parallel_on,
                                      sum_over_ranks, with_every_rank)
-from planner.analytical.time import step_time
+from planner.analytical.time import OP_SAC_ATTENTION_PROJ_RERUN, op_sac_mlp_rerun, step_time
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan, check_recompute_modules
 
@@ -149,8 +149,15 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
         extra = rc_layers * layer_fwd
     if layer_kinds.by_block(model) and not any(job.bf16_layers):  # the blocks each rank reruns
         extra = np.where(P.recompute == 2, recomputed_block_flops_per_token(model, P, attn_exec), extra)
-    extra = extra + np.where(P.recompute == 1, selective_recompute_flops_per_token(
-        model, P.recompute_modules, attn_exec), 0.0)
+    if job.kernels != "te" and not model.moe and not model.hybrid_pattern:
+        # torchtitan's per-op policy reruns half the attention projections and one MLP GEMM of
+        # three (time.OP_SAC_ATTENTION_PROJ_RERUN), not the attention core
+        rerun = (OP_SAC_ATTENTION_PROJ_RERUN * flops.attention_matmul_flops_per_token(model)
+                 + op_sac_mlp_rerun(model) * flops.dense_mlp_matmul_flops_per_token(model))
+        extra = extra + np.where(P.recompute == 1, model.layers * rerun, 0.0)
+    else:
+        extra = extra + np.where(P.recompute == 1, selective_recompute_flops_per_token(
+            model, P.recompute_modules, attn_exec), 0.0)
     hw_flops = tokens * (executed + extra)
     step = times["step_time_s"]
     out = {**times, **mem}

@@ -186,6 +186,22 @@ def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray, gemm_inp
     return unsharded, sharded
 
 
+def op_sac_saved_per_layer(model: ModelSpec, P: PlanArrays) -> np.ndarray:
+    """Bytes per s·b·h one dense layer keeps under torchtitan's per-op selective checkpointing (the
+    torch stacks' "selective"; time.OP_SAC_ATTENTION_PROJ_RERUN names the policy): the layer's
+    input (sequence-sharded under SP), the outputs of the odd mms in forward order (wq, wv, w1 and,
+    in a SwiGLU MLP, w2, whose output before the reduce-scatter is a full-width partial sum), SDPA's
+    output and fp32 log-sum-exp, and the tensor-parallel reduce-scatters' outputs. All 16-bit: a
+    float8 / MX linear's mm returns bf16. Nothing else is kept; the rest is rerun."""
+    h, t = model.hidden, P.tp
+    sp = sequence_parallel_on(P)
+    q, kv = model.q_hidden, model.kv_hidden
+    col = (2.0 * q + 2.0 * kv + 2.0 * q + 4.0 * model.heads + 2.0 * model.ffn_hidden) / h  # sharded by t
+    w2_out = 2.0 if model.activation == "swiglu" else 0.0  # mm 7 of 7; a GeLU MLP's w2 is mm 6
+    reduce_scatters = np.where(sp & (t > 1), 2 * 2.0 / t, 0.0)
+    return np.where(sp, 2.0 / t, 2.0) + col / t + w2_out + reduce_scatters
+
+
 def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
     """Stored activations of one layer for one microbatch, per GPU (Korthikanti Table 2):
     none: sbh(10 + 24/t + 5as/(ht)); TP+SP: sbh/t·(34 + 5as/h); selective: what the recomputed
@@ -212,6 +228,8 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
         & (not job.flash_attention)
     per_layer = sbh * (np.where(sp, (unsharded - freed_u) / t, unsharded - freed_u) + (sharded - freed_s) / t
                        + np.where(keeps_scores, score / t, 0.0))
+    if job.kernels != "te" and not model.moe and not model.hybrid_pattern:
+        per_layer = np.where(selective, sbh * op_sac_saved_per_layer(model, P), per_layer)
     input_only = np.where(sp, 2.0 * sbh / t, 2.0 * sbh)
     return np.where(P.recompute == 2, input_only, per_layer), per_layer
 

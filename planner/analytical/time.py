@@ -158,9 +158,36 @@ def attention_core_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: 
     return attention + score_bytes / hbm + cp_output_correction_s(model, P, hbm)
 
 
+# torchtitan's per-op selective activation checkpointing, the torch stacks' "selective"
+# (torchtitan models/llama3/infra/parallelize.py _save_list and _custom_policy, @820504e): in each
+# layer's checkpoint it saves the outputs of aten.mm (every second one recomputed, counting the
+# layer's mms in forward order), of SDPA and of the TP reduce-scatters, and reruns every other op.
+# A Llama block's mms run wq, wk, wv, wo, w1, w3, w2: wk, wo and w3 are rerun, i.e. half the
+# attention projections' FLOPs (wk/wv and wq/wo are pairs of one size) and one of the SwiGLU
+# MLP's three (one of a GeLU MLP's two), plus every element-wise op; the attention core is not.
+OP_SAC_ATTENTION_PROJ_RERUN = 0.5
+
+
+def op_sac_mlp_rerun(model: ModelSpec) -> float:
+    """Share of a dense MLP's GEMM FLOPs torchtitan's per-op policy reruns: w3 of (w1, w3, w2),
+    or w2 of (w1, w2) without a gate (the mm count's even positions)."""
+    return 1.0 / 3.0 if model.activation == "swiglu" else 0.5
+
+
+def kernel_stack_system(system: SystemSpec, job: JobSpec) -> SystemSpec:
+    """`system` with the GEMM ceiling of the job's kernel stack: a torch stack's
+    `matmul_max_torch` where the accelerator has one (idempotent)."""
+    eff = system.accelerator.efficiency
+    if job.kernels == "te" or eff.matmul_max_torch is None or eff.matmul_max_torch == eff.matmul_max:
+        return system
+    acc = system.accelerator.model_copy(update={"efficiency": eff.model_copy(update={"matmul_max": eff.matmul_max_torch})})
+    return system.model_copy(update={"accelerator": acc})
+
+
 def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict:
     """One layer, one microbatch, one GPU, forward: GEMMs, attention core, element-wise. A hybrid
     stack's layer is the mean of its blocks (planner.analytical.hybrid)."""
+    system = kernel_stack_system(system, job)
     if model.hybrid_pattern:
         from planner.analytical import hybrid
         return hybrid.mean_layer_fwd_s(model, system, job, P)
@@ -211,15 +238,18 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     # smallest GEMM dimension: the tokens or the latent rank (the contraction)
     up_min = np.minimum(tokens, min(r for r in (model.mla.q_lora_rank, model.mla.kv_lora_rank) if r)) \
         if model.mla else 1.0
+    elementwise = elem_bytes / elem_hbm + rope_s + quant_s + mlp_elem + overhead_s
     pieces = {
         "dense_mlp_s": 0.0 if model.moe else mlp_gemm + mlp_elem,  # the repeated layer's, if dense
+        # what torchtitan's per-op policy reruns of a dense layer (OP_SAC_ATTENTION_PROJ_RERUN)
+        "op_sac_rerun_s": 0.0 if model.moe else (OP_SAC_ATTENTION_PROJ_RERUN * attn_gemm
+                                                 + op_sac_mlp_rerun(model) * mlp_gemm + elementwise),
         "moe_mlp_s": moe_parts["gemm"] + moe_parts["elementwise"],
         "moe_act_s": moe_parts["expert_act_s"], "shared_expert_s": moe_parts["shared_expert_s"],
         "mla_up_proj_s": _gemm_time(up_flops, up_min, peak_gemm, eff, job.dtype) if model.mla else 0.0,
         "norm_s": 2.0 * tokens * LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm,
     }
-    return {"gemm": gemm, "attention": attention_core_fwd_s(model, system, job, P),
-            "elementwise": elem_bytes / elem_hbm + rope_s + quant_s + mlp_elem + overhead_s,
+    return {"gemm": gemm, "attention": attention_core_fwd_s(model, system, job, P), "elementwise": elementwise,
             "wgrad_extra": moe["wgrad_extra_s"] if model.moe else 0.0, **pieces}
 
 
@@ -569,6 +599,7 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     and EP communication, selective recompute) and of the LM head; (n,) arrays."""
     if any(job.bf16_layers):
         return _with_bf16_layers(model, system, job, P)
+    system = kernel_stack_system(system, job)
     acc = system.accelerator
     eff = acc.efficiency
     h, t, c = model.hidden, P.tp, P.cp
@@ -617,6 +648,8 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     # Recompute: full reruns the forward (with its communication) of its k layers; selective
     # reruns the forward of its modules in every layer (`selective_recompute_s`).
     selective = np.where(P.recompute == 1, selective_recompute_s(model, layer, P, tp_fwd, ep_fwd), 0.0)
+    if job.kernels != "te" and "op_sac_rerun_s" in layer and not model.moe:  # torchtitan's per-op policy
+        selective = np.where(P.recompute == 1, layer["op_sac_rerun_s"], 0.0)
     # A torch stack's selective recompute is torchtitan's per-op policy (parallelize_llama.py
     # @820504e, _save_list): it keeps the reduce-scatters' outputs but not the sequence-parallel
     # all-gathers', so the backward reruns both of the layer's all-gathers (each backward GEMM
@@ -769,6 +802,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     """Seconds per step of every plan, as components that add up to `step_time_s`. The critical
     path is the pipeline's slowest rank: m microbatches of its layers (plus the LM head on the
     last rank), the bubble, then what data parallelism, offload and the optimizer leave exposed."""
+    system = kernel_stack_system(system, job)
     acc = system.accelerator
     eff = acc.efficiency
     h, t, c = model.hidden, P.tp, P.cp
