@@ -252,9 +252,11 @@ def _biases(r: _Record, default: bool) -> bool:
     return value
 
 
-def _preset_named_by(r: _Record) -> str | None:
-    """The model preset a record names where it publishes no dimensions of its own ("Qwen3 8B
-    (dims not taken from this repo)" -> qwen3-8b): the preset's are the model's public config."""
+def _dims_preset(r: _Record) -> str | None:
+    """The model preset whose dimensions a record takes: the one it names where it prints no layers
+    ("Qwen3 8B (dims not taken from this repo)" -> qwen3-8b; the preset is the model's public config)."""
+    if r.int("model.layers") is not None:
+        return None
     from planner.model import model_preset_names
     name = re.sub(r"\(.*?\)", "", str(r.get("model.name") or "")).strip().lower().replace(" ", "-")
     return name if name in model_preset_names() else None
@@ -262,8 +264,8 @@ def _preset_named_by(r: _Record) -> str | None:
 
 def _model_notes(r: _Record) -> list[str]:
     """The assumption _model made for a record, if any (its dimensions from a preset)."""
-    preset = _preset_named_by(r)
-    if preset is None or r.int("model.layers") is not None:
+    preset = _dims_preset(r)
+    if preset is None:
         return []
     return [f"model dimensions from the {preset} preset (planner/presets/{preset}.yaml: the model's public "
             "config; the record prints none)"]
@@ -273,7 +275,7 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
     name = str(r.get("model.name") or r.id)
     dims = {k: r.int(f"model.{k}") for k in ("layers", "hidden", "heads", "seq", "vocab")}
     missing = [k for k, v in dims.items() if v is None]
-    if missing and dims["layers"] is None and (preset := _preset_named_by(r)):
+    if missing and (preset := _dims_preset(r)):
         from planner.model import load_model
         return load_model(preset, {"seq_length": dims["seq"]})
     if missing:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hardware.spec import SystemSpec
 from planner.analytical import flops, layer_kinds, precision
+from planner.analytical.kernels import per_op_checkpointing
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import (PlanArrays, has_layout, module_selected, sequence_parallel_on,
@@ -149,7 +150,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
         extra = rc_layers * layer_fwd
     if layer_kinds.by_block(model) and not any(job.bf16_layers):  # the blocks each rank reruns
         extra = np.where(P.recompute == 2, recomputed_block_flops_per_token(model, P, attn_exec), extra)
-    if job.kernels != "te" and not model.moe and not model.hybrid_pattern:
+    if per_op_checkpointing(model, job):
         # torchtitan's per-op policy reruns half the attention projections and one MLP GEMM of
         # three (time.OP_SAC_ATTENTION_PROJ_RERUN), not the attention core
         rerun = (OP_SAC_ATTENTION_PROJ_RERUN * flops.attention_matmul_flops_per_token(model)

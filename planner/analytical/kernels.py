@@ -72,6 +72,12 @@ ATTENTION_HEAD_DIM_EXPONENT = {"cudnn": 0.784, "flash": 0.417}
 REFERENCE_HEAD_DIM = 128
 
 
+def per_op_checkpointing(model: ModelSpec, job) -> bool:
+    """Whether a job's "selective" recompute is torchtitan's per-op policy (time.OP_SAC_ATTENTION_PROJ_RERUN,
+    memory.op_sac_saved_per_layer): a torch stack's dense layers (not MoE, not a hybrid stack)."""
+    return job.kernels != "te" and not model.moe and not model.hybrid_pattern
+
+
 def attention_head_dim_factor(model: ModelSpec, backend: str) -> float:
     """Throughput of the attention kernel at the model's head width relative to 128-wide heads;
     `backend` "cudnn" (Transformer Engine's fused attention) or "flash" (FlashAttention-2 and

@@ -11,6 +11,7 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
+from planner.analytical.kernels import per_op_checkpointing
 from planner.analytical.precision import GEMM_OPERAND_BYTES, high_precision_dtype
 from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, with_every_rank
 from planner.model import HYBRID_BLOCKS, ModelSpec
@@ -228,7 +229,7 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
         & (not job.flash_attention)
     per_layer = sbh * (np.where(sp, (unsharded - freed_u) / t, unsharded - freed_u) + (sharded - freed_s) / t
                        + np.where(keeps_scores, score / t, 0.0))
-    if job.kernels != "te" and not model.moe and not model.hybrid_pattern:
+    if per_op_checkpointing(model, job):
         per_layer = np.where(selective, sbh * op_sac_saved_per_layer(model, P), per_layer)
     input_only = np.where(sp, 2.0 * sbh / t, 2.0 * sbh)
     return np.where(P.recompute == 2, input_only, per_layer), per_layer

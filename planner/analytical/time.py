@@ -646,10 +646,11 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         ep_fwd = ep_bwd = np.zeros(len(P))
 
     # Recompute: full reruns the forward (with its communication) of its k layers; selective
-    # reruns the forward of its modules in every layer (`selective_recompute_s`).
-    selective = np.where(P.recompute == 1, selective_recompute_s(model, layer, P, tp_fwd, ep_fwd), 0.0)
-    if job.kernels != "te" and "op_sac_rerun_s" in layer and not model.moe:  # torchtitan's per-op policy
-        selective = np.where(P.recompute == 1, layer["op_sac_rerun_s"], 0.0)
+    # reruns the forward of its modules in every layer (`selective_recompute_s`), under a torch
+    # stack what torchtitan's per-op policy reruns (OP_SAC_ATTENTION_PROJ_RERUN).
+    rerun = layer["op_sac_rerun_s"] if kernels.per_op_checkpointing(model, job) else \
+        selective_recompute_s(model, layer, P, tp_fwd, ep_fwd)
+    selective = np.where(P.recompute == 1, rerun, 0.0)
     # A torch stack's selective recompute is torchtitan's per-op policy (parallelize_llama.py
     # @820504e, _save_list): it keeps the reduce-scatters' outputs but not the sequence-parallel
     # all-gathers', so the backward reruns both of the layer's all-gathers (each backward GEMM

@@ -116,8 +116,10 @@ def gpu_job_defaults(system: SystemSpec) -> dict:
             "flash_attention": gpu_arch_major(system) >= 8}
 
 
-def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtype: str = "bf16",
-             hbm_reserve_gib: float = 2.0, **extra) -> JobSpec:
+def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtype: str | None = None,
+             hbm_reserve_gib: float = 2.0, system: SystemSpec | None = None, **extra) -> JobSpec:
+    """The job the CLI's flags describe; a precision or attention path not given (None) is the GPU's
+    default (`gpu_job_defaults`) where `system` is given, else bf16 and fused attention."""
     from pydantic import ValidationError
 
     from hardware.errors import one_line
@@ -125,6 +127,10 @@ def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtyp
     check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
     check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
     check_float("hbm-reserve-gib", hbm_reserve_gib, 0.0)
+    defaults = gpu_job_defaults(system) if system is not None else {"dtype": "bf16", "flash_attention": True}
+    dtype = dtype or defaults["dtype"]
+    if extra.get("flash_attention") is None:
+        extra["flash_attention"] = defaults["flash_attention"]
     try:
         return JobSpec(global_batch=global_batch, max_global_batch=max_global_batch, dtype=dtype,
                        hbm_reserve_gib=hbm_reserve_gib, **extra)

@@ -53,7 +53,6 @@ from planner.cli.common import (
     check_int,
     given_knobs,
     load_inputs_for_plan,
-    gpu_job_defaults,
     make_job,
     plan_from_knobs,
 )
@@ -137,10 +136,9 @@ def estimate_command(
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS)
     if job is None:
-        gpu_defaults = gpu_job_defaults(system_spec)
-        job = make_job(global_batch=None, dtype=dtype or gpu_defaults["dtype"],
+        job = make_job(global_batch=None, dtype=dtype, system=system_spec,
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
-                       flash_attention=gpu_defaults["flash_attention"] if flash_attention is None else flash_attention,
+                       flash_attention=flash_attention,
                        **kernels, **adam_moments_setting(adam_moments),
                        **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype))
     if moe_imbalance != job.moe_load_imbalance:

@@ -46,7 +46,6 @@ from planner.cli.common import (
     POSITIVE_KNOBS,
     given_knobs,
     load_inputs_for_plan,
-    gpu_job_defaults,
     make_job,
     plan_from_knobs,
 )
@@ -135,9 +134,7 @@ def _job(o: dict, model, system, plan=None):
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
-    gpu_defaults = gpu_job_defaults(system)
-    return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"] or gpu_defaults["dtype"],
-                    flash_attention=gpu_defaults["flash_attention"],
+    return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"], system=system,
                     hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments, **bf16,
                     **modules)
 

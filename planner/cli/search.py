@@ -59,7 +59,6 @@ from planner.cli.common import (
     check_int,
     given_knobs,
     refuse_contradictions,
-    gpu_job_defaults,
     load_inputs,
     make_job,
 )
@@ -87,9 +86,7 @@ def _inputs(o: dict):
     dispatcher = pins.pop("moe_dispatcher", "alltoall")  # a job setting: the search costs every plan with it
     refuse_contradictions(pins, o["framework"])
     max_gb = max(o["max_global_batch"], gb or 0)
-    gpu_defaults = gpu_job_defaults(system)
-    job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"] or gpu_defaults["dtype"],
-                   flash_attention=gpu_defaults["flash_attention"],
+    job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"], system=system,
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),

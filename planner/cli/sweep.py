@@ -23,7 +23,6 @@ from planner.cli.common import (
     SeqOpt,
     SystemOpt,
     TpAcrossNodesOpt,
-    gpu_job_defaults,
     make_job,
 )
 from planner.sweep import (
@@ -131,9 +130,8 @@ def register(app: typer.Typer) -> None:
             from planner.sweep import import_ray
             import_ray()
         axes = [Axis.from_cli(v) for v in vary]
-        gpu_defaults = gpu_job_defaults(load_system(system))  # the axes vary sizes, not the GPU
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
-                       dtype=dtype or gpu_defaults["dtype"], flash_attention=gpu_defaults["flash_attention"],
+                       dtype=dtype, system=load_system(system),  # the axes vary sizes, not the GPU
                        hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
                        framework=framework, tp_within_nvlink=not tp_across_nodes)
         spec = SweepSpec.build(model=model, system=system, gpus=gpus, seq_length=seq_length, job=job,
