@@ -69,3 +69,40 @@ def test_group_limited_routing_at_ep64_on_8_gpu_nodes():
     assert tm.group_limited_remote_domains(ds, np.array([16.0]))[0] == pytest.approx(
         8 * (1 - (7 / 8) ** 8) * 15 / 16, rel=1e-12)
     assert np.isinf(tm.group_limited_remote_domains(QWEN3.moe, np.array([8.0]))[0])
+
+
+def _ranks_reached_by_enumeration(experts: int, top_k: int, ep: int) -> float:
+    """Mean number of ranks holding >= 1 of the chosen experts, over every choice of top_k distinct
+    experts (experts sit on ranks in order, experts/ep each)."""
+    import itertools
+    per = experts // ep
+    choices = list(itertools.combinations(range(experts), top_k))
+    return sum(len({e // per for e in c}) for c in choices) / len(choices)
+
+
+@pytest.mark.parametrize("experts,top_k,ep", [(16, 4, 4), (16, 4, 8), (20, 3, 5), (12, 6, 2), (8, 2, 8)])
+def test_ranks_reached_against_enumeration(experts, top_k, ep):
+    import numpy as np
+    from types import SimpleNamespace
+    moe = SimpleNamespace(num_experts=experts, top_k=top_k)
+    assert tm.ranks_reached(moe, np.array([float(ep)]))[0] == pytest.approx(
+        _ranks_reached_by_enumeration(experts, top_k, ep), rel=1e-12)
+
+
+def test_deepep_sends_a_token_once_per_rank_inside_the_domain():
+    """Inside one NVLink domain (ep 8 on an 8-GPU node, nothing crosses the NICs) DeepEP's dispatch
+    moves routed_tokens x ranks_reached rows where NCCL's alltoall moves routed_tokens x top_k: for
+    Qwen3-235B (128 experts, top-8, 16 per rank) 8 (1 - C(112,8)/C(128,8)) = 5.34 of 8 rows."""
+    import math
+    from hardware.load import load_system
+    system = load_system("h100-sxm", 8)
+    missed = math.comb(112, 8) / math.comb(128, 8)
+    assert tm.ranks_reached(QWEN3.moe, 8.0) == pytest.approx(8 * (1 - missed), rel=1e-12)
+
+    def a2a(dispatcher):
+        P = PlanArrays.from_plans([Plan(dp=8, ep=8, micro_batch=1, global_batch=8, moe_dispatcher=dispatcher)],
+                                  QWEN3.layers)
+        return float(tm.moe_dispatch_s(QWEN3, system, JobSpec(global_batch=8), P)[0])
+    # the latency steps are the same for both; the bytes scale by ranks reached / top_k
+    lat = 2.0 * 7 * system.network[0].latency_s  # dispatch + combine, one step per peer each
+    assert (a2a("deepep") - lat) / (a2a("alltoall") - lat) == pytest.approx(8 * (1 - missed) / 8, rel=1e-9)

@@ -298,6 +298,12 @@ ROUTER_PASSES = 4.0
 # (dynamic shapes, guide §2.3), and the device-host sync that sizes them (tokens per expert,
 # guide §3.1) drains the GPU queue first, so host time beyond the experts' GPU time is exposed:
 # the guide's "CPU overhead / host boundedness" (§2). Named; fitted by bench/fsdp_moe_eval.py.
+# 50 µs is the H100 measurement's median (49, p10-p90 26-78 µs: planner/data/h100_grouped_gemm.csv)
+# and was the grid fit's value; the fit's continuous optimum is 55 (golden section, 54.6 before
+# DeepEP's per-rank deduplication, 55.6 after, the objective 4 % lower than at 50), a valley the
+# eager x86 rows (H100, DGX B200: predicted fast when host-bound) and the one host-bound GB200 row
+# with partial CUDA graphs (ModelZoo BF16, predicted slow) pull apart. `planner validate --lofo`
+# refits it without each family.
 EXPERT_GEMM_HOST_US = 50.0
 # Permutation and unpermutation (moe_utils.permute / unpermute): each reads and writes every
 # routed row once; unpermute also reads the probabilities (negligible). 2 ops × (read + write).
@@ -462,6 +468,20 @@ def group_limited_remote_domains(moe, G: np.ndarray) -> np.ndarray:
     return touched * (G - 1.0) / G
 
 
+def ranks_reached(moe, ep) -> np.ndarray:
+    """Expected expert-parallel ranks (of `ep`, the own one included) that hold at least one of a
+    token's top_k experts: E/ep experts on each rank, the token's k distinct experts drawn without
+    replacement, so a rank is missed with probability prod_{i<k} (E − E/ep − i)/(E − i)
+    (hypergeometric). Group-limited routing is left out: with a rank's experts inside one group it
+    changes this by under 1 % for DeepSeek-V3 at ep 64 (4 of 8 groups, 4 experts per rank)."""
+    E, k = float(moe.num_experts), moe.top_k
+    ep = np.asarray(ep, dtype=np.float64)
+    missed = np.ones(ep.shape)
+    for i in range(k):
+        missed = missed * np.clip((E - E / ep - i) / (E - i), 0.0, 1.0)
+    return ep * (1.0 - missed)
+
+
 def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
                    act_bytes: float = 2.0) -> np.ndarray:
     """Dispatch + combine all-to-all of one MoE layer forward, one microbatch (Lepikhin et al.
@@ -476,6 +496,12 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     rows = routed_tokens * k
     imbalance = moe_load_imbalance(model, job, P)
     nbytes = rows * h * act_bytes * imbalance
+    deepep = P.moe_dispatcher == MOE_DISPATCHER_CODES["deepep"]
+    # Inside a domain DeepEP/HybridEP send a token once to each rank that holds >= 1 of its experts
+    # (DeepEP get_dispatch_layout's is_token_in_rank; the receiver expands it to its local
+    # experts), NCCL's alltoall one row per (token, expert) pair: Qwen3-235B at ep 8 (16 experts a
+    # rank) sends 5.34 rows per token, not 8
+    sent_bytes = np.where(deepep, routed_tokens * ranks_reached(model.moe, P.ep) * h * act_bytes * imbalance, nbytes)
     # DeepEP: a token crosses to each remote domain that holds >= 1 of its k experts once; with
     # experts spread evenly over G = ep/k_in domains, E[remote domains] = (G−1)(1 − (1 − 1/G)^k)
     # (DeepSeek-V3 §3.2.2 node-limited dispatch; DeepEP normal kernels: RDMA then NVLink forward)
@@ -484,8 +510,8 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     remote = np.minimum((G - 1.0) * (1.0 - (1.0 - 1.0 / G) ** k), group_limited_remote_domains(model.moe, G))
     dedup_outer = routed_tokens * h * act_bytes * imbalance * remote
     plain_outer = nbytes * (P.ep - k_in) / P.ep
-    outer = np.where(P.moe_dispatcher == 1, np.minimum(dedup_outer, plain_outer), plain_outer)
-    a2a = comm.all_to_all_placed_s(system, nbytes, P.ep, P.etp, A2A_BW_EFFICIENCY, outer_bytes=outer)
+    outer = np.where(deepep, np.minimum(dedup_outer, plain_outer), plain_outer)
+    a2a = comm.all_to_all_placed_s(system, sent_bytes, P.ep, P.etp, A2A_BW_EFFICIENCY, outer_bytes=outer)
     etp_bw, etp_lat = comm.group_link(system, P.etp, 1)
     etp_xchg = comm.all_gather_s(rows * h * act_bytes * P.etp, P.etp, etp_bw, etp_lat)
     return 2.0 * a2a + 2.0 * etp_xchg
