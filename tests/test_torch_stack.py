@@ -215,6 +215,17 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     assert with_torch_stack(p, {}, full_base)["attention_half_seq_fa2"] == FA2_HALF_SEQ_MEASURED
 
 
+def test_a100_fa2_fallback_is_the_triton_ceiling_times_the_published_ratio(cases):
+    """Without the rows that identify the A100's FlashAttention-2 ceiling (the torchtitan Llama
+    rows), it takes MPT's fitted Triton ceiling times Dao 2023's 1.83, the same ratio the Triton
+    fallback divides by, not the Triton ceiling one to one."""
+    a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
+    picked = prepare([c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::8])
+    keep = lambda c: c.family == "MPT"  # noqa: E731
+    without = fit_torch_stack(picked, {}, keep, iters=8)["A100-SXM4-80GB"]
+    assert without["attention_max_fa2"] == pytest.approx(without["attention_max_triton"] * FA2_OVER_TRITON_A100)
+
+
 def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     """MPT (all llm-foundry rows) has no fitted hardware rows, so its LOFO prediction is the presets'
     hardware with the torch-stack parameters refitted on the torchtitan rows only (8.5 % here and
