@@ -495,16 +495,30 @@ def _lofo_worker_family(family: str) -> dict[str, float]:
     return _lofo_family(*_LOFO_INPUTS, family)
 
 
+def _own_torch_gemm_ceiling(borrowed: dict, torch_fit: dict) -> dict:
+    """A group left without Megatron rows (WHEN_EMPTY: the A100 without GPT) keeps the borrowed
+    H100 set but for the GEMM ceiling, which its own PyTorch-stack rows measure where they fitted
+    one (`matmul_max_torch`): cuBLAS runs both stacks' GEMMs, and the same GPU's rows say more
+    about it than another GPU's."""
+    own = torch_fit.get("matmul_max_torch")
+    return borrowed if own is None else {**borrowed, "matmul_max": own}
+
+
 def _lofo_family(prepared: list[Prepared], full_fit: dict[str, dict], family: str) -> dict[str, float]:
     """lofo_predictions for one family's cases."""
     members = [p for p in prepared if p.case.family == family]
+    emptied = []
     if any(p.case.fit for p in members):
-        params = {g: v[0] for g, v in fit_groups(prepared, lambda c: c.family != family).items()}
+        groups = fit_groups(prepared, lambda c: c.family != family)
+        params = {g: v[0] for g, v in groups.items()}
+        emptied = [g for g, v in groups.items() if v[2] == 0 and g in WHEN_EMPTY]
     else:
         params = full_fit
     torch_stack = {}
-    if any(torch_stack_row(p.case) for p in members):
+    if emptied or any(torch_stack_row(p.case) for p in members):
         torch_stack = fit_torch_stack(prepared, params, lambda c: c.family != family)
+    for group in emptied:
+        params[group] = _own_torch_gemm_ceiling(params[group], torch_stack.get(group, {}))
 
     def params_of(p):
         return with_torch_stack(p, params, torch_stack) if torch_stack_row(p.case) else (params.get(p.group) or None)

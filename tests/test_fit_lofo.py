@@ -160,6 +160,32 @@ def test_a_group_left_without_fitted_rows_takes_the_h100_fit_not_its_own_preset(
 
 
 
+def test_a_group_left_without_megatron_rows_keeps_its_own_torch_gemm_ceiling(all_cases):
+    """Holding GPT out leaves the A100 without Megatron rows, but its PyTorch-stack rows (MPT,
+    torchtitan Llama) still measure its GEMM ceiling: the A100's GPT rows take the H100 fit made
+    without GPT for everything but that, and `matmul_max_torch` fitted without GPT for it."""
+    from hardware.load import load_accelerator
+    from planner.fit import MEASURED, fit_groups, fit_torch_stack, torch_stack_row
+    picked = [c for c in all_cases if c.source == "narayanan2021" and c.fit][:3]
+    picked += [c for c in all_cases if c.source == "nemo2407"]
+    a100_torch = [c for c in all_cases if torch_stack_row(c) and c.system.accelerator.name == "A100-SXM4-80GB"]
+    picked += a100_torch[::12]
+    prepared = prepare(picked)
+    keep = lambda c: c.family != "GPT"  # noqa: E731
+    lofo = lofo_predictions(prepared, fit_all(prepared), families={"GPT"})
+    h100_without_gpt = fit_groups(prepared, keep)["H100-SXM5-80GB"][0]
+    h100 = load_accelerator("h100-sxm5-80gb").efficiency
+    borrowed = {**{n: getattr(h100, n) for n in MEASURED if getattr(h100, n) is not None}, **h100_without_gpt}
+    own = fit_torch_stack(prepared, {g: v[0] for g, v in fit_groups(prepared, keep).items()}, keep)
+    ceiling = own["A100-SXM4-80GB"]["matmul_max_torch"]
+    assert ceiling is not None
+    a100 = [p for p in prepared if p.group == "A100-SXM4-80GB" and p.case.family == "GPT"]
+    assert len(a100) == 3
+    for p in a100:
+        assert lofo[p.case.id] == pytest.approx(p.predict_s({**borrowed, "matmul_max": ceiling}), rel=1e-12)
+        assert abs(lofo[p.case.id] / p.predict_s(borrowed) - 1) > 0.01  # not the borrowed ceiling
+
+
 def test_batched_scoring_predicts_every_row_as_alone():
     """The fit scores rows in batches (planner.fit.Batched: one step_time call for the rows that
     share a model, system and job but for the global batch and GPU count); each prediction equals
