@@ -281,7 +281,13 @@ TORCH_STACK_FITS = (
     # last: the kernel ceilings above are fitted first without it, then everything once more with it
     ("matmul_max_torch", _A100S, _A100S, (0.5, 0.98), (None,), {}, _any_row),
 )
+# Coordinate sweeps: two over the whole bounds, then narrower ones (TORCH_STACK_NARROW either side
+# of the last value, TORCH_STACK_NARROW_ITERS golden steps) until no field moves by more than
+# TORCH_STACK_TOL. The A100's FlashAttention-2 and GEMM ceilings trade against each other on the
+# A100 torch rows: two sweeps had left the first at its bound (0.72); converged it is 0.56.
 TORCH_STACK_SWEEPS = 2
+TORCH_STACK_MAX_SWEEPS = 10
+TORCH_STACK_NARROW, TORCH_STACK_NARROW_ITERS, TORCH_STACK_TOL = 0.1, 8, 0.01
 
 
 def identifiable(name: str, rows: list[Prepared]) -> bool:
@@ -307,12 +313,27 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
     out: dict[str, dict] = {acc: {"matmul_max_torch": None} for acc in _A100S}
     for _ in range(TORCH_STACK_SWEEPS):
         out = _fit_torch_stack_sweep(prepared, hardware, keep, iters, out)
+    # then narrower sweeps from where the last one ended, each over the accelerators whose fields
+    # still moved (the A100's and the H100 family's rows share no field), until none does
+    moving = {_A100S, _H100_FAMILY}
+    before = None
+    for _ in range(TORCH_STACK_MAX_SWEEPS - TORCH_STACK_SWEEPS):
+        if before is not None:
+            moving = {accs for accs in moving if any(
+                abs((out[acc].get(k) or 0.0) - (before.get(acc, {}).get(k) or 0.0)) > TORCH_STACK_TOL
+                for acc in accs for k in out.get(acc, {}))}
+        if not moving:
+            break
+        before = out
+        out = _fit_torch_stack_sweep(prepared, hardware, keep, TORCH_STACK_NARROW_ITERS, out, only=moving)
     return out
 
 
 def _fit_torch_stack_sweep(prepared: list[Prepared], hardware: dict[str, dict], keep, iters: int,
-                           out: dict[str, dict]) -> dict[str, dict]:
-    """One coordinate sweep of TORCH_STACK_FITS from `out` (the previous sweep's values)."""
+                           out: dict[str, dict], only: set | None = None) -> dict[str, dict]:
+    """One coordinate sweep of TORCH_STACK_FITS from `out` (the previous sweep's values); with
+    `only` (of _A100S, _H100_FAMILY: their rows share no field), a narrow sweep: only the fields of
+    those accelerators, each searched within TORCH_STACK_NARROW of its previous value, from it."""
     out = {acc: dict(v) for acc, v in out.items()}
     fitted: set[tuple[str, str]] = set()
     pending = []  # (field, accelerators, candidates) still on a number
@@ -327,11 +348,23 @@ def _fit_torch_stack_sweep(prepared: list[Prepared], hardware: dict[str, dict], 
         value = start
         if start is None:  # matmul_max_torch unset: search from the Megatron rows' ceiling
             start = hardware.get(group_of(applies_to[0]), {}).get("matmul_max", sum(bounds) / 2)
+        if only is not None and not any(set(applies_to) <= set(family) for family in only):
+            continue
+        if only is not None and out.get(applies_to[0], {}).get(name) is not None:
+            start = out[applies_to[0]][name]
+            bounds = (max(bounds[0], start - TORCH_STACK_NARROW), min(bounds[1], start + TORCH_STACK_NARROW))
         if identifiable(name, rows):
-            def score(x, rows=rows, name=name, companions=companions):
-                return float(np.mean([abs(math.log(p.predict_s(
-                    {**hardware.get(p.group, {}), **out.get(p.case.system.accelerator.name, {}), **companions, name: x})
-                    / p.case.measured_step_s)) for p in rows]))
+            # rows that share their parameters (fit group, accelerator) are scored in one batch
+            parts: dict[tuple, list[Prepared]] = {}
+            for p in rows:
+                parts.setdefault((p.group, p.case.system.accelerator.name), []).append(p)
+            batches = [(group, acc, Batched(part)) for (group, acc), part in parts.items()]
+
+            def score(x, batches=batches, name=name, companions=companions):
+                logs = [abs(math.log(t / p.case.measured_step_s)) for group, acc, b in batches
+                        for t, p in zip(b.predict_s({**hardware.get(group, {}), **out.get(acc, {}), **companions, name: x}),
+                                        b.rows)]
+                return float(np.mean(logs))
             value = _golden(score, *bounds, start, iters)[0]
             fitted.add((applies_to[0], name))
         else:

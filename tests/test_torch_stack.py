@@ -192,9 +192,9 @@ def test_fsdp_groups_meet_what_was_measured(reference_accuracy_rows):
 
 def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     """Refitting the torch-stack parameters without MPT: doubling MPT's measured times moves the
-    in-sample A100 ceiling of MPT's Triton attention (only MPT rows ran it) but not the fit made
-    without MPT, where the Triton ceiling falls back to the FlashAttention-2 one over the published
-    A100 speed-up (Dao 2023 §4.1)."""
+    in-sample A100 ceilings of MPT's Triton attention (only MPT rows ran it) and of the torch GEMMs
+    (every A100 torch row fits it) but not the fit made without MPT, where the Triton ceiling falls
+    back to the FlashAttention-2 one over the published A100 speed-up (Dao 2023 §4.1)."""
     a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
     picked = [c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::8]
     assert sum(c.family != "MPT" for c in picked) >= 5 and sum(c.family == "MPT" for c in picked) >= 5
@@ -206,7 +206,7 @@ def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
     full_base, full_moved = fit_torch_stack(base, {}, iters=8), fit_torch_stack(moved, {}, iters=8)
     a100 = "A100-SXM4-80GB"
     assert full_moved[a100]["attention_max_triton"] < full_base[a100]["attention_max_triton"]
-    assert full_moved[a100]["attention_max_fa2"] == full_base[a100]["attention_max_fa2"]
+    assert full_moved[a100]["matmul_max_torch"] < full_base[a100]["matmul_max_torch"]
     without = fit_torch_stack(base, {}, keep, iters=8)[a100]
     assert without["attention_max_triton"] == pytest.approx(without["attention_max_fa2"] / FA2_OVER_TRITON_A100)
     # Dao 2023 §4.1: forward 1.3-1.5x (1.4), backward about 2x, weighted by the passes' FLOPs 1 : 2.5
@@ -228,12 +228,12 @@ def test_a100_fa2_fallback_is_the_triton_ceiling_times_the_published_ratio(cases
 
 def test_llm_foundry_leave_one_family_out_meets_what_was_measured(cases):
     """MPT (all llm-foundry rows) has no fitted hardware rows, so its LOFO prediction is the presets'
-    hardware with the torch-stack parameters refitted on the torchtitan rows only (8.5 % here and
+    hardware with the torch-stack parameters refitted on the torchtitan rows only (8.4 % here and
     in `planner validate --lofo`, README: without MPT, MPT's Triton attention takes the
     FlashAttention-2 ceiling over the published A100 speed-up, 1.83x, and the A100's torchtitan rows
-    put that ceiling near its bound, FA2's own best, 0.71 (0.39 for Triton against 0.28 in sample);
-    7.2 % before the A100 torch GEMM ceiling and the per-op checkpointing model, 9.5 % with the two
-    attention ceilings equal)."""
+    alone put that ceiling near its bound, FA2's own best, 0.71 (0.39 for Triton against 0.265 in
+    sample); 7.2 % before the A100 torch GEMM ceiling and the per-op checkpointing model, 9.5 % with
+    the two attention ceilings equal)."""
     torch_rows = prepare([c for c in cases if torch_stack_row(c)])
     without = fit_torch_stack(torch_rows, {}, lambda c: c.family != "MPT")
     errs = [abs(p.predict_s(with_torch_stack(p, {}, without)) / p.case.measured_step_s - 1)
