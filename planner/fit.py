@@ -309,10 +309,12 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
     `hardware` (fit group -> parameters). A field its rows cannot identify takes its first
     fallback candidate that this fit did identify (the two flash kernels' rows are disjoint, so
     one may fall back on the other fitted after it), else the number."""
+    rows = [_torch_stack_fit_rows(prepared, keep, fitted_on, row_kind)
+            for _, fitted_on, _, _, _, _, row_kind in TORCH_STACK_FITS]
     # a preset's torch GEMM ceiling must not leak into the first sweep
     out: dict[str, dict] = {acc: {"matmul_max_torch": None} for acc in _A100S}
     for _ in range(TORCH_STACK_SWEEPS):
-        out = _fit_torch_stack_sweep(prepared, hardware, keep, iters, out)
+        out = _fit_torch_stack_sweep(rows, hardware, iters, out)
     # then narrower sweeps from where the last one ended, each over the accelerators whose fields
     # still moved (the A100's and the H100 family's rows share no field), until none does
     moving = {_A100S, _H100_FAMILY}
@@ -325,41 +327,45 @@ def fit_torch_stack(prepared: list[Prepared], hardware: dict[str, dict], keep=la
         if not moving:
             break
         before = out
-        out = _fit_torch_stack_sweep(prepared, hardware, keep, TORCH_STACK_NARROW_ITERS, out, only=moving)
+        out = _fit_torch_stack_sweep(rows, hardware, TORCH_STACK_NARROW_ITERS, out, only=moving)
     return out
 
 
-def _fit_torch_stack_sweep(prepared: list[Prepared], hardware: dict[str, dict], keep, iters: int,
+def _torch_stack_fit_rows(prepared: list[Prepared], keep, fitted_on, row_kind) -> tuple[list[Prepared], list]:
+    """The rows that fit one TORCH_STACK_FITS field, and the same rows batched for scoring: those
+    that share their parameters (fit group, accelerator) in one Batched each, built once per fit."""
+    rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case) and row_kind(p.case)
+            and p.case.system.accelerator.name in fitted_on and not untuned_software(p.case.id, p.case.source)]
+    parts: dict[tuple, list[Prepared]] = {}
+    for p in rows:
+        parts.setdefault((p.group, p.case.system.accelerator.name), []).append(p)
+    return rows, [(group, acc, Batched(part)) for (group, acc), part in parts.items()]
+
+
+def _fit_torch_stack_sweep(field_rows: list[tuple[list[Prepared], list]], hardware: dict[str, dict], iters: int,
                            out: dict[str, dict], only: set | None = None) -> dict[str, dict]:
-    """One coordinate sweep of TORCH_STACK_FITS from `out` (the previous sweep's values); with
-    `only` (of _A100S, _H100_FAMILY: their rows share no field), a narrow sweep: only the fields of
-    those accelerators, each searched within TORCH_STACK_NARROW of its previous value, from it."""
+    """One coordinate sweep of TORCH_STACK_FITS (each field on its `field_rows`) from `out` (the
+    previous sweep's values); with `only` (of _A100S, _H100_FAMILY: their rows share no field), a
+    narrow sweep: only the fields of those accelerators, each searched within TORCH_STACK_NARROW of
+    its previous value, from it."""
     out = {acc: dict(v) for acc, v in out.items()}
     fitted: set[tuple[str, str]] = set()
     pending = []  # (field, accelerators, candidates) still on a number
-    for name, fitted_on, applies_to, bounds, fallback, companions, row_kind in TORCH_STACK_FITS:
+    for (name, _, applies_to, bounds, fallback, companions, _), (rows, batches) in zip(TORCH_STACK_FITS, field_rows):
+        if only is not None and not any(set(applies_to) <= set(family) for family in only):
+            continue
         if name not in ATTENTION_CEILINGS:  # resolve the ceilings before what depends on them
             for field, accs, candidates in pending:
                 _resolve(out, fitted, field, accs, candidates)
             pending = []
-        rows = [p for p in prepared if torch_stack_row(p.case) and keep(p.case) and row_kind(p.case)
-                and p.case.system.accelerator.name in fitted_on and not untuned_software(p.case.id, p.case.source)]
         start = _resolve(out, fitted, None, applies_to, fallback)
         value = start
         if start is None:  # matmul_max_torch unset: search from the Megatron rows' ceiling
             start = hardware.get(group_of(applies_to[0]), {}).get("matmul_max", sum(bounds) / 2)
-        if only is not None and not any(set(applies_to) <= set(family) for family in only):
-            continue
         if only is not None and out.get(applies_to[0], {}).get(name) is not None:
             start = out[applies_to[0]][name]
             bounds = (max(bounds[0], start - TORCH_STACK_NARROW), min(bounds[1], start + TORCH_STACK_NARROW))
         if identifiable(name, rows):
-            # rows that share their parameters (fit group, accelerator) are scored in one batch
-            parts: dict[tuple, list[Prepared]] = {}
-            for p in rows:
-                parts.setdefault((p.group, p.case.system.accelerator.name), []).append(p)
-            batches = [(group, acc, Batched(part)) for (group, acc), part in parts.items()]
-
             def score(x, batches=batches, name=name, companions=companions):
                 logs = [abs(math.log(t / p.case.measured_step_s)) for group, acc, b in batches
                         for t, p in zip(b.predict_s({**hardware.get(group, {}), **out.get(acc, {}), **companions, name: x}),
