@@ -106,3 +106,25 @@ def test_deepep_sends_a_token_once_per_rank_inside_the_domain():
     # the latency steps are the same for both; the bytes scale by ranks reached / top_k
     lat = 2.0 * 7 * system.network[0].latency_s  # dispatch + combine, one step per peer each
     assert (a2a("deepep") - lat) / (a2a("alltoall") - lat) == pytest.approx(8 * (1 - missed) / 8, rel=1e-9)
+
+
+def _remote_domains_by_enumeration(experts: int, top_k: int, domains: int) -> float:
+    """Mean number of domains other than the token's own that hold >= 1 of its chosen experts, over
+    every choice of top_k distinct experts and every source domain (experts in order, experts/domains
+    each)."""
+    import itertools
+    per = experts // domains
+    choices = list(itertools.combinations(range(experts), top_k))
+    return sum(len({e // per for e in c} - {own}) for c in choices for own in range(domains)) \
+        / (len(choices) * domains)
+
+
+@pytest.mark.parametrize("experts,top_k,domains", [(16, 4, 4), (16, 8, 2), (24, 6, 8), (12, 1, 3), (8, 2, 8)])
+def test_remote_domains_against_enumeration(experts, top_k, domains):
+    """DeepEP crosses the NICs once per remote domain a token reaches: the exact (without
+    replacement) count, which the with-replacement (G-1)(1-(1-1/G)^k) understates."""
+    import numpy as np
+    from types import SimpleNamespace
+    moe = SimpleNamespace(num_experts=experts, top_k=top_k)
+    exact = _remote_domains_by_enumeration(experts, top_k, domains)
+    assert tm.remote_domains_reached(moe, np.array([float(domains)]))[0] == pytest.approx(exact, rel=1e-12)

@@ -260,8 +260,10 @@ def test_dispatcher_and_fsdp2_emission():
 
 
 def test_deepep_crosses_each_remote_domain_once():
-    """ep 32 at stride 1 on DGX H100: G = 4 nodes; a token with 8 experts reaches on average
-    3·(1 − (3/4)^8) = 2.70 remote nodes, instead of sending 8·24/32 = 6 copies off-node."""
+    """ep 32 at stride 1 on DGX H100: G = 4 nodes of 32 experts each; a token's 8 distinct experts
+    reach 4·(1 − C(96,8)/C(128,8)) nodes on average, 3/4 of them remote: 2.72 remote nodes (the
+    with-replacement 3·(1 − (3/4)^8) = 2.70 undercounts), instead of 8·24/32 = 6 copies off-node."""
+    import math
     s = load_system("h100-sxm", 256)
     base = dict(tp=2, pp=8, dp=16, ep=32, etp=1, sequence_parallel=1, micro_batch=1, global_batch=2048)
     job = JobSpec()
@@ -272,7 +274,8 @@ def test_deepep_crosses_each_remote_domain_once():
     nic = 50e9 * 0.8 * eff
     lat = 31 * 8e-6
     assert a2a[0] == pytest.approx(2 * (routed * 8 * 4096 * 2 * imb * 24 / 32 / nic + lat))
-    remote = 3 * (1 - 0.75 ** 8)
+    remote = 4 * (1 - math.comb(96, 8) / math.comb(128, 8)) * 3 / 4
+    assert remote == pytest.approx(2.72, abs=0.005)
     assert dep[0] == pytest.approx(2 * (routed * 4096 * 2 * imb * remote / nic + lat))
 
 

@@ -482,6 +482,14 @@ def ranks_reached(moe, ep) -> np.ndarray:
     return ep * (1.0 - missed)
 
 
+def remote_domains_reached(moe, G) -> np.ndarray:
+    """Expected NVLink domains other than the token's own that hold at least one of its top_k
+    experts, the ep group's experts spread evenly over G domains: `ranks_reached` with domains in
+    place of ranks, less the own domain's share (each domain is reached with the same probability)."""
+    G = np.asarray(G, dtype=np.float64)
+    return ranks_reached(moe, G) * (G - 1.0) / G
+
+
 def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
                    act_bytes: float = 2.0) -> np.ndarray:
     """Dispatch + combine all-to-all of one MoE layer forward, one microbatch (Lepikhin et al.
@@ -502,12 +510,13 @@ def moe_dispatch_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     # experts), NCCL's alltoall one row per (token, expert) pair: Qwen3-235B at ep 8 (16 experts a
     # rank) sends 5.34 rows per token, not 8
     sent_bytes = np.where(deepep, routed_tokens * ranks_reached(model.moe, P.ep) * h * act_bytes * imbalance, nbytes)
-    # DeepEP: a token crosses to each remote domain that holds >= 1 of its k experts once; with
-    # experts spread evenly over G = ep/k_in domains, E[remote domains] = (G−1)(1 − (1 − 1/G)^k)
-    # (DeepSeek-V3 §3.2.2 node-limited dispatch; DeepEP normal kernels: RDMA then NVLink forward)
+    # DeepEP: a token crosses to each remote domain that holds >= 1 of its k experts once
+    # (DeepSeek-V3 §3.2.2 node-limited dispatch; DeepEP normal kernels: RDMA then NVLink forward).
+    # With the experts spread evenly over G = ep/k_in domains a token reaches ranks_reached(G) of
+    # them, each equally likely, its own among them: E[remote domains] = ranks_reached(G)·(G−1)/G
     k_in = np.clip(system.network[0].domain_gpus / P.etp, 1.0, P.ep)
     G = np.maximum(P.ep / k_in, 1.0)
-    remote = np.minimum((G - 1.0) * (1.0 - (1.0 - 1.0 / G) ** k), group_limited_remote_domains(model.moe, G))
+    remote = np.minimum(remote_domains_reached(model.moe, G), group_limited_remote_domains(model.moe, G))
     dedup_outer = routed_tokens * h * act_bytes * imbalance * remote
     plain_outer = nbytes * (P.ep - k_in) / P.ep
     outer = np.where(deepep, np.minimum(dedup_outer, plain_outer), plain_outer)
