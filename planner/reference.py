@@ -11,10 +11,12 @@ reason is kept per record. A malformed field is a one-line SpecError naming the 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import get_args
 
 import yaml
 from pydantic import ValidationError
@@ -23,7 +25,7 @@ from hardware import load_system
 from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
-from planner.model import ModelSpec, MoESpec
+from planner.model import Activation, ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
 from planner.bridge_recipes import launch_knobs, recipe_knobs
@@ -35,6 +37,14 @@ from planner.reference_moe import bridge_recipe_job_updates, bridge_recipe_model
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
 REFERENCE_FILES = ("measured_runs.yaml", "bridge_runs.yaml", "fsdp_moe_runs.yaml")
 DEFAULT_REFERENCES = tuple(REFERENCE_DIR / f for f in REFERENCE_FILES)
+# The `schema_version` the loader reads (the three packaged files declare 1); a file without one is
+# read as the current version.
+SCHEMA_VERSIONS = (1,)
+# The measurements a record's step time comes from (either schema): each one a record states must
+# be a finite number > 0. A negative, zero or non-finite one is a malformed record, not a missing one.
+MEASUREMENT_FIELDS = ("measured.iteration_time_s", "measured.step_time_s", "derived.iteration_time_s",
+                      "measured.tokens_per_sec", "measured.tokens_per_sec_per_gpu", "measured.tflops_per_gpu",
+                      "measured.model_tflops_per_gpu")
 
 # Frameworks whose runs the per-accelerator efficiency parameters are fitted on (bench/calibrate.py):
 # the Megatron-Core stack, whose kernels (Transformer Engine) and overlaps the model describes.
@@ -120,10 +130,15 @@ class Skipped:
 class _Record:
     """Typed access to one record's fields, with one-line errors naming the record and field."""
 
-    def __init__(self, rec: dict):
-        if not isinstance(rec, dict) or "id" not in rec:
-            raise SpecError(f"reference: a record is not a mapping with an id: {str(rec)[:60]!r}")
-        self.rec, self.id = rec, str(rec["id"])
+    def __init__(self, rec: dict, where: str = ""):
+        """`where`: the file and position of the record, named when it has no usable id."""
+        if not isinstance(rec, dict):
+            raise SpecError(f"reference{where}: a record is not a mapping with an id: {str(rec)[:60]!r}")
+        rid = rec.get("id")
+        if not isinstance(rid, str) or not rid.strip():
+            raise SpecError(f"reference{where}: id: expected a non-empty string (every record needs its own id), "
+                            f"got {rid!r}")
+        self.rec, self.id = rec, rid
 
     def get(self, path: str, default=None):
         node = self.rec
@@ -147,9 +162,18 @@ class _Record:
         value = self.get(path)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise SpecError(f"reference {self.id}: {path}: expected a positive number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise SpecError(f"reference {self.id}: {path}: expected a finite number > 0, got {value!r}")
         return float(value)
+
+
+def _check_record(r: _Record) -> None:
+    """One-line SpecError for a field a record states wrongly, whether or not the record is then
+    compared or skipped: its measurements (MEASUREMENT_FIELDS), activation and recompute."""
+    for path in MEASUREMENT_FIELDS:
+        r.float(path)
+    _activation(r)
+    _recompute(r.get("parallel.recompute"), [], "none", "", r.id)
 
 
 def family_of(model_name: str) -> str:
@@ -271,6 +295,23 @@ def _model_notes(r: _Record) -> list[str]:
             "config; the record prints none)"]
 
 
+# model.activation as records write it -> ModelSpec.activation (planner/model.py Activation): the
+# name first, a note may follow ("gelu (GeGLU in original)"); unstated: gelu.
+_ACTIVATIONS = (("swiglu", "swiglu"), ("squared[_ -]?relu", "squared_relu"), ("gelu", "gelu"))
+
+
+def _activation(r: _Record) -> str:
+    value = r.get("model.activation")
+    if value is None:
+        return "gelu"
+    low = str(value).strip().lower()
+    for pattern, name in _ACTIVATIONS:
+        if re.match(rf"{pattern}(?![\w-])", low):
+            return name
+    raise SpecError(f"reference {r.id}: model.activation: unknown activation {value!r}; allowed: "
+                    f"{', '.join(get_args(Activation))} (case-insensitive; a note may follow the name)")
+
+
 def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
     name = str(r.get("model.name") or r.id)
     dims = {k: r.int(f"model.{k}") for k in ("layers", "hidden", "heads", "seq", "vocab")}
@@ -280,8 +321,7 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         return load_model(preset, {"seq_length": dims["seq"]})
     if missing:
         return f"model dimensions not published ({', '.join(missing)})"
-    act = str(r.get("model.activation") or "gelu").lower()
-    activation = "swiglu" if "swiglu" in act else "squared_relu" if "squared" in act else "gelu"
+    activation = _activation(r)
     fields = dict(
         name=name, layers=dims["layers"], hidden=dims["hidden"], heads=dims["heads"],
         query_groups=r.int("model.query_groups"), ffn=r.int("model.ffn"), seq_length=dims["seq"],
@@ -306,19 +346,26 @@ def _smallest_vpp(layers_per_stage: int) -> int:
     return next((v for v in range(2, layers_per_stage + 1) if layers_per_stage % v == 0), 1)
 
 
-def _recompute(text, assumptions: list[str], default: str, why_default: str) -> str:
+def _recompute(text, assumptions: list[str], default: str, why_default: str, rid: str) -> str:
+    """parallel.recompute -> Plan.recompute: "full ...", "none" (false, no), "selective ..." (a note
+    or the modules may follow), or the selective modules alone ("norm, act"); else a SpecError."""
     if text is None:
         assumptions.append(why_default)
         return default
-    low = str(text).lower()
+    low = str(text).strip().lower()
     if low.startswith("full"):
         return "full"
     if low in ("none", "false", "no"):
         return "none"
-    if low != "selective" and not low.startswith("selective") and not any(w in _MODULE_WORDS for w in
-                                                                          low.replace(",", " ").split()):
-        assumptions.append(f"selective recompute (source: {text!r})")
-    return "selective"
+    if low.startswith("selective"):
+        return "selective"
+    words = low.replace("mla up_proj", "mla_up_proj")
+    words = [w for w in re.split(r"[\s,+()]+", words) if w]
+    if words and all(w in _MODULE_WORDS for w in words):
+        return "selective"
+    raise SpecError(f"reference {rid}: parallel.recompute: unknown recompute {text!r}; allowed: full, selective, "
+                    f"none (or false, no), a note may follow full or selective, or the selective modules "
+                    f"alone ({', '.join(_MODULE_WORDS)})")
 
 
 # How records name Megatron's --recompute-modules ("norm, act", "moe_act layernorm",
@@ -624,6 +671,7 @@ def _stage_layers(model: ModelSpec, pp: int, vpp: int, layout_text: str | None,
 
 def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     rid = r.id
+    _check_record(r)
     preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
     if preset is None:
         return Skipped(rid, f"no preset for {r.get('system.gpu')}")
@@ -669,10 +717,10 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     era_2021 = rid.startswith(("narayanan", "megatron_readme_2020", "megatron_readme_jan2021"))
     if rid.startswith("megatron_readme_h100"):
         recompute = _recompute(r.get("parallel.recompute"), assumptions, "selective",
-                               "selective recompute (Megatron-Core default recipe)")
+                               "selective recompute (Megatron-Core default recipe)", rid)
     else:
         recompute = _recompute(r.get("parallel.recompute"), assumptions, "none",
-                               "no recompute (NeMo/Bridge H100+ recipes: recompute_layers=0)")
+                               "no recompute (NeMo/Bridge H100+ recipes: recompute_layers=0)", rid)
     sp_raw = r.get("parallel.sequence_parallel")
     sp = tp > 1 and (sp_raw is True or (isinstance(sp_raw, str) and "likely" in sp_raw)
                      or (sp_raw is None and not era_2021))
@@ -961,6 +1009,7 @@ def _batch_the_record_implies(r: _Record, mb: int, dp: int, seq: int) -> int | N
 
 def _case_fsdp(r: _Record) -> RefCase | Skipped:
     rid = r.id
+    _check_record(r)
     preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
     if preset is None:
         return Skipped(rid, f"no preset for {r.get('system.gpu')}")
@@ -1018,7 +1067,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     ep = r.int("parallel.ep", 1)
     if model.moe and (dp * cp) % ep:
         assumptions.append(f"ep {ep} folded across tp/pp (ep does not divide dp·cp = {dp * cp})")
-    recompute = _recompute(r.get("parallel.recompute"), assumptions, "none", "no recompute (not stated)")
+    recompute = _recompute(r.get("parallel.recompute"), assumptions, "none", "no recompute (not stated)", rid)
     sp = tp > 1  # torchtitan TP and Megatron-Core with TP shard the sequence (SP) by default
     etp = r.int("parallel.etp", 0, minimum=0) or None  # expert tensor parallel (None = tp)
     modules = _recompute_modules(_ladder_recompute_text(r, assumptions), model, assumptions) \
@@ -1116,6 +1165,10 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
         raise SpecError(f"reference {path}: malformed YAML") from None
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise SpecError(f"reference {path}: expected a mapping with a 'records' list")
+    version = data.get("schema_version", SCHEMA_VERSIONS[-1])
+    if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
+        raise SpecError(f"reference {path}: schema_version: unsupported {version!r}; supported: "
+                        f"{', '.join(map(str, SCHEMA_VERSIONS))}")
     records = data["records"]
     fsdp_schema = any(isinstance(r, dict) and isinstance(r.get("parallel"), dict)
                       and "fsdp_or_zero3_degree" in r["parallel"] for r in records)
@@ -1129,16 +1182,34 @@ def load_reference(paths: Path | str | list | tuple | None = None) -> tuple[list
     if isinstance(paths, (str, Path)):
         paths = [paths]
     cases, skipped = [], []
+    seen_files: dict[Path, Path] = {}  # resolved -> as given
+    seen_ids: dict[str, Path] = {}  # record id -> the file it came from
     for path in paths:
         path = Path(path)
         if path.is_file():
+            if (first := seen_files.setdefault(path.resolve(), path)) is not path:
+                also = f" (also as {first})" if str(first) != str(path) else ""
+                raise SpecError(f"reference {path}: the same file is given twice{also}; pass each file once")
             digest = hashlib.sha256(path.read_bytes()).hexdigest()
             file_cases, file_skipped = _load_file(str(path), str(path.resolve()), digest)
         else:
             file_cases, file_skipped = _read_file(path)  # load_records says what is wrong with it
+        for out in (*file_cases, *file_skipped):
+            if (other := seen_ids.setdefault(out.id, path)) is not path:
+                raise SpecError(f"reference {out.id}: id: duplicate, in {other} and in {path}; "
+                                "every record needs its own id")
         cases += file_cases
         skipped += file_skipped
     return cases, skipped
+
+
+def require_compared(cases: list[RefCase], skipped: list[Skipped]) -> None:
+    """A one-line SpecError when the files gave no case to compare (every record skipped): the
+    accuracy tables would otherwise print nan %. For `planner validate`, after load_reference."""
+    if cases:
+        return
+    why = f"; the first, {skipped[0].id}: {skipped[0].reason}" if skipped else ""
+    raise SpecError(f"reference: no record could be compared ({len(skipped)} read, all skipped{why})")
 
 
 @lru_cache(maxsize=16)
@@ -1155,9 +1226,13 @@ def _read_file(path: Path) -> tuple[tuple[RefCase, ...], tuple[Skipped, ...]]:
     records, fsdp_schema = load_records(path)
     bridge = path.name.startswith("bridge")
     cases, skipped = [], []
-    for rec in records:
+    seen: dict[str, int] = {}  # record id -> its position in the file
+    for i, rec in enumerate(records, 1):
         rec, launch_notes = completed_record(rec)
-        r = _Record(rec)
+        r = _Record(rec, f" {path} record {i}")
+        if (first := seen.setdefault(r.id, i)) != i:
+            raise SpecError(f"reference {r.id}: id: duplicate in {path} (records {first} and {i}); "
+                            "every record needs its own id")
         out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
         if fsdp_schema and isinstance(out, RefCase) and r.id in ERRATA:
             out = _with_erratum(rec, out)

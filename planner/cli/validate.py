@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.calibration import DEFAULT_REFERENCES, accuracy_rows, load_reference, summarize
+from planner.reference import require_compared
 
 GROUP_KEYS = (("source", "by source"), ("kind", "dense / MoE"),
               ("software", "dense / MoE, untuned software apart (a ladder's early steps, runs the source flags as slow)"), ("gpu", "by accelerator"),
@@ -77,6 +78,7 @@ def register(app: typer.Typer) -> None:
         if workers is not None and workers < 1:
             raise SpecError(f"workers: must be a positive integer, got {workers}")
         cases, skipped = _load_checked(reference)
+        require_compared(cases, skipped)  # an all-skipped file is an input error, not 'nan%'
         if source:
             all_cases = cases
             cases = [c for c in cases if c.id.startswith(source)]

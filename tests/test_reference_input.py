@@ -1,0 +1,175 @@
+"""`planner validate --reference FILE` refuses a malformed record in one line (exit 2, the record's
+id and the field named, no traceback): a fuzzer copied one record of measured_runs.yaml into a file
+of the same top-level structure and changed one field at a time, and these were read before."""
+import copy
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hardware.errors import SpecError
+from planner.cli import app
+from planner.reference import REFERENCE_DIR, load_reference
+from tests.conftest import SHARED_REFERENCE_DIR, one_line_error, reference_yaml
+
+runner = CliRunner()
+
+SOURCE = (SHARED_REFERENCE_DIR if SHARED_REFERENCE_DIR.exists() else REFERENCE_DIR) / "measured_runs.yaml"
+# compared today from its measured step time; it also prints TFLOP/s, gelu, full recompute
+RID = "megatron_readme_2020_1B_dgxa100"
+# compared today from the step time its source derived from TFLOP/s
+TFLOPS_RID = "megatron_readme_h100_weak_1.7B"
+
+
+def _record(rid: str = RID) -> dict:
+    return copy.deepcopy(next(r for r in reference_yaml(SOURCE)["records"] if r["id"] == rid))
+
+
+def _write(path, records: list, **top) -> str:
+    """A file with measured_runs.yaml's top-level structure holding `records`."""
+    doc = {k: v for k, v in reference_yaml(SOURCE).items() if k != "records"}
+    doc.update(top)
+    doc["records"] = records
+    doc["record_count"] = len(records)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def _mutated(tmp_path, section: str | None, field: str, value, rid: str = RID) -> str:
+    rec = _record(rid)
+    (rec if section is None else rec[section])[field] = value
+    return _write(tmp_path / "one.yaml", [rec])
+
+
+def _validate(*paths: str):
+    args = ["validate", "--summary"]
+    for p in paths:
+        args += ["--reference", p]
+    return runner.invoke(app, args)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf"), 0, -1.5], ids=str)
+def test_step_time_must_be_finite_and_positive(tmp_path, value):
+    path = _mutated(tmp_path, "measured", "iteration_time_s", value)
+    one_line_error(_validate(path), RID, "measured.iteration_time_s", "finite number > 0")
+    with pytest.raises(SpecError, match=rf"reference {RID}: measured\.iteration_time_s"):
+        load_reference(path)
+
+
+@pytest.mark.parametrize("value", [-5, 0, float("nan")], ids=str)
+def test_a_bad_tflops_is_malformed_even_where_the_step_time_is_used(tmp_path, value):
+    one_line_error(_validate(_mutated(tmp_path, "measured", "tflops_per_gpu", value)), RID,
+                   "measured.tflops_per_gpu")
+
+
+def test_a_negative_tflops_is_malformed_not_missing(tmp_path):
+    # its only measurement: was "skipped: no step time or throughput to compare"
+    rec = _record(TFLOPS_RID)
+    del rec["derived"]
+    rec["measured"]["tflops_per_gpu"] = -5
+    result = _validate(_write(tmp_path / "one.yaml", [rec]))
+    one_line_error(result, TFLOPS_RID, "measured.tflops_per_gpu", "-5")
+    assert "skipped" not in result.output
+
+
+def test_a_nonfinite_derived_step_time_is_refused(tmp_path):
+    rec = _record(TFLOPS_RID)
+    rec["derived"]["iteration_time_s"] = float("inf")
+    one_line_error(_validate(_write(tmp_path / "one.yaml", [rec])), TFLOPS_RID, "derived.iteration_time_s")
+
+
+def test_a_nonfinite_fsdp_throughput_is_refused(tmp_path):
+    fsdp = (SOURCE.parent / "fsdp_moe_runs.yaml")
+    doc = copy.deepcopy(reference_yaml(fsdp))
+    rid = "torchtitan_llama3-8b_8gpu_fsdp8"
+    rec = next(r for r in doc["records"] if r["id"] == rid)
+    rec["measured"]["tokens_per_sec_per_gpu"] = float("nan")
+    doc["records"] = [rec]
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    one_line_error(_validate(str(path)), rid, "measured.tokens_per_sec_per_gpu")
+
+
+@pytest.mark.parametrize("value", ["bogus", True, "nonsense words"], ids=str)
+def test_unknown_recompute_is_refused_with_the_allowed_values(tmp_path, value):
+    one_line_error(_validate(_mutated(tmp_path, "parallel", "recompute", value)), RID, "parallel.recompute",
+                   "full", "selective", "none")
+
+
+@pytest.mark.parametrize("value", ["selective", "none", "norm, act", "full (assumed)", False])
+def test_the_recompute_values_records_use_still_read(tmp_path, value):
+    # the guard beside the refusal above: each spelling the packaged files use is read as before
+    path = _mutated(tmp_path, "parallel", "recompute", value)
+    result = _validate(path)
+    assert result.exit_code == 0, result.output
+    (case,), _ = load_reference(path)
+    assert case.plan.recompute == ("none" if value in ("none", False) else
+                                   "full" if str(value).startswith("full") else "selective")
+    # and an unknown value fails where these pass (was read as selective with an assumption)
+    with pytest.raises(SpecError, match=rf"reference {RID}: parallel\.recompute: unknown recompute 'bogus'"):
+        load_reference(_mutated(tmp_path, "parallel", "recompute", "bogus"))
+
+
+@pytest.mark.parametrize("value", ["tanh", "relu", "geglu", "gelus"])
+def test_unknown_activation_is_refused_with_the_allowed_ones(tmp_path, value):
+    one_line_error(_validate(_mutated(tmp_path, "model", "activation", value)), RID, "model.activation",
+                   "gelu, swiglu, squared_relu")
+
+
+@pytest.mark.parametrize("value", [None, "", "  ", 5])
+def test_a_record_needs_a_non_empty_string_id(tmp_path, value):
+    result = _validate(_mutated(tmp_path, None, "id", value))
+    one_line_error(result, "one.yaml record 1", "id:", "non-empty string")
+
+
+def test_a_record_without_an_id_is_refused(tmp_path):
+    rec = _record()
+    del rec["id"]
+    one_line_error(_validate(_write(tmp_path / "one.yaml", [rec])), "one.yaml record 1", "id:")
+
+
+def test_duplicate_ids_in_one_file_are_refused(tmp_path):
+    # the record alone, the baseline every mutation in this file starts from: read and compared
+    result = _validate(_write(tmp_path / "one.yaml", [_record()]))
+    assert result.exit_code == 0 and "read 1 records: 1 compared, 0 skipped" in result.output, result.output
+    path = _write(tmp_path / "two.yaml", [_record(), _record()])
+    one_line_error(_validate(path), RID, "id:", "duplicate", "records 1 and 2")
+
+
+def test_duplicate_ids_across_files_are_refused(tmp_path):
+    a = _write(tmp_path / "a.yaml", [_record()])
+    b = _write(tmp_path / "b.yaml", [_record(), _record(TFLOPS_RID)])
+    one_line_error(_validate(a, b), RID, "id:", "duplicate", "a.yaml", "b.yaml")
+
+
+def test_the_same_file_twice_is_refused(tmp_path):
+    a = _write(tmp_path / "a.yaml", [_record()])
+    one_line_error(_validate(a, a), "a.yaml", "given twice")
+    # also under another spelling of the same path
+    one_line_error(_validate(a, str(tmp_path / "." / "a.yaml")), "a.yaml", "given twice")
+
+
+def test_unknown_schema_version_is_refused_naming_the_supported_ones(tmp_path):
+    one_line_error(_validate(_write(tmp_path / "one.yaml", [_record()], schema_version=99)),
+                   "one.yaml", "schema_version", "99", "supported: 1")
+    # the packaged files' version, and a file that states none, read as before
+    assert _validate(_write(tmp_path / "one.yaml", [_record()], schema_version=1)).exit_code == 0
+    doc = {"records": [_record()]}
+    (tmp_path / "bare.yaml").write_text(yaml.safe_dump(doc))
+    assert len(load_reference(tmp_path / "bare.yaml")[0]) == 1
+
+
+def test_no_comparable_record_is_an_input_error():
+    from planner.reference import Skipped, require_compared
+    with pytest.raises(SpecError, match=r"^reference: no record could be compared \(1 read, all skipped; "
+                                        r"the first, r1: parallel layout \(tp/pp\) not published\)$"):
+        require_compared([], [Skipped("r1", "parallel layout (tp/pp) not published")])
+    require_compared(load_reference(REFERENCE_DIR / "bridge_runs.yaml")[0], [])  # cases: nothing to say
+
+
+def test_validate_with_every_record_skipped_says_so(tmp_path):
+    rec = _record()
+    rec["parallel"]["tp"] = None  # skipped: parallel layout (tp/pp) not published
+    result = _validate(_write(tmp_path / "one.yaml", [rec]))
+    one_line_error(result, "no record could be compared", RID, "not published")
+    assert "nan" not in result.output
