@@ -1,7 +1,10 @@
 """A Hugging Face `config.json` as a model: its fields mapped onto ModelSpec's.
 
 One mapping serves every decoder-only architecture; `model_type` only chooses the defaults that a
-config may leave out (tied embeddings, the MLP's activation, which MoE field names it uses).
+config may leave out (tied embeddings, the MLP's activation, which MoE field names it uses). A
+`model_type` not in ARCHITECTURES is read on purpose, from its own fields and Hugging Face's
+defaults (tied embeddings; a gated MLP only with a SiLU activation), not refused; a config that
+lacks a field the mapping needs is refused naming the field and the architectures read.
 What ModelSpec cannot express is approximated and named in APPROXIMATIONS: sliding-window layers
 are costed as full attention, GeGLU as SwiGLU (same three matrices), Qwen2's q/k/v biases,
 Gemma's extra norms and GPT-OSS's attention sinks are not counted (each under 0.01 % of the
@@ -63,6 +66,66 @@ REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_si
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 UNREAD_EXPERT_KEY = re.compile(r"(^|_)(num_)?experts?(_|$)|^moe_num_|^moe_k$")
 
+# The JSON type of every config key read here: a wrong one (a list where a number belongs, the
+# string "maybe" for a flag) would otherwise crash the reader or be read as something else.
+INTEGER_KEYS = (
+    *REQUIRED, "num_key_value_heads", "head_dim", "intermediate_size", "intermediate_size_mlp",
+    "max_position_embeddings", "num_nextn_predict_layers", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", *EXPERT_COUNT_KEYS, "num_experts_per_tok",
+    "experts_per_token", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
+    "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", "n_shared_experts",
+    "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
+    "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
+BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm")
+STRING_KEYS = ("model_type", "hidden_act", "hidden_activation", "mlp_hidden_act", "hybrid_override_pattern",
+               "mtp_hybrid_override_pattern")
+LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "moe_layers")
+# rope_scaling's rope_type (older configs: type) as transformers names them (modeling_rope_utils;
+# "su" is LongRoPE's old name, "mrope" Qwen-VL's); only YaRN is costed apart
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "su", "mrope")
+
+
+def _shown(value) -> str:
+    """A config value as JSON, cut short: an error stays one readable line."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_types(cfg: dict, path: Path) -> None:
+    """One line naming the config key whose value has the wrong JSON type (null = left out)."""
+    def bad(key: str, allowed: str) -> SpecError:
+        return SpecError(f"model {path}: {key} must be {allowed}, got {_shown(cfg[key])}")
+
+    for key in INTEGER_KEYS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
+                              or (isinstance(v, float) and not v.is_integer())):
+            raise bad(key, "an integer")
+    for key, kinds, allowed in [*((k, bool, "true or false") for k in BOOL_KEYS),
+                                *((k, str, "a string") for k in STRING_KEYS),
+                                *((k, list, "a list") for k in LIST_KEYS)]:
+        if cfg.get(key) is not None and not isinstance(cfg[key], kinds):
+            raise bad(key, allowed)
+    limit = cfg.get("swiglu_limit")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
+        raise bad("swiglu_limit", "a number")
+    # HF's PretrainedConfig takes the context length as a positive integer; it caps seq_length
+    if cfg.get("max_position_embeddings") is not None and cfg["max_position_embeddings"] < 1:
+        raise bad("max_position_embeddings", "an integer >= 1")
+    rope = cfg.get("rope_scaling")
+    if rope is not None:
+        if not isinstance(rope, dict):
+            raise bad("rope_scaling", 'a mapping (e.g. {"rope_type": "yarn", "factor": 32}) or null')
+        key = "rope_type" if "rope_type" in rope else "type"
+        kind = rope.get(key, "default")
+        if kind not in ROPE_TYPES:
+            raise SpecError(f"model {path}: rope_scaling.{key} must be one of {', '.join(ROPE_TYPES)}, "
+                            f"got {_shown(kind)}")
+        factor = rope.get("factor")
+        if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
+                                   or not factor > 0):
+            raise SpecError(f"model {path}: rope_scaling.factor must be a number > 0, got {_shown(factor)}")
+
 
 def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:
     """The config.json that `ref` names (a .json file, or a directory holding config.json), else
@@ -92,6 +155,9 @@ def read_config(path: Path) -> dict:
         raise SpecError(f"model {path}: not a JSON config{where}") from None
     if not isinstance(data, dict):
         raise SpecError(f"model {path}: expected a JSON object of fields, got {type(data).__name__}")
+    if data.get("text_config") is not None and not isinstance(data["text_config"], dict):
+        raise SpecError(f"model {path}: text_config must be a mapping (the language model's fields) or null, "
+                        f"got {_shown(data['text_config'])}")
     # multimodal wrappers (Gemma-3, Llama-4, Qwen-VL) keep the language model under text_config
     if isinstance(data.get("text_config"), dict):
         data = {**data, **data["text_config"], "model_type": data["text_config"].get("model_type",
@@ -142,6 +208,7 @@ def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
 def model_fields(path: Path) -> dict:
     """config.json -> the fields of a ModelSpec (validated by the caller)."""
     cfg = read_config(path)
+    _check_types(cfg, path)
     refuse_non_attention_mixers(cfg, path)
     model_type = cfg.get("model_type")
     defaults = ARCHITECTURES.get(model_type, ({}, ""))[0]
@@ -149,6 +216,10 @@ def model_fields(path: Path) -> dict:
     missing = [f for f in REQUIRED if f not in cfg]
     moe_keys = [k for k in EXPERT_COUNT_KEYS if cfg.get(k)]
     unread = sorted(k for k, v in cfg.items() if UNREAD_EXPERT_KEY.search(k) and v and k not in EXPERT_COUNT_KEYS)
+    for key in EXPERT_COUNT_KEYS:
+        # 0 experts is a dense model, unless other fields name experts (top-k, widths): then a typo
+        if cfg.get(key) is not None and (cfg[key] < 0 or (cfg[key] == 0 and unread)):
+            raise SpecError(f"model {path}: {key} must be >= 1 (the routed-expert count), got {cfg[key]}")
     if unread and not moe_keys:
         # a MoE config spelling its experts differently (ERNIE-4.5 moe_num_experts, DBRX
         # ffn_config) would otherwise be read as the dense model it is not

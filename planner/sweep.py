@@ -468,42 +468,106 @@ class PointLog:
 
     A killed sweep keeps every finished point; a rerun with the same inputs skips them. The first
     line records the sweep's inputs, so a log of a different sweep is never mixed in. Opened (and
-    so checked writable) before any point runs."""
+    so checked writable) before any point runs. A log that is not one this sweep wrote (a line
+    that is not JSON, not a point of this grid, or lacks a result column) is refused in one line
+    and left as it is: resuming from it would crash or mix wrong rows into the outputs."""
 
     def __init__(self, path: Path, spec: SweepSpec, force: bool):
         import json
         self.path = path
+        self.spec = spec
         self.header = {"sweep": json.loads(spec.model_dump_json())}
         self.done: dict[str, dict] = {}
+        self._cut_at: int | None = None  # where a record cut by a kill starts (dropped before appending)
+        self._unterminated = False       # the last line is complete but lacks its "\n"
         if force and path.is_file():
             path.unlink()
         if path.is_file():
             self._load()
         try:
-            new = not path.is_file()
+            if self._cut_at is not None:
+                os.truncate(path, self._cut_at)
+            new = not path.is_file() or path.stat().st_size == 0
             self._fh = path.open("a", encoding="utf-8")
+            if self._unterminated:
+                self._fh.write("\n")  # else the next record would join the last line
             if new:
                 self._write(self.header)
         except OSError as exc:
             raise SpecError(f"out: cannot write {path} ({exc.strerror})") from None
 
+    def _malformed(self, line: int, problem: str) -> SpecError:
+        return SpecError(f"out: {self.path} line {line}: {problem}, so it is not this sweep's point log; "
+                         "delete it (or pass --force) to start afresh, or choose another --out")
+
     def _load(self) -> None:
         import json
         try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-            header = json.loads(lines[0]) if lines else None
-            rows = []
-            for line in lines[1:]:
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:
-                    break  # a line cut by a kill: that point runs again
-        except (OSError, UnicodeDecodeError, ValueError):
-            header = None
+            text = self.path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise SpecError(f"out: cannot read {self.path} ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            line = self.path.read_bytes()[:exc.start].count(b"\n") + 1
+            raise self._malformed(line, "not UTF-8 text") from None
+        lines = text.split("\n")
+        last = lines.pop()  # "" when the file ends with a newline, as every record written here does
+        if last:
+            try:
+                json.loads(last)
+                lines.append(last)
+                self._unterminated = True
+            except ValueError:
+                if not last.startswith("{"):
+                    raise self._malformed(len(lines) + 1, "not JSON") from None
+                # a record cut by a kill mid-write: dropped (that point runs again)
+                self._cut_at = len(text.encode("utf-8")) - len(last.encode("utf-8"))
+        if not lines:
+            return  # empty (killed before its header was written): a fresh log
+        records = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise self._malformed(number, "not JSON") from None
+        header = records[0]
+        if not (isinstance(header, dict) and "sweep" in header):
+            raise self._malformed(1, 'not the header {"sweep": ...} that records the sweep\'s inputs')
         if header != self.header:
             raise SpecError(f"out: {self.path} holds the points of a different sweep (other inputs); "
                             "pass --force to start over, or another --name")
-        self.done = {point_key(r["_params"]): r for r in rows if "_params" in r}
+        grid = {point_key(params) for params in self.spec.grid()}
+        for number, record in enumerate(records[1:], start=2):
+            problem = self._record_problem(record, grid)
+            if problem:
+                raise self._malformed(number, problem)
+            self.done[point_key(record["_params"])] = record
+
+    def _record_problem(self, record, grid: set[str]) -> str | None:
+        """What keeps `record` from being a finished point of this grid (the outputs read every
+        column, the plot and table these as numbers), else None."""
+        import json
+        names = self.spec.names
+        if not isinstance(record, dict):
+            return f"expected a point record (a JSON object), got {json.dumps(record)[:40]}"
+        params = record.get("_params")
+        if not isinstance(params, dict) or point_key(params) not in grid:
+            return (f"_params {json.dumps(params)[:60]} is not a point of this sweep's grid "
+                    f"(an object of {', '.join(names)})")
+        missing = [c for c in [*names, *RESULT_COLUMNS] if c not in record]
+        if missing:
+            return f"the point record lacks {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}"
+        if any(record[n] != params[n] for n in names):
+            return "the point record's parameters differ from its _params"
+        if not isinstance(record["feasible"], bool):
+            return "feasible must be true or false"
+        if not isinstance(record["reason"], str) or (record["feasible"] and not isinstance(record["plan"], str)):
+            return "plan and reason must be strings"
+        numeric = ("global_batch", "step_time_s", "mfu", "tokens_per_s", "hbm_used_gib", "offload_used_gib")
+        bad = [c for c in numeric if record["feasible"]
+               and (isinstance(record[c], bool) or not isinstance(record[c], (int, float)))]
+        if bad:
+            return f"{bad[0]} must be a number"
+        return None
 
     def _write(self, record: dict) -> None:
         import json
