@@ -128,8 +128,9 @@ PRECISIONS = {("hybrid", "delayed"): "fp8", ("hybrid", "tensorwise"): "fp8-cs", 
               ("e4m3", "mxfp8"): "mxfp8"}
 
 
-def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
-    """The Plan Megatron will run, read from its parsed namespace and TransformerConfig."""
+def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec, argv: list[str] | None = None) -> Plan:
+    """The Plan Megatron will run, read from its parsed namespace and TransformerConfig (and from
+    `argv` the one flag the checker does not report, --use-torch-fsdp2)."""
     tp, pp = cfg["tensor_model_parallel_size"], cfg["pipeline_model_parallel_size"]
     vpp = cfg["virtual_pipeline_model_parallel_size"] or 1
     recompute, k = cfg["recompute_granularity"] or "none", None
@@ -155,11 +156,13 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
         # block recompute of n layers per chunk is all of them once n covers the largest chunk
         per_chunk = max(stage_layers) if stage_layers else model.layers // (pp * vpp)
         k = None if cfg["recompute_num_layers"] >= per_chunk else cfg["recompute_num_layers"] * vpp
+    extra = {}
     if ns["use_megatron_fsdp"]:
         zero = SHARDING[ns["data_parallel_sharding_strategy"]]
+    elif ns.get("use_torch_fsdp2") is True or "--use-torch-fsdp2" in (argv or ()):  # shards all three, overlaps
+        zero, extra["dp_impl"] = 3, "torch-fsdp2"
     else:
         zero = 1 if ns["use_distributed_optimizer"] else 0
-    extra = {}
     if recompute == "selective":  # --recompute-modules (TransformerConfig: None -> ["core_attn"])
         extra["recompute_modules"] = cfg["recompute_modules"]
     if stage_layers:  # an explicit layout: the decoder layers per virtual stage (planner.pipeline_layout)
@@ -175,7 +178,8 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec) -> Plan:
         offload_activations=(offload_fraction_of_layers(cfg["cpu_offloading_num_layers"], model.layers)
                              if cfg["cpu_offloading"] else 0.0),
         offload_optimizer=ns["optimizer_offload_fraction"] if ns["optimizer_cpu_offload"] else 0.0,
-        tp_comm_overlap=cfg["tp_comm_overlap"], dp_comm_overlap=ns["overlap_grad_reduce"],
+        tp_comm_overlap=cfg["tp_comm_overlap"],
+        dp_comm_overlap=ns["overlap_grad_reduce"] or extra.get("dp_impl") == "torch-fsdp2",
         cross_entropy_fusion=cfg["cross_entropy_loss_fusion"],
         grad_reduce_in_bf16=ns["grad_reduce_in_bf16"] and not ns["accumulate_allreduce_grads_in_fp32"],
         fp8_param_gather=ns["fp8_param_gather"],

@@ -107,6 +107,13 @@ CASES = [
     ("nemotron-3-super", "b200", 64, "mxfp8",
      dict(pp=2, dp=32, ep=8, vpp=4, micro_batch=1, global_batch=128, recompute="full",
           stage_layers=[12, 11, 11, 11, 11, 11, 11, 10])),
+    # PyTorch FSDP2 inside Megatron (--use-torch-fsdp2): no Megatron DDP overlap flags (FSDP2
+    # prefetches on its own; --overlap-param-gather is refused without the distributed optimizer),
+    # no fused wgrad accumulation, and with tp > 1 on Hopper no CUDA_DEVICE_MAX_CONNECTIONS=1
+    ("llama3-8b", "h100-sxm", 8, "bf16", dict(dp=8, micro_batch=1, global_batch=64, zero_stage=3,
+                                               dp_impl="torch-fsdp2")),
+    ("llama3-8b", "h100-sxm", 8, "bf16", dict(tp=2, dp=4, micro_batch=1, global_batch=64, zero_stage=3,
+                                               sequence_parallel=True, dp_impl="torch-fsdp2")),
     # FP8: the ModelZoo's Megatron-FSDP run, DeepEP, bf16 gradient reduce, as the reference data has it
     ("qwen3-235b-a22b", "h100-sxm", 256, "fp8",
      _published_plan_fields("mcore-modelzoo_qwen3-235b_256gpu_tp2_pp1_ep8_edp32_fsdp_deepep_3")),
@@ -211,6 +218,12 @@ def _checker_cases(tmp_path_factory):
     # the all-to-all overlap delays weight gradients into a graphed attention: TE >= 2.12 only
     a2a = next(b[0] for b in built if b[2].moe_a2a_overlap and b[2].dp_comm_overlap)
     bad.append(dict(a2a, argv=a2a["argv"] + ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-modules", "attn"]))
+    # PyTorch FSDP2: Megatron's param-gather overlap needs its own sharded buffers; FSDP2 refuses the
+    # fused wgrad accumulation and CUDA_DEVICE_MAX_CONNECTIONS=1
+    fsdp2 = next(b[0] for b in built if b[2].dp_impl == "torch-fsdp2")
+    bad += [dict(fsdp2, argv=fsdp2["argv"] + ["--overlap-grad-reduce", "--overlap-param-gather"]),
+            dict(fsdp2, argv=[w for w in fsdp2["argv"] if w != "--no-gradient-accumulation-fusion"]),
+            dict(fsdp2, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"})]
     top1 = next(b[0] for b in built if b[1].moe is not None and b[1].moe.top_k == 1)
     bad.append(dict(top1, argv=[w for w in top1["argv"] if w != "--moe-router-pre-softmax"]))  # softmax of 1
     return (built, saved, bad), [b[0] for b in built + saved] + bad
@@ -230,8 +243,9 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         label = f"{m.name} {plan.short()} {job.dtype}"
         assert res["ok"], (label, res.get("error"))
         ns, cfg = res["ns"], res["cfg"]
-        assert plan_from_megatron(ns, cfg, m) == plan, label
-        assert ns["overlap_param_gather"] == (plan.dp_comm_overlap and plan.zero_stage in (1, 3)), label
+        assert plan_from_megatron(ns, cfg, m, case["argv"]) == plan, label
+        assert ns["overlap_param_gather"] == (plan.dp_comm_overlap and plan.zero_stage in (1, 3)
+                                              and plan.dp_impl != "torch-fsdp2"), label
         group = vp_microbatch_group(plan.num_microbatches, plan.pp) if plan.vpp > 1 else plan.pp
         assert ns["microbatch_group_size_per_vp_stage"] == (None if group == plan.pp else group), label
         assert dtype_from_megatron(ns) == job.dtype, label
@@ -266,7 +280,8 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         # attention kernel the model costs (flash/cuDNN: no s² activations)
         assert cfg["attention_backend"] == "AttnBackend.fused", label
         # FSDP: Megatron-FSDP builds ZeRO-3 shards from the meta device, env unset
-        assert ns["init_model_with_meta_device"] == (plan.zero_stage == 3), label
+        assert ns["init_model_with_meta_device"] == (plan.zero_stage == 3 and plan.dp_impl == "megatron"), label
+        assert ns["gradient_accumulation_fusion"] == (plan.dp_impl != "torch-fsdp2"), label
         assert ("CUDA_DEVICE_MAX_CONNECTIONS" in case["env"]) == (plan.zero_stage < 2), label
         # checkpoints and throughput logs
         assert (ns["save_interval"], ns["log_throughput"]) == (500, True), label

@@ -258,6 +258,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     if torch_fsdp2:
         add("--use-torch-fsdp2")
         add("--ckpt-format", "torch_dist")  # --use-torch-fsdp2 requires torch_dist or torch_dcp
+        # arguments.py asserts FSDP2 runs without the fused wgrad accumulation into main_grad
+        add("--no-gradient-accumulation-fusion")
     if plan.zero_stage == 1:
         add("--use-distributed-optimizer")
     if fsdp:
@@ -269,7 +271,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
             # ZeRO-3 keeps 1/dp of the weights: build them on the meta device and materialise the
             # shards, never the whole stage (otherwise the start-up peak is the unsharded model).
             add("--init-model-with-meta-device")
-    if plan.dp_comm_overlap or fsdp:
+    # PyTorch FSDP2 overlaps its own per-layer gathers and reduce-scatters (prefetch); Megatron's
+    # DDP overlap flags belong to its own buffers, and --overlap-param-gather is refused without
+    # the distributed optimizer or Megatron-FSDP (arguments.py)
+    if (plan.dp_comm_overlap or fsdp) and not torch_fsdp2:
         add("--overlap-grad-reduce")
         if plan.zero_stage == 1 or plan.zero_stage == 3:
             add("--overlap-param-gather")

@@ -102,6 +102,8 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("dp_impl: --use-torch-fsdp2 is not supported with pipeline or expert parallelism")
         if model.tied_embeddings:
             reasons.append("dp_impl: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
+        if job.dtype == "fp16":
+            reasons.append("dtype: --use-torch-fsdp2 is not supported with fp16 (use bf16)")
     if plan.moe_dispatcher == "deepep" and model.moe is None:
         reasons.append("moe_dispatcher: deepep needs a MoE model")
     if plan.moe_a2a_overlap:
@@ -194,8 +196,10 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
                        f"{system.accelerator.name} is {arch}.x")
     if plan.zero_stage >= 2 and not plan.dp_comm_overlap and plan.dp * plan.cp > 1:
         # megatron_fsdp.py forces overlap_grad_reduce (and overlap_param_gather for ZeRO-3) on.
-        reasons.append("dp_comm_overlap: Megatron-FSDP (zero_stage 2/3) always overlaps the gradient "
-                       "reduce-scatter and parameter gather; the plan costs them exposed")
+        impl = "PyTorch FSDP2" if plan.dp_impl == "torch-fsdp2" else "Megatron-FSDP"
+        reasons.append(f"dp_comm_overlap: {impl} (zero_stage {plan.zero_stage}) always overlaps the gradient "
+                       "reduce-scatter and parameter gather, while the plan costs them exposed; drop "
+                       "--no-dp-comm-overlap")
     return reasons
 
 

@@ -36,6 +36,7 @@ def _build_parser() -> _Parser:
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
+    p.add_argument("--no-gradient-accumulation-fusion", dest="gradient_accumulation_fusion", action="store_false")
     p.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
                    action="store_false")
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
@@ -313,6 +314,26 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
         if not a.overlap_grad_reduce:
             err(MSG_PARAM_GATHER_GRAD_REDUCE)
 
+    # arguments.py (validate_args, --use-torch-fsdp2 block)
+    if a.use_torch_fsdp2:
+        for broken, msg in ((a.pipeline_model_parallel_size != 1,
+                             "--use-torch-fsdp2 is not supported with pipeline parallelism"),
+                            (a.expert_model_parallel_size != 1,
+                             "--use-torch-fsdp2 is not supported with expert parallelism"),
+                            (a.use_distributed_optimizer,
+                             "--use-torch-fsdp2 is not supported with MCore's distributed optimizer"),
+                            (a.gradient_accumulation_fusion,
+                             "--use-torch-fsdp2 is not supported with gradient accumulation fusion"),
+                            (a.ckpt_format not in ("torch_dist", "torch_dcp"),
+                             "--use-torch-fsdp2 requires --ckpt-format torch_dist or torch_dcp"),
+                            (not a.untie_embeddings_and_output_weights,
+                             "--use-torch-fsdp2 requires --untie-embeddings-and-output-weights"),
+                            (a.fp16, "--use-torch-fsdp2 not supported with fp16 yet"),
+                            (env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1",
+                             "FSDP always requires CUDA_DEVICE_MAX_CONNECTIONS value large than one")):
+            if broken:
+                err(msg)
+
     # arguments.py: FP8 parameters need a sharded optimizer; FP4 and FP8 exclude each other;
     # the TE cross-entropy kernel is refused in 0.19.2.
     if a.fp8_param_gather and not (a.use_distributed_optimizer or a.use_megatron_fsdp):
@@ -353,7 +374,7 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
 
     # MA 2a: CUDA_DEVICE_MAX_CONNECTIONS before Blackwell, unless FSDP.
     # (arguments.py: with --overlap-moe-expert-parallel-comm it only warns)
-    if (tp > 1 or cp > 1) and gpu_arch_major < 10 and not a.use_megatron_fsdp \
+    if (tp > 1 or cp > 1) and gpu_arch_major < 10 and not (a.use_megatron_fsdp or a.use_torch_fsdp2) \
             and not a.overlap_moe_expert_parallel_comm:
         if env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
             err(MSG_CUDA_MAX_CONN)
