@@ -152,3 +152,14 @@ def test_calibrate_reproduces_the_torch_stack_presets(fitted):
             assert getattr(eff, field) == pytest.approx(stack[name].get(field), abs=0.002), (name, field)
     a100 = load_accelerator("a100-sxm4-80gb").efficiency
     assert a100.matmul_max < a100.matmul_max_torch < 1.0
+
+
+def test_dtype_error_lists_what_this_gpu_trains_in():
+    """The allowed list is the training precisions this GPU has the peaks for (not its peak table's
+    keys: fp32/tf32 are no job dtype, fp8-cs/fp8-block run at the fp8 peak); NVIDIA's upper case is read."""
+    result = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--dtype", "mxfp8"])
+    one_line_error(result, "dtype", "allowed on it: bf16, fp16, fp8, fp8-cs, fp8-block")
+    upper = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "b200", "-g", "8", "--tp", "1", "--pp", "1",
+                                "-b", "8", "--dtype", "MXFP8", "--json"])
+    assert upper.exit_code == 0, upper.output
+    assert '"mxfp8"' in upper.stdout

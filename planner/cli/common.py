@@ -116,6 +116,17 @@ def gpu_job_defaults(system: SystemSpec) -> dict:
             "flash_attention": gpu_arch_major(system) >= 8}
 
 
+def training_dtypes(system: SystemSpec | None = None) -> list[str]:
+    """The precisions a job may name (JobSpec.dtype); with `system`, those its GPU has the peaks
+    for: the GEMMs' (fp8-cs and fp8-block run at the fp8 peak) and the 16-bit one the attention core
+    and LM head keep."""
+    from planner.analytical.precision import GEMM_PEAK_KEY, high_precision_dtype
+    if system is None:
+        return list(GEMM_PEAK_KEY)
+    peaks = system.accelerator.peak_flops
+    return [d for d, key in GEMM_PEAK_KEY.items() if key in peaks and high_precision_dtype(d) in peaks]
+
+
 def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtype: str | None = None,
              hbm_reserve_gib: float = 2.0, system: SystemSpec | None = None, **extra) -> JobSpec:
     """The job the CLI's flags describe; a precision or attention path not given (None) is the GPU's
@@ -128,7 +139,12 @@ def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtyp
     check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
     check_float("hbm-reserve-gib", hbm_reserve_gib, 0.0)
     defaults = gpu_job_defaults(system) if system is not None else {"dtype": "bf16", "flash_attention": True}
-    dtype = dtype or defaults["dtype"]
+    dtype = (dtype or defaults["dtype"]).lower()  # BF16, MXFP8 as NVIDIA's tables print them
+    if system is not None and dtype in training_dtypes():
+        allowed = training_dtypes(system)
+        if dtype not in allowed:
+            raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak; allowed on it: "
+                            f"{', '.join(allowed)}")
     if extra.get("flash_attention") is None:
         extra["flash_attention"] = defaults["flash_attention"]
     try:
