@@ -104,7 +104,7 @@ def test_megatron_writes_the_te_precision_file_the_recipe_needs(tmp_path):
     assert all(m["type"] == "glob" and m["enabled"] for m in recipe["matchers"].values())
     r = runner.invoke(app, base)
     assert r.exit_code == 0, r.output
-    assert "cat > te_precision.yaml <<'PLANNER_EOF'" in r.output and "pattern: mtp.*" in r.output
+    assert 'mv "$planner_file" te_precision.yaml' in r.output and "pattern: mtp.*" in r.output
     assert "--te-precision-config-file" in parse_script(r.output)[1]
     r = runner.invoke(app, base + ["--format", "args"])
     assert r.exit_code == 2 and "one line of flags cannot carry" in r.output and "Traceback" not in r.output
@@ -139,3 +139,24 @@ def test_json_output_carries_the_precision():
         r = runner.invoke(app, command + args)
         assert r.exit_code == 0, r.output
         assert json.loads(r.output)["precision"] == want, command
+
+
+def test_launch_script_never_overwrites_a_users_file(tmp_path):
+    """The script writes te_precision.yaml where it runs: kept when identical (a rerun, another node
+    on a shared file system), a stop with the user's file untouched when it differs."""
+    import subprocess
+    r = runner.invoke(app, ["megatron", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--tp", "1",
+                            "--pp", "1", "--dtype", "nvfp4", "--module-dtype", "attention=bf16"])
+    assert r.exit_code == 0, r.output
+    # the script up to the launch itself (torchrun needs GPUs and a rendezvous)
+    head = r.output[:r.output.index("torchrun ")]
+    env = {"PATH": "/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "localhost", "DATA_PATH": "/data/x"}
+    run = lambda: subprocess.run(["bash", "-c", head], cwd=tmp_path, capture_output=True, text=True, env=env)  # noqa: E731
+    assert run().returncode == 0
+    written = (tmp_path / "te_precision.yaml").read_text()
+    assert "bf16" in written
+    assert run().returncode == 0 and (tmp_path / "te_precision.yaml").read_text() == written  # rerun: kept
+    (tmp_path / "te_precision.yaml").write_text("mine\n")
+    again = run()
+    assert again.returncode == 1 and "exists with other contents" in again.stderr
+    assert (tmp_path / "te_precision.yaml").read_text() == "mine\n"

@@ -64,7 +64,16 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
     lines += [f'{key}="{value}"' for key, value in PLACEHOLDER_VARS.items()]
     lines.append("")
     for name, text in launch.files.items():  # files the flags name, written where the launch runs
-        lines += [f"cat > {shlex.quote(name)} <<'PLANNER_EOF'", text.rstrip("\n"), "PLANNER_EOF", ""]
+        # never over a user's file of that name: identical content (a rerun, or a node beside this
+        # one on a shared file system) is kept, anything else stops the launch
+        q = shlex.quote(name)
+        lines += ['planner_file="$(mktemp)"', f"cat > \"$planner_file\" <<'PLANNER_EOF'", text.rstrip("\n"),
+                  "PLANNER_EOF",
+                  f'if [ -e {q} ] && ! cmp -s "$planner_file" {q}; then',
+                  f'    echo "{name} exists with other contents; move it away (this launch writes its own)" >&2',
+                  '    rm -f "$planner_file"; exit 1',
+                  "fi",
+                  f'mv "$planner_file" {q}', ""]
     body = [f"torchrun --nnodes $NNODES --nproc-per-node {launch.gpus_per_node} "
             f"--node-rank $NODE_RANK --master-addr $MASTER_ADDR --master-port {MASTER_PORT} "
             f"{launch.entrypoint}"]
