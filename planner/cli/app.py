@@ -6,6 +6,8 @@ line `planner --help` shows for it (tests check that every listed command loads 
 """
 from __future__ import annotations
 
+from typing import Annotated
+
 import importlib
 import json
 import os
@@ -106,6 +108,7 @@ class _LazyOneLineGroup(TyperGroup):
 
 app = typer.Typer(
     cls=_LazyOneLineGroup, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
     help="Plan tensor/pipeline/data parallelism, batch, recompute and offload for LLM training.\n\n"
          "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`. "
          "-m/-s take a preset name or a path to a YAML file: a bare preset name always means the "
@@ -114,8 +117,19 @@ app = typer.Typer(
          "(default: the usable CPUs, at most 8; same plans on any count).")
 
 
+def _print_version(show: bool) -> None:
+    if show:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            typer.echo(f"parplan {version('parplan')}")
+        except PackageNotFoundError:  # run from a checkout that was never installed
+            typer.echo("parplan (not installed: version unknown)")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(show_version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                                     help="Print the version and exit.")] = False) -> None:
     """Plan tensor/pipeline/data parallelism, batch, recompute and offload for LLM training."""
 
 
