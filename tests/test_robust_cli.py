@@ -63,6 +63,12 @@ BAD_INPUTS = [
     (["checkpoint", "--write-gb-per-s", "0"], "write-gb-per-s"),
     (["validate", "--source", "no-such-source"], "source"),
     (["sweep", "-m", "llama3-8b", "--vary", "gpus=8:1e120:x10", "--out", "never-written"], "gpus"),
+    # the MoE all-to-all overlap against pins that rule it out: the rule, not an empty search's guess
+    (["plan", "-m", "mixtral-8x7b", "-g", "64", "-b", "256", "--moe-a2a-overlap", "--ep", "1"], "ep > 1"),
+    (["check", "-m", "mixtral-8x7b", "-g", "64", "-b", "256", "--moe-a2a-overlap", "--recompute", "full"],
+     "full recompute"),
+    (["estimate", "-m", "mixtral-8x7b", "-g", "64", "-b", "256", "--tp", "1", "--pp", "1", "--ep", "8",
+      "--moe-a2a-overlap", "--recompute-modules", "moe"], "moe module"),
 ]
 
 

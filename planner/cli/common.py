@@ -371,6 +371,16 @@ def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
             raise SpecError("tp-comm-overlap: needs tp > 1 with sequence parallelism (got --tp 1)")
     if (knobs.get("vpp") or 1) > 1 and pp == 1:
         raise SpecError(f"vpp: interleaving (vpp {knobs['vpp']}) needs pp > 1 (got --pp 1)")
+    if knobs.get("moe_a2a_overlap"):  # the rules of expressible.a2a_overlap_refusals that pins alone break
+        if knobs.get("ep") == 1:
+            raise SpecError("moe-a2a-overlap: overlaps the expert all-to-all, which needs ep > 1 (got --ep 1)")
+        if knobs.get("recompute") == "full":
+            raise SpecError("moe-a2a-overlap: Megatron refuses full recompute with the all-to-all overlap "
+                            "(got --recompute full)")
+        modules = knobs.get("recompute_modules") or ()
+        if "moe" in (modules.replace(" ", "").split(",") if isinstance(modules, str) else modules):
+            raise SpecError("moe-a2a-overlap: the moe module cannot be recomputed with the all-to-all overlap "
+                            "(got --recompute-modules with moe)")
     if framework == "megatron" and (knobs.get("offload_activations") or 0) > 0 and (pp or 1) > 1:
         raise SpecError(f"offload-activations: Megatron-LM offloads activations only without pipeline "
                         f"parallelism (got --pp {pp}); use --pp 1 or --framework any")
