@@ -69,7 +69,17 @@ BAD_INPUTS = [
      "full recompute"),
     (["estimate", "-m", "mixtral-8x7b", "-g", "64", "-b", "256", "--tp", "1", "--pp", "1", "--ep", "8",
       "--moe-a2a-overlap", "--recompute-modules", "moe"], "moe module"),
+    # a sharded-DP implementation against a ZeRO stage it does not run
+    (["estimate", "--tp", "1", "--pp", "1", "--dp-impl", "torch-fsdp2", "--zero-stage", "0"], "dp-impl"),
+    (["megatron", "--tp", "8", "--pp", "1", "--dp-impl", "deepspeed", "--zero-stage", "1"], "dp-impl"),
 ]
+
+
+def test_a_sharded_dp_implementation_alone_means_zero_3():
+    """--dp-impl torch-fsdp2 without --zero-stage is ZeRO-3 (FSDP's default), not ZeRO-1 under another name."""
+    out = run(["estimate", "-m", "llama3-8b", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1", "--dp-impl", "torch-fsdp2"])
+    assert out.exit_code == 0, out.output
+    assert "ZeRO-3" in out.output and "ZeRO-1" not in out.output
 
 
 @pytest.mark.parametrize(("args", "word"), BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])

@@ -358,6 +358,12 @@ def given_knobs(options: dict) -> dict:
     return knobs
 
 
+# The ZeRO stages each non-Megatron sharded DP is costed for (planner.analytical.data_parallel):
+# PyTorch FSDP2 reshards parameters after forward (3) or keeps them (2, reshard_after_forward=False);
+# DeepSpeed's only measured runs are ZeRO-3 (Narayanan et al. 2021, Table 2).
+SHARDED_DP_STAGES = {"torch-fsdp2": (3, 2), "deepspeed": (3,)}
+
+
 def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
     """Pins that no plan can satisfy, said as the rule they break (constraints/space.py encodes the
     same rules; answering here gives one line instead of an empty search)."""
@@ -381,6 +387,10 @@ def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
         if "moe" in (modules.replace(" ", "").split(",") if isinstance(modules, str) else modules):
             raise SpecError("moe-a2a-overlap: the moe module cannot be recomputed with the all-to-all overlap "
                             "(got --recompute-modules with moe)")
+    impl, zero = knobs.get("dp_impl"), knobs.get("zero_stage")
+    if impl in SHARDED_DP_STAGES and zero is not None and zero not in SHARDED_DP_STAGES[impl]:
+        raise SpecError(f"dp-impl: {impl} runs zero-stage {' or '.join(map(str, SHARDED_DP_STAGES[impl]))} "
+                        f"(got --zero-stage {zero}); drop one of the two")
     if framework == "megatron" and (knobs.get("offload_activations") or 0) > 0 and (pp or 1) > 1:
         raise SpecError(f"offload-activations: Megatron-LM offloads activations only without pipeline "
                         f"parallelism (got --pp {pp}); use --pp 1 or --framework any")
@@ -393,6 +403,8 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
     from planner.plan import make_plan
     refuse_contradictions(knobs, framework="any")
     fields = {**(defaults or {}), **knobs}
+    if knobs.get("dp_impl") in SHARDED_DP_STAGES and "zero_stage" not in knobs:
+        fields["zero_stage"] = SHARDED_DP_STAGES[knobs["dp_impl"]][0]  # --dp-impl torch-fsdp2 alone: ZeRO-3
     if knobs.get("recompute_modules") is not None and "recompute" not in knobs:
         fields["recompute"] = "selective"  # --recompute-modules alone means selective recompute
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
