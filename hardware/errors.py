@@ -1,8 +1,8 @@
 """User-facing input errors: one line that names the field and what is allowed."""
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # yaml and pydantic load on first use: this module is on every CLI path
@@ -11,6 +11,11 @@ if TYPE_CHECKING:  # yaml and pydantic load on first use: this module is on ever
 
 class SpecError(ValueError):
     """A mistake in what the user gave us; the CLI prints it as one line and exits 2."""
+
+
+# pydantic error type of a cross-field check whose message names its fields itself, relative to
+# where the error sits (hardware/spec.py raises it as a PydanticCustomError)
+INCONSISTENT = "inconsistent"
 
 
 def one_line(err: ValidationError, where: str) -> SpecError:
@@ -22,41 +27,66 @@ def one_line(err: ValidationError, where: str) -> SpecError:
         msg = "unknown field"
     elif first["type"] == "missing":
         msg = "required field is missing"
+    elif first["type"] == INCONSISTENT and not first["loc"]:  # a model's own check: its message names the field
+        loc = None
     more = len(err.errors()) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
-    return SpecError(f"{where}: {loc}: {msg}{tail}")
+    return SpecError(f"{where}: {msg}{tail}" if loc is None else f"{where}: {loc}: {msg}{tail}")
 
 
 # A spec file is a few hundred bytes; anything this large is not one (and would be slow to parse).
 MAX_YAML_BYTES = 1 << 20
 
 
-def _no_alias_loader():
-    """safe_load's loader without aliases: `*ref` can expand exponentially ("billion laughs"), and
-    no spec file needs them."""
+class DuplicateKeyError(Exception):
+    """A mapping that gives the same key twice (YAML requires unique keys; PyYAML keeps the last)."""
+
+    def __init__(self, key: str, line: int):
+        super().__init__(f"duplicate key {key!r} (line {line})")
+
+
+@functools.cache
+def _strict_loader(base):
+    """`base` (PyYAML's SafeLoader or libyaml's CSafeLoader) refusing a mapping key given twice:
+    keys compared as the values they load as (`1` and `0x1` are one key). On the pure-Python
+    loader also aliases: `*ref` can expand exponentially ("billion laughs"), and no spec file
+    needs them (the C loader's are refused from its parse events, `_load_strict`)."""
     import yaml
 
-    class NoAliasLoader(yaml.SafeLoader):
-        def compose_node(self, parent, index):
+    class StrictLoader(base):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # unhashable: construct_mapping refuses it itself
+                    continue
+                if duplicate:
+                    raise DuplicateKeyError(str(key_node.value), key_node.start_mark.line + 1)  # as written
+            return super().construct_mapping(node, deep)
+
+        def compose_node(self, parent, index):  # the pure-Python composer only
             if self.check_event(yaml.AliasEvent):
                 mark = self.peek_event().start_mark
                 raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
             return super().compose_node(parent, index)
-    return NoAliasLoader
+    return StrictLoader
 
 
-def _load_without_aliases(yaml, text: str):
-    """Safe-load `text`, refusing aliases. With libyaml (PyYAML's C extension) the events are
-    checked for aliases, then the text is loaded, both in C: ~10x faster than the pure-Python
-    loader, which matters for start-up (`planner presets` reads every preset)."""
+def _load_strict(yaml, text: str):
+    """Safe-load `text`, refusing aliases and duplicate keys. With libyaml (PyYAML's C extension)
+    the events are checked for aliases, then the text is loaded, both parsed in C: ~10x faster
+    than the pure-Python loader, which matters for start-up (`planner presets` reads every preset)."""
     fast = getattr(yaml, "CSafeLoader", None)
     if fast is None:
-        return yaml.load(text, Loader=_no_alias_loader())  # noqa: S506 (safe loader)
+        return yaml.load(text, Loader=_strict_loader(yaml.SafeLoader))  # noqa: S506 (safe loader)
     for event in yaml.parse(text, Loader=fast):
         if isinstance(event, yaml.AliasEvent):
             mark = event.start_mark
             raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
-    return yaml.load(text, Loader=fast)  # noqa: S506 (safe loader)
+    return yaml.load(text, Loader=_strict_loader(fast))  # noqa: S506 (safe loader)
 
 
 def read_yaml_mapping(path: Path, what: str) -> dict:
@@ -66,7 +96,9 @@ def read_yaml_mapping(path: Path, what: str) -> dict:
             raise SpecError(f"{what} {path}: is a folder, expected a YAML file")
         if path.stat().st_size > MAX_YAML_BYTES:
             raise SpecError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a spec file")
-        data = _load_without_aliases(yaml, path.read_text(encoding="utf-8"))
+        data = _load_strict(yaml, path.read_text(encoding="utf-8"))
+    except DuplicateKeyError as exc:
+        raise SpecError(f"{what} {path}: {exc}") from None
     except UnicodeDecodeError:
         raise SpecError(f"{what} {path}: not a text (UTF-8) YAML file") from None
     except yaml.YAMLError as exc:

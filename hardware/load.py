@@ -67,6 +67,12 @@ def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
         data["num_gpus"] = num_gpus
     try:
         refuse_loose_types(data, SystemSpec, "system")
-        return SystemSpec.model_validate(data)
+        system = SystemSpec.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"system ({label})") from None
+    # on the system as loaded, GPU override applied (not in the validator: see SystemSpec)
+    try:
+        system.check_spans_system()
+    except SpecError as err:
+        raise SpecError(f"system ({label}): {err}") from None
+    return system

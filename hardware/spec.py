@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from hardware.errors import SpecError
+from hardware.errors import INCONSISTENT, SpecError
 
 GIB = 2**30
 GB = 1e9
@@ -23,7 +24,16 @@ LOW_PRECISION = ("fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: every number of a spec must be finite. An infinite peak, capacity,
+    # bandwidth or efficiency parameter is no machine: it turns step times into 0 or nan (numpy
+    # RuntimeWarnings, "MFU 0.0%", "94.00 of inf usable"). A what-if "unlimited" tier is a large
+    # finite number (planner/sweep.py INFINITE_GB_PER_S).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _inconsistent(message: str) -> PydanticCustomError:
+    """A cross-field error whose message names its fields itself (errors.one_line prints it as is)."""
+    return PydanticCustomError(INCONSISTENT, message)
 
 
 class ComputeEfficiency(_Strict):
@@ -118,6 +128,19 @@ class Accelerator(_Strict):
     def hbm_bandwidth_bytes_per_s(self) -> float:
         return self.hbm_bandwidth_gb_per_s * GB
 
+    @field_validator("peak_flops")
+    @classmethod
+    def _has_16_bit_peak(cls, peaks: dict) -> dict:
+        # Every training dtype needs a 16-bit peak: bf16/fp16 jobs run their GEMMs at it, and the
+        # fp8/fp4 recipes keep the attention core and LM head there (precision.high_precision_dtype,
+        # cli.common.training_dtypes); without one no job can be priced, which would surface later
+        # as a confusing "dtype: ... has no fp16 peak; allowed:" with an empty list.
+        if "bf16" not in peaks and "fp16" not in peaks:
+            given = ", ".join(sorted(peaks)) or "none"
+            raise PydanticCustomError(
+                INCONSISTENT, "needs a bf16 or fp16 peak (FLOP/s) for training; got: {given}", {"given": given})
+        return peaks
+
     def peak(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
             raise SpecError(
@@ -169,12 +192,49 @@ class SystemSpec(_Strict):
     network: list[NetworkTier] = Field(min_length=1, description="innermost (NVLink) tier first")
     offload: MemoryTier | None = None
 
+    # Not checked here, on purpose: num_gpus is the GPUs the job gets, not the machine's size, so
+    # it may be smaller than a node (the published runs include 1-4 GPUs of an 8-GPU node; the
+    # Megatron launch then runs one node with that many processes) or end in a partial node (12
+    # GPUs of 8-GPU nodes: the rank-order network model fills domains consecutively, so the last
+    # node is simply half used; torchrun cannot launch that, and `planner megatron` refuses it
+    # in megatron.expressible.launch_problems). gpus_per_node > num_gpus is the first case.
+    # That the outermost tier spans every GPU depends on num_gpus, which the infeasibility
+    # diagnosis grows on purpose (search.py: "fits on 2x GPUs"): hardware.load checks it on the
+    # system as loaded (check_spans_system).
+
     @model_validator(mode="after")
     def _tiers_nested(self) -> "SystemSpec":
         domains = [t.domain_gpus for t in self.network]
         if domains != sorted(domains):
-            raise ValueError("network: tiers must be listed innermost first (domain_gpus ascending)")
+            raise _inconsistent("network: tiers must be listed innermost first (domain_gpus ascending), got "
+                                + ", ".join(str(d) for d in domains))
+        # A tier's domain is a block of domain_gpus consecutive ranks (analytical/comm.py
+        # group_link), and a node is a block of gpus_per_node consecutive ranks (the torchrun
+        # launch): a domain must be whole nodes (NVL72: 72 GPUs = 18 trays of 4, NVL32: 8 of 4;
+        # a leaf switch: N nodes) or split a node evenly (NVLink-bridged pairs in a PCIe box).
+        # Otherwise a domain would hold part of a node plus part of another, which no fabric
+        # wires. Not for the outermost tier: the model treats it as spanning everything, so its
+        # domain_gpus is only an upper bound (the presets write 1048576).
+        node = self.gpus_per_node
+        for i, tier in enumerate(self.network[:-1]):
+            d = tier.domain_gpus
+            if d % node and node % d:
+                raise _inconsistent(
+                    f"network.{i}.domain_gpus {d} (tier {tier.name!r}) and gpus_per_node {node} disagree: a "
+                    f"domain is whole nodes or splits one evenly; allowed domain_gpus: a multiple of {node} "
+                    f"or a divisor of {node}")
         return self
+
+    def check_spans_system(self) -> None:
+        """The outermost tier must connect every GPU: the model runs any group that leaves the inner
+        domains over it (tier_for_span, comm.group_link), so a smaller domain_gpus there (16 on a
+        256-GPU system) describes a machine whose other GPUs have no link, not the one costed."""
+        outer = self.network[-1]
+        if outer.domain_gpus < self.num_gpus:
+            raise SpecError(
+                f"network.{len(self.network) - 1}.domain_gpus: the outermost tier {outer.name!r} spans "
+                f"{outer.domain_gpus} GPUs but the system has {self.num_gpus} (num_gpus or --gpus); "
+                f"it must connect all of them: allowed >= {self.num_gpus}")
 
     @property
     def nvlink_domain_gpus(self) -> int:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
                       ValidationError, model_validator)
+from pydantic_core import PydanticCustomError
 
 from hardware.errors import one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
 from planner import hf_config
@@ -15,17 +16,58 @@ PRESET_DIR = Path(__file__).parent / "presets"
 Activation = Literal["gelu", "swiglu", "squared_relu"]
 
 
+# ---- upper bounds on a model's integers ------------------------------------------------------
+# Generous caps, far beyond any real model, that refuse a typo or a fuzzed value (`layers:
+# 1000000000` ran `planner count` for minutes: the stage search and the per-layer arrays scale
+# with the layer count) as the CLI's flags refuse theirs. For scale: the largest
+# presets are Llama 3 405B (126 layers, hidden 16,384, ffn 53,248), DeepSeek-V3 (256 experts,
+# top-8), Kimi K2 (384 experts), Gemma 3 (vocab 262,144) and the seed-study's 128T-parameter
+# stack (seed-128t: 640 layers, hidden 131,072, 1,024 heads, ffn 524,288).
+MAX_LAYERS = 10_000        # ~80x Llama 3 405B's 126 layers, 15x seed-128t's 640
+MAX_WIDTH = 1 << 20        # hidden, head and latent widths: 8x seed-128t's hidden 131,072
+MAX_FFN = 1 << 22          # MLP widths: 4 * MAX_WIDTH, the default ffn of the widest hidden
+MAX_HEADS = 1 << 16        # attention / Mamba heads and KV groups: 64x seed-128t's 1,024
+MAX_VOCAB = 1 << 22        # 4,194,304 tokens: 16x the largest vocabulary (Gemma 3: 262,144)
+MAX_EXPERTS = 1 << 16      # experts, top-k, shared experts, router groups: 170x Kimi K2's 384
+
+
+MAX_SEQ_LENGTH = 1 << 24    # tokens; the CLI's --seq-length takes the same cap
+
+
+def _at_most(high, low: int = 1) -> AfterValidator:
+    """An integer's upper bound (`high`: an int or a function giving it), refused in the CLI's
+    wording (`check_int`): `must be an integer from 1 to 10,000, got 1000000000`."""
+    def check(value: int) -> int:
+        top = high() if callable(high) else high
+        if value > top:
+            raise PydanticCustomError("int_range", "must be an integer from {low} to {high}, got {value}",
+                                      {"low": f"{low:,}", "high": f"{top:,}", "value": value})
+        return value
+    return AfterValidator(check)
+
+
+Layers = Annotated[PositiveInt, _at_most(MAX_LAYERS)]
+LayerCount = Annotated[NonNegativeInt, _at_most(MAX_LAYERS, low=0)]
+Width = Annotated[PositiveInt, _at_most(MAX_WIDTH)]
+FfnWidth = Annotated[PositiveInt, _at_most(MAX_FFN)]
+Heads = Annotated[PositiveInt, _at_most(MAX_HEADS)]
+Vocab = Annotated[PositiveInt, _at_most(MAX_VOCAB)]
+Experts = Annotated[PositiveInt, _at_most(MAX_EXPERTS)]
+ExpertCount = Annotated[NonNegativeInt, _at_most(MAX_EXPERTS, low=0)]
+SeqLength = Annotated[PositiveInt, _at_most(MAX_SEQ_LENGTH)]
+
+
 class MoESpec(BaseModel):
     """Mixture of experts in the MLP of (all but the first `first_dense_layers`) layers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    num_experts: PositiveInt
-    top_k: PositiveInt
-    expert_ffn: PositiveInt | None = Field(default=None, description="default: the dense ffn")
-    shared_experts: NonNegativeInt = Field(default=0, description="experts every token passes through")
-    shared_expert_ffn: PositiveInt | None = Field(default=None, description="width of EACH shared expert; "
+    num_experts: Experts
+    top_k: Experts
+    expert_ffn: FfnWidth | None = Field(default=None, description="default: the dense ffn")
+    shared_experts: ExpertCount = Field(default=0, description="experts every token passes through")
+    shared_expert_ffn: FfnWidth | None = Field(default=None, description="width of EACH shared expert; "
                                                   "default: expert_ffn")
-    first_dense_layers: NonNegativeInt = Field(default=0, description="leading layers with the dense ffn "
+    first_dense_layers: LayerCount = Field(default=0, description="leading layers with the dense ffn "
                                                "instead of experts (DeepSeek-V3: 3)")
     capacity_factor: PositiveFloat | None = Field(default=None, description="token-drop capacity; "
                                                   "None = dropless")
@@ -33,14 +75,14 @@ class MoESpec(BaseModel):
     # --moe-router-num-groups / --moe-router-group-topk; config.json n_group / topk_group): the
     # experts form router_groups contiguous groups and a token's top-k is picked inside its best
     # router_group_topk groups only.
-    router_groups: PositiveInt | None = Field(default=None, description="expert groups for group-limited "
+    router_groups: Experts | None = Field(default=None, description="expert groups for group-limited "
                                               "routing (None = no limit)")
     # LatentMoE (Nemotron 3 Super; Megatron-Core --moe-latent-size): each routed token is projected
     # h -> latent_size before the dispatch and back after the combine, and the routed experts work
     # on latent_size-wide rows; the router and the shared experts stay on h.
-    latent_size: PositiveInt | None = Field(default=None, description="LatentMoE width of the routed "
+    latent_size: Width | None = Field(default=None, description="LatentMoE width of the routed "
                                             "experts' rows (None = the hidden size)")
-    router_group_topk: PositiveInt | None = Field(default=None, description="groups a token may route to")
+    router_group_topk: Experts | None = Field(default=None, description="groups a token may route to")
 
     @model_validator(mode="after")
     def _topk(self) -> "MoESpec":
@@ -63,11 +105,11 @@ class MLASpec(BaseModel):
     query/key is a no-position part plus a decoupled RoPE part whose key is shared by all heads."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    q_lora_rank: PositiveInt | None = Field(default=None, description="None = queries not compressed")
-    kv_lora_rank: PositiveInt
-    qk_nope_head_dim: PositiveInt
-    qk_rope_head_dim: PositiveInt
-    v_head_dim: PositiveInt
+    q_lora_rank: Width | None = Field(default=None, description="None = queries not compressed")
+    kv_lora_rank: Width
+    qk_nope_head_dim: Width
+    qk_rope_head_dim: Width
+    v_head_dim: Width
 
     @property
     def qk_head_dim(self) -> int:
@@ -81,12 +123,12 @@ class MambaSpec(BaseModel):
     whose input (B) and output (C) projections are shared by the heads of one of `groups` groups."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    num_heads: PositiveInt
-    head_dim: PositiveInt
-    state_dim: PositiveInt
-    groups: PositiveInt = 8
-    conv_kernel: PositiveInt = Field(default=4, description="causal depthwise conv1d width")
-    chunk_size: PositiveInt = Field(default=128, description="SSD chunk length (Mamba-2 §6)")
+    num_heads: Heads
+    head_dim: Width
+    state_dim: Width
+    groups: Heads = 8
+    conv_kernel: Width = Field(default=4, description="causal depthwise conv1d width")
+    chunk_size: SeqLength = Field(default=128, description="SSD chunk length (Mamba-2 §6)")
 
     @property
     def d_inner(self) -> int:
@@ -122,15 +164,15 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = "custom"
-    layers: PositiveInt
-    hidden: PositiveInt
-    heads: PositiveInt
-    head_dim: PositiveInt | None = Field(default=None, description="width of one attention head; "
+    layers: Layers
+    hidden: Width
+    heads: Heads
+    head_dim: Width | None = Field(default=None, description="width of one attention head; "
                                          "default hidden // heads (Qwen3, Gemma set it apart)")
-    query_groups: PositiveInt | None = Field(default=None, description="KV groups (GQA); default = heads")
-    ffn: PositiveInt | None = Field(default=None, description="MLP hidden width; default 4*hidden")
-    seq_length: PositiveInt
-    vocab: PositiveInt
+    query_groups: Heads | None = Field(default=None, description="KV groups (GQA); default = heads")
+    ffn: FfnWidth | None = Field(default=None, description="MLP hidden width; default 4*hidden")
+    seq_length: SeqLength
+    vocab: Vocab
     activation: Activation = "gelu"
     tied_embeddings: bool = True
     position_embedding: Literal["learned", "rope", "none"] = Field(
@@ -148,7 +190,7 @@ class ModelSpec(BaseModel):
                           "attention (Qwen3, Gemma-3; Megatron --qk-layernorm)")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
-    mtp_layers: NonNegativeInt = Field(default=0, description="multi-token-prediction modules "
+    mtp_layers: LayerCount = Field(default=0, description="multi-token-prediction modules "
                                        "(DeepSeek-V3: 1), each a block + 2h->h projection")
     mtp_shared_weights: bool = Field(default=False, description="the MTP modules are one module run "
                                      "mtp_layers times (Megatron mtp_use_repeated_layer; Nemotron 3 Super)")

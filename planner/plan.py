@@ -422,9 +422,27 @@ class JobSpec(BaseModel):
         return self
 
 
+# The top level of a saved plan file: what a launch reads, then what `planner plan --save` keeps
+# for the reader only (ignored on load). Any other key is refused, as in `plan:` and `job:`, so
+# that a misspelt `gpu: 16` is named instead of silently falling back to the system's count.
+PLAN_FILE_FIELDS = ("plan", "model", "system", "gpus", "seq_length", "global_batch", "job")
+SAVED_RESULT_FIELDS = ("step_time_s", "objective")
+
+
+def check_plan_file_fields(data: dict, path: str | Path) -> None:
+    """Refuse a top-level key of a saved plan file (one with a `plan:` mapping) that is not in
+    PLAN_FILE_FIELDS or SAVED_RESULT_FIELDS, naming it and the allowed ones."""
+    allowed = PLAN_FILE_FIELDS + SAVED_RESULT_FIELDS
+    unknown = sorted((key for key in data if key not in allowed), key=str)
+    if unknown:
+        raise SpecError(f"plan ({path}): unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
+
+
 def load_plan(path: str | Path) -> Plan:
     data = read_yaml_mapping(Path(path), "plan")
-    data = data.get("plan", data)  # accept a saved `planner plan --save` file too
+    if "plan" in data:  # a saved `planner plan --save` file: its other top-level keys checked too
+        check_plan_file_fields(data, path)
+    data = data.get("plan", data)  # accept a bare plan mapping too
     if not isinstance(data, dict):
         raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {type(data).__name__}")
     try:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from hardware.errors import SpecError, one_line, read_yaml_mapping
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
-from planner.plan import JobSpec, Plan
+from planner.plan import PLAN_FILE_FIELDS, SAVED_RESULT_FIELDS, JobSpec, Plan, check_plan_file_fields
 
 # JobSpec fields a launch depends on (pins, forbids and search bounds do not).
 SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework",
@@ -37,6 +37,9 @@ def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec
                    job: JobSpec, **results) -> dict:
     """The mapping `planner plan --save` writes; `results` (step_time_s, objective …) are kept
     for the reader and ignored on load."""
+    unknown = sorted(set(results) - set(SAVED_RESULT_FIELDS))
+    if unknown:  # the reader would refuse the file: add the field to SAVED_RESULT_FIELDS
+        raise ValueError(f"plan_file_data: {unknown[0]!r} is not in SAVED_RESULT_FIELDS")
     job_data = job.model_dump(include=set(SAVED_JOB_FIELDS))
     return {"plan": plan.model_dump(), "model": reference(model_ref, "model"), "system": reference(system_ref, "system"),
             "gpus": system.num_gpus, "seq_length": model.seq_length,
@@ -47,6 +50,8 @@ def saved_job(path: str | Path, plan: Plan) -> JobSpec | None:
     """The JobSpec a plan file was costed under (its global batch fixed to the plan's), or None
     for a bare plan mapping that carries no job settings."""
     data = read_yaml_mapping(Path(path), "plan")
+    if "plan" in data:
+        check_plan_file_fields(data, path)
     job = data.get("job")
     if job is None:
         return None
@@ -78,4 +83,5 @@ def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
     return saved
 
 
-__all__ = ["SAVED_JOB_FIELDS", "reference", "plan_file_data", "saved_job", "job_for_plan_file"]
+__all__ = ["SAVED_JOB_FIELDS", "PLAN_FILE_FIELDS", "SAVED_RESULT_FIELDS", "reference", "plan_file_data",
+           "check_plan_file_fields", "saved_job", "job_for_plan_file"]
