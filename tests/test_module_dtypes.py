@@ -1,5 +1,7 @@
 """Per-module precision (JobSpec.module_dtypes, a Transformer Engine quantization recipe): the
 named modules' GEMMs and scaling passes run in their own dtype, everything else in the job's."""
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -81,11 +83,14 @@ def test_megatron_writes_the_te_precision_file_the_recipe_needs(tmp_path):
 
     from planner.megatron.script import parse_script
     path = tmp_path / "plan.yaml"
-    r = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--dtype", "nvfp4",
+    model = tmp_path / "llama3-8b-mtp.yaml"  # Llama-3 8B with one MTP module, so that mtp= has a module
+    model.write_text((Path(__file__).resolve().parents[1] / "planner" / "presets" / "llama3-8b.yaml").read_text()
+                     .replace("name: llama3-8b", "name: llama3-8b-mtp") + "mtp_layers: 1\n")
+    r = runner.invoke(app, ["plan", "-m", str(model), "-s", "b200", "-g", "8", "-b", "64", "--dtype", "nvfp4",
                             "--module-dtype", "attention=bf16", "--module-dtype", "mtp=mxfp8", "--top", "1",
                             "--save", str(path)])
     assert r.exit_code == 0, r.output
-    base = ["megatron", "--plan", str(path), "-m", "llama3-8b", "-s", "b200", "-g", "8"]
+    base = ["megatron", "--plan", str(path), "-m", str(model), "-s", "b200", "-g", "8"]
     r = runner.invoke(app, base + ["--format", "json"])
     assert r.exit_code == 0, r.output
     launch = json.loads(r.output)

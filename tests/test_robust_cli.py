@@ -72,7 +72,20 @@ BAD_INPUTS = [
     # a sharded-DP implementation against a ZeRO stage it does not run
     (["estimate", "--tp", "1", "--pp", "1", "--dp-impl", "torch-fsdp2", "--zero-stage", "0"], "dp-impl"),
     (["megatron", "--tp", "8", "--pp", "1", "--dp-impl", "deepspeed", "--zero-stage", "1"], "dp-impl"),
+    # options that would be dropped without a word
+    (["megatron", "-m", "llama3-8b", "-g", "8", "--tp", "1", "--pp", "1", "--etp", "2"], "etp"),
+    (["estimate", "--tp", "8", "--pp", "1", "--recompute", "selective", "--recompute-num-layers", "4"],
+     "recompute-num-layers"),
+    (["estimate", "-m", "llama3-8b", "-s", "b200", "-g", "8", "--tp", "1", "--pp", "1", "--dtype", "nvfp4",
+      "--module-dtype", "mtp=bf16"], "no mtp module"),
 ]
+
+
+def test_recompute_num_layers_alone_means_full_recompute():
+    out = run(["estimate", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1",
+               "--recompute-num-layers", "4", "--json"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["plan"]["recompute"] == "full"
 
 
 def test_a_sharded_dp_implementation_alone_means_zero_3():

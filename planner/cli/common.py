@@ -8,7 +8,7 @@ import typer
 from hardware import load_system
 from hardware.errors import SpecError
 from hardware.spec import SystemSpec
-from planner.model import ModelSpec, load_model
+from planner.model import MAX_SEQ_LENGTH, ModelSpec, load_model
 
 if TYPE_CHECKING:
     from planner.plan import JobSpec
@@ -50,7 +50,6 @@ TpAcrossNodesOpt = Annotated[bool, typer.Option(
 # domains (one entry per batch, per GPU-count divisor) fit in memory and int64 (CP-SAT).
 MAX_GPUS = 1 << 20             # a million GPUs
 MAX_GLOBAL_BATCH = 1 << 20     # sequences per step (Llama 3 405B used 2,048 sequences of 8K)
-MAX_SEQ_LENGTH = 1 << 24       # tokens
 MAX_TOP = 1000                 # layouts `plan --top` may return
 
 
@@ -143,7 +142,11 @@ def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtyp
     if system is not None and dtype in training_dtypes():
         allowed = training_dtypes(system)
         if dtype not in allowed:
-            raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak; allowed on it: "
+            from planner.megatron import gpu_arch_major
+            from planner.megatron.expressible import PRECISION_MIN_ARCH
+            arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[dtype]
+            why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch}.x)" if arch < need else ""
+            raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak{why}; allowed on it: "
                             f"{', '.join(allowed)}")
     if extra.get("flash_attention") is None:
         extra["flash_attention"] = defaults["flash_attention"]
@@ -280,9 +283,9 @@ ModuleDtypeOpt = Annotated[Optional[list[str]], typer.Option(
          "(--te-precision-config-file, written by its script). Default: none.")]
 
 
-def module_dtypes_setting(values: list[str] | None) -> dict:
+def module_dtypes_setting(values: list[str] | None, model: ModelSpec) -> dict:
     """The JobSpec field of --module-dtype ({} when not given); one-line errors naming the
-    allowed modules and dtypes."""
+    allowed modules and dtypes, and a module the model does not have."""
     from planner.plan import MODULE_DTYPES, MODULE_GROUPS
     if not values:
         return {}
@@ -294,6 +297,11 @@ def module_dtypes_setting(values: list[str] | None) -> dict:
                             f"DTYPE one of {', '.join(MODULE_DTYPES)}, got {value!r}")
         if group in out and out[group] != dtype:
             raise SpecError(f"module-dtype: {group} given twice ({out[group]}, {dtype})")
+        has = {"attention": True, "latent_proj": bool(model.moe and model.moe.latent_size),
+               "mamba_out_proj": model.mamba is not None, "mtp": bool(model.mtp_layers)}
+        if not has.get(group, True):
+            present = [g for g in MODULE_GROUPS if has.get(g, True)]
+            raise SpecError(f"module-dtype: {model.name} has no {group} module; its modules: {', '.join(present)}")
         out[group] = dtype
     return {"module_dtypes": out}
 
@@ -387,6 +395,9 @@ def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
         if "moe" in (modules.replace(" ", "").split(",") if isinstance(modules, str) else modules):
             raise SpecError("moe-a2a-overlap: the moe module cannot be recomputed with the all-to-all overlap "
                             "(got --recompute-modules with moe)")
+    if knobs.get("recompute_num_layers") is not None and knobs.get("recompute") in ("none", "selective"):
+        raise SpecError(f"recompute-num-layers: counts the layers of full recompute (got --recompute "
+                        f"{knobs['recompute']}); use --recompute full or drop it")
     impl, zero = knobs.get("dp_impl"), knobs.get("zero_stage")
     if impl in SHARDED_DP_STAGES and zero is not None and zero not in SHARDED_DP_STAGES[impl]:
         raise SpecError(f"dp-impl: {impl} runs zero-stage {' or '.join(map(str, SHARDED_DP_STAGES[impl]))} "
@@ -407,6 +418,8 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
         fields["zero_stage"] = SHARDED_DP_STAGES[knobs["dp_impl"]][0]  # --dp-impl torch-fsdp2 alone: ZeRO-3
     if knobs.get("recompute_modules") is not None and "recompute" not in knobs:
         fields["recompute"] = "selective"  # --recompute-modules alone means selective recompute
+    if knobs.get("recompute_num_layers") is not None and "recompute" not in knobs:
+        fields["recompute"] = "full"  # and --recompute-num-layers alone full recompute of that many layers
     tp, pp, cp = fields.get("tp", 1), fields.get("pp", 1), fields.get("cp", 1)
     if fields.get("dp") is None:
         if gpus % (tp * pp * cp):

@@ -129,7 +129,7 @@ def estimate_command(
             ("fused_grouped_mlp", fused_grouped_mlp))}
         given_kernels["adam_moments"] = adam_moments_setting(adam_moments).get("adam_moments")
         given_kernels["bf16_layers"] = bf16_layers_setting(bf16_layers, model_spec).get("bf16_layers")
-        given_kernels["module_dtypes"] = module_dtypes_setting(module_dtype).get("module_dtypes")
+        given_kernels["module_dtypes"] = module_dtypes_setting(module_dtype, model_spec).get("module_dtypes")
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
                                 flash_attention=flash_attention, **given_kernels)
     else:
@@ -140,7 +140,7 @@ def estimate_command(
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,
                        flash_attention=flash_attention,
                        **kernels, **adam_moments_setting(adam_moments),
-                       **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype))
+                       **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype, model_spec))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     check_bf16_layers_fit(job.bf16_layers, model_spec)

@@ -125,7 +125,7 @@ def _job(o: dict, model, system, plan=None):
         raise SpecError(f"global-batch: must be a positive integer, got {o['global_batch']}")
     moments = adam_moments_setting(o["adam_moments"])
     bf16 = bf16_layers_setting(o["bf16_layers"], model)
-    modules = module_dtypes_setting(o["module_dtype"])
+    modules = module_dtypes_setting(o["module_dtype"], model)
     saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"], hbm_reserve_gib=o["hbm_reserve_gib"],
                               adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
                               module_dtypes=modules.get("module_dtypes")) if plan is not None else None

@@ -95,7 +95,7 @@ def _inputs(o: dict):
                                      o.get("fused_grouped_mlp", False), moe=model.moe is not None,
                                      mamba=model.mamba is not None),
                    **adam_moments_setting(o.get("adam_moments")), **bf16_layers_setting(o.get("bf16_layers"), model),
-                   **module_dtypes_setting(o.get("module_dtype")))
+                   **module_dtypes_setting(o.get("module_dtype"), model))
     if job.framework == "megatron":
         from planner.megatron.expressible import graph_pin_refusals
         refused = graph_pin_refusals(job.pins, model, job)

@@ -87,6 +87,8 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("ep: expert parallelism needs a MoE model")
         elif model.moe.num_experts % plan.ep:
             reasons.append(f"ep: experts ({model.moe.num_experts}) must be a multiple of ep ({plan.ep})")
+    if model.moe is None and plan.etp is not None and plan.etp != plan.tp:
+        reasons.append("etp: expert tensor parallelism needs a MoE model")
     grid = plan.expert_tp * plan.ep * plan.pp
     if plan.gpus % grid:  # MA 2c: Megatron MoE parallel folding (megatron/core/parallel_state.py)
         reasons.append(f"ep: world size ({plan.gpus}) must be divisible by etp*ep*pp "

@@ -67,7 +67,7 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
         # never over a user's file of that name: identical content (a rerun, or a node beside this
         # one on a shared file system) is kept, anything else stops the launch
         q = shlex.quote(name)
-        lines += ['planner_file="$(mktemp)"', f"cat > \"$planner_file\" <<'PLANNER_EOF'", text.rstrip("\n"),
+        lines += ['planner_file="$(mktemp)"', "cat > \"$planner_file\" <<'PLANNER_EOF'", text.rstrip("\n"),
                   "PLANNER_EOF",
                   f'if [ -e {q} ] && ! cmp -s "$planner_file" {q}; then',
                   f'    echo "{name} exists with other contents; move it away (this launch writes its own)" >&2',
