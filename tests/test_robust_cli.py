@@ -73,6 +73,7 @@ BAD_INPUTS = [
     (["estimate", "--tp", "1", "--pp", "1", "--dp-impl", "torch-fsdp2", "--zero-stage", "0"], "dp-impl"),
     (["megatron", "--tp", "8", "--pp", "1", "--dp-impl", "deepspeed", "--zero-stage", "1"], "dp-impl"),
     # options that would be dropped without a word
+    (["plan", "-b", "64", "--max-global-batch", "10"], "max-global-batch"),
     (["megatron", "-m", "llama3-8b", "-g", "8", "--tp", "1", "--pp", "1", "--etp", "2"], "etp"),
     (["estimate", "--tp", "8", "--pp", "1", "--recompute", "selective", "--recompute-num-layers", "4"],
      "recompute-num-layers"),

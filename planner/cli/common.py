@@ -17,6 +17,7 @@ DEFAULT_MODEL = "gpt3-175b"
 DEFAULT_SYSTEM = "a100-80g"
 DEFAULT_GPUS = 1024
 DEFAULT_BATCH = 1536
+DEFAULT_MAX_GLOBAL_BATCH = 3072  # the largest batch --free-batch picks unless told
 
 ModelOpt = Annotated[str, typer.Option(
     "--model", "-m", help="Model preset (see `planner presets`), a path to a model YAML file, or a Hugging Face "
@@ -32,8 +33,8 @@ SeqOpt = Annotated[Optional[int], typer.Option(
     "defaults to 4096 (or its max_position_embeddings if smaller), not its full context.")]
 BatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", "-b", help="Global batch in sequences (fixed).")]
-MaxBatchOpt = Annotated[int, typer.Option(
-    "--max-global-batch", help="Largest global batch the search may pick when --global-batch is not given.")]
+MaxBatchOpt = Annotated[Optional[int], typer.Option(
+    "--max-global-batch", help="With --free-batch: the largest global batch the search may pick (default 3072).")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), mxfp8 or nvfp4 (Blackwell only). Default: bf16, or fp16 on a GPU without bf16 (V100).")]
 ReserveOpt = Annotated[float, typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB).")]
@@ -126,7 +127,7 @@ def training_dtypes(system: SystemSpec | None = None) -> list[str]:
     return [d for d, key in GEMM_PEAK_KEY.items() if key in peaks and high_precision_dtype(d) in peaks]
 
 
-def make_job(global_batch: int | None = None, max_global_batch: int = 3072, dtype: str | None = None,
+def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH, dtype: str | None = None,
              hbm_reserve_gib: float = 2.0, system: SystemSpec | None = None, **extra) -> JobSpec:
     """The job the CLI's flags describe; a precision or attention path not given (None) is the GPU's
     default (`gpu_job_defaults`) where `system` is given, else bf16 and fused attention."""

@@ -15,6 +15,7 @@ from planner.cli.common import (
     FusedGroupedMlpOpt,
     kernel_settings,
     DEFAULT_BATCH,
+    DEFAULT_MAX_GLOBAL_BATCH,
     DEFAULT_MODEL,
     DEFAULT_SYSTEM,
     CpOpt,
@@ -76,6 +77,9 @@ Opt = typer.Option
 def _inputs(o: dict):
     check_int("global-batch", o["global_batch"], 1, MAX_GLOBAL_BATCH)
     check_int("max-global-batch", o["max_global_batch"], 1, MAX_GLOBAL_BATCH)
+    if o["max_global_batch"] is not None and not o["free_batch"]:
+        raise SpecError(f"max-global-batch: caps the batch --free-batch picks; the batch is fixed "
+                        f"({o['global_batch'] or DEFAULT_BATCH}), so it would do nothing: add --free-batch or drop it")
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
     refuse_moe_flags_on_dense(model, o.get("moe_imbalance"), o.get("fused_grouped_mlp"), o.get("moe_dispatcher"))
     if o["free_batch"] and o["global_batch"] is not None:
@@ -85,7 +89,7 @@ def _inputs(o: dict):
     pins = given_knobs(o)
     dispatcher = pins.pop("moe_dispatcher", "alltoall")  # a job setting: the search costs every plan with it
     refuse_contradictions(pins, o["framework"])
-    max_gb = max(o["max_global_batch"], gb or 0)
+    max_gb = max(o["max_global_batch"] or DEFAULT_MAX_GLOBAL_BATCH, gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"], system=system,
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
@@ -175,7 +179,7 @@ def register(app: typer.Typer) -> None:
         seq_length: SeqOpt = None,
         global_batch: BatchOpt = None,
         free_batch: FreeBatchOpt = False,
-        max_global_batch: MaxBatchOpt = 3072,
+        max_global_batch: MaxBatchOpt = None,
         dtype: DtypeOpt = None,
         hbm_reserve_gib: ReserveOpt = 2.0,
         top: Annotated[int, Opt("--top", "-k", help="How many distinct layouts to return.")] = 5,
@@ -226,7 +230,7 @@ def register(app: typer.Typer) -> None:
         seq_length: SeqOpt = None,
         global_batch: BatchOpt = None,
         free_batch: FreeBatchOpt = False,
-        max_global_batch: MaxBatchOpt = 3072,
+        max_global_batch: MaxBatchOpt = None,
         dtype: DtypeOpt = None,
         hbm_reserve_gib: ReserveOpt = 2.0,
         tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
@@ -264,7 +268,7 @@ def register(app: typer.Typer) -> None:
         seq_length: SeqOpt = None,
         global_batch: BatchOpt = None,
         free_batch: FreeBatchOpt = False,
-        max_global_batch: MaxBatchOpt = 3072,
+        max_global_batch: MaxBatchOpt = None,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
