@@ -201,7 +201,8 @@ def test_cli_refuses_to_overwrite(tiny, tmp_path):
     (["--vary", "gpus=8", "--framework", "jax"], ["framework"]),
     (["--vary", "gpus=8", "--workers", "0"], ["workers"]),
     (["--vary", "gpus=8", "--global-batch", "0"], ["global-batch"]),
-    (["--vary", "max_batch=512", "--global-batch", "1024"], ["exceeds max_batch"]),
+    (["--vary", "max_batch=512", "--global-batch", "1024"], ["max_batch is varied", "--global-batch"]),
+    (["--vary", "max_batch=2048", "--global-batch", "1024"], ["max_batch is varied", "--global-batch"]),
 ])
 def test_cli_bad_specs_are_one_line(tiny, tmp_path, args, words):
     base = ["sweep", "-s", "h100-sxm", "--out", str(tmp_path / "o")]

@@ -130,6 +130,12 @@ def register(app: typer.Typer) -> None:
             from planner.sweep import import_ray
             import_ray()
         axes = [Axis.from_cli(v) for v in vary]
+        # a flag that fixes what an axis varies: the axis would silently win
+        fixed = {"gpus": ("-g/--gpus", gpus), "max_batch": ("-b/--global-batch", global_batch)}
+        for axis in axes:
+            flag, value = fixed.get(axis.name, (None, None))
+            if value is not None:
+                raise SpecError(f"vary: {axis.name} is varied and {flag} fixes it ({value}); drop one of the two")
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
                        dtype=dtype, system=load_system(system),  # the axes vary sizes, not the GPU
                        hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
