@@ -60,14 +60,17 @@ def a100():
     return load_system("a100-80g")
 
 
-def one_line_error(result, *words):
-    """A CLI result that is a user error: exit 2, exactly one `error:` line naming `words`."""
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
+def one_line_error(result, *words) -> str:
+    """A CLI result that is a user error: exit 2, exactly one `error:` line naming `words` (no
+    traceback, no internal error, no warning beside it); the line."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    for leak in ("Traceback", "internal error", "Warning"):
+        assert leak not in result.output, result.output
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     for w in words:
         assert w in lines[0], lines[0]
+    return lines[0]
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from planner.cli.app import app
+from tests.conftest import one_line_error
 
 # a small Llama-like config that `planner count` reads as it is
 BASE = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
@@ -20,14 +21,6 @@ def count(tmp_path, config: dict):
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     return CliRunner().invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8", "-b", "64"])
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    return lines[0]
 
 
 @pytest.mark.parametrize("edit,words", [

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import planner.sweep as sweep_mod
 from planner.cli.app import app
+from tests.conftest import one_line_error
 
 REAL_EVALUATE = sweep_mod.evaluate_point
 
@@ -37,14 +38,6 @@ def interrupted_log(tmp_path, monkeypatch, points: int = 0):
     log = tmp_path / "sweep.points.jsonl"
     assert len(log.read_text().splitlines()) == 1 + points
     return log
-
-
-def one_line_error(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert "Traceback" not in result.output and "internal error" not in result.output, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    return lines[0]
 
 
 def a_record(log) -> dict:
