@@ -94,6 +94,9 @@ def read_yaml_mapping(path: Path, what: str) -> dict:
     try:
         if path.is_dir():
             raise SpecError(f"{what} {path}: is a folder, expected a YAML file")
+        if path.exists() and not path.is_file():
+            # /dev/null, a FIFO (reading one would block), a socket: none holds a spec
+            raise SpecError(f"{what} {path}: is not a regular file (a device, pipe or socket), expected a YAML file")
         if path.stat().st_size > MAX_YAML_BYTES:
             raise SpecError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a spec file")
         data = _load_strict(yaml, path.read_text(encoding="utf-8"))
@@ -120,10 +123,19 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
 
     A bare preset name always means the preset, even when a file of that name sits in the current
     folder (write ./NAME to mean the file); anything else is a path."""
-    if ref and "/" not in ref and "\\" not in ref and (preset_dir / f"{ref}.yaml").is_file():
+    if not ref.strip():  # Path("") is ".", the current folder: say what is really wrong
+        raise SpecError(f"{what}: empty name: give a preset name or a path to a .yaml file")
+    if "/" not in ref and "\\" not in ref and (preset_dir / f"{ref}.yaml").is_file():
         return preset_dir / f"{ref}.yaml", f"preset {ref}"
     candidate = Path(ref)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
+        if candidate.is_dir():
+            if what == "model":  # a Hugging Face model folder is read before this (hf_config.find_config_json)
+                raise SpecError(f"model: {ref} is a folder with no config.json; expected a Hugging Face model "
+                                "folder (holding config.json), a config.json, a model YAML file or a preset")
+            raise SpecError(f"{what}: {ref} is a folder, expected a YAML file (or a preset name)")
+        if candidate.exists() and not candidate.is_file():
+            raise SpecError(f"{what}: {ref} is not a regular file (a device, pipe or socket), expected a YAML file")
         if not candidate.is_file():
             raise SpecError(f"{what}: file {ref} does not exist")
         return candidate, str(candidate)

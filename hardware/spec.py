@@ -5,9 +5,9 @@ and per direction; FLOP/s are dense (no structured sparsity).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from hardware.errors import INCONSISTENT, SpecError
@@ -21,6 +21,59 @@ GB = 1e9
 Dtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
 # Compute dtypes whose GEMMs run in 8 bits or fewer: they take the low-precision GEMM curve.
 LOW_PRECISION = ("fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
+
+
+# ---- physical bounds of a spec's numbers -----------------------------------------------------
+# Finite is not enough: 1e308 or 1e-300 are finite, yet a step time built from them overflows
+# (numpy RuntimeWarnings, exit 1, "cannot convert float NaN to integer"). Each number has a
+# generous range, far beyond any real machine on both sides, that keeps every product and quotient
+# of the cost model finite. What-if values must pass too: `planner sweep` varies hbm_gib (up to
+# 1e6 GiB), offload_gib (up to 1e9 GiB) and offload_gb_per_s (up to its "infinite" 1e6 GB/s,
+# planner/sweep.py MAX_VALUE, INFINITE_GB_PER_S); the infeasibility diagnosis adds a 4096 GiB tier.
+# For scale, the presets span: peaks 1.57e13 (V100 fp32) to 1.5e16 (GB300 NVFP4) FLOP/s; HBM 32 to
+# 279 GiB at 900 to 8000 GB/s; network tiers 6.25 to 900 GB/s at 3 to 8 us; offload 223.5 to 1024
+# GiB at 100 to 450 GB/s; GEMM half-dims 140 to 170, attention half-seq 0 to 1110, layer overhead
+# 4 to 194 us.
+
+def _between(low: float, high: float) -> AfterValidator:
+    """A number's range, refused as one line that names it (the model files' wording,
+    planner/model.py _at_most): `must be a number from 1e+09 to 1e+18, got 1e+308`."""
+    def check(value: float) -> float:
+        if not low <= value <= high:
+            raise PydanticCustomError("float_range", "must be a number from {low} to {high}, got {value}",
+                                      {"low": f"{low:g}", "high": f"{high:g}", "value": f"{value:g}"})
+        return value
+    return AfterValidator(check)
+
+
+# Dense peak FLOP/s per GPU and dtype: 1 GFLOP/s is below any accelerator (V100 fp32, the slowest
+# preset peak, is 1.57e13); 1e18 is ~67x the largest today (GB300 NVFP4 dense, 1.5e16).
+PeakFlops = Annotated[float, _between(1e9, 1e18)]
+# HBM per GPU: 1e-3 GiB (~1 MiB) is below any GPU's memory; 1e6 GiB (~1 PiB, 3,600x B300's 279 GiB) is the
+# largest hbm_gib `planner sweep` accepts (sweep.MAX_VALUE), so a what-if HBM stays a valid spec.
+HbmGib = Annotated[float, _between(1e-3, 1e6)]
+# HBM bandwidth per GPU: 1 GB/s is below one DDR channel (V100's 900 GB/s is the slowest preset);
+# 1e6 GB/s (1 PB/s) is 125x B200/B300's 8 TB/s.
+HbmGbPerS = Annotated[float, _between(1.0, 1e6)]
+# Network tier bandwidth per GPU and direction: 0.01 GB/s (10 MB/s) is below a per-GPU share of
+# 1 GbE among 8 GPUs (15.6 MB/s), the slowest link anyone trains over; 1e6 GB/s is 1,100x NVLink 5
+# (900 GB/s per direction).
+LinkGbPerS = Annotated[float, _between(0.01, 1e6)]
+# Network latency: 0 (ideal) to 1e6 us (1 s; a NIC hop is 1-10 us, even a WAN round trip ~1e5 us).
+LatencyUs = Annotated[float, _between(0.0, 1e6)]
+# Offload capacity per GPU: 1e-3 GiB (~1 MiB) up to 1e9 GiB, the largest offload_gib `planner sweep` accepts
+# (a 1 TiB Grace/host DRAM share is the largest preset).
+OffloadGib = Annotated[float, _between(1e-3, 1e9)]
+# Offload bandwidth per GPU: 0.01 GB/s (a slow disk's per-GPU share) up to exactly the "infinite"
+# bandwidth of `planner sweep offload_gb_per_s=inf` (sweep.INFINITE_GB_PER_S = 1e6 GB/s).
+OffloadGbPerS = Annotated[float, _between(0.01, 1e6)]
+# GEMM min-dimension at which efficiency halves: 0 up to 1e6 rows (presets 140-170; the fit's
+# search bound is 1024; 1e6 is about the widest hidden a model may have, 2**20).
+HalfDim = Annotated[float, _between(0.0, 1e6)]
+# Sequence length at which attention efficiency halves: 0 up to 1e6 tokens (presets 0-1110).
+HalfSeq = Annotated[float, _between(0.0, 1e6)]
+# Fixed time per layer and microbatch: 0 up to 1e6 us (1 s; presets 4-194 us, the fit's bound 2000).
+OverheadUs = Annotated[float, _between(0.0, 1e6)]
 
 
 class _Strict(BaseModel):
@@ -49,16 +102,16 @@ class ComputeEfficiency(_Strict):
     matmul_max: float = Field(gt=0, le=1)
     matmul_max_fp8: float | None = Field(
         default=None, gt=0, le=1, description="fp8 GEMM ceiling (TE scaling/casts); default matmul_max")
-    matmul_half_dim: float = Field(ge=0, description="GEMM min-dimension at which efficiency halves")
-    matmul_half_dim_fp8: float | None = Field(default=None, ge=0, description="fp8 GEMMs; default matmul_half_dim")
+    matmul_half_dim: HalfDim = Field(description="GEMM min-dimension at which efficiency halves")
+    matmul_half_dim_fp8: HalfDim | None = Field(default=None, description="fp8 GEMMs; default matmul_half_dim")
     attention_max: float = Field(gt=0, le=1)
-    attention_half_seq: float = Field(default=0.0, ge=0, description="sequence length at which attention efficiency halves")
+    attention_half_seq: HalfSeq = Field(default=0.0, description="sequence length at which attention efficiency halves")
     # FlashAttention-2 (flash-attn 2, PyTorch SDPA's flash backend), what the PyTorch-native stacks
     # (torchtitan, llm-foundry) run; written for Ampere, it does not use Hopper's TMA/wgmma, so on
     # H100 it reaches 0.59x of cuDNN's fused attention (planner/data/h100_attention.csv). None = the
     # fused curve above (no separate measurement for this accelerator).
     attention_max_fa2: float | None = Field(default=None, gt=0, le=1)
-    attention_half_seq_fa2: float | None = Field(default=None, ge=0)
+    attention_half_seq_fa2: HalfSeq | None = None
     # MPT's Triton FlashAttention (llm-foundry attn_impl "triton", llmfoundry/models/layers/
     # flash_attn_triton.py, a port of the 2022 Triton tutorial kernel), what llm-foundry's
     # benchmark tables ran by default before 2024: its own in-training ceiling, with FA2's
@@ -84,7 +137,7 @@ class ComputeEfficiency(_Strict):
     hbm_efficiency: float = Field(default=0.8, gt=0, le=1)
     # Fixed time per layer and microbatch in forward (backward twice that): kernel launches and
     # host synchronisation that do not shrink with the layer's size.
-    layer_overhead_us: float = Field(default=0.0, ge=0)
+    layer_overhead_us: OverheadUs = 0.0
 
     @property
     def compute_rate(self) -> float:
@@ -115,9 +168,9 @@ class ComputeEfficiency(_Strict):
 
 class Accelerator(_Strict):
     name: str
-    peak_flops: dict[Dtype, PositiveFloat] = Field(description="dense peak FLOP/s per dtype")
-    hbm_capacity_gib: PositiveFloat
-    hbm_bandwidth_gb_per_s: PositiveFloat
+    peak_flops: dict[Dtype, PeakFlops] = Field(description="dense peak FLOP/s per dtype")
+    hbm_capacity_gib: HbmGib
+    hbm_bandwidth_gb_per_s: HbmGbPerS
     efficiency: ComputeEfficiency
 
     @property
@@ -153,8 +206,8 @@ class NetworkTier(_Strict):
 
     name: str
     domain_gpus: PositiveInt
-    bandwidth_gb_per_s: PositiveFloat
-    latency_us: float = Field(ge=0)
+    bandwidth_gb_per_s: LinkGbPerS
+    latency_us: LatencyUs
     efficiency: float = Field(default=0.8, gt=0, le=1, description="achieved / nominal bus bandwidth")
 
     @property
@@ -170,8 +223,8 @@ class MemoryTier(_Strict):
     """Secondary memory a GPU can offload to (host DRAM, LPDDR, CXL pool); per GPU."""
 
     name: str
-    capacity_gib: PositiveFloat
-    bandwidth_gb_per_s: PositiveFloat
+    capacity_gib: OffloadGib
+    bandwidth_gb_per_s: OffloadGbPerS
 
     @property
     def capacity_bytes(self) -> float:

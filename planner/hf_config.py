@@ -131,6 +131,8 @@ def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:
     """The config.json that `ref` names (a .json file, or a directory holding config.json), else
     None (then `ref` is a preset or a YAML file). A directory without config.json that is named
     like a preset does not hide the preset."""
+    if not ref.strip():
+        return None  # an empty name: the preset/file resolver says so (Path("") is the folder ".")
     path = Path(ref)
     if path.suffix == ".json":
         return path

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from hardware.errors import SpecError
 from hardware.load import ACCELERATOR_DIR, PRESET_DIR, load_accelerator, load_system, system_preset_names
 from planner.cli.app import app
+from tests.conftest import one_line_error
 
 ROOT = Path(__file__).resolve().parents[1]
 CUSTOM = ROOT / "examples" / "custom_system.yaml"
@@ -48,13 +49,6 @@ def _plan(path: Path, *extra: str):
         return runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", str(path), "-b", "64", *extra])
 
 
-def _one_line_error(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert "Traceback" not in result.output and "Warning" not in result.output, result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    return lines[0]
-
 
 # --- 1. every number finite --------------------------------------------------------------------
 
@@ -79,7 +73,7 @@ INFINITE = [  # (edit, inline accelerator, the field the line must name)
 
 @pytest.mark.parametrize("edit,inline,field", INFINITE, ids=[f for _, _, f in INFINITE])
 def test_infinite_numbers_are_refused(tmp_path, edit, inline, field):
-    line = _one_line_error(_plan(_system(tmp_path, edit, inline), "-g", "8"))
+    line = one_line_error(_plan(_system(tmp_path, edit, inline), "-g", "8"))
     assert f": {field}: " in line and "finite" in line, line
 
 
@@ -92,22 +86,154 @@ def test_infinite_numbers_in_an_accelerator_file(tmp_path, field):
     acc.write_text(yaml.safe_dump(data))
     with pytest.raises(SpecError, match=rf"^accelerator \({acc}\): efficiency\.{field}: .*finite"):
         load_accelerator(str(acc))
-    line = _one_line_error(_plan(_system(tmp_path, _set("accelerator", str(acc))), "-g", "8"))
+    line = one_line_error(_plan(_system(tmp_path, _set("accelerator", str(acc))), "-g", "8"))
     assert f"efficiency.{field}" in line
 
 
 def test_nan_stays_refused(tmp_path):
     """(Refused before too, by the range checks; a guard that the finite rule keeps it so.)"""
-    line = _one_line_error(_plan(_system(tmp_path, _set("network", 0, "bandwidth_gb_per_s", float("nan"))), "-g", "8"))
+    line = one_line_error(_plan(_system(tmp_path, _set("network", 0, "bandwidth_gb_per_s", float("nan"))), "-g", "8"))
     assert "network.0.bandwidth_gb_per_s" in line
+
+
+# --- 1b. every number within a physical range ------------------------------------------------------
+# Finite is not enough: 1e308 or 1e-300 overflowed the cost model (numpy RuntimeWarnings at exit 0,
+# exit 1, or "internal error: cannot convert float NaN to integer"). Each number has a generous
+# range (hardware/spec.py); the line names the field and the range.
+
+# (path in the system mapping, low, high, the range as the line writes it)
+RANGES = [
+    (("accelerator", "peak_flops", "bf16"), 1e9, 1e18, "from 1e+09 to 1e+18"),
+    (("accelerator", "peak_flops", "fp8"), 1e9, 1e18, "from 1e+09 to 1e+18"),
+    (("accelerator", "hbm_capacity_gib"), 1e-3, 1e6, "from 0.001 to 1e+06"),
+    (("accelerator", "hbm_bandwidth_gb_per_s"), 1.0, 1e6, "from 1 to 1e+06"),
+    (("accelerator", "efficiency", "matmul_half_dim"), 0.0, 1e6, "from 0 to 1e+06"),
+    (("accelerator", "efficiency", "matmul_half_dim_fp8"), 0.0, 1e6, "from 0 to 1e+06"),
+    (("accelerator", "efficiency", "attention_half_seq"), 0.0, 1e6, "from 0 to 1e+06"),
+    (("accelerator", "efficiency", "attention_half_seq_fa2"), 0.0, 1e6, "from 0 to 1e+06"),
+    (("accelerator", "efficiency", "layer_overhead_us"), 0.0, 1e6, "from 0 to 1e+06"),
+    (("network", 0, "bandwidth_gb_per_s"), 0.01, 1e6, "from 0.01 to 1e+06"),
+    (("network", 1, "bandwidth_gb_per_s"), 0.01, 1e6, "from 0.01 to 1e+06"),
+    (("network", 0, "latency_us"), 0.0, 1e6, "from 0 to 1e+06"),
+    (("network", 1, "latency_us"), 0.0, 1e6, "from 0 to 1e+06"),
+    (("offload", "capacity_gib"), 1e-3, 1e9, "from 0.001 to 1e+09"),
+    (("offload", "bandwidth_gb_per_s"), 0.01, 1e6, "from 0.01 to 1e+06"),
+]
+EXTREMES = [(keys, value, text) for keys, low, high, text in RANGES
+            for value in ([1e308, 1e-300] if low > 0 else [1e308])]
+
+
+@pytest.mark.parametrize("keys,value,text", EXTREMES,
+                         ids=[f"{'.'.join(map(str, k))}={v:g}" for k, v, _ in EXTREMES])
+def test_extreme_finite_numbers_are_refused(tmp_path, keys, value, text):
+    line = one_line_error(_plan(_system(tmp_path, _set(*keys, value), inline_accelerator=True), "-g", "8"))
+    field = ".".join(map(str, keys))
+    assert f": {field}: must be a number {text}, got {value:g}" in line, line
+
+
+def test_extreme_number_in_an_accelerator_file(tmp_path):
+    data = yaml.safe_load((ACCELERATOR_DIR / "h100-sxm5-80gb.yaml").read_text())
+    data["hbm_capacity_gib"] = 1e308  # was "internal error: cannot convert float NaN to integer"
+    acc = tmp_path / "acc.yaml"
+    acc.write_text(yaml.safe_dump(data))
+    with pytest.raises(SpecError, match=r"hbm_capacity_gib: must be a number from 0\.001 to 1e\+06, got 1e\+308"):
+        load_accelerator(str(acc))
+    line = one_line_error(_plan(_system(tmp_path, _set("accelerator", str(acc))), "-g", "8"))
+    assert "hbm_capacity_gib" in line and "1e+06" in line, line
+
+
+def _at(edit_values: dict):
+    def edit(data):
+        for keys, value in edit_values.items():
+            _set(*keys, value)(data)
+    return edit
+
+
+_SLOW = ("latency_us", "half_dim", "half_seq", "half_dim_fp8", "half_seq_fa2", "overhead_us")  # larger is slower
+
+
+def _corner(slow: bool, roomy: bool) -> dict:
+    """Every number at one end of its range: the slow or the fast end of each rate, latency and
+    efficiency parameter, with the largest or the smallest memories."""
+    picks = {}
+    for keys, low, high, _ in RANGES:
+        if "capacity" in keys[-1]:
+            picks[keys] = high if roomy else low
+        elif keys[-1].endswith(_SLOW):
+            picks[keys] = high if slow else low
+        else:
+            picks[keys] = low if slow else high
+    return picks
+
+
+CORNERS = {"all-low": {k: lo for k, lo, _, _ in RANGES}, "all-high": {k: hi for k, _, hi, _ in RANGES},
+           **{f"{'slow' if slow else 'fast'}-{'roomy' if roomy else 'tiny'}": _corner(slow, roomy)
+              for slow in (True, False) for roomy in (True, False)}}
+
+
+@pytest.mark.parametrize("corner", list(CORNERS))
+def test_numbers_at_the_ends_of_their_ranges_are_priced_without_warnings(tmp_path, corner):
+    """The bounds are tight enough: a machine at any corner of the ranges is costed (a plan or a
+    clean "nothing fits"), no numpy overflow, no internal error."""
+    path = _system(tmp_path, _at(CORNERS[corner]), inline_accelerator=True)
+    runs = [["plan", "-m", "llama3-8b", "-s", str(path), "-g", "8", "-b", "64", "--hbm-reserve-gib", "0"],
+            ["estimate", "-m", "llama3-8b", "-s", str(path), "-g", "16", "--tp", "2", "--pp", "2", "-b", "64",
+             "--offload-optimizer", "1", "--offload-activations", "0.5", "--hbm-reserve-gib", "0"]]
+    if CORNERS[corner][("accelerator", "hbm_capacity_gib")] > 1:  # with 1 MiB of HBM only the diagnosis runs
+        runs.append(["plan", "-m", "llama3-70b", "-s", str(path), "-g", "64", "-b", "256", "--dtype", "fp8",
+                     "--hbm-reserve-gib", "0"])
+    for args in runs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any numpy RuntimeWarning fails the run
+            result = runner.invoke(app, args)
+        assert result.exit_code in (0, 1), (args, result.exit_code, result.output, result.exception)
+        assert "Warning" not in result.output and "internal error" not in result.output, result.output
+
+
+def test_ranges_admit_what_a_sweep_asks_for():
+    """`planner sweep` varies HBM and offload up to its MAX_VALUE and models offload_gb_per_s=inf as
+    INFINITE_GB_PER_S: every such point must still be a valid system."""
+    from planner.sweep import INFINITE_GB_PER_S, MAX_VALUE
+
+    system = load_system("h100-offload-1tib", 8)
+    acc = {**system.accelerator.model_dump(), "hbm_capacity_gib": MAX_VALUE["hbm_gib"]}
+    tier = {**system.offload.model_dump(), "capacity_gib": MAX_VALUE["offload_gib"],
+            "bandwidth_gb_per_s": INFINITE_GB_PER_S}
+    grown = system.with_changes(accelerator=acc, offload=tier)
+    assert grown.offload.bandwidth_gb_per_s == MAX_VALUE["offload_gb_per_s"] == INFINITE_GB_PER_S
+    assert grown.accelerator.hbm_capacity_gib == MAX_VALUE["hbm_gib"]
+
+
+def test_sweep_to_infinite_offload_bandwidth_and_huge_memory_runs(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        result = runner.invoke(app, ["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                     "--vary", "offload_gb_per_s=inf", "--vary", "hbm_gib=1e6", "-j", "1",
+                                     "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+
+
+def test_presets_sit_inside_the_ranges():
+    """Guard: the shipped presets are far inside every range (none at a bound)."""
+    for name in system_preset_names():
+        data = load_system(name).model_dump()
+        for keys, low, high, _ in RANGES:
+            node = data
+            try:
+                for k in keys:
+                    node = node[k]
+            except (KeyError, IndexError, TypeError):
+                continue
+            if node is not None:
+                assert low <= node <= high, (name, keys, node)
 
 
 # --- 2. consistency of nodes, network tiers and GPU count ----------------------------------------
 
 def test_nvlink_domain_must_be_whole_nodes_or_divide_a_node(tmp_path):
-    line = _one_line_error(_plan(_system(tmp_path, _set("gpus_per_node", 3)), "-g", "8"))
+    line = one_line_error(_plan(_system(tmp_path, _set("gpus_per_node", 3)), "-g", "8"))
     assert "network.0.domain_gpus 8" in line and "gpus_per_node 3" in line and "multiple of 3" in line, line
-    line = _one_line_error(_plan(_system(tmp_path, _set("network", 0, "domain_gpus", 3)), "-g", "8"))
+    line = one_line_error(_plan(_system(tmp_path, _set("network", 0, "domain_gpus", 3)), "-g", "8"))
     assert "network.0.domain_gpus 3" in line and "gpus_per_node 8" in line and "divisor of 8" in line, line
     with pytest.raises(SpecError, match=r"network\.0\.domain_gpus 12 .*gpus_per_node 8"):
         load_system(str(_system(tmp_path, _set("network", 0, "domain_gpus", 12))))
@@ -129,13 +255,13 @@ def test_domains_that_fit_nodes_load(tmp_path):
 
 def test_outermost_tier_must_span_the_system(tmp_path):
     path = _system(tmp_path, _set("network", 1, "domain_gpus", 16))
-    line = _one_line_error(_plan(path))
+    line = one_line_error(_plan(path))
     assert "network.1.domain_gpus" in line and "256" in line and ">= 256" in line, line
     with pytest.raises(SpecError, match=r"network\.1\.domain_gpus: .*spans 16 GPUs .* has 256"):
         load_system(str(path))
     # the final system counts: -g 16 makes it a 16-GPU system the tier does span; -g 32 does not
     assert load_system(str(path), 16).num_gpus == 16
-    line = _one_line_error(_plan(path, "-g", "32"))
+    line = one_line_error(_plan(path, "-g", "32"))
     assert "network.1.domain_gpus" in line and ">= 32" in line, line
 
 
@@ -161,7 +287,7 @@ def test_partial_and_sub_node_systems_are_allowed(tmp_path):
 def test_sweep_of_an_impossible_nvlink_domain_is_one_line(tmp_path):
     result = runner.invoke(app, ["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--vary",
                                  "nvlink_domain=12", "-j", "1", "--out", str(tmp_path / "out")])
-    line = _one_line_error(result)
+    line = one_line_error(result)
     assert "nvlink_domain=12" in line and "domain_gpus 12" in line and "gpus_per_node 8" in line, line
 
 
@@ -169,7 +295,7 @@ def test_sweep_of_an_impossible_nvlink_domain_is_one_line(tmp_path):
 
 @pytest.mark.parametrize("peaks", [{}, {"fp32": 60e12, "fp8": 1e15}])
 def test_peak_flops_needs_a_16_bit_peak(tmp_path, peaks):
-    line = _one_line_error(_plan(_system(tmp_path, _set("accelerator", "peak_flops", peaks), True), "-g", "8"))
+    line = one_line_error(_plan(_system(tmp_path, _set("accelerator", "peak_flops", peaks), True), "-g", "8"))
     assert "accelerator.peak_flops:" in line and "bf16 or fp16" in line, line
     assert "dtype" not in line, line
 

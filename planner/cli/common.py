@@ -90,7 +90,7 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
                          plan_file) -> tuple[ModelSpec, SystemSpec]:
     """load_inputs, where a file saved by `planner plan --save` supplies what the user did not give."""
     saved: dict = {}
-    if plan_file:
+    if plan_file is not None:  # --plan "" is a path the loader names as empty, not "no plan"
         from pathlib import Path
 
         from hardware.errors import read_yaml_mapping
@@ -102,7 +102,10 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
 
     def given(flag, key):  # a flag the user gave (0 included: it is refused, never replaced)
         return flag if flag is not None else saved.get(key)
-    return load_inputs(given(model, "model") or DEFAULT_MODEL, given(system, "system") or DEFAULT_SYSTEM,
+    # an empty -m/-s is refused by the loader, never replaced by the default
+    model_ref, system_ref = given(model, "model"), given(system, "system")
+    return load_inputs(DEFAULT_MODEL if model_ref is None else model_ref,
+                       DEFAULT_SYSTEM if system_ref is None else system_ref,
                        given(gpus, "gpus"), given(seq_length, "seq_length"))
 
 
