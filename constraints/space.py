@@ -284,6 +284,9 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
                 and (job.allow_idle_gpus or system.num_gpus % value == 0):
             domains[knob] = (int(value),)  # any legal context split may be pinned (e.g. 16 at 128K)
             continue
+        if knob == "cp" and value == int(value) and value > 1 and not cp_splits(model, int(value)):
+            raise SpecError(f"pin cp: {raw} needs the sequence ({model.seq_length}) to be a multiple of 2·cp "
+                            f"({2 * int(value)}), the load-balanced causal chunks")
         if knob == "dp" and not any(v == value for v in allowed):
             raise SpecError(f"pin dp: {raw} leaves no tp·pp·cp that fills {system.num_gpus} GPUs; "
                             f"allowed: {_fmt(knob, allowed)}")

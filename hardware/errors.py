@@ -27,8 +27,10 @@ def one_line(err: ValidationError, where: str) -> SpecError:
         msg = "unknown field"
     elif first["type"] == "missing":
         msg = "required field is missing"
-    elif first["type"] == INCONSISTENT and not first["loc"]:  # a model's own check: its message names the field
-        loc = None
+    elif first["type"] in (INCONSISTENT, "value_error") and not first["loc"]:
+        loc = None  # a model's own check: its message names the fields itself
+    if first["type"] == "value_error":
+        msg = msg.removeprefix("Value error, ")  # pydantic's prefix to a ValueError raised by our checks
     more = len(err.errors()) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     return SpecError(f"{where}: {msg}{tail}" if loc is None else f"{where}: {loc}: {msg}{tail}")

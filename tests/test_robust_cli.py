@@ -72,6 +72,15 @@ BAD_INPUTS = [
     # a sharded-DP implementation against a ZeRO stage it does not run
     (["estimate", "--tp", "1", "--pp", "1", "--dp-impl", "torch-fsdp2", "--zero-stage", "0"], "dp-impl"),
     (["megatron", "--tp", "8", "--pp", "1", "--dp-impl", "deepspeed", "--zero-stage", "1"], "dp-impl"),
+    # messages that name the real problem, in the user's words
+    (["plan", "-m", "mixtral-8x7b", "-g", "64", "-b", "256", "--moe-imbalance", "nan"], "moe-imbalance: must be a number from 1 to 8"),
+    (["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1", "--dp", "3"],
+     "tp·pp·dp·cp = 3 but the system has 8 GPUs"),
+    (["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--seq-length", "7", "--cp", "2"],
+     "multiple of 2·cp"),
+    (["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1",
+      "--bf16-layers", "1,1"], "job: bf16_layers needs"),
+    (["sweep", "-m", "llama3-8b", "--vary", "gpus=8,16", "--time-limit", "nan", "--out", "never-written"], "time-limit"),
     # options that would be dropped without a word
     (["plan", "-b", "64", "--max-global-batch", "10"], "max-global-batch"),
     (["sweep", "-m", "llama3-8b", "--vary", "gpus=8,16", "-g", "16", "--out", "never-written"], "gpus"),

@@ -321,6 +321,7 @@ def check_bf16_layers_fit(bf16_layers: tuple[int, int], model) -> None:
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
                               moe_dispatcher: str | None = None) -> None:
     """A MoE-only setting given for a model without experts is a mistake, not a no-op."""
+    check_float("moe-imbalance", moe_imbalance, MOE_IMBALANCE_RANGE[0], MOE_IMBALANCE_RANGE[1])
     if model.moe is not None:
         return
     if moe_dispatcher is not None:
@@ -331,6 +332,7 @@ def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_
         raise SpecError(f"fused-grouped-mlp: applies to MoE models only; {model.name} has no experts")
 
 
+MOE_IMBALANCE_RANGE = (1.0, 8.0)  # JobSpec.moe_load_imbalance's bounds
 MoeImbalanceOpt = Annotated[float, typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "
@@ -434,8 +436,8 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
         fields["dp"] = gpus // (tp * pp * cp)
     if fields.get("sequence_parallel") and tp == 1:
         fields["sequence_parallel"] = False  # Megatron drops SP at tp = 1; so do we
-    plan = make_plan(global_batch=global_batch, **fields)
-    if plan.gpus != gpus:
-        raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has {gpus} GPUs "
+    used = tp * pp * cp * fields["dp"]
+    if used != gpus:  # before the plan's own checks, which would blame the batch for a wrong dp
+        raise SpecError(f"plan: tp·pp·dp·cp = {used} but the system has {gpus} GPUs "
                         "(set --gpus or change the plan)")
-    return plan
+    return make_plan(global_batch=global_batch, **fields)

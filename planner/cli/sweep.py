@@ -15,6 +15,7 @@ from hardware.errors import SpecError
 from planner.jsonout import json_text
 from planner.cli.common import (
     DtypeOpt,
+    check_float,
     FrameworkOpt,
     GpusOpt,
     JsonOpt,
@@ -111,6 +112,7 @@ def register(app: typer.Typer) -> None:
         Example:
           planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
         """
+        check_float("time-limit", time_limit_s, 0.01, 86400.0)  # seconds per grid point: a day at most
         if workers is not None and workers < 1:
             raise SpecError(f"workers: must be a positive integer, got {workers}")
         if global_batch is not None and global_batch < 1:
