@@ -81,6 +81,10 @@ BAD_INPUTS = [
     (["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1",
       "--bf16-layers", "1,1"], "job: bf16_layers needs"),
     (["sweep", "-m", "llama3-8b", "--vary", "gpus=8,16", "--time-limit", "nan", "--out", "never-written"], "time-limit"),
+    # a file the command would write, refused before any search
+    (["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--save", "/nonexistent/dir/p.yaml"],
+     "folder /nonexistent/dir does not exist"),
+    (["megatron", "-m", "llama3-8b", "-g", "8", "--tp", "1", "--pp", "1", "-o", "/"], "is a folder"),
     # options that would be dropped without a word
     (["plan", "-b", "64", "--max-global-batch", "10"], "max-global-batch"),
     (["sweep", "-m", "llama3-8b", "--vary", "gpus=8,16", "-g", "16", "--out", "never-written"], "gpus"),

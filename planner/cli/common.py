@@ -73,6 +73,18 @@ def check_float(flag: str, value: float | None, low: float = 0.0, high: float | 
         raise SpecError(f"{flag}: must be {allowed}, got {value}")
 
 
+def check_new_file(flag: str, path) -> None:
+    """A path the command will create (never overwrite): said before any work, not after a search."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise SpecError(f"{flag}: {path} is a folder; give the name of a new file")
+    if path.exists() or path.is_symlink():
+        raise SpecError(f"{flag}: {path} already exists; refusing to overwrite it")
+    if not path.parent.is_dir():
+        raise SpecError(f"{flag}: folder {path.parent} does not exist")
+
+
 def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | None = None
                 ) -> tuple[ModelSpec, SystemSpec]:
     check_int("seq-length", seq_length, 1, MAX_SEQ_LENGTH)

@@ -9,6 +9,7 @@ import typer
 
 from hardware.errors import SpecError
 from planner.cli.common import (
+    check_new_file,
     Bf16LayersOpt,
     ModuleDtypeOpt,
     module_dtypes_setting,
@@ -228,8 +229,7 @@ def _run(o: dict) -> None:
         raise SpecError(f"format: unknown {o['fmt']!r}; allowed: {', '.join(FORMATS)}")
     if o["gpus"] is not None and o["gpus"] < 1:
         raise SpecError(f"gpus: must be a positive integer, got {o['gpus']}")
-    if o["output"] is not None and o["output"].exists():
-        raise SpecError(f"output: {o['output']} already exists; refusing to overwrite it")
+    check_new_file("output", o["output"])
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
     plan, job = _plan_and_job(o, model, system)
     _refuse_unemitted_kernels(job, model)

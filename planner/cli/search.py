@@ -10,6 +10,7 @@ from hardware.errors import SpecError
 from planner.jsonout import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
+    check_new_file,
     CudaGraphOpt,
     Fp8AttentionOpt,
     FusedGroupedMlpOpt,
@@ -341,8 +342,7 @@ def register(app: typer.Typer) -> None:
 def _plan(o: dict) -> None:
     from planner.recommend import recommend
     check_int("top", o["top"], 1, MAX_TOP)
-    if o["save"] is not None and o["save"].exists():
-        raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it")
+    check_new_file("save", o["save"])
     model, system, job = _inputs(o)
     result = recommend(model, system, job, top_k=o["top"], allow_unmeasured=o["allow_unmeasured"])
     free = job.global_batch is None
