@@ -86,6 +86,8 @@ BAD_INPUTS = [
      "folder /nonexistent/dir does not exist"),
     (["megatron", "-m", "llama3-8b", "-g", "8", "--tp", "1", "--pp", "1", "-o", "/"], "is a folder"),
     # options that would be dropped without a word
+    (["megatron", "-m", "llama3-8b", "-g", "16", "--tp", "8", "--pp", "2", "--recompute", "full",
+      "--recompute-num-layers", "100"], "exceeds the 16 layers a pipeline stage holds"),
     (["plan", "-b", "64", "--max-global-batch", "10"], "max-global-batch"),
     (["sweep", "-m", "llama3-8b", "--vary", "gpus=8,16", "-g", "16", "--out", "never-written"], "gpus"),
     (["sweep", "-m", "llama3-8b", "-b", "64", "--vary", "max_batch=64,128", "--out", "never-written"], "global-batch"),

@@ -330,6 +330,19 @@ def check_bf16_layers_fit(bf16_layers: tuple[int, int], model) -> None:
                         f"{model.name}'s {model.layers}")
 
 
+def check_recompute_layers(plan, model) -> None:
+    """Full recompute of k layers per pipeline stage: k beyond the layers a stage holds would be
+    cut to them without a word (Megatron's --recompute-num-layers is per virtual chunk)."""
+    from planner.pipeline_layout import plan_layout
+    if plan.recompute != "full" or plan.recompute_num_layers is None:
+        return
+    layout = plan_layout(plan, model.layers)
+    per_stage = max(sum(layout[rank::plan.pp]) for rank in range(plan.pp))
+    if plan.recompute_num_layers > per_stage:
+        raise SpecError(f"recompute-num-layers: {plan.recompute_num_layers} exceeds the {per_stage} layers a "
+                        f"pipeline stage holds; give at most {per_stage} (or omit it: all of them)")
+
+
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
                               moe_dispatcher: str | None = None) -> None:
     """A MoE-only setting given for a model without experts is a mistake, not a no-op."""

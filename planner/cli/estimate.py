@@ -8,6 +8,7 @@ import typer
 from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli.common import (
+    check_recompute_layers,
     CudaGraphOpt,
     Fp8AttentionOpt,
     FusedGroupedMlpOpt,
@@ -144,6 +145,7 @@ def estimate_command(
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     check_bf16_layers_fit(job.bf16_layers, model_spec)
+    check_recompute_layers(plan, model_spec)
     if plan.gpus != system_spec.num_gpus:
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")

@@ -9,6 +9,7 @@ import typer
 
 from hardware.errors import SpecError
 from planner.cli.common import (
+    check_recompute_layers,
     check_new_file,
     Bf16LayersOpt,
     ModuleDtypeOpt,
@@ -232,6 +233,7 @@ def _run(o: dict) -> None:
     check_new_file("output", o["output"])
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
     plan, job = _plan_and_job(o, model, system)
+    check_recompute_layers(plan, model)
     _refuse_unemitted_kernels(job, model)
 
     problems = mg.launch_refusals(plan, model, job, system)
