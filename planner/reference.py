@@ -359,12 +359,15 @@ def _recompute(text, assumptions: list[str], default: str, why_default: str, rid
         return "none"
     if low.startswith("selective"):
         return "selective"
+    if low in ("true", "yes"):  # Megatron's --recompute-activations: selective
+        assumptions.append(f"selective recompute (source: {text!r}, as --recompute-activations)")
+        return "selective"
     words = low.replace("mla up_proj", "mla_up_proj")
     words = [w for w in re.split(r"[\s,+()]+", words) if w]
     if words and all(w in _MODULE_WORDS for w in words):
         return "selective"
-    raise SpecError(f"reference {rid}: parallel.recompute: unknown recompute {text!r}; allowed: full, selective, "
-                    f"none (or false, no), a note may follow full or selective, or the selective modules "
+    raise SpecError(f"reference {rid}: parallel.recompute: unknown recompute {text!r}; allowed: full, selective "
+                    f"(or true, yes), none (or false, no), a note may follow full or selective, or the selective modules "
                     f"alone ({', '.join(_MODULE_WORDS)})")
 
 

@@ -90,7 +90,7 @@ def test_a_nonfinite_fsdp_throughput_is_refused(tmp_path):
     one_line_error(_validate(str(path)), rid, "measured.tokens_per_sec_per_gpu")
 
 
-@pytest.mark.parametrize("value", ["bogus", True, "nonsense words"], ids=str)
+@pytest.mark.parametrize("value", ["bogus", "partial", "nonsense words"], ids=str)
 def test_unknown_recompute_is_refused_with_the_allowed_values(tmp_path, value):
     one_line_error(_validate(_mutated(tmp_path, "parallel", "recompute", value)), RID, "parallel.recompute",
                    "full", "selective", "none")
@@ -173,3 +173,11 @@ def test_validate_with_every_record_skipped_says_so(tmp_path):
     result = _validate(_write(tmp_path / "one.yaml", [rec]))
     one_line_error(result, "no record could be compared", RID, "not published")
     assert "nan" not in result.output
+
+
+@pytest.mark.parametrize("value", [True, "yes"])
+def test_recompute_true_is_megatrons_recompute_activations(tmp_path, value):
+    """`recompute: true` (Megatron's --recompute-activations) is selective recompute, said as an assumption."""
+    cases, skipped = load_reference(_mutated(tmp_path, "parallel", "recompute", value))
+    assert not skipped and cases[0].plan.recompute == "selective"
+    assert any("--recompute-activations" in a for a in cases[0].assumptions)
