@@ -296,8 +296,11 @@ def _model_notes(r: _Record) -> list[str]:
 
 
 # model.activation as records write it -> ModelSpec.activation (planner/model.py Activation): the
-# name first, a note may follow ("gelu (GeGLU in original)"); unstated: gelu.
-_ACTIVATIONS = (("swiglu", "swiglu"), ("squared[_ -]?relu", "squared_relu"), ("gelu", "gelu"))
+# name first, a note may follow ("gelu (GeGLU in original)"); unstated: gelu. Gated SiLU ("silu",
+# "swish", as Hugging Face configs name Llama's) is SwiGLU; a bare GeGLU is costed as the gated
+# MLP it is (three matrices), as planner/hf_config.py does; ReLU costs what GeLU does (two matrices).
+_ACTIVATIONS = (("swiglu", "swiglu"), ("silu|swish", "swiglu"), ("geglu", "swiglu"),
+                ("squared[_ -]?relu|relu2|relu\\^2", "squared_relu"), ("gelu", "gelu"), ("relu", "gelu"))
 
 
 def _activation(r: _Record) -> str:
@@ -306,7 +309,7 @@ def _activation(r: _Record) -> str:
         return "gelu"
     low = str(value).strip().lower()
     for pattern, name in _ACTIVATIONS:
-        if re.match(rf"{pattern}(?![\w-])", low):
+        if re.match(rf"(?:{pattern})(?![\w-])", low):
             return name
     raise SpecError(f"reference {r.id}: model.activation: unknown activation {value!r}; allowed: "
                     f"{', '.join(get_args(Activation))} (case-insensitive; a note may follow the name)")

@@ -110,7 +110,7 @@ def test_the_recompute_values_records_use_still_read(tmp_path, value):
         load_reference(_mutated(tmp_path, "parallel", "recompute", "bogus"))
 
 
-@pytest.mark.parametrize("value", ["tanh", "relu", "geglu", "gelus"])
+@pytest.mark.parametrize("value", ["tanh", "sigmoid", "gelus", "silux"])
 def test_unknown_activation_is_refused_with_the_allowed_ones(tmp_path, value):
     one_line_error(_validate(_mutated(tmp_path, "model", "activation", value)), RID, "model.activation",
                    "gelu, swiglu, squared_relu")
@@ -181,3 +181,11 @@ def test_recompute_true_is_megatrons_recompute_activations(tmp_path, value):
     cases, skipped = load_reference(_mutated(tmp_path, "parallel", "recompute", value))
     assert not skipped and cases[0].plan.recompute == "selective"
     assert any("--recompute-activations" in a for a in cases[0].assumptions)
+
+
+@pytest.mark.parametrize(("value", "activation"), [("silu", "swiglu"), ("SwiGLU", "swiglu"), ("geglu", "swiglu"),
+                                                   ("relu", "gelu"), ("relu^2", "squared_relu"),
+                                                   ("gelu (GeGLU in original)", "gelu")])
+def test_activation_synonyms_are_read(tmp_path, value, activation):
+    cases, _ = load_reference(_mutated(tmp_path, "model", "activation", value))
+    assert cases[0].model.activation == activation
