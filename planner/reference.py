@@ -37,9 +37,10 @@ from planner.reference_moe import bridge_recipe_job_updates, bridge_recipe_model
 REFERENCE_DIR = Path(__file__).resolve().parent / "data" / "reference"
 REFERENCE_FILES = ("measured_runs.yaml", "bridge_runs.yaml", "fsdp_moe_runs.yaml")
 DEFAULT_REFERENCES = tuple(REFERENCE_DIR / f for f in REFERENCE_FILES)
-# The `schema_version` the loader reads (the three packaged files declare 1); a file without one is
-# read as the current version.
-SCHEMA_VERSIONS = (1,)
+# The `schema_version` the loader was written for (the three packaged files declare 1); a file
+# without one is read as it. A later version is read by the same field names (a record the reader
+# cannot use is then skipped or refused by field, as any other), so newer data is not shut out whole.
+SCHEMA_VERSION = 1
 # The measurements a record's step time comes from (either schema): each one a record states must
 # be a finite number > 0. A negative, zero or non-finite one is a malformed record, not a missing one.
 MEASUREMENT_FIELDS = ("measured.iteration_time_s", "measured.step_time_s", "derived.iteration_time_s",
@@ -1171,10 +1172,9 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
         raise SpecError(f"reference {path}: malformed YAML") from None
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise SpecError(f"reference {path}: expected a mapping with a 'records' list")
-    version = data.get("schema_version", SCHEMA_VERSIONS[-1])
-    if isinstance(version, bool) or version not in SCHEMA_VERSIONS:
-        raise SpecError(f"reference {path}: schema_version: unsupported {version!r}; supported: "
-                        f"{', '.join(map(str, SCHEMA_VERSIONS))}")
+    version = data.get("schema_version", SCHEMA_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or version < SCHEMA_VERSION:
+        raise SpecError(f"reference {path}: schema_version: expected an integer >= {SCHEMA_VERSION}, got {version!r}")
     records = data["records"]
     fsdp_schema = any(isinstance(r, dict) and isinstance(r.get("parallel"), dict)
                       and "fsdp_or_zero3_degree" in r["parallel"] for r in records)
