@@ -118,9 +118,10 @@ def _check_types(cfg: dict, path: Path) -> None:
             raise bad("rope_scaling", 'a mapping (e.g. {"rope_type": "yarn", "factor": 32}) or null')
         key = "rope_type" if "rope_type" in rope else "type"
         kind = rope.get(key, "default")
-        if kind not in ROPE_TYPES:
-            raise SpecError(f"model {path}: rope_scaling.{key} must be one of {', '.join(ROPE_TYPES)}, "
+        if not isinstance(kind, str) or not kind.strip():
+            raise SpecError(f"model {path}: rope_scaling.{key} must be a name such as {', '.join(ROPE_TYPES)}, "
                             f"got {_shown(kind)}")
+        # a name transformers may add later is read as the others: only YaRN is costed apart
         factor = rope.get("factor")
         if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
                                    or not factor > 0):
