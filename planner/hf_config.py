@@ -39,7 +39,10 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "gemma": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
     "gemma2": ({"tie_word_embeddings": True},
                "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
-    "gemma3_text": ({"tie_word_embeddings": True},
+    # transformers' Gemma3TextConfig defaults, which the hub's gemma-3-4b/27b configs rely on
+    # (configuration_gemma3.py: vocab 262,208, 8 heads in 4 KV groups, head_dim 256)
+    "gemma3_text": ({"tie_word_embeddings": True, "vocab_size": 262_208, "num_attention_heads": 8,
+                     "num_key_value_heads": 4, "head_dim": 256},
                     "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
     "nemotron_h": ({"tie_word_embeddings": False},
                    "a hybrid stack: each layer costed as the pattern's mean block (exact without "
@@ -239,7 +242,8 @@ def model_fields(path: Path) -> dict:
     # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
     gated = model_type in ARCHITECTURES or act in ("silu", "swish")
     max_pos = cfg.get("max_position_embeddings")
-    seq = min(HF_DEFAULT_SEQ_LENGTH, max_pos) if isinstance(max_pos, int) and max_pos > 0 else \
+    # an integral float (2048.0) is the integer it names (_check_types lets it through)
+    seq = min(HF_DEFAULT_SEQ_LENGTH, int(max_pos)) if isinstance(max_pos, (int, float)) and max_pos > 0 else \
         HF_DEFAULT_SEQ_LENGTH
     fields = {
         "name": _name(cfg, path),
@@ -320,8 +324,11 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     # Mixtral and GPT-OSS size experts with intermediate_size; Qwen-MoE and DeepSeek with
     # moe_intermediate_size (their intermediate_size is the dense layers' width)
     expert_ffn = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
-    moe = {"num_experts": experts, "top_k": cfg.get("num_experts_per_tok") or cfg.get("experts_per_token"),
-           "expert_ffn": expert_ffn}
+    top_k = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
+    if not top_k:  # named by the config's key, not the planner's moe.top_k
+        raise SpecError(f"model {path}: num_experts_per_tok (or experts_per_token) must be an integer >= 1 "
+                        f"for a MoE config ({moe_keys[0]} {experts}), got {cfg.get('num_experts_per_tok')!r}")
+    moe = {"num_experts": experts, "top_k": top_k, "expert_ffn": expert_ffn}
     first_dense = cfg.get("first_k_dense_replace", 0)
     dense_only = cfg.get("mlp_only_layers") or []
     if dense_only:

@@ -300,17 +300,18 @@ def _model_notes(r: _Record) -> list[str]:
 # name first, a note may follow ("gelu (GeGLU in original)"); unstated: gelu. Gated SiLU ("silu",
 # "swish", as Hugging Face configs name Llama's) is SwiGLU; a bare GeGLU is costed as the gated
 # MLP it is (three matrices), as planner/hf_config.py does; ReLU costs what GeLU does (two matrices).
-_ACTIVATIONS = (("swiglu", "swiglu"), ("silu|swish", "swiglu"), ("geglu", "swiglu"),
-                ("squared[_ -]?relu|relu2|relu\\^2", "squared_relu"), ("gelu", "gelu"), ("relu", "gelu"))
+_ACTIVATIONS = (("squared[_ -]?relu|relu2|relu\\^2", "squared_relu"),
+                ("swiglu|swish|silu|gated[_ -]?silu", "swiglu"), ("geglu", "swiglu"), ("gelu", "gelu"),
+                ("relu", "gelu"))
 
 
 def _activation(r: _Record) -> str:
     value = r.get("model.activation")
     if value is None:
         return "gelu"
-    low = str(value).strip().lower()
-    for pattern, name in _ACTIVATIONS:
-        if re.match(rf"(?:{pattern})(?![\w-])", low):
+    low = str(value).strip().lower().replace("²", "^2")
+    for pattern, name in _ACTIVATIONS:  # the name, then the end or a non-letter (gelu_new, swish-glu)
+        if re.match(rf"(?:{pattern})(?![a-z])", low):
             return name
     raise SpecError(f"reference {r.id}: model.activation: unknown activation {value!r}; allowed: "
                     f"{', '.join(get_args(Activation))} (case-insensitive; a note may follow the name)")
@@ -359,7 +360,7 @@ def _recompute(text, assumptions: list[str], default: str, why_default: str, rid
     low = str(text).strip().lower()
     if low.startswith("full"):
         return "full"
-    if low in ("none", "false", "no"):
+    if re.match(r"(none|no|false|off)(?![a-z])", low):  # a note may follow: "none (assumed)", "no recompute"
         return "none"
     if low.startswith("selective"):
         return "selective"

@@ -52,6 +52,9 @@ def count(tmp_path, config: dict):
     # the expert count is present: say it is too small, not that the top-k "names experts" unread
     ({"num_local_experts": 0, "num_experts_per_tok": 2}, "num_local_experts must be >= 1"),
     ({"num_experts": -4, "num_experts_per_tok": 2}, "num_experts must be >= 1"),
+    # the top-k named by the config's key, not the planner's moe.top_k
+    ({"num_local_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok (or experts_per_token) must be"),
+    ({"num_local_experts": 8}, "num_experts_per_tok (or experts_per_token) must be"),
 ])
 def test_bad_config_values_are_one_line_errors_naming_the_key(tmp_path, edit, words):
     line = one_line_error(count(tmp_path, {**BASE, **edit}))
@@ -80,3 +83,23 @@ def test_the_fuzzers_list_model_type_in_a_json_file(tmp_path):
 def test_valid_configs_still_read(tmp_path, edit):
     result = count(tmp_path, {**BASE, **edit})
     assert result.exit_code == 0, result.output
+
+
+def test_gemma3_text_config_takes_transformers_defaults(tmp_path):
+    """The hub's Gemma-3 4B text config omits heads, KV heads, head_dim and vocab: transformers'
+    Gemma3TextConfig defaults (8 heads in 4 KV groups of 256, vocab 262,208) fill them."""
+    from planner.model import load_model
+    cfg = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 2560,
+           "intermediate_size": 10240, "num_hidden_layers": 34, "sliding_window": 1024,
+           "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    m = load_model(str(path))
+    assert (m.heads, m.query_groups, m.head_dim, m.vocab) == (8, 4, 256, 262_208)
+
+
+def test_an_integral_float_max_position_caps_the_sequence(tmp_path):
+    from planner.model import load_model
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**BASE, "max_position_embeddings": 2048.0}))
+    assert load_model(str(path)).seq_length == 2048

@@ -188,8 +188,16 @@ def test_recompute_true_is_megatrons_recompute_activations(tmp_path, value):
 
 
 @pytest.mark.parametrize(("value", "activation"), [("silu", "swiglu"), ("SwiGLU", "swiglu"), ("geglu", "swiglu"),
-                                                   ("relu", "gelu"), ("relu^2", "squared_relu"),
-                                                   ("gelu (GeGLU in original)", "gelu")])
+                                                   ("relu", "gelu"), ("relu^2", "squared_relu"), ("ReLU²", "squared_relu"),
+                                                   ("gelu (GeGLU in original)", "gelu"), ("gelu_new", "gelu"),
+                                                   ("gelu_pytorch_tanh", "gelu"), ("Swish-GLU", "swiglu"),
+                                                   ("gated-silu", "swiglu")])
 def test_activation_synonyms_are_read(tmp_path, value, activation):
     cases, _ = load_reference(_mutated(tmp_path, "model", "activation", value))
     assert cases[0].model.activation == activation
+
+
+@pytest.mark.parametrize("value", ["none (assumed)", "no recompute", "off", "False"])
+def test_no_recompute_may_carry_a_note(tmp_path, value):
+    cases, _ = load_reference(_mutated(tmp_path, "parallel", "recompute", value))
+    assert cases[0].plan.recompute == "none"

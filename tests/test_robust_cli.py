@@ -91,6 +91,8 @@ BAD_INPUTS = [
     (["plan", "-b", "64", "--max-global-batch", "10"], "max-global-batch"),
     (["sweep", "-m", "llama3-8b", "--vary", "gpus=8,16", "-g", "16", "--out", "never-written"], "gpus"),
     (["sweep", "-m", "llama3-8b", "-b", "64", "--vary", "max_batch=64,128", "--out", "never-written"], "global-batch"),
+    (["sweep", "-m", "llama3-8b", "--max-global-batch", "256", "--vary", "max_batch=64,128", "--out", "never-written"],
+     "--max-global-batch fixes it"),
     (["megatron", "-m", "llama3-8b", "-g", "8", "--tp", "1", "--pp", "1", "--etp", "2"], "etp"),
     (["estimate", "--tp", "8", "--pp", "1", "--recompute", "selective", "--recompute-num-layers", "4"],
      "recompute-num-layers"),

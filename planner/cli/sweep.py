@@ -14,6 +14,7 @@ from hardware import load_system
 from hardware.errors import SpecError
 from planner.jsonout import json_text
 from planner.cli.common import (
+    DEFAULT_MAX_GLOBAL_BATCH,
     DtypeOpt,
     check_float,
     FrameworkOpt,
@@ -85,8 +86,8 @@ def register(app: typer.Typer) -> None:
         seq_length: SeqOpt = None,
         global_batch: Annotated[Optional[int], Opt(
             "--global-batch", "-b", help="Fixed global batch (sequences); default: free, up to --max-global-batch.")] = None,
-        max_global_batch: Annotated[int, Opt(
-            "--max-global-batch", help="Largest global batch the search may pick (seeds: 3072).")] = 3072,
+        max_global_batch: Annotated[Optional[int], Opt(
+            "--max-global-batch", help="Largest global batch the search may pick (default 3072).")] = None,
         dtype: DtypeOpt = None,
         hbm_reserve_gib: ReserveOpt = 2.0,
         framework: FrameworkOpt = "megatron",
@@ -133,11 +134,13 @@ def register(app: typer.Typer) -> None:
             import_ray()
         axes = [Axis.from_cli(v) for v in vary]
         # a flag that fixes what an axis varies: the axis would silently win
-        fixed = {"gpus": ("-g/--gpus", gpus), "max_batch": ("-b/--global-batch", global_batch)}
+        fixed = {"gpus": [("-g/--gpus", gpus)],
+                 "max_batch": [("-b/--global-batch", global_batch), ("--max-global-batch", max_global_batch)]}
         for axis in axes:
-            flag, value = fixed.get(axis.name, (None, None))
-            if value is not None:
-                raise SpecError(f"vary: {axis.name} is varied and {flag} fixes it ({value}); drop one of the two")
+            for flag, value in fixed.get(axis.name, []):
+                if value is not None:
+                    raise SpecError(f"vary: {axis.name} is varied and {flag} fixes it ({value}); drop one of the two")
+        max_global_batch = max_global_batch or DEFAULT_MAX_GLOBAL_BATCH
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
                        dtype=dtype, system=load_system(system),  # the axes vary sizes, not the GPU
                        hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
