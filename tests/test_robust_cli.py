@@ -85,6 +85,7 @@ BAD_INPUTS = [
     (["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--save", "/nonexistent/dir/p.yaml"],
      "folder /nonexistent/dir does not exist"),
     (["megatron", "-m", "llama3-8b", "-g", "8", "--tp", "1", "--pp", "1", "-o", "/"], "is a folder"),
+    (["megatron", "-m", "mixtral-8x7b", "-g", "64", "-b", "256", "--ep", "8"], "--ep describes a plan only beside --tp"),
     # options that would be dropped without a word
     (["megatron", "-m", "llama3-8b", "-g", "16", "--tp", "8", "--pp", "2", "--recompute", "full",
       "--recompute-num-layers", "100"], "exceeds the 16 layers a pipeline stage holds"),

@@ -107,7 +107,7 @@ def megatron_command(
     """Emit Megatron-LM `pretrain_gpt.py` arguments (hybrid Mamba stacks: `pretrain_mamba.py`)
     and a torchrun script for a plan.
 
-    The plan comes from --plan FILE, from plan flags (unset knobs: tp=pp=cp=1, dp fills the GPUs),
+    The plan comes from --plan FILE, from plan flags that include --tp, --pp or --dp (unset knobs: tp=pp=cp=1, dp fills the GPUs),
     or, with neither, from the search: `planner plan`'s best plan for the same options (global
     batch 1536 unless -b is given). The plan must pass the rules and memory check of
     `planner estimate`; otherwise exit 2 with what breaks. The script saves checkpoints at the
@@ -160,7 +160,9 @@ def _plan_and_job(o: dict, model, system):
     if any(o[k] is not None for k in ("tp", "pp", "dp")):
         return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch), job
     if given or perf:
-        raise SpecError("plan: give --tp/--pp/--dp with the other plan flags, or --plan FILE")
+        first = next(iter({**given, **perf})).replace("_", "-")
+        raise SpecError(f"plan: --{first} describes a plan only beside --tp, --pp or --dp (unset: tp=pp=cp=1, "
+                        "dp fills the GPUs); add one, or give --plan FILE, or no plan flags for `planner plan`'s best")
     from planner.recommend import recommended_plan
     plan = recommended_plan(model, system, job)
     if plan is None:
