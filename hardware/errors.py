@@ -36,6 +36,23 @@ def one_line(err: ValidationError, where: str) -> SpecError:
     return SpecError(f"{where}: {msg}{tail}" if loc is None else f"{where}: {loc}: {msg}{tail}")
 
 
+def in_range(low: float, high: float, integer: bool = False):
+    """A pydantic validator refusing a value outside [low, high] in the CLI's wording
+    (`check_int`/`check_float` in planner/cli/common.py): `must be an integer from 1 to 10,000, got
+    1000000000`, `must be a number from 1e+09 to 1e+18, got 1e+308`."""
+    from pydantic import AfterValidator
+    from pydantic_core import PydanticCustomError
+    kind, fmt = ("an integer", ",") if integer else ("a number", "g")
+
+    def check(value):
+        if not low <= value <= high:
+            raise PydanticCustomError("value_range", "must be {kind} from {low} to {high}, got {value}",
+                                      {"kind": kind, "low": format(low, fmt), "high": format(high, fmt),
+                                       "value": value if integer else format(value, "g")})
+        return value
+    return AfterValidator(check)
+
+
 # A spec file is a few hundred bytes; anything this large is not one (and would be slow to parse).
 MAX_YAML_BYTES = 1 << 20
 

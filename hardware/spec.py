@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from hardware.errors import INCONSISTENT, SpecError
+from hardware.errors import INCONSISTENT, SpecError, in_range
 
 GIB = 2**30
 GB = 1e9
@@ -35,45 +35,34 @@ LOW_PRECISION = ("fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
 # GiB at 100 to 450 GB/s; GEMM half-dims 140 to 170, attention half-seq 0 to 1110, layer overhead
 # 4 to 194 us.
 
-def _between(low: float, high: float) -> AfterValidator:
-    """A number's range, refused as one line that names it (the model files' wording,
-    planner/model.py _at_most): `must be a number from 1e+09 to 1e+18, got 1e+308`."""
-    def check(value: float) -> float:
-        if not low <= value <= high:
-            raise PydanticCustomError("float_range", "must be a number from {low} to {high}, got {value}",
-                                      {"low": f"{low:g}", "high": f"{high:g}", "value": f"{value:g}"})
-        return value
-    return AfterValidator(check)
-
-
 # Dense peak FLOP/s per GPU and dtype: 1 GFLOP/s is below any accelerator (V100 fp32, the slowest
 # preset peak, is 1.57e13); 1e18 is ~67x the largest today (GB300 NVFP4 dense, 1.5e16).
-PeakFlops = Annotated[float, _between(1e9, 1e18)]
+PeakFlops = Annotated[float, in_range(1e9, 1e18)]
 # HBM per GPU: 1e-3 GiB (~1 MiB) is below any GPU's memory; 1e6 GiB (~1 PiB, 3,600x B300's 279 GiB) is the
 # largest hbm_gib `planner sweep` accepts (sweep.MAX_VALUE), so a what-if HBM stays a valid spec.
-HbmGib = Annotated[float, _between(1e-3, 1e6)]
+HbmGib = Annotated[float, in_range(1e-3, 1e6)]
 # HBM bandwidth per GPU: 1 GB/s is below one DDR channel (V100's 900 GB/s is the slowest preset);
 # 1e6 GB/s (1 PB/s) is 125x B200/B300's 8 TB/s.
-HbmGbPerS = Annotated[float, _between(1.0, 1e6)]
+HbmGbPerS = Annotated[float, in_range(1.0, 1e6)]
 # Network tier bandwidth per GPU and direction: 0.01 GB/s (10 MB/s) is below a per-GPU share of
 # 1 GbE among 8 GPUs (15.6 MB/s), the slowest link anyone trains over; 1e6 GB/s is 1,100x NVLink 5
 # (900 GB/s per direction).
-LinkGbPerS = Annotated[float, _between(0.01, 1e6)]
+LinkGbPerS = Annotated[float, in_range(0.01, 1e6)]
 # Network latency: 0 (ideal) to 1e6 us (1 s; a NIC hop is 1-10 us, even a WAN round trip ~1e5 us).
-LatencyUs = Annotated[float, _between(0.0, 1e6)]
+LatencyUs = Annotated[float, in_range(0.0, 1e6)]
 # Offload capacity per GPU: 1e-3 GiB (~1 MiB) up to 1e9 GiB, the largest offload_gib `planner sweep` accepts
 # (a 1 TiB Grace/host DRAM share is the largest preset).
-OffloadGib = Annotated[float, _between(1e-3, 1e9)]
+OffloadGib = Annotated[float, in_range(1e-3, 1e9)]
 # Offload bandwidth per GPU: 0.01 GB/s (a slow disk's per-GPU share) up to exactly the "infinite"
 # bandwidth of `planner sweep offload_gb_per_s=inf` (sweep.INFINITE_GB_PER_S = 1e6 GB/s).
-OffloadGbPerS = Annotated[float, _between(0.01, 1e6)]
+OffloadGbPerS = Annotated[float, in_range(0.01, 1e6)]
 # GEMM min-dimension at which efficiency halves: 0 up to 1e6 rows (presets 140-170; the fit's
 # search bound is 1024; 1e6 is about the widest hidden a model may have, 2**20).
-HalfDim = Annotated[float, _between(0.0, 1e6)]
+HalfDim = Annotated[float, in_range(0.0, 1e6)]
 # Sequence length at which attention efficiency halves: 0 up to 1e6 tokens (presets 0-1110).
-HalfSeq = Annotated[float, _between(0.0, 1e6)]
+HalfSeq = Annotated[float, in_range(0.0, 1e6)]
 # Fixed time per layer and microbatch: 0 up to 1e6 us (1 s; presets 4-194 us, the fit's bound 2000).
-OverheadUs = Annotated[float, _between(0.0, 1e6)]
+OverheadUs = Annotated[float, in_range(0.0, 1e6)]
 
 
 class _Strict(BaseModel):
@@ -189,9 +178,8 @@ class Accelerator(_Strict):
         # cli.common.training_dtypes); without one no job can be priced, which would surface later
         # as a confusing "dtype: ... has no fp16 peak; allowed:" with an empty list.
         if "bf16" not in peaks and "fp16" not in peaks:
-            given = ", ".join(sorted(peaks)) or "none"
-            raise PydanticCustomError(
-                INCONSISTENT, "needs a bf16 or fp16 peak (FLOP/s) for training; got: {given}", {"given": given})
+            raise _inconsistent(f"needs a bf16 or fp16 peak (FLOP/s) for training; got: "
+                                f"{', '.join(sorted(peaks)) or 'none'}")
         return peaks
 
     def peak(self, dtype: str) -> float:

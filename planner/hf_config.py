@@ -242,9 +242,8 @@ def model_fields(path: Path) -> dict:
     # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
     gated = model_type in ARCHITECTURES or act in ("silu", "swish")
     max_pos = cfg.get("max_position_embeddings")
-    # an integral float (2048.0) is the integer it names (_check_types lets it through)
-    seq = min(HF_DEFAULT_SEQ_LENGTH, int(max_pos)) if isinstance(max_pos, (int, float)) and max_pos > 0 else \
-        HF_DEFAULT_SEQ_LENGTH
+    # _check_types made it an integer >= 1 (2048.0 included) or left it out
+    seq = HF_DEFAULT_SEQ_LENGTH if max_pos is None else min(HF_DEFAULT_SEQ_LENGTH, int(max_pos))
     fields = {
         "name": _name(cfg, path),
         "layers": cfg["num_hidden_layers"],

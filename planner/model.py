@@ -4,11 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
+from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
                       ValidationError, model_validator)
-from pydantic_core import PydanticCustomError
 
-from hardware.errors import one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
+from hardware.errors import in_range, one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -34,27 +33,15 @@ MAX_EXPERTS = 1 << 16      # experts, top-k, shared experts, router groups: 170x
 MAX_SEQ_LENGTH = 1 << 24    # tokens; the CLI's --seq-length takes the same cap
 
 
-def _at_most(high, low: int = 1) -> AfterValidator:
-    """An integer's upper bound (`high`: an int or a function giving it), refused in the CLI's
-    wording (`check_int`): `must be an integer from 1 to 10,000, got 1000000000`."""
-    def check(value: int) -> int:
-        top = high() if callable(high) else high
-        if value > top:
-            raise PydanticCustomError("int_range", "must be an integer from {low} to {high}, got {value}",
-                                      {"low": f"{low:,}", "high": f"{top:,}", "value": value})
-        return value
-    return AfterValidator(check)
-
-
-Layers = Annotated[PositiveInt, _at_most(MAX_LAYERS)]
-LayerCount = Annotated[NonNegativeInt, _at_most(MAX_LAYERS, low=0)]
-Width = Annotated[PositiveInt, _at_most(MAX_WIDTH)]
-FfnWidth = Annotated[PositiveInt, _at_most(MAX_FFN)]
-Heads = Annotated[PositiveInt, _at_most(MAX_HEADS)]
-Vocab = Annotated[PositiveInt, _at_most(MAX_VOCAB)]
-Experts = Annotated[PositiveInt, _at_most(MAX_EXPERTS)]
-ExpertCount = Annotated[NonNegativeInt, _at_most(MAX_EXPERTS, low=0)]
-SeqLength = Annotated[PositiveInt, _at_most(MAX_SEQ_LENGTH)]
+Layers = Annotated[PositiveInt, in_range(1, MAX_LAYERS, integer=True)]
+LayerCount = Annotated[NonNegativeInt, in_range(0, MAX_LAYERS, integer=True)]
+Width = Annotated[PositiveInt, in_range(1, MAX_WIDTH, integer=True)]
+FfnWidth = Annotated[PositiveInt, in_range(1, MAX_FFN, integer=True)]
+Heads = Annotated[PositiveInt, in_range(1, MAX_HEADS, integer=True)]
+Vocab = Annotated[PositiveInt, in_range(1, MAX_VOCAB, integer=True)]
+Experts = Annotated[PositiveInt, in_range(1, MAX_EXPERTS, integer=True)]
+ExpertCount = Annotated[NonNegativeInt, in_range(0, MAX_EXPERTS, integer=True)]
+SeqLength = Annotated[PositiveInt, in_range(1, MAX_SEQ_LENGTH, integer=True)]
 
 
 class MoESpec(BaseModel):

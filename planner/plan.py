@@ -310,6 +310,10 @@ class BytesPerParam(BaseModel):
 ADAM_MOMENT_BYTES = {"fp32": 8.0, "bf16": 4.0}
 
 
+# JobSpec.moe_load_imbalance's range (the CLI's --moe-imbalance checks the same)
+MOE_IMBALANCE_RANGE = (1.0, 8.0)
+
+
 class JobSpec(BaseModel):
     """What the user asks: batch, precision, memory reserve, pins and forbids."""
 
@@ -334,7 +338,7 @@ class JobSpec(BaseModel):
     # --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep).
     moe_dispatcher: MoeDispatcher = "alltoall"
     moe_load_imbalance: float = Field(
-        default=1.0, ge=1.0, le=8.0,
+        default=1.0, ge=MOE_IMBALANCE_RANGE[0], le=MOE_IMBALANCE_RANGE[1],
         description="MoE: tokens routed to the busiest expert over the mean (1.0 = balanced routing, "
                     "what NVIDIA's published MoE benchmarks force with --moe-router-force-load-balancing; "
                     "learned routing early in training is less even)")
@@ -460,7 +464,7 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "MODULE_GROUPS", "MODULE_DTYPES", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
+__all__ = ["Plan", "JobSpec", "MOE_IMBALANCE_RANGE", "MODULE_GROUPS", "MODULE_DTYPES", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
            "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",

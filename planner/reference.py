@@ -367,13 +367,12 @@ def _recompute(text, assumptions: list[str], default: str, why_default: str, rid
     if low in ("true", "yes"):  # Megatron's --recompute-activations: selective
         assumptions.append(f"selective recompute (source: {text!r}, as --recompute-activations)")
         return "selective"
-    words = low.replace("mla up_proj", "mla_up_proj")
-    words = [w for w in re.split(r"[\s,+()]+", words) if w]
+    words = _module_text_words(low)
     if words and all(w in _MODULE_WORDS for w in words):
         return "selective"
     raise SpecError(f"reference {rid}: parallel.recompute: unknown recompute {text!r}; allowed: full, selective "
-                    f"(or true, yes), none (or false, no), a note may follow full or selective, or the selective modules "
-                    f"alone ({', '.join(_MODULE_WORDS)})")
+                    f"(or true, yes), none (or false, no, off), a note may follow any of them, or the selective "
+                    f"modules alone ({', '.join(_MODULE_WORDS)})")
 
 
 # How records name Megatron's --recompute-modules ("norm, act", "moe_act layernorm",
@@ -383,13 +382,16 @@ _MODULE_WORDS = {"norm": "layernorm", "layernorm": "layernorm", "act": "moe_act"
                  "mlp": "mlp", "up_proj": "mla_up_proj", "mla_up_proj": "mla_up_proj", "core_attn": "core_attn"}
 
 
+def _module_text_words(text: str) -> list[str]:
+    """The words of a lower-case recompute text, split at blanks, commas, '+' and parentheses."""
+    return [w for w in re.split(r"[\s,+()]+", text.replace("mla up_proj", "mla_up_proj")) if w]
+
+
 def _recompute_modules(text, model: ModelSpec, assumptions: list[str]) -> tuple[str, ...] | None:
     """The module set a selective-recompute text names (None: Megatron's default, core_attn, or
     no module named). Only the first clause counts ("...; later ..." describes other runs), and a
     module that does nothing for the model is dropped with an assumption."""
-    first = str(text or "").lower().split(";")[0].replace("mla up_proj", "mla_up_proj")
-    words = [w for w in first.replace("(", " ").replace(")", " ").replace(",", " ").replace("+", " ").split()
-             if w in _MODULE_WORDS]
+    words = [w for w in _module_text_words(str(text or "").lower().split(";")[0]) if w in _MODULE_WORDS]
     names = sorted({_MODULE_WORDS[w] for w in words})
     if not names:
         return None

@@ -333,11 +333,10 @@ def check_bf16_layers_fit(bf16_layers: tuple[int, int], model) -> None:
 def check_recompute_layers(plan, model) -> None:
     """Full recompute of k layers per pipeline stage: k beyond the layers a stage holds would be
     cut to them without a word (Megatron's --recompute-num-layers is per virtual chunk)."""
-    from planner.pipeline_layout import plan_layout
+    from planner.pipeline_layout import plan_layout, rank_layers
     if plan.recompute != "full" or plan.recompute_num_layers is None:
         return
-    layout = plan_layout(plan, model.layers)
-    per_stage = max(sum(layout[rank::plan.pp]) for rank in range(plan.pp))
+    per_stage = max(rank_layers(plan_layout(plan, model.layers), plan.pp))
     if plan.recompute_num_layers > per_stage:
         raise SpecError(f"recompute-num-layers: {plan.recompute_num_layers} exceeds the {per_stage} layers a "
                         f"pipeline stage holds; give at most {per_stage} (or omit it: all of them)")
@@ -346,7 +345,8 @@ def check_recompute_layers(plan, model) -> None:
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
                               moe_dispatcher: str | None = None) -> None:
     """A MoE-only setting given for a model without experts is a mistake, not a no-op."""
-    check_float("moe-imbalance", moe_imbalance, MOE_IMBALANCE_RANGE[0], MOE_IMBALANCE_RANGE[1])
+    from planner.plan import MOE_IMBALANCE_RANGE
+    check_float("moe-imbalance", moe_imbalance, *MOE_IMBALANCE_RANGE)
     if model.moe is not None:
         return
     if moe_dispatcher is not None:
@@ -357,7 +357,6 @@ def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_
         raise SpecError(f"fused-grouped-mlp: applies to MoE models only; {model.name} has no experts")
 
 
-MOE_IMBALANCE_RANGE = (1.0, 8.0)  # JobSpec.moe_load_imbalance's bounds
 MoeImbalanceOpt = Annotated[float, typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "

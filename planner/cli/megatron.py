@@ -9,6 +9,7 @@ import typer
 
 from hardware.errors import SpecError
 from planner.cli.common import (
+    DEFAULT_MAX_GLOBAL_BATCH,
     check_recompute_layers,
     check_new_file,
     Bf16LayersOpt,
@@ -135,8 +136,8 @@ def _job(o: dict, model, system, plan=None):
         check_bf16_layers_fit(saved.bf16_layers, model)
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
-    # the 3072 cap bounds the search's free batches only: a given batch is taken as it is
-    return make_job(global_batch=batch, max_global_batch=max(3072, batch), dtype=o["dtype"], system=system,
+    # the default cap bounds the search's free batches only: a given batch is taken as it is
+    return make_job(global_batch=batch, max_global_batch=max(DEFAULT_MAX_GLOBAL_BATCH, batch), dtype=o["dtype"], system=system,
                     hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments, **bf16,
                     **modules)
 
