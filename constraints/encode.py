@@ -45,6 +45,7 @@ RULE_TEXT = {
     "batch_size": "global batch must equal the fixed batch (or stay within the cap)",
     "vpp_microbatches": "with interleaving the number of microbatches must be at least pp",
     "sp_needs_tp": "sequence parallelism needs tp > 1",
+    "sp_seq": "with sequence parallelism the sequence length must be a multiple of tp·cp",
     "tp_overlap_needs_sp": "tp comm overlap needs sequence parallelism",
     "megatron_weight_offload": "Megatron-LM cannot offload weights",
     "megatron_activation_offload": "Megatron-LM offloads activations only with pp = 1 and no recompute",
@@ -130,6 +131,8 @@ def encode(table: Table, assumptions: bool = False) -> Encoded:
                and (eff % x == 0 if moe else (e == 1 and x == t)))
     table_rule("vpp_microbatches", ("pp", "vpp", "m"), lambda p, v, k: v == 1 or k >= p)
     table_rule("sp_needs_tp", ("tp", "sequence_parallel"), lambda t, s: not s or t > 1)
+    table_rule("sp_seq", ("tp", "cp", "sequence_parallel"),
+               lambda t, c, s: not s or t == 1 or model_spec.seq_length % (t * c) == 0)
     table_rule("tp_overlap_needs_sp", ("sequence_parallel", "tp_comm_overlap"), lambda s, o: not o or s)
 
     # batch: global_batch = m · micro_batch · dp (integer products), and its size

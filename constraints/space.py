@@ -426,12 +426,14 @@ def options(space: Space) -> dict[str, np.ndarray]:
 N_LAYOUT_CLASSES = 8
 
 
-def layout_class(lay: dict[str, np.ndarray]) -> np.ndarray:
-    """What a layout allows of the options, as a class 0..7: bit 2 tp > 1 (SP, TP overlap),
-    bit 1 pp == 1 (Megatron activation offload), bit 0 the expert all-to-all overlap (Megatron:
-    ep > 1 and, with pipelining, interleaving)."""
+def layout_class(lay: dict[str, np.ndarray], seq_length: int) -> np.ndarray:
+    """What a layout allows of the options, as a class 0..7: bit 2 sequence parallelism (and with
+    it TP overlap): tp > 1 and each rank's seq/cp tokens split over tp (Megatron's SP scatter
+    asserts it), bit 1 pp == 1 (Megatron activation offload), bit 0 the expert all-to-all overlap
+    (Megatron: ep > 1 and, with pipelining, interleaving)."""
     a2a_ok = (lay["ep"] > 1) & ((lay["pp"] == 1) | (lay["vpp"] > 1))
-    return (lay["tp"] > 1).astype(int) * 4 + (lay["pp"] == 1).astype(int) * 2 + a2a_ok.astype(int)
+    sp_ok = (lay["tp"] > 1) & (np.mod(seq_length, lay["tp"] * lay["cp"]) == 0)
+    return sp_ok.astype(int) * 4 + (lay["pp"] == 1).astype(int) * 2 + a2a_ok.astype(int)
 
 
 def options_allowed(space: Space, opt: dict[str, np.ndarray], cls: int) -> np.ndarray:
@@ -450,7 +452,7 @@ def pair_mask(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarra
     """(layouts × options) Booleans: which option rows go with which layout rows
     (`options_allowed` by `layout_class`)."""
     allowed = np.stack([options_allowed(space, opt, cls) for cls in range(N_LAYOUT_CLASSES)])
-    return allowed[layout_class(lay)]
+    return allowed[layout_class(lay, space.model.seq_length)]
 
 
 def cross_index(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

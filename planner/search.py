@@ -189,7 +189,7 @@ def count(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> i
     hidden/ffn by tp; layers by pp·vpp; experts by ep), GPU count, batch (global batch a multiple
     of micro_batch·dp, fixed or up to the cap; interleaving needs >= pp microbatches, a free batch
     a multiple of pp),
-    compatibility (SP needs tp > 1, TP overlap needs SP) and, for framework 'megatron',
+    compatibility (SP needs tp > 1 and the sequence split over tp·cp, TP overlap needs SP) and, for framework 'megatron',
     expressibility in Megatron-LM. MEMORY IS IGNORED (no plan is evaluated): this is the size of
     the space the search prunes, i.e. exactly the rows the brute-force oracle enumerates.
 
@@ -205,7 +205,7 @@ def count(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> i
     opt = options(space)
     n_m = ((lay["m_max"] - lay["m_min"]) // lay["m_step"] + 1).astype(np.int64)
     per_class = [int(options_allowed(space, opt, c).sum()) for c in range(N_LAYOUT_CLASSES)]
-    return int(np.sum(n_m * np.asarray(per_class, dtype=np.int64)[layout_class(lay)]))
+    return int(np.sum(n_m * np.asarray(per_class, dtype=np.int64)[layout_class(lay, model.seq_length)]))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -204,7 +204,8 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
             a2as = (0, 1) if model.moe else (0,)
             for rc, sp, tpo, dpo, z, ow, oa, oo, a2a in itertools.product(
                     range(2 + n_selective), (0, 1), (0, 1), (0, 1), (0, 1, 2, 3), (0.0,), offs, offs, a2as):
-                if sp and tp == 1 or tpo and not sp:
+                # SP scatters each rank's seq/cp tokens over tp (Megatron asserts they divide)
+                if sp and (tp == 1 or model.seq_length % (tp * cp)) or tpo and not sp:
                     continue
                 if oa and (pp > 1 or rc != 0) or oo and z != 1:
                     continue
@@ -333,3 +334,17 @@ def test_cli_count_and_presets():
     data = json.loads(runner.invoke(app, ["presets", "--json"]).output)
     assert "gpt3-175b" in [m["name"] for m in data["models"]]
     assert "a100-80g" in [s["name"] for s in data["systems"]]
+
+
+def test_layouts_past_the_solver_budget_come_in_the_tables_order():
+    """Each CP-SAT round reloads the whole table; once the rounds have spent the time limit the
+    remaining layouts are the table's next ones, which is what every solved round returned: a
+    search whose limit stops the solves after the first layout ranks the same plans."""
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 64)
+    job = JobSpec(global_batch=512)
+    solved = plan(model, system, job, top_k=12)
+    budgeted = plan(model, system, job, top_k=12, time_limit_s=1e-6)
+    assert solved.stats["table_rounds"] == 0 and solved.stats["solver_disagreements"] == 0
+    assert budgeted.stats["table_rounds"] == budgeted.stats["rounds"] - 1 > 10
+    assert [r.plan for r in budgeted.ranked] == [r.plan for r in solved.ranked]
+    assert [r.objective for r in budgeted.ranked] == [r.objective for r in solved.ranked]

@@ -37,6 +37,7 @@ RULES: dict[str, str] = {
     "offload_capacity": "offloaded bytes exceed the offload tier (or there is none)",
     "mamba_tp": "a Mamba mixer's heads and groups must be divisible by tp",
     "hybrid_cp": "context parallelism of a hybrid Mamba stack is not costed (cp must be 1)",
+    "sp_seq": "with sequence parallelism the sequence length must be a multiple of tp·cp",
 }
 RULE_BITS = {name: 1 << i for i, name in enumerate(RULES)}
 
@@ -68,6 +69,9 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         "offload_capacity": mem["offload_bytes"] > mem["offload_capacity_bytes"] * (1 + 1e-12),
         "mamba_tp": ((model.mamba.num_heads % t != 0) | (model.mamba.groups % t != 0)) if model.mamba else False,
         "hybrid_cp": (c > 1) & bool(model.hybrid_pattern),
+        # Megatron scatters each rank's seq/cp tokens over tp (tensor_parallel/mappings.py
+        # _split_along_first_dim asserts the first dimension divides by the tp size)
+        "sp_seq": sequence_parallel_on(P) & (np.mod(model.seq_length, t * c) != 0),
     }
     bits = np.zeros(len(P), dtype=np.int64)
     for name, broken in checks.items():
