@@ -191,6 +191,9 @@ def refuse_loose_types(data: dict, schema, where: str) -> None:
             raise SpecError(f"{where}: {name}: expected a number, got {str(value).lower()}")
         if isinstance(value, str) and str not in kinds and kinds & {int, float}:
             raise SpecError(f"{where}: {name}: expected a number, got the string {value!r}")
+        # pydantic's lax mode reads "yes", "on", 1 as true
+        if bool in kinds and not kinds & {int, float, str} and not isinstance(value, bool) and value is not None:
+            raise SpecError(f"{where}: {name}: expected true or false, got {value!r}")
         nested = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
         if nested and isinstance(value, dict):
             refuse_loose_types(value, nested[0], f"{where}: {name}")

@@ -42,6 +42,11 @@ Vocab = Annotated[PositiveInt, in_range(1, MAX_VOCAB, integer=True)]
 Experts = Annotated[PositiveInt, in_range(1, MAX_EXPERTS, integer=True)]
 ExpertCount = Annotated[NonNegativeInt, in_range(0, MAX_EXPERTS, integer=True)]
 SeqLength = Annotated[PositiveInt, in_range(1, MAX_SEQ_LENGTH, integer=True)]
+# Finite, generous ranges for the two real-valued fields (an .inf reached Megatron's command line):
+# capacity factors in use are 1-2 (GShard §2.2, Switch Transformer §2.2: 1.0-1.25), and above
+# experts/top_k an expert's capacity holds every token anyway; GPT-OSS clamps at 7.0.
+CapacityFactor = Annotated[PositiveFloat, in_range(0.01, 1000.0)]
+ActivationClamp = Annotated[PositiveFloat, in_range(1e-3, 1e6)]
 
 
 class MoESpec(BaseModel):
@@ -56,8 +61,8 @@ class MoESpec(BaseModel):
                                                   "default: expert_ffn")
     first_dense_layers: LayerCount = Field(default=0, description="leading layers with the dense ffn "
                                                "instead of experts (DeepSeek-V3: 3)")
-    capacity_factor: PositiveFloat | None = Field(default=None, description="token-drop capacity; "
-                                                  "None = dropless")
+    capacity_factor: CapacityFactor | None = Field(default=None, description="token-drop capacity; "
+                                                   "None = dropless")
     # Group-limited routing (DeepSeek-V3 §3.2.2 node-limited routing; Megatron
     # --moe-router-num-groups / --moe-router-group-topk; config.json n_group / topk_group): the
     # experts form router_groups contiguous groups and a token's top-k is picked inside its best
@@ -168,7 +173,7 @@ class ModelSpec(BaseModel):
     rope_scaling: Literal["none", "yarn"] = Field(
         default="none", description="RoPE frequency scaling: 'yarn' (GPT-OSS); Megatron applies a "
         "YaRN RoPE unfused (time.py: unfused_rope_extra_bytes_per_token)")
-    activation_clamp: PositiveFloat | None = Field(
+    activation_clamp: ActivationClamp | None = Field(
         default=None, description="clamp limit of the gated MLP's inputs (GPT-OSS 7.0: gate at most "
         "+limit, linear half within ±limit); costed on the routed experts (moe_mlp_fwd_s)")
     biases: bool = True

@@ -450,10 +450,13 @@ def load_plan(path: str | Path) -> Plan:
     if not isinstance(data, dict):
         raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {type(data).__name__}")
     try:
-        refuse_loose_types(data, Plan, "plan")
-        return Plan.model_validate(data)
+        refuse_loose_types(data, Plan, f"plan ({path})")
+        plan = Plan.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"plan ({path})") from None
+    if plan.sequence_parallel and plan.tp == 1:  # as the --sequence-parallel flag with --tp 1
+        raise SpecError(f"plan ({path}): sequence_parallel: needs tp > 1 (tp is 1); set it false")
+    return plan
 
 
 def make_plan(**fields) -> Plan:

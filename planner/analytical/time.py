@@ -328,7 +328,8 @@ def moe_load_imbalance(model: ModelSpec, job: JobSpec, P: PlanArrays) -> np.ndar
     (GShard §2.2), capping the product."""
     mean_rows = routed_tokens_per_rank(model, P) * model.moe.top_k
     spread = 1.0 + np.sqrt(2.0 * np.log(np.maximum(P.ep, 1.0)) / np.maximum(mean_rows, 1.0))
-    imbalance = job.moe_load_imbalance * spread
+    # at ep 1 every rank holds every expert and computes all its routed rows: no rank is busier
+    imbalance = np.where(P.ep > 1, job.moe_load_imbalance, 1.0) * spread
     cf = model.moe.capacity_factor
     return imbalance if cf is None else np.minimum(imbalance, max(cf, 1.0))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import errno
 import importlib
 import json
 import os
@@ -88,11 +89,17 @@ class _LazyOneLineGroup(TyperGroup):
             _error("interrupted", as_json)
             code = EXIT_INTERRUPTED
         except Exception as err:  # noqa: BLE001 - a user never sees a traceback, but a bug must stay visible
-            if os.environ.get("PLANNER_DEBUG"):
+            if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
+                # a path the user typed (-m, -s, --save, -o, --name) that the file system cannot hold
+                # (other OS errors on user paths are caught where each path is read)
+                _error(_name_too_long(str(err.filename or "")), as_json)
+                code = 2
+            elif os.environ.get("PLANNER_DEBUG"):
                 raise
-            _error(f"internal error ({type(err).__name__}: {err}); please report it "
-                   "(PLANNER_DEBUG=1 shows the traceback)", as_json)
-            code = EXIT_INTERNAL
+            else:
+                _error(f"internal error ({type(err).__name__}: {err}); please report it "
+                       "(PLANNER_DEBUG=1 shows the traceback)", as_json)
+                code = EXIT_INTERNAL
         code = 0 if code is None else code
         if standalone_mode and code == EXIT_INTERRUPTED and args is None:  # the real process, not a test runner
             # Interrupted: every `with` block has closed its file on the way up; skip the
@@ -104,6 +111,13 @@ class _LazyOneLineGroup(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+
+def _name_too_long(path: str) -> str:
+    shown = path if len(path) <= 60 else path[:57] + "..."
+    return (f"path: a name in it is too long for the file system ({len(os.fsencode(path))} bytes in all; "
+            f"a file name may have at most 255): {shown}")
 
 
 app = typer.Typer(

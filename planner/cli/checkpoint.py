@@ -21,6 +21,20 @@ DEFAULT_TARGET_WRITE_S = 60.0
 
 _Int = Optional[int]
 
+# Generous physical ranges of the checkpoint flags (finite: an MTBF of 1e300 h gave a 150-digit
+# --save-interval): bandwidths up to an exabyte per second, MTBFs up to ~100,000 years, times up to
+# ~115 days.
+CHECKPOINT_FLAG_RANGES = {"write-gb-per-s": (1e-6, 1e9), "read-gb-per-s": (1e-6, 1e9),
+                          "target-write-s": (1e-3, 1e7), "gpu-mtbf-hours": (1e-3, 1e9),
+                          "node-mtbf-hours": (1e-3, 1e9), "restart-s": (0.0, 1e7)}
+
+
+def check_checkpoint_flags(**values: float | None) -> None:
+    """The checkpoint flags given (keyword: flag name with '_' for '-'), each within its range."""
+    for name, value in values.items():
+        flag = name.replace("_", "-")
+        check_float(flag, value, *CHECKPOINT_FLAG_RANGES[flag])
+
 
 def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | None, dp: int | None,
                    cp: int | None) -> tuple[int, int, int, int]:
@@ -52,7 +66,9 @@ LAYOUT_RULES = ("heads_tp", "groups_tp", "hidden_tp", "layers_pp", "cp_seq")
 def refuse_layout_the_model_cannot_split(model, system, plan) -> None:
     from planner.analytical import estimate
     from planner.analytical.estimate import RULES
-    broken = [r for r in estimate(model, system, plan).violations if r in LAYOUT_RULES]
+    from planner.cli.common import make_job
+    job = make_job(global_batch=plan.global_batch, system=system)  # the GPU's default precision
+    broken = [r for r in estimate(model, system, plan, job).violations if r in LAYOUT_RULES]
     if broken:
         raise SpecError(f"plan: {plan.short()} does not split {model.name}: " + "; ".join(
             f"{RULES[r]} (heads {model.heads}, query groups {model.kv_groups}, layers {model.layers})"
@@ -156,11 +172,9 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Checkpoint size, who writes it, storage bandwidth and the optimal checkpoint interval."""
-        for flag, value in (("write-gb-per-s", write_gb_per_s), ("read-gb-per-s", read_gb_per_s),
-                            ("target-write-s", target_write_s), ("gpu-mtbf-hours", gpu_mtbf_hours),
-                            ("node-mtbf-hours", node_mtbf_hours)):
-            check_float(flag, value, low=1e-9)  # positive and finite: they divide
-        check_float("restart-s", restart_s, low=0.0)
+        check_checkpoint_flags(write_gb_per_s=write_gb_per_s, read_gb_per_s=read_gb_per_s,
+                               target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
+                               node_mtbf_hours=node_mtbf_hours, restart_s=restart_s)
         if gpu_mtbf_hours is not None and node_mtbf_hours is not None:
             raise SpecError("mtbf: give either --gpu-mtbf-hours or --node-mtbf-hours, not both")
         if zero_stage not in (0, 1, 2, 3):

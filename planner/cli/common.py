@@ -154,6 +154,8 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
     check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
     check_float("hbm-reserve-gib", hbm_reserve_gib, 0.0)
     defaults = gpu_job_defaults(system) if system is not None else {"dtype": "bf16", "flash_attention": True}
+    if dtype is not None and not dtype.strip():
+        raise SpecError(f"dtype: empty; allowed: {', '.join(training_dtypes(system))}")
     dtype = (dtype or defaults["dtype"]).lower()  # BF16, MXFP8 as NVIDIA's tables print them
     if system is not None and dtype in training_dtypes():
         allowed = training_dtypes(system)
@@ -361,7 +363,7 @@ MoeImbalanceOpt = Annotated[float, typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "
          "benchmarks force (--moe-router-force-load-balancing); about 1.6 fits learned dropless routing "
-         "(Qwen3-235B, Megatron MoE ModelZoo).")]
+         "(Qwen3-235B, Megatron MoE ModelZoo). No effect at ep 1, where every rank holds every expert.")]
 
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
                    "recompute_modules", "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",

@@ -80,7 +80,9 @@ def estimate_command(
         "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation "
                                   "(GiB; default: the plan file's, else 2).")] = None,
     plan_file: Annotated[Optional[str], typer.Option(
-        "--plan", help="Plan YAML/JSON (e.g. from `planner plan --save`) instead of the flags below.")] = None,
+        "--plan", help="Plan YAML/JSON (e.g. from `planner plan --save`) instead of the flags below. "
+                       "-m/-s/-g/--seq-length given beside it replace the file's (the same plan on "
+                       "another system or sequence); the plan's own fields may not be overridden.")] = None,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
     micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
     recompute: RecomputeOpt = None, recompute_modules: RecomputeModulesOpt = None,
@@ -110,7 +112,7 @@ def estimate_command(
       planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
-    refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp)
+    refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp, moe_dispatcher)
     knobs = given_knobs(locals())
     kernels = kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp),
                               moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)

@@ -234,6 +234,8 @@ def _run(o: dict) -> None:
     if o["gpus"] is not None and o["gpus"] < 1:
         raise SpecError(f"gpus: must be a positive integer, got {o['gpus']}")
     check_new_file("output", o["output"])
+    from planner.cli.checkpoint import check_checkpoint_flags
+    check_checkpoint_flags(write_gb_per_s=o["write_gb_per_s"], gpu_mtbf_hours=o["gpu_mtbf_hours"])
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
     plan, job = _plan_and_job(o, model, system)
     check_recompute_layers(plan, model)

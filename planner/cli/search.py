@@ -283,7 +283,7 @@ def register(app: typer.Typer) -> None:
           planner count -m seed-1t-256blocks -s h100-sxm -g 4096 --free-batch
         """
         o = dict(locals())
-        o.update(dtype="bf16", hbm_reserve_gib=2.0)
+        o.update(dtype=None, hbm_reserve_gib=2.0)  # the GPU's default precision (fp16 on a V100)
         from planner.search import count
         model_spec, system_spec, job = _inputs(o)
         n = count(model_spec, system_spec, job)

@@ -1,0 +1,126 @@
+"""Input a third fuzzing pass found mishandled: each case failed (crash, wrong number, silent
+acceptance) before its fix and is a one-line error, or the right result, now."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import yaml
+from typer.testing import CliRunner
+
+from hardware import load_system
+from planner.analytical import PlanArrays, estimate
+from planner.analytical.time import moe_load_imbalance
+from planner.cli.app import app
+from planner.model import load_model
+from planner.plan import JobSpec, make_plan
+from planner.search import plan as search_plan
+from tests.conftest import one_line_error
+
+runner = CliRunner()
+SMALL_MODEL = {"name": "small", "layers": 2, "hidden": 1024, "heads": 16, "query_groups": 16, "ffn": 4096,
+               "seq_length": 2048, "vocab": 32000, "activation": "swiglu", "tied_embeddings": False,
+               "position_embedding": "rope", "biases": False, "dropout": False}
+
+
+def test_count_and_checkpoint_run_a_gpu_without_bf16_in_fp16():
+    """The V100 preset has no bf16 peak: count and checkpoint (which have no --dtype) take the
+    GPU's default precision, as plan/check/estimate do, instead of asking for a flag they lack."""
+    count = runner.invoke(app, ["count", "-s", "dgx2-v100", "--json"])
+    assert count.exit_code == 0, count.output
+    assert json.loads(count.stdout)["mappings"] > 0
+    ckpt = runner.invoke(app, ["checkpoint", "-s", "dgx2-v100", "--json"])
+    assert ckpt.exit_code == 0, ckpt.output
+    assert json.loads(ckpt.stdout)["checkpoint_bytes"] > 0
+
+
+def test_a_path_name_too_long_for_the_file_system_is_an_input_error(tmp_path):
+    long = "a" * 300
+    for args in (["count", "-m", long], ["count", "-s", f"./{long}.yaml"],
+                 ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "-k", "1",
+                  "--save", str(tmp_path / f"{long}.yaml")]):
+        line = one_line_error(runner.invoke(app, args), "too long", "255")
+        assert len(line) < 250  # the name is shortened, not printed whole
+
+
+def test_an_empty_dtype_is_refused_not_read_as_the_default():
+    result = runner.invoke(app, ["check", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--dtype", ""])
+    one_line_error(result, "dtype", "empty", "bf16")
+
+
+def test_sequence_parallelism_needs_the_sequence_split_over_tp_and_cp():
+    """Megatron's SP scatter asserts each rank's seq/cp tokens divide by tp: a plan that breaks it
+    violates a rule of the exact model, `planner megatron` refuses it, and the search never picks it
+    (seq 12 on tp 8: no SP; a 1-token sequence: SP nowhere)."""
+    model, system = load_model("llama3-8b").model_copy(update={"seq_length": 12}), load_system("h100-sxm", 8)
+    broken = make_plan(tp=8, pp=1, dp=1, global_batch=8, sequence_parallel=True)
+    assert "sp_seq" in estimate(model, system, broken, JobSpec(global_batch=8)).violations
+    fine = make_plan(tp=4, pp=1, dp=2, global_batch=8, sequence_parallel=True)
+    assert "sp_seq" not in estimate(model, system, fine, JobSpec(global_batch=8)).violations
+    one_line_error(runner.invoke(app, ["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--tp", "8",
+                                       "--pp", "1", "-b", "8", "--seq-length", "12", "--sequence-parallel"]),
+                   "sp_seq", "tp·cp")
+    one_token = load_model("llama3-8b").model_copy(update={"seq_length": 1})
+    ranked = search_plan(one_token, system, JobSpec(global_batch=8), top_k=5).ranked
+    assert ranked and not any(r.plan.sequence_parallel and r.plan.tp > 1 for r in ranked)
+
+
+def test_model_real_numbers_are_finite_and_in_range(tmp_path):
+    for cf in (".inf", "1.0e-300"):
+        path = tmp_path / "cf.yaml"
+        path.write_text(yaml.safe_dump({**SMALL_MODEL, "query_groups": 4}) +
+                        f"moe: {{num_experts: 8, top_k: 2, capacity_factor: {cf}}}\n")
+        one_line_error(runner.invoke(app, ["check", "-m", str(path), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
+                       "capacity_factor", "0.01 to 1000")
+    path = tmp_path / "clamp.yaml"
+    path.write_text(yaml.safe_dump({**SMALL_MODEL, "activation_clamp": float("inf")}))
+    one_line_error(runner.invoke(app, ["check", "-m", str(path), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
+                   "activation_clamp")
+
+
+def test_checkpoint_numbers_have_physical_ranges(tmp_path):
+    """An MTBF of 1e300 hours printed a 150-digit --save-interval; 1e308 GB/s was reported as a
+    zero checkpoint time. Both commands now name the flag and its range."""
+    for args in (["checkpoint", "--gpu-mtbf-hours", "1e300"], ["checkpoint", "--write-gb-per-s", "1e308"],
+                 ["checkpoint", "--restart-s", "1e12"],
+                 ["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1", "-b", "64",
+                  "--gpu-mtbf-hours", "1e300"]):
+        flag = [a for a in args if a.startswith("--")][-1][2:]
+        one_line_error(runner.invoke(app, args), flag, "must be a number from")
+
+
+def test_routing_skew_has_no_effect_where_every_rank_holds_every_expert():
+    """--moe-imbalance is the busiest expert rank over the mean: at ep 1 there is one expert rank
+    per GPU holding all experts, so it cannot be busier than the mean (it was charged 3.2x at 8)."""
+    model, system = load_model("mixtral-8x7b"), load_system("h100-sxm", 64)
+    P = PlanArrays.from_plans([make_plan(tp=8, pp=1, dp=8, ep=ep, global_batch=256) for ep in (1, 8)], model.layers)
+    skewed = moe_load_imbalance(model, JobSpec(global_batch=256, moe_load_imbalance=2.0), P)
+    balanced = moe_load_imbalance(model, JobSpec(global_batch=256), P)
+    assert skewed[0] == balanced[0] == 1.0
+    assert skewed[1] == 2.0 * balanced[1] > 2.0
+    times = [estimate(model, system, make_plan(tp=8, pp=1, dp=8, ep=1, global_batch=256, recompute="full"),
+                      JobSpec(global_batch=256, moe_load_imbalance=x)).step_time_s for x in (1.0, 8.0)]
+    assert np.isclose(times[0], times[1], rtol=1e-12)
+
+
+def test_estimate_refuses_a_moe_dispatcher_for_a_dense_model():
+    result = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                 "--tp", "1", "--pp", "1", "--moe-dispatcher", "deepep"])
+    one_line_error(result, "moe-dispatcher", "MoE models only")
+
+
+def test_plan_files_are_read_as_strictly_as_the_flags(tmp_path):
+    """A saved plan's booleans must be true or false (pydantic read 'yes' and 1 as true), and SP
+    with tp 1 is refused as `--sequence-parallel --tp 1` is (it was shown as SP and dropped from
+    the Megatron launch)."""
+    saved = tmp_path / "p.yaml"
+    result = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "-k", "1",
+                                 "--tp", "1", "--save", str(saved)])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(saved.read_text())
+    for value, words in (("yes", ("sequence_parallel", "true or false", "'yes'")),
+                         (1, ("sequence_parallel", "true or false")),
+                         (True, ("sequence_parallel", "needs tp > 1"))):
+        edited = tmp_path / "edited.yaml"
+        edited.write_text(yaml.safe_dump({**data, "plan": {**data["plan"], "sequence_parallel": value}}))
+        one_line_error(runner.invoke(app, ["estimate", "--plan", str(edited)]), *words, "edited.yaml")
