@@ -152,7 +152,7 @@ class Space:
 
     @property
     def batch_cap(self) -> int:
-        return self.job.global_batch or self.job.max_global_batch
+        return space_batch_cap(self.job)
 
 
 def cp_splits(model: ModelSpec, cp: int) -> bool:
@@ -240,6 +240,11 @@ def breaks_pins(plan, pins: dict) -> bool:
                for knob, raw in pins.items())
 
 
+def space_batch_cap(job: JobSpec) -> int:
+    """The largest global batch the job allows: its fixed batch, else the free batch's cap."""
+    return job.global_batch or job.max_global_batch
+
+
 def _fmt(knob: str, values) -> str:
     if knob == "recompute":
         names = {c: n for n, c in RECOMPUTE_CODES.items()}
@@ -277,6 +282,15 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
         if knob == "vpp" and value == int(value) and 1 <= value <= model.layers:
             domains[knob] = (int(value),)  # any interleaving depth may be pinned (e.g. 12)
             continue
+        if knob == "vpp" and value == int(value) and value > model.layers:
+            raise SpecError(f"pin vpp: {raw} exceeds the {model.layers} layers (every virtual stage needs a "
+                            "layer: pp·vpp <= layers)")
+        if knob == "micro_batch" and value == int(value) and 1 <= value <= space_batch_cap(job):
+            domains[knob] = (int(value),)  # any micro-batch the batch allows (the search grid is a few)
+            continue
+        if knob == "micro_batch" and value == int(value) and value > space_batch_cap(job):
+            raise SpecError(f"pin micro_batch: {raw} exceeds the global batch"
+                            f"{'' if job.global_batch else ' cap'} ({space_batch_cap(job)})")
         if knob == "cp" and value != 1 and model.hybrid_pattern:
             raise SpecError(f"pin cp: {raw} is not a legal value here; allowed: 1 (a hybrid Mamba stack's "
                             "context parallelism is not costed)")

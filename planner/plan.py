@@ -41,12 +41,12 @@ def parse_recompute_modules(value) -> tuple[str, ...] | None:
     if isinstance(value, str):
         value = value.replace(",", " ").split()
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"recompute_modules: expected module names; allowed: {', '.join(RECOMPUTE_MODULES)}")
+        raise ValueError(f"expected module names; allowed: {', '.join(RECOMPUTE_MODULES)}")
     names = tuple(sorted(set(value)))
     unknown = [n for n in names if n not in RECOMPUTE_MODULE_BITS]
     if unknown or not names:
         what = f"unknown {unknown[0]!r}" if unknown else "names no module"
-        raise ValueError(f"recompute_modules: {what}; allowed: {', '.join(RECOMPUTE_MODULES)}")
+        raise ValueError(f"{what}; allowed: {', '.join(RECOMPUTE_MODULES)}")  # the field is named by one_line
     return None if names == DEFAULT_RECOMPUTE_MODULES else names
 
 
@@ -442,6 +442,9 @@ def check_plan_file_fields(data: dict, path: str | Path) -> None:
         raise SpecError(f"plan ({path}): unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
 
 
+PLAN_FILE_REQUIRED = ("tp", "pp", "dp", "global_batch")
+
+
 def load_plan(path: str | Path) -> Plan:
     data = read_yaml_mapping(Path(path), "plan")
     if "plan" in data:  # a saved `planner plan --save` file: its other top-level keys checked too
@@ -449,6 +452,12 @@ def load_plan(path: str | Path) -> Plan:
     data = data.get("plan", data)  # accept a bare plan mapping too
     if not isinstance(data, dict):
         raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {type(data).__name__}")
+    # the layout and batch have defaults for the CLI's flags, not for a file: a file without them
+    # was estimated as dp 1, batch 1, and the flag that disagreed was blamed
+    missing = [f for f in PLAN_FILE_REQUIRED if f not in data]
+    if missing:
+        raise SpecError(f"plan ({path}): missing {', '.join(missing)}; a plan file gives at least "
+                        f"{', '.join(PLAN_FILE_REQUIRED)}")
     try:
         refuse_loose_types(data, Plan, f"plan ({path})")
         plan = Plan.model_validate(data)

@@ -216,7 +216,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
                    job: JobSpec | None = None) -> None:
     """The plan, its time and memory tables, per-rank layers where ranks differ and, given the
     job, what the MoE time assumes about routing and how much measured evidence backs the plan."""
-    console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params) on "
+    console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params, seq {model.seq_length:,}) on "
                   f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})"
                   + (f" · {precision_text(job)}" if job is not None else ""))
     console.print(describe_plan(est))
@@ -261,8 +261,14 @@ def precision_json(job: JobSpec) -> dict:
     return {"dtype": job.dtype, "bf16_layers": list(job.bf16_layers), "module_dtypes": dict(job.module_dtypes)}
 
 
-def estimate_json(est: Estimate, job: JobSpec | None = None) -> str:
+def estimate_json(est: Estimate, job: JobSpec | None = None, model: ModelSpec | None = None,
+                  system: SystemSpec | None = None) -> str:
+    """An estimate as JSON, with what it was made for (model, system, GPUs, sequence) when given."""
     data = est.model_dump()
+    if model is not None:
+        data.update(model=model.name, seq_length=model.seq_length)
+    if system is not None:
+        data.update(system=system.name, gpus=system.num_gpus)
     data["feasible"] = est.feasible
     if job is not None:
         data["precision"] = precision_json(job)

@@ -162,9 +162,11 @@ class Axis(BaseModel):
         name = name.strip()
         if name not in PARAMETERS:
             raise _bad(f"unknown parameter {name!r}; allowed: {ALLOWED}")
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        if not items:
+        items = [t.strip() for t in text.split(",")]
+        if not any(items):
             raise _bad(f"{name}: no values given (e.g. {name}=" + _EXAMPLES[name] + ")")
+        if not all(items):
+            raise _bad(f"{name}: an empty value in {text!r} (e.g. {name}=" + _EXAMPLES[name] + ")")
         if name == "model":
             values: list = []
             for item in items:

@@ -124,3 +124,77 @@ def test_plan_files_are_read_as_strictly_as_the_flags(tmp_path):
         edited = tmp_path / "edited.yaml"
         edited.write_text(yaml.safe_dump({**data, "plan": {**data["plan"], "sequence_parallel": value}}))
         one_line_error(runner.invoke(app, ["estimate", "--plan", str(edited)]), *words, "edited.yaml")
+
+
+def test_a_micro_batch_outside_the_search_grid_may_be_pinned():
+    """The search grid holds a few micro-batches; a pin may name any the batch allows (estimate
+    costs micro-batch 32, so check must search it), and one above the batch says so."""
+    base = ["check", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--tp", "4", "--pp", "1", "--recompute", "full"]
+    result = runner.invoke(app, base + ["-b", "256", "--micro-batch", "32", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["best"]["plan"]["micro_batch"] == 32
+    one_line_error(runner.invoke(app, base + ["-b", "64", "--micro-batch", "128"]), "micro_batch", "exceeds", "64")
+    one_line_error(runner.invoke(app, ["check", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                       "--pp", "2", "--vpp", "40"]), "vpp", "32 layers")
+
+
+def test_checkpoint_default_tp_divides_the_gpus_and_splits_the_model(tmp_path):
+    """The default tp was min(8, GPUs per node) whatever the GPU count or the heads: 12 GPUs or a
+    12-head model were refused for a tp the user never gave."""
+    twelve = runner.invoke(app, ["checkpoint", "-g", "12", "--json"])
+    assert twelve.exit_code == 0, twelve.output
+    assert json.loads(twelve.stdout)["plan"].startswith("tp6 ")  # GPT-3's 96 heads split 6 ways
+    path = tmp_path / "h12.yaml"
+    path.write_text(yaml.safe_dump({"name": "h12", "layers": 12, "hidden": 768, "heads": 12, "ffn": 3072,
+                                    "seq_length": 1024, "vocab": 50257}))
+    h12 = runner.invoke(app, ["checkpoint", "-m", str(path), "-g", "8", "--json"])
+    assert h12.exit_code == 0, h12.output
+    assert json.loads(h12.stdout)["plan"].startswith("tp4 ")
+
+
+def test_messages_name_the_flag_once_and_say_what_is_wrong(tmp_path):
+    base = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64"]
+    line = one_line_error(runner.invoke(app, ["estimate", *base, "--tp", "1", "--pp", "1", "--recompute", "selective",
+                                              "--recompute-modules", ",,"]), "recompute_modules", "names no module")
+    assert line.count("recompute_modules") == 1
+    one_line_error(runner.invoke(app, ["count", "--framework", "foo"]), "framework", "'foo'", "megatron, any")
+    a_file = tmp_path / "p.yaml"
+    a_file.write_text("x: 1\n")
+    one_line_error(runner.invoke(app, ["plan", *base, "-k", "1", "--save", str(a_file / "x.yaml")]),
+                   "save", "is a file, not a folder")
+    one_line_error(runner.invoke(app, ["plan", *base, "-k", "1", "--save", ""]), "save", "no file name")
+    sweep = ["sweep", "-v", "gpus=8,16", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "64"]
+    one_line_error(runner.invoke(app, [*sweep, "-o", ""]), "out", "empty")
+    one_line_error(runner.invoke(app, ["sweep", "-v", "gpus=8,,16", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "64",
+                                       "-o", str(tmp_path / "s")]), "gpus", "empty value")
+    assert not (tmp_path / "s").exists()
+
+
+def test_outputs_say_what_they_were_made_for():
+    """estimate's JSON names its model, system, GPUs and sequence, its header the sequence;
+    presets --json carries the table's ffn, top-k and offload bandwidth, and a GPU without bf16
+    shows no bf16 peak ('-', not 0)."""
+    est = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1",
+                              "--pp", "1", "--seq-length", "4096", "--json"])
+    assert est.exit_code == 0, est.output
+    data = json.loads(est.stdout)
+    assert (data["model"], data["system"], data["gpus"], data["seq_length"]) == ("llama3-8b", "h100-sxm", 8, 4096)
+    human = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1",
+                                "--pp", "1", "--seq-length", "4096"])
+    assert "seq 4,096" in human.output.splitlines()[0]
+    presets = json.loads(runner.invoke(app, ["presets", "--json"]).stdout)
+    mixtral = next(m for m in presets["models"] if m["name"] == "mixtral-8x7b")
+    assert (mixtral["ffn"], mixtral["top_k"]) == (14336, 2)
+    assert all((s["offload_gib"] is None) == (s["offload_gb_per_s"] is None) for s in presets["systems"])
+    v100 = next(ln for ln in runner.invoke(app, ["presets"]).output.splitlines() if ln.startswith("dgx2-v100 "))
+    assert v100.split()[6] == "-"
+
+
+def test_a_plan_file_gives_its_layout_and_batch(tmp_path):
+    """A file with only `tp` was estimated as dp 1 and batch 1, and then `-b 64` was blamed for
+    differing from a batch the file never gave."""
+    path = tmp_path / "min.yaml"
+    path.write_text("plan: {tp: 1}\n")
+    for command in ("estimate", "megatron"):
+        one_line_error(runner.invoke(app, [command, "--plan", str(path), "-m", "llama3-8b", "-s", "h100-sxm",
+                                           "-g", "8", "-b", "64"]), "missing pp, dp, global_batch", "min.yaml")

@@ -54,7 +54,7 @@ BAD_INPUTS = [
     (["plan", "-b", "512", "--free-batch"], "free-batch"),
     (["checkpoint", "-m", "llama3-8b", "--pp", "128"], "layers"),
     (["checkpoint", "-m", "llama3-8b", "--tp", "5"], "tp"),
-    (["checkpoint", "-m", "llama3-8b", "-g", "7"], "heads"),
+    (["checkpoint", "-m", "llama3-8b", "-g", "6", "--tp", "6"], "heads"),
     (["plan", "--top", "1000000"], "1,000"),
     (["estimate", "--offload-weights", "nan"], "offload-weights"),
     (["estimate", "--hbm-reserve-gib", "inf"], "hbm-reserve-gib"),

@@ -37,13 +37,18 @@ def check_checkpoint_flags(**values: float | None) -> None:
 
 
 def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | None, dp: int | None,
-                   cp: int | None) -> tuple[int, int, int, int]:
-    """tp = min(8, GPUs per node), pp = 1, cp = 1 unless given; dp = GPUs / (tp*pp*cp).
-    The product must equal the GPU count."""
+                   cp: int | None, model=None) -> tuple[int, int, int, int]:
+    """tp = the largest size up to min(8, GPUs per node) that divides the GPUs (and splits
+    `model`'s heads, query groups and widths), pp = 1, cp = 1 unless given; dp = GPUs /
+    (tp*pp*cp). The product must equal the GPU count."""
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and value < 1:
             raise SpecError(f"{name}: must be a positive integer, got {value}")
-    tp = tp if tp is not None else min(8, gpus_per_node, num_gpus)
+    if tp is None:
+        def splits(t: int) -> bool:
+            return model is None or (model.heads % t == 0 and model.hidden % t == 0 and model.ffn_hidden % t == 0
+                                     and (model.kv_groups % t == 0 or t % model.kv_groups == 0))
+        tp = next(t for t in range(min(8, gpus_per_node, num_gpus), 0, -1) if num_gpus % t == 0 and splits(t))
     pp = pp if pp is not None else 1
     cp = cp if cp is not None else 1
     model_parallel = tp * pp * cp
@@ -143,7 +148,8 @@ def register(app: typer.Typer) -> None:
         model: ModelOpt = DEFAULT_MODEL,
         system: SystemOpt = DEFAULT_SYSTEM,
         gpus: GpusOpt = None,
-        tp: Annotated[_Int, typer.Option("--tp", help="Tensor parallel size (default: min(8, GPUs per node)).")] = None,
+        tp: Annotated[_Int, typer.Option("--tp", help="Tensor parallel size (default: the largest up to min(8, GPUs per node) that divides "
+                 "the GPUs and splits the model's heads).")] = None,
         pp: Annotated[_Int, typer.Option("--pp", help="Pipeline parallel size (default 1).")] = None,
         dp: Annotated[_Int, typer.Option("--dp", help="Data parallel size (default GPUs/(tp*pp*cp)).")] = None,
         cp: Annotated[_Int, typer.Option("--cp", help="Context parallel size (default 1).")] = None,
@@ -180,7 +186,7 @@ def register(app: typer.Typer) -> None:
         if zero_stage not in (0, 1, 2, 3):
             raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
         spec, sysspec = load_inputs(model, system, gpus)
-        t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp)
+        t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp, spec)
         plan = make_plan(tp=t, pp=p, dp=d, cp=c, zero_stage=zero_stage, global_batch=d)
         refuse_layout_the_model_cannot_split(spec, sysspec, plan)
         report = checkpoint_report(

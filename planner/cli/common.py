@@ -40,6 +40,7 @@ ReserveOpt = Annotated[float, typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 NoOffloadOpt = Annotated[bool, typer.Option("--no-offload", help="Never offload to the secondary memory tier.")]
+FRAMEWORKS = ("megatron", "any")
 FrameworkOpt = Annotated[str, typer.Option(
     "--framework", help="megatron (only plans Megatron-LM can run; default) or any (also weight offload).")]
 IdleGpusOpt = Annotated[bool, typer.Option("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")]
@@ -77,12 +78,15 @@ def check_new_file(flag: str, path) -> None:
     """A path the command will create (never overwrite): said before any work, not after a search."""
     if path is None:
         return
+    if str(path) == ".":  # also what an empty argument becomes
+        raise SpecError(f"{flag}: no file name given; give the name of a new file")
     if path.is_dir():
         raise SpecError(f"{flag}: {path} is a folder; give the name of a new file")
     if path.exists() or path.is_symlink():
         raise SpecError(f"{flag}: {path} already exists; refusing to overwrite it")
     if not path.parent.is_dir():
-        raise SpecError(f"{flag}: folder {path.parent} does not exist")
+        why = "is a file, not a folder" if path.parent.exists() else "does not exist"
+        raise SpecError(f"{flag}: folder {path.parent} {why}")
 
 
 def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | None = None
@@ -166,6 +170,8 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
             why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch}.x)" if arch < need else ""
             raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak{why}; allowed on it: "
                             f"{', '.join(allowed)}")
+    if extra.get("framework", "megatron") not in FRAMEWORKS:
+        raise SpecError(f"framework: unknown {extra['framework']!r}; allowed: {', '.join(FRAMEWORKS)}")
     if extra.get("flash_attention") is None:
         extra["flash_attention"] = defaults["flash_attention"]
     try:

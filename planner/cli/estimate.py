@@ -153,7 +153,7 @@ def estimate_command(
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
     est = estimate(model_spec, system_spec, plan, job)
     if json_out:
-        print(estimate_json(est, job))
+        print(estimate_json(est, job, model_spec, system_spec))
     else:
         from rich.console import Console
         print_estimate(Console(), model_spec, system_spec, est, job=job)

@@ -304,13 +304,16 @@ def register(app: typer.Typer) -> None:
         if json_out:
             print(json_text({
                 "models": [{"name": m.name, "params": m.num_params, "layers": m.layers, "hidden": m.hidden,
-                            "heads": m.heads, "kv_groups": m.kv_groups, "seq_length": m.seq_length,
-                            "experts": m.moe.num_experts if m.moe else None} for m in models],
+                            "heads": m.heads, "kv_groups": m.kv_groups, "ffn": m.ffn_hidden,
+                            "seq_length": m.seq_length, "experts": m.moe.num_experts if m.moe else None,
+                            "top_k": m.moe.top_k if m.moe else None} for m in models],
                 "systems": [{"name": s.name, "accelerator": s.accelerator.name, "gpus": s.num_gpus,
                              "gpus_per_node": s.gpus_per_node, "hbm_gib": s.accelerator.hbm_capacity_gib,
                              "nvlink_domain": s.nvlink_domain_gpus, "peak_flops": s.accelerator.peak_flops,
                              "source": s.source,
-                             "offload_gib": s.offload.capacity_gib if s.offload else None} for s in systems]},
+                             "offload_gib": s.offload.capacity_gib if s.offload else None,
+                             "offload_gb_per_s": s.offload.bandwidth_gb_per_s if s.offload else None}
+                            for s in systems]},
                 indent=2))
             return
         # plain text, not rich: full preset names in any terminal width or pipe, and ~0.1 s less
@@ -322,7 +325,8 @@ def register(app: typer.Typer) -> None:
         print(_text_table("Model presets (--model)", ("name", "params (B)", "layers", "hidden", "heads", "kv groups",
                                                       "ffn", "seq", "MoE"), model_rows, left=1))
         system_rows = [(s.name, s.accelerator.name, str(s.num_gpus), str(s.gpus_per_node), str(s.nvlink_domain_gpus),
-                        f"{s.accelerator.hbm_capacity_gib:g}", f"{s.accelerator.peak_flops.get('bf16', 0) / 1e12:,.0f}",
+                        f"{s.accelerator.hbm_capacity_gib:g}",
+                        f"{s.accelerator.peak_flops['bf16'] / 1e12:,.0f}" if "bf16" in s.accelerator.peak_flops else "-",
                         f"{s.offload.capacity_gib:g} GiB @ {s.offload.bandwidth_gb_per_s:g} GB/s" if s.offload else "-")
                        for s in systems]
         print()

@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
             "--vary", "-v", help=f"NAME=VALUES, once or twice. NAME is one of: {ALLOWED}. VALUES: a comma "
                                  "list (8,16), START:STOP:xFACTOR (4096:16384:x2) or START:STOP:STEP "
                                  "(256:2048:256); offload_gb_per_s accepts inf; model takes presets.")],
-        out: Annotated[Path, Opt("--out", "-o", help="Output folder for NAME.csv, NAME.png, NAME.svg.")],
+        out_arg: Annotated[str, Opt("--out", "-o", help="Output folder for NAME.csv, NAME.png, NAME.svg.")],
         model: Annotated[Optional[str], Opt(
             "--model", "-m", help="Model preset or YAML file (omit when varying model).")] = None,
         system: SystemOpt = "h100-sxm",
@@ -120,6 +120,9 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"global-batch: must be a positive integer, got {global_batch}")
         if not name or "/" in name or name.startswith("."):
             raise SpecError(f"name: {name!r} must be a plain file name (no '/')")
+        if not out_arg.strip():  # typer would read an empty path as the current folder
+            raise SpecError("out: empty; give an output folder (`-o .` for this one)")
+        out = Path(out_arg)
         if out.exists() and not out.is_dir():
             raise SpecError(f"out: {out} exists and is not a folder")
         paths = output_paths(out, name)
