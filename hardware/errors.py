@@ -165,6 +165,17 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
     return preset, f"preset {ref}"
 
 
+def _yaml_number_hint(text: str) -> str:
+    """Why YAML read a number as text: PyYAML (YAML 1.1) takes 1e3 or 1.0e300 as a string; a float
+    needs a dot and a signed exponent (1.0e+3)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return ""
+    written = f"{value:.1e}" if "e" in f"{value:g}" else f"{value:g}"
+    return f" (YAML 1.1 reads it as text; write {written})"
+
+
 def refuse_loose_types(data: dict, schema, where: str) -> None:
     """YAML `layers: true` or `hidden: "4096"` would pass pydantic's lax mode as 1 or 4096: refuse
     a bool or a string where the field takes neither (recursing into nested specs)."""
@@ -190,7 +201,7 @@ def refuse_loose_types(data: dict, schema, where: str) -> None:
         if isinstance(value, bool) and bool not in kinds:
             raise SpecError(f"{where}: {name}: expected a number, got {str(value).lower()}")
         if isinstance(value, str) and str not in kinds and kinds & {int, float}:
-            raise SpecError(f"{where}: {name}: expected a number, got the string {value!r}")
+            raise SpecError(f"{where}: {name}: expected a number, got the string {value!r}{_yaml_number_hint(value)}")
         # pydantic's lax mode reads "yes", "on", 1 as true
         if bool in kinds and not kinds & {int, float, str} and not isinstance(value, bool) and value is not None:
             raise SpecError(f"{where}: {name}: expected true or false, got {value!r}")

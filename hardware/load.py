@@ -35,7 +35,7 @@ def load_accelerator(ref: str) -> Accelerator:
     path, label = resolve_preset_or_file(ref, ACCELERATOR_DIR, "accelerator")
     data = _read_spec(path, "accelerator")
     try:
-        refuse_loose_types(data, Accelerator, "accelerator")
+        refuse_loose_types(data, Accelerator, f"accelerator ({label})")
         return Accelerator.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"accelerator ({label})") from None
@@ -66,7 +66,7 @@ def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
             raise SpecError(f"gpus: must be a positive integer, got {num_gpus}")
         data["num_gpus"] = num_gpus
     try:
-        refuse_loose_types(data, SystemSpec, "system")
+        refuse_loose_types(data, SystemSpec, f"system ({label})")
         system = SystemSpec.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"system ({label})") from None

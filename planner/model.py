@@ -513,7 +513,7 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         data = read_yaml_mapping(path, "model")
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
-        refuse_loose_types(data, ModelSpec, "model")
+        refuse_loose_types(data, ModelSpec, f"model ({label})")
         return ModelSpec.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"model ({label})") from None

@@ -78,9 +78,27 @@ def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
         return None
     for name, value in given.items():
         if value is not None and value != getattr(saved, name):
-            raise SpecError(f"{name.replace('_', '-')}: {value} differs from the plan file's "
-                            f"({getattr(saved, name)})")
+            flag = FLAG_OF_JOB_FIELD.get(name, name.replace("_", "-"))
+            raise SpecError(f"{flag}: {_setting_text(value)} differs from the plan file's "
+                            f"({_setting_text(getattr(saved, name))})")
     return saved
+
+
+# job fields whose command-line flag has another name
+FLAG_OF_JOB_FIELD = {"cuda_graph_modules": "cuda-graph", "full_iteration_cuda_graph": "cuda-graph",
+                     "module_dtypes": "module-dtype"}
+
+
+def _setting_text(value) -> str:
+    """A job setting as a user writes it: a list comma-separated ('none' when empty), a mapping as
+    MODULE=DTYPE pairs, a flag true/false."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
 
 
 __all__ = ["SAVED_JOB_FIELDS", "PLAN_FILE_FIELDS", "SAVED_RESULT_FIELDS", "reference", "plan_file_data",

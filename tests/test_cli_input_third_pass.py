@@ -198,3 +198,19 @@ def test_a_plan_file_gives_its_layout_and_batch(tmp_path):
     for command in ("estimate", "megatron"):
         one_line_error(runner.invoke(app, [command, "--plan", str(path), "-m", "llama3-8b", "-s", "h100-sxm",
                                            "-g", "8", "-b", "64"]), "missing pp, dp, global_batch", "min.yaml")
+
+
+def test_plan_file_settings_and_yaml_numbers_are_said_as_written(tmp_path):
+    saved = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "-k", "1",
+                               "--save", str(saved)]).exit_code == 0
+    line = one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved), "--cuda-graph", "layers"]),
+                          "cuda-graph:", "attn,mlp", "(none)")
+    assert "('" not in line and "(()" not in line  # no Python tuple reprs
+    one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved), "--bf16-layers", "1,1"]), "1,1", "(0,0)")
+    for text, hint in (("1e3", "write 1000"), ("1.0e300", "write 1.0e+300")):
+        path = tmp_path / "m.yaml"
+        path.write_text(yaml.safe_dump(SMALL_MODEL).replace("seq_length: 2048", f"seq_length: {text}"))
+        one_line_error(runner.invoke(app, ["count", "-m", str(path)]), "m.yaml", "seq_length", "YAML 1.1", hint)
+    fixed = json.loads(runner.invoke(app, ["count", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--json"]).stdout)
+    assert fixed["max_global_batch"] is None and fixed["seq_length"] == 8192

@@ -289,8 +289,9 @@ def register(app: typer.Typer) -> None:
         n = count(model_spec, system_spec, job)
         if json_out:
             print(json_text({"model": model_spec.name, "system": system_spec.name,
-                              "gpus": system_spec.num_gpus, "mappings": n,
-                              "global_batch": job.global_batch, "max_global_batch": job.max_global_batch}))
+                              "gpus": system_spec.num_gpus, "seq_length": model_spec.seq_length, "mappings": n,
+                              "global_batch": job.global_batch,
+                              "max_global_batch": None if job.global_batch else job.max_global_batch}))
         else:
             batch = f"global batch {job.global_batch}" if job.global_batch else \
                 f"any global batch <= {job.max_global_batch}"
