@@ -309,6 +309,10 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
             if knob == "tp" and job.tp_within_nvlink and value > system.nvlink_domain_gpus:
                 hint = (f" (tensor parallelism stays inside the {system.nvlink_domain_gpus}-GPU NVLink domain; "
                         "--tp-across-nodes lifts that)")
+            elif knob.startswith("offload_") and tuple(allowed) == (0.0,):
+                hint = (f" ({system.name} has no offload memory tier)" if system.offload is None else
+                        " (--no-offload was given)" if not job.allow_offload else
+                        " (Megatron-LM cannot offload weights; --framework any costs it)")
             raise SpecError(f"pin {knob}: {raw} is not a legal value here; allowed: {_fmt(knob, allowed)}{hint}")
         domains[knob] = tuple(v for v in allowed if v == value)
     if "global_batch" in job.pins and not job.global_batch:

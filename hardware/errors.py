@@ -147,6 +147,8 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
     if "/" not in ref and "\\" not in ref and (preset_dir / f"{ref}.yaml").is_file():
         return preset_dir / f"{ref}.yaml", f"preset {ref}"
     candidate = Path(ref)
+    if candidate.is_symlink() and not candidate.exists():  # dangling, or a loop of links
+        raise SpecError(f"{what}: {ref} is a symbolic link that leads to no file")
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
         if candidate.is_dir():
             if what == "model":  # a Hugging Face model folder is read before this (hf_config.find_config_json)

@@ -408,10 +408,12 @@ class JobSpec(BaseModel):
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
         if self.fp8_attention and self.dtype in ("bf16", "fp16"):
-            raise ValueError(f"fp8_attention needs a low-precision dtype (fp8, fp8-cs, fp8-block, mxfp8, nvfp4), got {self.dtype}")
+            raise ValueError(f"fp8_attention (--fp8-attention) needs a low-precision dtype (--dtype fp8, fp8-cs, "
+                             f"fp8-block, mxfp8 or nvfp4), got {self.dtype}")
         if self.module_dtypes and self.dtype in ("bf16", "fp16", "fp8"):
-            raise ValueError(f"module_dtypes needs a current- or block-scaled low-precision dtype (fp8-cs, fp8-block, "
-                             f"mxfp8, nvfp4) for the rest of the model, got {self.dtype}")
+            raise ValueError(f"module_dtypes (--module-dtype) needs a current- or block-scaled low-precision "
+                             f"dtype (--dtype fp8-cs, fp8-block, mxfp8 or nvfp4) for the rest of the model, "
+                             f"got {self.dtype}")
         if any(self.bf16_layers) and self.dtype in ("bf16", "fp16", "fp8"):
             why = ("Megatron refuses bf16 layers under delayed scaling" if self.dtype == "fp8"
                    else f"under {self.dtype} every layer already runs 16-bit GEMMs")

@@ -214,3 +214,16 @@ def test_plan_file_settings_and_yaml_numbers_are_said_as_written(tmp_path):
         one_line_error(runner.invoke(app, ["count", "-m", str(path)]), "m.yaml", "seq_length", "YAML 1.1", hint)
     fixed = json.loads(runner.invoke(app, ["count", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--json"]).stdout)
     assert fixed["max_global_batch"] is None and fixed["seq_length"] == 8192
+
+
+def test_pins_the_system_cannot_hold_and_links_to_nothing_say_why(tmp_path):
+    one_line_error(runner.invoke(app, ["check", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                       "--offload-optimizer", "0.5"]), "offload_optimizer", "no offload memory tier")
+    one_line_error(runner.invoke(app, ["check", "-m", "llama3-8b", "-s", "gb200-nvl72", "-g", "8", "-b", "64",
+                                       "--offload-optimizer", "0.5", "--no-offload"]), "--no-offload was given")
+    one_line_error(runner.invoke(app, ["check", "-m", "nemotron-3-nano", "-s", "b200", "-g", "8", "-b", "64",
+                                       "--module-dtype", "mamba_out_proj=mxfp8"]), "--module-dtype", "--dtype")
+    loop = tmp_path / "loop1"
+    loop.symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(loop)
+    one_line_error(runner.invoke(app, ["count", "-m", str(loop)]), "symbolic link", "no file")

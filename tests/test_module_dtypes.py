@@ -66,7 +66,7 @@ def test_the_nemotron_3_super_nvfp4_recipe_knob_is_read_as_module_dtypes():
     (["--dtype", "nvfp4", "--module-dtype", "attn=bf16"], "module-dtype: expected MODULE=DTYPE"),
     (["--dtype", "nvfp4", "--module-dtype", "attention=fp16"], "module-dtype: expected MODULE=DTYPE"),
     (["--dtype", "nvfp4", "--module-dtype", "attention=bf16", "--module-dtype", "attention=mxfp8"], "given twice"),
-    (["--module-dtype", "attention=bf16"], "module_dtypes needs a current- or block-scaled"),
+    (["--module-dtype", "attention=bf16"], "module_dtypes (--module-dtype) needs a current- or block-scaled"),
 ])
 def test_malformed_module_dtype_is_a_one_line_error(args, message):
     r = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "b200", "-g", "8", "--tp", "1", "--pp", "1",

@@ -74,7 +74,7 @@ def test_fused_grouped_mlp_leaves_a_dense_model_alone():
 
 
 def test_fp8_attention_needs_a_low_precision_dtype():
-    with pytest.raises(ValidationError, match="fp8_attention needs a low-precision dtype"):
+    with pytest.raises(ValidationError, match=r"fp8_attention \(--fp8-attention\) needs a low-precision dtype"):
         JobSpec(dtype="bf16", fp8_attention=True)
 
 
