@@ -103,9 +103,14 @@ def test_llama3_70b_on_two_nvl72_racks_keeps_tp_inside_the_domain():
 
 
 @pytest.fixture(scope="module")
-def fitted():
+def prepared_reference():
     cases, _ = load_reference()
-    return fit_groups(prepare(cases))
+    return prepare(cases)
+
+
+@pytest.fixture(scope="module")
+def fitted(prepared_reference):
+    return fit_groups(prepared_reference)
 
 
 def test_calibrate_reproduces_the_presets(fitted):
@@ -138,14 +143,13 @@ def test_presets_lists_the_new_systems_with_sources():
     assert "nvfp4" in next(ln for ln in result.output.splitlines() if ln.startswith("gb300-nvl72:"))
 
 
-def test_calibrate_reproduces_the_torch_stack_presets(fitted):
+def test_calibrate_reproduces_the_torch_stack_presets(fitted, prepared_reference):
     """bench/calibrate.py's torch-stack fit (planner/fit.py fit_torch_stack, on top of the hardware
     fit) gives the per-accelerator fields written in the presets, the A100's torch-era GEMM ceiling
     among them: above the Megatron rows' ceiling, below 1."""
     from hardware.load import load_accelerator
     from planner.fit import fit_torch_stack
-    cases, _ = load_reference()
-    stack = fit_torch_stack(prepare(cases), {g: v[0] for g, v in fitted.items()})
+    stack = fit_torch_stack(prepared_reference, {g: v[0] for g, v in fitted.items()})
     for stem, name in (("a100-sxm4-80gb", "A100-SXM4-80GB"), ("h100-sxm5-80gb", "H100-SXM5-80GB")):
         eff = load_accelerator(stem).efficiency
         for field in ("attention_max_fa2", "attention_max_triton", "matmul_max_torch"):
