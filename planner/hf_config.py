@@ -79,6 +79,12 @@ INTEGER_KEYS = (
     "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", "n_shared_experts",
     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
+POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_group", "topk_group",
+                     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "head_dim",
+                     "intermediate_size")
+# Architectures whose experts are sized by moe_intermediate_size (transformers' Qwen2/3-MoE,
+# Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
+EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")
 BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm")
 STRING_KEYS = ("model_type", "hidden_act", "hidden_activation", "mlp_hidden_act", "hybrid_override_pattern",
                "mtp_hybrid_override_pattern")
@@ -115,6 +121,15 @@ def _check_types(cfg: dict, path: Path) -> None:
     # HF's PretrainedConfig takes the context length as a positive integer; it caps seq_length
     if cfg.get("max_position_embeddings") is not None and cfg["max_position_embeddings"] < 1:
         raise bad("max_position_embeddings", "an integer >= 1")
+    # sizes and counts that, given, switch a mechanism on: 0 would silently switch it off (MLA,
+    # group-limited routing, a shared expert) or size the experts like the dense MLP
+    for key in POSITIVE_IF_GIVEN:
+        if cfg.get(key) is not None and cfg[key] < 1:
+            raise bad(key, "an integer >= 1 (leave the key out or null where the model has none)")
+    if cfg.get("model_type") in EXPERT_FFN_KEY_TYPES and any(cfg.get(k) for k in EXPERT_COUNT_KEYS) \
+            and cfg.get("moe_intermediate_size") is None:
+        raise SpecError(f"model {path}: moe_intermediate_size is missing; a {cfg['model_type']} config sizes its "
+                        "experts with it (intermediate_size is its dense layers' width)")
     rope = cfg.get("rope_scaling")
     if rope is not None:
         if not isinstance(rope, dict):
@@ -127,7 +142,7 @@ def _check_types(cfg: dict, path: Path) -> None:
         # a name transformers may add later is read as the others: only YaRN is costed apart
         factor = rope.get("factor")
         if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
-                                   or not factor > 0):
+                                   or not 0 < factor < float("inf")):
             raise SpecError(f"model {path}: rope_scaling.factor must be a number > 0, got {_shown(factor)}")
 
 
@@ -300,8 +315,18 @@ def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
                      "state_dim": cfg.get("ssm_state_size"), "groups": cfg.get("n_groups", 8),
                      "conv_kernel": cfg.get("conv_kernel", 4), "chunk_size": cfg.get("chunk_size", 128)}
            if "M" in str(cfg.get("hybrid_override_pattern") or "") else None}
-    if str(cfg.get("mlp_hidden_act", "")).lower() in ("relu2", "squared_relu"):
+    if not cfg.get("hybrid_override_pattern"):  # the block pattern is the model; no default guessed
+        raise SpecError(f"model: hybrid_override_pattern is missing; a nemotron_h config gives its blocks "
+                        "(M Mamba-2, * attention, - MLP, E MoE), one per layer")
+    # NemotronH's MLPs are never gated: up, mlp_hidden_act, down (transformers' default relu2)
+    act = str(cfg.get("mlp_hidden_act") or "relu2").lower()
+    if act in ("relu2", "squared_relu"):
         out["activation"] = "squared_relu"
+    elif act in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu"):
+        out["activation"] = "gelu"  # relu costs as gelu: one element-wise pass either way
+    else:
+        raise SpecError(f"model: mlp_hidden_act {act!r} is not read for nemotron_h; allowed: relu2, "
+                        "squared_relu, gelu, gelu_new, gelu_pytorch_tanh, relu")
     moe = fields.get("moe")
     if moe and cfg.get("moe_shared_expert_intermediate_size"):
         moe["shared_experts"] = cfg.get("n_shared_experts") or 1

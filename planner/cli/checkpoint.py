@@ -44,13 +44,14 @@ def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | 
     for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
         if value is not None and value < 1:
             raise SpecError(f"{name}: must be a positive integer, got {value}")
-    if tp is None:
+    pp = pp if pp is not None else 1
+    cp = cp if cp is not None else 1
+    if tp is None:  # what the GPUs left by pp·cp (and dp, if given) divide
         def splits(t: int) -> bool:
             return model is None or (model.heads % t == 0 and model.hidden % t == 0 and model.ffn_hidden % t == 0
                                      and (model.kv_groups % t == 0 or t % model.kv_groups == 0))
-        tp = next(t for t in range(min(8, gpus_per_node, num_gpus), 0, -1) if num_gpus % t == 0 and splits(t))
-    pp = pp if pp is not None else 1
-    cp = cp if cp is not None else 1
+        rest = num_gpus // (pp * cp * (dp or 1)) if num_gpus % (pp * cp * (dp or 1)) == 0 else 1
+        tp = next(t for t in range(min(8, gpus_per_node, max(rest, 1)), 0, -1) if rest % t == 0 and splits(t))
     model_parallel = tp * pp * cp
     if dp is None:
         if num_gpus % model_parallel:

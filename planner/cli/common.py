@@ -447,8 +447,11 @@ def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
         raise SpecError("offload-weights: not expressible in Megatron-LM; use --framework any")
 
 
-def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | None = None):
-    """A Plan from given knobs over `defaults`; dp fills the GPUs left by tp·pp·cp."""
+def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | None = None,
+                    seq_length: int | None = None):
+    """A Plan from given knobs over `defaults`; dp fills the GPUs left by tp·pp·cp. A default
+    sequence parallelism stays off where `seq_length` does not split over tp·cp (a rule of the
+    model, estimate.RULES sp_seq); one the user asked for is kept, and the rule says why not."""
     from planner.plan import make_plan
     refuse_contradictions(knobs, framework="any")
     fields = {**(defaults or {}), **knobs}
@@ -468,6 +471,9 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
         fields["dp"] = gpus // (tp * pp * cp)
     if fields.get("sequence_parallel") and tp == 1:
         fields["sequence_parallel"] = False  # Megatron drops SP at tp = 1; so do we
+    if fields.get("sequence_parallel") and "sequence_parallel" not in knobs and seq_length \
+            and seq_length % (tp * cp):
+        fields["sequence_parallel"] = False
     used = tp * pp * cp * fields["dp"]
     if used != gpus:  # before the plan's own checks, which would blame the batch for a wrong dp
         raise SpecError(f"plan: tp·pp·dp·cp = {used} but the system has {gpus} GPUs "

@@ -114,7 +114,7 @@ def estimate_command(
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp, moe_dispatcher)
     knobs = given_knobs(locals())
-    kernels = kernel_settings(cuda_graph or "none", bool(fp8_attention), bool(fused_grouped_mlp),
+    kernels = kernel_settings("none" if cuda_graph is None else cuda_graph, bool(fp8_attention), bool(fused_grouped_mlp),
                               moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)
     job = None
     if plan_file:
@@ -137,7 +137,8 @@ def estimate_command(
                                 flash_attention=flash_attention, **given_kernels)
     else:
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
-        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS)
+        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS,
+                               model_spec.seq_length)
     if job is None:
         job = make_job(global_batch=None, dtype=dtype, system=system_spec,
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,

@@ -15,8 +15,10 @@ from hardware.errors import SpecError
 from planner.jsonout import json_text
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
+    MAX_GLOBAL_BATCH,
     DtypeOpt,
     check_float,
+    check_int,
     FrameworkOpt,
     GpusOpt,
     JsonOpt,
@@ -116,10 +118,16 @@ def register(app: typer.Typer) -> None:
         check_float("time-limit", time_limit_s, 0.01, 86400.0)  # seconds per grid point: a day at most
         if workers is not None and workers < 1:
             raise SpecError(f"workers: must be a positive integer, got {workers}")
-        if global_batch is not None and global_batch < 1:
-            raise SpecError(f"global-batch: must be a positive integer, got {global_batch}")
-        if not name or "/" in name or name.startswith("."):
-            raise SpecError(f"name: {name!r} must be a plain file name (no '/')")
+        check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
+        check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
+        if global_batch is not None and max_global_batch is not None:
+            raise SpecError("max-global-batch: caps a free batch; -b fixes it (give one or the other)")
+        if ray is not None and not ray.strip():
+            raise SpecError("ray: empty address; give the Ray cluster's address, or leave --ray out to run here")
+        if not name.strip() or name.strip(".") == "":
+            raise SpecError(f"name: {name!r} names no file; give a base name such as 'sweep'")
+        if "/" in name or name.startswith(".") or name != name.strip():
+            raise SpecError(f"name: {name!r} must be a plain file name (no '/', no leading dot or space)")
         if not out_arg.strip():  # typer would read an empty path as the current folder
             raise SpecError("out: empty; give an output folder (`-o .` for this one)")
         out = Path(out_arg)
@@ -143,7 +151,7 @@ def register(app: typer.Typer) -> None:
             for flag, value in fixed.get(axis.name, []):
                 if value is not None:
                     raise SpecError(f"vary: {axis.name} is varied and {flag} fixes it ({value}); drop one of the two")
-        max_global_batch = max_global_batch or DEFAULT_MAX_GLOBAL_BATCH
+        max_global_batch = DEFAULT_MAX_GLOBAL_BATCH if max_global_batch is None else max_global_batch
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
                        dtype=dtype, system=load_system(system),  # the axes vary sizes, not the GPU
                        hbm_reserve_gib=hbm_reserve_gib, allow_offload=not no_offload,
@@ -166,13 +174,22 @@ def register(app: typer.Typer) -> None:
                       TextColumn("{task.description}"), console=err, transient=False) as progress:
             task = progress.add_task("", total=len(points), completed=len(points) - len(todo))
 
+            finished = []
+
             def tick(row: dict) -> None:
                 log.add(row, params_of[row["_index"]])  # on disk as soon as it is done
+                finished.append(row["_index"])
                 point = ", ".join(f"{n}={row[n]}" for n in spec.names)
                 progress.update(task, advance=1, description=point)
 
-            new_rows = run_points(todo, workers if workers is not None else default_workers(), ray, tick) \
-                if todo else []
+            try:
+                new_rows = run_points(todo, workers if workers is not None else default_workers(), ray, tick) \
+                    if todo else []
+            except SpecError:
+                # an input error at a grid point: a log with no finished point would only make the
+                # corrected rerun look like another sweep ("holds the points of a different sweep")
+                log.close(remove=not log.done and not finished)
+                raise
         old_rows = [{k: v for k, v in r.items() if k != "_params"} | {"_key": point_key(r["_params"])}
                     for r in log.done.values()]
         new_rows = [r | {"_key": point_key(params)} for r, params in

@@ -1,4 +1,4 @@
-"""Input a third fuzzing pass found mishandled: each case failed (crash, wrong number, silent
+"""Input the third and fourth fuzzing passes found mishandled: each case failed (crash, wrong number, silent
 acceptance) before its fix and is a one-line error, or the right result, now."""
 from __future__ import annotations
 
@@ -227,3 +227,85 @@ def test_pins_the_system_cannot_hold_and_links_to_nothing_say_why(tmp_path):
     loop.symlink_to(tmp_path / "loop2")
     (tmp_path / "loop2").symlink_to(loop)
     one_line_error(runner.invoke(app, ["count", "-m", str(loop)]), "symbolic link", "no file")
+
+
+# ---- a fourth pass (regressions of the above and Hugging Face configs) ---------------------------
+FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "hf"
+
+
+def test_estimate_leaves_its_default_sp_off_where_the_sequence_does_not_split():
+    """estimate's defaults turn SP on; at seq 8191 on tp 8 that default broke the new rule and a
+    command that never asked for SP failed. Asked for, SP is still refused by the rule."""
+    base = ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "128", "--tp", "8", "--pp", "1",
+            "--seq-length", "8191"]
+    result = runner.invoke(app, [*base, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["plan"]["sequence_parallel"] is False
+    asked = runner.invoke(app, [*base, "--sequence-parallel", "--json"])
+    assert asked.exit_code == 1 and "sp_seq" in json.loads(asked.stdout)["violations"]
+
+
+def test_sweep_batch_cap_ray_and_name_are_checked(tmp_path):
+    sweep = ["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "--no-explain", "-o", str(tmp_path / "sw"), "-v", "gpus=8,16"]
+    one_line_error(runner.invoke(app, [*sweep, "--max-global-batch", "0"]), "max-global-batch", "got 0")
+    one_line_error(runner.invoke(app, [*sweep, "--max-global-batch", "-5"]), "max-global-batch", "got -5")
+    one_line_error(runner.invoke(app, [*sweep, "--max-global-batch", "100", "-b", "64"]), "max-global-batch", "-b")
+    one_line_error(runner.invoke(app, [*sweep, "--ray", ""]), "ray", "empty")
+    for name in (" ", ".."):
+        one_line_error(runner.invoke(app, [*sweep, "--name", name]), "name", "names no file")
+    assert not (tmp_path / "sw").exists()
+
+
+def test_a_sweep_stopped_by_an_input_error_leaves_no_log_to_block_the_rerun(tmp_path):
+    sweep = ["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "--no-explain", "-o", str(tmp_path), "-v", "gpus=8",
+             "--name", "d3"]
+    failed = runner.invoke(app, [*sweep, "--hbm-reserve-gib", "100"])
+    assert failed.exit_code == 2 and "hbm-reserve-gib" in failed.output
+    assert not (tmp_path / "d3.points.jsonl").exists()
+    rerun = runner.invoke(app, [*sweep, "--hbm-reserve-gib", "2"])
+    assert rerun.exit_code == 0, rerun.output
+
+
+def _hf(tmp_path, base: str, **changes) -> str:
+    cfg = json.loads((FIXTURES / base / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            cfg.pop(key, None)
+        else:
+            cfg[key] = value
+    folder = tmp_path / f"{base}-{len(list(tmp_path.iterdir()))}"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+def test_hugging_face_values_that_would_switch_a_mechanism_off_are_refused(tmp_path):
+    """moe_intermediate_size 0 or missing sized Qwen3-MoE's experts like its dense MLP (233 B
+    parameters for a 30 B model); kv_lora_rank 0 dropped DeepSeek's MLA; an infinite rope factor
+    was read; a nemotron_h config without its block pattern was read as attention + MoE, and a gelu
+    MLP as gated."""
+    moe_dir, ds_dir = "qwen3-30b-a3b", "deepseek-v3"
+    cases = [(_hf(tmp_path, moe_dir, moe_intermediate_size=0), "moe_intermediate_size"),
+              (_hf(tmp_path, moe_dir, moe_intermediate_size=None), "moe_intermediate_size is missing"),
+              (_hf(tmp_path, ds_dir, kv_lora_rank=0), "kv_lora_rank"),
+              (_hf(tmp_path, ds_dir, n_group=0), "n_group"),
+              (_hf(tmp_path, moe_dir, rope_scaling={"rope_type": "yarn", "factor": float("inf")}), "rope_scaling.factor"),
+              (_hf(tmp_path, "nemotron-3-nano", hybrid_override_pattern=None), "hybrid_override_pattern is missing"),
+              (_hf(tmp_path, "nemotron-3-nano", mlp_hidden_act="tanh"), "mlp_hidden_act")]
+    for path, words in cases:
+        one_line_error(runner.invoke(app, ["count", "-m", path]), words)
+    gelu = load_model(_hf(tmp_path, "nemotron-3-nano", mlp_hidden_act="gelu"))
+    assert gelu.activation == "gelu"
+    assert gelu.num_params == load_model(str(FIXTURES / "nemotron-3-nano")).num_params  # not gated
+
+
+def test_checkpoint_default_tp_fits_the_gpus_a_given_pp_or_cp_leaves():
+    for args, want in ((["-g", "8", "--pp", "2"], "tp4 pp2 "), (["-g", "8", "--cp", "2"], "tp4 pp1 dp1 cp2")):
+        result = runner.invoke(app, ["checkpoint", "-m", "llama3-8b", "-s", "h100-sxm", *args, "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["plan"].startswith(want)
+
+
+def test_estimate_refuses_an_empty_cuda_graph():
+    one_line_error(runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                       "--tp", "1", "--pp", "1", "--cuda-graph", ""]), "cuda-graph", "''")
