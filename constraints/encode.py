@@ -46,6 +46,9 @@ RULE_TEXT = {
     "vpp_microbatches": "with interleaving the number of microbatches must be at least pp",
     "sp_needs_tp": "sequence parallelism needs tp > 1",
     "sp_seq": "with sequence parallelism the sequence length must be a multiple of tp·cp",
+    "moe_tp_needs_sp": "Megatron's MoE layers with tp > 1 need sequence parallelism",
+    "options": "each layout needs an allowed set of recompute, SP, overlap and offload options",
+    "pins": "the knob values you pinned",
     "tp_overlap_needs_sp": "tp comm overlap needs sequence parallelism",
     "megatron_weight_offload": "Megatron-LM cannot offload weights",
     "megatron_activation_offload": "Megatron-LM offloads activations only with pp = 1 and no recompute",
@@ -133,6 +136,8 @@ def encode(table: Table, assumptions: bool = False) -> Encoded:
     table_rule("sp_needs_tp", ("tp", "sequence_parallel"), lambda t, s: not s or t > 1)
     table_rule("sp_seq", ("tp", "cp", "sequence_parallel"),
                lambda t, c, s: not s or t == 1 or model_spec.seq_length % (t * c) == 0)
+    if job.framework == "megatron" and model_spec.moe is not None:
+        table_rule("moe_tp_needs_sp", ("tp", "sequence_parallel"), lambda t, s: t == 1 or s)
     table_rule("tp_overlap_needs_sp", ("sequence_parallel", "tp_comm_overlap"), lambda s, o: not o or s)
 
     # batch: global_batch = m · micro_batch · dp (integer products), and its size

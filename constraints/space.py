@@ -441,17 +441,19 @@ def options(space: Space) -> dict[str, np.ndarray]:
     return {k: arr[:, i].copy() for i, k in enumerate(OPTION_KEYS)}
 
 
-N_LAYOUT_CLASSES = 8
+N_LAYOUT_CLASSES = 16
 
 
 def layout_class(lay: dict[str, np.ndarray], seq_length: int) -> np.ndarray:
-    """What a layout allows of the options, as a class 0..7: bit 2 sequence parallelism (and with
-    it TP overlap): tp > 1 and each rank's seq/cp tokens split over tp (Megatron's SP scatter
-    asserts it), bit 1 pp == 1 (Megatron activation offload), bit 0 the expert all-to-all overlap
-    (Megatron: ep > 1 and, with pipelining, interleaving)."""
+    """What a layout allows of the options, as a class 0..15: bit 3 tp > 1 (Megatron's MoE layers
+    then need SP), bit 2 sequence parallelism (and with it TP overlap): tp > 1 and each rank's
+    seq/cp tokens split over tp (Megatron's SP scatter asserts it), bit 1 pp == 1 (Megatron
+    activation offload), bit 0 the expert all-to-all overlap (Megatron: ep > 1 and, with
+    pipelining, interleaving)."""
     a2a_ok = (lay["ep"] > 1) & ((lay["pp"] == 1) | (lay["vpp"] > 1))
     sp_ok = (lay["tp"] > 1) & (np.mod(seq_length, lay["tp"] * lay["cp"]) == 0)
-    return sp_ok.astype(int) * 4 + (lay["pp"] == 1).astype(int) * 2 + a2a_ok.astype(int)
+    return ((lay["tp"] > 1).astype(int) * 8 + sp_ok.astype(int) * 4 + (lay["pp"] == 1).astype(int) * 2
+            + a2a_ok.astype(int))
 
 
 def options_allowed(space: Space, opt: dict[str, np.ndarray], cls: int) -> np.ndarray:
@@ -459,6 +461,10 @@ def options_allowed(space: Space, opt: dict[str, np.ndarray], cls: int) -> np.nd
     ok = np.ones(len(opt["recompute"]), dtype=bool)
     if not cls & 4:
         ok &= opt["sequence_parallel"] == 0
+    if space.job.framework == "megatron" and space.model.moe is not None and cls & 8:
+        # Megatron-core: "When using MoE and tensor parallelism, sequence parallelism must be used"
+        # (expressible.py); where SP cannot split the sequence, no option is left
+        ok &= opt["sequence_parallel"] == 1
     if space.job.framework == "megatron" and not cls & 2:
         ok &= opt["offload_activations"] == 0
     if not cls & 1:

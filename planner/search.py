@@ -371,7 +371,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     floor = memory_floor(space)
     hbm_min, small_plan, cap = floor.hbm_bytes, floor.plan, floor.usable_hbm_bytes
     if small_plan is None:  # layouts exist, but no option combination goes with any of them
-        return _structural(model, system, job, space)
+        return _structural(model, system, job, space, lay)
     if hbm_min <= cap:  # the memory bound does not rule everything out: search
         result = plan(model, system, job, top_k=1)
         if result.best is not None:
@@ -451,12 +451,33 @@ def _pins(job: JobSpec) -> str:
     return ", ".join(f"{k}={v}" for k, v in job.pins.items())
 
 
-def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space) -> CheckResult:
-    """No layout passes the non-memory rules: say which."""
+def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: dict | None = None) -> CheckResult:
+    """No layout passes the non-memory rules, or (`lay`: the layouts that do) no option combination
+    goes with any of them: say which."""
     d = space.domains
     n = system.num_gpus
     reasons = []
     binding = []
+    if lay is not None and len(lay["tp"]):
+        tps = sorted({int(t) for t in lay["tp"]})
+        sp_ok = (lay["tp"] > 1) & (np.mod(model.seq_length, lay["tp"] * lay["cp"]) == 0)
+        if (job.pins.get("sequence_parallel") or job.pins.get("tp_comm_overlap")) and not sp_ok.any():
+            binding.append("sp_seq")
+            reasons.append(f"sequence parallelism: needs tp > 1 and the sequence ({model.seq_length}) a multiple "
+                           f"of tp·cp; no layout here has both (tp: {', '.join(map(str, tps))})")
+        elif job.framework == "megatron" and model.moe is not None and min(tps) > 1:
+            binding.append("moe_tp_needs_sp")
+            reasons.append(f"sequence parallelism: Megatron's MoE layers with tp > 1 need it, and it needs the "
+                           f"sequence ({model.seq_length}) to be a multiple of tp·cp (tp here: "
+                           f"{', '.join(map(str, tps))})")
+        else:
+            binding.append("options")
+            reasons.append("options: no combination of recompute, sequence parallelism, overlaps and offload "
+                           "goes with the layouts left (see the pins)")
+        if job.pins:
+            binding.append("pins")
+            reasons.append(f"pins: your pins ({_pins(job)}) leave layouts, but none with a valid option set")
+        return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=binding)
     if job.pins:
         free = build_space(model, system, job.model_copy(update={"pins": {}}))
         if len(layouts(free)["tp"]):
@@ -466,7 +487,19 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space) -> Ch
             reasons.append(f"pins: your pins ({_pins(job)}) leave no valid layout{why}; without them there are "
                            f"{count(model, system, job.model_copy(update={'pins': {}})):,} mappings")
     prods = sorted({a * b * c for a in d["tp"] for b in d["pp"] for c in d["cp"]})
-    if not job.allow_idle_gpus and not any(n % p == 0 for p in prods):
+    pinned = {k: int(job.pins[k]) for k in ("tp", "pp", "dp", "cp") if isinstance(job.pins.get(k), (int, float))}
+    product = math.prod(pinned.values())
+    if len(pinned) > 1 and product > n:
+        binding.append("gpus")
+        reasons.append(f"gpus: your pins need {'·'.join(pinned)} = {product} GPUs; the system has {n}")
+    elif isinstance(job.pins.get("ep"), (int, float)) and job.pins["ep"] > n:
+        binding.append("experts_ep")
+        reasons.append(f"ep: {int(job.pins['ep'])} expert-parallel ranks need as many GPUs; the system has {n}")
+    elif isinstance(job.pins.get("vpp"), (int, float)) and job.pins["vpp"] * min(d["pp"]) > model.layers:
+        binding.append("layers_pp")
+        reasons.append(f"vpp: pp·vpp = {min(d['pp'])}·{int(job.pins['vpp'])} virtual stages exceed the "
+                       f"{model.layers} layers (each needs one)")
+    elif not job.allow_idle_gpus and not any(n % p == 0 for p in prods):
         binding.append("gpus")
         reasons.append(f"gpus: no tp·pp·cp from tp in {list(d['tp'])}, pp in {list(d['pp'])}, cp in "
                        f"{list(d['cp'])} divides {n} GPUs (try --allow-idle-gpus or another GPU count)")

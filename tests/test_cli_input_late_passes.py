@@ -309,3 +309,22 @@ def test_checkpoint_default_tp_fits_the_gpus_a_given_pp_or_cp_leaves():
 def test_estimate_refuses_an_empty_cuda_graph():
     one_line_error(runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
                                        "--tp", "1", "--pp", "1", "--cuda-graph", ""]), "cuda-graph", "''")
+
+
+def test_no_plan_explanations_name_the_real_rule():
+    """Megatron's MoE layers at tp > 1 need SP: with a sequence SP cannot split, the search used to
+    find only plans `planner megatron` refuses, and the 'fits on 2x GPUs' advice repeated forever;
+    pins beyond the GPUs or layers were blamed on the batch."""
+    def check(*args):
+        result = runner.invoke(app, ["check", *args, "--json"])
+        assert result.exit_code == 1, result.output
+        return json.loads(result.stdout)
+    moe = check("-m", "qwen3-30b-a3b", "-s", "h100-sxm", "-g", "32", "-b", "256", "--seq-length", "4095", "--tp", "2")
+    assert "moe_tp_needs_sp" in moe["binding_rules"] and "batch" not in moe["binding_rules"]
+    assert not any("fits on" in r for r in moe["reasons"])
+    sp = check("-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "128", "--seq-length", "8191",
+               "--sequence-parallel")
+    assert "sp_seq" in sp["binding_rules"] and "batch" not in sp["binding_rules"]
+    for pins, rule in ((["--pp", "2", "--dp", "64"], "gpus"), (["--pp", "4", "--vpp", "16"], "layers_pp")):
+        got = check("-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "128", *pins)
+        assert rule in got["binding_rules"] and "batch" not in got["binding_rules"], got

@@ -207,6 +207,8 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
                 # SP scatters each rank's seq/cp tokens over tp (Megatron asserts they divide)
                 if sp and (tp == 1 or model.seq_length % (tp * cp)) or tpo and not sp:
                     continue
+                if model.moe and job.framework == "megatron" and tp > 1 and not sp:
+                    continue  # Megatron's MoE layers with tp > 1 need SP
                 if oa and (pp > 1 or rc != 0) or oo and z != 1:
                     continue
                 if a2a and (ep == 1 or (pp > 1 and vpp == 1) or rc in (1, 3)):
