@@ -267,6 +267,9 @@ def estimate_json(est: Estimate, job: JobSpec | None = None, model: ModelSpec | 
     data = est.model_dump()
     if model is not None:
         data.update(model=model.name, seq_length=model.seq_length)
+        if job is not None and job.framework == "megatron":  # what the table's note says
+            from planner.megatron.expressible import not_expressible
+            data["megatron_refusals"] = not_expressible(est.plan, model, job)
     if system is not None:
         data.update(system=system.name, gpus=system.num_gpus)
     data["feasible"] = est.feasible

@@ -328,3 +328,25 @@ def test_no_plan_explanations_name_the_real_rule():
     for pins, rule in ((["--pp", "2", "--dp", "64"], "gpus"), (["--pp", "4", "--vpp", "16"], "layers_pp")):
         got = check("-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "128", *pins)
         assert rule in got["binding_rules"] and "batch" not in got["binding_rules"], got
+
+
+def test_names_are_read_as_nvidia_writes_them_and_json_keeps_the_megatron_note(tmp_path):
+    assert runner.invoke(app, ["count", "--framework", "Any", "--json"]).exit_code == 0
+    est = runner.invoke(app, ["estimate", "-m", "qwen3-30b-a3b", "-s", "h100-sxm", "-g", "32", "-b", "256", "--tp", "2",
+                              "--pp", "1", "--ep", "16", "--adam-moments", "BF16", "--zero-stage", "0", "--json"])
+    assert est.exit_code == 0, est.output
+    assert any("precision-aware optimizer" in r for r in json.loads(est.stdout)["megatron_refusals"])
+    saved = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "-k", "1",
+                               "--save", str(saved)]).exit_code == 0
+    assert runner.invoke(app, ["megatron", "--plan", str(saved), "--format", "ARGS"]).exit_code == 0
+
+
+def test_megatron_turns_sp_on_for_a_moe_layout_with_tp():
+    """Megatron's MoE layers at tp > 1 need SP: `planner megatron --tp 8` for Mixtral used to refuse
+    its own default; asked off, the refusal names the flag."""
+    base = ["megatron", "-m", "mixtral-8x7b", "-s", "h100-sxm", "-g", "64", "-b", "256", "--tp", "8", "--format", "args"]
+    result = runner.invoke(app, base)
+    assert result.exit_code == 0, result.output
+    assert "--sequence-parallel" in result.stdout.split()
+    one_line_error(runner.invoke(app, [*base, "--no-sequence-parallel"]), "--sequence-parallel")

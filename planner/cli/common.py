@@ -160,7 +160,7 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
     defaults = gpu_job_defaults(system) if system is not None else {"dtype": "bf16", "flash_attention": True}
     if dtype is not None and not dtype.strip():
         raise SpecError(f"dtype: empty; allowed: {', '.join(training_dtypes(system))}")
-    dtype = (dtype or defaults["dtype"]).lower()  # BF16, MXFP8 as NVIDIA's tables print them
+    dtype = (dtype or defaults["dtype"]).strip().lower()  # BF16, MXFP8 as NVIDIA's tables print them
     if system is not None and dtype in training_dtypes():
         allowed = training_dtypes(system)
         if dtype not in allowed:
@@ -170,6 +170,8 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
             why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch}.x)" if arch < need else ""
             raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak{why}; allowed on it: "
                             f"{', '.join(allowed)}")
+    if isinstance(extra.get("framework"), str):
+        extra["framework"] = extra["framework"].strip().lower()
     if extra.get("framework", "megatron") not in FRAMEWORKS:
         raise SpecError(f"framework: unknown {extra['framework']!r}; allowed: {', '.join(FRAMEWORKS)}")
     if extra.get("flash_attention") is None:
@@ -271,6 +273,7 @@ def adam_moments_setting(value: str | None) -> dict:
     """The JobSpec field of --adam-moments ({} when not given), one-line error for another dtype."""
     if value is None:
         return {}
+    value = value.strip().lower()  # BF16 as NVIDIA writes it
     if value not in ADAM_MOMENT_DTYPES:
         raise SpecError(f"adam-moments: must be one of {', '.join(ADAM_MOMENT_DTYPES)}, got {value!r}")
     return {"adam_moments": value}

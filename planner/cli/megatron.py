@@ -159,7 +159,11 @@ def _plan_and_job(o: dict, model, system):
         return plan, _job(o, model, system, plan)
     job = _job(o, model, system)
     if any(o[k] is not None for k in ("tp", "pp", "dp")):
-        return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch), job
+        # Megatron's MoE layers at tp > 1 run only with SP: on by default there, where it splits
+        # the sequence (plan_from_knobs turns a default SP off where it does not)
+        defaults = {"sequence_parallel": True} if model.moe is not None else None
+        return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch, defaults,
+                               model.seq_length), job
     if given or perf:
         first = next(iter({**given, **perf})).replace("_", "-")
         raise SpecError(f"plan: --{first} describes a plan only beside --tp, --pp or --dp (unset: tp=pp=cp=1, "
@@ -229,6 +233,7 @@ def _run(o: dict) -> None:
     from planner import megatron as mg
     from planner.analytical import estimate
 
+    o["fmt"] = o["fmt"].strip().lower()
     if o["fmt"] not in FORMATS:
         raise SpecError(f"format: unknown {o['fmt']!r}; allowed: {', '.join(FORMATS)}")
     if o["gpus"] is not None and o["gpus"] < 1:

@@ -118,7 +118,8 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     if model.moe is not None and plan.tp > 1 and not plan.sequence_parallel:
         # Megatron-core MoE: "When using MoE and tensor parallelism, sequence parallelism must be
         # used." (not in MA; kept as a conservative rule for emission only).
-        reasons.append("sequence_parallel: Megatron MoE layers with tp > 1 need sequence_parallel")
+        reasons.append("sequence_parallel: Megatron MoE layers with tp > 1 need sequence parallelism "
+                       "(--sequence-parallel)")
     if plan.tp_comm_overlap and plan.tp > 1 and not plan.sequence_parallel:  # MA 2a
         reasons.append("tp_comm_overlap: Megatron overlaps TP communication only with sequence_parallel")
     k = plan.recompute_num_layers
