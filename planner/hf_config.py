@@ -295,12 +295,20 @@ def model_fields(path: Path) -> dict:
             and cfg["swiglu_limit"] > 0:
         fields["activation_clamp"] = float(cfg["swiglu_limit"])
     if cfg.get("kv_lora_rank"):
+        _require(cfg, ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), "kv_lora_rank (MLA) needs its head widths")
         fields["mla"] = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                                  "qk_rope_head_dim", "v_head_dim")}
         fields["head_dim"] = None  # MLA's head widths live in `mla`
     if cfg.get("num_nextn_predict_layers"):
         fields["mtp_layers"] = cfg["num_nextn_predict_layers"]
     return fields
+
+
+def _require(cfg: dict, keys: tuple[str, ...], why: str) -> None:
+    """One line naming the config keys a mechanism the config switches on needs and lacks."""
+    missing = [k for k in keys if cfg.get(k) is None]
+    if missing:
+        raise SpecError(f"model: missing {', '.join(missing)}; {why}")
 
 
 def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
@@ -315,6 +323,8 @@ def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
                      "state_dim": cfg.get("ssm_state_size"), "groups": cfg.get("n_groups", 8),
                      "conv_kernel": cfg.get("conv_kernel", 4), "chunk_size": cfg.get("chunk_size", 128)}
            if "M" in str(cfg.get("hybrid_override_pattern") or "") else None}
+    if "M" in str(cfg.get("hybrid_override_pattern") or ""):
+        _require(cfg, ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"), "Mamba-2 blocks (M) need their mixer's sizes")
     if not cfg.get("hybrid_override_pattern"):  # the block pattern is the model; no default guessed
         raise SpecError(f"model: hybrid_override_pattern is missing; a nemotron_h config gives its blocks "
                         "(M Mamba-2, * attention, - MLP, E MoE), one per layer")

@@ -350,3 +350,11 @@ def test_megatron_turns_sp_on_for_a_moe_layout_with_tp():
     assert result.exit_code == 0, result.output
     assert "--sequence-parallel" in result.stdout.split()
     one_line_error(runner.invoke(app, [*base, "--no-sequence-parallel"]), "--sequence-parallel")
+
+
+def test_a_config_missing_the_sizes_of_a_mechanism_it_switches_on_names_them(tmp_path):
+    one_line_error(runner.invoke(app, ["count", "-m", _hf(tmp_path, "deepseek-v3", qk_nope_head_dim=None)]),
+                   "missing qk_nope_head_dim", "MLA")
+    one_line_error(runner.invoke(app, ["count", "-m", _hf(tmp_path, "nemotron-3-nano", ssm_state_size=None,
+                                                           mamba_num_heads=None)]),
+                   "missing mamba_num_heads, ssm_state_size", "Mamba-2")

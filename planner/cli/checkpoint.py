@@ -81,6 +81,11 @@ def refuse_layout_the_model_cannot_split(model, system, plan) -> None:
             if i == 0 else RULES[r] for i, r in enumerate(broken)))
 
 
+def _hours(hours: float) -> str:
+    """An MTBF in hours as given: whole hours with separators, a fraction of one to 3 digits."""
+    return f"{hours:,.0f}" if hours >= 10 else f"{hours:.3g}"
+
+
 def _duration(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "inf"
@@ -105,8 +110,8 @@ def render(report: CheckpointReport) -> None:
     from rich.table import Table
 
     r = report
-    mtbf_src = (f"{r.node_mtbf_hours:,.0f} h per node" if r.node_mtbf_hours is not None
-                else f"{r.gpu_mtbf_hours:,.0f} h per GPU")
+    mtbf_src = (f"{_hours(r.node_mtbf_hours)} h per node" if r.node_mtbf_hours is not None
+                else f"{_hours(r.gpu_mtbf_hours)} h per GPU")
     table = Table(title=f"Checkpoint: {r.model} on {r.num_gpus} GPUs ({r.system}), {r.plan}",
                   show_header=True, header_style="bold")
     table.add_column("quantity")
