@@ -111,11 +111,12 @@ def solve_top_k(table: Table, k: int = 1, time_limit_s: float = TIME_LIMIT_S,
     t0 = time.perf_counter()
     if not len(table):
         return Solutions(indices=[], status="INFEASIBLE",
-                         stats={"encode_s": 0.0, "solve_s": 0.0, "rounds": 0, "solver_disagreements": 0})
+                         stats={"encode_s": 0.0, "solve_s": 0.0, "rounds": 0, "table_rounds": 0,
+                                "solver_disagreements": 0})
     enc = encoded or encode(table)
     build = time.perf_counter() - t0
-    allowed = table.fits.copy() if len(table) else np.zeros(0, dtype=bool)
-    group = table.rows["group"] if len(table) else np.zeros(0, dtype=np.int64)
+    allowed = table.fits.copy()
+    group = table.rows["group"]
     chosen: list[int] = []
     disagreements = 0
     status = "INFEASIBLE"
@@ -123,24 +124,19 @@ def solve_top_k(table: Table, k: int = 1, time_limit_s: float = TIME_LIMIT_S,
     table_rounds = 0
     for _ in range(k):
         expected = int(np.argmax(allowed)) if allowed.any() else None
-        if not len(table):
-            break
         if chosen and solve_s >= time_limit_s:
-            if expected is None:
-                break
-            table_rounds += 1
-            chosen.append(expected)
-            allowed &= group != group[expected]
-            continue
-        solver = new_solver(time_limit_s)
-        t1 = time.perf_counter()
-        code = interruptible_solve(solver, enc.model)
-        solve_s += time.perf_counter() - t1
-        status = solver.StatusName(code)
-        got = int(solver.Value(enc.row)) if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
-        if got != expected or (code == cp_model.FEASIBLE):
-            disagreements += got != expected
-            got = expected
+            got = expected  # the table's order, which every solved round matched
+            table_rounds += got is not None
+        else:
+            solver = new_solver(time_limit_s)
+            t1 = time.perf_counter()
+            code = interruptible_solve(solver, enc.model)
+            solve_s += time.perf_counter() - t1
+            status = solver.StatusName(code)
+            got = int(solver.Value(enc.row)) if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+            if got != expected or (code == cp_model.FEASIBLE):
+                disagreements += got != expected
+                got = expected
         if got is None:
             break
         chosen.append(got)

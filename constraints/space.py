@@ -155,6 +155,16 @@ class Space:
         return space_batch_cap(self.job)
 
 
+def tp_splits(model: ModelSpec, tp: int) -> bool:
+    """Whether tensor parallelism `tp` splits the model: its heads, widths (expert and Mamba ones
+    included: Megatron-Core MambaMixer asserts its heads and B/C groups divide) and query groups
+    (a multiple or a divisor of tp)."""
+    widths = [model.heads, model.hidden, model.ffn_hidden] + ([model.expert_ffn_hidden] if model.moe else [])
+    widths += [model.mamba.num_heads, model.mamba.groups] if model.mamba else []
+    g = model.kv_groups
+    return all(w % tp == 0 for w in widths) and (g % tp == 0 or tp % g == 0)
+
+
 def cp_splits(model: ModelSpec, cp: int) -> bool:
     """Load-balanced causal CP cuts the sequence into 2·cp chunks (Megatron-Core / TE
     context parallel): seq % (2·cp) == 0."""
@@ -164,16 +174,11 @@ def cp_splits(model: ModelSpec, cp: int) -> bool:
 def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str, tuple]:
     """Legal values of each knob BEFORE pins (dp and global_batch are listed but derived per row)."""
     n = system.num_gpus
-    g = model.kv_groups
 
     def fills(size: int) -> bool:  # a factor of tp·pp·dp·cp must divide the GPUs unless some may idle
         return job.allow_idle_gpus or n % size == 0
 
-    widths = [model.hidden, model.ffn_hidden] + ([model.expert_ffn_hidden] if model.moe else [])
-    # a Mamba mixer splits its heads and its B/C groups over tp (Megatron-Core MambaMixer asserts both)
-    widths += [model.mamba.num_heads, model.mamba.groups] if model.mamba else []
-    tp = [d for d in divisors(model.heads)
-          if all(w % d == 0 for w in widths) and (g % d == 0 or d % g == 0) and d <= n
+    tp = [d for d in divisors(model.heads) if tp_splits(model, d) and d <= n
           and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink) and fills(d)]
     uneven = {d for d in range(1, model.layers + 1) if n % d == 0} if not job.allow_idle_gpus \
         else set(_pow2_upto(model.layers))
@@ -442,6 +447,7 @@ def options(space: Space) -> dict[str, np.ndarray]:
 
 
 N_LAYOUT_CLASSES = 16
+LAYOUT_CLASS_SP = 4  # the class bit: sequence parallelism allowed
 
 
 def layout_class(lay: dict[str, np.ndarray], seq_length: int) -> np.ndarray:
@@ -452,14 +458,14 @@ def layout_class(lay: dict[str, np.ndarray], seq_length: int) -> np.ndarray:
     pipelining, interleaving)."""
     a2a_ok = (lay["ep"] > 1) & ((lay["pp"] == 1) | (lay["vpp"] > 1))
     sp_ok = (lay["tp"] > 1) & (np.mod(seq_length, lay["tp"] * lay["cp"]) == 0)
-    return ((lay["tp"] > 1).astype(int) * 8 + sp_ok.astype(int) * 4 + (lay["pp"] == 1).astype(int) * 2
+    return ((lay["tp"] > 1).astype(int) * 8 + sp_ok.astype(int) * LAYOUT_CLASS_SP + (lay["pp"] == 1).astype(int) * 2
             + a2a_ok.astype(int))
 
 
 def options_allowed(space: Space, opt: dict[str, np.ndarray], cls: int) -> np.ndarray:
     """Mask of the option rows a layout of class `cls` may take."""
     ok = np.ones(len(opt["recompute"]), dtype=bool)
-    if not cls & 4:
+    if not cls & LAYOUT_CLASS_SP:
         ok &= opt["sequence_parallel"] == 0
     if space.job.framework == "megatron" and space.model.moe is not None and cls & 8:
         # Megatron-core: "When using MoE and tensor parallelism, sequence parallelism must be used"

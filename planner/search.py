@@ -24,7 +24,8 @@ import numpy as np
 
 from constraints.solve import explain, solve_top_k, stopping_solves
 from constraints.stages import best_stages
-from constraints.space import (N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class, layouts, options,
+from constraints.space import (LAYOUT_CLASS_SP, N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class,
+                               layouts, options,
                                options_allowed, pair_mask, take_pairs)
 from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
 from hardware.errors import SpecError
@@ -460,7 +461,7 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
     binding = []
     if lay is not None and len(lay["tp"]):
         tps = sorted({int(t) for t in lay["tp"]})
-        sp_ok = (lay["tp"] > 1) & (np.mod(model.seq_length, lay["tp"] * lay["cp"]) == 0)
+        sp_ok = (layout_class(lay, model.seq_length) & LAYOUT_CLASS_SP) != 0
         if (job.pins.get("sequence_parallel") or job.pins.get("tp_comm_overlap")) and not sp_ok.any():
             binding.append("sp_seq")
             reasons.append(f"sequence parallelism: needs tp > 1 and the sequence ({model.seq_length}) a multiple "

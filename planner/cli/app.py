@@ -113,7 +113,6 @@ class _LazyOneLineGroup(TyperGroup):
         return code
 
 
-
 def _name_too_long(path: str) -> str:
     shown = path if len(path) <= 60 else path[:57] + "..."
     return (f"path: a name in it is too long for the file system ({len(os.fsencode(path))} bytes in all; "

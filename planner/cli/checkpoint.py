@@ -47,11 +47,10 @@ def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | 
     pp = pp if pp is not None else 1
     cp = cp if cp is not None else 1
     if tp is None:  # what the GPUs left by pp·cp (and dp, if given) divide
-        def splits(t: int) -> bool:
-            return model is None or (model.heads % t == 0 and model.hidden % t == 0 and model.ffn_hidden % t == 0
-                                     and (model.kv_groups % t == 0 or t % model.kv_groups == 0))
+        from constraints.space import tp_splits
         rest = num_gpus // (pp * cp * (dp or 1)) if num_gpus % (pp * cp * (dp or 1)) == 0 else 1
-        tp = next(t for t in range(min(8, gpus_per_node, max(rest, 1)), 0, -1) if rest % t == 0 and splits(t))
+        tp = next(t for t in range(min(8, gpus_per_node, max(rest, 1)), 0, -1)
+                  if rest % t == 0 and (model is None or tp_splits(model, t)))
     model_parallel = tp * pp * cp
     if dp is None:
         if num_gpus % model_parallel:

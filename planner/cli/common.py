@@ -1,6 +1,7 @@
 """Options and loaders shared by every `planner` sub-command (one place, one wording)."""
 from __future__ import annotations
 
+import typing
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -40,7 +41,6 @@ ReserveOpt = Annotated[float, typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 NoOffloadOpt = Annotated[bool, typer.Option("--no-offload", help="Never offload to the secondary memory tier.")]
-FRAMEWORKS = ("megatron", "any")
 FrameworkOpt = Annotated[str, typer.Option(
     "--framework", help="megatron (only plans Megatron-LM can run; default) or any (also weight offload).")]
 IdleGpusOpt = Annotated[bool, typer.Option("--allow-idle-gpus", help="Allow tp·pp·dp·cp below the GPU count.")]
@@ -172,8 +172,9 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
                             f"{', '.join(allowed)}")
     if isinstance(extra.get("framework"), str):
         extra["framework"] = extra["framework"].strip().lower()
-    if extra.get("framework", "megatron") not in FRAMEWORKS:
-        raise SpecError(f"framework: unknown {extra['framework']!r}; allowed: {', '.join(FRAMEWORKS)}")
+        frameworks = typing.get_args(JobSpec.model_fields["framework"].annotation)
+        if extra["framework"] not in frameworks:
+            raise SpecError(f"framework: unknown {extra['framework']!r}; allowed: {', '.join(frameworks)}")
     if extra.get("flash_attention") is None:
         extra["flash_attention"] = defaults["flash_attention"]
     try:
