@@ -53,6 +53,21 @@ def describe_plan(est: Estimate) -> str:
                       for w in ("weights", "activations", "optimizer") if getattr(p, "offload_" + w)))
 
 
+def fold_at_separators(text: str, width: int, sep: str = " · ") -> str:
+    """`text` folded into lines of at most `width` characters between its `sep`-joined items, so
+    that a terminal never breaks an item ("VPP 8") in two; an item wider than a line keeps a line
+    of its own."""
+    lines, line = [], ""
+    for item in text.split(sep):
+        joined = item if not line else line + sep + item
+        if line and len(joined) > width:
+            lines.append(line + sep.rstrip())
+            line = item
+        else:
+            line = joined
+    return "\n".join([*lines, line])
+
+
 def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
     times = Table(title=title or "Step time", show_edge=False)
     times.add_column("time per step")
@@ -219,7 +234,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params, seq {model.seq_length:,}) on "
                   f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})"
                   + (f" · {precision_text(job)}" if job is not None else ""))
-    console.print(describe_plan(est))
+    console.print(fold_at_separators(describe_plan(est), console.width))
     for table in estimate_tables(est, title):
         console.print(table)
     rank_rows = pipeline_ranks(model, system, job, est.plan) if job is not None and est.plan.pp > 1 else None

@@ -377,12 +377,19 @@ def _plan(o: dict) -> None:
                 console.print(offload_note(model, system, result.best.plan, best, result.stats["offload_gain"]))
             if len(result.ranked) > 1:
                 t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
-                for col in ("#", "plan", "batch", "step s", "tokens/s", "vs best", "MFU", "HBM GiB", "why it lost"):
-                    t.add_column(col, justify="left" if col in ("plan", "why it lost") else "right")
+                # batch and tokens/s say something only where the plans' global batches differ
+                # (a free batch); at one batch the step time ranks them alone
+                batches = len({r.plan.global_batch for r in result.ranked}) > 1
+                columns = ("#", "plan", *(("batch",) if batches else ()), "step s",
+                           *(("tokens/s",) if batches else ()), "vs best", "MFU", "HBM GiB", "why it lost")
+                for col in columns:  # a plan's layout folds onto more lines rather than lose its end
+                    t.add_column(col, justify="left" if col in ("plan", "why it lost") else "right",
+                                 overflow="fold" if col == "plan" else "ellipsis")
                 for i, r in enumerate(result.ranked[1:], start=2):
                     e = r.estimate
-                    t.add_row(str(i), r.plan.short(), str(r.plan.global_batch), f"{e.step_time_s:.3f}",
-                              f"{e.tokens_per_s:,.0f}", f"{r.objective / result.best.objective - 1:+.1%}",  # ties: a simpler plan may lead by < TIE_REL_TOL
+                    t.add_row(str(i), r.plan.short(), *((str(r.plan.global_batch),) if batches else ()),
+                              f"{e.step_time_s:.3f}", *((f"{e.tokens_per_s:,.0f}",) if batches else ()),
+                              f"{r.objective / result.best.objective - 1:+.1%}",  # ties: a simpler plan may lead by < TIE_REL_TOL
                               f"{e.mfu:.1%}", f"{e.hbm_bytes / GIB:.1f}",
                               _why_lost(best, e, model.seq_length, free))
                 console.print(t)
@@ -439,12 +446,12 @@ def _check(o: dict) -> int:
         return 0 if res.feasible else 1
     from rich.console import Console
 
-    from planner.report import describe_plan
+    from planner.report import describe_plan, fold_at_separators
     console = Console()
     if res.feasible:
         console.print(f"[bold green]yes[/bold green]: {model.name} trains on {system.num_gpus}× "
                       f"{system.accelerator.name} ({system.name})")
-        console.print(describe_plan(res.best.estimate))
+        console.print(fold_at_separators(describe_plan(res.best.estimate), console.width))
         e = res.best.estimate
         console.print(f"{e.step_time_s:.3f} s per step · MFU {e.mfu:.1%} · {e.hbm_bytes / GIB:.1f} of "
                       f"{e.hbm_capacity_bytes / GIB:.1f} GiB HBM per GPU")
