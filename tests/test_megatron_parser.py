@@ -49,6 +49,9 @@ CASES = [
      dict(tp=2, dp=8, micro_batch=2, global_batch=64, sequence_parallel=True, zero_stage=3)),
     ("llama3-8b", "h100-sxm", 16, "bf16",
      dict(cp=2, dp=8, micro_batch=1, global_batch=64, zero_stage=2)),
+    # fp16 on the distributed optimizer: the fp32 gradients the plan costs must be asked for
+    ("llama3-8b", "h100-sxm", 16, "fp16",
+     dict(tp=2, dp=8, micro_batch=1, global_batch=64, sequence_parallel=True, zero_stage=1)),
     ("llama3-8b", "h100-sxm", 8, "bf16",
      dict(dp=8, micro_batch=1, global_batch=64, offload_activations=0.25, offload_optimizer=0.5)),
     # the Bridge Llama-3 70B GB200 FP8 recipe: Megatron-FSDP, 40 of 80 layers offloaded to Grace
@@ -239,6 +242,7 @@ def parsed(megatron_checked):
 
 
 def test_megatron_parses_every_launch_back_to_its_plan(parsed):
+    fsdp_checked, fp16_checked = [], []
     for (case, m, plan, job), res in parsed["built"]:
         label = f"{m.name} {plan.short()} {job.dtype}"
         assert res["ok"], (label, res.get("error"))
@@ -283,9 +287,21 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         assert ns["init_model_with_meta_device"] == (plan.zero_stage == 3 and plan.dp_impl == "megatron"), label
         assert ns["gradient_accumulation_fusion"] == (plan.dp_impl != "torch-fsdp2"), label
         assert ("CUDA_DEVICE_MAX_CONNECTIONS" in case["env"]) == (plan.zero_stage < 2), label
+        # the gradients run in the dtype the plan costs: fp32 unless bf16 reduction is planned
+        # (Megatron-FSDP would keep them in the parameters' dtype, --fp16 DDP in fp16)
+        fp32_grads = not plan.grad_reduce_in_bf16 and job.bytes_per_param.grads == 4
+        if plan.zero_stage >= 2 and plan.dp_impl == "megatron":
+            assert (ns["megatron_fsdp_main_grads_dtype"] == "torch.float32") == fp32_grads, label
+            fsdp_checked.append(fp32_grads)
+        elif plan.dp_impl == "megatron":
+            assert ns["accumulate_allreduce_grads_in_fp32"] == fp32_grads, label
+            fp16_checked.append(job.dtype == "fp16" and fp32_grads)
         # checkpoints and throughput logs
         assert (ns["save_interval"], ns["log_throughput"]) == (500, True), label
         assert ns["save"] == ns["load"] == PLACEHOLDERS["$CHECKPOINT_DIR"], label
+    # both gradient paths were among the launches: a Megatron-FSDP plan with fp32 gradients and
+    # an fp16 DDP plan
+    assert True in fsdp_checked and any(fp16_checked), (fsdp_checked, fp16_checked)
 
 
 def test_saved_plan_and_its_launch_agree(parsed):

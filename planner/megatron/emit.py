@@ -42,6 +42,7 @@ PRECISION_FLAGS: dict[str, list[Arg]] = {
 # Tuned NVIDIA recipes run Python's garbage collector by hand every 100 steps (--manual-gc
 # --manual-gc-interval 100); the analytical model has no term for automatic GC pauses.
 MANUAL_GC_INTERVAL = 100
+FP32_BYTES = 4.0
 LOG_INTERVAL = 10
 
 # Not emitted: --use-nccl-ub (NCCL user buffers free SMs during collectives; the model has no
@@ -317,6 +318,17 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--fp8-param-gather")
     if plan.grad_reduce_in_bf16:
         add("--grad-reduce-in-bf16")
+    elif job.bytes_per_param.grads == FP32_BYTES:
+        # the fp32 gradients the memory and DP models cost (memory.grad_bytes_per_elem), where
+        # Megatron would keep them otherwise: Megatron-FSDP's main gradients default to the
+        # parameters' dtype ('auto': megatron_fsdp/param_and_grad_buffer.py
+        # _resolve_group_grad_dtype; the communication follows them), and under --fp16 the DDP
+        # buffer and its all-reduce are fp16 unless asked (training/arguments.py forces fp32
+        # accumulation for --bf16 only)
+        if fsdp:
+            add("--megatron-fsdp-main-grads-dtype", "fp32")
+        if job.dtype == "fp16" and not torch_fsdp2:
+            add("--accumulate-allreduce-grads-in-fp32")
     if plan.cross_entropy_fusion:
         add("--cross-entropy-loss-fusion")
         add("--cross-entropy-fusion-impl", "native")  # 0.19.2 refuses 'te' (stability)

@@ -32,7 +32,8 @@ def _build_parser() -> _Parser:
                  "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
-                 "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion"):
+                 "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
+                 "--accumulate-allreduce-grads-in-fp32"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
@@ -78,7 +79,8 @@ def _build_parser() -> _Parser:
                "--cross-entropy-fusion-impl": ("native", "te"),
                "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
                "--cuda-graph-impl": ("none", "local", "transformer_engine", "full_iteration"),
-               "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"), "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8")}
+               "--exp-avg-dtype": ("fp32", "fp16", "bf16", "fp8"), "--exp-avg-sq-dtype": ("fp32", "fp16", "bf16", "fp8"),
+               "--megatron-fsdp-main-grads-dtype": ("fp32", "bf16", "fp16", "auto")}
     for name, allowed in choices.items():
         p.add_argument(name, choices=allowed, default=None)
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
