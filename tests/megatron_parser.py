@@ -208,7 +208,8 @@ def dtype_from_megatron(ns: dict) -> str:
 
 # ---- parsed arguments -> the model Megatron builds ------------------------------------------------
 
-ACTIVATIONS = {"silu": "swiglu", "squared_relu": "squared_relu", "gelu": "gelu"}
+# quick_gelu: GPT-OSS's clamped gated activation (--quick-geglu), the planner's swiglu + clamp
+ACTIVATIONS = {"silu": "swiglu", "squared_relu": "squared_relu", "gelu": "gelu", "quick_gelu": "swiglu"}
 
 
 def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpec:
@@ -216,7 +217,7 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
     shared-expert MLP of the summed width, so shared experts come back as 1 × that width."""
     # the checker prints callables: "<function silu at 0x…>", "<built-in function gelu>"
     act_name = re.search(r"function (\w+)", cfg["activation_func"]).group(1)
-    assert (act_name == "silu") == bool(cfg["gated_linear_unit"]), (act_name, cfg["gated_linear_unit"])
+    assert (act_name in ("silu", "quick_gelu")) == bool(cfg["gated_linear_unit"]), (act_name, cfg["gated_linear_unit"])
     moe = None
     hybrid = _hybrid_pattern(ns)
     if cfg["num_moe_experts"]:
@@ -256,6 +257,7 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         position_embedding={"rope": "rope", "none": "none"}.get(ns["position_embedding_type"], "learned"),
         biases=cfg["add_bias_linear"], dropout=cfg["attention_dropout"] > 0, qk_norm=cfg["qk_layernorm"],
         moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0,
+        activation_clamp=cfg.get("activation_func_clamp_value"),
         mtp_shared_weights=bool(cfg["mtp_num_layers"] and cfg["mtp_use_repeated_layer"]),
         hybrid_pattern=main, mamba=mamba)
 

@@ -266,6 +266,9 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         dropout = DROPOUT_PROBABILITY if m.dropout else 0.0
         assert cfg["attention_dropout"] == cfg["hidden_dropout"] == dropout, label
         assert cfg["gated_linear_unit"] == (m.activation == "swiglu"), label
+        # GPT-OSS's clamp runs where it is costed: Megatron's clamped quick-GeGLU
+        assert cfg["activation_func_clamp_value"] == m.activation_clamp, label
+        assert cfg["glu_linear_offset"] == (1.0 if m.activation_clamp is not None else 0.0), label
         assert cfg["add_bias_linear"] == m.biases, label
         # RoPE: fused, except a YaRN model's, costed (and launched) on the unfused path
         if m.position_embedding == "rope":

@@ -194,7 +194,14 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
             add("--no-rope-fusion")
     elif model.position_embedding == "none":
         add("--position-embedding-type", "none")
-    if model.activation == "swiglu":
+    if model.activation == "swiglu" and model.activation_clamp is not None:
+        # GPT-OSS's clamped gated activation, the path its eager clamp is costed on
+        # (kernels.CLAMP_GLU_BYTES): Megatron-Core's quick-GeGLU with the linear half offset by 1
+        # and both halves clamped at the limit (fusions/fused_bias_geglu.py)
+        add("--quick-geglu")
+        add("--glu-linear-offset", "1.0")
+        add("--activation-func-clamp-value", f"{model.activation_clamp:g}")
+    elif model.activation == "swiglu":
         add("--swiglu")
     elif model.activation == "squared_relu":
         add("--squared-relu")
@@ -375,6 +382,12 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "Megatron's argument check refuses it where Transformer Engine is not installed; unfused, "
                      "the unpermute's scatter-add ran at ~600 GB/s on an H100 against the ~2,000 GB/s costed "
                      "(planner/data/h100_moe_kernels.csv)")
+    if model.activation_clamp is not None:
+        notes.append("GPT-OSS-style layers: the sliding-window attention of every other layer and the learnable "
+                     "attention sinks are costed as full attention with a plain softmax, and RMSNorm as the "
+                     "LayerNorm its linear biases imply (none is in the model spec); to run them add "
+                     "--window-size 128,0 --window-attn-skip-freq 2 --softmax-type learnable "
+                     "--normalization RMSNorm by hand")
     if model.rope_scaling == "yarn":
         notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "
                      "path that was costed); its frequency scaling is not part of the model spec: add "
