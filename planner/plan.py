@@ -176,6 +176,22 @@ class Plan(BaseModel):
     def _modules(cls, value):
         return parse_recompute_modules(value)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _recompute_settings_given(cls, data):
+        """A module list or a layer count beside a recompute it does not describe is refused as
+        written (Megatron's default list, core_attn, would otherwise vanish into None unseen)."""
+        if isinstance(data, dict):
+            recompute = data.get("recompute", "none")
+            modules = data.get("recompute_modules")
+            if modules not in (None, (), []) and recompute != "selective":
+                shown = modules if isinstance(modules, str) else " ".join(map(str, modules))
+                raise ValueError(f"recompute_modules ({shown}) needs recompute: selective (got {recompute})")
+            if data.get("recompute_num_layers") is not None and recompute != "full":
+                raise ValueError(f"recompute_num_layers ({data['recompute_num_layers']}) counts the layers of full "
+                                 f"recompute (got recompute: {recompute})")
+        return data
+
     @model_validator(mode="after")
     def _recompute_modules(self) -> "Plan":
         if self.recompute_modules is not None and self.recompute != "selective":
@@ -291,11 +307,13 @@ class BytesPerParam(BaseModel):
     model-parallel docs count 20 by keeping an fp32 copy of the gradients too)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    weights: NonNegativeFloat = 2.0      # bf16/fp16 parameters
-    grads: NonNegativeFloat = 4.0        # fp32 main gradients (Megatron accumulates in fp32)
-    master: NonNegativeFloat = 4.0       # fp32 master weights
-    optimizer: NonNegativeFloat = 8.0    # Adam m and v in fp32
-    grad_reduce: NonNegativeFloat = 4.0  # bytes per gradient element on the wire
+    # finite and physical: no format stores a parameter, gradient or Adam state in more than fp32
+    # (fp64 moments, 16 B, at most); a weight or a gradient on the wire takes some bytes
+    weights: float = Field(default=2.0, gt=0, le=8, allow_inf_nan=False)      # bf16/fp16 parameters
+    grads: float = Field(default=4.0, ge=0, le=8, allow_inf_nan=False)        # fp32 main gradients
+    master: float = Field(default=4.0, ge=0, le=8, allow_inf_nan=False)       # fp32 master weights
+    optimizer: float = Field(default=8.0, ge=0, le=16, allow_inf_nan=False)   # Adam m and v in fp32
+    grad_reduce: float = Field(default=4.0, gt=0, le=8, allow_inf_nan=False)  # bytes per gradient element on the wire
 
     @property
     def optimizer_total(self) -> float:
@@ -310,6 +328,10 @@ class BytesPerParam(BaseModel):
 ADAM_MOMENT_BYTES = {"fp32": 8.0, "bf16": 4.0}
 
 
+# JobSpec.hbm_reserve_gib's ceiling (the CLI's --hbm-reserve-gib checks the same): above any
+# GPU's HBM; a reserve beyond a GPU's own HBM leaves no plan that fits, which is the answer.
+HBM_RESERVE_MAX_GIB = 1024.0
+
 # JobSpec.moe_load_imbalance's range (the CLI's --moe-imbalance checks the same)
 MOE_IMBALANCE_RANGE = (1.0, 8.0)
 
@@ -322,8 +344,9 @@ class JobSpec(BaseModel):
     global_batch: PositiveInt | None = Field(default=None, description="fixed global batch (sequences)")
     max_global_batch: PositiveInt = Field(default=3072, description="cap when the batch is free (seeds: 3072)")
     dtype: ComputeDtype = "bf16"
-    hbm_reserve_gib: NonNegativeFloat = Field(
-        default=2.0, description="HBM kept free for the CUDA context, NCCL buffers and fragmentation")
+    hbm_reserve_gib: float = Field(
+        default=2.0, ge=0, le=HBM_RESERVE_MAX_GIB, allow_inf_nan=False,
+        description="HBM kept free for the CUDA context, NCCL buffers and fragmentation")
     flash_attention: bool = Field(default=True, description="fused attention: no s^2 activations stored")
     bytes_per_param: BytesPerParam = BytesPerParam()
     pins: dict[str, int | float | bool | str] = Field(default_factory=dict)
@@ -396,7 +419,14 @@ class JobSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _moments_bytes(cls, data):
-        """bf16 moments set the optimizer bytes, unless bytes_per_param says otherwise."""
+        """bf16 moments set the optimizer bytes, unless bytes_per_param says otherwise; fp32
+        moments given beside other optimizer bytes contradict them (the launch keeps fp32 moments)."""
+        if isinstance(data, dict) and data.get("adam_moments") == "fp32":
+            bpp = data.get("bytes_per_param") or {}
+            bpp = bpp.model_dump() if isinstance(bpp, BytesPerParam) else dict(bpp)
+            if bpp.get("optimizer", ADAM_MOMENT_BYTES["fp32"]) != ADAM_MOMENT_BYTES["fp32"]:
+                raise ValueError(f"adam_moments fp32 contradicts bytes_per_param.optimizer {bpp['optimizer']} "
+                                 f"(fp32 moments are {ADAM_MOMENT_BYTES['fp32']:g} B per parameter)")
         if isinstance(data, dict) and data.get("adam_moments") == "bf16":
             bpp = data.get("bytes_per_param") or {}
             bpp = bpp.model_dump() if isinstance(bpp, BytesPerParam) else dict(bpp)

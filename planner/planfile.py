@@ -23,14 +23,26 @@ SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_pa
                     "adam_moments", "bf16_layers", "module_dtypes")
 
 
+def _is_preset(ref: str, what: str) -> bool:
+    from hardware.load import PRESET_DIR as SYSTEM_PRESETS
+    from planner.model import PRESET_DIR as MODEL_PRESETS
+    return ((MODEL_PRESETS if what == "model" else SYSTEM_PRESETS) / f"{ref}.yaml").is_file()
+
+
 def reference(ref: str, what: str) -> str:
     """A model/system reference as it must be saved: a preset name as is (a bare preset name
     always means the preset), anything else (YAML, config.json, model directory) as its absolute
     path (a relative one breaks `--plan` from another directory)."""
-    from hardware.load import PRESET_DIR as SYSTEM_PRESETS
-    from planner.model import PRESET_DIR as MODEL_PRESETS
-    presets = MODEL_PRESETS if what == "model" else SYSTEM_PRESETS
-    return ref if (presets / f"{ref}.yaml").is_file() else str(Path(ref).resolve())
+    return ref if _is_preset(ref, what) else str(Path(ref).resolve())
+
+
+def saved_reference(ref: str, what: str, plan_path: str | Path) -> str:
+    """A model/system reference read from a plan file: a preset name as is; a relative path taken
+    from the plan file's folder (`reference` saves absolute ones; a hand-written relative one
+    means the file beside the plan, not one in whatever folder the command runs from)."""
+    if not ref.strip() or _is_preset(ref, what) or Path(ref).is_absolute():
+        return ref
+    return str(Path(plan_path).parent / ref)
 
 
 def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec, system: SystemSpec,

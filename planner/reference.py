@@ -159,6 +159,18 @@ class _Record:
             raise SpecError(f"reference {self.id}: {path}: expected an integer >= {minimum}, got {value!r}")
         return int(value)
 
+    def flag(self, path: str, notes: tuple[str, ...] = ()) -> bool | str | None:
+        """A yes/no field: true, false, absent (None), or a note containing one of `notes` (the
+        records' "likely (NeMo default)"), returned as written. Anything else ("yes", 1) is
+        refused by name: read as text it would silently mean whatever the caller's test makes of it."""
+        value = self.get(path)
+        if value is None or isinstance(value, bool):
+            return value
+        if isinstance(value, str) and any(n in value for n in notes):
+            return value
+        allowed = "true, false" + "".join(f", a note containing {n!r}" for n in notes)
+        raise SpecError(f"reference {self.id}: {path}: expected {allowed}; got {value!r}")
+
     def float(self, path: str) -> float | None:
         value = self.get(path)
         if value is None:
@@ -331,7 +343,7 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         name=name, layers=dims["layers"], hidden=dims["hidden"], heads=dims["heads"],
         query_groups=r.int("model.query_groups"), ffn=r.int("model.ffn"), seq_length=dims["seq"],
         vocab=dims["vocab"], activation=activation,
-        tied_embeddings=bool(r.get("model.tied_embeddings", gpt_style)),
+        tied_embeddings=_default(r.flag("model.tied_embeddings"), gpt_style),
         position_embedding="learned" if gpt_style else "rope", biases=_biases(r, gpt_style),
         # MPT: no dropout (llm-foundry MPTConfig defaults resid_pdrop = emb_pdrop = attn_pdrop = 0)
         dropout=(gpt_style or name.startswith("GPT")) and not name.upper().startswith("MPT"), moe=_moe(r, fsdp_schema))
@@ -696,7 +708,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     gpus = r.int("system.gpus")
     if gpus is None:
         return Skipped(rid, "GPU count not published")
-    dp = _data_parallel(rid, gpus, tp * pp * cp)
+    dp = _data_parallel(rid, gpus, tp * pp * cp, r.int("parallel.dp"))
     mb = r.int("parallel.microbatch")
     if mb is None:
         mb = 1
@@ -731,15 +743,15 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     else:
         recompute = _recompute(r.get("parallel.recompute"), assumptions, "none",
                                "no recompute (NeMo/Bridge H100+ recipes: recompute_layers=0)", rid)
-    sp_raw = r.get("parallel.sequence_parallel")
-    sp = tp > 1 and (sp_raw is True or (isinstance(sp_raw, str) and "likely" in sp_raw)
-                     or (sp_raw is None and not era_2021))
+    sp_raw = r.flag("parallel.sequence_parallel", ("likely",))
+    sp = tp > 1 and (sp_raw is True or isinstance(sp_raw, str) or (sp_raw is None and not era_2021))
     if sp_raw is None and sp:
         assumptions.append("sequence parallel")
-    dist = str(r.get("parallel.distributed_optimizer"))
+    dist_raw = r.flag("parallel.distributed_optimizer", ("likely", "ZeRO stage 3"))
+    dist = str(dist_raw)
     fsdp_degree = r.int("parallel.fsdp", 0, minimum=0) if bridge else 0
     zero3 = "ZeRO stage 3" in dist or fsdp_degree > 1
-    zero = 3 if zero3 else 1 if ("likely" in dist or (dist == "None" and not era_2021)) else 0
+    zero = 3 if zero3 else 1 if (dist_raw is True or "likely" in dist or (dist_raw is None and not era_2021)) else 0
     framework = "DeepSpeed ZeRO-3" if "ZeRO stage 3" in dist else "Megatron-Bridge" if bridge else "Megatron/NeMo"
     if fsdp_degree > 1:
         framework = "Megatron-FSDP"
@@ -882,10 +894,19 @@ def _with_moe_recipe(r: _Record, model: ModelSpec, plan: Plan, dtype: str, job_e
     return model, (Plan.model_validate({**plan.model_dump(), **update}) if update else plan), job_extra
 
 
-def _data_parallel(rid: str, gpus: int, model_parallel: int) -> int:
-    """dp = GPUs / (tp·pp·cp); a record whose GPU count is not a multiple is malformed."""
+def _default(value, default):
+    """`value`, or `default` where the record leaves the field out."""
+    return default if value is None else value
+
+
+def _data_parallel(rid: str, gpus: int, model_parallel: int, stated: int | None = None) -> int:
+    """dp = GPUs / (tp·pp·cp); a record whose GPU count is not a multiple is malformed, and so is
+    one whose stated dp (`parallel.dp`) says otherwise."""
     if gpus % model_parallel:
         raise SpecError(f"reference {rid}: system.gpus: {gpus} is not a multiple of tp·pp·cp = {model_parallel}")
+    if stated is not None and stated != gpus // model_parallel:
+        raise SpecError(f"reference {rid}: parallel.dp: {stated} contradicts system.gpus / (tp·pp·cp) = "
+                        f"{gpus} / {model_parallel} = {gpus // model_parallel}")
     return gpus // model_parallel
 
 
@@ -1032,7 +1053,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     gpus = r.int("system.gpus")
     if gpus is None:
         return Skipped(rid, "GPU count not published")
-    dp = _data_parallel(rid, gpus, tp * pp * cp)
+    dp = _data_parallel(rid, gpus, tp * pp * cp, r.int("parallel.dp"))
     vpp = r.int("parallel.vpp", 1)
     interleaved = "interleaved" in str(r.get("parallel.pp_schedule") or "").lower()
     layout_text = str(r.get("parallel.pp_layout") or "") or None

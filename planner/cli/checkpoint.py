@@ -71,8 +71,11 @@ LAYOUT_RULES = ("heads_tp", "groups_tp", "hidden_tp", "layers_pp", "cp_seq")
 def refuse_layout_the_model_cannot_split(model, system, plan) -> None:
     from planner.analytical import estimate
     from planner.analytical.estimate import RULES
-    from planner.cli.common import make_job
-    job = make_job(global_batch=plan.global_batch, system=system)  # the GPU's default precision
+    from planner.cli.common import DEFAULT_MAX_GLOBAL_BATCH, make_job
+    # the GPU's default precision; the batch is the layout's dp (one sequence per replica), which
+    # may exceed the cap on a free batch at tens of thousands of GPUs
+    job = make_job(global_batch=plan.global_batch, max_global_batch=max(plan.global_batch, DEFAULT_MAX_GLOBAL_BATCH),
+                   system=system)
     broken = [r for r in estimate(model, system, plan, job).violations if r in LAYOUT_RULES]
     if broken:
         raise SpecError(f"plan: {plan.short()} does not split {model.name}: " + "; ".join(

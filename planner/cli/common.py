@@ -52,6 +52,7 @@ TpAcrossNodesOpt = Annotated[bool, typer.Option(
 # domains (one entry per batch, per GPU-count divisor) fit in memory and int64 (CP-SAT).
 MAX_GPUS = 1 << 20             # a million GPUs
 MAX_GLOBAL_BATCH = 1 << 20     # sequences per step (Llama 3 405B used 2,048 sequences of 8K)
+MAX_WORKERS = 256              # local worker processes (-j): each holds the model in memory
 MAX_TOP = 1000                 # layouts `plan --top` may return
 
 
@@ -117,6 +118,10 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
                 raise SpecError(f"plan {plan_file}: {key}: expected {kind.__name__}, got {saved[key]!r}")
 
     def given(flag, key):  # a flag the user gave (0 included: it is refused, never replaced)
+        if flag is None and key in ("model", "system") and isinstance(saved.get(key), str):
+            # a file's relative path names a file beside the plan, wherever the command runs
+            from planner.planfile import saved_reference
+            return saved_reference(saved[key], key, plan_file)
         return flag if flag is not None else saved.get(key)
     # an empty -m/-s is refused by the loader, never replaced by the default
     model_ref, system_ref = given(model, "model"), given(system, "system")
@@ -156,7 +161,8 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
     from planner.plan import JobSpec  # here, not at the top: `planner presets` needs no job
     check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
     check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
-    check_float("hbm-reserve-gib", hbm_reserve_gib, 0.0)
+    from planner.plan import HBM_RESERVE_MAX_GIB
+    check_float("hbm-reserve-gib", hbm_reserve_gib, 0.0, HBM_RESERVE_MAX_GIB)
     defaults = gpu_job_defaults(system) if system is not None else {"dtype": "bf16", "flash_attention": True}
     if dtype is not None and not dtype.strip():
         raise SpecError(f"dtype: empty; allowed: {', '.join(training_dtypes(system))}")
@@ -382,7 +388,7 @@ PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 NAMED_CHOICES = {"recompute": RECOMPUTE_CHOICES, "moe_dispatcher": ("alltoall", "deepep"),
                  "dp_impl": ("megatron", "torch-fsdp2", "deepspeed")}
-POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "recompute_num_layers")
+POSITIVE_KNOBS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "vpp", "recompute_num_layers")
 
 
 def given_knobs(options: dict) -> dict:
@@ -452,10 +458,12 @@ def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
 
 
 def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | None = None,
-                    seq_length: int | None = None):
+                    seq_length: int | None = None, expert_biases: bool = False):
     """A Plan from given knobs over `defaults`; dp fills the GPUs left by tp·pp·cp. A default
     sequence parallelism stays off where `seq_length` does not split over tp·cp (a rule of the
-    model, estimate.RULES sp_seq); one the user asked for is kept, and the rule says why not."""
+    model, estimate.RULES sp_seq); one the user asked for is kept, and the rule says why not.
+    `expert_biases` (a MoE model with linear biases, GPT-OSS): expert TP defaults to 1, the only
+    one Megatron runs such experts at, not to tp; one the user gave is kept and refused later."""
     from planner.plan import make_plan
     refuse_contradictions(knobs, framework="any")
     fields = {**(defaults or {}), **knobs}
@@ -473,6 +481,8 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
             raise SpecError(f"tp·pp·cp ({tp}·{pp}·{cp}{note}) must divide the GPU count ({gpus}); "
                             "pass --dp or change --gpus")
         fields["dp"] = gpus // (tp * pp * cp)
+    if expert_biases and tp > 1 and "etp" not in knobs:
+        fields["etp"] = 1
     if fields.get("sequence_parallel") and tp == 1:
         fields["sequence_parallel"] = False  # Megatron drops SP at tp = 1; so do we
     if fields.get("sequence_parallel") and "sequence_parallel" not in knobs and seq_length \

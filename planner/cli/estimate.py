@@ -114,6 +114,11 @@ def estimate_command(
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp, moe_dispatcher)
     knobs = given_knobs(locals())
+    if model_spec.moe is None:  # as `plan` refuses the pin: an expert layout of a dense model is a mistake
+        for flag, value in (("ep", knobs.get("ep", 1)), ("etp", knobs.get("etp", 1))):
+            if value != 1:
+                raise SpecError(f"{flag}: expert parallelism needs a MoE model; {model_spec.name} has no experts "
+                                f"(got --{flag} {value})")
     kernels = kernel_settings("none" if cuda_graph is None else cuda_graph, bool(fp8_attention), bool(fused_grouped_mlp),
                               moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)
     job = None
@@ -138,7 +143,7 @@ def estimate_command(
     else:
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS,
-                               model_spec.seq_length)
+                               model_spec.seq_length, expert_biases=model_spec.moe is not None and model_spec.biases)
     if job is None:
         job = make_job(global_batch=None, dtype=dtype, system=system_spec,
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,

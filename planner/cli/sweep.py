@@ -16,6 +16,7 @@ from planner.jsonout import json_text
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
     MAX_GLOBAL_BATCH,
+    MAX_WORKERS,
     DtypeOpt,
     check_float,
     check_int,
@@ -116,8 +117,7 @@ def register(app: typer.Typer) -> None:
           planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
         """
         check_float("time-limit", time_limit_s, 0.01, 86400.0)  # seconds per grid point: a day at most
-        if workers is not None and workers < 1:
-            raise SpecError(f"workers: must be a positive integer, got {workers}")
+        check_int("workers", workers, 1, MAX_WORKERS)
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
         if global_batch is not None and max_global_batch is not None:

@@ -75,8 +75,12 @@ def register(app: typer.Typer) -> None:
         Example:
           planner validate --summary --lofo
         """
-        if workers is not None and workers < 1:
-            raise SpecError(f"workers: must be a positive integer, got {workers}")
+        from planner.cli.common import MAX_WORKERS, check_int
+        check_int("workers", workers, 1, MAX_WORKERS)
+        if workers is not None and not lofo:
+            raise SpecError("workers: -j sets the processes of the --lofo refits; add --lofo or drop -j")
+        if source is not None and not source.strip():
+            raise SpecError("source: empty; give the start of a run id (e.g. dgxc, narayanan2021, bridge)")
         cases, skipped = _load_checked(reference)
         require_compared(cases, skipped)  # an all-skipped file is an input error, not 'nan%'
         if source:
