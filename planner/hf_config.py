@@ -79,6 +79,17 @@ INTEGER_KEYS = (
     "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", "n_shared_experts",
     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
+# Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
+# to at least one expert); every other integer key may be 0 (no MTP, no shared or dense layers)
+AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "experts_per_token")
+MAX_CONFIG_INTEGER = 1 << 40
+# The config key behind each ModelSpec field this reader fills from one key, for messages: an error
+# on `query_groups` names num_key_value_heads, the key the user wrote
+CONFIG_KEY_OF_FIELD = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+                       "query_groups": "num_key_value_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
+                       "vocab": "vocab_size", "mtp_layers": "num_nextn_predict_layers",
+                       "moe.top_k": "num_experts_per_tok", "moe.shared_experts": "n_shared_experts",
+                       "moe.first_dense_layers": "first_k_dense_replace"}
 POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_group", "topk_group",
                      "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "head_dim",
                      "intermediate_size")
@@ -121,6 +132,12 @@ def _check_types(cfg: dict, path: Path) -> None:
     # HF's PretrainedConfig takes the context length as a positive integer; it caps seq_length
     if cfg.get("max_position_embeddings") is not None and cfg["max_position_embeddings"] < 1:
         raise bad("max_position_embeddings", "an integer >= 1")
+    # every count and size: not negative, and not so large that it is no model (an integral float
+    # of 1e19 would not even parse as an integer downstream); the model's own ranges come after
+    for key in INTEGER_KEYS:
+        low = 1 if key in AT_LEAST_ONE else 0
+        if cfg.get(key) is not None and not low <= cfg[key] <= MAX_CONFIG_INTEGER:
+            raise bad(key, f"an integer from {low} to {MAX_CONFIG_INTEGER:,}")
     # sizes and counts that, given, switch a mechanism on: 0 would silently switch it off (MLA,
     # group-limited routing, a shared expert) or size the experts like the dense MLP
     for key in POSITIVE_IF_GIVEN:

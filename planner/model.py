@@ -7,7 +7,8 @@ from typing import Annotated, Literal
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
                       ValidationError, model_validator)
 
-from hardware.errors import in_range, one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
+from hardware.errors import (SpecError, in_range, one_line, read_yaml_mapping, refuse_loose_types,
+                             resolve_preset_or_file)
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -516,4 +517,10 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         refuse_loose_types(data, ModelSpec, f"model ({label})")
         return ModelSpec.model_validate(data)
     except ValidationError as err:
-        raise one_line(err, f"model ({label})") from None
+        error = one_line(err, f"model ({label})")
+        if config_json is not None:  # name the config key the user wrote, not the planner's field
+            for field, key in hf_config.CONFIG_KEY_OF_FIELD.items():
+                if str(error).startswith(f"model ({label}): {field}: "):
+                    error = SpecError(str(error).replace(f": {field}: ", f": {key} (the planner's {field}): ", 1))
+                    break
+        raise error from None

@@ -153,3 +153,18 @@ def test_a_reference_dp_that_contradicts_the_gpu_count_is_refused(tmp_path):
     path = _reference_with(tmp_path, lambda r: r["parallel"].update(dp=3))
     one_line_error(runner.invoke(app, ["validate", "--reference", path, "--summary"]),
                    "parallel.dp: 3", "64 / 4 = 16")
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("num_key_value_heads", 0, ("num_key_value_heads", "from 1 to")),
+    ("num_hidden_layers", 1e19, ("num_hidden_layers", "from 1 to")),  # had been "Unable to parse input string"
+    ("first_k_dense_replace", -1, ("first_k_dense_replace", "from 0 to")),
+    ("num_hidden_layers", 100_000_000, ("num_hidden_layers (the planner's layers)", "1 to 10,000")),
+])
+def test_hugging_face_config_ranges_name_the_config_key(tmp_path, key, value, words):
+    """Range errors had named the planner's fields (query_groups, layers, moe.first_dense_layers),
+    which the config does not have."""
+    config = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, key: value}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "config.json")]), *words)

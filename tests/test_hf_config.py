@@ -102,7 +102,7 @@ def test_short_context_models_keep_their_max_position(tmp_path):
     # ERNIE-4.5's MoE fields: an expert count spelt otherwise is refused, not read as a dense model
     ({"model_type": "ernie4_5_moe", "moe_num_experts": 64, "moe_k": 8, "moe_intermediate_size": 3584},
      "moe_k, moe_num_experts names experts this reader does not map"),
-    ({"hidden_size": -5}, "hidden: Input should be greater than 0"),
+    ({"hidden_size": -5}, "hidden_size must be an integer from 1 to"),
     # hybrid stacks are refused, not costed as all-attention transformers: Nemotron-H's pattern
     # (M = Mamba), Qwen3-Next's per-layer kinds, Jamba's block types
     ({"model_type": "falcon_h1", "mamba_d_ssm": 1024},

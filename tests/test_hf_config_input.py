@@ -51,9 +51,9 @@ def count(tmp_path, config: dict):
     ({"rope_scaling": {"rope_type": "yarn", "factor": -1}}, "rope_scaling.factor must be a number > 0, got -1"),
     # the expert count is present: say it is too small, not that the top-k "names experts" unread
     ({"num_local_experts": 0, "num_experts_per_tok": 2}, "num_local_experts must be >= 1"),
-    ({"num_experts": -4, "num_experts_per_tok": 2}, "num_experts must be >= 1"),
+    ({"num_experts": -4, "num_experts_per_tok": 2}, "num_experts must be an integer from 0 to"),
     # the top-k named by the config's key, not the planner's moe.top_k
-    ({"num_local_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok (or experts_per_token) must be"),
+    ({"num_local_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok must be an integer from 1 to"),
     ({"num_local_experts": 8}, "num_experts_per_tok (or experts_per_token) must be"),
 ])
 def test_bad_config_values_are_one_line_errors_naming_the_key(tmp_path, edit, words):
