@@ -168,3 +168,14 @@ def test_hugging_face_config_ranges_name_the_config_key(tmp_path, key, value, wo
               "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, key: value}
     (tmp_path / "config.json").write_text(json.dumps(config))
     one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "config.json")]), *words)
+
+
+def test_a_plan_files_own_numbers_are_reported_as_the_files(tmp_path, saved_plan):
+    """`seq_length: 0` in the file had been reported as a --seq-length flag, and a gpus field that
+    disagrees with the plan told the user to set --gpus."""
+    path = _edited(tmp_path, saved_plan, lambda d: d.update(seq_length=0))
+    for command in ("estimate", "megatron"):
+        one_line_error(runner.invoke(app, [command, "--plan", path]), f"plan {path}: seq_length", "from 1 to")
+    path = _edited(tmp_path, saved_plan, lambda d: d.update(gpus=16))
+    line = one_line_error(runner.invoke(app, ["estimate", "--plan", path]), f"plan {path}", "gpus: 16")
+    assert "--gpus" not in line

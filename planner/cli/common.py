@@ -116,6 +116,10 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
         for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
             if key in saved and (not isinstance(saved[key], kind) or isinstance(saved[key], bool)):
                 raise SpecError(f"plan {plan_file}: {key}: expected {kind.__name__}, got {saved[key]!r}")
+        # the file's own numbers are checked as the file's (not as flags the user never gave)
+        check_int(f"plan {plan_file}: gpus", saved.get("gpus") if gpus is None else None, 1, MAX_GPUS)
+        check_int(f"plan {plan_file}: seq_length", saved.get("seq_length") if seq_length is None else None, 1,
+                  MAX_SEQ_LENGTH)
 
     def given(flag, key):  # a flag the user gave (0 included: it is refused, never replaced)
         if flag is None and key in ("model", "system") and isinstance(saved.get(key), str):

@@ -155,6 +155,9 @@ def estimate_command(
     check_bf16_layers_fit(job.bf16_layers, model_spec)
     check_recompute_layers(plan, model_spec)
     if plan.gpus != system_spec.num_gpus:
+        if plan_file and gpus is None:  # the file's own numbers disagree: no flag to blame
+            raise SpecError(f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: "
+                            f"{system_spec.num_gpus}; change one of them")
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
     est = estimate(model_spec, system_spec, plan, job)
