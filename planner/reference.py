@@ -142,11 +142,13 @@ class _Record:
         self.rec, self.id = rec, rid
 
     def get(self, path: str, default=None):
-        node = self.rec
+        node, walked = self.rec, []
         for key in path.split("."):
-            if not isinstance(node, dict):
-                raise SpecError(f"reference {self.id}: {path}: expected a mapping above {key!r}")
+            if not isinstance(node, dict):  # name the field that should have been the mapping
+                raise SpecError(f"reference {self.id}: {'.'.join(walked)}: expected a mapping (holding {key!r}), "
+                                f"got {type(node).__name__} {str(node)[:40]!r}")
             node = node.get(key)
+            walked.append(key)
             if node is None:
                 return default
         return node

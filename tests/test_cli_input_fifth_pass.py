@@ -179,3 +179,10 @@ def test_a_plan_files_own_numbers_are_reported_as_the_files(tmp_path, saved_plan
     path = _edited(tmp_path, saved_plan, lambda d: d.update(gpus=16))
     line = one_line_error(runner.invoke(app, ["estimate", "--plan", path]), f"plan {path}", "gpus: 16")
     assert "--gpus" not in line
+
+
+def test_a_reference_section_that_is_not_a_mapping_is_named(tmp_path):
+    """`parallel: [1]` had been reported as `parallel.recompute: expected a mapping above 'recompute'`."""
+    path = _reference_with(tmp_path, lambda r: r.update(parallel=[1]))
+    one_line_error(runner.invoke(app, ["validate", "--reference", path, "--summary"]),
+                   ": parallel: expected a mapping", "got list")
