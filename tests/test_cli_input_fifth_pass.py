@@ -186,3 +186,16 @@ def test_a_reference_section_that_is_not_a_mapping_is_named(tmp_path):
     path = _reference_with(tmp_path, lambda r: r.update(parallel=[1]))
     one_line_error(runner.invoke(app, ["validate", "--reference", path, "--summary"]),
                    ": parallel: expected a mapping", "got list")
+
+
+def test_save_to_a_json_name_writes_json_and_module_dtypes_read_nvidias_case(tmp_path):
+    path = tmp_path / "p.json"
+    r = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "-k", "1",
+                            "--save", str(path)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(path.read_text())["plan"]["global_batch"] == 64  # JSON, as its name says
+    assert runner.invoke(app, ["estimate", "--plan", str(path)]).exit_code in (0, 1)
+    r = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "b200", "-g", "8", "--tp", "1", "--pp", "1",
+                            "-b", "64", "--dtype", "MXFP8", "--module-dtype", "ATTENTION=BF16", "--json"])
+    assert r.exit_code in (0, 1), r.output
+    assert json.loads(r.stdout)["precision"]["module_dtypes"] == {"attention": "bf16"}

@@ -329,7 +329,7 @@ def module_dtypes_setting(values: list[str] | None, model: ModelSpec) -> dict:
         return {}
     out = {}
     for value in values:
-        group, _, dtype = str(value).replace(" ", "").partition("=")
+        group, _, dtype = str(value).replace(" ", "").lower().partition("=")  # BF16 as --dtype reads it
         if group not in MODULE_GROUPS or dtype not in MODULE_DTYPES:
             raise SpecError(f"module-dtype: expected MODULE=DTYPE with MODULE one of {', '.join(MODULE_GROUPS)} and "
                             f"DTYPE one of {', '.join(MODULE_DTYPES)}, got {value!r}")

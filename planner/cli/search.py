@@ -1,6 +1,7 @@
 """`planner plan`, `planner check`, `planner count`, `planner presets`: the search from the CLI."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -414,7 +415,11 @@ def _plan(o: dict) -> None:
         import yaml
         try:
             with open(o["save"], "x") as handle:
-                yaml.safe_dump(data, handle, sort_keys=False)
+                if str(o["save"]).lower().endswith(".json"):  # the format its name says (YAML reads it too)
+                    json.dump(data, handle, indent=2)
+                    handle.write("\n")
+                else:
+                    yaml.safe_dump(data, handle, sort_keys=False)
         except FileExistsError:
             raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it") from None
         except OSError as exc:
