@@ -26,4 +26,4 @@ def test_worker_processes_give_the_same_lofo_predictions():
 def test_workers_must_be_positive():
     result = CliRunner().invoke(app, ["validate", "--lofo", "--workers", "0"])
     assert result.exit_code == 2
-    assert "workers: must be a positive integer, got 0" in result.output
+    assert "workers: must be an integer from 1 to 256, got 0" in result.output
