@@ -216,11 +216,25 @@ class ModelSpec(BaseModel):
         if self.moe and self.moe.first_dense_layers >= self.layers:
             raise ValueError(f"moe.first_dense_layers ({self.moe.first_dense_layers}) must be < "
                              f"layers ({self.layers})")
+        self._check_no_idle_fields()
         if self.hybrid_pattern is not None:
             self._check_hybrid()
         elif self.mamba is not None:
             raise ValueError("mamba: a Mamba mixer needs hybrid_pattern (which layers are Mamba blocks)")
         return self
+
+    def _check_no_idle_fields(self) -> None:
+        """A field that changes nothing beside the others is a mistake in the file, not a no-op."""
+        if self.activation_clamp is not None and self.activation != "swiglu":
+            raise ValueError(f"activation_clamp clamps a gated MLP's inputs; activation {self.activation} has none "
+                             "(use activation: swiglu or drop activation_clamp)")
+        if self.rope_scaling != "none" and self.position_embedding != "rope":
+            raise ValueError(f"rope_scaling ({self.rope_scaling}) scales RoPE; position_embedding is "
+                             f"{self.position_embedding}")
+        if self.mtp_shared_weights and not self.mtp_layers:
+            raise ValueError("mtp_shared_weights needs mtp_layers > 0 (there is no MTP module to share)")
+        if self.moe and self.moe.shared_expert_ffn is not None and not self.moe.shared_experts:
+            raise ValueError("moe.shared_expert_ffn sizes shared experts; moe.shared_experts is 0")
 
     def _check_hybrid(self) -> None:
         pattern = self.hybrid_pattern

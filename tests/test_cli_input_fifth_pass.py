@@ -199,3 +199,19 @@ def test_save_to_a_json_name_writes_json_and_module_dtypes_read_nvidias_case(tmp
                             "-b", "64", "--dtype", "MXFP8", "--module-dtype", "ATTENTION=BF16", "--json"])
     assert r.exit_code in (0, 1), r.output
     assert json.loads(r.stdout)["precision"]["module_dtypes"] == {"attention": "bf16"}
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"activation": "gelu", "activation_clamp": 7.0}, ("activation_clamp", "gelu")),
+    ({"position_embedding": "learned", "rope_scaling": "yarn"}, ("rope_scaling (yarn)", "learned")),
+    ({"mtp_shared_weights": True}, ("mtp_shared_weights", "mtp_layers")),
+    ({"moe": {"num_experts": 8, "top_k": 2, "shared_expert_ffn": 512}}, ("shared_expert_ffn", "shared_experts is 0")),
+])
+def test_model_fields_that_would_change_nothing_are_refused(tmp_path, extra, words):
+    """Each had been accepted and ignored (a clamp on an ungated MLP, YaRN without RoPE, shared MTP
+    weights without MTP, a shared-expert width without shared experts)."""
+    model = {"name": "m", "layers": 4, "hidden": 1024, "heads": 16, "ffn": 4096, "seq_length": 2048,
+             "vocab": 32000, "activation": "swiglu", "position_embedding": "rope", "biases": False,
+             "dropout": False, "tied_embeddings": False, **extra}
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
+    one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "m.yaml")]), *words)
