@@ -437,6 +437,9 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
+        if self.full_iteration_cuda_graph and self.cuda_graph_modules:
+            raise ValueError(f"full_iteration_cuda_graph captures the whole step; cuda_graph_modules "
+                             f"({', '.join(self.cuda_graph_modules)}) would be dropped beside it: give one of the two")
         if self.fp8_attention and self.dtype in ("bf16", "fp16"):
             raise ValueError(f"fp8_attention (--fp8-attention) needs a low-precision dtype (--dtype fp8, fp8-cs, "
                              f"fp8-block, mxfp8 or nvfp4), got {self.dtype}")

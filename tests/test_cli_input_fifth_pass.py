@@ -215,3 +215,9 @@ def test_model_fields_that_would_change_nothing_are_refused(tmp_path, extra, wor
              "dropout": False, "tied_embeddings": False, **extra}
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
     one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "m.yaml")]), *words)
+
+
+def test_a_plan_file_with_both_cuda_graph_kinds_is_refused(tmp_path, saved_plan):
+    path = _edited(tmp_path, saved_plan, lambda d: d["job"].update(full_iteration_cuda_graph=True,
+                                                                     cuda_graph_modules=["attn", "mlp"]))
+    one_line_error(runner.invoke(app, ["estimate", "--plan", path]), "full_iteration_cuda_graph", "attn, mlp")
