@@ -56,6 +56,8 @@ OffloadGib = Annotated[float, in_range(1e-3, 1e9)]
 # Offload bandwidth per GPU: 0.01 GB/s (a slow disk's per-GPU share) up to exactly the "infinite"
 # bandwidth of `planner sweep offload_gb_per_s=inf` (sweep.INFINITE_GB_PER_S = 1e6 GB/s).
 OffloadGbPerS = Annotated[float, in_range(0.01, 1e6)]
+# A name the output shows ("on 16× H100 (name)"): some visible text
+Name = Annotated[str, Field(min_length=1, pattern=r"\S")]
 # GEMM min-dimension at which efficiency halves: 0 up to 1e6 rows (presets 140-170; the fit's
 # search bound is 1024; 1e6 is about the widest hidden a model may have, 2**20).
 HalfDim = Annotated[float, in_range(0.0, 1e6)]
@@ -156,7 +158,7 @@ class ComputeEfficiency(_Strict):
 
 
 class Accelerator(_Strict):
-    name: str
+    name: Name
     peak_flops: dict[Dtype, PeakFlops] = Field(description="dense peak FLOP/s per dtype")
     hbm_capacity_gib: HbmGib
     hbm_bandwidth_gb_per_s: HbmGbPerS
@@ -192,7 +194,7 @@ class Accelerator(_Strict):
 class NetworkTier(_Strict):
     """GPUs within `domain_gpus` of each other talk at this tier's bandwidth (per GPU, per direction)."""
 
-    name: str
+    name: Name
     domain_gpus: PositiveInt
     bandwidth_gb_per_s: LinkGbPerS
     latency_us: LatencyUs
@@ -210,7 +212,7 @@ class NetworkTier(_Strict):
 class MemoryTier(_Strict):
     """Secondary memory a GPU can offload to (host DRAM, LPDDR, CXL pool); per GPU."""
 
-    name: str
+    name: Name
     capacity_gib: OffloadGib
     bandwidth_gb_per_s: OffloadGbPerS
 
@@ -224,7 +226,7 @@ class MemoryTier(_Strict):
 
 
 class SystemSpec(_Strict):
-    name: str
+    name: Name
     description: str = ""
     source: str = Field(default="", description="datasheet / product page the figures come from")
     accelerator: Accelerator

@@ -221,3 +221,12 @@ def test_a_plan_file_with_both_cuda_graph_kinds_is_refused(tmp_path, saved_plan)
     path = _edited(tmp_path, saved_plan, lambda d: d["job"].update(full_iteration_cuda_graph=True,
                                                                      cuda_graph_modules=["attn", "mlp"]))
     one_line_error(runner.invoke(app, ["estimate", "--plan", path]), "full_iteration_cuda_graph", "attn, mlp")
+
+
+def test_a_system_file_needs_a_visible_name(tmp_path):
+    """`name: ""` had printed "on 16× H100 ()"."""
+    from hardware.load import PRESET_DIR
+    system = yaml.safe_load((PRESET_DIR / "h100-sxm.yaml").read_text())
+    for name in ("", "  "):
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump({**system, "name": name}))
+        one_line_error(runner.invoke(app, ["count", "-s", str(tmp_path / "s.yaml")]), "name")
