@@ -126,6 +126,8 @@ def _check_types(cfg: dict, path: Path) -> None:
                                 *((k, list, "a list") for k in LIST_KEYS)]:
         if cfg.get(key) is not None and not isinstance(cfg[key], kinds):
             raise bad(key, allowed)
+        if kinds is str and isinstance(cfg.get(key), str) and not cfg[key].strip():
+            raise bad(key, "a non-empty string (leave the key out where the model has none)")  # "" is not silu
     limit = cfg.get("swiglu_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
         raise bad("swiglu_limit", "a number")

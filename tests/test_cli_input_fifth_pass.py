@@ -230,3 +230,10 @@ def test_a_system_file_needs_a_visible_name(tmp_path):
     for name in ("", "  "):
         (tmp_path / "s.yaml").write_text(yaml.safe_dump({**system, "name": name}))
         one_line_error(runner.invoke(app, ["count", "-s", str(tmp_path / "s.yaml")]), "name")
+
+
+def test_an_empty_hugging_face_activation_is_refused(tmp_path):
+    config = {"model_type": "llama", "num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+              "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": ""}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "config.json")]), "hidden_act", "non-empty")
