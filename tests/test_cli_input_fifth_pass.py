@@ -237,3 +237,10 @@ def test_an_empty_hugging_face_activation_is_refused(tmp_path):
               "intermediate_size": 14336, "vocab_size": 128256, "hidden_act": ""}
     (tmp_path / "config.json").write_text(json.dumps(config))
     one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "config.json")]), "hidden_act", "non-empty")
+
+
+def test_a_sweep_over_offload_with_offload_forbidden_is_refused(tmp_path):
+    one_line_error(runner.invoke(app, ["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64",
+                                       "--vary", "offload_gb_per_s=10,100", "--no-offload",
+                                       "-o", str(tmp_path / "sw")]), "offload_gb_per_s", "--no-offload")
+    assert not (tmp_path / "sw").exists()

@@ -32,6 +32,8 @@ from planner.cli.common import (
 )
 from planner.sweep import (
     ALLOWED,
+    DEFAULT_OFFLOAD_GB_PER_S,
+    DEFAULT_OFFLOAD_GIB,
     Axis,
     PointLog,
     SweepSpec,
@@ -80,7 +82,10 @@ def register(app: typer.Typer) -> None:
         vary: Annotated[list[str], Opt(
             "--vary", "-v", help=f"NAME=VALUES, once or twice. NAME is one of: {ALLOWED}. VALUES: a comma "
                                  "list (8,16), START:STOP:xFACTOR (4096:16384:x2) or START:STOP:STEP "
-                                 "(256:2048:256); offload_gb_per_s accepts inf; model takes presets.")],
+                                 "(256:2048:256); offload_gb_per_s accepts inf; model takes presets. Varying offload_* on "
+                                 f"a system without an offload tier adds one ({DEFAULT_OFFLOAD_GIB:g} GiB at "
+                                 f"{DEFAULT_OFFLOAD_GB_PER_S:g} GB/s per GPU, the other axis's value where it is "
+                                 "varied).")],
         out_arg: Annotated[str, Opt("--out", "-o", help="Output folder for NAME.csv, NAME.png, NAME.svg.")],
         model: Annotated[Optional[str], Opt(
             "--model", "-m", help="Model preset or YAML file (omit when varying model).")] = None,
@@ -151,6 +156,8 @@ def register(app: typer.Typer) -> None:
             for flag, value in fixed.get(axis.name, []):
                 if value is not None:
                     raise SpecError(f"vary: {axis.name} is varied and {flag} fixes it ({value}); drop one of the two")
+            if no_offload and axis.name.startswith("offload_"):  # every point would be the same plan
+                raise SpecError(f"vary: {axis.name} is varied and --no-offload forbids offloading; drop one of the two")
         max_global_batch = DEFAULT_MAX_GLOBAL_BATCH if max_global_batch is None else max_global_batch
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
                        dtype=dtype, system=load_system(system),  # the axes vary sizes, not the GPU
