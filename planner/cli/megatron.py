@@ -80,7 +80,10 @@ def megatron_command(
     dtype: MegatronDtypeOpt = None,
     hbm_reserve_gib: MegatronReserveOpt = None,
     plan_file: Annotated[Optional[Path], typer.Option(
-        "--plan", help="Plan file (YAML/JSON; a top-level `plan:` mapping as `planner plan --save` writes).")] = None,
+        "--plan", help="Plan file (YAML/JSON; a top-level `plan:` mapping as `planner plan --save` writes). "
+                       "-m/-s/-g/--seq-length given beside it replace the file's (the same plan launched for "
+                       "another model file, system or sequence, re-checked there); the plan's own fields may "
+                       "not be overridden.")] = None,
     tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
     micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
     recompute: RecomputeOpt = None, recompute_modules: RecomputeModulesOpt = None,
