@@ -77,3 +77,16 @@ def one_line_error(result, *words) -> str:
 def megatron_checked(tmp_path_factory):
     """Every module's Megatron argument lists through one checker process (tests/megatron_parser.py)."""
     return CheckedBatches(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def llama3_8b_plan_file_text(tmp_path_factory) -> str:
+    """A plan file as `planner plan --save` writes it (Llama-3 8B on 8 H100, batch 64), as text."""
+    from typer.testing import CliRunner
+
+    from planner.cli.app import app
+    path = tmp_path_factory.mktemp("plan") / "p.yaml"
+    result = CliRunner().invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1",
+                                      "--save", str(path)])
+    assert result.exit_code == 0, result.output
+    return path.read_text()

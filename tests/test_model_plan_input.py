@@ -119,14 +119,9 @@ def test_model_at_its_caps_loads(tmp_path):
 
 # ---- 2. unknown top-level keys of a saved plan file ---------------------------------------------
 @pytest.fixture(scope="module")
-def saved_plan(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("plan") / "p.yaml"
-    result = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1",
-                                 "--save", str(path)])
-    assert result.exit_code == 0, result.output
-    text = path.read_text()
-    assert "\ngpus: 8\n" in text
-    return text
+def saved_plan(llama3_8b_plan_file_text) -> str:
+    assert "\ngpus: 8\n" in llama3_8b_plan_file_text
+    return llama3_8b_plan_file_text
 
 
 def test_saved_plan_keys_are_all_allowed(saved_plan, tmp_path):
