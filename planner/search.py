@@ -43,6 +43,10 @@ HYPOTHETICAL_OFFLOAD_GIB = 4096.0
 MIN_OFFLOAD_GIB = 64.0
 HYPOTHETICAL_OFFLOAD_GB_S = 100.0
 MAX_GPU_FACTOR = 64
+# The fewest GPUs that fit are looked for between the last power-of-two multiple of -g that does
+# not fit and the first that does, in whole nodes (at most this many counts tried; coarser steps
+# beyond, said in the answer)
+MAX_GPU_COUNTS_TRIED = 32
 # The per-stage CP-SAT model refines the first STAGE_REFINE_TOP reported plans (each is one or
 # two solves of 0.01-2.5 s; all 50 of a top-50 would break the 10 s budget).
 STAGE_REFINE_TOP = 5
@@ -382,26 +386,24 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
         # Exact without searching: every valid plan at its smallest legal batch (memory never falls
         # as the batch grows) needs more HBM than usable, or more offload than the tier holds. The
         # CP-SAT core would name the same two memory rules after a minute on a large space.
-        binding = ["memory_fit_hbm", "memory_fit_offload"] if space.system.offload else ["memory_fit_hbm"]
+        binding = (["memory_fit_hbm", "memory_fit_offload"] if space.system.offload and job.allow_offload
+                   else ["memory_fit_hbm"])
     numbers.update({"min_hbm_bytes": hbm_min, "usable_hbm_bytes": cap})
     if hbm_min > cap:
-        reasons.append(f"memory: the smallest per-GPU footprint over all otherwise-valid plans is "
+        # the GPU's HBM that would fit: footprint plus the reserve, over the HBM it has
+        hbm_gib = system.accelerator.hbm_capacity_gib
+        factor_needed = (hbm_min / GIB + job.hbm_reserve_gib) / hbm_gib
+        numbers["hbm_factor_needed"] = factor_needed
+        which = ("plans whose offload fits the tier" if system.offload and job.allow_offload
+                 else "otherwise-valid plans")
+        reasons.append(f"memory: the smallest per-GPU footprint over all {which} is "
                        f"{_gib(hbm_min)} ({small_plan.short()}), but only {_gib(cap)} of "
-                       f"{system.accelerator.hbm_capacity_gib:g} GiB HBM is usable "
-                       f"({job.hbm_reserve_gib:g} GiB reserve): needs >= {hbm_min / cap:.2f}x HBM")
-    # more GPUs
-    n = system.num_gpus
-    factor = 2
-    while factor <= MAX_GPU_FACTOR:
-        r = _fitting_example(model, system.with_changes(num_gpus=n * factor), job)
-        if r is not None:
-            numbers["gpus_needed"] = n * factor
-            reasons.append(f"GPUs: it fits on {n * factor} GPUs ({factor}x; e.g. {r.plan.short()}, "
-                           f"{_gib(r.estimate.hbm_bytes)} per GPU; `planner plan -g {n * factor}` finds the fastest)")
-            break
-        factor *= 2
-    else:
-        reasons.append(f"GPUs: no plan fits even on {n * MAX_GPU_FACTOR} GPUs ({MAX_GPU_FACTOR}x)")
+                       f"{hbm_gib:g} GiB HBM is usable ({job.hbm_reserve_gib:g} GiB reserve): needs >= "
+                       f"{factor_needed:.2f}x HBM ({hbm_gib * factor_needed:.1f} GiB per GPU)")
+    gpus_reason, gpus_needed = _fewest_gpus(model, system, job)
+    reasons.append(gpus_reason)
+    if gpus_needed is not None:
+        numbers["gpus_needed"] = gpus_needed
     # offload: one floor over the largest hypothetical tier gives the fewest offloaded bytes of any
     # plan that fits HBM, hence the smallest tier that fits (capacity changes no other number)
     bw = system.offload.bandwidth_gb_per_s if system.offload else HYPOTHETICAL_OFFLOAD_GB_S
@@ -420,20 +422,21 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
         numbers["offload_needed_bytes"] = est.offload_bytes
         have = (f"the system has {system.offload.capacity_gib:g} GiB" if system.offload
                 else "the system has no offload tier")
-        off_note = "" if job.allow_offload else " (offload is disabled for this job)"
+        off_note = "" if job.allow_offload else ", but offload is off for this job (--no-offload)"
         smaller = f" (not with {tier_gib / 2:g} GiB)" if tier_gib / 2 >= MIN_OFFLOAD_GIB else ""
         reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s"
-                       f"{smaller}; {have}{off_note} (the plan that offloads the least: {off.offload_plan.short()}, "
-                       f"{_gib(est.offload_bytes)}; `planner plan` on such a system finds the fastest)")
+                       f"{smaller}; {have}{off_note}. The plan that offloads the least: {off.offload_plan.short()}, "
+                       f"{_gib(est.offload_bytes)}; `planner plan` on such a system finds the fastest")
     else:
         msg = (f"offload: no {job.framework}-expressible plan fits even with "
                f"{HYPOTHETICAL_OFFLOAD_GIB:g} GiB of offload memory per GPU at {bw:g} GB/s")
         if job.framework == "megatron":
-            r = _fitting_example(model, hypo, hypo_job.model_copy(update={"framework": "any"}))
-            if r is not None:
-                numbers["offload_needed_bytes_any_framework"] = r.estimate.offload_bytes
-                msg += (f"; with a framework that offloads weights (--framework any) it fits, e.g. "
-                        f"{r.plan.short()} using {_gib(r.estimate.offload_bytes)} of it per GPU")
+            # the fewest offloaded bytes of any plan that fits HBM once weights may go too
+            anyf = memory_floor(build_space(model, hypo, hypo_job.model_copy(update={"framework": "any"})))
+            if anyf.offload_plan is not None and anyf.offload_min_bytes <= HYPOTHETICAL_OFFLOAD_GIB * GIB:
+                numbers["offload_needed_bytes_any_framework"] = anyf.offload_min_bytes
+                msg += (f"; with a framework that offloads weights (--framework any) it fits with at least "
+                        f"{_gib(anyf.offload_min_bytes)} of it per GPU ({anyf.offload_plan.short()})")
         reasons.append(msg)
     if job.tp_within_nvlink and "gpus_needed" not in numbers:
         wide = _fitting_example(model, system, job.model_copy(update={"tp_within_nvlink": False}))
@@ -446,6 +449,32 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
             reasons.append(f"pins: without your pins ({_pins(job)}) it fits, e.g. {r.plan.short()}")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=list(binding),
                        numbers=numbers)
+
+
+def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec) -> tuple[str, int | None]:
+    """`check`'s "more GPUs" answer and the GPU count in it: the first power-of-two multiple of
+    the system's count that fits, then the fewest GPUs between the last one that did not and it,
+    in whole nodes (finer below one node; steps of more nodes where more than
+    MAX_GPU_COUNTS_TRIED counts lie between, said in the answer). Exact per count tried."""
+    n, factor = system.num_gpus, 2
+    while factor <= MAX_GPU_FACTOR and _fitting_example(model, system.with_changes(num_gpus=n * factor), job) is None:
+        factor *= 2
+    if factor > MAX_GPU_FACTOR:
+        return f"GPUs: no plan fits even on {n * MAX_GPU_FACTOR} GPUs ({MAX_GPU_FACTOR}x -g {n})", None
+    low, high = n * factor // 2, n * factor  # low does not fit, high does
+    unit = system.gpus_per_node if low >= system.gpus_per_node else 1
+    step = unit * max(1, -(-(high - low) // (unit * MAX_GPU_COUNTS_TRIED)))
+    fewest, example = high, None
+    for count in range(low + step - low % step if low % step else low + step, high, step):
+        example = _fitting_example(model, system.with_changes(num_gpus=count), job)
+        if example is not None:
+            fewest = count
+            break
+    if example is None:
+        example = _fitting_example(model, system.with_changes(num_gpus=high), job)
+    grain = "" if step == 1 else f" (the fewest in steps of {step} GPUs)"
+    return (f"GPUs: it fits on {fewest} GPUs{grain}, {fewest / n:g}x -g {n} (e.g. {example.plan.short()}, "
+            f"{_gib(example.estimate.hbm_bytes)} per GPU; `planner plan -g {fewest}` finds the fastest)", fewest)
 
 
 def _pins(job: JobSpec) -> str:

@@ -114,3 +114,45 @@ def test_check_what_ifs_are_exact_and_fast_on_an_infeasible_box():
     assert memory_floor(build_space(m, load_system("a100-80g", need), job)).fits
     assert not memory_floor(build_space(m, load_system("a100-80g", need // 2), job)).fits
     assert plan(m, load_system("a100-80g", need), job, top_k=1).best is not None
+
+
+def test_check_names_the_fewest_gpus_and_the_hbm_that_fit():
+    """The GPU count is the fewest that fits in whole nodes (it had been the first power-of-two
+    multiple of -g: 64 where 40 fits), and the HBM factor is of the GPU's HBM with the reserve
+    added back (it had been of the usable HBM, an overstatement: 4.01x where 3.86x fits)."""
+    m, job = load_model("llama3-70b"), JobSpec(global_batch=64)
+    s = load_system("a100-40g", 8)
+    res = check(m, s, job)
+    need = res.numbers["gpus_needed"]
+    node = s.gpus_per_node
+    assert need % node == 0 and need < 64
+    assert memory_floor(build_space(m, load_system("a100-40g", need), job)).fits
+    for fewer in range(need - node, 8, -node):  # every whole-node count below it fails
+        assert not memory_floor(build_space(m, load_system("a100-40g", fewer), job)).fits, fewer
+    factor = res.numbers["hbm_factor_needed"]
+    hbm = s.accelerator.hbm_capacity_gib
+
+    def fits_with_hbm(gib: float) -> bool:
+        acc = s.accelerator.model_copy(update={"hbm_capacity_gib": gib})
+        return memory_floor(build_space(m, s.model_copy(update={"accelerator": acc}), job)).fits
+    assert fits_with_hbm(hbm * factor * 1.001) and not fits_with_hbm(hbm * factor * 0.999)
+    assert f"{factor:.2f}x HBM" in "\n".join(res.reasons)
+
+
+def test_check_gives_the_least_offload_a_weight_offloading_framework_needs():
+    """It had printed the smallest-HBM plan's offload (865.8 GiB for Llama-3 405B on 8 H100) where
+    819.4 GiB fits; and with --no-offload a system's tier is not a binding rule."""
+    m, s = load_model("llama3-405b"), load_system("h100-sxm", 8)
+    res = check(m, s, JobSpec(global_batch=64))
+    least = res.numbers["offload_needed_bytes_any_framework"]
+    job = JobSpec(global_batch=64, framework="any")
+
+    def fits_with_tier(gib: float) -> bool:
+        tier = MemoryTier(name="t", capacity_gib=gib, bandwidth_gb_per_s=100.0)
+        return memory_floor(build_space(m, s.with_changes(offload=tier.model_dump()), job)).fits
+    gib = least / 2**30
+    assert fits_with_tier(gib * 1.001) and not fits_with_tier(gib * 0.999)
+    off = check(load_model("llama3-405b"), load_system("gb200-nvl72", 16),
+                JobSpec(global_batch=64, allow_offload=False))
+    assert "memory_fit_offload" not in off.binding_rules
+    assert "--no-offload" in "\n".join(off.reasons)
