@@ -65,6 +65,7 @@ from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
 from planner.plan import (KNOBS, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, JobSpec, applicable_recompute_modules,
+                          parse_recompute_modules,
                           recompute_modules_from_mask, recompute_modules_mask)
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import selective_freed_coefficients
@@ -219,6 +220,11 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
 
 def _pin_value(knob: str, value) -> float:
     """A pin as the numeric code rows use."""
+    if knob == "recompute_modules" and not isinstance(value, (int, float)):  # names: their bit mask
+        try:
+            return float(recompute_modules_mask(parse_recompute_modules(value)))
+        except ValueError as exc:
+            raise SpecError(f"pin recompute_modules: {exc}") from None
     if knob == "recompute":
         if value not in RECOMPUTE_CODES:
             raise SpecError(f"pin recompute: unknown {value!r}; allowed: {', '.join(RECOMPUTE_CODES)}")
@@ -241,8 +247,13 @@ def _pin_value(knob: str, value) -> float:
 def breaks_pins(plan, pins: dict) -> bool:
     """Whether a finished plan (a published run's, say) breaks one of a job's pins, each pin read
     as build_space reads it; etp is the expert TP the plan runs (tp when it sets none)."""
-    return any(_pin_value(knob, plan.expert_tp if knob == "etp" else getattr(plan, knob)) != _pin_value(knob, raw)
-               for knob, raw in pins.items())
+    def value(knob):
+        if knob == "etp":
+            return plan.expert_tp
+        if knob == "recompute_modules":  # the rows' code: 0 unless selective
+            return recompute_modules_mask(plan.recompute_modules) if plan.recompute == "selective" else 0
+        return getattr(plan, knob)
+    return any(_pin_value(knob, value(knob)) != _pin_value(knob, raw) for knob, raw in pins.items())
 
 
 def space_batch_cap(job: JobSpec) -> int:
@@ -251,6 +262,8 @@ def space_batch_cap(job: JobSpec) -> int:
 
 
 def _fmt(knob: str, values) -> str:
+    if knob == "recompute_modules":
+        return "; ".join(",".join(recompute_modules_from_mask(int(v))) or "(not selective)" for v in values)
     if knob == "recompute":
         names = {c: n for n, c in RECOMPUTE_CODES.items()}
         return ", ".join(names[int(v)] for v in values)
@@ -290,6 +303,14 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
         if knob == "vpp" and value == int(value) and value > model.layers:
             raise SpecError(f"pin vpp: {raw} exceeds the {model.layers} layers (every virtual stage needs a "
                             "layer: pp·vpp <= layers)")
+        if knob == "recompute_modules":  # any module set that acts on this model may be pinned
+            why = applicable_recompute_modules(model)
+            for name in recompute_modules_from_mask(int(value)):
+                if why[name] is not None:
+                    raise SpecError(f"pin recompute_modules: {name} {why[name]}; allowed for {model.name}: "
+                                    f"{', '.join(n for n, w in why.items() if w is None)}")
+            domains[knob] = (int(value),)
+            continue
         if knob == "micro_batch" and value == int(value) and 1 <= value <= space_batch_cap(job):
             domains[knob] = (int(value),)  # any micro-batch the batch allows (the search grid is a few)
             continue

@@ -118,7 +118,7 @@ MOE_DISPATCHER_CODES: dict[str, int] = {"alltoall": 0, "deepep": 1}
 # Knobs a user may pin from the CLI / JobSpec, with the Plan field each one sets.
 KNOBS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
          "recompute", "zero_stage", "offload_weights", "offload_activations", "offload_optimizer",
-         "tp_comm_overlap", "dp_comm_overlap", "etp", "moe_a2a_overlap")
+         "tp_comm_overlap", "dp_comm_overlap", "etp", "moe_a2a_overlap", "recompute_modules")
 
 
 class Plan(BaseModel):

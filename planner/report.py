@@ -58,9 +58,10 @@ def fold_at_separators(text: str, width: int, sep: str = " · ") -> str:
     that a terminal never breaks an item ("VPP 8") in two; an item wider than a line keeps a line
     of its own."""
     lines, line = [], ""
+    tail = len(sep.rstrip())  # a line that breaks ends with the separator: room for it
     for item in text.split(sep):
         joined = item if not line else line + sep + item
-        if line and len(joined) > width:
+        if line and len(joined) + tail > width:
             lines.append(line + sep.rstrip())
             line = item
         else:

@@ -240,3 +240,26 @@ def test_a_sweep_over_offload_with_offload_forbidden_is_refused(tmp_path):
                                        "--vary", "offload_gb_per_s=10,100", "--no-offload",
                                        "-o", str(tmp_path / "sw")]), "offload_gb_per_s", "--no-offload")
     assert not (tmp_path / "sw").exists()
+
+
+def test_plan_and_check_pin_expert_tp_and_recompute_modules_as_estimate_takes_them():
+    """Both are searched and both are estimate flags; `plan` had no pin for either."""
+    base = ["plan", "-m", "mixtral-8x7b", "-s", "h100-sxm", "-g", "16", "-b", "64", "-k", "2", "--json"]
+    r = runner.invoke(app, base + ["--ep", "8", "--etp", "1", "--recompute-modules", "moe_act,layernorm"])
+    assert r.exit_code == 0, r.output
+    for p in json.loads(r.stdout)["plans"]:
+        plan = p["plan"]
+        assert plan["etp"] in (1, None) and (plan["etp"] == 1 or plan["tp"] == 1)
+        assert plan["recompute"] == "selective" and plan["recompute_modules"] == ["layernorm", "moe_act"]
+    # a set the search leaves out (core_attn under fused attention) may still be pinned
+    r = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "-k", "1", "--json",
+                            "--recompute-modules", "core_attn"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)["plans"][0]["plan"]
+    assert plan["recompute"] == "selective" and plan["recompute_modules"] is None  # None = core_attn
+    dense = ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64"]
+    one_line_error(runner.invoke(app, dense + ["--recompute-modules", "moe_act"]), "moe_act needs a MoE model",
+                   "core_attn, mlp")
+    one_line_error(runner.invoke(app, dense + ["--recompute-modules", "mlp", "--recompute", "full"]),
+                   "recompute-modules", "--recompute full")
+    one_line_error(runner.invoke(app, ["check"] + dense[1:] + ["--etp", "2"]), "etp", "needs a MoE model")

@@ -12,6 +12,10 @@ def test_fold_breaks_only_between_items():
     folded = fold_at_separators(text, 40)
     lines = folded.splitlines()
     assert all(len(line) <= 40 for line in lines), lines
+    # a line of two or more items keeps room for its trailing separator (one item may be wider)
+    for width in range(20, 90):
+        assert all(len(line) <= width for line in fold_at_separators(text, width).splitlines()
+                   if " · " in line), width
     # lines break only at separators: rejoined there, they are the text again
     assert folded.replace(" ·\n", " · ") == text
     assert len(lines) > 1

@@ -106,6 +106,8 @@ def estimate_command(
 
     Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
     Exit code 0 when the plan fits, 1 when it does not (memory or a rule), 2 for an input error.
+    A plan Megatron-LM cannot launch as costed is still costed (exit 0 if it fits); why Megatron
+    refuses it is printed (`megatron_refusals` in --json), and `planner megatron` refuses it.
 
     \b
     Example:

@@ -59,6 +59,8 @@ from planner.cli.common import (
     ZeroOpt,
     MAX_GLOBAL_BATCH,
     MAX_TOP,
+    EtpOpt,
+    RecomputeModulesOpt,
     check_int,
     given_knobs,
     refuse_contradictions,
@@ -91,6 +93,13 @@ def _inputs(o: dict):
     pins = given_knobs(o)
     dispatcher = pins.pop("moe_dispatcher", "alltoall")  # a job setting: the search costs every plan with it
     refuse_contradictions(pins, o["framework"])
+    if model.moe is None and ("etp" in pins or pins.get("ep", 1) != 1):
+        raise SpecError(f"{'etp' if 'etp' in pins else 'ep'}: expert parallelism needs a MoE model; "
+                        f"{model.name} has no experts")
+    if "recompute_modules" in pins:  # a module set names selective recompute (alone: it means it)
+        if pins.setdefault("recompute", "selective") != "selective":
+            raise SpecError(f"recompute-modules: names what selective recompute reruns (got --recompute "
+                            f"{pins['recompute']})")
     max_gb = max(o["max_global_batch"] or DEFAULT_MAX_GLOBAL_BATCH, gb or 0)
     job = make_job(global_batch=gb, max_global_batch=max_gb, dtype=o["dtype"], system=system,
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
@@ -186,8 +195,10 @@ def register(app: typer.Typer) -> None:
         hbm_reserve_gib: ReserveOpt = 2.0,
         top: Annotated[int, Opt("--top", "-k", help="How many distinct layouts to return.")] = 5,
         tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
+        etp: EtpOpt = None,
         micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
-        recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
+        recompute: RecomputeOpt = None, recompute_modules: RecomputeModulesOpt = None,
+        zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
@@ -236,8 +247,10 @@ def register(app: typer.Typer) -> None:
         dtype: DtypeOpt = None,
         hbm_reserve_gib: ReserveOpt = 2.0,
         tp: TpOpt = None, pp: PpOpt = None, dp: DpOpt = None, cp: CpOpt = None, ep: EpOpt = None,
+        etp: EtpOpt = None,
         micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
-        recompute: RecomputeOpt = None, zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
+        recompute: RecomputeOpt = None, recompute_modules: RecomputeModulesOpt = None,
+        zero_stage: ZeroOpt = None, offload_weights: OffloadWeightsOpt = None,
         offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
         tp_comm_overlap: TpOverlapOpt = None, dp_comm_overlap: DpOverlapOpt = None,
         moe_a2a_overlap: MoeA2aOverlapOpt = None,
