@@ -60,6 +60,9 @@ CASES = [
     ("gpt3-175b", "a100-80g", 64, JobSpec(global_batch=512, pins={"tp": 8})),
     ("gpt3-175b", "a100-80g", 64, JobSpec(global_batch=512, tp_within_nvlink=False)),
     ("llama3-8b", "h100-sxm", 16, JobSpec(max_global_batch=64, pins={"recompute": "full", "micro_batch": 1})),
+    # pinned expert TP and a pinned module set (by name, as `plan --recompute-modules` gives it)
+    ("mixtral-8x7b", "h100-sxm", 16, JobSpec(global_batch=64, pins={"etp": 1, "recompute": "selective",
+                                                                    "recompute_modules": "layernorm,moe_act"})),
     ("llama3-8b", "h100-sxm", 12, JobSpec(global_batch=64, allow_idle_gpus=True)),
     ("megatron-22b", "b200", 32, JobSpec(max_global_batch=128)),
     ("llama3-8b", "h200", 8, JobSpec(global_batch=32, framework="any")),
