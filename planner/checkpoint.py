@@ -10,7 +10,8 @@ Assumptions (also listed in every `CheckpointReport`):
   state are ignored.
 - Weights are sharded over tp*pp (Megatron: one file per model-parallel rank,
   `mp_rank_XX_YYY/model_optim_rng.pt`); context-parallel ranks hold the same weights as their
-  cp peers, so they add no shard. Expert parallelism (MoE) is not modelled separately.
+  cp peers, so they add no shard. A MoE model's routed experts are sharded over ep besides
+  (expert TP = tp), so each expert shard lives in dp*cp/ep replicas, not dp*cp.
 - With the distributed optimizer (zero_stage >= 1) the optimizer state is sharded over dp*cp
   and every rank writes its own shard (Megatron `distrib_optim.pt` per rank; torch_dist
   "fully parallel save" spreads the weights over the dp ranks too), so the bytes are spread
@@ -81,17 +82,19 @@ def checkpoint_bytes(model: ModelSpec, bytes_per_param: BytesPerParam = BytesPer
 def layout_label(plan: Plan) -> str:
     """The knobs that matter for checkpointing, e.g. 'tp8 pp8 dp16 zero0'."""
     cp = f" cp{plan.cp}" if plan.cp > 1 else ""
-    return f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{cp} zero{plan.zero_stage}"
+    ep = f" ep{plan.ep}" if plan.ep > 1 else ""
+    return f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{cp}{ep} zero{plan.zero_stage}"
 
 
 def model_parallel_shards(plan: Plan) -> int:
-    """Distinct weight shards = tp * pp (Megatron: one mp_rank_XX_YYY directory each); the
-    GPUs of one tp*pp group together hold one whole copy of the model."""
-    return plan.tp * plan.pp
+    """GPUs that together hold one whole copy of the model = tp * pp (Megatron: one
+    mp_rank_XX_YYY directory each), times ep for a MoE model's experts (each of ep ranks holds
+    1/ep of them; the dense weights are repeated among them)."""
+    return plan.tp * plan.pp * plan.ep
 
 
 def writer_ranks(plan: Plan, include_optimizer: bool = True) -> int:
-    """Ranks that write: one data-parallel replica (tp*pp ranks) for plain DP; every rank
+    """Ranks that write: one model copy (tp*pp*ep ranks) for plain DP; every rank
     (dp*cp*tp*pp) with the distributed optimizer (zero_stage >= 1), each its optimizer shard."""
     if include_optimizer and plan.zero_stage >= 1:
         return plan.tp * plan.pp * plan.dp * plan.cp
@@ -122,24 +125,36 @@ def write_bandwidth_needed_gb_per_s(size_bytes: float, target_write_s: float) ->
     return size_bytes / _positive("target-write-s", target_write_s) / GB
 
 
+def expert_params(model: ModelSpec) -> float:
+    """The routed experts' parameters (every MoE layer's and the MTP modules'); 0 for a dense model."""
+    if model.moe is None:
+        return 0.0
+    layers = model.layers if model.hybrid_pattern else model.moe_layers
+    return layers * model.expert_params_per_layer + model.mtp_weight_modules * model.mtp_layer_expert_params
+
+
 def restore_read_bytes(model: ModelSpec, plan: Plan, bytes_per_param: BytesPerParam = BytesPerParam(),
                        include_optimizer: bool = True) -> float:
     """Bytes read from storage on restart, every rank reading what it holds.
 
-    Each of the dp*cp replicas needs the full weights. The optimizer state is read in full by
-    every replica with plain DP (zero_stage 0: each replica holds it all), only once in total
-    with a sharded optimizer (zero_stage >= 1); with ZeRO-3/FSDP the weights are sharded too,
-    so the whole checkpoint is read exactly once. (Reading once and broadcasting over the
-    network would cut the storage reads to one copy; not modelled.)
+    Each of the dp*cp replicas needs the full weights, a routed expert's shard only its dp*cp/ep
+    replicas. The optimizer state is read in full by every replica with plain DP (zero_stage 0:
+    each replica holds it all), only once in total with a sharded optimizer (zero_stage >= 1);
+    with ZeRO-3/FSDP the weights are sharded too, so the whole checkpoint is read exactly once.
+    (Reading once and broadcasting over the network would cut the storage reads to one copy; not
+    modelled.)
     """
-    replicas = plan.dp * plan.cp
-    weights = checkpoint_weights_bytes(model, bytes_per_param)
-    optimizer = checkpoint_optimizer_bytes(model, bytes_per_param) if include_optimizer else 0.0
+    per_param = checkpoint_bytes_per_param(bytes_per_param, include_optimizer)
+    experts = expert_params(model)
+    dense = model.num_params - experts
+    weights_b = bytes_per_param.weights
     if plan.zero_stage >= 3:
-        return weights + optimizer
+        return model.num_params * per_param
+    replicas, expert_replicas = plan.dp * plan.cp, plan.dp * plan.cp / plan.ep
     if plan.zero_stage >= 1:
-        return replicas * weights + optimizer
-    return replicas * (weights + optimizer)
+        return (dense * replicas + experts * expert_replicas) * weights_b \
+            + model.num_params * (per_param - weights_b)
+    return (dense * replicas + experts * expert_replicas) * per_param
 
 
 def restore_time_s(read_bytes: float, read_gb_per_s: float) -> float:
@@ -233,6 +248,8 @@ class CheckpointReport(BaseModel):
     goodput_young: float
     goodput_daly: float
     assumptions: list[str]
+    notes: list[str] = []  # what makes these numbers questionable for this setup
+    params_note: str = ""  # what the parameter count holds beyond the main model (MTP modules)
 
 
 def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb_per_s: float,
@@ -240,7 +257,7 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
                       gpu_mtbf_hours: float | None = None, node_mtbf_hours: float | None = None,
                       restart_s: float = DEFAULT_RESTART_S,
                       bytes_per_param: BytesPerParam = BytesPerParam(),
-                      include_optimizer: bool = True) -> CheckpointReport:
+                      include_optimizer: bool = True, notes: list[str] | None = None) -> CheckpointReport:
     """Size, writers, write/restore time, job MTBF and the Young/Daly intervals for one setup.
     The checkpoint cost C is the blocking write time; the recovery after a failure is the
     restart time R plus the restore read time."""
@@ -264,6 +281,11 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
     young = young_interval_s(write_s, mtbf)
     daly = daly_interval_s(write_s, mtbf)
     copy_gpus = model_parallel_shards(plan)
+    notes = list(notes or [])
+    if write_s >= young:
+        notes.append(f"checkpointing cannot keep up: one write ({write_s:.0f} s) takes longer than the interval "
+                     f"that failures allow ({young:.0f} s, Young); faster storage, fewer bytes or fewer failures "
+                     "are needed for the job to make progress")
     return CheckpointReport(
         model=model.name, system=system.name, num_gpus=system.num_gpus,
         gpus_per_node=system.gpus_per_node, plan=layout_label(plan), zero_stage=plan.zero_stage,
@@ -282,8 +304,12 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
         restart_s=restart_s, recovery_s=recovery, young_interval_s=young, daly_interval_s=daly,
         goodput_young=goodput_fraction(young, write_s, mtbf, recovery),
         goodput_daly=goodput_fraction(daly, write_s, mtbf, recovery),
+        notes=notes,
+        params_note=(f"model, incl. {model.mtp_weight_modules} MTP module{'s' if model.mtp_weight_modules > 1 else ''} "
+                     f"({model.mtp_params / 1e9:,.1f} B)" if model.mtp_layers else ""),
         assumptions=[
-            "checkpoint = weights + fp32 master + Adam m,v; gradients not saved",
+            ("checkpoint = weights + fp32 master + Adam m,v" if include_optimizer
+             else "checkpoint = weights only (--weights-only)") + "; gradients not saved",
             "writes spread evenly over the writing ranks; bandwidths are aggregate (GB/s = 1e9 B/s)",
             "checkpoint blocks training for its write time (no asynchronous save)",
             "restore: every rank reads what it holds from storage (no read-once-and-broadcast)",
@@ -295,7 +321,7 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
 
 __all__ = [
     "DEFAULT_GPU_MTBF_HOURS", "DEFAULT_RESTART_S", "CheckpointReport", "checkpoint_bytes_per_param",
-    "checkpoint_weights_bytes", "checkpoint_optimizer_bytes", "checkpoint_bytes", "layout_label",
+    "checkpoint_weights_bytes", "checkpoint_optimizer_bytes", "checkpoint_bytes", "expert_params", "layout_label",
     "model_parallel_shards", "writer_ranks", "checkpoint_files", "bytes_per_writer", "write_time_s",
     "write_bandwidth_needed_gb_per_s", "restore_read_bytes", "restore_time_s", "job_mtbf_s",
     "young_interval_s", "daly_interval_s", "goodput_fraction", "checkpoint_report",

@@ -12,7 +12,8 @@ from hardware import load_system
 from hardware.errors import SpecError
 from planner import checkpoint as ck
 from planner.model import load_model
-from planner.plan import BytesPerParam, Plan
+from planner.cli import app
+from planner.plan import BytesPerParam, Plan, make_plan
 
 GPT3_PARAMS = 174_615_846_912  # planner/presets/gpt3-175b.yaml (Narayanan et al.: 174.6B)
 
@@ -179,3 +180,37 @@ def test_cli_bad_input_exit_2(args):
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output
     assert "error:" in result.output
+
+
+def test_moe_checkpoint_reads_each_expert_shard_in_its_own_replicas():
+    """A routed expert's shard lives in dp*cp/ep replicas, not dp*cp: DeepSeek-V3's restore had been
+    priced as if every replica held every expert (401 TB at tp4 dp288, ep ignored)."""
+    from planner.checkpoint import expert_params, restore_read_bytes
+    from planner.cli.checkpoint import default_ep
+    m = load_model("deepseek-v3")
+    experts = expert_params(m)
+    # 256 routed experts of 3 x 7168 x 2048 in 58 MoE layers and the MTP module
+    assert experts == (58 + 1) * 256 * 3 * 7168 * 2048
+    assert default_ep(m, 288, 1) == 32  # the largest dividing 256 experts and 288 replicas
+    plan = make_plan(tp=4, pp=1, dp=288, ep=32, zero_stage=1, global_batch=288)
+    dense = m.num_params - experts
+    want = (dense * 288 + experts * 288 / 32) * 2 + m.num_params * 12
+    assert restore_read_bytes(m, plan) == pytest.approx(want, rel=1e-12)
+    r = runner.invoke(app, ["checkpoint", "-m", "deepseek-v3", "-s", "gb200-nvl72", "-g", "1152", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert "ep32" in out["plan"] and out["model_copy_gpus"] == 4 * 32 and not out["notes"]
+    assert "1 MTP module" in out["params_note"]
+
+
+def test_checkpoint_says_when_its_layout_cannot_train_or_cannot_keep_up():
+    r = runner.invoke(app, ["checkpoint", "-m", "deepseek-v3", "-s", "gb200-nvl72", "-g", "1152", "--ep", "1",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert any("does not fit" in n and "--ep" in n for n in json.loads(r.stdout)["notes"])
+    r = runner.invoke(app, ["checkpoint", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "16384", "--gpu-mtbf-hours",
+                            "1", "--write-gb-per-s", "10", "--json"])
+    assert any("cannot keep up" in n for n in json.loads(r.stdout)["notes"])
+    r = runner.invoke(app, ["checkpoint", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "256", "--zero-stage", "0",
+                            "--weights-only", "--json"])
+    assert json.loads(r.stdout)["assumptions"][0].startswith("checkpoint = weights only")

@@ -11,7 +11,8 @@ from hardware.errors import SpecError
 from planner.jsonout import json_text
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report
 from planner.cli.common import (
-    DEFAULT_MODEL, DEFAULT_SYSTEM, GpusOpt, JsonOpt, ModelOpt, SystemOpt, check_float, load_inputs)
+    DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, GpusOpt, JsonOpt, ModelOpt, SystemOpt, check_float, check_int,
+    load_inputs)
 from planner.plan import make_plan
 
 # Assumption (no single source): an aggregate parallel-file-system write bandwidth of the order
@@ -65,10 +66,21 @@ def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | 
 
 # The rules of the exact model that are about how the model splits (not memory, not the batch):
 # a checkpoint of a layout Megatron cannot build is not a checkpoint at all.
-LAYOUT_RULES = ("heads_tp", "groups_tp", "hidden_tp", "layers_pp", "cp_seq")
+LAYOUT_RULES = ("heads_tp", "groups_tp", "hidden_tp", "layers_pp", "cp_seq", "experts_ep")
 
 
-def refuse_layout_the_model_cannot_split(model, system, plan) -> None:
+def default_ep(model, dp: int, cp: int) -> int:
+    """A MoE model's default expert parallelism: the largest that divides both the expert count and
+    the dp*cp ranks that hold copies of the experts (Megatron: world % (etp*ep*pp) == 0); 1 dense."""
+    if model.moe is None:
+        return 1
+    return max(e for e in range(1, model.moe.num_experts + 1) if model.moe.num_experts % e == 0 and (dp * cp) % e == 0)
+
+
+def layout_notes(model, system, plan) -> list[str]:
+    """One-line errors for a layout the model cannot split (Megatron could not build it); else
+    the notes that qualify its numbers: a layout whose training state does not fit in HBM (its
+    restore figures are of a layout nobody can train)."""
     from planner.analytical import estimate
     from planner.analytical.estimate import RULES
     from planner.cli.common import DEFAULT_MAX_GLOBAL_BATCH, make_job
@@ -76,11 +88,18 @@ def refuse_layout_the_model_cannot_split(model, system, plan) -> None:
     # may exceed the cap on a free batch at tens of thousands of GPUs
     job = make_job(global_batch=plan.global_batch, max_global_batch=max(plan.global_batch, DEFAULT_MAX_GLOBAL_BATCH),
                    system=system)
-    broken = [r for r in estimate(model, system, plan, job).violations if r in LAYOUT_RULES]
+    est = estimate(model, system, plan, job)
+    broken = [r for r in est.violations if r in LAYOUT_RULES]
     if broken:
         raise SpecError(f"plan: {plan.short()} does not split {model.name}: " + "; ".join(
-            f"{RULES[r]} (heads {model.heads}, query groups {model.kv_groups}, layers {model.layers})"
+            f"{RULES[r]} (heads {model.heads}, query groups {model.kv_groups}, layers {model.layers}"
+            + (f", experts {model.moe.num_experts}" if model.moe else "") + ")"
             if i == 0 else RULES[r] for i, r in enumerate(broken)))
+    if est.hbm_bytes > est.hbm_capacity_bytes:
+        return [f"the layout {plan.short()} does not fit: it needs {est.hbm_bytes / 2**30:,.1f} GiB per GPU of "
+                f"{est.hbm_capacity_bytes / 2**30:,.1f} usable, so its writers and restore reads are not those of a run; "
+                "pass the layout you train with (--tp, --pp, --cp, --ep, --zero-stage; `planner plan` finds one)"]
+    return []
 
 
 def _hours(hours: float) -> str:
@@ -121,11 +140,11 @@ def render(report: CheckpointReport) -> None:
     table.add_column("how")
     what = "weights + fp32 master + Adam m,v" if r.include_optimizer else "weights only"
     rows = [
-        ("parameters", f"{r.num_params / 1e9:,.1f} B", "model"),
+        ("parameters", f"{r.num_params / 1e9:,.1f} B", r.params_note or "model"),
         ("bytes per parameter", f"{r.checkpoint_bytes_per_param:g}", what),
         ("checkpoint size", _bytes(r.checkpoint_bytes),
          f"weights {_bytes(r.weights_bytes)} + optimizer {_bytes(r.optimizer_bytes)}"),
-        ("one model copy", f"{r.model_copy_gpus} GPUs = {r.model_copy_nodes} node{'s' if r.model_copy_nodes > 1 else ''}", "tp*pp shards"),
+        ("one model copy", f"{r.model_copy_gpus} GPUs = {r.model_copy_nodes} node{'s' if r.model_copy_nodes > 1 else ''}", "tp*pp*ep shards"),
         ("writing ranks = files", f"{r.writer_ranks:,}",
          "every rank (distributed optimizer)" if r.writer_ranks > r.model_copy_gpus
          else "one data-parallel replica"),
@@ -147,6 +166,8 @@ def render(report: CheckpointReport) -> None:
         table.add_row(*row)
     console = Console()
     console.print(table)
+    for note in r.notes:
+        console.print(f"Note: {note}.", style="yellow")
     console.print("Assumptions: " + "; ".join(r.assumptions) + ".", style="dim")
 
 
@@ -161,6 +182,8 @@ def register(app: typer.Typer) -> None:
         pp: Annotated[_Int, typer.Option("--pp", help="Pipeline parallel size (default 1).")] = None,
         dp: Annotated[_Int, typer.Option("--dp", help="Data parallel size (default GPUs/(tp*pp*cp)).")] = None,
         cp: Annotated[_Int, typer.Option("--cp", help="Context parallel size (default 1).")] = None,
+        ep: Annotated[_Int, typer.Option("--ep", help="Expert parallel size (MoE; default: the largest that "
+                                                       "divides the experts and dp*cp).")] = None,
         zero_stage: Annotated[int, typer.Option(
             "--zero-stage", help="0 plain DP, 1 distributed optimizer (every rank writes its shard), 2, 3.")] = 1,
         write_gb_per_s: Annotated[float, typer.Option(
@@ -195,14 +218,19 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
         spec, sysspec = load_inputs(model, system, gpus)
         t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp, spec)
-        plan = make_plan(tp=t, pp=p, dp=d, cp=c, zero_stage=zero_stage, global_batch=d)
-        refuse_layout_the_model_cannot_split(spec, sysspec, plan)
+        if ep is not None:
+            check_int("ep", ep, 1, MAX_GPUS)
+            if spec.moe is None and ep != 1:
+                raise SpecError(f"ep: expert parallelism needs a MoE model; {spec.name} has no experts (got --ep {ep})")
+        plan = make_plan(tp=t, pp=p, dp=d, cp=c, ep=default_ep(spec, d, c) if ep is None else ep,
+                         zero_stage=zero_stage, global_batch=d)
+        notes = layout_notes(spec, sysspec, plan)
         report = checkpoint_report(
             spec, sysspec, plan, write_gb_per_s=write_gb_per_s,
             read_gb_per_s=write_gb_per_s if read_gb_per_s is None else read_gb_per_s,
             target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
             node_mtbf_hours=node_mtbf_hours, restart_s=restart_s,
-            include_optimizer=not weights_only)
+            include_optimizer=not weights_only, notes=notes)
         if as_json:
             typer.echo(json_text(report.model_dump()))
         else:
