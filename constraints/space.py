@@ -45,8 +45,8 @@ Domains (see `knob_domains`)
                offload only with pp == 1 and no recompute; optimizer offload only with ZeRO-1)
   sequence_parallel on/off (on only with tp > 1); tp_comm_overlap on/off (on only with SP);
   dp_comm_overlap on/off; moe_a2a_overlap on/off (MoE only; Megatron's rules: ep > 1, pp = 1 or
-               vpp > 1, no full recompute, at most one MTP layer; it costs one more in-flight
-               microbatch, so it is a real choice where memory binds).
+               vpp > 1, no full recompute and no selective `moe` recompute, at most one MTP layer;
+               it costs one more in-flight layer, so it is a real choice where memory binds).
 
 Free batch ("batch <= max"): every multiple of micro_batch*dp up to the cap is in the space (the
 brute-force oracle enumerates all of them, `expand_batches`), and the objective is time per

@@ -191,7 +191,8 @@ def count(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> i
     global_batch, recompute, sequence_parallel, tp_comm_overlap, dp_comm_overlap, zero_stage,
     offload fractions of weights / activations / optimizer) from the domains of
     `constraints.space` that satisfies every structural rule: divisibility (heads, query groups,
-    hidden/ffn by tp; layers by pp·vpp; experts by ep), GPU count, batch (global batch a multiple
+    hidden/ffn by tp; pp·vpp at most the layers, which need not divide evenly; experts by ep), GPU
+    count, batch (global batch a multiple
     of micro_batch·dp, fixed or up to the cap; interleaving needs >= pp microbatches, a free batch
     a multiple of pp),
     compatibility (SP needs tp > 1 and the sequence split over tp·cp, TP overlap needs SP) and, for framework 'megatron',
