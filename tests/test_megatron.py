@@ -467,7 +467,7 @@ def test_cli_script_from_plan_file():
                                  "-s", "a100-80g"])
     assert result.exit_code == 0, result.output
     assert "NNODES=128\n" in result.stdout
-    assert "torchrun --nnodes $NNODES --nproc-per-node 8 --node-rank $NODE_RANK" in result.stdout
+    assert 'torchrun --nnodes $NNODES --nproc-per-node 8 --node-rank "$NODE_RANK"' in result.stdout
     env, argv, _ = mg.parse_script(result.stdout)
     assert mg.validate_megatron_args(argv, 1024, env, 8) == []
     assert "--num-virtual-stages-per-pipeline-rank" in argv

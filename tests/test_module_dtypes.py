@@ -109,7 +109,9 @@ def test_megatron_writes_the_te_precision_file_the_recipe_needs(tmp_path):
     assert all(m["type"] == "glob" and m["enabled"] for m in recipe["matchers"].values())
     r = runner.invoke(app, base)
     assert r.exit_code == 0, r.output
-    assert 'mv "$planner_file" te_precision.yaml' in r.output and "pattern: mtp.*" in r.output
+    # written beside its destination and renamed (atomic on one file system: no node reads half a file)
+    assert 'mktemp ./.te_precision.yaml.' in r.output and 'mv -n "$planner_file" te_precision.yaml' in r.output
+    assert "pattern: mtp.*" in r.output
     assert "--te-precision-config-file" in parse_script(r.output)[1]
     r = runner.invoke(app, base + ["--format", "args"])
     assert r.exit_code == 2 and "one line of flags cannot carry" in r.output and "Traceback" not in r.output
@@ -156,10 +158,13 @@ def test_launch_script_never_overwrites_a_users_file(tmp_path):
     # the script up to the launch itself (torchrun needs GPUs and a rendezvous)
     head = r.output[:r.output.index("torchrun ")]
     env = {"PATH": "/usr/bin:/bin", "NODE_RANK": "0", "MASTER_ADDR": "localhost", "DATA_PATH": "/data/x"}
+    (tmp_path / "pretrain_gpt.py").touch()  # run from a Megatron-LM checkout
     run = lambda: subprocess.run(["bash", "-c", head], cwd=tmp_path, capture_output=True, text=True, env=env)  # noqa: E731
     assert run().returncode == 0
     written = (tmp_path / "te_precision.yaml").read_text()
     assert "bf16" in written
+    assert (tmp_path / "te_precision.yaml").stat().st_mode & 0o777 == 0o644  # every rank's user may read it
+    assert not list(tmp_path.glob(".te_precision.yaml.*"))  # no temporary copy left behind
     assert run().returncode == 0 and (tmp_path / "te_precision.yaml").read_text() == written  # rerun: kept
     (tmp_path / "te_precision.yaml").write_text("mine\n")
     again = run()

@@ -12,7 +12,7 @@ from planner.megatron.launch import ENTRYPOINT, MASTER_PORT, MegatronLaunch, val
 # Data, tokenizer, schedule and where checkpoints go are not part of a plan: the script leaves
 # them as shell variables.
 PLACEHOLDER_VARS = {
-    "DATA_PATH": "${DATA_PATH:?set DATA_PATH to a Megatron .bin/.idx prefix}",
+    "DATA_PATH": "${DATA_PATH:?set DATA_PATH to one Megatron .bin/.idx prefix}",
     "TOKENIZER_TYPE": "${TOKENIZER_TYPE:-NullTokenizer}",
     "TRAIN_ITERS": "${TRAIN_ITERS:-1000}",
     "LR": "${LR:-1.0e-4}",
@@ -21,16 +21,40 @@ PLACEHOLDER_VARS = {
 PLACEHOLDER_ARGS = [("--data-path", '"$DATA_PATH"'), ("--split", "949,50,1"),
                     ("--tokenizer-type", '"$TOKENIZER_TYPE"'), ("--train-iters", '"$TRAIN_ITERS"'),
                     ("--lr", '"$LR"'), ("--save", '"$CHECKPOINT_DIR"'), ("--load", '"$CHECKPOINT_DIR"')]
-
-# A multi-node launch without its rendezvous settings hangs in torchrun instead of failing.
-_RENDEZVOUS_CHECK = "\n".join([
-    'if [ "$NNODES" -gt 1 ]; then',
-    '  : "${MASTER_ADDR:?set MASTER_ADDR (the rank-0 node address) for a multi-node launch}"',
-    '  : "${NODE_RANK:?set NODE_RANK (this node rank, 0..NNODES-1) for a multi-node launch}"',
+# A tokenizer other than the null one reads its model files: --tokenizer-model "$TOKENIZER_MODEL"
+TOKENIZER_ARGS_WORD = '"${TOKENIZER_ARGS[@]}"'
+_TOKENIZER_MODEL = "\n".join([
+    'TOKENIZER_ARGS=()',
+    'if [ "$TOKENIZER_TYPE" != NullTokenizer ]; then',
+    '  : "${TOKENIZER_MODEL:?set TOKENIZER_MODEL (its --tokenizer-model) for TOKENIZER_TYPE=$TOKENIZER_TYPE}"',
+    '  TOKENIZER_ARGS=(--tokenizer-model "$TOKENIZER_MODEL")',
     'fi',
-    'MASTER_ADDR="${MASTER_ADDR:-localhost}"',
-    'NODE_RANK="${NODE_RANK:-0}"',
 ])
+
+
+def _launch_checks(entrypoint: str) -> str:
+    """Before anything is written or launched: run from the Megatron-LM checkout; a multi-node
+    launch needs its rendezvous (torchrun would hang without it) and a checkpoint directory every
+    node shares; a node rank is a whole number below NNODES; one node is rank 0 on localhost."""
+    return "\n".join([
+        f'if [ ! -f {entrypoint} ]; then',
+        f'  echo "run this script from the Megatron-LM checkout ({entrypoint} is not in $PWD)" >&2; exit 1',
+        'fi',
+        'if [ "$NNODES" -gt 1 ]; then',
+        '  : "${MASTER_ADDR:?set MASTER_ADDR (the rank-0 node address) for a multi-node launch}"',
+        '  : "${NODE_RANK:?set NODE_RANK (this node rank, 0..NNODES-1) for a multi-node launch}"',
+        '  : "${CHECKPOINT_DIR:?set CHECKPOINT_DIR to a directory every node shares for a multi-node launch}"',
+        'else',
+        '  if [ "${NODE_RANK:-0}" != 0 ]; then echo "NODE_RANK=$NODE_RANK: a one-node launch is rank 0" >&2; exit 1; fi',
+        '  NODE_RANK=0 MASTER_ADDR=localhost',
+        'fi',
+        'case "$NODE_RANK" in',
+        '  ""|*[!0-9]*) echo "NODE_RANK=$NODE_RANK: must be a whole number from 0 to $((NNODES - 1))" >&2; exit 1 ;;',
+        'esac',
+        'if [ "$NODE_RANK" -ge "$NNODES" ]; then',
+        '  echo "NODE_RANK=$NODE_RANK: must be a whole number from 0 to $((NNODES - 1))" >&2; exit 1',
+        'fi',
+    ])
 
 
 def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "script") -> str:
@@ -57,29 +81,34 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
     lines += [f"# NOTE: {notice}" for notice in launch.notes]
     lines += [f"unset {key}" for key in launch.unset_env]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()]
-    lines += [f"NNODES={launch.nnodes}", _RENDEZVOUS_CHECK, "",
+    lines += [f"NNODES={launch.nnodes}", _launch_checks(launch.entrypoint), "",
               "# PLACEHOLDERS: data, tokenizer, schedule and checkpoint directory are not part of the",
-              "# plan; replace them (e.g. TOKENIZER_TYPE=HuggingFaceTokenizer plus --tokenizer-model,",
-              "# whose vocabulary must be the model's --vocab-size) for a real run."]
+              "# plan; replace them (e.g. TOKENIZER_TYPE=HuggingFaceTokenizer with TOKENIZER_MODEL, whose",
+              "# vocabulary must be the model's --vocab-size; DATA_PATH is one prefix) for a real run."]
     lines += [f'{key}="{value}"' for key, value in PLACEHOLDER_VARS.items()]
-    lines.append("")
+    lines += [_TOKENIZER_MODEL, ""]
     for name, text in launch.files.items():  # files the flags name, written where the launch runs
         # never over a user's file of that name: identical content (a rerun, or a node beside this
-        # one on a shared file system) is kept, anything else stops the launch
+        # one on a shared file system) is kept, anything else stops the launch; the copy is made
+        # beside it and renamed, so a node never reads a half-written file
         q = shlex.quote(name)
-        lines += ['planner_file="$(mktemp)"', "cat > \"$planner_file\" <<'PLANNER_EOF'", text.rstrip("\n"),
-                  "PLANNER_EOF",
-                  f'if [ -e {q} ] && ! cmp -s "$planner_file" {q}; then',
-                  f'    echo "{name} exists with other contents; move it away (this launch writes its own)" >&2',
-                  '    rm -f "$planner_file"; exit 1',
+        lines += [f'if ! [ -e {q} ]; then',
+                  f'  planner_file="$(mktemp ./.{name}.XXXXXX)"',
+                  "  cat > \"$planner_file\" <<'PLANNER_EOF'", text.rstrip("\n"), "PLANNER_EOF",
+                  '  chmod 644 "$planner_file"',
+                  f'  mv -n "$planner_file" {q}; rm -f "$planner_file"',
                   "fi",
-                  f'mv "$planner_file" {q}', ""]
+                  f"if ! cmp -s {q} - <<'PLANNER_EOF'", text.rstrip("\n"), "PLANNER_EOF",
+                  "then",
+                  f'  echo "{name} exists with other contents; move it away (this launch writes its own)" >&2; exit 1',
+                  "fi", ""]
     body = [f"torchrun --nnodes $NNODES --nproc-per-node {launch.gpus_per_node} "
-            f"--node-rank $NODE_RANK --master-addr $MASTER_ADDR --master-port {MASTER_PORT} "
+            f'--node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port {MASTER_PORT} '
             f"{launch.entrypoint}"]
     body += [" ".join([f"    {flag}"] + [shlex.quote(w) for w in value_words(flag, value)])
              for flag, value in launch.args]
     body += [f"    {flag} {value}" for flag, value in PLACEHOLDER_ARGS]
+    body += [f"    {TOKENIZER_ARGS_WORD}"]
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
 
 
@@ -102,7 +131,7 @@ def parse_script(script: str) -> tuple[dict[str, str], list[str], dict[str, str]
             at = next(i for i, w in enumerate(words) if w in (ENTRYPOINT, HYBRID_ENTRYPOINT))
             head = words[1:at]
             torchrun = {head[i]: head[i + 1] for i in range(0, len(head), 2)}
-            argv = words[at + 1:]
+            argv = [w for w in words[at + 1:] if w != shlex.split(TOKENIZER_ARGS_WORD)[0]]  # empty for NullTokenizer
     return env, argv, torchrun
 
 
