@@ -263,3 +263,25 @@ def test_plan_and_check_pin_expert_tp_and_recompute_modules_as_estimate_takes_th
     one_line_error(runner.invoke(app, dense + ["--recompute-modules", "mlp", "--recompute", "full"]),
                    "recompute-modules", "--recompute full")
     one_line_error(runner.invoke(app, ["check"] + dense[1:] + ["--etp", "2"]), "etp", "needs a MoE model")
+
+
+def test_json_outputs_say_what_the_text_says():
+    """An audit of every --json output: plan without a plan gave no reason, check named the raw
+    best where plan recommends a gated one, validate's `read` left out the skipped records and
+    --summary still printed every row, and megatron --format json errors were plain text."""
+    r = runner.invoke(app, ["plan", "-m", "llama3-405b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--json"])
+    assert r.exit_code == 1
+    none = json.loads(r.stdout)["no_plan"]
+    assert none["numbers"]["gpus_needed"] > 8 and "memory_fit_hbm" in none["binding_rules"] and none["reasons"]
+    job = ["-m", "qwen3-235b-a22b", "-s", "h100-sxm", "-g", "256", "-b", "2048", "--dtype", "fp8", "--json"]
+    checked = json.loads(runner.invoke(app, ["check", *job]).stdout)
+    planned = json.loads(runner.invoke(app, ["plan", *job, "-k", "1"]).stdout)
+    assert checked["best"]["plan"] == planned["plans"][0]["plan"]
+    assert [p["plan"] for p in checked["model_only"]] == [p["plan"] for p in planned["model_only"][:1]]
+    assert checked["precision"]["dtype"] == "fp8"
+    v = json.loads(runner.invoke(app, ["validate", "--summary", "--json", "--source", "nemo2407"]).stdout)
+    assert "rows" not in v and v["compared"] == v["summary"]["source"]["all"]["rows"]
+    assert v["read"] == v["compared"] + len(v["skipped"])
+    r = runner.invoke(app, ["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "3",
+                            "--format", "json"])
+    assert r.exit_code == 2 and "tp·pp·cp" in json.loads(r.stdout)["error"]

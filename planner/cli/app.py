@@ -74,7 +74,9 @@ class _LazyOneLineGroup(TyperGroup):
         from hardware.errors import SpecError
 
         argv = list(sys.argv[1:] if args is None else args)
-        as_json = "--json" in argv
+        # errors as JSON where the output is: --json, or megatron's --format json
+        as_json = "--json" in argv or any(a == "--format" and argv[i + 1:i + 2] == ["json"] or a == "--format=json"
+                                          for i, a in enumerate(argv))
         try:
             code = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)

@@ -367,12 +367,17 @@ def _plan(o: dict) -> None:
     free = job.global_batch is None
     if o["json_out"]:
         from planner.report import precision_json
-        print(json_text({"model": model.name, "system": system.name, "gpus": system.num_gpus,
-                          "precision": precision_json(job),
-                          "objective": result.objective, "plans": [_plan_json(r, model) for r in result.ranked],
-                          "model_only": [_plan_json(r, model) for r in result.model_only],
-                          "published_runs": _published_runs(model, system, job, result.best),
-                          "stats": result.stats}))
+        out = {"model": model.name, "system": system.name, "gpus": system.num_gpus,
+               "precision": precision_json(job),
+               "objective": result.objective, "plans": [_plan_json(r, model) for r in result.ranked],
+               "model_only": [_plan_json(r, model) for r in result.model_only],
+               "published_runs": _published_runs(model, system, job, result.best),
+               "stats": result.stats}
+        if result.best is None:  # the same diagnosis the text prints (`planner check`'s)
+            from planner.search import check
+            why = check(model, system, job)
+            out["no_plan"] = {"reasons": why.reasons, "binding_rules": why.binding_rules, "numbers": why.numbers}
+        print(json_text(out))
     else:
         from rich.console import Console
         from rich.table import Table
@@ -453,13 +458,21 @@ def _text_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]
 
 
 def _check(o: dict) -> int:
+    from planner.recommend import recommend
+    from planner.report import precision_json
     from planner.search import check
     model, system, job = _inputs(o)
     res = check(model, system, job)
+    model_only = []
+    if res.feasible:  # the plan `planner plan` recommends (gated on published runs), not the raw best
+        rec = recommend(model, system, job, top_k=1)
+        if rec.best is not None:
+            res.best, model_only = rec.best, rec.model_only
     if o["json_out"]:
         print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
-                          "gpus": system.num_gpus,
-                          "best": _plan_json(res.best, model) if res.best else None, "reasons": res.reasons,
+                          "gpus": system.num_gpus, "precision": precision_json(job),
+                          "best": _plan_json(res.best, model) if res.best else None,
+                          "model_only": [_plan_json(r, model) for r in model_only], "reasons": res.reasons,
                           "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
     from rich.console import Console
@@ -473,6 +486,10 @@ def _check(o: dict) -> int:
         e = res.best.estimate
         console.print(f"{e.step_time_s:.3f} s per step · MFU {e.mfu:.1%} · {e.hbm_bytes / GIB:.1f} of "
                       f"{e.hbm_capacity_bytes / GIB:.1f} GiB HBM per GPU")
+        if model_only:
+            fast = model_only[0]
+            console.print(f"(the model alone predicts {fast.estimate.step_time_s:.3f} s with {fast.plan.short()}, "
+                          "a gain no published run supports: `planner plan` shows it as a model-only candidate)")
         return 0
     console.print(f"[bold red]no[/bold red]: no plan of {model.name} fits on {system.num_gpus}× "
                   f"{system.accelerator.name} ({system.name})")

@@ -94,11 +94,14 @@ def register(app: typer.Typer) -> None:
         lofo_rows = _lofo_rows(cases, rows, workers or os.cpu_count() or 1) if lofo else None
         summaries = {key: summarize(rows, key) for key, _ in GROUP_KEYS}
         lofo_summaries = {key: summarize(lofo_rows, key) for key, _ in GROUP_KEYS} if lofo_rows else None
-        if json_out:
-            out = {"rows": rows, "summary": summaries, "skipped": [s.__dict__ for s in skipped],
-                   "read": len(cases), "files": [str(p) for p in (reference or DEFAULT_REFERENCES)]}
+        if json_out:  # --summary leaves the rows out, as in the text
+            out = {**({"rows": rows} if rows_out else {}), "summary": summaries,
+                   "skipped": [s.__dict__ for s in skipped], "read": len(cases) + len(skipped),
+                   "compared": len(cases), "files": [str(p) for p in (reference or DEFAULT_REFERENCES)]}
             if lofo_rows:
-                out["lofo_rows"], out["lofo_summary"] = lofo_rows, lofo_summaries
+                if rows_out:
+                    out["lofo_rows"] = lofo_rows
+                out["lofo_summary"] = lofo_summaries
             print(json_text(out))
             return
         console = Console(width=200)
