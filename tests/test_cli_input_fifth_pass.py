@@ -285,3 +285,12 @@ def test_json_outputs_say_what_the_text_says():
     r = runner.invoke(app, ["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "3",
                             "--format", "json"])
     assert r.exit_code == 2 and "tp·pp·cp" in json.loads(r.stdout)["error"]
+
+
+def test_sweep_json_rows_use_null_for_what_a_point_has_not(tmp_path):
+    r = runner.invoke(app, ["sweep", "-m", "llama3-70b", "-s", "h100-sxm", "-b", "16", "--vary", "gpus=1,8",
+                            "-o", str(tmp_path / "sw"), "--no-explain", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["rows"]
+    assert rows[0]["feasible"] is False and rows[0]["step_time_s"] is None and rows[0]["plan"] is None
+    assert rows[0]["reasons"] and all(isinstance(x, str) for x in rows[0]["reasons"])

@@ -73,8 +73,14 @@ def _summary_table(rows: list[dict], spec: SweepSpec) -> Table:
 
 
 def _json_rows(rows: list[dict]) -> list[dict]:
-    """JSON has no infinity: write it as the string "inf" (infinite offload bandwidth)."""
-    return [{k: ("inf" if isinstance(v, float) and math.isinf(v) else v) for k, v in r.items()} for r in rows]
+    """The CSV rows as JSON: a value a point has not (no plan fits) is null, not the CSV's empty
+    cell; the reasons a list; JSON has no infinity, so infinite offload bandwidth is the string "inf"."""
+    def value(v):
+        if isinstance(v, float) and math.isinf(v):
+            return "inf"
+        return None if v == "" else v
+    return [{**{k: value(v) for k, v in r.items()},
+             "reasons": [part for part in str(r.get("reason") or "").split(" | ") if part]} for r in rows]
 
 
 def register(app: typer.Typer) -> None:
