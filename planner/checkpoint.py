@@ -197,14 +197,15 @@ def daly_interval_s(checkpoint_s: float, mtbf_s: float) -> float:
 
 def goodput_fraction(interval_s: float, checkpoint_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
     """Useful time / wall time, first order in 1/M (valid when tau, C, R << M):
-    1 - C/tau - (tau/2 + R + C)/M. C/tau: checkpoint overhead per interval; per failure (rate 1/M)
-    half an interval of work is lost on average, plus the restart R and one checkpoint.
+    1 - C/tau - ((tau + C)/2 + R)/M. C/tau: checkpoint overhead per interval; per failure (rate
+    1/M) half a segment of work and its checkpoint, (tau + C)/2, is lost on average, plus the
+    restart R (Daly 2006, the first-order waste behind sqrt(2 C M); it peaks at Young's tau).
     Clamped to [0, 1]."""
     tau = _positive("interval", interval_s)
     m = _positive("mtbf", mtbf_s)
     if checkpoint_s < 0 or restart_s < 0:
         raise SpecError("checkpoint time and restart time must be >= 0")
-    g = 1.0 - checkpoint_s / tau - (tau / 2.0 + restart_s + checkpoint_s) / m
+    g = 1.0 - checkpoint_s / tau - ((tau + checkpoint_s) / 2.0 + restart_s) / m
     return min(1.0, max(0.0, g))
 
 

@@ -114,8 +114,8 @@ def test_daly_interval_hand_case():
 
 
 def test_goodput_first_order():
-    # tau 1000, C 10, M 1e5, R 100: 1 - 0.01 - (500 + 100 + 10)/1e5 = 0.9839
-    assert ck.goodput_fraction(1000, 10, 1e5, 100) == pytest.approx(0.9839)
+    # tau 1000, C 10, M 1e5, R 100: 1 - 0.01 - ((1000 + 10)/2 + 100)/1e5 = 0.98395 (Daly 2006)
+    assert ck.goodput_fraction(1000, 10, 1e5, 100) == pytest.approx(0.98395)
     young = ck.young_interval_s(10, 1e5)
     best = ck.goodput_fraction(young, 10, 1e5)
     assert best >= ck.goodput_fraction(0.8 * young, 10, 1e5)

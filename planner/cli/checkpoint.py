@@ -159,7 +159,7 @@ def render(report: CheckpointReport) -> None:
          f"restart {_duration(r.restart_s)} + restore"),
         ("interval (Young 1974)", _duration(r.young_interval_s), "sqrt(2 C M)"),
         ("interval (Daly 2006)", _duration(r.daly_interval_s), "higher-order"),
-        ("goodput at Young", f"{100 * r.goodput_young:.2f} %", "1 - C/t - (t/2 + R + C)/M"),
+        ("goodput at Young", f"{100 * r.goodput_young:.2f} %", "1 - C/t - ((t + C)/2 + R)/M"),
         ("goodput at Daly", f"{100 * r.goodput_daly:.2f} %", "first order in 1/M"),
     ]
     for row in rows:
