@@ -208,7 +208,12 @@ def register(app: typer.Typer) -> None:
             "--weights-only", help="Checkpoint the weights only (no optimizer state).")] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """Checkpoint size, who writes it, storage bandwidth and the optimal checkpoint interval."""
+        """Checkpoint size, who writes it, storage bandwidth and the optimal checkpoint interval.
+
+        \b
+        Example:
+          planner checkpoint -m llama3-70b -s h100-sxm -g 1024 --tp 8 --pp 4 --write-gb-per-s 200
+        """
         check_checkpoint_flags(write_gb_per_s=write_gb_per_s, read_gb_per_s=read_gb_per_s,
                                target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
                                node_mtbf_hours=node_mtbf_hours, restart_s=restart_s)

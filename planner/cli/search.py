@@ -313,7 +313,12 @@ def register(app: typer.Typer) -> None:
                   f"{system_spec.num_gpus} GPUs ({system_spec.name}), {batch}, memory ignored")
 
     def presets_command(json_out: JsonOpt = False) -> None:
-        """List model and system presets with their key numbers."""
+        """List model and system presets with their key numbers.
+
+        \b
+        Example:
+          planner presets --json
+        """
         models = [load_model(n) for n in model_preset_names()]
         systems = [load_system(n) for n in system_preset_names()]
         if json_out:

@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         source: Annotated[Optional[str], typer.Option(help="Only rows whose id starts with this (e.g. dgxc, narayanan2021, bridge).")] = None,
         rows_out: Annotated[bool, typer.Option("--rows/--summary", help="Print every row, or only the summary.")] = True,
         lofo: Annotated[bool, typer.Option("--lofo", help="Also leave-one-model-family-out: refit the efficiency "
-                                           "parameters without each family and predict it (about 2½ minutes on 2 cores).")] = False,
+                                           "parameters without each family and predict it (about a minute on 2 cores).")] = False,
         workers: Annotated[Optional[int], typer.Option(
             "--workers", "-j", help="Processes refitting the --lofo families side by side (default: the CPU "
                                     "count; the result does not depend on it).")] = None,
