@@ -291,4 +291,8 @@ def estimate_json(est: Estimate, job: JobSpec | None = None, model: ModelSpec | 
     data["feasible"] = est.feasible
     if job is not None:
         data["precision"] = precision_json(job)
+    if model is not None and system is not None and job is not None and est.plan.pp > 1:
+        # what the text's per-rank table shows: each pipeline rank's layers, time and HBM
+        from dataclasses import asdict
+        data["pipeline_ranks"] = [asdict(r) for r in pipeline_ranks(model, system, job, est.plan)]
     return json_text(data)

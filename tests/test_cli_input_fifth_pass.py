@@ -294,3 +294,12 @@ def test_sweep_json_rows_use_null_for_what_a_point_has_not(tmp_path):
     rows = json.loads(r.stdout)["rows"]
     assert rows[0]["feasible"] is False and rows[0]["step_time_s"] is None and rows[0]["plan"] is None
     assert rows[0]["reasons"] and all(isinstance(x, str) for x in rows[0]["reasons"])
+
+
+def test_estimate_json_has_the_per_rank_table_the_text_prints():
+    r = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "24", "-b", "48", "--tp", "1",
+                            "--pp", "3", "--micro-batch", "1", "--json"])
+    assert r.exit_code in (0, 1), r.output
+    ranks = json.loads(r.stdout)["pipeline_ranks"]
+    assert [x["layers"] for x in ranks] == [11, 11, 10]  # 32 layers over 3 ranks, Megatron's split
+    assert max(x["hbm_bytes"] for x in ranks) == pytest.approx(json.loads(r.stdout)["hbm_bytes"], rel=1e-9)
