@@ -363,10 +363,11 @@ def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Rank
     return Ranked(plan=floor.plan, estimate=est, objective=_objective(est, model.seq_length, space.free_batch))
 
 
-def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> CheckResult:
+def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, searcher=None) -> CheckResult:
     """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much, and
     what would make it fit (more GPUs, an offload tier, TP across nodes, no pins), each decided
-    exactly by the memory floor with an example plan that fits."""
+    exactly by the memory floor with an example plan that fits. `searcher`: what finds the plan
+    when the floor allows one (default the search's best; the CLI passes its recommendation)."""
     job = job or JobSpec()
     space = build_space(model, system, job)
     reasons: list[str] = []
@@ -379,7 +380,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> C
     if small_plan is None:  # layouts exist, but no option combination goes with any of them
         return _structural(model, system, job, space, lay)
     if hbm_min <= cap:  # the memory bound does not rule everything out: search
-        result = plan(model, system, job, top_k=1)
+        result = searcher() if searcher is not None else plan(model, system, job, top_k=1)
         if result.best is not None:
             return CheckResult(feasible=True, best=result.best)
         binding = explain(tabulate(space, top_k=None))

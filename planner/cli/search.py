@@ -467,12 +467,13 @@ def _check(o: dict) -> int:
     from planner.report import precision_json
     from planner.search import check
     model, system, job = _inputs(o)
-    res = check(model, system, job)
-    model_only = []
-    if res.feasible:  # the plan `planner plan` recommends (gated on published runs), not the raw best
-        rec = recommend(model, system, job, top_k=1)
-        if rec.best is not None:
-            res.best, model_only = rec.best, rec.model_only
+    recommended = []
+
+    def searcher():  # the plan `planner plan` recommends (gated on published runs), not the raw best
+        recommended.append(recommend(model, system, job, top_k=1))
+        return recommended[-1]
+    res = check(model, system, job, searcher=searcher)
+    model_only = recommended[-1].model_only if res.feasible and recommended else []
     if o["json_out"]:
         print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
                           "gpus": system.num_gpus, "precision": precision_json(job),
