@@ -243,8 +243,11 @@ def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
     else:
         experts, topk, ffn = r.int("model.moe.num_experts"), r.int("model.moe.topk"), r.int("model.moe.moe_ffn")
         first_dense = r.int("model.moe.first_k_dense", 0, minimum=0)
-    if experts is None or topk is None:
-        raise SpecError(f"reference {r.id}: model.moe: needs the number of experts and top-k")
+    keys = ("experts", "topk", "expert_ffn") if fsdp_schema else ("num_experts", "topk", "moe_ffn")
+    if experts is None or topk is None or ffn is None:  # an expert sized like the dense MLP is a guess
+        missing = [k for k, v in zip(keys, (experts, topk, ffn)) if v is None]
+        raise SpecError(f"reference {r.id}: model.moe: needs {', '.join(f'model.moe.{k}' for k in keys)} "
+                        f"(missing: {', '.join(missing)})")
     shared = r.int("model.moe.shared_experts", 0, minimum=0)
     out = {"num_experts": experts, "top_k": topk, "expert_ffn": ffn}
     if re.search(r"deepseek[-_ ]?v3", str(r.get("model.name") or "").lower()) and experts == 256:
@@ -302,12 +305,14 @@ def _dims_preset(r: _Record) -> str | None:
 
 
 def _model_notes(r: _Record) -> list[str]:
-    """The assumption _model made for a record, if any (its dimensions from a preset)."""
+    """The assumptions _model made for a record: its dimensions from a preset, or the defaults it
+    took for the shape fields the record leaves out (each moves the prediction)."""
     preset = _dims_preset(r)
-    if preset is None:
-        return []
-    return [f"model dimensions from the {preset} preset (planner/presets/{preset}.yaml: the model's public "
-            "config; the record prints none)"]
+    if preset is not None:
+        return [f"model dimensions from the {preset} preset (planner/presets/{preset}.yaml: the model's public "
+                "config; the record prints none)"]
+    defaults = {"model.activation": "gelu", "model.ffn": "4 x hidden", "model.query_groups": "= heads (no GQA)"}
+    return [f"{field} not given: {value}" for field, value in defaults.items() if r.get(field) is None]
 
 
 # model.activation as records write it -> ModelSpec.activation (planner/model.py Activation): the
@@ -476,6 +481,9 @@ def _ladder_recompute_text(r: _Record, assumptions: list[str]) -> str:
 
 
 def _fsdp_dtype(r: _Record, assumptions: list[str]) -> str:
+    if r.get("precision") is not None:  # the Megatron schemas' place, which this schema never reads
+        raise SpecError(f"reference {r.id}: precision: an FSDP/MoE-schema record gives its precision as "
+                        "parallel.precision (or parallel.float8 / parallel.mxfp8), not at the top level")
     low_recipe = str(r.get("parallel.lowp_recipe") or "").lower() + " " + str(r.get("parallel.precision") or "").lower()
     f8_recipe = str(r.get("parallel.float8_recipe") or "").lower()
     if "nvfp4" in low_recipe:
@@ -1202,9 +1210,17 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
     if isinstance(version, bool) or not isinstance(version, int) or version < SCHEMA_VERSION:
         raise SpecError(f"reference {path}: schema_version: expected an integer >= {SCHEMA_VERSION}, got {version!r}")
     records = data["records"]
-    fsdp_schema = any(isinstance(r, dict) and isinstance(r.get("parallel"), dict)
-                      and "fsdp_or_zero3_degree" in r["parallel"] for r in records)
-    return records, fsdp_schema
+    # one schema per file: the FSDP/MoE schema's records name their sharding degree
+    # (parallel.fsdp_or_zero3_degree); a file that mixes the two would read the others wrongly
+    fsdp = [isinstance(r, dict) and isinstance(r.get("parallel"), dict) and "fsdp_or_zero3_degree" in r["parallel"]
+            for r in records]
+    if any(fsdp) and not all(fsdp):
+        first = next(i for i, f in enumerate(fsdp, 1) if not f)
+        rid = records[first - 1].get("id") if isinstance(records[first - 1], dict) else None
+        raise SpecError(f"reference {path}: record {first} ({rid}) has no parallel.fsdp_or_zero3_degree while "
+                        "others do: the FSDP/MoE schema (fsdp_moe_runs.yaml) and the Megatron one "
+                        "(measured_runs.yaml, bridge_runs.yaml) cannot share a file; put each in its own")
+    return records, any(fsdp)
 
 
 def load_reference(paths: Path | str | list | tuple | None = None) -> tuple[list[RefCase], list[Skipped]]:

@@ -303,3 +303,42 @@ def test_estimate_json_has_the_per_rank_table_the_text_prints():
     ranks = json.loads(r.stdout)["pipeline_ranks"]
     assert [x["layers"] for x in ranks] == [11, 11, 10]  # 32 layers over 3 ranks, Megatron's split
     assert max(x["hbm_bytes"] for x in ranks) == pytest.approx(json.loads(r.stdout)["hbm_bytes"], rel=1e-9)
+
+
+def _fsdp_record(**parallel) -> dict:
+    """A torchtitan FSDP2 record in the FSDP/MoE schema (fsdp_moe_runs.yaml's header)."""
+    data = yaml.safe_load((REFERENCE_DIR / "fsdp_moe_runs.yaml").read_text())
+    record = copy.deepcopy(next(r for r in data["records"] if r["parallel"].get("framework", "").startswith("torchtitan")
+                                and r["model"].get("layers")))
+    record["id"] = "mine_fsdp"
+    record["parallel"].update(parallel)
+    return record
+
+
+def test_a_users_reference_file_is_read_as_written_or_refused(tmp_path):
+    """A user's own runs (validate --reference): one FSDP-schema record had switched the whole file
+    to that schema (a Megatron FP8 record beside it read as bf16 ZeRO-3), a top-level precision in
+    an FSDP record was ignored, and a MoE record without its expert width took the dense one."""
+    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    path = tmp_path / "mixed.yaml"
+    path.write_text(yaml.safe_dump({"records": [meg, _fsdp_record()]}))
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]),
+                   "fsdp_or_zero3_degree", "cannot share a file")
+    rec = _fsdp_record()
+    rec["precision"] = "fp8"
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]),
+                   "precision", "parallel.precision")
+    meg_moe = copy.deepcopy(meg)
+    meg_moe["model"]["moe"] = {"num_experts": 8, "topk": 2}
+    path.write_text(yaml.safe_dump({"records": [meg_moe]}))
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]),
+                   "model.moe", "missing: moe_ffn")
+    # the shape defaults a record leaves to the loader are said beside its row
+    bare = copy.deepcopy(meg)
+    for key in ("activation", "ffn", "query_groups"):
+        bare["model"].pop(key, None)
+    path.write_text(yaml.safe_dump({"records": [bare]}))
+    rows = json.loads(runner.invoke(app, ["validate", "--reference", str(path), "--json"]).stdout)["rows"]
+    said = " ".join(rows[0]["assumptions"])
+    assert "model.activation not given" in said and "model.ffn not given" in said
