@@ -342,3 +342,21 @@ def test_a_users_reference_file_is_read_as_written_or_refused(tmp_path):
     rows = json.loads(runner.invoke(app, ["validate", "--reference", str(path), "--json"]).stdout)["rows"]
     said = " ".join(rows[0]["assumptions"])
     assert "model.activation not given" in said and "model.ffn not given" in said
+
+
+def test_validate_flags_a_row_whose_units_look_wrong(tmp_path):
+    """A step time written in milliseconds had printed -99.9 % without a word."""
+    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    rec = copy.deepcopy(meg)
+    rec["measured"] = {"iteration_time_s": 1000 * _measured_s(meg)}
+    rec.pop("derived", None)
+    path = tmp_path / "ms.yaml"
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    r = runner.invoke(app, ["validate", "--reference", str(path), "--summary"])
+    assert r.exit_code == 0, r.output
+    assert f"check the units of {rec['id']}" in " ".join(r.output.split())
+
+
+def _measured_s(record: dict) -> float:
+    cases, _ = load_reference(REFERENCE_DIR / "measured_runs.yaml")
+    return next(c.measured_step_s for c in cases if c.id == record["id"])

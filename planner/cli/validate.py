@@ -15,6 +15,7 @@ from rich.table import Table
 from planner.calibration import DEFAULT_REFERENCES, accuracy_rows, load_reference, summarize
 from planner.reference import require_compared
 
+UNIT_SUSPECT_RATIO = 3.0
 GROUP_KEYS = (("source", "by source"), ("kind", "dense / MoE"),
               ("software", "dense / MoE, untuned software apart (a ladder's early steps, runs the source flags as slow)"), ("gpu", "by accelerator"),
               ("framework", "by framework"), ("family", "by model family"))
@@ -133,5 +134,15 @@ def register(app: typer.Typer) -> None:
                 table.add_row(*cells)
             console.print(table)
         console.print(f"read {len(cases) + len(skipped)} records: {len(cases)} compared, {len(skipped)} skipped")
+        # a prediction off by more than UNIT_SUSPECT_RATIO either way is more likely a unit than a model
+        # error (milliseconds for seconds, total tokens/s for per-GPU, tokens for sequences)
+        for r in rows:
+            ratio = r["predicted_s"] / r["measured_s"]
+            if not 1 / UNIT_SUSPECT_RATIO <= ratio <= UNIT_SUSPECT_RATIO:
+                console.print(f"  check the units of {r['id']}: predicted {ratio:.3g}x its measured step time "
+                              "(step seconds, tokens/s per GPU, global batch in sequences)", soft_wrap=True)
+            if not r["fits_hbm"]:
+                console.print(f"  {r['id']}: its plan does not fit in HBM under the model (a layout, micro-batch "
+                              "or recompute stated wrong, or memory savings the model does not cost)", soft_wrap=True)
         for s in skipped:
             console.print(f"  skipped {s.id}: {s.reason}", soft_wrap=True)
