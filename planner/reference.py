@@ -868,8 +868,15 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         step, how = f / (r.float("measured.tflops_per_gpu") * 1e12 * gpus), "eq. 3 FLOPs / published TFLOP/s"
     elif r.get("measured.tflops_per_gpu") is not None and r.get("derived.iteration_time_s") is not None:
         step, how = r.float("derived.iteration_time_s"), "derived step time (source's TFLOP/s)"
+    elif (tps := r.float("measured.tokens_per_sec_per_gpu")) is not None:
+        # a throughput alone (a user's own run): the step that moves the global batch at that rate
+        step = gbs * model.seq_length / (tps * gpus)
+        how = "gbs*seq/(tokens_per_sec_per_gpu*gpus)"
+    elif (tps := r.float("measured.tokens_per_sec")) is not None:
+        step, how = gbs * model.seq_length / tps, "gbs*seq/tokens_per_sec (all GPUs)"
     else:
-        return Skipped(rid, "no step time or throughput to compare")
+        return Skipped(rid, "no step time or throughput to compare: give measured.iteration_time_s (seconds), "
+                            "measured.tokens_per_sec_per_gpu or measured.tokens_per_sec")
     source = _source_measured(rid)
     return RefCase(rid, source, model, system, plan, job, step, how, assumptions,
                    fit=fits_hardware(framework, model), framework=framework, family=family_of(model.name))

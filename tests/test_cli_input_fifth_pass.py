@@ -360,3 +360,17 @@ def test_validate_flags_a_row_whose_units_look_wrong(tmp_path):
 def _measured_s(record: dict) -> float:
     cases, _ = load_reference(REFERENCE_DIR / "measured_runs.yaml")
     return next(c.measured_step_s for c in cases if c.id == record["id"])
+
+
+def test_a_megatron_record_with_a_throughput_alone_is_compared(tmp_path):
+    """It had been skipped as having 'no step time or throughput'."""
+    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    rec = copy.deepcopy(meg)
+    rec.pop("derived", None)
+    rec["measured"] = {"tokens_per_sec_per_gpu": 5000}
+    path = tmp_path / "tps.yaml"
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    cases, skipped = load_reference(path)
+    assert not skipped
+    c = cases[0]
+    assert c.measured_step_s == pytest.approx(c.plan.global_batch * c.model.seq_length / (5000 * c.system.num_gpus))
