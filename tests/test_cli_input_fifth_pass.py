@@ -374,3 +374,17 @@ def test_a_megatron_record_with_a_throughput_alone_is_compared(tmp_path):
     assert not skipped
     c = cases[0]
     assert c.measured_step_s == pytest.approx(c.plan.global_batch * c.model.seq_length / (5000 * c.system.num_gpus))
+
+
+def test_the_readme_reference_record_is_compared_as_it_says(tmp_path):
+    """README's "Compare the model with your own runs" record loads, is compared, and its step is the
+    batch at the stated throughput."""
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Compare the model with your own runs"):text.index("## How it works")]
+    block = section.split("```yaml")[1].split("```")[0]
+    (tmp_path / "myruns.yaml").write_text(block)
+    cases, skipped = load_reference(tmp_path / "myruns.yaml")
+    assert not skipped and len(cases) == 1
+    assert cases[0].measured_step_s == pytest.approx(128 * 8192 / (7000 * 16))
+    assert cases[0].plan.sequence_parallel and cases[0].plan.zero_stage == 1
