@@ -301,7 +301,12 @@ def _dims_preset(r: _Record) -> str | None:
         return None
     from planner.model import model_preset_names
     name = re.sub(r"\(.*?\)", "", str(r.get("model.name") or "")).strip().lower().replace(" ", "-")
-    return name if name in model_preset_names() else None
+    name = name.rsplit("/", 1)[-1]  # a Hugging Face repo id names the model after its org
+    # "Llama-3 8B" -> llama3-8b, as the presets write a family and its version together
+    for candidate in (name, re.sub(r"(?<=[a-z])-(?=\d)", "", name)):
+        if candidate in model_preset_names():
+            return candidate
+    return None
 
 
 def _model_notes(r: _Record) -> list[str]:
@@ -344,7 +349,8 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         from planner.model import load_model
         return load_model(preset, {"seq_length": dims["seq"]})
     if missing:
-        return f"model dimensions not published ({', '.join(missing)})"
+        return (f"model dimensions not published ({', '.join(missing)}); give them, or name a model preset "
+                "(`planner presets`) as model.name")
     activation = _activation(r)
     fields = dict(
         name=name, layers=dims["layers"], hidden=dims["hidden"], heads=dims["heads"],

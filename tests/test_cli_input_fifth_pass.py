@@ -388,3 +388,22 @@ def test_the_readme_reference_record_is_compared_as_it_says(tmp_path):
     assert not skipped and len(cases) == 1
     assert cases[0].measured_step_s == pytest.approx(128 * 8192 / (7000 * 16))
     assert cases[0].plan.sequence_parallel and cases[0].plan.zero_stage == 1
+
+
+def test_a_record_naming_its_model_as_people_write_it_takes_the_preset(tmp_path):
+    """`Llama-3 8B` (the README's spelling) or a Hugging Face repo id had been skipped as having no
+    dimensions; the skip message now says how to give them."""
+    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    for i, name in enumerate(("Llama-3 8B", "meta-llama/llama3-8b")):
+        rec = copy.deepcopy(meg)
+        rec["id"] = f"byname{i}"
+        rec["model"] = {"name": name}
+        path = tmp_path / f"n{i}.yaml"
+        path.write_text(yaml.safe_dump({"records": [rec]}))
+        cases, skipped = load_reference(path)
+        assert not skipped and cases[0].model.layers == 32 and cases[0].model.kv_groups == 8, name
+    rec = copy.deepcopy(meg)
+    rec["model"] = {"name": "some private model"}
+    path = tmp_path / "private.yaml"
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    assert "planner presets" in load_reference(path)[1][0].reason
