@@ -182,13 +182,31 @@ class _Record:
         return float(value)
 
 
+# The layout fields a record may give (the three packaged files' union): another name is a
+# misspelling that would silently leave its knob at the loader's default (micro_batch_size: mb 1)
+PARALLEL_FIELDS = ("activation_cpu_offload", "async_tp", "comm_overlap", "compile", "cp", "cpu_offload", "dispatcher",
+                   "distributed_optimizer", "dp", "dp_printed", "ep", "etp", "expert_dp", "expert_fsdp_degree",
+                   "float8", "float8_recipe", "framework", "fsdp", "fsdp_or_zero3_degree", "global_batch",
+                   "grad_accum", "hsdp_replicas", "lowp_recipe", "microbatch", "model_parallel_size", "mp_mode",
+                   "mxfp8", "num_microbatches", "pp", "pp_layout", "pp_microbatches", "pp_schedule", "precision",
+                   "recompute", "sequence_parallel", "shard_group", "sharding", "tp", "tp_pp_split_note", "vpp")
+
+
 def _check_record(r: _Record) -> None:
     """One-line SpecError for a field a record states wrongly, whether or not the record is then
-    compared or skipped: its measurements (MEASUREMENT_FIELDS), activation and recompute."""
+    compared or skipped: its measurements (MEASUREMENT_FIELDS), activation, recompute and the
+    names of its layout fields."""
     for path in MEASUREMENT_FIELDS:
         r.float(path)
     _activation(r)
     _recompute(r.get("parallel.recompute"), [], "none", "", r.id)
+    parallel = r.get("parallel")
+    for key in parallel if isinstance(parallel, dict) else ():
+        if key not in PARALLEL_FIELDS:
+            import difflib
+            near = difflib.get_close_matches(str(key), PARALLEL_FIELDS, n=1, cutoff=0.5)
+            hint = f"; did you mean {near[0]}?" if near else f"; the fields: {', '.join(PARALLEL_FIELDS)}"
+            raise SpecError(f"reference {r.id}: parallel.{key}: unknown layout field{hint}")
 
 
 def family_of(model_name: str) -> str:

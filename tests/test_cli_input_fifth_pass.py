@@ -407,3 +407,14 @@ def test_a_record_naming_its_model_as_people_write_it_takes_the_preset(tmp_path)
     path = tmp_path / "private.yaml"
     path.write_text(yaml.safe_dump({"records": [rec]}))
     assert "planner presets" in load_reference(path)[1][0].reason
+
+
+def test_a_misspelt_layout_field_is_refused_with_the_near_name(tmp_path):
+    """`micro_batch_size` had been ignored and micro-batch 1 assumed without a word."""
+    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    rec = copy.deepcopy(meg)
+    rec["parallel"]["micro_batch_size"] = 4
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]),
+                   "parallel.micro_batch_size", "did you mean microbatch")
