@@ -258,7 +258,8 @@ def model_fields(path: Path) -> dict:
     unread = sorted(k for k, v in cfg.items() if UNREAD_EXPERT_KEY.search(k) and v and k not in EXPERT_COUNT_KEYS)
     for key in EXPERT_COUNT_KEYS:
         # 0 experts is a dense model, unless other fields name experts (top-k, widths): then a typo
-        if cfg.get(key) is not None and (cfg[key] < 0 or (cfg[key] == 0 and unread)):
+        # (a negative count never gets here: _check_types ranges every integer key)
+        if cfg.get(key) == 0 and unread:
             raise SpecError(f"model {path}: {key} must be >= 1 (the routed-expert count), got {cfg[key]}")
     if unread and not moe_keys:
         # a MoE config spelling its experts differently (ERNIE-4.5 moe_num_experts, DBRX
@@ -345,7 +346,7 @@ def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
     if "M" in str(cfg.get("hybrid_override_pattern") or ""):
         _require(cfg, ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"), "Mamba-2 blocks (M) need their mixer's sizes")
     if not cfg.get("hybrid_override_pattern"):  # the block pattern is the model; no default guessed
-        raise SpecError(f"model: hybrid_override_pattern is missing; a nemotron_h config gives its blocks "
+        raise SpecError("model: hybrid_override_pattern is missing; a nemotron_h config gives its blocks "
                         "(M Mamba-2, * attention, - MLP, E MoE), one per layer")
     # NemotronH's MLPs are never gated: up, mlp_hidden_act, down (transformers' default relu2)
     act = str(cfg.get("mlp_hidden_act") or "relu2").lower()

@@ -12,7 +12,7 @@ from planner.jsonout import json_text
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report
 from planner.cli.common import (
     DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, GpusOpt, JsonOpt, ModelOpt, SystemOpt, check_float, check_int,
-    load_inputs)
+    load_inputs, refuse_moe_flags_on_dense)
 from planner.plan import make_plan
 
 # Assumption (no single source): an aggregate parallel-file-system write bandwidth of the order
@@ -223,10 +223,8 @@ def register(app: typer.Typer) -> None:
             raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
         spec, sysspec = load_inputs(model, system, gpus)
         t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp, spec)
-        if ep is not None:
-            check_int("ep", ep, 1, MAX_GPUS)
-            if spec.moe is None and ep != 1:
-                raise SpecError(f"ep: expert parallelism needs a MoE model; {spec.name} has no experts (got --ep {ep})")
+        check_int("ep", ep, 1, MAX_GPUS)
+        refuse_moe_flags_on_dense(spec, None, None, ep=ep)
         plan = make_plan(tp=t, pp=p, dp=d, cp=c, ep=default_ep(spec, d, c) if ep is None else ep,
                          zero_stage=zero_stage, global_batch=d)
         notes = layout_notes(spec, sysspec, plan)

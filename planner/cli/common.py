@@ -365,12 +365,18 @@ def check_recompute_layers(plan, model) -> None:
 
 
 def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_mlp: bool | None,
-                              moe_dispatcher: str | None = None) -> None:
-    """A MoE-only setting given for a model without experts is a mistake, not a no-op."""
+                              moe_dispatcher: str | None = None, ep: int | None = None,
+                              etp: int | None = None) -> None:
+    """A MoE-only setting given for a model without experts is a mistake, not a no-op: an expert
+    layout (ep above 1, any expert TP) included."""
     from planner.plan import MOE_IMBALANCE_RANGE
     check_float("moe-imbalance", moe_imbalance, *MOE_IMBALANCE_RANGE)
     if model.moe is not None:
         return
+    for flag, value in (("ep", None if ep == 1 else ep), ("etp", etp)):
+        if value is not None:
+            raise SpecError(f"{flag}: expert parallelism needs a MoE model; {model.name} has no experts "
+                            f"(got --{flag} {value})")
     if moe_dispatcher is not None:
         raise SpecError(f"moe-dispatcher: applies to MoE models only; {model.name} has no experts")
     if moe_imbalance is not None and moe_imbalance != 1.0:

@@ -114,13 +114,9 @@ def estimate_command(
       planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
-    refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp, moe_dispatcher)
     knobs = given_knobs(locals())
-    if model_spec.moe is None:  # as `plan` refuses the pin: an expert layout of a dense model is a mistake
-        for flag, value in (("ep", knobs.get("ep", 1)), ("etp", knobs.get("etp", 1))):
-            if value != 1:
-                raise SpecError(f"{flag}: expert parallelism needs a MoE model; {model_spec.name} has no experts "
-                                f"(got --{flag} {value})")
+    refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp, moe_dispatcher, knobs.get("ep"),
+                              knobs.get("etp"))
     kernels = kernel_settings("none" if cuda_graph is None else cuda_graph, bool(fp8_attention), bool(fused_grouped_mlp),
                               moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)
     job = None

@@ -85,7 +85,6 @@ def _inputs(o: dict):
         raise SpecError(f"max-global-batch: caps the batch --free-batch picks; the batch is fixed "
                         f"({o['global_batch'] or DEFAULT_BATCH}), so it would do nothing: add --free-batch or drop it")
     model, system = load_inputs(o["model"], o["system"], o["gpus"], o["seq_length"])
-    refuse_moe_flags_on_dense(model, o.get("moe_imbalance"), o.get("fused_grouped_mlp"), o.get("moe_dispatcher"))
     if o["free_batch"] and o["global_batch"] is not None:
         raise SpecError(f"global-batch: --global-batch {o['global_batch']} fixes the batch and --free-batch "
                         "lets the search pick it; give one (use --max-global-batch to cap a free batch)")
@@ -93,9 +92,8 @@ def _inputs(o: dict):
     pins = given_knobs(o)
     dispatcher = pins.pop("moe_dispatcher", "alltoall")  # a job setting: the search costs every plan with it
     refuse_contradictions(pins, o["framework"])
-    if model.moe is None and ("etp" in pins or pins.get("ep", 1) != 1):
-        raise SpecError(f"{'etp' if 'etp' in pins else 'ep'}: expert parallelism needs a MoE model; "
-                        f"{model.name} has no experts")
+    refuse_moe_flags_on_dense(model, o.get("moe_imbalance"), o.get("fused_grouped_mlp"), o.get("moe_dispatcher"),
+                              pins.get("ep"), pins.get("etp"))
     if "recompute_modules" in pins:  # a module set names selective recompute (alone: it means it)
         if pins.setdefault("recompute", "selective") != "selective":
             raise SpecError(f"recompute-modules: names what selective recompute reruns (got --recompute "
@@ -370,6 +368,10 @@ def _plan(o: dict) -> None:
     model, system, job = _inputs(o)
     result = recommend(model, system, job, top_k=o["top"], allow_unmeasured=o["allow_unmeasured"])
     free = job.global_batch is None
+    why = None
+    if result.best is None:  # the same diagnosis `planner check` prints, for the text and the JSON
+        from planner.search import check
+        why = check(model, system, job)
     if o["json_out"]:
         from planner.report import precision_json
         out = {"model": model.name, "system": system.name, "gpus": system.num_gpus,
@@ -378,9 +380,7 @@ def _plan(o: dict) -> None:
                "model_only": [_plan_json(r, model) for r in result.model_only],
                "published_runs": _published_runs(model, system, job, result.best),
                "stats": result.stats}
-        if result.best is None:  # the same diagnosis the text prints (`planner check`'s)
-            from planner.search import check
-            why = check(model, system, job)
+        if why is not None:
             out["no_plan"] = {"reasons": why.reasons, "binding_rules": why.binding_rules, "numbers": why.numbers}
         print(json_text(out))
     else:
@@ -389,9 +389,7 @@ def _plan(o: dict) -> None:
 
         from planner.report import offload_note, print_estimate
         console = Console()
-        if result.best is None:
-            from planner.search import check
-            why = check(model, system, job)  # the same diagnosis `planner check` prints
+        if why is not None:
             console.print("[bold red]No plan fits.[/bold red] " + ("; ".join(why.reasons[:2]) if why.reasons else
                           "Run `planner check` with the same options to see why."))
         else:
