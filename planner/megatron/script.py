@@ -90,17 +90,19 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
     for name, text in launch.files.items():  # files the flags name, written where the launch runs
         # never over a user's file of that name: identical content (a rerun, or a node beside this
         # one on a shared file system) is kept, anything else stops the launch; the copy is made
-        # beside it and renamed, so a node never reads a half-written file
+        # beside it and renamed without replacing (mv -n: atomic on one file system), so a node
+        # never reads a half-written file; a copy left behind means the name was taken
         q = shlex.quote(name)
-        lines += [f'if ! [ -e {q} ]; then',
-                  f'  planner_file="$(mktemp ./.{name}.XXXXXX)"',
-                  "  cat > \"$planner_file\" <<'PLANNER_EOF'", text.rstrip("\n"), "PLANNER_EOF",
-                  '  chmod 644 "$planner_file"',
-                  f'  mv -n "$planner_file" {q}; rm -f "$planner_file"',
-                  "fi",
-                  f"if ! cmp -s {q} - <<'PLANNER_EOF'", text.rstrip("\n"), "PLANNER_EOF",
-                  "then",
-                  f'  echo "{name} exists with other contents; move it away (this launch writes its own)" >&2; exit 1',
+        lines += [f'planner_file="$(mktemp ./.{name}.XXXXXX)"',
+                  "cat > \"$planner_file\" <<'PLANNER_EOF'", text.rstrip("\n"), "PLANNER_EOF",
+                  'chmod 644 "$planner_file"',
+                  f'mv -n "$planner_file" {q} || true',
+                  'if [ -e "$planner_file" ]; then',
+                  f'  if ! cmp -s "$planner_file" {q}; then',
+                  f'    rm -f "$planner_file"',
+                  f'    echo "{name} exists with other contents; move it away (this launch writes its own)" >&2; exit 1',
+                  "  fi",
+                  '  rm -f "$planner_file"',
                   "fi", ""]
     body = [f"torchrun --nnodes $NNODES --nproc-per-node {launch.gpus_per_node} "
             f'--node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port {MASTER_PORT} '
