@@ -1,6 +1,8 @@
 """User-facing input errors: one line that names the field and what is allowed."""
 from __future__ import annotations
 
+import re
+
 import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -162,9 +164,38 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
         return candidate, str(candidate)
     preset = preset_dir / f"{ref}.yaml"
     if not preset.is_file():
-        names = ", ".join(sorted(p.stem for p in preset_dir.glob("*.yaml")))
-        raise SpecError(f"{what}: unknown preset {ref!r}; allowed: {names} (or a path to a .yaml file)")
+        names = sorted(p.stem for p in preset_dir.glob("*.yaml"))
+        near = near_presets(ref, names)
+        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+        raise SpecError(f"{what}: unknown preset {ref!r}{hint}; allowed: {', '.join(names)} (or a path to a .yaml file)")
     return preset, f"preset {ref}"
+
+
+def _preset_key(name: str) -> str:
+    """A name as people write it, reduced to what tells presets apart: no organisation prefix (a
+    Hugging Face repo id), no case, no separators ("meta-llama/Llama-3-8B" -> "llama38b")."""
+    return re.sub(r"[-_\s]", "", name.rsplit("/", 1)[-1].lower())
+
+
+def near_presets(ref: str, names: list[str]) -> list[str]:
+    """The presets a mistyped or differently written name most likely means: the one that is the
+    same up to case, separators and an organisation prefix; else those it begins ("gb200" ->
+    gb200-nvl72; "h100" -> the three H100 systems); else the closest spelling (difflib) with the
+    same numbers (llama3-7b is not llama3-70b, nor deepseek-v2 deepseek-v3: a different size or
+    version is another model, not a typo)."""
+    import difflib
+    keys = {_preset_key(n): n for n in names}
+    key = _preset_key(ref)
+    if not key:
+        return []
+    if key in keys:
+        return [keys[key]]
+    longer = [n for k, n in keys.items() if k.startswith(key)]
+    if longer:
+        return longer
+    digits = re.sub(r"\D", "", key)
+    same_numbers = [k for k in keys if re.sub(r"\D", "", k) == digits]
+    return [keys[k] for k in difflib.get_close_matches(key, same_numbers, n=1, cutoff=0.75)]
 
 
 def _yaml_number_hint(text: str) -> str:

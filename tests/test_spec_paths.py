@@ -167,3 +167,29 @@ def test_presets_and_files_still_resolve(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("h100-sxm").mkdir()  # a folder named like a preset does not hide the preset
     assert load_system("h100-sxm").accelerator.name
+
+
+# --- an unknown preset name suggests the one meant ------------------------------------------------
+
+@pytest.mark.parametrize("ref, what, meant", [
+    ("Llama-3-8B", "model", "llama3-8b"),                      # case and separators
+    ("meta-llama/Llama-3.1-405B", "model", "llama3.1-405b"),   # a Hugging Face repo id
+    ("lama3-8b", "model", "llama3-8b"),                        # a typo, same numbers
+    ("GB200", "system", "gb200-nvl72"),                        # the start of one preset's name
+    ("a100", "system", "a100-40g or a100-80g"),                # the start of several
+])
+def test_unknown_preset_names_the_one_meant(ref, what, meant):
+    result = _invoke("estimate", "-m", ref if what == "model" else "llama3-8b",
+                     "-s", ref if what == "system" else "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1", "-b", "8")
+    assert result.exit_code == 2
+    line = one_line_error(result)
+    assert f"{what}: unknown preset {ref!r} (did you mean {meant}?); allowed:" in line
+
+
+@pytest.mark.parametrize("ref", ["llama3-7b", "deepseek-v2", "gpt-oss-60b", "nonsense-model"])
+def test_another_size_or_version_is_not_suggested(ref):
+    """llama3-7b is not llama3-70b: a name whose numbers differ from every preset's gets no guess."""
+    result = _invoke("estimate", "-m", ref, "-s", "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1", "-b", "8")
+    assert result.exit_code == 2
+    line = one_line_error(result)
+    assert f"unknown preset {ref!r}; allowed:" in line and "did you mean" not in line
