@@ -69,10 +69,22 @@ def test_gpt_oss_total_and_active_match_the_model_card():
 @pytest.mark.parametrize("fixture,preset", [
     ("deepseek-v3", "deepseek-v3"), ("qwen3-235b-a22b", "qwen3-235b-a22b"), ("qwen3-30b-a3b", "qwen3-30b-a3b"),
     ("mixtral-8x7b", "mixtral-8x7b"), ("gpt-oss-120b", "gpt-oss-120b"), ("nemotron-3-nano", "nemotron-3-nano"),
+    ("llama-3.1-70b", "llama3.1-70b"), ("llama-4-scout", "llama4-scout"), ("glm-4.5-air", "glm-4.5-air"),
 ])
 def test_config_and_preset_are_the_same_model(fixture, preset):
     a, b = load_model(str(HF / fixture)), load_model(preset)
     assert (a.num_params, a.active_params) == (b.num_params, b.active_params)
+    # the whole shape, not only the totals (a preset may train at its own sequence length; an
+    # unset query_groups or expert_ffn means the heads or the dense ffn)
+    assert _shape(a) == _shape(b)
+
+
+def _shape(m) -> dict:
+    out = m.model_dump(exclude={"name", "seq_length"})
+    out["query_groups"] = m.kv_groups
+    if m.moe is not None:
+        out["moe"]["expert_ffn"] = m.moe.expert_ffn or m.ffn
+    return out
 
 
 def test_gemma3_reads_the_text_config_of_a_multimodal_wrapper():
