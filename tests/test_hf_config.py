@@ -70,6 +70,9 @@ def test_gpt_oss_total_and_active_match_the_model_card():
     ("deepseek-v3", "deepseek-v3"), ("qwen3-235b-a22b", "qwen3-235b-a22b"), ("qwen3-30b-a3b", "qwen3-30b-a3b"),
     ("mixtral-8x7b", "mixtral-8x7b"), ("gpt-oss-120b", "gpt-oss-120b"), ("nemotron-3-nano", "nemotron-3-nano"),
     ("llama-3.1-70b", "llama3.1-70b"), ("llama-4-scout", "llama4-scout"), ("glm-4.5-air", "glm-4.5-air"),
+    ("mixtral-8x22b", "mixtral-8x22b"), ("gpt-oss-20b", "gpt-oss-20b"), ("qwen3-32b", "qwen3-32b"),
+    ("qwen3-14b", "qwen3-14b"), ("deepseek-v2-lite", "deepseek-v2-lite"), ("qwen2.5-72b", "qwen2.5-72b"),
+    ("mistral-7b-v0.1", "mistral-7b"), ("nemotron-h-8b", "nemotron-h-8b"), ("nemotron-h-56b", "nemotron-h-56b"),
 ])
 def test_config_and_preset_are_the_same_model(fixture, preset):
     a, b = load_model(str(HF / fixture)), load_model(preset)
@@ -204,3 +207,35 @@ def test_a_directory_named_like_a_preset_is_not_taken_for_a_model_dir(tmp_path, 
     assert find_config_json("llama3-8b", ["llama3-8b"]) is None
     with pytest.raises(SpecError, match="holds no config.json"):
         find_config_json(str(tmp_path / "llama3-8b"), ["llama3-8b"])
+
+
+# Published totals of the models whose presets come from these fixtures (billions; None: not
+# published). Sources in tests/fixtures/hf/README.md. "active" counts what the card counts: without
+# the input embedding where the card says so (gpt-oss, DeepSeek-V2-Lite), "non-embedding" without
+# the embedding and the LM head.
+MODEL_CARD_TOTALS = [
+    # preset, total, non-embedding, active without the input embedding, relative tolerance
+    ("mixtral-8x22b", 141, None, None, 0.01),      # Mistral AI: 141B total, 39B active (with embeddings)
+    ("gpt-oss-20b", 20.91, None, 3.61, 0.01),      # gpt-oss model card Table 1: 20.91B total, 3.61B active
+    ("qwen3-32b", 32.8, 31.2, None, 0.005),        # Qwen3-32B model card
+    ("qwen3-14b", 14.8, 13.2, None, 0.005),        # Qwen3-14B model card
+    ("deepseek-v2-lite", 15.7, None, 2.4, 0.03),   # model card "16B total, 2.4B active"; 15.7B on the hub
+    ("qwen2.5-72b", 72.7, 70.0, None, 0.005),      # Qwen2.5-72B model card
+    ("mistral-7b", 7.24, None, None, 0.005),       # 7.24B on the hub (Mistral AI: "7.3B")
+    ("nemotron-h-56b", 56, None, None, 0.01),      # Nemotron-H 56B
+]
+
+
+@pytest.mark.parametrize("preset,total_b,non_embedding_b,active_b,rel", MODEL_CARD_TOTALS)
+def test_preset_totals_match_the_model_cards(preset, total_b, non_embedding_b, active_b, rel):
+    m = load_model(preset)
+    assert m.num_params / 1e9 == pytest.approx(total_b, rel=rel)
+    if non_embedding_b is not None:
+        assert (m.num_params - m.embedding_params - m.output_params) / 1e9 == pytest.approx(non_embedding_b, rel=rel)
+    if active_b is not None:
+        assert (m.active_params - m.embedding_params) / 1e9 == pytest.approx(active_b, rel=rel)
+
+
+def test_mixtral_8x22b_active_count_matches_the_announcement():
+    """Mistral AI: "39B active parameters out of 141B" (two of eight experts, with the embeddings)."""
+    assert load_model("mixtral-8x22b").active_params / 1e9 == pytest.approx(39, rel=0.01)

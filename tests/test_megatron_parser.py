@@ -110,6 +110,13 @@ CASES = [
     ("nemotron-3-super", "b200", 64, "mxfp8",
      dict(pp=2, dp=32, ep=8, vpp=4, micro_batch=1, global_batch=128, recompute="full",
           stage_layers=[12, 11, 11, 11, 11, 11, 11, 10])),
+    # MLA without query compression, two shared experts, one leading dense layer (DeepSeek-V2-Lite);
+    # a hybrid stack without experts (Nemotron-H 56B, pretrain_mamba.py); gpt-oss-20b's biased experts
+    ("deepseek-v2-lite", "h100-sxm", 16, "bf16",
+     dict(dp=16, ep=8, micro_batch=1, global_batch=128, recompute="selective")),
+    ("nemotron-h-56b", "h100-sxm", 64, "fp8",
+     dict(tp=8, dp=8, micro_batch=1, global_batch=128, sequence_parallel=True, recompute="selective")),
+    ("gpt-oss-20b", "h100-sxm", 8, "bf16", dict(dp=8, ep=8, micro_batch=1, global_batch=64)),
     # PyTorch FSDP2 inside Megatron (--use-torch-fsdp2): no Megatron DDP overlap flags (FSDP2
     # prefetches on its own; --overlap-param-gather is refused without the distributed optimizer),
     # no fused wgrad accumulation, and with tp > 1 on Hopper no CUDA_DEVICE_MAX_CONNECTIONS=1

@@ -186,9 +186,10 @@ def test_unknown_preset_names_the_one_meant(ref, what, meant):
     assert f"{what}: unknown preset {ref!r} (did you mean {meant}?); allowed:" in line
 
 
-@pytest.mark.parametrize("ref", ["llama3-7b", "deepseek-v2", "gpt-oss-60b", "nonsense-model"])
+@pytest.mark.parametrize("ref", ["llama3-7b", "deepseek-v4", "gpt-oss-60b", "nonsense-model"])
 def test_another_size_or_version_is_not_suggested(ref):
-    """llama3-7b is not llama3-70b: a name whose numbers differ from every preset's gets no guess."""
+    """llama3-7b is not llama3-70b, nor deepseek-v4 deepseek-v3: a name whose numbers differ from
+    every preset's gets no guess."""
     result = _invoke("estimate", "-m", ref, "-s", "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1", "-b", "8")
     assert result.exit_code == 2
     line = one_line_error(result)
