@@ -50,7 +50,7 @@ from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_bat
                                take_pairs)
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
-from planner.analytical.layer_kinds import lead_layers
+from planner.analytical.layer_kinds import dense_layer_spec
 from planner.plan import MOE_DISPATCHER_CODES
 from planner.threads import map_in_order
 
@@ -66,7 +66,7 @@ def plan_arrays(space: Space, rows: dict[str, np.ndarray]) -> PlanArrays:
     cols = {k: rows[k] for k in LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS}
     if space.model.moe:
         cols["moe_dispatcher"] = MOE_DISPATCHER_CODES[space.job.moe_dispatcher]
-    return PlanArrays.from_columns(len(rows["tp"]), space.model.layers, lead_layers(space.model), **cols)
+    return PlanArrays.from_columns(len(rows["tp"]), space.model.layers, dense_layer_spec(space.model), **cols)
 
 
 def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS) -> dict[str, np.ndarray]:

@@ -59,7 +59,7 @@ from constraints.solve import SEED, WORKERS, interruptible_solve, new_solver
 from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays
 from planner.analytical.hybrid import rank_excess_s
-from planner.analytical.layer_kinds import by_block, lead_layers
+from planner.analytical.layer_kinds import by_block, dense_layer_spec, interleaved, lead_layers
 from planner.analytical.memory import rank_memory
 from planner.analytical.time import optimizer_step_bytes_per_param, per_layer_terms, rank_microbatch_s
 from planner.model import HYBRID_BLOCKS, ModelSpec
@@ -150,7 +150,7 @@ class StageSolution:
 def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
     """Exact per-rank coefficients: cost every rank r with (N, K) = (0, 0), (1, 0), (1, 1), and
     with that one layer a leading dense one, (N, K, D, DK) = (1, 0, 1, 0), (1, 1, 1, 1)."""
-    P = PlanArrays.from_plans([plan], model.layers, lead_layers(model))
+    P = PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model))
     p = plan.pp
     idx = np.tile(np.arange(p, dtype=np.float64), 5)[None, :]
     lay = np.repeat([0.0, 1.0, 1.0, 1.0, 1.0], p)[None, :]
@@ -226,8 +226,11 @@ def _probe_blocks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
 
 def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> StageProblem | None:
     """The per-stage problem of `plan`'s layout, or None when the model is not affine in the
-    counts (ZeRO-3, offload) or there is no pipeline to split."""
-    if plan.pp == 1 or plan.zero_stage >= 3 or plan.uses_offload or model.layers < plan.pp * plan.vpp:
+    counts (ZeRO-3, offload), there is no pipeline to split, or the model's dense layers sit
+    between its MoE layers (a stage's count of them depends on its bounds' positions, which this
+    problem does not encode: those layouts keep the default split)."""
+    if plan.pp == 1 or plan.zero_stage >= 3 or plan.uses_offload or model.layers < plan.pp * plan.vpp \
+            or interleaved(model):
         return None
     pr = _probe(model, system, job, plan)
     blocks = _probe_blocks(model, system, job, plan) if by_block(model) and not any(job.bf16_layers) else None

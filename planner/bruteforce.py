@@ -129,7 +129,7 @@ def best_stage_split(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: P
     and, under full recompute, every block recompute count k (k = 0: none), each costed by the
     exact model; the fastest one that breaks no rule. Small cases only (C(L−1, S−1)·L plans)."""
     from planner.analytical import PlanArrays, estimate_many  # noqa: PLC0415 (oracle-only import)
-    from planner.analytical.layer_kinds import lead_layers  # noqa: PLC0415
+    from planner.analytical.layer_kinds import dense_layer_spec  # noqa: PLC0415
     from planner.analytical.plans import RANK_FIELDS  # noqa: PLC0415
     S = plan.pp * plan.vpp
     splits = list(compositions(model.layers, S))
@@ -144,13 +144,13 @@ def best_stage_split(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: P
     n = len(layouts)
     base = PlanArrays.from_plans([plan.model_copy(update={"stage_layers": None, "stage_recompute_layers": None,
                                                           "recompute_num_layers": None})], model.layers,
-                                lead_layers(model))
+                                dense_layer_spec(model))
     # every knob of the plan but the per-stage ones (MoE folding, dispatcher and switches included)
     cols = {f.name: np.repeat(getattr(base, f.name), n) for f in fields(PlanArrays)
             if f.name not in RANK_FIELDS + ("recompute", "recompute_layers", "stage_layout")}
     stage_layout = np.empty(n, dtype=object)
     stage_layout[:] = layouts
-    P = PlanArrays.from_columns(n, model.layers, lead_layers(model), recompute=np.asarray(recompute, dtype=float),
+    P = PlanArrays.from_columns(n, model.layers, dense_layer_spec(model), recompute=np.asarray(recompute, dtype=float),
                                 stage_layout=stage_layout, **cols)
     res = estimate_many(model, system, job, P)
     ok = np.nonzero(res["violations"] == 0)[0]

@@ -8,7 +8,7 @@ import numpy as np
 
 from hardware.spec import SystemSpec
 from planner.analytical import PlanArrays, estimate_many
-from planner.analytical.layer_kinds import lead_layers
+from planner.analytical.layer_kinds import dense_layer_spec
 from planner.reference import (DEFAULT_REFERENCES, FITTED_FRAMEWORKS, REFERENCE_DIR, RefCase, Skipped,
                                load_reference, untuned_software)
 
@@ -20,7 +20,7 @@ __all__ = ["DEFAULT_REFERENCE", "DEFAULT_REFERENCES", "FITTED_FRAMEWORKS", "REFE
 
 def predict(case: RefCase, system: SystemSpec | None = None) -> dict:
     system = system or case.system
-    P = PlanArrays.from_plans([case.plan], case.model.layers, lead_layers(case.model))
+    P = PlanArrays.from_plans([case.plan], case.model.layers, dense_layer_spec(case.model))
     r = estimate_many(case.model, system, case.job, P)
     return {k: (float(v[0]) if k != "violations" else int(v[0])) for k, v in r.items()}
 

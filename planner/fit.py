@@ -17,7 +17,7 @@ import numpy as np
 
 from planner import processes
 from planner.analytical import PlanArrays, data_parallel
-from planner.analytical.layer_kinds import lead_layers
+from planner.analytical.layer_kinds import dense_layer_spec
 from planner.analytical.memory import memory_breakdown
 from planner.analytical import time as tm
 from planner.analytical.time import step_time
@@ -82,7 +82,7 @@ class Prepared:
 def prepare(cases: list[RefCase]) -> list[Prepared]:
     out = []
     for c in cases:
-        P = PlanArrays.from_plans([c.plan], c.model.layers, lead_layers(c.model))
+        P = PlanArrays.from_plans([c.plan], c.model.layers, dense_layer_spec(c.model))
         out.append(Prepared(c, P, memory_breakdown(c.model, c.system, c.job, P), group_of(c.system.accelerator.name)))
     return out
 
@@ -112,7 +112,7 @@ class Batched:
         self.groups = []
         for index in by_key.values():
             c = rows[index[0]].case
-            P = PlanArrays.from_plans([rows[i].case.plan for i in index], c.model.layers, lead_layers(c.model))
+            P = PlanArrays.from_plans([rows[i].case.plan for i in index], c.model.layers, dense_layer_spec(c.model))
             self.groups.append((index, c, P, memory_breakdown(c.model, c.system, c.job, P)))
 
     def predict_s(self, params: dict | None = None) -> list[float]:

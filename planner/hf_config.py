@@ -390,16 +390,32 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
             raise SpecError(f"model {path}: mlp_only_layers {dense_only} is not supported (only leading "
                             "dense layers, i.e. [0, 1, ..., k-1])")
         first_dense = len(dense_only)
-    for key in ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step"):
-        if cfg.get(key, 1) != 1:
-            raise SpecError(f"model {path}: {key} {cfg[key]} is not supported (allowed: 1, every layer "
-                            "after the leading dense ones is MoE; interleaved dense and MoE layers are not "
-                            "modelled)")
+    # DeepSeek's moe_layer_freq k makes layer i MoE when i % k == 0 (after the leading dense ones);
+    # only k = 1 is read. Llama 4's interleave_moe_layer_step and Qwen-MoE's decoder_sparse_step s
+    # make layer i MoE when (i + 1) % s == 0 (transformers Llama4TextConfig moe_layers,
+    # Qwen2MoeDecoderLayer), MoESpec.layer_step with no leading dense layers.
+    if cfg.get("moe_layer_freq", 1) != 1:
+        raise SpecError(f"model {path}: moe_layer_freq {cfg['moe_layer_freq']} is not supported (allowed: 1, "
+                        "every layer after the leading dense ones is MoE)")
+    steps = {k: cfg[k] for k in ("decoder_sparse_step", "interleave_moe_layer_step") if cfg.get(k, 1) != 1}
+    step = next(iter(steps.values()), 1)
+    if steps and first_dense:
+        key = next(iter(steps))
+        raise SpecError(f"model {path}: {key} {step} with leading dense layers ({first_dense}) is not supported "
+                        f"(allowed: {key} 1, or no leading dense layers)")
+    if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= cfg["num_hidden_layers"]:
+        key = next(iter(steps))
+        raise SpecError(f"model {path}: {key} must be an integer from 1 to num_hidden_layers "
+                        f"({cfg['num_hidden_layers']}), got {step!r}")
+    expected = [i for i in range(first_dense, cfg["num_hidden_layers"]) if (i - first_dense + 1) % step == 0]
     moe_layers = cfg.get("moe_layers")  # Llama 4's explicit list of MoE layers
-    if isinstance(moe_layers, list) and moe_layers != list(range(first_dense, cfg["num_hidden_layers"])):
-        raise SpecError(f"model {path}: moe_layers {moe_layers} is not supported (allowed: every layer "
-                        f"from {first_dense} to {cfg['num_hidden_layers'] - 1})")
+    if isinstance(moe_layers, list) and moe_layers != expected:
+        shown = ", ".join(map(str, expected[:3])) + (f", ..., {expected[-1]}" if len(expected) > 3 else "")
+        raise SpecError(f"model {path}: moe_layers {moe_layers} is not supported (allowed: {shown}, the MoE "
+                        f"layers of interleave step {step} after {first_dense} leading dense layers)")
     moe["first_dense_layers"] = first_dense
+    if step > 1:
+        moe["layer_step"] = step
     # DeepSeek-V3 group-limited routing (n_group 8, topk_group 4); 1 group is no limit
     if (cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
         moe["router_groups"], moe["router_group_topk"] = cfg["n_group"], cfg["topk_group"]

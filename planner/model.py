@@ -62,6 +62,11 @@ class MoESpec(BaseModel):
                                                   "default: expert_ffn")
     first_dense_layers: LayerCount = Field(default=0, description="leading layers with the dense ffn "
                                                "instead of experts (DeepSeek-V3: 3)")
+    # Interleaved MoE (Llama 4 Maverick: 2, Hugging Face interleave_moe_layer_step; Qwen-MoE's
+    # decoder_sparse_step; GShard / Switch Transformer: every other layer): after the leading dense
+    # layers, layer j (counted from 1) is MoE when j is a multiple of layer_step, else dense.
+    layer_step: Layers = Field(default=1, description="every layer_step-th layer after the leading dense "
+                                                      "ones is MoE, the others dense (Llama 4 Maverick: 2)")
     capacity_factor: CapacityFactor | None = Field(default=None, description="token-drop capacity; "
                                                    "None = dropless")
     # Group-limited routing (DeepSeek-V3 §3.2.2 node-limited routing; Megatron
@@ -216,6 +221,9 @@ class ModelSpec(BaseModel):
         if self.moe and self.moe.first_dense_layers >= self.layers:
             raise ValueError(f"moe.first_dense_layers ({self.moe.first_dense_layers}) must be < "
                              f"layers ({self.layers})")
+        if self.moe and self.moe.layer_step > self.layers - self.moe.first_dense_layers:
+            raise ValueError(f"moe.layer_step ({self.moe.layer_step}) leaves no MoE layer: it must be <= layers "
+                             f"after the leading dense ones ({self.layers - self.moe.first_dense_layers})")
         self._check_no_idle_fields()
         if self.hybrid_pattern is not None:
             self._check_hybrid()
@@ -248,8 +256,9 @@ class ModelSpec(BaseModel):
             raise ValueError("hybrid_pattern and mamba: Mamba blocks (M) need `mamba`, and `mamba` needs M blocks")
         if ("E" in pattern) != (self.moe is not None):
             raise ValueError("hybrid_pattern and moe: MoE blocks (E) need `moe`, and `moe` needs E blocks")
-        if self.moe and self.moe.first_dense_layers:
-            raise ValueError("moe.first_dense_layers: a hybrid model places its dense MLPs in hybrid_pattern (-)")
+        if self.moe and (self.moe.first_dense_layers or self.moe.layer_step > 1):
+            field = "first_dense_layers" if self.moe.first_dense_layers else "layer_step"
+            raise ValueError(f"moe.{field}: a hybrid model places its dense MLPs in hybrid_pattern (-)")
         if self.mla:
             raise ValueError("hybrid_pattern: MLA is not modelled in hybrid stacks")
         if self.mtp_layers and not (self.moe and "*" in self.hybrid_pattern):
@@ -333,9 +342,18 @@ class ModelSpec(BaseModel):
 
     # ---- layer kinds: dense MLP layers and MoE layers ------------------------------------
     @property
+    def dense_layer_positions(self) -> tuple[int, ...]:
+        """0-based indices of the layers whose MLP is the dense ffn (all of a dense model's; a MoE
+        model's leading dense layers, then those between its interleaved MoE layers)."""
+        if not self.moe:
+            return tuple(range(self.layers))
+        first, step = self.moe.first_dense_layers, self.moe.layer_step
+        return tuple(i for i in range(self.layers) if i < first or (i - first + 1) % step)
+
+    @property
     def dense_layers(self) -> int:
         """Layers whose MLP is the dense ffn (all layers of a dense model)."""
-        return self.moe.first_dense_layers if self.moe else self.layers
+        return len(self.dense_layer_positions) if self.moe else self.layers
 
     @property
     def moe_layers(self) -> int:

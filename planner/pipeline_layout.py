@@ -36,16 +36,35 @@ def rank_layers(layout: tuple[int, ...], pp: int) -> list[int]:
     return out
 
 
-def stage_lead_layers(layout: tuple[int, ...], lead: int) -> tuple[int, ...]:
-    """How many of each virtual stage's layers are among the model's first `lead` layers (a MoE
-    model's leading dense layers). Megatron numbers layers in virtual-stage order: stage
-    s = chunk·pp + rank starts at the sum of the stages before it (transformer_layer.py,
+def stage_lead_layers(layout: tuple[int, ...], lead: int | tuple[int, ...],
+                      firsts: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """How many of each virtual stage's layers (with `firsts`, of its first firsts[s] layers) are
+    dense layers of a MoE model: its first `lead` layers, or (a tuple) the layers at those
+    positions (interleaved). Megatron numbers layers in virtual-stage order: stage s = chunk·pp
+    + rank starts at the sum of the stages before it (transformer_layer.py,
     get_transformer_layer_offset), so the leading layers fill stage 0, then stage 1, ..."""
+    dense = set(lead) if isinstance(lead, tuple) else None
     out, start = [], 0
-    for n in layout:
-        out.append(max(0, min(n, lead - start)))
+    for s, n in enumerate(layout):
+        m = n if firsts is None else min(n, firsts[s])
+        if dense is None:
+            out.append(max(0, min(m, lead - start)))
+        else:
+            out.append(sum(1 for i in range(start, start + m) if i in dense))
         start += n
     return tuple(out)
+
+
+def rank_dense_prefix(layout: tuple[int, ...], pp: int, dense: tuple[int, ...], counts: list[int]) -> list[int]:
+    """Per pipeline rank, how many of its first counts[r] layers, in its chunks' order (the order
+    Megatron's block recompute takes them), are at the `dense` positions."""
+    starts = [sum(layout[:s]) for s in range(len(layout))]
+    dense_set = set(dense)
+    out = []
+    for r in range(pp):
+        order = [i for s in range(r, len(layout), pp) for i in range(starts[s], starts[s] + layout[s])]
+        out.append(sum(1 for i in order[:counts[r]] if i in dense_set))
+    return out
 
 
 def even_layout(layers: int, pp: int, vpp: int) -> tuple[int, ...] | None:
@@ -230,7 +249,7 @@ def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...]
     return ["--pipeline-model-parallel-layout", layout_string(layout, mtp_layers)]
 
 
-__all__ = ["stage_lead_layers", "pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
+__all__ = ["stage_lead_layers", "rank_dense_prefix", "pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
            "rank_layers", "rank_of_stage"]
 
 

@@ -1204,8 +1204,8 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
 def _hbm_gib(case: RefCase) -> tuple[float, float]:
     """(HBM the case's plan needs, HBM there is), GiB per GPU, under the memory model."""
     from planner.analytical import PlanArrays, estimate_many  # layer 2; only errata rows need it
-    from planner.analytical.layer_kinds import lead_layers
-    P = PlanArrays.from_plans([case.plan], case.model.layers, lead_layers(case.model))
+    from planner.analytical.layer_kinds import dense_layer_spec
+    P = PlanArrays.from_plans([case.plan], case.model.layers, dense_layer_spec(case.model))
     r = estimate_many(case.model, case.system, case.job, P)
     return float(r["hbm_bytes"][0]) / 2**30, float(r["hbm_capacity_bytes"][0]) / 2**30
 

@@ -225,12 +225,18 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         pattern = [1] * cfg["num_layers"] if freq == 1 or hybrid else freq  # a hybrid's pattern places its MoE blocks
         assert isinstance(pattern, list) and len(pattern) == cfg["num_layers"], freq
         first_dense = pattern.index(1)
-        assert pattern == [0] * first_dense + [1] * (len(pattern) - first_dense), pattern  # leading only
+        # leading dense layers, then every step-th layer MoE (interleaved: Llama 4 Maverick), any
+        # dense rest at the end
+        step = 1 + next((j for j, x in enumerate(pattern[first_dense + 1:]) if x), len(pattern))
+        if step > 1:  # the first MoE layer is the step-th after the leading dense ones
+            first_dense -= step - 1
+        expected = [0] * first_dense + [1 if (j + 1) % step == 0 else 0 for j in range(len(pattern) - first_dense)]
+        assert pattern == expected, pattern
         assert not cfg["moe_pad_expert_input_to_capacity"]
         shared = cfg["moe_shared_expert_intermediate_size"]
         moe = MoESpec(num_experts=cfg["num_moe_experts"], top_k=cfg["moe_router_topk"],
                       expert_ffn=cfg["moe_ffn_hidden_size"], shared_experts=1 if shared else 0,
-                      shared_expert_ffn=shared, first_dense_layers=first_dense,
+                      shared_expert_ffn=shared, first_dense_layers=first_dense, layer_step=step,
                       capacity_factor=cfg["moe_expert_capacity_factor"], latent_size=cfg["moe_latent_size"],
                       router_groups=cfg["moe_router_num_groups"], router_group_topk=cfg["moe_router_group_topk"])
     mamba, main = None, None
@@ -275,7 +281,7 @@ def model_shape(m: ModelSpec) -> dict:
         "mla": m.mla.model_dump() if m.mla else None,
         "experts": moe and (moe.num_experts, moe.top_k, m.expert_ffn_hidden,
                             moe.shared_experts * m.shared_expert_ffn_hidden, moe.first_dense_layers,
-                            moe.capacity_factor),
+                            moe.layer_step, moe.capacity_factor),
         "dense_layers": m.dense_layers, "moe_layers": m.moe_layers,
         "hybrid_pattern": m.hybrid_pattern, "mamba": m.mamba.model_dump() if m.mamba else None,
         "latent_size": moe and moe.latent_size, "mtp_shared_weights": m.mtp_shared_weights,

@@ -73,6 +73,7 @@ def test_gpt_oss_total_and_active_match_the_model_card():
     ("mixtral-8x22b", "mixtral-8x22b"), ("gpt-oss-20b", "gpt-oss-20b"), ("qwen3-32b", "qwen3-32b"),
     ("qwen3-14b", "qwen3-14b"), ("deepseek-v2-lite", "deepseek-v2-lite"), ("qwen2.5-72b", "qwen2.5-72b"),
     ("mistral-7b-v0.1", "mistral-7b"), ("nemotron-h-8b", "nemotron-h-8b"), ("nemotron-h-56b", "nemotron-h-56b"),
+    ("llama-4-maverick", "llama4-maverick"),
 ])
 def test_config_and_preset_are_the_same_model(fixture, preset):
     a, b = load_model(str(HF / fixture)), load_model(preset)
@@ -159,11 +160,16 @@ def test_llama4_scout_reads_its_shared_expert_and_matches_a_hand_count():
 
 
 @pytest.mark.parametrize("edit,message", [
-    # Llama 4 Maverick: MoE every second layer (the others dense at intermediate_size_mlp)
-    ({"interleave_moe_layer_step": 2, "num_local_experts": 128}, "interleave_moe_layer_step 2 is not supported"),
+    # interleaved MoE layers are read (Llama 4 Maverick); what does not fit the pattern is refused
+    ({"interleave_moe_layer_step": 2, "num_local_experts": 128, "num_experts_per_tok": 1, "first_k_dense_replace": 1},
+     "interleave_moe_layer_step 2 with leading dense layers"),
+    ({"decoder_sparse_step": 0, "num_experts": 8, "num_experts_per_tok": 2},
+     "decoder_sparse_step must be an integer from 1 to num_hidden_layers"),
+    ({"interleave_moe_layer_step": 2, "num_local_experts": 16, "num_experts_per_tok": 1, "moe_layers": [0, 2]},
+     "moe_layers [0, 2] is not supported .allowed: 1, 3, 5, ..., 47, the MoE layers of interleave step 2"),
     ({"moe_layers": [1, 3, 5]}, "moe_layers [1, 3, 5] is not supported"),
 ])
-def test_llama4_interleaved_moe_layers_are_refused_in_one_line(tmp_path, edit, message):
+def test_llama4_moe_layouts_the_model_cannot_express_are_refused_in_one_line(tmp_path, edit, message):
     cfg = json.loads((HF / "llama-4-scout" / "config.json").read_text())
     cfg["text_config"].update(edit)
     (tmp_path / "config.json").write_text(json.dumps(cfg))
@@ -223,6 +229,7 @@ MODEL_CARD_TOTALS = [
     ("qwen2.5-72b", 72.7, 70.0, None, 0.005),      # Qwen2.5-72B model card
     ("mistral-7b", 7.24, None, None, 0.005),       # 7.24B on the hub (Mistral AI: "7.3B")
     ("nemotron-h-56b", 56, None, None, 0.01),      # Nemotron-H 56B
+    ("llama4-maverick", 400, None, None, 0.005),   # Llama 4 model card: 400B total, 17B active
 ]
 
 
@@ -239,3 +246,17 @@ def test_preset_totals_match_the_model_cards(preset, total_b, non_embedding_b, a
 def test_mixtral_8x22b_active_count_matches_the_announcement():
     """Mistral AI: "39B active parameters out of 141B" (two of eight experts, with the embeddings)."""
     assert load_model("mixtral-8x22b").active_params / 1e9 == pytest.approx(39, rel=0.01)
+
+
+def test_llama4_maverick_interleaves_dense_and_moe_layers():
+    """interleave_moe_layer_step 2: layers 1, 3, ..., 47 are MoE (transformers Llama4TextConfig
+    moe_layers), the other 24 dense at intermediate_size_mlp; 17B active (model card)."""
+    m = load_model(str(HF / "llama-4-maverick"))
+    assert m.moe.layer_step == 2 and m.moe.first_dense_layers == 0
+    assert m.dense_layer_positions == tuple(range(0, 48, 2)) and (m.dense_layers, m.moe_layers) == (24, 24)
+    assert m.active_params / 1e9 == pytest.approx(17, rel=0.02)
+    # by hand: 24 dense layers + 24 MoE layers (128 experts + 1 shared, SwiGLU) + embeddings + head
+    h, attention, norms = 5120, 5120 * (40 * 128 + 2 * 8 * 128) + 40 * 128 * 5120, 2 * 5120
+    dense = attention + 3 * h * 16384 + norms
+    moe = attention + h * 128 + 129 * 3 * h * 8192 + norms
+    assert m.num_params == 24 * dense + 24 * moe + 2 * 202048 * h + h

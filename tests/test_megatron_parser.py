@@ -117,6 +117,9 @@ CASES = [
     ("nemotron-h-56b", "h100-sxm", 64, "fp8",
      dict(tp=8, dp=8, micro_batch=1, global_batch=128, sequence_parallel=True, recompute="selective")),
     ("gpt-oss-20b", "h100-sxm", 8, "bf16", dict(dp=8, ep=8, micro_batch=1, global_batch=64)),
+    # dense and MoE layers interleaved (Llama 4 Maverick: --moe-layer-freq ([0,1]*24)), pipelined
+    ("llama4-maverick", "h100-sxm", 256, "bf16",
+     dict(tp=2, pp=4, dp=32, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True, recompute="full")),
     # PyTorch FSDP2 inside Megatron (--use-torch-fsdp2): no Megatron DDP overlap flags (FSDP2
     # prefetches on its own; --overlap-param-gather is refused without the distributed optimizer),
     # no fused wgrad accumulation, and with tp > 1 on Hopper no CUDA_DEVICE_MAX_CONNECTIONS=1

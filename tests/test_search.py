@@ -18,14 +18,16 @@ from hardware.errors import SpecError
 from planner import megatron as mg
 from planner.bruteforce import brute_force
 from planner.cli import app
-from planner.model import ModelSpec, load_model
+from planner.model import ModelSpec, MoESpec, load_model
 from planner.plan import JobSpec, load_plan
 from planner.search import best_plan, check, count, plan
-from tests.test_overlap_dominance import TINY_MOE_LEAD
+from tests.test_overlap_dominance import TINY_MOE, TINY_MOE_LEAD
 
 TINY = dict(hidden=1024, heads=16, seq_length=1024, vocab=32000)
 TINY256 = ModelSpec(name="tiny-256blocks", layers=256, **TINY)
 TINY254 = ModelSpec(name="tiny-254blocks", layers=254, **TINY)
+TINY_MOE_INTERLEAVED = TINY_MOE.model_copy(update={"name": "tiny-moe-interleaved", "layers": 10, "moe": MoESpec(
+    num_experts=8, top_k=2, layer_step=2)})
 
 
 def M(name):
@@ -78,6 +80,10 @@ CASES = [
     # two layer kinds (a leading dense layer) and an MTP layer, 'moe' recompute allowed beside
     # the overlap: the overlap-twin rules' conditions (constraints/dominance.py)
     (TINY_MOE_LEAD, "h100-sxm", 16, JobSpec(global_batch=64, framework="any")),
+    # dense and MoE layers interleaved (Llama 4 Maverick's layout, MoE every second layer): the
+    # pipeline ranks hold the dense layers their stage bounds cover; no per-stage CP-SAT layouts
+    (TINY_MOE_INTERLEAVED, "h100-sxm", 16, JobSpec(global_batch=64, framework="any")),
+    (TINY_MOE_INTERLEAVED, "h100-sxm", 16, JobSpec(global_batch=64, pins={"pp": 2, "recompute": "full"})),
     # bf16 Adam moments (precision-aware optimizer: ZeRO-1 only) with DeepSeek-V3's block FP8
     ("llama3-8b", "h800", 8, JobSpec(global_batch=64, adam_moments="bf16", dtype="fp8-block")),
     # per-layer CUDA graphs of attention, router and preprocess: no full recompute, no activation

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from hardware.spec import SystemSpec
 from planner.analytical import flops, layer_kinds, precision
 from planner.analytical.kernels import per_op_checkpointing
-from planner.analytical.layer_kinds import lead_layer_model, lead_layers
+from planner.analytical.layer_kinds import dense_layer_spec, lead_layer_model, lead_layers
 from planner.analytical.memory import memory_breakdown
 from planner.analytical.plans import (PlanArrays, has_layout, module_selected, sequence_parallel_on,
                                      sum_over_ranks, with_every_rank)
@@ -225,5 +225,5 @@ def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | No
     """Exact model for one plan."""
     job = job or JobSpec()
     check_recompute_modules(plan, model)
-    result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, lead_layers(model)))
+    result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model)))
     return estimate_from_row(result, 0, plan)

@@ -26,7 +26,7 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical import flops, kernels, precision
 from planner.analytical import time as tm
-from planner.analytical.layer_kinds import by_block, lead_layers, rank_block_counts, rank_block_sum
+from planner.analytical.layer_kinds import by_block, dense_layer_spec, rank_block_counts, rank_block_sum
 from planner.analytical.plans import PlanArrays, sequence_parallel_on
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import plan_layout
@@ -183,7 +183,7 @@ def busiest_rank_excess(model: ModelSpec, system: SystemSpec, job: JobSpec, plan
     if not model.hybrid_pattern or plan.pp == 1:
         return 0, 0.0
     explicit = plan.model_copy(update={"stage_layers": plan_layout(plan, model.layers)})
-    P = PlanArrays.from_plans([explicit], model.layers, lead_layers(model))
+    P = PlanArrays.from_plans([explicit], model.layers, dense_layer_spec(model))
     blocks = block_fwd_s(model, system, job, P)
     kinds, [(_, counts, _)] = rank_block_counts(model, P)
     cost = np.array([float(np.ravel(block_forward_s(blocks[k]))[0]) for k in kinds])

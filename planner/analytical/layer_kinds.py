@@ -13,8 +13,20 @@ from planner.pipeline_layout import balanced_layout, rank_of_stage
 
 
 def lead_layers(model: ModelSpec) -> int:
-    """Leading dense layers of a MoE model (0 for a dense model: one layer kind)."""
-    return model.moe.first_dense_layers if model.moe else 0
+    """Dense layers of a MoE model, leading or interleaved (0 for a dense model: one layer kind)."""
+    return model.dense_layers if model.moe else 0
+
+
+def interleaved(model: ModelSpec) -> bool:
+    """Whether a MoE model's dense layers sit between its MoE layers (MoESpec.layer_step > 1), not
+    only before them: the per-stage counts then follow the positions, not a prefix."""
+    return bool(model.moe) and model.moe.layer_step > 1
+
+
+def dense_layer_spec(model: ModelSpec) -> int | tuple[int, ...]:
+    """What PlanArrays needs to count each rank's dense layers: their number when they lead (the
+    first ones), else their positions (an interleaved MoE model)."""
+    return model.dense_layer_positions if interleaved(model) else lead_layers(model)
 
 
 def lead_layer_model(model: ModelSpec) -> ModelSpec:
@@ -104,4 +116,4 @@ def rank_block_sum(model: ModelSpec, P: PlanArrays, per_block: dict, counts=None
     return out
 
 
-__all__ = ["by_block", "lead_layers", "lead_layer_model", "rank_block_counts", "rank_block_sum"]
+__all__ = ["by_block", "dense_layer_spec", "interleaved", "lead_layers", "lead_layer_model", "rank_block_counts", "rank_block_sum"]

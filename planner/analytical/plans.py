@@ -1,11 +1,12 @@
 """Many plans as columns of numpy arrays: the shape the vectorized model and the search share."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from planner.pipeline_layout import balanced_layout, even_layout, rank_layers, stage_lead_layers
+from planner.pipeline_layout import balanced_layout, even_layout, rank_dense_prefix, rank_layers, stage_lead_layers
 from planner.plan import (DP_IMPL_CODES, MOE_DISPATCHER_CODES, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, Plan,
                           recompute_modules_from_mask, recompute_modules_mask)
 
@@ -77,7 +78,8 @@ class PlanArrays:
     @classmethod
     def from_columns(cls, n: int, layers: int, lead_layers: int = 0, **cols) -> "PlanArrays":
         """Columns given as arrays or scalars (broadcast to n rows); missing knobs take Plan defaults.
-        `lead_layers`: the model's leading dense layers (`layer_kinds.lead_layers(model)`)."""
+        `lead_layers`: the model's dense layers (`layer_kinds.dense_layer_spec(model)`): their number
+        when they lead, their positions when interleaved between MoE layers."""
         default = Plan()
         out = {}
         for f in fields(cls):
@@ -110,8 +112,11 @@ class PlanArrays:
         explicit = np.zeros(n, dtype=bool) if layouts is None else has_layout(out["stage_layout"])
         all_layers = (out["recompute_layers"] >= layers / out["pp"]) & ~explicit
         out["recompute_layers"] = np.where(all_layers, 0.0, np.maximum(out["recompute_layers"], 0.0))
-        out.update(_rank_columns(layers, out))
-        out.update(_lead_rank_columns(layers, lead_layers, out))
+        if isinstance(lead_layers, tuple):  # dense layers interleaved between MoE layers
+            out.update(_interleaved_rank_columns(layers, lead_layers, out))
+        else:
+            out.update(_rank_columns(layers, out))
+            out.update(_lead_rank_columns(layers, lead_layers, out))
         return cls(**out)
 
     @classmethod
@@ -287,7 +292,7 @@ def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndar
             "num_layers": np.full(n, float(layers))}
 
 
-def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _lead_rank_columns(layers: int, lead: int | tuple[int, ...], cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Leading-dense-layer counts of every representative rank (see PlanArrays), and the rank
     columns widened where the leading layers make ranks differ.
 
@@ -322,7 +327,7 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
         d = np.asarray(rank_layers(lead_s, pp_i), dtype=np.float64)
         if stage_recompute is not None:
             # block recompute takes a stage's first layers: the leading ones first
-            d_rc = np.asarray(rank_layers(tuple(min(a, b) for a, b in zip(stage_recompute, lead_s)), pp_i),
+            d_rc = np.asarray(rank_layers(stage_lead_layers(tuple(stage_layers), lead, tuple(stage_recompute)), pp_i),
                               dtype=np.float64)
         else:  # as _rank_columns: min(k, rank load) per rank (k = 0: all), leading layers first
             loads = np.asarray(rank_layers(tuple(stage_layers), pp_i), dtype=np.float64)
@@ -359,3 +364,74 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
         total_dk[sel] = np.minimum(recomputed(t_dense_load[gid], kk, is_full), t_dense[gid]).sum(axis=1)
     return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "rank_lead_layers": dr,
             "rank_lead_recompute": dk, "lead_layers": np.full(n, float(lead)), "lead_recompute_total": total_dk}
+
+
+
+def _interleaved_rank_columns(layers: int, dense: tuple[int, ...], cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every rank column of every row (see PlanArrays) for a MoE model whose dense layers sit at
+    the positions `dense`, between MoE layers (MoESpec.layer_step > 1). Which ranks hold them
+    depends on each stage's bounds, so every rank is kept, default splits (`balanced_layout`) as
+    the explicit layouts they are. Block recompute takes a stage's first layers (per-stage
+    counts), else a rank's first min(k, its layers) in chunk order (k = 0: all). Rows sharing a
+    layout, recompute and k are costed once."""
+    n = len(cols["pp"])
+    p, v = cols["pp"].astype(int), cols["vpp"].astype(int)
+    full = cols["recompute"] == RECOMPUTE_CODES["full"]
+    k = np.where(full, cols["recompute_layers"], -1.0).astype(int)  # -1: no full recompute
+    totals = {"recompute_total": np.zeros(n), "lead_recompute_total": np.zeros(n)}
+    explicit = has_layout(cols["stage_layout"])
+    keys: dict[tuple, np.ndarray | list[int]] = {}
+    default = np.flatnonzero(~explicit)
+    if len(default):  # default splits, grouped by (pp, vpp, k) without a Python loop over rows
+        triples = np.stack([p[default], v[default], k[default]], axis=1)
+        uniq, inverse = np.unique(triples, axis=0, return_inverse=True)
+        for g, (pp, vpp, kk) in enumerate(uniq):
+            keys[(int(pp), int(vpp), int(kk), None)] = default[np.ravel(inverse) == g]
+    for i in np.flatnonzero(explicit):
+        stages, stage_rc = cols["stage_layout"][i]
+        key = (int(p[i]), int(v[i]), int(k[i]), (tuple(stages), None if stage_rc is None else tuple(stage_rc)))
+        keys.setdefault(key, []).append(i)
+    # explicit layouts keep every rank (as in _rank_columns: reports list them all)
+    tables = {key: _interleaved_ranks(*(key[3] if key[3] is not None else (balanced_layout(layers, key[0], key[1]), None)),
+                                      key[0], key[2], dense, every_rank=key[3] is not None) for key in keys}
+    width = max(3, max(len(t[0]) for t in tables.values()))
+    out = {name: np.zeros((n, width)) for name in ("rank_index", "rank_layers", "rank_recompute",
+                                                   "rank_lead_layers", "rank_lead_recompute")}
+    for key, rows in keys.items():
+        reps, table, (rec_total, dense_rec_total) = tables[key]
+        cols_of = np.asarray(reps + [reps[0]] * (width - len(reps)))  # extra columns repeat rank 0: harmless for a max
+        rows = np.asarray(rows)
+        out["rank_index"][rows] = cols_of
+        for name, values in zip(("rank_layers", "rank_recompute", "rank_lead_layers", "rank_lead_recompute"), table):
+            out[name][rows] = np.asarray(values, dtype=np.float64)[cols_of]
+        totals["recompute_total"][rows] = rec_total
+        totals["lead_recompute_total"][rows] = dense_rec_total
+    return {**out, **totals, "num_layers": np.full(n, float(layers)), "lead_layers": np.full(n, float(len(dense)))}
+
+
+@functools.lru_cache(maxsize=4096)
+def _interleaved_ranks(stages: tuple[int, ...], stage_rc: tuple[int, ...] | None, pp: int, k: int,
+                       dense: tuple[int, ...], every_rank: bool = False):
+    """One layout's representative ranks, the (layers, recomputed, dense, dense recomputed) of
+    every rank, and the totals over ranks of the two recomputed counts. k: layers each rank
+    recomputes in full (0 all, -1 none), unless per-stage counts `stage_rc` are given.
+    Representatives: the first and last rank and, among the middle ones, the first of each
+    distinct count tuple (a later twin has the same compute and fewer microbatches in flight:
+    dominated, as in PlanArrays); with `every_rank`, all of them."""
+    loads = rank_layers(stages, pp)
+    held = rank_layers(stage_lead_layers(stages, dense), pp)
+    if stage_rc is not None:
+        rec = rank_layers(stage_rc, pp)
+        rec_dense = rank_layers(stage_lead_layers(stages, dense, stage_rc), pp)
+    else:
+        rec = [0 if k < 0 else (min(k, n) if k > 0 else n) for n in loads]
+        rec_dense = rank_dense_prefix(stages, pp, dense, rec)
+    reps, seen = [0], set()
+    for r in range(1, pp - 1):
+        counts = (loads[r], rec[r], held[r], rec_dense[r])
+        if every_rank or counts not in seen:
+            seen.add(counts)
+            reps.append(r)
+    if pp > 1:
+        reps.append(pp - 1)
+    return reps, (loads, rec, held, rec_dense), (sum(rec), sum(rec_dense))

@@ -8,7 +8,7 @@ import numpy as np
 
 from hardware.spec import SystemSpec
 from planner.analytical.hybrid import rank_excess_s
-from planner.analytical.layer_kinds import lead_layers
+from planner.analytical.layer_kinds import dense_layer_spec
 from planner.analytical.memory import rank_memory
 from planner.analytical.plans import PlanArrays
 from planner.analytical.time import per_layer_terms, rank_microbatch_s
@@ -21,7 +21,7 @@ from planner.plan import JobSpec, Plan
 class RankRow:
     rank: int
     layers: int           # transformer layers on the rank (all its virtual stages)
-    lead_layers: int      # of them, a MoE model's leading dense layers
+    lead_layers: int      # of them, a MoE model's dense layers (leading or interleaved)
     recomputed: int       # layers recomputed in full
     microbatch_s: float   # one microbatch's forward + backward (+ LM head / MTP on the last rank)
     hbm_bytes: float
@@ -42,7 +42,7 @@ class RankRow:
 def pipeline_ranks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> list[RankRow]:
     """One row per pipeline rank of `plan` (its layout written out, so every rank is costed)."""
     explicit = plan.model_copy(update={"stage_layers": plan_layout(plan, model.layers)})
-    P = PlanArrays.from_plans([explicit], model.layers, lead_layers(model))
+    P = PlanArrays.from_plans([explicit], model.layers, dense_layer_spec(model))
     terms = per_layer_terms(model, system, job, P)
     times = rank_microbatch_s(terms, P, rank_excess_s(model, system, job, P, terms))[0]
     hbm = rank_memory(model, system, job, P, by_block=True)["hbm"][0]

@@ -101,9 +101,15 @@ def attention_args(model: ModelSpec) -> list[Arg]:
 
 def moe_layer_pattern(model: ModelSpec) -> str:
     """--moe-layer-freq as Megatron's Python-list pattern (arguments.py moe_freq_type: 1 = MoE
-    layer, 0 = dense): the model's leading dense layers, then MoE layers."""
-    k = model.moe.first_dense_layers
-    return f"([0]*{k}+[1]*{model.layers - k})"
+    layer, 0 = dense): the model's leading dense layers, then MoE layers, every layer_step-th of
+    them MoE where they interleave (Llama 4 Maverick: ([0,1]*24)), any dense rest at the end."""
+    k, step = model.moe.first_dense_layers, model.moe.layer_step
+    repeats, rest = divmod(model.layers - k, step)
+    parts = [f"[0]*{k}"] if k else []
+    parts.append(f"[1]*{repeats}" if step == 1 else f"[{','.join(['0'] * (step - 1) + ['1'])}]*{repeats}")
+    if rest:
+        parts.append(f"[0]*{rest}")
+    return f"({'+'.join(parts)})"
 
 
 def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
@@ -120,7 +126,7 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
         # "Please use --moe-router-pre-softmax when topk is 1"; Switch Transformer routing,
         # Fedus et al. 2021 §2.1). The router's arithmetic is not costed either way.
         a.append(("--moe-router-pre-softmax", None))
-    if moe.first_dense_layers:
+    if model.dense_layers:
         a.append(("--moe-layer-freq", moe_layer_pattern(model)))
     if moe.shared_experts:
         # Megatron builds the shared experts as ONE MLP of the summed width (transformer_config.py

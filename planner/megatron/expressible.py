@@ -221,8 +221,8 @@ def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:
 # megatron-core 0.19.2 transformer_config.py __post_init__ checks them.
 def has_dense_mlp_layers(model: ModelSpec) -> bool:
     """Whether any layer has a dense MLP (what an `mlp` CUDA graph captures): every layer of a
-    dense transformer, a MoE model's leading dense layers, a hybrid stack's '-' blocks."""
-    return model.moe is None or bool(model.moe.first_dense_layers) or "-" in (model.hybrid_pattern or "")
+    dense transformer, a MoE model's leading or interleaved dense layers, a hybrid stack's '-' blocks."""
+    return model.moe is None or model.dense_layers > 0 or "-" in (model.hybrid_pattern or "")
 
 
 def graph_job_refusals(model: ModelSpec, job: JobSpec) -> list[str]:
