@@ -1,6 +1,7 @@
 """Options and loaders shared by every `planner` sub-command (one place, one wording)."""
 from __future__ import annotations
 
+import re
 import typing
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -210,6 +211,17 @@ RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
                                 "layernorm, mla_up_proj, mlp, moe, shared_experts; default core_attn).")]
 RecomputeLayersOpt = Annotated[Optional[int], typer.Option(
     "--recompute-num-layers", help="Full recompute: layers per pipeline stage (default all).")]
+PipelineLayoutOpt = Annotated[Optional[str], typer.Option(
+    "--pipeline-layout", metavar="LAYERS",
+    help="Transformer layers per virtual pipeline stage, in Megatron's stage order (stage = chunk·pp + "
+         "rank): counts with NxK for K stages of N, as plans print them ('3,4x30,3'), or Megatron's "
+         "--pipeline-model-parallel-layout string ('Et*3|(tttt|)*30tttL'). As many stages as pp·vpp "
+         "(vpp follows from the count when not given), the model's layers in all. Default: "
+         "Megatron's even split.")]
+StageRecomputeOpt = Annotated[Optional[str], typer.Option(
+    "--stage-recompute-layers", metavar="LAYERS",
+    help="Full recompute per virtual stage with --pipeline-layout: the layers each stage recomputes "
+         "(its first ones), same notation ('1,2x30,1'); implies --recompute full.")]
 ZeroOpt = Annotated[Optional[int], typer.Option(
     "--zero-stage", help="0 plain DP, 1 distributed optimizer, 2 +grads, 3 +params (FSDP).")]
 OffloadWeightsOpt = Annotated[Optional[float], typer.Option(
@@ -465,6 +477,78 @@ def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:
                         f"parallelism (got --pp {pp}); use --pp 1 or --framework any")
     if framework == "megatron" and (knobs.get("offload_weights") or 0) > 0:
         raise SpecError("offload-weights: not expressible in Megatron-LM; use --framework any")
+
+
+MAX_LAYOUT_TEXT = 10_000  # characters: a layout of MAX_LAYERS stages, written out
+
+
+def stage_counts(flag: str, text: str) -> tuple[int, ...]:
+    """Per-stage counts from 'N,NxK,...' (K stages of N) or a Megatron layout string."""
+    from planner.model import MAX_LAYERS
+    from planner.pipeline_layout import layout_from_string
+    text = text.strip()
+    if not text or len(text) > MAX_LAYOUT_TEXT:
+        raise SpecError(f"{flag}: expected layers per stage such as '3,4x30,3' or a Megatron layout string "
+                        f"such as 'Et|(tt|)*30L' (got {text[:40]!r})")
+    if re.search(r"[tEmL|]", text):
+        try:
+            counts = layout_from_string(text)
+        except SpecError as err:
+            raise SpecError(f"{flag}: {err}") from None
+    else:
+        counts = []
+        for part in text.split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*(?:[x*]\s*(\d+)\s*)?", part)
+            if not m:
+                raise SpecError(f"{flag}: {part.strip()!r} is not a count; allowed: N (one stage of N layers) or "
+                                f"NxK (K stages of N), comma-separated, e.g. '3,4x30,3'")
+            repeat = int(m.group(2) or 1)
+            if repeat < 1 or len(counts) + repeat > MAX_LAYERS:
+                raise SpecError(f"{flag}: {part.strip()!r}: a run repeats 1 to {MAX_LAYERS} times in all")
+            counts += [int(m.group(1))] * repeat
+    if any(c > MAX_LAYERS for c in counts):
+        raise SpecError(f"{flag}: a stage holds at most {MAX_LAYERS} layers")
+    return tuple(counts)
+
+
+def layout_knobs(pipeline_layout: str | None, stage_recompute: str | None, knobs: dict, model) -> dict:
+    """--pipeline-layout / --stage-recompute-layers as plan fields (stage_layers, the vpp they
+    imply, stage_recompute_layers with full recompute), checked against the pp, vpp and
+    recompute flags and the model's layers."""
+    if pipeline_layout is None:
+        if stage_recompute is not None:
+            raise SpecError("stage-recompute-layers: needs --pipeline-layout (the stages it counts)")
+        return {}
+    layout = stage_counts("pipeline-layout", pipeline_layout)
+    pp, vpp = knobs.get("pp"), knobs.get("vpp")
+    if pp is None:
+        raise SpecError("pipeline-layout: give --pp too (the layout's stages are pp·vpp)")
+    if vpp is None:
+        if len(layout) % pp:
+            raise SpecError(f"pipeline-layout: {len(layout)} stages is not a multiple of --pp {pp}; give pp·vpp stages")
+        vpp = len(layout) // pp
+    if len(layout) != pp * vpp:
+        raise SpecError(f"pipeline-layout: {len(layout)} stages, but pp·vpp = {pp}·{vpp} = {pp * vpp}")
+    if sum(layout) != model.layers:
+        raise SpecError(f"pipeline-layout: the stages hold {sum(layout)} layers in all; {model.name} has "
+                        f"{model.layers}")
+    if any(sum(layout[r::pp]) == 0 for r in range(pp)):
+        raise SpecError("pipeline-layout: every pipeline rank needs a layer (a rank's stages are r, r + pp, ...)")
+    out = {"stage_layers": layout, "vpp": vpp}
+    if stage_recompute is not None:
+        recompute = stage_counts("stage-recompute-layers", stage_recompute)
+        if len(recompute) != len(layout):
+            raise SpecError(f"stage-recompute-layers: {len(recompute)} stages, but --pipeline-layout has {len(layout)}")
+        over = next((s for s, (k, n) in enumerate(zip(recompute, layout)) if k > n), None)
+        if over is not None:
+            raise SpecError(f"stage-recompute-layers: stage {over} recomputes {recompute[over]} of its "
+                            f"{layout[over]} layers; at most {layout[over]}")
+        if knobs.get("recompute") not in (None, "full"):
+            raise SpecError(f"stage-recompute-layers: counts full recompute (got --recompute {knobs['recompute']})")
+        if knobs.get("recompute_num_layers") is not None:
+            raise SpecError("stage-recompute-layers: give it or --recompute-num-layers, not both")
+        out.update(stage_recompute_layers=recompute, recompute="full")
+    return out
 
 
 def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | None = None,

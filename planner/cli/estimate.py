@@ -38,6 +38,7 @@ from planner.cli.common import (
     OffloadActivationsOpt,
     OffloadOptimizerOpt,
     OffloadWeightsOpt,
+    PipelineLayoutOpt,
     PpOpt,
     RecomputeLayersOpt,
     RecomputeModulesOpt,
@@ -46,6 +47,7 @@ from planner.cli.common import (
     SavedSystemOpt,
     SeqOpt,
     SpOpt,
+    StageRecomputeOpt,
     TpOpt,
     TpOverlapOpt,
     VppOpt,
@@ -53,6 +55,7 @@ from planner.cli.common import (
     MAX_GLOBAL_BATCH,
     check_int,
     given_knobs,
+    layout_knobs,
     load_inputs_for_plan,
     make_job,
     plan_from_knobs,
@@ -87,6 +90,7 @@ def estimate_command(
     micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
     recompute: RecomputeOpt = None, recompute_modules: RecomputeModulesOpt = None,
     recompute_num_layers: RecomputeLayersOpt = None, zero_stage: ZeroOpt = None,
+    pipeline_layout: PipelineLayoutOpt = None, stage_recompute_layers: StageRecomputeOpt = None,
     offload_weights: OffloadWeightsOpt = None, offload_activations: OffloadActivationsOpt = None,
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
@@ -110,8 +114,10 @@ def estimate_command(
     refuses it is printed (`megatron_refusals` in --json), and `planner megatron` refuses it.
 
     \b
-    Example:
+    Examples:
       planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
+      planner estimate -m llama3.1-405b -s gb300-nvl72 -g 256 --tp 4 --pp 8 --pipeline-layout 3,4x30,3 \\
+          --dtype nvfp4 -b 1536      # an uneven interleaved layout (vpp 4 from the 32 stages)
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     knobs = given_knobs(locals())
@@ -119,6 +125,9 @@ def estimate_command(
                               knobs.get("etp"))
     kernels = kernel_settings("none" if cuda_graph is None else cuda_graph, bool(fp8_attention), bool(fused_grouped_mlp),
                               moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)
+    if plan_file and pipeline_layout is not None:
+        raise SpecError("plan: give either --plan or plan flags (got --plan and --pipeline-layout)")
+    knobs.update(layout_knobs(pipeline_layout, stage_recompute_layers, knobs, model_spec))
     job = None
     if plan_file:
         if knobs:

@@ -35,7 +35,9 @@ from planner.cli.common import (
     OffloadOptimizerOpt,
     OffloadWeightsOpt,
     PpOpt,
+    PipelineLayoutOpt,
     RecomputeLayersOpt,
+    StageRecomputeOpt,
     RecomputeModulesOpt,
     RecomputeOpt,
     SavedModelOpt,
@@ -48,6 +50,7 @@ from planner.cli.common import (
     ZeroOpt,
     POSITIVE_KNOBS,
     given_knobs,
+    layout_knobs,
     load_inputs_for_plan,
     make_job,
     plan_from_knobs,
@@ -88,6 +91,7 @@ def megatron_command(
     micro_batch: MicroBatchOpt = None, vpp: VppOpt = None, sequence_parallel: SpOpt = None,
     recompute: RecomputeOpt = None, recompute_modules: RecomputeModulesOpt = None,
     recompute_num_layers: RecomputeLayersOpt = None, zero_stage: ZeroOpt = None,
+    pipeline_layout: PipelineLayoutOpt = None, stage_recompute_layers: StageRecomputeOpt = None,
     offload_activations: OffloadActivationsOpt = None, offload_optimizer: OffloadOptimizerOpt = None,
     offload_weights: OffloadWeightsOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
@@ -150,6 +154,7 @@ def _plan_and_job(o: dict, model, system):
         if o[knob] is not None and o[knob] < 1:
             raise SpecError(f"{knob.replace('_', '-')}: must be a positive integer, got {o[knob]}")
     given = given_knobs(o)
+    given.update(layout_knobs(o["pipeline_layout"], o["stage_recompute_layers"], given, model))
     perf = {k: o[k] for k in PERF_KNOBS if o[k] is not None}
     if o["plan_file"] is not None:
         if given or perf:
