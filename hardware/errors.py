@@ -139,6 +139,23 @@ def read_yaml_mapping(path: Path, what: str) -> dict:
     return data
 
 
+MAX_NAME_BYTES = 255  # a file name's limit on Linux and macOS file systems (NAME_MAX)
+# difflib similarity from which a name counts as a typo of a preset: a letter dropped or doubled
+# (lama3-8b, 0.93) is; another variant's word (deepseek-v2-mini for deepseek-v2-lite, 0.79) is not
+TYPO_SIMILARITY = 0.85
+
+
+def check_name_length(ref: str, what: str) -> None:
+    """A name with a part longer than a file name may be is neither a preset nor a file: say so
+    for the field, before the file system raises ENAMETOOLONG on it."""
+    parts = re.split(r"[/\\]", ref)
+    # a bare name is also looked up as the preset file NAME.yaml
+    limit = MAX_NAME_BYTES - (len(".yaml") if len(parts) == 1 else 0)
+    if any(len(part.encode()) > limit for part in parts):
+        raise SpecError(f"{what}: a name in {ref[:40]!r}... is too long for the file system (a file name may have "
+                        f"at most {MAX_NAME_BYTES} bytes); give a preset name or a path to a file")
+
+
 def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path, str]:
     """A preset name or a path to a YAML file -> (path, label).
 
@@ -146,6 +163,7 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
     folder (write ./NAME to mean the file); anything else is a path."""
     if not ref.strip():  # Path("") is ".", the current folder: say what is really wrong
         raise SpecError(f"{what}: empty name: give a preset name or a path to a .yaml file")
+    check_name_length(ref, what)
     if "/" not in ref and "\\" not in ref and (preset_dir / f"{ref}.yaml").is_file():
         return preset_dir / f"{ref}.yaml", f"preset {ref}"
     candidate = Path(ref)
@@ -162,12 +180,13 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
         if not candidate.is_file():
             raise SpecError(f"{what}: file {ref} does not exist")
         return candidate, str(candidate)
+    names = sorted(p.stem for p in preset_dir.glob("*.yaml"))
+    if "/" in ref or "\\" in ref:  # a path, never a preset (./NAME means the file NAME)
+        raise SpecError(f"{what}: file {ref} does not exist{preset_hint(ref, names)}")
     preset = preset_dir / f"{ref}.yaml"
     if not preset.is_file():
-        names = sorted(p.stem for p in preset_dir.glob("*.yaml"))
-        near = near_presets(ref, names)
-        hint = f" (did you mean {' or '.join(near)}?)" if near else ""
-        raise SpecError(f"{what}: unknown preset {ref!r}{hint}; allowed: {', '.join(names)} (or a path to a .yaml file)")
+        raise SpecError(f"{what}: unknown preset {ref!r}{preset_hint(ref, names)}; allowed: {', '.join(names)} "
+                        "(or a path to a .yaml file)")
     return preset, f"preset {ref}"
 
 
@@ -177,25 +196,35 @@ def _preset_key(name: str) -> str:
     return re.sub(r"[-_\s]", "", name.rsplit("/", 1)[-1].lower())
 
 
-def near_presets(ref: str, names: list[str]) -> list[str]:
-    """The presets a mistyped or differently written name most likely means: the one that is the
-    same up to case, separators and an organisation prefix; else those it begins ("gb200" ->
-    gb200-nvl72; "h100" -> the three H100 systems); else the closest spelling (difflib) with the
-    same numbers (llama3-7b is not llama3-70b, nor deepseek-v2 deepseek-v3: a different size or
-    version is another model, not a typo)."""
+def _numbers(name: str) -> list[str]:
+    """The whole numbers of a name as written (separators kept: qwen3-14b is 3 and 14, not 314)."""
+    return re.findall(r"\d+", name.rsplit("/", 1)[-1])
+
+
+def preset_hint(ref: str, names: list[str]) -> str:
+    """What a name that is no preset most likely means, as a parenthesis for the error (or ""):
+    - "did you mean X?" for the same name up to case, separators and an organisation prefix
+      (Llama-3-8B, meta-llama/Llama-3.1-405B), or a close spelling (difflib, TYPO_SIMILARITY) with
+      the same first letter and the same numbers (lama3-8b);
+    - "presets that begin so: ..." for the presets it is the start of, number for whole number
+      (GB200 -> gb200-nvl72; h100 -> the three H100 systems; deepseek-v2 -> deepseek-v2-lite, which
+      the list shows for what it is, not as a guess).
+    Nothing for a name whose numbers differ: llama3-7b is not llama3-70b, h20 not h200, a10 not
+    a100, nor h100-80g a100-80g: another size, version or GPU is not a typo."""
     import difflib
     keys = {_preset_key(n): n for n in names}
     key = _preset_key(ref)
     if not key:
-        return []
+        return ""
     if key in keys:
-        return [keys[key]]
-    longer = [n for k, n in keys.items() if k.startswith(key)]
+        return f" (did you mean {keys[key]}?)"
+    numbers = _numbers(ref)
+    longer = [n for k, n in keys.items() if k.startswith(key) and _numbers(n)[:len(numbers)] == numbers]
     if longer:
-        return longer
-    digits = re.sub(r"\D", "", key)
-    same_numbers = [k for k in keys if re.sub(r"\D", "", k) == digits]
-    return [keys[k] for k in difflib.get_close_matches(key, same_numbers, n=1, cutoff=0.75)]
+        return f" (presets that begin so: {', '.join(longer)})"
+    alike = [k for k, n in keys.items() if _numbers(n) == numbers and k[:1] == key[:1]]
+    close = difflib.get_close_matches(key, alike, n=1, cutoff=TYPO_SIMILARITY)
+    return f" (did you mean {keys[close[0]]}?)" if close else ""
 
 
 def _yaml_number_hint(text: str) -> str:

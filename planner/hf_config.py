@@ -81,7 +81,8 @@ INTEGER_KEYS = (
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
 # Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
 # to at least one expert); every other integer key may be 0 (no MTP, no shared or dense layers)
-AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "experts_per_token")
+AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "experts_per_token", "moe_layer_freq",
+                "decoder_sparse_step", "interleave_moe_layer_step")
 MAX_CONFIG_INTEGER = 1 << 40
 # The config key behind each ModelSpec field this reader fills from one key, for messages: an error
 # on `query_groups` names num_key_value_heads, the key the user wrote
@@ -121,6 +122,8 @@ def _check_types(cfg: dict, path: Path) -> None:
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
                               or (isinstance(v, float) and not v.is_integer())):
             raise bad(key, "an integer")
+        if isinstance(v, float) and abs(v) <= MAX_CONFIG_INTEGER:
+            cfg[key] = int(v)  # 48.0 is 48 (JSON writers emit it); range() and the schema want an int
     for key, kinds, allowed in [*((k, bool, "true or false") for k in BOOL_KEYS),
                                 *((k, str, "a string") for k in STRING_KEYS),
                                 *((k, list, "a list") for k in LIST_KEYS)]:
@@ -371,6 +374,20 @@ def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
     return out
 
 
+# Interleaved MoE layers, by the key each architecture reads (transformers Llama4TextConfig,
+# Qwen2MoeConfig / Qwen3MoeConfig); another architecture's key in a config is not read by its model
+STEP_KEYS = ("decoder_sparse_step", "interleave_moe_layer_step")
+# Leading-dense-layer keys an architecture's model class ignores (transformers: DeepSeek and GLM
+# read first_k_dense_replace, Qwen-MoE mlp_only_layers; Llama 4 places its dense layers by its step
+# or moe_layers): given there, they would silently make another model
+DENSE_LAYER_KEYS_NOT_READ = {"llama4_text": ("first_k_dense_replace", "mlp_only_layers"),
+                             "mixtral": ("first_k_dense_replace", "mlp_only_layers"),
+                             "gpt_oss": ("first_k_dense_replace", "mlp_only_layers"),
+                             "qwen2_moe": ("first_k_dense_replace",), "qwen3_moe": ("first_k_dense_replace",)}
+STEP_KEY_OF_TYPE = {"llama4_text": "interleave_moe_layer_step", "qwen2_moe": "decoder_sparse_step",
+                    "qwen3_moe": "decoder_sparse_step"}
+
+
 def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     if not moe_keys:
         return {}
@@ -383,6 +400,10 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
         raise SpecError(f"model {path}: num_experts_per_tok (or experts_per_token) must be an integer >= 1 "
                         f"for a MoE config ({moe_keys[0]} {experts}), got {cfg.get('num_experts_per_tok')!r}")
     moe = {"num_experts": experts, "top_k": top_k, "expert_ffn": expert_ffn}
+    for key in DENSE_LAYER_KEYS_NOT_READ.get(cfg.get("model_type"), ()):
+        if cfg.get(key):
+            raise SpecError(f"model {path}: {key} {_shown(cfg[key])} is not read for model_type "
+                            f"{cfg['model_type']!r} (its model has no leading dense layers of that name); drop it")
     first_dense = cfg.get("first_k_dense_replace", 0)
     dense_only = cfg.get("mlp_only_layers") or []
     if dense_only:
@@ -397,13 +418,19 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     if cfg.get("moe_layer_freq", 1) != 1:
         raise SpecError(f"model {path}: moe_layer_freq {cfg['moe_layer_freq']} is not supported (allowed: 1, "
                         "every layer after the leading dense ones is MoE)")
-    steps = {k: cfg[k] for k in ("decoder_sparse_step", "interleave_moe_layer_step") if cfg.get(k, 1) != 1}
+    steps = {k: cfg[k] for k in STEP_KEYS if cfg.get(k, 1) != 1}
+    own = STEP_KEY_OF_TYPE.get(cfg.get("model_type"))
+    for key in steps:  # a step the architecture does not read would silently make another model
+        if (own is not None and key != own) or (own is None and len(steps) > 1):
+            allowed = f"{own} only" if own else "one step key"
+            raise SpecError(f"model {path}: {key} {steps[key]} is not read for model_type "
+                            f"{cfg.get('model_type')!r} (allowed: {allowed}; drop it or set it to 1)")
     step = next(iter(steps.values()), 1)
     if steps and first_dense:
         key = next(iter(steps))
         raise SpecError(f"model {path}: {key} {step} with leading dense layers ({first_dense}) is not supported "
                         f"(allowed: {key} 1, or no leading dense layers)")
-    if not isinstance(step, int) or isinstance(step, bool) or not 1 <= step <= cfg["num_hidden_layers"]:
+    if not 1 <= step <= cfg["num_hidden_layers"]:
         key = next(iter(steps))
         raise SpecError(f"model {path}: {key} must be an integer from 1 to num_hidden_layers "
                         f"({cfg['num_hidden_layers']}), got {step!r}")

@@ -4,11 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt,
-                      ValidationError, model_validator)
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
 from hardware.errors import (SpecError, in_range, one_line, read_yaml_mapping, refuse_loose_types,
-                             resolve_preset_or_file)
+                             check_name_length, resolve_preset_or_file)
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -34,15 +33,17 @@ MAX_EXPERTS = 1 << 16      # experts, top-k, shared experts, router groups: 170x
 MAX_SEQ_LENGTH = 1 << 24    # tokens; the CLI's --seq-length takes the same cap
 
 
-Layers = Annotated[PositiveInt, in_range(1, MAX_LAYERS, integer=True)]
-LayerCount = Annotated[NonNegativeInt, in_range(0, MAX_LAYERS, integer=True)]
-Width = Annotated[PositiveInt, in_range(1, MAX_WIDTH, integer=True)]
-FfnWidth = Annotated[PositiveInt, in_range(1, MAX_FFN, integer=True)]
-Heads = Annotated[PositiveInt, in_range(1, MAX_HEADS, integer=True)]
-Vocab = Annotated[PositiveInt, in_range(1, MAX_VOCAB, integer=True)]
-Experts = Annotated[PositiveInt, in_range(1, MAX_EXPERTS, integer=True)]
-ExpertCount = Annotated[NonNegativeInt, in_range(0, MAX_EXPERTS, integer=True)]
-SeqLength = Annotated[PositiveInt, in_range(1, MAX_SEQ_LENGTH, integer=True)]
+# plain int + in_range: a value out of range says the range ("must be an integer from 1 to 10,000,
+# got 0"), where PositiveInt said only "Input should be greater than 0"
+Layers = Annotated[int, in_range(1, MAX_LAYERS, integer=True)]
+LayerCount = Annotated[int, in_range(0, MAX_LAYERS, integer=True)]
+Width = Annotated[int, in_range(1, MAX_WIDTH, integer=True)]
+FfnWidth = Annotated[int, in_range(1, MAX_FFN, integer=True)]
+Heads = Annotated[int, in_range(1, MAX_HEADS, integer=True)]
+Vocab = Annotated[int, in_range(1, MAX_VOCAB, integer=True)]
+Experts = Annotated[int, in_range(1, MAX_EXPERTS, integer=True)]
+ExpertCount = Annotated[int, in_range(0, MAX_EXPERTS, integer=True)]
+SeqLength = Annotated[int, in_range(1, MAX_SEQ_LENGTH, integer=True)]
 # Finite, generous ranges for the two real-valued fields (an .inf reached Megatron's command line):
 # capacity factors in use are 1-2 (GShard §2.2, Switch Transformer §2.2: 1.0-1.25), and above
 # experts/top_k an expert's capacity holds every token anyway; GPT-OSS clamps at 7.0.
@@ -538,6 +539,7 @@ def model_preset_names() -> list[str]:
 def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
     """Preset name, model YAML, Hugging Face config.json or a directory holding one -> ModelSpec;
     `overrides` replace fields (e.g. seq_length)."""
+    check_name_length(ref, "model")
     config_json = hf_config.find_config_json(ref, model_preset_names())
     if config_json is not None:
         data, label = hf_config.model_fields(config_json), f"Hugging Face config {config_json}"

@@ -94,3 +94,19 @@ def test_a_plan_file_and_a_layout_flag_do_not_mix(tmp_path):
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["estimate", "--plan", str(saved), "--pp", "2", "--pipeline-layout", "16,16"])
     assert result.exit_code == 2 and "give either --plan or plan flags" in one_line_error(result)
+
+
+def test_a_saved_layout_run_with_another_model_is_refused(tmp_path):
+    """A plan file's stage layout belongs to its model: with -m of a deeper model it would be
+    costed with layers it does not hold (exit 1 and a 1.7 % MFU), now a one-line input error."""
+    import yaml
+    saved = tmp_path / "plan.yaml"
+    result = runner.invoke(app, ["plan", *BASE[:-2], "--pp", "2", "--save", str(saved)])
+    assert result.exit_code == 0, result.output
+    data = yaml.safe_load(saved.read_text())
+    data["plan"].update(stage_layers=[12, 20], vpp=1)
+    saved.write_text(yaml.safe_dump(data))
+    assert runner.invoke(app, ["estimate", "--plan", str(saved)]).exit_code in (0, 1)  # its own model: costed
+    result = runner.invoke(app, ["estimate", "--plan", str(saved), "-m", "llama2-13b"])
+    assert result.exit_code == 2
+    assert "its stage_layers hold 32 layers, but llama2-13b has 40" in one_line_error(result)

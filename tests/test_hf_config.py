@@ -161,10 +161,13 @@ def test_llama4_scout_reads_its_shared_expert_and_matches_a_hand_count():
 
 @pytest.mark.parametrize("edit,message", [
     # interleaved MoE layers are read (Llama 4 Maverick); what does not fit the pattern is refused
+    # keys transformers' Llama 4 does not read would silently make another model
     ({"interleave_moe_layer_step": 2, "num_local_experts": 128, "num_experts_per_tok": 1, "first_k_dense_replace": 1},
-     "interleave_moe_layer_step 2 with leading dense layers"),
-    ({"decoder_sparse_step": 0, "num_experts": 8, "num_experts_per_tok": 2},
-     "decoder_sparse_step must be an integer from 1 to num_hidden_layers"),
+     "first_k_dense_replace 1 is not read for model_type 'llama4_text'"),
+    ({"decoder_sparse_step": 3}, "decoder_sparse_step 3 is not read for model_type 'llama4_text' .allowed: "
+                                 "interleave_moe_layer_step only"),
+    ({"interleave_moe_layer_step": 49}, "interleave_moe_layer_step must be an integer from 1 to num_hidden_layers .48."),
+    ({"interleave_moe_layer_step": 0}, "interleave_moe_layer_step must be an integer from 1 to"),
     ({"interleave_moe_layer_step": 2, "num_local_experts": 16, "num_experts_per_tok": 1, "moe_layers": [0, 2]},
      "moe_layers [0, 2] is not supported .allowed: 1, 3, 5, ..., 47, the MoE layers of interleave step 2"),
     ({"moe_layers": [1, 3, 5]}, "moe_layers [1, 3, 5] is not supported"),
@@ -260,3 +263,24 @@ def test_llama4_maverick_interleaves_dense_and_moe_layers():
     dense = attention + 3 * h * 16384 + norms
     moe = attention + h * 128 + 129 * 3 * h * 8192 + norms
     assert m.num_params == 24 * dense + 24 * moe + 2 * 202048 * h + h
+
+
+def test_a_whole_number_float_is_read_as_the_integer(tmp_path):
+    """JSON writers emit 48.0: it is 48 (it crashed the MoE layer reader with a TypeError)."""
+    cfg = json.loads((HF / "llama-4-maverick" / "config.json").read_text())
+    cfg["text_config"].update(num_hidden_layers=48.0, interleave_moe_layer_step=2.0)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert load_model(str(tmp_path)).num_params == load_model(str(HF / "llama-4-maverick")).num_params
+
+
+def test_qwen_moe_reads_its_own_step_and_refuses_a_step_beside_leading_dense_layers(tmp_path):
+    cfg = json.loads((HF / "qwen3-30b-a3b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "decoder_sparse_step": 2}))
+    m = load_model(str(tmp_path))
+    assert m.moe.layer_step == 2 and m.dense_layer_positions == tuple(range(0, 48, 2))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "decoder_sparse_step": 2, "mlp_only_layers": [0]}))
+    with pytest.raises(SpecError, match="decoder_sparse_step 2 with leading dense layers"):
+        load_model(str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "interleave_moe_layer_step": 2}))
+    with pytest.raises(SpecError, match="interleave_moe_layer_step 2 is not read for model_type 'qwen3_moe'"):
+        load_model(str(tmp_path))

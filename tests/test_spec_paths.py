@@ -171,26 +171,52 @@ def test_presets_and_files_still_resolve(tmp_path, monkeypatch):
 
 # --- an unknown preset name suggests the one meant ------------------------------------------------
 
-@pytest.mark.parametrize("ref, what, meant", [
-    ("Llama-3-8B", "model", "llama3-8b"),                      # case and separators
-    ("meta-llama/Llama-3.1-405B", "model", "llama3.1-405b"),   # a Hugging Face repo id
-    ("lama3-8b", "model", "llama3-8b"),                        # a typo, same numbers
-    ("GB200", "system", "gb200-nvl72"),                        # the start of one preset's name
-    ("a100", "system", "a100-40g or a100-80g"),                # the start of several
+def _estimate(model: str = "llama3-8b", system: str = "h100-sxm"):
+    return _invoke("estimate", "-m", model, "-s", system, "-g", "8", "--tp", "1", "--pp", "1", "-b", "8")
+
+
+@pytest.mark.parametrize("ref, what, hint", [
+    ("Llama-3-8B", "model", "(did you mean llama3-8b?)"),                  # case and separators
+    ("lama3-8b", "model", "(did you mean llama3-8b?)"),                    # a typo, same numbers
+    ("a100-80gb", "system", "(did you mean a100-80g?)"),
+    ("GB200", "system", "(presets that begin so: gb200-nvl72)"),           # the start of a preset's name
+    ("qwen3", "model", "(presets that begin so: qwen3-14b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, qwen3-8b)"),
+    ("deepseek-v2", "model", "(presets that begin so: deepseek-v2-lite)"),  # listed as what it is
 ])
-def test_unknown_preset_names_the_one_meant(ref, what, meant):
-    result = _invoke("estimate", "-m", ref if what == "model" else "llama3-8b",
-                     "-s", ref if what == "system" else "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1", "-b", "8")
+def test_unknown_preset_names_the_one_meant(ref, what, hint):
+    result = _estimate(**{what: ref})
     assert result.exit_code == 2
-    line = one_line_error(result)
-    assert f"{what}: unknown preset {ref!r} (did you mean {meant}?); allowed:" in line
+    assert f"{what}: unknown preset {ref!r} {hint}; allowed:" in one_line_error(result)
 
 
-@pytest.mark.parametrize("ref", ["llama3-7b", "deepseek-v4", "gpt-oss-60b", "nonsense-model"])
-def test_another_size_or_version_is_not_suggested(ref):
-    """llama3-7b is not llama3-70b, nor deepseek-v4 deepseek-v3: a name whose numbers differ from
-    every preset's gets no guess."""
-    result = _invoke("estimate", "-m", ref, "-s", "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1", "-b", "8")
+@pytest.mark.parametrize("ref, what", [
+    ("llama3-7b", "model"), ("deepseek-v4", "model"), ("gpt-oss-60b", "model"), ("nonsense-model", "model"),
+    ("qwen3-1", "model"),           # Qwen3-1.7B is not qwen3-14b
+    ("nemotron-h-5", "model"),      # nor 5 the 56 of nemotron-h-56b
+    ("deepseek-v2-mini", "model"),  # another variant's word, not a typo of deepseek-v2-lite
+    ("h20", "system"), ("a10", "system"), ("h100-80g", "system"),  # other GPUs than h200, a100, a100-80g
+])
+def test_another_size_version_or_gpu_is_not_suggested(ref, what):
+    """A name whose numbers or first letter differ from every preset's gets no guess."""
+    result = _estimate(**{what: ref})
     assert result.exit_code == 2
     line = one_line_error(result)
     assert f"unknown preset {ref!r}; allowed:" in line and "did you mean" not in line
+
+
+@pytest.mark.parametrize("ref, hint", [("./qwen3-32b", " (did you mean qwen3-32b?)"),
+                                       ("meta-llama/Llama-3.1-405B", " (did you mean llama3.1-405b?)"),
+                                       ("../presets/llama3-8b", " (did you mean llama3-8b?)")])
+def test_a_path_never_resolves_to_a_preset(ref, hint):
+    """./NAME means the file NAME: missing, it is an error, not the preset of that name."""
+    result = _estimate(model=ref)
+    assert result.exit_code == 2
+    assert f"model: file {ref} does not exist{hint}" in one_line_error(result)
+
+
+@pytest.mark.parametrize("what", ["model", "system"])
+def test_an_overlong_name_is_the_fields_error(what):
+    result = _estimate(**{what: "a" * 300})
+    assert result.exit_code == 2
+    line = one_line_error(result)
+    assert line.startswith(f"error: {what}: a name in 'aaaa") and "too long for the file system" in line

@@ -364,6 +364,15 @@ def check_bf16_layers_fit(bf16_layers: tuple[int, int], model) -> None:
                         f"{model.name}'s {model.layers}")
 
 
+def check_layout_fits_model(plan, model, plan_file: str | None = None) -> None:
+    """A plan's explicit stage layout must hold the model's layers (a plan file saved for another
+    model, run with -m, would otherwise be costed with phantom or missing layers)."""
+    if plan.stage_layers is not None and sum(plan.stage_layers) != model.layers:
+        where = f"plan {plan_file}" if plan_file else "pipeline-layout"
+        raise SpecError(f"{where}: its stage_layers hold {sum(plan.stage_layers)} layers, but {model.name} has "
+                        f"{model.layers}; a layout is one model's (plan this model anew, or give the layout's model)")
+
+
 def check_recompute_layers(plan, model) -> None:
     """Full recompute of k layers per pipeline stage: k beyond the layers a stage holds would be
     cut to them without a word (Megatron's --recompute-num-layers is per virtual chunk)."""

@@ -8,6 +8,7 @@ import typer
 from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli.common import (
+    check_layout_fits_model,
     check_recompute_layers,
     CudaGraphOpt,
     Fp8AttentionOpt,
@@ -160,6 +161,7 @@ def estimate_command(
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     check_bf16_layers_fit(job.bf16_layers, model_spec)
+    check_layout_fits_model(plan, model_spec, plan_file)
     check_recompute_layers(plan, model_spec)
     if plan.gpus != system_spec.num_gpus:
         if plan_file and gpus is None:  # the file's own numbers disagree: no flag to blame
