@@ -28,7 +28,7 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "llama": ({"tie_word_embeddings": False}, ""),
     "mistral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
     "mixtral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
-    "qwen2": ({"tie_word_embeddings": False}, "q/k/v biases not counted"),
+    "qwen2": ({"tie_word_embeddings": False}, ""),
     "qwen2_moe": ({"tie_word_embeddings": False}, "q/k/v biases not counted"),
     "qwen3": ({"tie_word_embeddings": True}, ""),
     "qwen3_moe": ({"tie_word_embeddings": False}, ""),
@@ -47,8 +47,7 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "nemotron_h": ({"tie_word_embeddings": False},
                    "a hybrid stack: each layer costed as the pattern's mean block (exact without "
                    "pipelining); attention without position embedding costed with RoPE's fused pass"),
-    "glm4_moe": ({"tie_word_embeddings": False},
-                 "q/k/v biases not counted; partial RoPE (partial_rotary_factor) not costed apart"),
+    "glm4_moe": ({"tie_word_embeddings": False}, "partial RoPE (partial_rotary_factor) not costed apart"),
     # Llama 4 (the text tower of Llama4ForConditionalGeneration): every MoE layer also runs one
     # shared expert as wide as a routed one (transformers modeling_llama4.py Llama4TextMoe)
     "llama4_text": ({"tie_word_embeddings": False},
@@ -60,6 +59,9 @@ APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
 # gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
 MLP_BIAS_TYPES = ("gpt_oss",)
+# Architectures whose q/k/v projections carry biases whatever attention_bias says (transformers'
+# Qwen2Attention and Qwen2MoeAttention: bias=True on q_proj, k_proj, v_proj)
+QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 # Architectures that normalise each query and key head (HF modeling code: q_norm / k_norm).
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text")
 
@@ -131,6 +133,9 @@ def _check_types(cfg: dict, path: Path) -> None:
             raise bad(key, allowed)
         if kinds is str and isinstance(cfg.get(key), str) and not cfg[key].strip():
             raise bad(key, "a non-empty string (leave the key out where the model has none)")  # "" is not silu
+    rotary = cfg.get("partial_rotary_factor")
+    if rotary is not None and (isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1):
+        raise bad("partial_rotary_factor", "a number in (0, 1]")
     limit = cfg.get("swiglu_limit")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
         raise bad("swiglu_limit", "a number")
@@ -282,6 +287,7 @@ def model_fields(path: Path) -> dict:
     max_pos = cfg.get("max_position_embeddings")
     # _check_types made it an integer >= 1 (2048.0 included) or left it out
     seq = HF_DEFAULT_SEQ_LENGTH if max_pos is None else min(HF_DEFAULT_SEQ_LENGTH, int(max_pos))
+    biases = bool(cfg.get("attention_bias", False)) and (model_type in MLP_BIAS_TYPES or cfg.get("mlp_bias") is True)
     fields = {
         "name": _name(cfg, path),
         "layers": cfg["num_hidden_layers"],
@@ -296,12 +302,15 @@ def model_fields(path: Path) -> dict:
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", True)),
         "position_embedding": "rope",
         # `biases` is every linear layer's (GPT-OSS: attention and experts); attention_bias alone
-        # is the q/k/v projections' (Qwen2, GLM-4.5), not counted (APPROXIMATIONS)
-        "biases": bool(cfg.get("attention_bias", False))
-        and (model_type in MLP_BIAS_TYPES or cfg.get("mlp_bias") is True),
+        # is the q/k/v projections' (GLM-4.5; Qwen2's are always there: Qwen2Attention)
+        "biases": biases,
+        "qkv_bias": not biases and not cfg.get("kv_lora_rank")
+        and (model_type in QKV_BIAS_TYPES or cfg.get("attention_bias") is True),
         "dropout": False,
         "qk_norm": model_type in QK_NORM_TYPES or cfg.get("use_qk_norm") is True,
     }
+    if cfg.get("partial_rotary_factor", 1) < 1 and not cfg.get("kv_lora_rank"):
+        fields["rotary_percent"] = float(cfg["partial_rotary_factor"])  # GLM-4.5: RoPE on half of each head
     if model_type == "llama4_text" and cfg.get("intermediate_size_mlp"):
         # the dense layers' width; intermediate_size is the experts' (Llama4TextMLP vs experts)
         fields["ffn"] = cfg["intermediate_size_mlp"]

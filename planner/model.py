@@ -184,6 +184,10 @@ class ModelSpec(BaseModel):
         default=None, description="clamp limit of the gated MLP's inputs (GPT-OSS 7.0: gate at most "
         "+limit, linear half within ±limit); costed on the routed experts (moe_mlp_fwd_s)")
     biases: bool = True
+    qkv_bias: bool = Field(default=False, description="biases on the q/k/v projections only (Qwen2, "
+                           "GLM-4.5; Megatron --add-qkv-bias); `biases` has them already")
+    rotary_percent: float = Field(default=1.0, gt=0, le=1, description="share of each head's width RoPE "
+                                  "rotates (GLM-4.5: 0.5; Megatron --rotary-percent); not costed apart")
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     qk_norm: bool = Field(default=False, description="a norm over each query and key head before "
                           "attention (Qwen3, Gemma-3; Megatron --qk-layernorm)")
@@ -239,6 +243,13 @@ class ModelSpec(BaseModel):
                              "(use activation: swiglu or drop activation_clamp)")
         if self.rope_scaling != "none" and self.position_embedding != "rope":
             raise ValueError(f"rope_scaling ({self.rope_scaling}) scales RoPE; position_embedding is "
+                             f"{self.position_embedding}")
+        if self.qkv_bias and self.biases:
+            raise ValueError("qkv_bias: biases: true has the q/k/v biases already (drop qkv_bias)")
+        if self.qkv_bias and self.mla:
+            raise ValueError("qkv_bias: MLA's projections are not q/k/v ones (drop qkv_bias)")
+        if self.rotary_percent != 1.0 and self.position_embedding != "rope":
+            raise ValueError(f"rotary_percent ({self.rotary_percent}) sizes RoPE; position_embedding is "
                              f"{self.position_embedding}")
         if self.mtp_shared_weights and not self.mtp_layers:
             raise ValueError("mtp_shared_weights needs mtp_layers > 0 (there is no MTP module to share)")
@@ -372,7 +383,8 @@ class ModelSpec(BaseModel):
         weights = h * qkv + self.q_hidden * h  # QKV + output projection
         # q/k norms: one head_dim-wide norm each, shared by all heads (HF Qwen3Attention q_norm/k_norm)
         qk_norm = 2 * (2 if self.biases else 1) * self.head_dim if self.qk_norm else 0
-        return weights + (qkv + h if self.biases else 0) + qk_norm
+        bias = qkv + h if self.biases else qkv if self.qkv_bias else 0
+        return weights + bias + qk_norm
 
     def _mlp_params(self, ffn: int, width: int | None = None) -> int:
         """One MLP of inner width `ffn` on rows `width` wide (default the hidden size)."""

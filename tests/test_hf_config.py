@@ -284,3 +284,43 @@ def test_qwen_moe_reads_its_own_step_and_refuses_a_step_beside_leading_dense_lay
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "interleave_moe_layer_step": 2}))
     with pytest.raises(SpecError, match="interleave_moe_layer_step 2 is not read for model_type 'qwen3_moe'"):
         load_model(str(tmp_path))
+
+
+def test_qkv_only_biases_are_counted_and_launched():
+    """Qwen2's q/k/v projections carry biases (transformers Qwen2Attention): per layer q_hidden +
+    2·kv_hidden of them, 80 · (8192 + 2·1024) in Qwen2.5-72B; Megatron builds them with
+    --add-qkv-bias beside --disable-bias-linear."""
+    m = load_model(str(HF / "qwen2.5-72b"))
+    assert m.qkv_bias and not m.biases
+    assert m.num_params - m.model_copy(update={"qkv_bias": False}).num_params == 80 * (8192 + 2 * 1024)
+    glm = load_model(str(HF / "glm-4.5-air"))
+    assert glm.qkv_bias and glm.rotary_percent == 0.5
+
+    def argv(model: str, *plan: str) -> list[str]:
+        result = CliRunner().invoke(app, ["megatron", "-m", model, "-s", "h100-sxm", "-g", "64", "-b", "128",
+                                          *plan, "--format", "json"])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["argv"]
+    qwen = argv("qwen2.5-72b", "--tp", "8", "--pp", "4", "--recompute", "full")
+    assert "--add-qkv-bias" in qwen and "--disable-bias-linear" in qwen and "--rotary-percent" not in qwen
+    air = argv("glm-4.5-air", "--tp", "2", "--pp", "2", "--ep", "16", "--etp", "1")
+    assert "--add-qkv-bias" in air and air[air.index("--rotary-percent") + 1] == "0.5"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"qkv_bias": True, "biases": True}, "qkv_bias: biases: true has the q/k/v biases already"),
+    ({"rotary_percent": 0.5, "position_embedding": "learned"}, "rotary_percent (0.5) sizes RoPE"),
+    ({"rotary_percent": 0.0}, "rotary_percent"),
+])
+def test_bias_and_rope_fields_that_change_nothing_or_contradict_are_refused(fields, message):
+    from planner.model import ModelSpec
+    base = load_model("qwen2.5-72b").model_dump()
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ModelSpec.model_validate({**base, **fields})
+
+
+def test_partial_rotary_factor_of_the_wrong_kind_is_one_line(tmp_path):
+    cfg = json.loads((HF / "glm-4.5-air" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "partial_rotary_factor": "half"}))
+    with pytest.raises(SpecError, match=r"partial_rotary_factor must be a number in \(0, 1\], got \"half\""):
+        load_model(str(tmp_path))

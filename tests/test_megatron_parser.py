@@ -117,6 +117,9 @@ CASES = [
     ("nemotron-h-56b", "h100-sxm", 64, "fp8",
      dict(tp=8, dp=8, micro_batch=1, global_batch=128, sequence_parallel=True, recompute="selective")),
     ("gpt-oss-20b", "h100-sxm", 8, "bf16", dict(dp=8, ep=8, micro_batch=1, global_batch=64)),
+    # q/k/v biases and RoPE on half of each head (GLM-4.5-Air: --add-qkv-bias --rotary-percent 0.5)
+    ("glm-4.5-air", "h100-sxm", 64, "bf16", dict(tp=2, pp=2, dp=16, ep=16, etp=1, micro_batch=1, global_batch=256,
+                                                 sequence_parallel=True, recompute="selective")),
     # dense and MoE layers interleaved (Llama 4 Maverick: --moe-layer-freq ([0,1]*24)), pipelined
     ("llama4-maverick", "h100-sxm", 256, "bf16",
      dict(tp=2, pp=4, dp=32, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True, recompute="full")),

@@ -214,6 +214,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     if not model.biases:
         add("--normalization", "RMSNorm")
         add("--disable-bias-linear")
+    if model.qkv_bias:
+        add("--add-qkv-bias")  # Qwen2, GLM-4.5: the q/k/v projections keep theirs
+    if model.rotary_percent != 1.0:
+        add("--rotary-percent", model.rotary_percent)
     if not model.tied_embeddings:
         add("--untie-embeddings-and-output-weights")
     add("--vocab-size", model.vocab)

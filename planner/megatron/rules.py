@@ -33,7 +33,7 @@ def _build_parser() -> _Parser:
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
                  "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
-                 "--accumulate-allreduce-grads-in-fp32", "--quick-geglu"):
+                 "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
@@ -86,6 +86,7 @@ def _build_parser() -> _Parser:
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     p.add_argument("--glu-linear-offset", type=float, default=0.0)
+    p.add_argument("--rotary-percent", type=float, default=1.0)
     p.add_argument("--activation-func-clamp-value", type=float, default=None)
     p.add_argument("--moe-layer-freq", default="1")  # an int or a Python-list pattern
     p.add_argument("--attention-dropout", type=float, default=0.1)
