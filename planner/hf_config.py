@@ -52,8 +52,8 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     # shared expert as wide as a routed one (transformers modeling_llama4.py Llama4TextMoe)
     "llama4_text": ({"tie_word_embeddings": False},
                     "chunked attention (attention_chunk_size) costed as full causal attention, the same "
-                    "up to the chunk length; the weightless L2 q/k norm of the RoPE layers counted as "
-                    "qk_norm on every layer"),
+                    "up to the chunk length; the weightless L2 q/k norm of the RoPE layers launched on "
+                    "every layer (Megatron --qk-l2-norm)"),
 }
 APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
@@ -307,7 +307,9 @@ def model_fields(path: Path) -> dict:
         "qkv_bias": not biases and not cfg.get("kv_lora_rank")
         and (model_type in QKV_BIAS_TYPES or cfg.get("attention_bias") is True),
         "dropout": False,
-        "qk_norm": model_type in QK_NORM_TYPES or cfg.get("use_qk_norm") is True,
+        # Llama 4's use_qk_norm is a weightless L2 norm (transformers Llama4TextL2Norm)
+        "qk_norm": model_type in QK_NORM_TYPES or (cfg.get("use_qk_norm") is True and model_type != "llama4_text"),
+        "qk_l2_norm": model_type == "llama4_text" and cfg.get("use_qk_norm") is True,
     }
     if cfg.get("partial_rotary_factor", 1) < 1 and not cfg.get("kv_lora_rank"):
         fields["rotary_percent"] = float(cfg["partial_rotary_factor"])  # GLM-4.5: RoPE on half of each head

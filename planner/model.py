@@ -189,6 +189,8 @@ class ModelSpec(BaseModel):
     rotary_percent: float = Field(default=1.0, gt=0, le=1, description="share of each head's width RoPE "
                                   "rotates (GLM-4.5: 0.5; Megatron --rotary-percent); not costed apart")
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
+    qk_l2_norm: bool = Field(default=False, description="Llama 4's weightless L2 norm over each query and "
+                             "key head (Megatron --qk-l2-norm): no parameters, unlike qk_norm")
     qk_norm: bool = Field(default=False, description="a norm over each query and key head before "
                           "attention (Qwen3, Gemma-3; Megatron --qk-layernorm)")
     moe: MoESpec | None = None
@@ -244,6 +246,10 @@ class ModelSpec(BaseModel):
         if self.rope_scaling != "none" and self.position_embedding != "rope":
             raise ValueError(f"rope_scaling ({self.rope_scaling}) scales RoPE; position_embedding is "
                              f"{self.position_embedding}")
+        if self.qk_l2_norm and self.qk_norm:
+            raise ValueError("qk_l2_norm and qk_norm: a query/key head takes one norm; keep one")
+        if self.qk_l2_norm and self.mla:
+            raise ValueError("qk_l2_norm: not with MLA (Megatron: qk_l2_norm is not supported with MLA)")
         if self.qkv_bias and self.biases:
             raise ValueError("qkv_bias: biases: true has the q/k/v biases already (drop qkv_bias)")
         if self.qkv_bias and self.mla:

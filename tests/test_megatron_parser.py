@@ -120,6 +120,9 @@ CASES = [
     # q/k/v biases and RoPE on half of each head (GLM-4.5-Air: --add-qkv-bias --rotary-percent 0.5)
     ("glm-4.5-air", "h100-sxm", 64, "bf16", dict(tp=2, pp=2, dp=16, ep=16, etp=1, micro_batch=1, global_batch=256,
                                                  sequence_parallel=True, recompute="selective")),
+    # Llama 4 Scout: top-1 routing, a shared expert, the weightless L2 q/k norm (--qk-l2-norm)
+    ("llama4-scout", "h100-sxm", 64, "bf16", dict(tp=2, dp=32, ep=8, micro_batch=1, global_batch=256,
+                                                  sequence_parallel=True, recompute="full")),
     # dense and MoE layers interleaved (Llama 4 Maverick: --moe-layer-freq ([0,1]*24)), pipelined
     ("llama4-maverick", "h100-sxm", 256, "bf16",
      dict(tp=2, pp=4, dp=32, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True, recompute="full")),

@@ -94,6 +94,8 @@ def attention_args(model: ModelSpec) -> list[Arg]:
     elif model.hidden % model.heads or model.head_dim != model.hidden // model.heads:
         # Megatron's default kv_channels is hidden // heads (arguments.py validate_args)
         a.append(("--kv-channels", str(model.head_dim)))
+    if model.qk_l2_norm:
+        a.append(("--qk-l2-norm", None))  # Llama 4: weightless L2 norm of each query and key head
     if model.qk_norm:
         a.append(("--qk-layernorm", None))  # Megatron applies --normalization to q and k heads
     return a

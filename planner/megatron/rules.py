@@ -33,7 +33,8 @@ def _build_parser() -> _Parser:
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
                  "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
-                 "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias"):
+                 "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias",
+                 "--qk-l2-norm"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
