@@ -278,7 +278,27 @@ def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
     optional = {"shared_experts": shared, "shared_expert_ffn": shared_ffn, "first_dense_layers": first_dense,
                 "latent_size": r.int("model.moe.latent_size")}  # LatentMoE (Nemotron 3 Super)
     out.update({k: v for k, v in optional.items() if k in MoESpec.model_fields and v})
+    step = _moe_layer_step(r, first_dense)
+    if step > 1:
+        out["layer_step"] = step
     return out
+
+
+def _moe_layer_step(r: _Record, first_dense: int) -> int:
+    """Every how many layers after the leading dense ones a MoE layer comes: model.moe.layer_step
+    as given, else from a MoE layer count below the layers after the leading dense ones (Llama 4
+    Maverick: 24 of 48, every second); a count that no step gives is refused, not read as all."""
+    step = r.int("model.moe.layer_step", 1, minimum=1)
+    count, layers = r.int("model.moe.moe_layers", minimum=1), r.int("model.layers")
+    if count is None or layers is None:
+        return step
+    after = layers - first_dense
+    implied = after // count if count and after % count == 0 else None
+    if implied is None or (step != 1 and step != implied):
+        raise SpecError(f"reference {r.id}: model.moe.moe_layers: {count} MoE layers of the {after} after the "
+                        f"leading dense ones is no interleave (allowed: {after} divided by a whole step"
+                        + (f", here {after // step} for layer_step {step}" if step != 1 else "") + ")")
+    return implied
 
 
 def _mla(r: _Record) -> dict | None:

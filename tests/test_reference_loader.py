@@ -219,3 +219,23 @@ def test_a_record_without_dimensions_takes_the_preset_it_names(loaded):
         assert any("qwen3-8b preset" in a for a in c.assumptions)
     assert [s for s in skipped if s.id.startswith("torchtitan_b200-dense")]
     assert all("model dimensions not published" in s.reason for s in skipped if s.id.startswith("torchtitan_b200-dense"))
+
+
+def test_a_record_with_fewer_moe_layers_interleaves_them(tmp_path, records):
+    """A record printing 24 MoE layers of 48 (Llama 4 Maverick's every-second-layer MoE) is costed
+    as that, not as 48 MoE layers; a count no whole step gives is refused by name."""
+    base = next(r for r in records["fsdp_moe_runs.yaml"] if r["id"] == "torchtitan_llama4-scout_256gpu_fsdp256_ep16_bf16")
+    rec = copy.deepcopy(base)
+    rec["model"]["moe"]["moe_layers"] = 24
+    path = tmp_path / "one.yaml"
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    cases, _ = load_reference(path)
+    model = cases[0].model
+    assert model.moe.layer_step == 2 and (model.dense_layers, model.moe_layers) == (24, 24)
+    rec["model"]["moe"]["moe_layers"] = 20  # 48 / 20 is no step
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    with pytest.raises(SpecError, match=r"model\.moe\.moe_layers: 20 MoE layers of the 48 after the leading dense ones"):
+        load_reference(path)
+    rec["model"]["moe"]["moe_layers"] = 48  # every layer: as before
+    path.write_text(yaml.safe_dump({"records": [rec]}))
+    assert load_reference(path)[0][0].model.moe.layer_step == 1
