@@ -324,7 +324,8 @@ def register(app: typer.Typer) -> None:
                 "models": [{"name": m.name, "params": m.num_params, "layers": m.layers, "hidden": m.hidden,
                             "heads": m.heads, "kv_groups": m.kv_groups, "ffn": m.ffn_hidden,
                             "seq_length": m.seq_length, "experts": m.moe.num_experts if m.moe else None,
-                            "top_k": m.moe.top_k if m.moe else None} for m in models],
+                            "top_k": m.moe.top_k if m.moe else None,
+                            "moe_layers": m.moe_layers if m.moe else None} for m in models],
                 "systems": [{"name": s.name, "accelerator": s.accelerator.name, "gpus": s.num_gpus,
                              "gpus_per_node": s.gpus_per_node, "hbm_gib": s.accelerator.hbm_capacity_gib,
                              "nvlink_domain": s.nvlink_domain_gpus, "peak_flops": s.accelerator.peak_flops,
@@ -339,6 +340,7 @@ def register(app: typer.Typer) -> None:
         model_rows = [(m.name, f"{m.num_params / 1e9:,.1f}", str(m.layers), str(m.hidden), str(m.heads),
                        str(m.kv_groups), str(m.ffn_hidden), str(m.seq_length),
                        (f"{m.moe.num_experts}x top-{m.moe.top_k}" if m.moe else "")
+                       + (f", {m.moe_layers} of {m.layers} layers" if m.moe and m.moe.layer_step > 1 else "")
                        + (" (hybrid Mamba)" if m.hybrid_pattern else "")) for m in models]
         print(_text_table("Model presets (--model)", ("name", "params (B)", "layers", "hidden", "heads", "kv groups",
                                                       "ffn", "seq", "MoE"), model_rows, left=1))
