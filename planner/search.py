@@ -110,6 +110,11 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     # that bound can be among the first K after re-ranking: the K-th pick's window starts at or
     # below the K-th objective), so the solver fetches exactly the layouts in the table, and
     # planner.ties re-ranks them (the simpler of near-equal plans first)
+    # the best plan must not depend on how many are asked for: the per-stage CP-SAT refines the
+    # first STAGE_REFINE_TOP picks and may lift a lower one above the first, so at least that
+    # many are searched and refined, and the first top_k returned (`--top 1` and `planner
+    # megatron`'s own search give the plan `planner plan` prints first)
+    asked, top_k = top_k, max(top_k, STAGE_REFINE_TOP)
     table = tabulate(space, top_k=top_k, tie_rel_tol=TIE_REL_TOL)
     sols = solve_top_k(table, table_layouts(table), time_limit_s)
     objectives = [float(table.res["objective"][i]) for i in sols.indices]
@@ -127,7 +132,7 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
             mismatches += 1
         ranked.append(Ranked(plan=p, estimate=est, objective=obj))
     t_stages = time.perf_counter()
-    ranked = refine_stages(model, system, job, ranked, space.free_batch, top_k)
+    ranked = refine_stages(model, system, job, ranked, space.free_batch, top_k)[:asked]
     stats = dict(table.stats)
     stats.update(sols.stats)
     stats["stages_s"] = time.perf_counter() - t_stages

@@ -359,3 +359,16 @@ def test_layouts_past_the_solver_budget_come_in_the_tables_order():
     assert budgeted.stats["table_rounds"] == budgeted.stats["rounds"] - 1 > 10
     assert [r.plan for r in budgeted.ranked] == [r.plan for r in solved.ranked]
     assert [r.objective for r in budgeted.ranked] == [r.objective for r in solved.ranked]
+
+
+def test_the_best_plan_does_not_depend_on_how_many_are_asked_for():
+    """The per-stage CP-SAT refines the first picks and can lift a lower one to the top (here an
+    uneven interleaved layout): `--top 1`, `planner megatron`'s own search (recommended_plan) and
+    the default top 5 must agree on the first plan. With top 1 only the first pick was refined,
+    and `planner megatron` launched tp8 pp1 (14.09 s) where `planner plan` printed tp4 pp4 vpp8."""
+    from planner.recommend import recommended_plan
+    model, system, job = load_model("llama3-70b"), load_system("h100-sxm", 64), JobSpec(global_batch=128)
+    five, one = plan(model, system, job, top_k=5), plan(model, system, job, top_k=1)
+    assert len(one.ranked) == 1 and one.best.plan == five.best.plan
+    assert five.best.plan.stage_layers is not None  # the refined layout is the one that won
+    assert recommended_plan(model, system, job) == five.best.plan
