@@ -69,8 +69,8 @@ from planner.plan import (KNOBS, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, JobSpec
                           recompute_modules_from_mask, recompute_modules_mask)
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import selective_freed_coefficients
-from planner.megatron.expressible import (FP8_DELAYED_NO_RECOMPUTE, a2a_overlap_model, graph_option_refusals,
-                                          graph_job_refusals)
+from planner.megatron.expressible import (FP8_DELAYED_NO_RECOMPUTE, a2a_overlap_model, graph_job_refusals,
+                                          graph_option_refusals, megatron_offload_fraction)
 
 CP_CAP = 8
 # Finer context splits are searched only for long sequences: the published long-context layouts
@@ -213,7 +213,10 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "sequence_parallel": (0, 1), "tp_comm_overlap": (0, 1), "dp_comm_overlap": (0, 1),
         "zero_stage": ZERO_STAGES,
         "offload_weights": (0.0,) if mega else off,
-        "offload_activations": off, "offload_optimizer": off,
+        # Megatron offloads whole layers: the fractions it runs (0.5 of 61 layers is 31, 0.508)
+        "offload_activations": tuple(sorted({megatron_offload_fraction(f, model.layers) for f in off}))
+        if mega and model.layers > 1 else off,
+        "offload_optimizer": off,
         "moe_a2a_overlap": (0, 1) if a2a_overlap_model(model) else (0,),
     }
 
@@ -327,6 +330,12 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
         if knob == "cp" and value == int(value) and value > 1 and not cp_splits(model, int(value)):
             raise SpecError(f"pin cp: {raw} needs the sequence ({model.seq_length}) to be a multiple of 2·cp "
                             f"({2 * int(value)}), the load-balanced causal chunks")
+        if knob.startswith("offload_") and 0.0 < value <= 1.0 and tuple(allowed) != (0.0,):
+            # any fraction may be pinned (the search's grid is a few); Megatron offloads whole
+            # layers of activations, so a pin there is costed as the layers it launches
+            mega_layers = knob == "offload_activations" and job.framework == "megatron" and model.layers > 1
+            domains[knob] = (megatron_offload_fraction(value, model.layers) if mega_layers else value,)
+            continue
         if knob == "dp" and not any(v == value for v in allowed):
             raise SpecError(f"pin dp: {raw} leaves no tp·pp·cp that fills {system.num_gpus} GPUs; "
                             f"allowed: {_fmt(knob, allowed)}")

@@ -157,7 +157,9 @@ def _offload_gain(model: ModelSpec, system: SystemSpec, job: JobSpec, out: Recom
     (constraints.cost_table.order_rows), so a plan that offloads is strictly faster or the only fit."""
     if out.best is None or not out.best.plan.uses_offload:
         return
-    alone = search(model, system, job.model_copy(update={"allow_offload": False}), top_k=1,
+    # without offload: the user's offload pins go too (kept, they would leave no plan at all)
+    pins = {k: v for k, v in job.pins.items() if not k.startswith("offload_")}
+    alone = search(model, system, job.model_copy(update={"allow_offload": False, "pins": pins}), top_k=1,
                    time_limit_s=time_limit_s).best
     out.stats["offload_gain"] = None if alone is None else {
         "plan_without_offload": alone.plan.short(), "step_time_s": alone.estimate.step_time_s,

@@ -23,8 +23,20 @@ def cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
     whole layers and never the last one (MA 2a: 1 <= k < layers; its backward starts at once), and
     the memory model keeps at least two layers' worth in HBM anyway, so f = 1 means k = layers - 1. Other
     fractions round UP to whole layers: never less offloaded than the memory check assumed."""
-    k = math.ceil(plan.offload_activations * model.layers - 1e-9)
-    return min(max(k, 1), model.layers - 1)
+    return offloaded_layers(plan.offload_activations, model.layers)
+
+
+def offloaded_layers(fraction: float, layers: int) -> int:
+    """The whole layers Megatron offloads for an activation-offload fraction (cpu_offload_layers)."""
+    k = math.ceil(fraction * layers - 1e-9)
+    return min(max(k, 1), layers - 1)
+
+
+def megatron_offload_fraction(fraction: float, layers: int) -> float:
+    """The activation-offload fraction a Megatron launch of `fraction` runs: whole layers (0.5 of
+    61 layers runs 31, 0.508), the grid the search costs under --framework megatron, so that a plan
+    is costed as launched."""
+    return 0.0 if fraction <= 0 else offload_fraction_of_layers(offloaded_layers(fraction, layers), layers)
 
 
 def offload_fraction_of_layers(k: int, layers: int) -> float:

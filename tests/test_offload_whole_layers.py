@@ -1,0 +1,46 @@
+"""Megatron offloads activations by whole layers (--cpu-offloading-num-layers k): under
+--framework megatron the search costs the fractions a launch runs (k / layers), and a pinned
+fraction is costed as the layers it launches. Before, 0.5 of DeepSeek-V3's 61 layers was costed
+at 0.5 and launched as 31 layers (0.508)."""
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from constraints.space import build_space
+from hardware import load_system
+from planner import megatron as mg
+from planner.cli.app import app
+from planner.megatron.expressible import cpu_offload_layers
+from planner.model import load_model
+from planner.plan import JobSpec
+from planner.search import plan
+
+runner = CliRunner()
+
+
+def test_the_megatron_grid_is_whole_layers():
+    model, system = load_model("deepseek-v3"), load_system("gb200-nvl72", 256)
+    mega = build_space(model, system, JobSpec(global_batch=1024)).domains["offload_activations"]
+    assert mega == (0.0, 31 / 61, 1.0)
+    free = build_space(model, system, JobSpec(global_batch=1024, framework="any")).domains["offload_activations"]
+    assert free == (0.0, 0.5, 1.0)  # weights and any fraction: the co-design grid as it was
+
+
+def test_a_pinned_fraction_is_costed_as_the_layers_it_launches():
+    model, system = load_model("deepseek-v2-lite"), load_system("gb200-nvl72", 16)
+    job = JobSpec(global_batch=128, pins={"offload_activations": 0.5, "pp": 1})
+    best = plan(model, system, job, top_k=1).best.plan
+    assert best.offload_activations == pytest.approx(14 / 27)  # 0.5 of 27 layers rounds up to 14
+    launch = mg.megatron_args(best, model, job, system)
+    assert cpu_offload_layers(best, model) == 14
+    assert not [n for n in launch.notes if "whole layers" in n]  # costed as launched: nothing to say
+
+
+def test_planner_plan_takes_an_offload_pin():
+    """The comparison without offload dropped the tier but kept the pin: no plan, and the error
+    blamed a --no-offload nobody gave."""
+    result = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "gb200-nvl72", "-g", "8", "-b", "64",
+                                 "--offload-activations", "0.25"])
+    assert result.exit_code == 0, result.output
+    assert "offload activations 25%" in result.output
