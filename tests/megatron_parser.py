@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
-from planner.pipeline_layout import even_layout, layout_from_flags, layout_from_string
+from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.model import MambaSpec, MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
 
@@ -145,6 +145,8 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec, argv: list[str] | 
                                             or flags["first"] is not None or flags["last"] is not None):
         # an uneven layout the launch set with Megatron's simpler flags (pipeline_layout.megatron_layout_args)
         stage_layers = list(layout_from_flags(model.layers, pp, vpp, **flags))
+    if stage_layers is not None and not _hybrid_pattern(ns) and tuple(stage_layers) == balanced_layout(model.layers, pp, vpp):
+        stage_layers = None  # the default split (uneven where pp·vpp does not divide the layers): no layout
     if _hybrid_pattern(ns) and pp > 1:  # a hybrid stack's layout: the pattern's '|' segments
         # the launch always writes them; a Plan names its layout unless the split is even
         # (layers a multiple of pp·vpp), as the search's plans do (an uneven balanced split
@@ -290,3 +292,12 @@ def model_shape(m: ModelSpec) -> dict:
         "latent_size": moe and moe.latent_size, "mtp_shared_weights": m.mtp_shared_weights,
         "router_groups": moe and (moe.router_groups, moe.router_group_topk),
     }
+
+
+def canonical(plan: Plan, layers: int) -> Plan:
+    """`plan` with an explicit layout that is the default split written as none, as
+    `plan_from_megatron` reads one back: the same plan either way (PlanArrays costs both alike)."""
+    if plan.stage_layers is not None and plan.stage_recompute_layers is None \
+            and tuple(plan.stage_layers) == balanced_layout(layers, plan.pp, plan.vpp):
+        return plan.model_copy(update={"stage_layers": None})
+    return plan
