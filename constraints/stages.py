@@ -36,6 +36,10 @@ microbatches (fewer on later ranks), so giving the later rank the larger load ne
 ranks' loads are non-decreasing. With leading dense layers both hold only where no stage involved
 can hold one (stage index >= D: its prefix is >= D). One worker, fixed seed: deterministic.
 
+A MoE model whose dense layers interleave with its MoE layers (Llama 4 Maverick: every second
+layer MoE) is posed the same way as a hybrid stack below, with two block kinds, dense and MoE, at
+the dense and MoE layers' probed coefficients (`_interleaved_fields`).
+
 A pipelined hybrid stack (Nemotron-H / Nemotron 3: one Mamba, attention, MLP or MoE block per
 layer) has as many layer kinds as block kinds, in the pattern's order: stage s spans layers
 [e_s, e_{s+1}) and holds C_X(e_{s+1}) − C_X(e_s) blocks of kind X (C_X: the pattern's running
@@ -110,7 +114,7 @@ class StageProblem:
     p0: tuple[int, ...]             # per rank: fixed optimizer-state elements (in units of one time unit's step)
     p1: int                         # optimizer-state elements per layer
     capacity: int                   # the same units
-    lead: int = 0                   # leading dense layers of the model (their own coefficients:)
+    lead: int = 0                   # dense layers of a MoE model (their own coefficients:)
     a_d: int = 0
     b_d: int = 0
     w_d: tuple[int, ...] = ()
@@ -226,11 +230,8 @@ def _probe_blocks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
 
 def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> StageProblem | None:
     """The per-stage problem of `plan`'s layout, or None when the model is not affine in the
-    counts (ZeRO-3, offload), there is no pipeline to split, or the model's dense layers sit
-    between its MoE layers (a stage's count of them depends on its bounds' positions, which this
-    problem does not encode: those layouts keep the default split)."""
-    if plan.pp == 1 or plan.zero_stage >= 3 or plan.uses_offload or model.layers < plan.pp * plan.vpp \
-            or interleaved(model):
+    counts (ZeRO-3, offload) or there is no pipeline to split."""
+    if plan.pp == 1 or plan.zero_stage >= 3 or plan.uses_offload or model.layers < plan.pp * plan.vpp:
         return None
     pr = _probe(model, system, job, plan)
     blocks = _probe_blocks(model, system, job, plan) if by_block(model) and not any(job.bf16_layers) else None
@@ -259,7 +260,22 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
             lead=lead_layers(model), a_d=max(1, round(pr["a_d"] / unit)), b_d=max(0, round(pr["b_d"] / unit)),
             w_d=tuple(mib(x) for x in pr["w_d"]), x_d=tuple(mib(x) for x in pr["x_d"]),
             p1_d=max(0, params_in(pr["p1_d"])))),
-        **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)))
+        **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)),
+        **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}))
+
+
+def _interleaved_fields(model: ModelSpec, pr: dict, unit: float, mib, params_in) -> dict:
+    """A MoE model whose dense layers interleave with its MoE layers as a per-block problem of two
+    kinds, D (dense) and E (MoE), at the dense and MoE layers' probed coefficients: a stage's count
+    of each follows from where its bounds fall, as a hybrid stack's blocks do (`_block_loads`)."""
+    dense = set(model.dense_layer_positions)
+    p = len(pr["c"])
+    return dict(pattern="".join("D" if i in dense else "E" for i in range(model.layers)), kinds=("D", "E"),
+                a_k=(max(1, round(pr["a_d"] / unit)), max(1, round(pr["a"] / unit))),
+                b_k=(max(0, round(pr["b_d"] / unit)), max(0, round(pr["b"] / unit))),
+                w_k=tuple((mib(pr["w_d"][r]), mib(pr["w"][r])) for r in range(p)),
+                x_k=tuple((mib(pr["x_d"][r]), mib(pr["x"][r])) for r in range(p)),
+                p1_k=(max(0, params_in(pr["p1_d"])), max(0, params_in(pr["p1"]))))
 
 
 def _by_block_fields(model: ModelSpec, pr: dict, unit: float, mib, params_in) -> dict:
@@ -503,8 +519,15 @@ def few_splits(problem: StageProblem) -> bool:
 
 
 def mean_block_twin(problem: StageProblem) -> StageProblem:
-    """A hybrid stack's per-block problem with every layer the pattern's mean block."""
-    return replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=())
+    """A hybrid stack's per-block problem with every layer the pattern's mean block (its probed
+    one); an interleaved MoE model's, every layer the mean of its dense and MoE layers."""
+    twin = replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=())
+    if not problem.lead:
+        return twin
+    share = [problem.pattern.count(kind) / problem.layers for kind in problem.kinds]
+    mean = lambda values: round(sum(f * x for f, x in zip(share, values)))  # noqa: E731
+    return replace(twin, lead=0, a=max(1, mean(problem.a_k)), b=mean(problem.b_k), p1=mean(problem.p1_k),
+                   w=tuple(mean(w) for w in problem.w_k), x=tuple(mean(x) for x in problem.x_k))
 
 
 def _with_effort_of(sol: StageSolution, *others: StageSolution, **changes) -> StageSolution:

@@ -184,6 +184,31 @@ def test_cpsat_per_stage_zero_regret_with_leading_dense_layers(model, pp, vpp, r
     assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze)
 
 
+def _interleaved_oracle_cases():
+    """Dense layers between MoE layers (every 2nd or 3rd layer MoE, Llama 4 Maverick's kind): 7 or
+    8 layers, pp·vpp <= 6, with and without full recompute, HBM roomy or squeezed."""
+    cases = []
+    for layers, step, (pp, vpp), rc, squeeze in itertools.product(
+            (7, 8), (2, 3), ((2, 1), (3, 1), (2, 2), (3, 2)), ("none", "full"), (None, 0.97)):
+        if squeeze and (layers == 7 or step == 3):
+            continue
+        model = ORACLE_BASE.model_copy(update={"layers": layers, "moe": ORACLE_BASE.moe.model_copy(
+            update={"first_dense_layers": 0, "layer_step": step})})
+        cases.append(pytest.param(model, pp, vpp, rc, squeeze, id=f"l{layers}-s{step}-pp{pp}-v{vpp}-{rc}-{squeeze}"))
+    return cases
+
+
+def test_enough_interleaved_oracle_cases():
+    assert len(_interleaved_oracle_cases()) >= 20
+
+
+@pytest.mark.parametrize("model,pp,vpp,rc,squeeze", _interleaved_oracle_cases())
+def test_cpsat_per_stage_zero_regret_with_interleaved_dense_layers(model, pp, vpp, rc, squeeze):
+    """The per-stage problem counts each stage's dense layers from where its bounds fall (a table
+    of the dense positions, as for a hybrid stack's blocks): as fast as every split costed."""
+    assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze)
+
+
 @pytest.mark.parametrize("lead,pp,rc,squeeze", [
     pytest.param(lead, pp, rc, squeeze, id=f"d{lead}-pp{pp}-{rc}-{squeeze}")
     for lead, pp, rc, squeeze in itertools.product((0, 2), (2, 3), ("none", "selective"), (None, 0.97))
