@@ -161,22 +161,26 @@ ORACLE_BASE = ModelSpec(layers=8, hidden=2048, heads=16, seq_length=4096, vocab=
                         moe={"num_experts": 16, "top_k": 2, "expert_ffn": 2048, "first_dense_layers": 2})
 
 
-def _oracle_cases():
-    """7 or 8 layers with 1 or 2 leading dense layers, pp·vpp <= 6, with and without full
-    recompute, HBM roomy or squeezed to 97 % of the balanced split's need."""
+def _oracle_cases(dense: str = "leading"):
+    """7 or 8 layers, pp·vpp <= 6, with and without full recompute, HBM roomy or squeezed to 97 %
+    of the balanced split's need; the dense layers either 1 or 2 leading ones, or (interleaved)
+    between MoE layers, every 2nd or 3rd layer MoE (Llama 4 Maverick's kind)."""
     cases = []
-    for layers, lead, (pp, vpp), rc, squeeze in itertools.product(
-            (7, 8), (1, 2), ((2, 1), (3, 1), (2, 2), (3, 2)), ("none", "full"), (None, 0.97)):
-        if squeeze and layers == 7:
+    for layers, kind, (pp, vpp), rc, squeeze in itertools.product(
+            (7, 8), (1, 2) if dense == "leading" else (2, 3), ((2, 1), (3, 1), (2, 2), (3, 2)), ("none", "full"),
+            (None, 0.97)):
+        if squeeze and (layers == 7 or (dense != "leading" and kind == 3)):
             continue
-        model = ORACLE_BASE.model_copy(update={"layers": layers, "moe": ORACLE_BASE.moe.model_copy(
-            update={"first_dense_layers": lead})})
-        cases.append(pytest.param(model, pp, vpp, rc, squeeze, id=f"l{layers}-d{lead}-pp{pp}-v{vpp}-{rc}-{squeeze}"))
+        moe = {"first_dense_layers": kind} if dense == "leading" else {"first_dense_layers": 0, "layer_step": kind}
+        model = ORACLE_BASE.model_copy(update={"layers": layers, "moe": ORACLE_BASE.moe.model_copy(update=moe)})
+        tag = f"d{kind}" if dense == "leading" else f"s{kind}"
+        cases.append(pytest.param(model, pp, vpp, rc, squeeze, id=f"l{layers}-{tag}-pp{pp}-v{vpp}-{rc}-{squeeze}"))
     return cases
 
 
-def test_enough_heterogeneous_oracle_cases():
-    assert len(_oracle_cases()) >= 20
+@pytest.mark.parametrize("dense", ["leading", "interleaved"])
+def test_enough_heterogeneous_oracle_cases(dense):
+    assert len(_oracle_cases(dense)) >= 20
 
 
 @pytest.mark.parametrize("model,pp,vpp,rc,squeeze", _oracle_cases())
@@ -184,28 +188,10 @@ def test_cpsat_per_stage_zero_regret_with_leading_dense_layers(model, pp, vpp, r
     assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze)
 
 
-def _interleaved_oracle_cases():
-    """Dense layers between MoE layers (every 2nd or 3rd layer MoE, Llama 4 Maverick's kind): 7 or
-    8 layers, pp·vpp <= 6, with and without full recompute, HBM roomy or squeezed."""
-    cases = []
-    for layers, step, (pp, vpp), rc, squeeze in itertools.product(
-            (7, 8), (2, 3), ((2, 1), (3, 1), (2, 2), (3, 2)), ("none", "full"), (None, 0.97)):
-        if squeeze and (layers == 7 or step == 3):
-            continue
-        model = ORACLE_BASE.model_copy(update={"layers": layers, "moe": ORACLE_BASE.moe.model_copy(
-            update={"first_dense_layers": 0, "layer_step": step})})
-        cases.append(pytest.param(model, pp, vpp, rc, squeeze, id=f"l{layers}-s{step}-pp{pp}-v{vpp}-{rc}-{squeeze}"))
-    return cases
-
-
-def test_enough_interleaved_oracle_cases():
-    assert len(_interleaved_oracle_cases()) >= 20
-
-
-@pytest.mark.parametrize("model,pp,vpp,rc,squeeze", _interleaved_oracle_cases())
+@pytest.mark.parametrize("model,pp,vpp,rc,squeeze", _oracle_cases("interleaved"))
 def test_cpsat_per_stage_zero_regret_with_interleaved_dense_layers(model, pp, vpp, rc, squeeze):
-    """The per-stage problem counts each stage's dense layers from where its bounds fall (a table
-    of the dense positions, as for a hybrid stack's blocks): as fast as every split costed."""
+    """Dense layers between MoE layers, posed as a two-kind block pattern (each stage's count of
+    each from where its bounds fall): as fast as every split costed."""
     assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze)
 
 
