@@ -178,7 +178,8 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
         if candidate.exists() and not candidate.is_file():
             raise SpecError(f"{what}: {ref} is not a regular file (a device, pipe or socket), expected a YAML file")
         if not candidate.is_file():
-            raise SpecError(f"{what}: file {ref} does not exist")
+            names = sorted(p.stem for p in preset_dir.glob("*.yaml"))
+            raise SpecError(f"{what}: file {ref} does not exist{preset_hint(ref, names)}")
         return candidate, str(candidate)
     names = sorted(p.stem for p in preset_dir.glob("*.yaml"))
     if "/" in ref or "\\" in ref:  # a path, never a preset (./NAME means the file NAME)
@@ -194,6 +195,10 @@ def _preset_key(name: str) -> str:
     """A name as people write it, reduced to what tells presets apart: no organisation prefix (a
     Hugging Face repo id), no case, no separators ("meta-llama/Llama-3-8B" -> "llama38b")."""
     return re.sub(r"[-_\s]", "", name.rsplit("/", 1)[-1].lower())
+
+
+# What follows a model's name in a Hugging Face repo id or a file name without naming another model
+VARIANT_SUFFIX = r"(\.(ya?ml|json)|[-_](instruct|base|chat|hf|it|pretrain(ed)?|v\d+(\.\d+)*))+$"
 
 
 def _numbers(name: str) -> list[str]:
@@ -218,6 +223,11 @@ def preset_hint(ref: str, names: list[str]) -> str:
         return ""
     if key in keys:
         return f" (did you mean {keys[key]}?)"
+    # a Hugging Face repo's variant suffix or a file extension on the same model: Qwen2.5-72B-Instruct,
+    # Mistral-7B-v0.1, nemotron-h-8b.yaml
+    bare = _preset_key(re.sub(VARIANT_SUFFIX, "", ref.rsplit("/", 1)[-1], flags=re.IGNORECASE))
+    if bare in keys:
+        return f" (did you mean {keys[bare]}?)"
     numbers = _numbers(ref)
     longer = [n for k, n in keys.items() if k.startswith(key) and _numbers(n)[:len(numbers)] == numbers]
     if longer:

@@ -215,6 +215,22 @@ def _unroll_layout_string(text: str) -> str:
     return re.sub(r"([A-Za-z])\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
 
 
+def layout_string_problems(text: str, mtp_layers: int = 0) -> list[str]:
+    """What Megatron's layout check (PipelineParallelLayerLayout.validate_layer_layout) refuses in a
+    user's layout string: the embedding once, first; the loss once, last; as many MTP modules ('m')
+    as the model has."""
+    flat = _unroll_layout_string(text)
+    stages = flat.split("|")
+    out = []
+    if flat.count("E") != 1 or not stages[0].startswith("E"):
+        out.append("the embedding 'E' must come once, first in the first stage")
+    if flat.count("L") != 1 or not stages[-1].endswith("L"):
+        out.append("the loss 'L' must come once, last in the last stage")
+    if flat.count("m") != mtp_layers:
+        out.append(f"it has {flat.count('m')} MTP modules 'm'; the model has {mtp_layers}")
+    return out
+
+
 def layout_from_string(text: str) -> tuple[int, ...]:
     """Decoder layers per virtual stage of a --pipeline-model-parallel-layout string: 't' is a
     decoder layer, '|' a stage boundary, 'E' the embedding, 'L' the loss, 'm' an MTP module (none
@@ -249,7 +265,7 @@ def megatron_layout_args(layers: int, pp: int, vpp: int, layout: tuple[int, ...]
     return ["--pipeline-model-parallel-layout", layout_string(layout, mtp_layers)]
 
 
-__all__ = ["stage_lead_layers", "rank_dense_prefix", "pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
+__all__ = ["layout_string_problems", "stage_lead_layers", "rank_dense_prefix", "pipeline_args", "plan_layout", "layout_not_expressible", "recompute_per_chunk", "balanced_layout", "even_layout", "layout_from_flags", "layout_from_string", "layout_string", "megatron_layout_args",
            "rank_layers", "rank_of_stage"]
 
 

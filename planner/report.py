@@ -113,6 +113,9 @@ def offload_note(model: ModelSpec, system, plan, est: Estimate, gain: dict | Non
     if gain is None:
         return text + "No plan fits without offload."
     slower = 1 / (1 - gain["advantage"]) - 1
+    if slower < 0:  # the offload was pinned: say what it costs, not that it pays
+        return (text + f"It costs: the best plan without offload, {gain['plan_without_offload']}, takes "
+                f"{gain['step_time_s']:.3f} s per step, {-slower:.1%} less time per token.")
     return (text + f"It pays: the best plan without offload, {gain['plan_without_offload']}, takes "
             f"{gain['step_time_s']:.3f} s per step, {slower:.1%} more time per token.")
 

@@ -79,7 +79,14 @@ def test_megatron_launches_nvidias_405b_recipe_layout():
     (["--pp", "2", "--pipeline-layout", "16,16", "--stage-recompute-layers", "1,17"],
      "stage-recompute-layers: stage 1 recomputes 17 of its 16 layers"),
     (["--pp", "2", "--pipeline-layout", "16,16", "--stage-recompute-layers", "1,1", "--recompute", "none"],
-     "stage-recompute-layers: counts full recompute (got --recompute none)"),
+     "stage-recompute-layers: needs --recompute full (got --recompute none)"),
+    (["--pp", "2", "--pipeline-layout", "16,16", "--stage-recompute-layers", "0x2"],
+     "stage-recompute-layers: every stage recomputes 0 layers"),
+    # Megatron's own layout check: the embedding once and first, the loss once and last, the MTP modules
+    (["--pp", "2", "--pipeline-layout", "Et*16|t*16"], "the loss 'L' must come once, last in the last stage"),
+    (["--pp", "2", "--pipeline-layout", "t*16|Et*16L"], "the embedding 'E' must come once, first in the first stage"),
+    (["--pp", "2", "--pipeline-layout", "Et*16|t*16mL"], "it has 1 MTP modules 'm'; the model has 0"),
+    (["--pp", "1", "--pipeline-layout", "E|t*32|L"], "pipeline-layout: 3 stages need pipeline parallelism (got --pp 1)"),
 ])
 @pytest.mark.parametrize("command", ["estimate", "megatron"])
 def test_a_layout_that_cannot_be_is_a_one_line_error(command, extra, message):

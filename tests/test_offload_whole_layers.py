@@ -44,3 +44,28 @@ def test_planner_plan_takes_an_offload_pin():
                                  "--offload-activations", "0.25"])
     assert result.exit_code == 0, result.output
     assert "offload activations 25%" in result.output
+
+
+def test_estimate_costs_the_layers_megatron_offloads():
+    """`planner estimate --offload-activations 0.5` on 27 layers costs the 14 layers `planner
+    megatron` launches (it had costed 13.5)."""
+    import json
+    args = ["-m", "deepseek-v2-lite", "-s", "gb200-nvl72", "-g", "64", "-b", "512", "--tp", "1", "--pp", "1",
+            "--ep", "4", "--micro-batch", "8", "--recompute", "none", "--offload-activations", "0.5"]
+    est = runner.invoke(app, ["estimate", *args, "--json"])
+    assert est.exit_code == 0, est.output
+    assert json.loads(est.stdout)["plan"]["offload_activations"] == pytest.approx(14 / 27)
+    launch = runner.invoke(app, ["megatron", *args, "--format", "json"])
+    argv = json.loads(launch.stdout)["argv"]
+    assert argv[argv.index("--cpu-offloading-num-layers") + 1] == "14"
+
+
+def test_a_pinned_offload_that_costs_time_says_so():
+    """A pinned offload slower than the best plan without it: "It costs", not "It pays ... -13.9 %"."""
+    result = runner.invoke(app, ["plan", "-m", "deepseek-v2-lite", "-s", "gb200-nvl72", "-g", "64", "-b", "512",
+                                 "--offload-activations", "0.5"])
+    assert result.exit_code == 0, result.output
+    import re
+    text = " ".join(result.output.split())
+    assert re.search(r"It costs: the best plan without offload, .*, takes [\d.]+ s per step, \d+\.\d% less time "
+                     r"per token", text), text

@@ -182,6 +182,8 @@ def _estimate(model: str = "llama3-8b", system: str = "h100-sxm"):
     ("GB200", "system", "(presets that begin so: gb200-nvl72)"),           # the start of a preset's name
     ("qwen3", "model", "(presets that begin so: qwen3-14b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, qwen3-8b)"),
     ("deepseek-v2", "model", "(presets that begin so: deepseek-v2-lite)"),  # listed as what it is
+    ("qwen2.5-72B-Instruct", "model", "(did you mean qwen2.5-72b?)"),       # a repo's variant suffix
+    ("Mistral-7B-v0.1", "model", "(did you mean mistral-7b?)"),
 ])
 def test_unknown_preset_names_the_one_meant(ref, what, hint):
     result = _estimate(**{what: ref})
@@ -205,6 +207,7 @@ def test_another_size_version_or_gpu_is_not_suggested(ref, what):
 
 
 @pytest.mark.parametrize("ref, hint", [("./qwen3-32b", " (did you mean qwen3-32b?)"),
+                                       ("nemotron-h-8b.yaml", " (did you mean nemotron-h-8b?)"),
                                        ("meta-llama/Llama-3.1-405B", " (did you mean llama3.1-405b?)"),
                                        ("../presets/llama3-8b", " (did you mean llama3-8b?)")])
 def test_a_path_never_resolves_to_a_preset(ref, hint):

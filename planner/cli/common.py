@@ -99,7 +99,8 @@ def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | Non
 
 
 SavedModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="Model preset or YAML (default: the one a --plan file names, else gpt3-175b).")]
+    "--model", "-m", help="Model preset, YAML, or a Hugging Face config.json or model folder (default: the "
+                          "one a --plan file names, else gpt3-175b).")]
 SavedSystemOpt = Annotated[Optional[str], typer.Option(
     "--system", "-s", help="System preset or YAML (default: the one a --plan file names, else a100-80g).")]
 
@@ -221,13 +222,15 @@ PipelineLayoutOpt = Annotated[Optional[str], typer.Option(
 StageRecomputeOpt = Annotated[Optional[str], typer.Option(
     "--stage-recompute-layers", metavar="LAYERS",
     help="Full recompute per virtual stage with --pipeline-layout: the layers each stage recomputes "
-         "(its first ones), same notation ('1,2x30,1'); implies --recompute full.")]
+         "(its first ones), same notation ('1,2x30,1'); implies --recompute full. Megatron launches "
+         "one count for every stage, min(k, its layers) ('3,4x30,3' with k 2: '2x32').")]
 ZeroOpt = Annotated[Optional[int], typer.Option(
     "--zero-stage", help="0 plain DP, 1 distributed optimizer, 2 +grads, 3 +params (FSDP).")]
 OffloadWeightsOpt = Annotated[Optional[float], typer.Option(
     "--offload-weights", help="Fraction of weights+grads in the offload tier (not expressible in Megatron).")]
 OffloadActivationsOpt = Annotated[Optional[float], typer.Option(
-    "--offload-activations", help="Fraction of activations in the offload tier.")]
+    "--offload-activations", help="Fraction of activations in the offload tier (Megatron offloads whole "
+                                  "layers: rounded up to them, 0.5 of 27 layers is 14).")]
 OffloadOptimizerOpt = Annotated[Optional[float], typer.Option(
     "--offload-optimizer", help="Fraction of optimizer state in the offload tier.")]
 TpOverlapOpt = Annotated[Optional[bool], typer.Option(
@@ -502,8 +505,8 @@ def stage_counts(flag: str, text: str) -> tuple[int, ...]:
     if re.search(r"[tEmL|]", text):
         try:
             counts = layout_from_string(text)
-        except SpecError as err:
-            raise SpecError(f"{flag}: {err}") from None
+        except SpecError as err:  # its message names the layout already
+            raise SpecError(f"{flag}: {str(err).removeprefix('pipeline layout ')}") from None
     else:
         counts = []
         for part in text.split(","):
@@ -528,10 +531,18 @@ def layout_knobs(pipeline_layout: str | None, stage_recompute: str | None, knobs
         if stage_recompute is not None:
             raise SpecError("stage-recompute-layers: needs --pipeline-layout (the stages it counts)")
         return {}
+    from planner.pipeline_layout import layout_string_problems
     layout = stage_counts("pipeline-layout", pipeline_layout)
+    if re.search(r"[tEmL|]", pipeline_layout):
+        problems = layout_string_problems(pipeline_layout, model.mtp_layers)
+        if problems:
+            raise SpecError(f"pipeline-layout: as Megatron checks a layout string, {'; '.join(problems)} "
+                            f"(got {pipeline_layout.strip()!r})")
     pp, vpp = knobs.get("pp"), knobs.get("vpp")
     if pp is None:
         raise SpecError("pipeline-layout: give --pp too (the layout's stages are pp·vpp)")
+    if pp == 1 and len(layout) > 1:
+        raise SpecError(f"pipeline-layout: {len(layout)} stages need pipeline parallelism (got --pp 1)")
     if vpp is None:
         if len(layout) % pp:
             raise SpecError(f"pipeline-layout: {len(layout)} stages is not a multiple of --pp {pp}; give pp·vpp stages")
@@ -553,7 +564,10 @@ def layout_knobs(pipeline_layout: str | None, stage_recompute: str | None, knobs
             raise SpecError(f"stage-recompute-layers: stage {over} recomputes {recompute[over]} of its "
                             f"{layout[over]} layers; at most {layout[over]}")
         if knobs.get("recompute") not in (None, "full"):
-            raise SpecError(f"stage-recompute-layers: counts full recompute (got --recompute {knobs['recompute']})")
+            raise SpecError(f"stage-recompute-layers: needs --recompute full (got --recompute {knobs['recompute']})")
+        if not any(recompute):
+            raise SpecError("stage-recompute-layers: every stage recomputes 0 layers, i.e. no full recompute; "
+                            "drop it (or give --recompute none)")
         if knobs.get("recompute_num_layers") is not None:
             raise SpecError("stage-recompute-layers: give it or --recompute-num-layers, not both")
         out.update(stage_recompute_layers=recompute, recompute="full")
@@ -561,7 +575,7 @@ def layout_knobs(pipeline_layout: str | None, stage_recompute: str | None, knobs
 
 
 def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | None = None,
-                    seq_length: int | None = None, expert_biases: bool = False):
+                    seq_length: int | None = None, expert_biases: bool = False, layers: int | None = None):
     """A Plan from given knobs over `defaults`; dp fills the GPUs left by tp·pp·cp. A default
     sequence parallelism stays off where `seq_length` does not split over tp·cp (a rule of the
     model, estimate.RULES sp_seq); one the user asked for is kept, and the rule says why not.
@@ -584,6 +598,11 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
             raise SpecError(f"tp·pp·cp ({tp}·{pp}·{cp}{note}) must divide the GPU count ({gpus}); "
                             "pass --dp or change --gpus")
         fields["dp"] = gpus // (tp * pp * cp)
+    if layers and layers > 1 and (fields.get("offload_activations") or 0) > 0:
+        # Megatron offloads activations by whole layers: cost the layers it launches, as the search
+        # does (0.5 of 27 layers runs 14, 0.519; the plan line shows it)
+        from planner.megatron.expressible import megatron_offload_fraction
+        fields["offload_activations"] = megatron_offload_fraction(fields["offload_activations"], layers)
     if expert_biases and tp > 1 and "etp" not in knobs:
         fields["etp"] = 1
     if fields.get("sequence_parallel") and tp == 1:

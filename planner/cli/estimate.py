@@ -151,7 +151,8 @@ def estimate_command(
     else:
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS,
-                               model_spec.seq_length, expert_biases=model_spec.moe is not None and model_spec.biases)
+                               model_spec.seq_length, expert_biases=model_spec.moe is not None and model_spec.biases,
+                               layers=model_spec.layers)
     if job is None:
         job = make_job(global_batch=None, dtype=dtype, system=system_spec,
                        hbm_reserve_gib=2.0 if hbm_reserve_gib is None else hbm_reserve_gib,

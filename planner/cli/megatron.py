@@ -171,7 +171,8 @@ def _plan_and_job(o: dict, model, system):
         # the sequence (plan_from_knobs turns a default SP off where it does not)
         defaults = {"sequence_parallel": True} if model.moe is not None else None
         return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch, defaults,
-                               model.seq_length, expert_biases=model.moe is not None and model.biases), job
+                               model.seq_length, expert_biases=model.moe is not None and model.biases,
+                               layers=model.layers), job
     if given or perf:
         first = next(iter({**given, **perf})).replace("_", "-")
         raise SpecError(f"plan: --{first} describes a plan only beside --tp, --pp or --dp (unset: tp=pp=cp=1, "
