@@ -11,7 +11,7 @@ from hardware import load_system
 from hardware.spec import MemoryTier
 from planner.analytical import estimate
 from planner.analytical.memory import memory_breakdown
-from planner.model import ModelSpec, load_model
+from planner.model import ModelSpec, MoESpec, load_model
 from planner.plan import JobSpec
 from planner.search import MEMORY_NEUTRAL_KNOBS, _min_footprint, check, memory_floor, plan
 
@@ -60,10 +60,15 @@ FLOOR_CASES = [  # (model, system, job): infeasible, offload-feasible and feasib
     (OFFLOAD_30L, load_system("h100-offload-1tib", 4), JobSpec(global_batch=16, framework="any",
                                                                hbm_reserve_gib=30)),
     (load_model("llama3-70b"), load_system("h100-sxm", 2), JobSpec(global_batch=16)),
+    # dense and MoE layers interleaved, activation offload in whole layers (27 of them: 14 for ½)
+    (OFFLOAD_30L.model_copy(update={"name": "interleaved-27l", "layers": 27, "moe": MoESpec(
+        num_experts=8, top_k=2, layer_step=2)}), _hypothetical_tier(load_system("h100-sxm", 4), 256),
+     JobSpec(global_batch=16, allow_offload=True, hbm_reserve_gib=20)),  # fits only with offload
 ]
 
 
-@pytest.mark.parametrize("case", FLOOR_CASES, ids=["gpt3-8-megatron", "gpt3-4-any", "30l-any", "70b-2"])
+@pytest.mark.parametrize("case", FLOOR_CASES, ids=["gpt3-8-megatron", "gpt3-4-any", "30l-any", "70b-2",
+                                                   "interleaved-27"])
 def test_memory_floor_equals_brute_force(case):
     """Every number check's what-ifs take from the floor equals the same number over the FULL space
     (every batch, every option, the whole exact model): whether anything fits, the smallest HBM,
