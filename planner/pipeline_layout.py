@@ -188,6 +188,7 @@ def recompute_per_chunk(plan) -> int | None:
 
 def layout_not_expressible(plan, layers: int) -> list[str]:
     """Why Megatron cannot run the plan's layout (empty: it can)."""
+    from planner.plan import compress_runs
     reasons = []
     if plan.stage_layers is None and layers < plan.pp * plan.vpp:
         reasons.append(f"layers ({layers}) must be at least pp*vpp ({plan.pp}*{plan.vpp})")
@@ -196,8 +197,9 @@ def layout_not_expressible(plan, layers: int) -> list[str]:
     if plan.stage_recompute_layers:
         k = max(plan.stage_recompute_layers)
         if tuple(plan.stage_recompute_layers) != tuple(min(k, n) for n in plan.stage_layers):
-            reasons.append("stage_recompute_layers: Megatron's --recompute-method block recomputes "
-                           "min(k, layers) of every virtual stage for one k")
+            reasons.append("stage_recompute_layers (--stage-recompute-layers): Megatron's --recompute-method block "
+                           f"recomputes min(k, layers) of every virtual stage for one k (k {k}: "
+                           f"{compress_runs(min(k, n) for n in plan.stage_layers)})")
     return reasons
 
 
