@@ -39,3 +39,18 @@ def test_saved_megatron_example_is_a_valid_launch():
     job = JobSpec(global_batch=p.global_batch)
     assert mg.not_expressible(p, model, job) == []
     assert mg.validate_launch(mg.megatron_args(p, model, job, system), mg.gpu_arch_major(system)) == []
+
+
+def test_the_uneven_405b_layout_example_is_costed_and_launched():
+    """examples/README.md: NVIDIA's Llama 3.1 405B layout from flags (pp 8, vpp 4 from 32 stages)."""
+    import json
+    from typer.testing import CliRunner
+    from planner.cli.app import app
+    args = ["-m", "llama3.1-405b", "-s", "gb300-nvl72", "-g", "256", "-b", "1536", "--tp", "4", "--pp", "8",
+            "--pipeline-layout", "3,4x30,3", "--dtype", "nvfp4"]
+    est = CliRunner().invoke(app, ["estimate", *args, "--json"])
+    assert est.exit_code == 0, est.output
+    assert json.loads(est.stdout)["plan"]["stage_layers"] == [3] + [4] * 30 + [3]
+    launch = CliRunner().invoke(app, ["megatron", *args, "--format", "json"])
+    assert launch.exit_code == 0, launch.output
+    assert json.loads(launch.stdout)["argv"].count("--account-for-loss-in-pipeline-split") == 1
