@@ -54,3 +54,12 @@ def test_the_uneven_405b_layout_example_is_costed_and_launched():
     launch = CliRunner().invoke(app, ["megatron", *args, "--format", "json"])
     assert launch.exit_code == 0, launch.output
     assert json.loads(launch.stdout)["argv"].count("--account-for-loss-in-pipeline-split") == 1
+
+
+def test_the_maverick_example_plans_on_one_rack():
+    """examples/README.md: Llama 4 Maverick on 72 GB200 in MXFP8 has a plan, its ranks holding
+    both layer kinds (interleaved: 24 of its 48 layers MoE)."""
+    model, system = load_model("llama4-maverick"), load_system("gb200-nvl72", 72)
+    assert (model.dense_layers, model.moe_layers) == (24, 24)
+    best = plan(model, system, JobSpec(global_batch=576, dtype="mxfp8"), top_k=1).best
+    assert best is not None and best.estimate.feasible and best.plan.gpus == 72
