@@ -85,13 +85,15 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         plan.recompute, plan.recompute_modules or (DEFAULT_RECOMPUTE_MODULES if plan.recompute == "selective" else ()),
         plan.offload_activations, plan.moe_a2a_overlap, model, job)
     if model.heads % plan.tp:  # MA 2b
-        reasons.append(f"heads ({model.heads}) must be a multiple of tp ({plan.tp})")
+        allowed = [t for t in (1, 2, 4, 8, 16, 32, 64) if model.heads % t == 0]
+        reasons.append(f"tp: {plan.tp} must divide the attention heads ({model.heads}); allowed: "
+                       f"{', '.join(map(str, allowed))}")
     if model.mla is not None and model.kv_groups < model.heads:  # arguments.py validate_args
         reasons.append("query_groups: Megatron's multi-latent attention has no query groups "
                        f"(got {model.kv_groups} for {model.heads} heads)")
     g = model.kv_groups
     if g < model.heads and g % plan.tp and plan.tp % g:  # MA 2b
-        reasons.append(f"query_groups ({g}) must be a multiple or divisor of tp ({plan.tp})")
+        reasons.append(f"tp: {plan.tp} must be a multiple or divisor of the query groups ({g})")
     if plan.cp > 1 and model.seq_length % (2 * plan.cp):  # MA 2a
         reasons.append(f"seq_length ({model.seq_length}) must be a multiple of 2*cp ({2 * plan.cp})")
     if plan.ep > 1:  # MA 2a, 2c (expert grid; etp defaults to tp)
