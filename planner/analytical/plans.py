@@ -368,12 +368,13 @@ def _lead_rank_columns(layers: int, lead: int | tuple[int, ...], cols: dict[str,
 
 
 def _interleaved_rank_columns(layers: int, dense: tuple[int, ...], cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every rank column of every row (see PlanArrays) for a MoE model whose dense layers sit at
+    """The rank columns of every row (see PlanArrays) for a MoE model whose dense layers sit at
     the positions `dense`, between MoE layers (MoESpec.layer_step > 1). Which ranks hold them
-    depends on each stage's bounds, so every rank is kept, default splits (`balanced_layout`) as
-    the explicit layouts they are. Block recompute takes a stage's first layers (per-stage
-    counts), else a rank's first min(k, its layers) in chunk order (k = 0: all). Rows sharing a
-    layout, recompute and k are costed once."""
+    depends on each stage's bounds, so a default split (`balanced_layout`) is counted as the
+    explicit layout it is: its representatives are the first and last rank and one rank per
+    distinct middle rank (`_interleaved_ranks`); an explicit layout keeps every rank. Block
+    recompute takes a stage's first layers (per-stage counts), else a rank's first min(k, its
+    layers) in chunk order (k = 0: all). Rows sharing a layout, recompute and k are costed once."""
     n = len(cols["pp"])
     p, v = cols["pp"].astype(int), cols["vpp"].astype(int)
     full = cols["recompute"] == RECOMPUTE_CODES["full"]
