@@ -93,9 +93,10 @@ CONFIG_KEY_OF_FIELD = {"layers": "num_hidden_layers", "hidden": "hidden_size", "
                        "vocab": "vocab_size", "mtp_layers": "num_nextn_predict_layers",
                        "moe.top_k": "num_experts_per_tok", "moe.shared_experts": "n_shared_experts",
                        "moe.first_dense_layers": "first_k_dense_replace"}
+# (A shared expert's width of 0 is how Qwen3-MoE configs say there is none: Qwen3-Coder-480B-A35B's
+# config.json has shared_expert_intermediate_size 0, read as no shared expert.)
 POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_group", "topk_group",
-                     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "head_dim",
-                     "intermediate_size")
+                     "moe_shared_expert_intermediate_size", "head_dim", "intermediate_size")
 # Architectures whose experts are sized by moe_intermediate_size (transformers' Qwen2/3-MoE,
 # Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
 EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")

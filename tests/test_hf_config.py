@@ -73,7 +73,9 @@ def test_gpt_oss_total_and_active_match_the_model_card():
     ("mixtral-8x22b", "mixtral-8x22b"), ("gpt-oss-20b", "gpt-oss-20b"), ("qwen3-32b", "qwen3-32b"),
     ("qwen3-14b", "qwen3-14b"), ("deepseek-v2-lite", "deepseek-v2-lite"), ("qwen2.5-72b", "qwen2.5-72b"),
     ("mistral-7b-v0.1", "mistral-7b"), ("nemotron-h-8b", "nemotron-h-8b"), ("nemotron-h-56b", "nemotron-h-56b"),
-    ("llama-4-maverick", "llama4-maverick"),
+    ("llama-4-maverick", "llama4-maverick"), ("glm-4.5", "glm-4.5"), ("qwen3-coder-480b-a35b", "qwen3-coder-480b-a35b"),
+    ("deepseek-v2", "deepseek-v2"), ("qwen3-4b", "qwen3-4b"), ("qwen3-1.7b", "qwen3-1.7b"),
+    ("llama-3.2-1b", "llama3.2-1b"), ("llama-3.2-3b", "llama3.2-3b"),
 ])
 def test_config_and_preset_are_the_same_model(fixture, preset):
     a, b = load_model(str(HF / fixture)), load_model(preset)
@@ -233,6 +235,13 @@ MODEL_CARD_TOTALS = [
     ("mistral-7b", 7.24, None, None, 0.005),       # 7.24B on the hub (Mistral AI: "7.3B")
     ("nemotron-h-56b", 56, None, None, 0.01),      # Nemotron-H 56B
     ("llama4-maverick", 400, None, None, 0.005),   # Llama 4 model card: 400B total, 17B active
+    ("glm-4.5", 355, None, None, 0.01),            # zai-org: 355B total (MTP layer included); active below
+    ("qwen3-coder-480b-a35b", 480, None, 35, 0.015),  # "480B in total and 35B activated"
+    ("deepseek-v2", 236, None, 21, 0.01),          # "236B total parameters, of which 21B are activated"
+    ("qwen3-4b", 4.0, 3.6, None, 0.015),           # Qwen3-4B model card
+    ("qwen3-1.7b", 1.7, 1.4, None, 0.015),         # Qwen3-1.7B model card
+    ("llama3.2-1b", 1.23, None, None, 0.005),      # Llama 3.2 model card: 1.23B
+    ("llama3.2-3b", 3.21, None, None, 0.005),      # Llama 3.2 model card: 3.21B
 ]
 
 
@@ -324,3 +333,10 @@ def test_partial_rotary_factor_of_the_wrong_kind_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "partial_rotary_factor": "half"}))
     with pytest.raises(SpecError, match=r"partial_rotary_factor must be a number in \(0, 1\], got \"half\""):
         load_model(str(tmp_path))
+
+
+def test_glm45_active_count_is_without_embeddings_as_for_the_air():
+    """zai-org: 355B total, 32B active; as for GLM-4.5-Air, the active count leaves out the
+    embedding and the LM head."""
+    m = load_model("glm-4.5")
+    assert (m.active_params - m.embedding_params - m.output_params) / 1e9 == pytest.approx(32, rel=0.01)

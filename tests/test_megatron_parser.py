@@ -121,6 +121,9 @@ CASES = [
     # 94 layers over pp 4 · vpp 2: Megatron's default split is uneven (11, 12 x 6, 11), launched as a layout
     ("qwen3-235b-a22b", "h100-sxm", 512, "fp8", dict(tp=2, pp=4, vpp=2, dp=64, ep=8, micro_batch=1,
                                                      global_batch=1024, sequence_parallel=True, recompute="full")),
+    # MLA with query compression and group-limited routing (DeepSeek-V2: 8 groups, top 3)
+    ("deepseek-v2", "h100-sxm", 128, "fp8", dict(tp=2, pp=4, dp=16, ep=16, etp=1, micro_batch=1, global_batch=256,
+                                                 sequence_parallel=True, recompute="full")),
     # q/k/v biases and RoPE on half of each head (GLM-4.5-Air: --add-qkv-bias --rotary-percent 0.5)
     ("glm-4.5-air", "h100-sxm", 64, "bf16", dict(tp=2, pp=2, dp=16, ep=16, etp=1, micro_batch=1, global_batch=256,
                                                  sequence_parallel=True, recompute="selective")),

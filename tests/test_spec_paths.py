@@ -180,8 +180,8 @@ def _estimate(model: str = "llama3-8b", system: str = "h100-sxm"):
     ("lama3-8b", "model", "(did you mean llama3-8b?)"),                    # a typo, same numbers
     ("a100-80gb", "system", "(did you mean a100-80g?)"),
     ("GB200", "system", "(presets that begin so: gb200-nvl72)"),           # the start of a preset's name
-    ("qwen3", "model", "(presets that begin so: qwen3-14b, qwen3-235b-a22b, qwen3-30b-a3b, qwen3-32b, qwen3-8b)"),
-    ("deepseek-v2", "model", "(presets that begin so: deepseek-v2-lite)"),  # listed as what it is
+    ("llama3.2", "model", "(presets that begin so: llama3.2-1b, llama3.2-3b)"),
+    ("qwen3-coder", "model", "(presets that begin so: qwen3-coder-480b-a35b)"),  # listed as what it is
     ("qwen2.5-72B-Instruct", "model", "(did you mean qwen2.5-72b?)"),       # a repo's variant suffix
     ("Mistral-7B-v0.1", "model", "(did you mean mistral-7b?)"),
 ])
@@ -193,7 +193,7 @@ def test_unknown_preset_names_the_one_meant(ref, what, hint):
 
 @pytest.mark.parametrize("ref, what", [
     ("llama3-7b", "model"), ("deepseek-v4", "model"), ("gpt-oss-60b", "model"), ("nonsense-model", "model"),
-    ("qwen3-1", "model"),           # Qwen3-1.7B is not qwen3-14b
+    ("qwen3-2b", "model"),          # no Qwen3 2B: not qwen3-32b nor qwen3-235b-a22b
     ("nemotron-h-5", "model"),      # nor 5 the 56 of nemotron-h-56b
     ("deepseek-v2-mini", "model"),  # another variant's word, not a typo of deepseek-v2-lite
     ("h20", "system"), ("a10", "system"), ("h100-80g", "system"),  # other GPUs than h200, a100, a100-80g
