@@ -124,6 +124,10 @@ CASES = [
     # MLA with query compression and group-limited routing (DeepSeek-V2: 8 groups, top 3)
     ("deepseek-v2", "h100-sxm", 128, "fp8", dict(tp=2, pp=4, dp=16, ep=16, etp=1, micro_batch=1, global_batch=256,
                                                  sequence_parallel=True, recompute="full")),
+    # tied embeddings at 1B (Llama 3.2), and Qwen3-Coder's 160 experts in MXFP8 on a GB200 rack
+    ("llama3.2-1b", "h100-sxm", 8, "bf16", dict(dp=8, micro_batch=2, global_batch=64)),
+    ("qwen3-coder-480b-a35b", "gb200-nvl72", 64, "mxfp8", dict(pp=4, dp=16, ep=16, micro_batch=1, global_batch=256,
+                                                               recompute="full")),
     # q/k/v biases and RoPE on half of each head (GLM-4.5-Air: --add-qkv-bias --rotary-percent 0.5)
     ("glm-4.5-air", "h100-sxm", 64, "bf16", dict(tp=2, pp=2, dp=16, ep=16, etp=1, micro_batch=1, global_batch=256,
                                                  sequence_parallel=True, recompute="selective")),
