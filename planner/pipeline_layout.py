@@ -209,12 +209,26 @@ def layout_string_stages(text: str) -> int:
     return _unroll_layout_string(text).count("|") + 1
 
 
+# The longest unrolled layout string read (symbols): far above any model's layers and stages
+# (MAX_LAYERS 10,000), far below what '(t|)*99999999' would allocate
+MAX_UNROLLED_LAYOUT = 1 << 20
+
+
 def _unroll_layout_string(text: str) -> str:
     """Megatron's unrolling (PipelineParallelLayerLayout.parse_str_to_list): '(..)*n' groups first,
     then 'x*n' runs of one symbol; ',' is only a separator."""
+    def repeat(g) -> str:
+        if len(g.group(1)) * int(g.group(2)) > MAX_UNROLLED_LAYOUT:
+            raise SpecError(f"pipeline layout {text!r}: {g.group(0)!r} unrolls to over {MAX_UNROLLED_LAYOUT:,} "
+                            "symbols; no model has that many layers or stages")
+        return g.group(1) * int(g.group(2))
     text = text.replace(",", "").replace(" ", "")
-    text = re.sub(r"\(([^()]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
-    return re.sub(r"([A-Za-z])\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    text = re.sub(r"\(([^()]+)\)\*(\d+)", repeat, text)
+    text = re.sub(r"([A-Za-z])\*(\d+)", repeat, text)
+    if len(text) > MAX_UNROLLED_LAYOUT:
+        raise SpecError(f"pipeline layout: unrolls to over {MAX_UNROLLED_LAYOUT:,} symbols; no model has that many "
+                        "layers or stages")
+    return text
 
 
 def layout_string_problems(text: str, mtp_layers: int = 0) -> list[str]:

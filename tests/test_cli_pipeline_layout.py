@@ -87,6 +87,8 @@ def test_megatron_launches_nvidias_405b_recipe_layout():
     (["--pp", "2", "--pipeline-layout", "t*16|Et*16L"], "the embedding 'E' must come once, first in the first stage"),
     (["--pp", "2", "--pipeline-layout", "Et*16|t*16mL"], "it has 1 MTP modules 'm'; the model has 0"),
     (["--pp", "1", "--pipeline-layout", "E|t*32|L"], "pipeline-layout: 3 stages need pipeline parallelism (got --pp 1)"),
+    # a string that would unroll to hundreds of millions of symbols is refused before it is built
+    (["--pp", "2", "--pipeline-layout", "(t|)*99999999"], "unrolls to over 1,048,576 symbols"),
 ])
 @pytest.mark.parametrize("command", ["estimate", "megatron"])
 def test_a_layout_that_cannot_be_is_a_one_line_error(command, extra, message):
