@@ -149,6 +149,10 @@ def _check_types(cfg: dict, path: Path) -> None:
         low = 1 if key in AT_LEAST_ONE else 0
         if cfg.get(key) is not None and not low <= cfg[key] <= MAX_CONFIG_INTEGER:
             raise bad(key, f"an integer from {low} to {MAX_CONFIG_INTEGER:,}")
+    # the layer count first: lists of layers are built from it before the model's own checks
+    from planner.model import MAX_LAYERS
+    if cfg.get("num_hidden_layers") is not None and cfg["num_hidden_layers"] > MAX_LAYERS:
+        raise bad("num_hidden_layers", f"an integer from 1 to {MAX_LAYERS:,}")
     # sizes and counts that, given, switch a mechanism on: 0 would silently switch it off (MLA,
     # group-limited routing, a shared expert) or size the experts like the dense MLP
     for key in POSITIVE_IF_GIVEN:
@@ -446,8 +450,9 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
         key = next(iter(steps))
         raise SpecError(f"model {path}: {key} must be an integer from 1 to num_hidden_layers "
                         f"({cfg['num_hidden_layers']}), got {step!r}")
-    expected = [i for i in range(first_dense, cfg["num_hidden_layers"]) if (i - first_dense + 1) % step == 0]
     moe_layers = cfg.get("moe_layers")  # Llama 4's explicit list of MoE layers
+    expected = [i for i in range(first_dense, cfg["num_hidden_layers"]) if (i - first_dense + 1) % step == 0] \
+        if isinstance(moe_layers, list) else []
     if isinstance(moe_layers, list) and moe_layers != expected:
         shown = ", ".join(map(str, expected[:3])) + (f", ..., {expected[-1]}" if len(expected) > 3 else "")
         raise SpecError(f"model {path}: moe_layers {moe_layers} is not supported (allowed: {shown}, the MoE "

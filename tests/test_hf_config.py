@@ -340,3 +340,11 @@ def test_glm45_active_count_is_without_embeddings_as_for_the_air():
     embedding and the LM head."""
     m = load_model("glm-4.5")
     assert (m.active_params - m.embedding_params - m.output_params) / 1e9 == pytest.approx(32, rel=0.01)
+
+
+def test_a_huge_layer_count_is_refused_before_lists_are_built_from_it(tmp_path):
+    """num_hidden_layers 10^12 in a MoE config hung the reader (it listed the MoE layers first)."""
+    cfg = json.loads((HF / "qwen3-30b-a3b" / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 10**12}))
+    with pytest.raises(SpecError, match="num_hidden_layers must be an integer from 1 to 10,000"):
+        load_model(str(tmp_path))
