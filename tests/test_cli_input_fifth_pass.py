@@ -155,7 +155,8 @@ def test_a_reference_dp_that_contradicts_the_gpu_count_is_refused(tmp_path):
     ("num_key_value_heads", 0, ("num_key_value_heads", "from 1 to")),
     ("num_hidden_layers", 1e19, ("num_hidden_layers", "from 1 to")),  # had been "Unable to parse input string"
     ("first_k_dense_replace", -1, ("first_k_dense_replace", "from 0 to")),
-    ("num_hidden_layers", 100_000_000, ("num_hidden_layers (the planner's layers)", "1 to 10,000")),
+    ("num_hidden_layers", 100_000_000, ("num_hidden_layers must be an integer from 1 to 10,000",)),
+    ("num_key_value_heads", 100_000_000, ("num_key_value_heads (the planner's query_groups)", "1 to 65,536")),
 ])
 def test_hugging_face_config_ranges_name_the_config_key(tmp_path, key, value, words):
     """Range errors had named the planner's fields (query_groups, layers, moe.first_dense_layers),
