@@ -1,9 +1,8 @@
 """User-facing input errors: one line that names the field and what is allowed."""
 from __future__ import annotations
 
-import re
-
 import functools
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -178,17 +177,20 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
         if candidate.exists() and not candidate.is_file():
             raise SpecError(f"{what}: {ref} is not a regular file (a device, pipe or socket), expected a YAML file")
         if not candidate.is_file():
-            names = sorted(p.stem for p in preset_dir.glob("*.yaml"))
-            raise SpecError(f"{what}: file {ref} does not exist{preset_hint(ref, names)}")
+            raise SpecError(f"{what}: file {ref} does not exist{preset_hint(ref, _preset_names(preset_dir))}")
         return candidate, str(candidate)
-    names = sorted(p.stem for p in preset_dir.glob("*.yaml"))
     if "/" in ref or "\\" in ref:  # a path, never a preset (./NAME means the file NAME)
-        raise SpecError(f"{what}: file {ref} does not exist{preset_hint(ref, names)}")
+        raise SpecError(f"{what}: file {ref} does not exist{preset_hint(ref, _preset_names(preset_dir))}")
     preset = preset_dir / f"{ref}.yaml"
     if not preset.is_file():
+        names = _preset_names(preset_dir)
         raise SpecError(f"{what}: unknown preset {ref!r}{preset_hint(ref, names)}; allowed: {', '.join(names)} "
                         "(or a path to a .yaml file)")
     return preset, f"preset {ref}"
+
+
+def _preset_names(preset_dir: Path) -> list[str]:
+    return sorted(p.stem for p in preset_dir.glob("*.yaml"))
 
 
 def _preset_key(name: str) -> str:

@@ -29,7 +29,7 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "mistral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
     "mixtral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
     "qwen2": ({"tie_word_embeddings": False}, ""),
-    "qwen2_moe": ({"tie_word_embeddings": False}, "q/k/v biases not counted"),
+    "qwen2_moe": ({"tie_word_embeddings": False}, ""),
     "qwen3": ({"tie_word_embeddings": True}, ""),
     "qwen3_moe": ({"tie_word_embeddings": False}, ""),
     "deepseek_v3": ({"tie_word_embeddings": False}, ""),
@@ -451,12 +451,12 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
         raise SpecError(f"model {path}: {key} must be an integer from 1 to num_hidden_layers "
                         f"({cfg['num_hidden_layers']}), got {step!r}")
     moe_layers = cfg.get("moe_layers")  # Llama 4's explicit list of MoE layers
-    expected = [i for i in range(first_dense, cfg["num_hidden_layers"]) if (i - first_dense + 1) % step == 0] \
-        if isinstance(moe_layers, list) else []
-    if isinstance(moe_layers, list) and moe_layers != expected:
-        shown = ", ".join(map(str, expected[:3])) + (f", ..., {expected[-1]}" if len(expected) > 3 else "")
-        raise SpecError(f"model {path}: moe_layers {moe_layers} is not supported (allowed: {shown}, the MoE "
-                        f"layers of interleave step {step} after {first_dense} leading dense layers)")
+    if isinstance(moe_layers, list):
+        expected = [i for i in range(first_dense, cfg["num_hidden_layers"]) if (i - first_dense + 1) % step == 0]
+        if moe_layers != expected:
+            shown = ", ".join(map(str, expected[:3])) + (f", ..., {expected[-1]}" if len(expected) > 3 else "")
+            raise SpecError(f"model {path}: moe_layers {moe_layers} is not supported (allowed: {shown}, the MoE "
+                            f"layers of interleave step {step} after {first_dense} leading dense layers)")
     moe["first_dense_layers"] = first_dense
     if step > 1:
         moe["layer_step"] = step

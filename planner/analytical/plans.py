@@ -76,7 +76,7 @@ class PlanArrays:
         return len(self.tp)
 
     @classmethod
-    def from_columns(cls, n: int, layers: int, lead_layers: int = 0, **cols) -> "PlanArrays":
+    def from_columns(cls, n: int, layers: int, lead_layers: int | tuple[int, ...] = 0, **cols) -> "PlanArrays":
         """Columns given as arrays or scalars (broadcast to n rows); missing knobs take Plan defaults.
         `lead_layers`: the model's dense layers (`layer_kinds.dense_layer_spec(model)`): their number
         when they lead, their positions when interleaved between MoE layers."""
@@ -120,7 +120,7 @@ class PlanArrays:
         return cls(**out)
 
     @classmethod
-    def from_plans(cls, plans: list[Plan], layers: int, lead_layers: int = 0) -> "PlanArrays":
+    def from_plans(cls, plans: list[Plan], layers: int, lead_layers: int | tuple[int, ...] = 0) -> "PlanArrays":
         cols: dict[str, list] = {f.name: [] for f in fields(cls)}
         for p in plans:
             for name in cols:
@@ -292,7 +292,7 @@ def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndar
             "num_layers": np.full(n, float(layers))}
 
 
-def _lead_rank_columns(layers: int, lead: int | tuple[int, ...], cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Leading-dense-layer counts of every representative rank (see PlanArrays), and the rank
     columns widened where the leading layers make ranks differ.
 
@@ -364,7 +364,6 @@ def _lead_rank_columns(layers: int, lead: int | tuple[int, ...], cols: dict[str,
         total_dk[sel] = np.minimum(recomputed(t_dense_load[gid], kk, is_full), t_dense[gid]).sum(axis=1)
     return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "rank_lead_layers": dr,
             "rank_lead_recompute": dk, "lead_layers": np.full(n, float(lead)), "lead_recompute_total": total_dk}
-
 
 
 def _interleaved_rank_columns(layers: int, dense: tuple[int, ...], cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

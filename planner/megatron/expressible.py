@@ -2,9 +2,10 @@
 plans). Section numbers ("MA 2a") refer to shared/reference/megatron_args.md."""
 from __future__ import annotations
 
-import math
+import numpy as np
 
 from hardware.spec import SystemSpec
+from planner.analytical.offload import offloaded_layers
 from planner.pipeline_layout import layout_not_expressible
 from planner.megatron.launch import gpu_arch_major
 from planner.model import ModelSpec
@@ -23,20 +24,19 @@ def cpu_offload_layers(plan: Plan, model: ModelSpec) -> int:
     whole layers and never the last one (MA 2a: 1 <= k < layers; its backward starts at once), and
     the memory model keeps at least two layers' worth in HBM anyway, so f = 1 means k = layers - 1. Other
     fractions round UP to whole layers: never less offloaded than the memory check assumed."""
-    return offloaded_layers(plan.offload_activations, model.layers)
+    return _whole_layers(plan.offload_activations, model.layers)
 
 
-def offloaded_layers(fraction: float, layers: int) -> int:
-    """The whole layers Megatron offloads for an activation-offload fraction (cpu_offload_layers)."""
-    k = math.ceil(fraction * layers - 1e-9)
-    return min(max(k, 1), layers - 1)
+def _whole_layers(fraction: float, layers: int) -> int:
+    """The cost model's whole-layer count (analytical.offload.offloaded_layers), as an int."""
+    return int(offloaded_layers(np.float64(fraction), np.float64(layers)))
 
 
 def megatron_offload_fraction(fraction: float, layers: int) -> float:
     """The activation-offload fraction a Megatron launch of `fraction` runs: whole layers (0.5 of
     61 layers runs 31, 0.508), the grid the search costs under --framework megatron, so that a plan
     is costed as launched."""
-    return 0.0 if fraction <= 0 else offload_fraction_of_layers(offloaded_layers(fraction, layers), layers)
+    return 0.0 if fraction <= 0 else offload_fraction_of_layers(_whole_layers(fraction, layers), layers)
 
 
 def offload_fraction_of_layers(k: int, layers: int) -> float:
