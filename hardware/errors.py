@@ -203,6 +203,10 @@ def _preset_key(name: str) -> str:
 VARIANT_SUFFIX = r"(\.(ya?ml|json)|[-_](instruct|base|chat|hf|it|pretrain(ed)?|v\d+(\.\d+)*))+$"
 
 
+# NVIDIA's server product prefix in front of a GPU name (DGX-B200, HGX-H100, DGX GB200)
+SERVER_PREFIX = r"^(dgx|hgx)[-_\s]*"
+
+
 def _numbers(name: str) -> list[str]:
     """The whole numbers of a name as written (separators kept: qwen3-14b is 3 and 14, not 314)."""
     return re.findall(r"\d+", name.rsplit("/", 1)[-1])
@@ -211,7 +215,8 @@ def _numbers(name: str) -> list[str]:
 def preset_hint(ref: str, names: list[str]) -> str:
     """What a name that is no preset most likely means, as a parenthesis for the error (or ""):
     - "did you mean X?" for the same name up to case, separators and an organisation prefix
-      (Llama-3-8B, meta-llama/Llama-3.1-405B), or a close spelling (difflib, TYPO_SIMILARITY) with
+      (Llama-3-8B, meta-llama/Llama-3.1-405B) or NVIDIA's DGX/HGX server prefix (DGX-B200 -> b200),
+      or a close spelling (difflib, TYPO_SIMILARITY) with
       the same first letter and the same numbers (lama3-8b);
     - "presets that begin so: ..." for the presets it is the start of, number for whole number
       (GB200 -> gb200-nvl72; h100 -> the three H100 systems; deepseek-v2 -> deepseek-v2-lite, which
@@ -223,6 +228,13 @@ def preset_hint(ref: str, names: list[str]) -> str:
     key = _preset_key(ref)
     if not key:
         return ""
+    # NVIDIA's server names for a GPU (DGX-B200, HGX H100, as Megatron-Bridge's tables write them)
+    # name the GPU's system preset
+    server = re.sub(SERVER_PREFIX, "", ref.rsplit("/", 1)[-1], flags=re.IGNORECASE)
+    if server != ref.rsplit("/", 1)[-1] and _preset_key(server) not in ("", key):
+        hint = preset_hint(server, names)
+        if hint:
+            return hint
     if key in keys:
         return f" (did you mean {keys[key]}?)"
     # a Hugging Face repo's variant suffix or a file extension on the same model: Qwen2.5-72B-Instruct,

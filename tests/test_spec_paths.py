@@ -184,6 +184,10 @@ def _estimate(model: str = "llama3-8b", system: str = "h100-sxm"):
     ("qwen3-coder", "model", "(presets that begin so: qwen3-coder-480b-a35b)"),  # listed as what it is
     ("qwen2.5-72B-Instruct", "model", "(did you mean qwen2.5-72b?)"),       # a repo's variant suffix
     ("Mistral-7B-v0.1", "model", "(did you mean mistral-7b?)"),
+    ("DGX-B200", "system", "(did you mean b200?)"),                        # NVIDIA's server name for the GPU
+    ("dgx-h100", "system", "(presets that begin so: h100-grand-teton, h100-offload-1tib, h100-sxm)"),
+    ("DGX GB300", "system", "(presets that begin so: gb300-nvl72)"),
+    ("dgx-2", "system", "(presets that begin so: dgx2-v100)"),             # the prefix kept where it names one
 ])
 def test_unknown_preset_names_the_one_meant(ref, what, hint):
     result = _estimate(**{what: ref})
@@ -197,6 +201,7 @@ def test_unknown_preset_names_the_one_meant(ref, what, hint):
     ("nemotron-h-5", "model"),      # nor 5 the 56 of nemotron-h-56b
     ("deepseek-v2-mini", "model"),  # another variant's word, not a typo of deepseek-v2-lite
     ("h20", "system"), ("a10", "system"), ("h100-80g", "system"),  # other GPUs than h200, a100, a100-80g
+    ("dgx-h20", "system"),  # a server of another GPU
 ])
 def test_another_size_version_or_gpu_is_not_suggested(ref, what):
     """A name whose numbers or first letter differ from every preset's gets no guess."""
