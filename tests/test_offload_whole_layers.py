@@ -69,3 +69,20 @@ def test_a_pinned_offload_that_costs_time_says_so():
     text = " ".join(result.output.split())
     assert re.search(r"It costs: the best plan without offload, .*, takes [\d.]+ s per step, \d+\.\d% less time "
                      r"per token", text), text
+
+
+def test_memory_keeps_the_layers_the_schedule_leaves_in_hbm():
+    """Any framework: a fraction is moved in whole layers, ceil(f·L) of them (the count the offload
+    schedule times), so HBM keeps the other L − ceil(f·L) layers' activations. 0.5 of 27 layers
+    moves 14 and keeps 13/27 of the activations (it had kept 13.5/27 while the time counted 14)."""
+    from planner.analytical import estimate
+    from planner.plan import Plan
+    model, system = load_model("deepseek-v2-lite"), load_system("gb200-nvl72", 64)
+    job = JobSpec(global_batch=512, framework="any")
+    base = Plan(tp=1, pp=1, dp=64, ep=4, micro_batch=8, global_batch=512, recompute="none")
+    none = estimate(model, system, base, job).memory_breakdown_bytes["activations_bytes"]
+    half = estimate(model, system, base.model_copy(update={"offload_activations": 0.5}), job)
+    assert half.memory_breakdown_bytes["activations_bytes"] == pytest.approx(none * 13 / 27)
+    assert half.offload_breakdown_bytes["offload_activations_bytes"] == pytest.approx(none * 14 / 27)
+    same = estimate(model, system, base.model_copy(update={"offload_activations": 14 / 27}), job)
+    assert same.hbm_bytes == pytest.approx(half.hbm_bytes) and same.step_time_s == pytest.approx(half.step_time_s)

@@ -12,6 +12,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import layer_kinds
 from planner.analytical.flops import attention_out_width
 from planner.analytical.kernels import per_op_checkpointing
+from planner.analytical.offload import offloaded_layers
 from planner.analytical.precision import GEMM_OPERAND_BYTES, high_precision_dtype
 from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, with_every_rank
 from planner.model import HYBRID_BLOCKS, ModelSpec
@@ -441,15 +442,20 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         act_mb = act_mb + (P.rank_index == C.pp - 1) * mtp_act
     activations = act_mb * in_flight_microbatches(P)
 
-    # Offload: the fraction moved out; HBM keeps at least two layers' worth (one computing,
-    # one in transfer) of whatever is offloaded (DESIGN.md, Offload).
+    # Offload: the fraction moved out (activations: in whole layers, below); HBM keeps at least
+    # two layers' worth (one computing, one in transfer) of whatever is offloaded (DESIGN.md, Offload).
     two_layers = 2.0 / some_layers
     def _kept(total, frac):
         return np.where(frac > 0, total * np.maximum(1.0 - frac, np.minimum(two_layers, 1.0)), total)
     hbm_weights = _kept(weights, C.offload_weights)
     hbm_grads = _kept(grads, C.offload_weights)
     hbm_optimizer = optimizer * (1.0 - C.offload_optimizer)
-    hbm_activations = _kept(activations, C.offload_activations)
+    # activations leave in whole layers: the count the offload schedule times and Megatron
+    # launches (offload.offloaded_layers), not the fraction as written
+    moved_layers = offloaded_layers(C.offload_activations, layers_here)
+    hbm_activations = np.where(C.offload_activations > 0,
+                               activations * np.maximum(1.0 - moved_layers / some_layers, np.minimum(two_layers, 1.0)),
+                               activations)
     offloaded = {"weights_grads": (weights - hbm_weights) + (grads - hbm_grads),
                  "optimizer": optimizer - hbm_optimizer,
                  "activations": activations - hbm_activations}
