@@ -206,8 +206,8 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
                 continue
             # recompute: 0 none, 1 full, then selective with each module set that acts on the model
             # and frees memory (core_attn frees nothing under flash attention): dense: mlp; MoE
-            # without MLA or dense layers: 2 layernorm+moe_act, 3 moe
-            n_selective = 2 if model.moe else 1
+            # without MLA or dense layers: 2 layernorm+moe_act, 3 moe, 4 moe_act, 5 layernorm
+            n_selective = 4 if model.moe else 1
             # expert all-to-all overlap (MoE): ep > 1, vpp > 1 when pp > 1, no full recompute and
             # (Megatron) no 'moe' module recompute
             a2as = (0, 1) if model.moe else (0,)
