@@ -22,8 +22,9 @@ Domains (see `knob_domains`)
                layout published MoE recipes use); a pin may name any divisor of the expert ffn
                within the NVLink domain. ep and etp need only world % (etp·ep·pp) == 0
                (Megatron MoE parallel folding, megatron/core/parallel_state.py)
-  vpp          1..8 with pp*vpp <= layers (vpp > 1 needs pp > 1); a pin may ask for any vpp
-               with pp*vpp <= layers (e.g. 12)
+  vpp          1..8 with pp*vpp <= layers (vpp > 1 needs pp > 1), and above 8 where every virtual
+               stage holds the same whole number of layers (deep_vpp_ok: 80 layers at pp 2 take
+               vpp 10, 20, 40); a pin may ask for any vpp with pp*vpp <= layers (e.g. 12)
   dp           GPUs / (tp*pp*cp); with `allow_idle_gpus` any dp that leaves GPUs idle but keeps
                the used count a whole number of nodes (or at most one node), limited to the
                largest dp, powers of two and divisors of the fixed batch
@@ -78,6 +79,16 @@ CP_CAP = 8
 # 24.03 long-sequence table: cp 8/16/32 at 256K/512K/1M); at 4K-8K sequences cp > 8 only adds rows.
 CP_LONG_MIN_TOKENS_PER_RANK = 8192
 VPP_CAP = 8
+
+
+def deep_vpp_ok(layers: int, pp: int, vpp: int) -> bool:
+    """vpp above VPP_CAP is searched only where every virtual stage holds the same whole number of
+    layers (Megatron's split without a layout string; a pin may ask for any vpp). NVIDIA's recipes
+    run such deep interleavings (Qwen3-30B-A3B pp 2 vpp 24, Qwen3-235B-A22B pp 4 vpp 12), and an
+    independent brute force over every vpp found them up to 2.8 % faster than vpp <= 8 (Llama-3
+    70B on 64 H100, batch 128: pp 2 vpp 22 against the capped search's pp 4 vpp 8, 2026-11-27);
+    every vpp up to layers/pp would cost 3-7x the search time for 0.1 % more."""
+    return vpp <= VPP_CAP or layers % (pp * vpp) == 0
 MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
 FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
 ZERO_STAGES = (0, 1, 2, 3)
@@ -199,7 +210,9 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
            and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
     if model.moe and model.biases and job.framework == "megatron":
         etp = [1]  # Megatron: "Bias in Moe is only supported when ETP==1" (planner.megatron.expressible)
-    vpp = list(range(1, VPP_CAP + 1))
+    # beyond VPP_CAP, the interleavings whose virtual stages hold equal whole layers (`deep_vpp`)
+    vpp = sorted(set(range(1, VPP_CAP + 1)) | {v for p in pp if model.layers % p == 0
+                                               for v in divisors(model.layers // p) if v > VPP_CAP})
     mega = job.framework == "megatron"
     offload = system.offload is not None and job.allow_offload
     off = OFFLOAD_GRID if offload else (0.0,)
@@ -406,7 +419,7 @@ def layouts(space: Space) -> dict[str, np.ndarray]:
                 if experts % ep or world % (etp * ep * pp):
                     continue
                 for vpp in d["vpp"]:
-                    if model.layers < pp * vpp or (vpp > 1 and pp == 1):
+                    if model.layers < pp * vpp or (vpp > 1 and pp == 1) or not deep_vpp_ok(model.layers, pp, vpp):
                         continue
                     for mb in d["micro_batch"]:
                         unit = mb * dp
