@@ -237,6 +237,33 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     }
 
 
+def megatron_pin_conflicts(job: JobSpec) -> list[str]:
+    """The Megatron option rules (`options`, planner/megatron/expressible.py) that the job's pins
+    break together, in words: why pins that each pass leave no option set."""
+    if job.framework != "megatron":
+        return []
+    pin = {k: _pin_value(k, v) for k, v in job.pins.items()}
+    out = []
+    zero = pin.get("zero_stage")
+    if pin.get("offload_optimizer", 0) > 0 and zero is not None and zero != 1:
+        out.append(f"optimizer offload (--optimizer-cpu-offload) runs only with the distributed optimizer "
+                   f"(zero_stage 1), and zero_stage {zero:g} is pinned")
+    if pin.get("offload_activations", 0) > 0:
+        if pin.get("recompute", 0) != 0:
+            out.append("activation offload (--cpu-offloading) runs only without recompute, and recompute "
+                       f"{RECOMPUTE_NAMES[int(pin['recompute'])]} is pinned")
+        if pin.get("pp", 1) > 1:
+            out.append(f"activation offload (--cpu-offloading) runs only without a pipeline, and pp {pin['pp']:g} "
+                       "is pinned")
+    if pin.get("moe_a2a_overlap", 0) > 0 and pin.get("recompute") == RECOMPUTE_CODES["full"]:
+        out.append("the expert all-to-all overlap (--overlap-moe-expert-parallel-comm) runs only without full "
+                   "recompute, and recompute full is pinned")
+    if job.adam_moments == "bf16" and zero is not None and zero != 1:
+        out.append(f"bf16 Adam moments (the precision-aware optimizer) need the distributed optimizer "
+                   f"(zero_stage 1), and zero_stage {zero:g} is pinned")
+    return out
+
+
 def _pin_value(knob: str, value) -> float:
     """A pin as the numeric code rows use."""
     if knob == "recompute_modules" and not isinstance(value, (int, float)):  # names: their bit mask

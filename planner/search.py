@@ -25,6 +25,7 @@ import numpy as np
 from constraints.solve import explain, solve_top_k, stopping_solves
 from constraints.stages import best_stages
 from constraints.space import (LAYOUT_CLASS_SP, N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class,
+                               megatron_pin_conflicts,
                                layouts, options,
                                options_allowed, pair_mask, take_pairs)
 from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
@@ -509,7 +510,9 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
                            f"{', '.join(map(str, tps))})")
         else:
             binding.append("options")
-            reasons.append("options: no combination of recompute, sequence parallelism, overlaps and offload "
+            conflicts = megatron_pin_conflicts(job)
+            reasons.append(f"options: {'; '.join(conflicts)}" if conflicts else
+                           "options: no combination of recompute, sequence parallelism, overlaps and offload "
                            "goes with the layouts left (see the pins)")
         if job.pins:
             binding.append("pins")

@@ -396,3 +396,17 @@ def test_deep_interleaving_with_equal_virtual_stages_is_searched(monkeypatch):
     capped = plan(model, system, job, top_k=1).best
     assert capped.plan.vpp <= space_module.VPP_CAP
     assert deep.estimate.step_time_s < 0.98 * capped.estimate.step_time_s
+
+
+@pytest.mark.parametrize("pins, words", [
+    ({"zero_stage": 3, "offload_optimizer": 1.0}, "optimizer offload (--optimizer-cpu-offload) runs only with the "
+                                                  "distributed optimizer (zero_stage 1), and zero_stage 3 is pinned"),
+    ({"recompute": "full", "offload_activations": 0.5}, "activation offload (--cpu-offloading) runs only without "
+                                                        "recompute, and recompute full is pinned"),
+])
+def test_check_names_the_megatron_rule_two_pins_break(pins, words):
+    """Pins that each pass but break a Megatron option rule together: `check` names the rule (it had
+    said only "no combination of recompute, ... goes with the layouts left")."""
+    result = check(M("llama3-70b"), load_system("h100-offload-1tib", 8), JobSpec(pins=pins))
+    assert not result.feasible and "options" in result.binding_rules
+    assert f"options: {words}" in result.reasons
