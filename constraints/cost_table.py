@@ -25,7 +25,8 @@ given HBM / offload capacities:
 2. Per layout, rows ranked after the layout's best fitting row can never be its choice: dropped.
    Rows ranked before it do not fit (they are what the memory-fit constraint forbids); among them
    a row is dropped when an earlier row of the same layout needs no more HBM and no more offload
-   capacity (Pareto dominance).
+   capacity (Pareto dominance). A layout with no fitting row has no choice: all its rows go
+   (unless memory is relaxed, for `check`'s what-ifs).
 3. With `top_k`, a row ranked after the K-th best layout's best fitting row (times
    1 + tie_rel_tol: near-ties are re-ranked by planner.ties) cannot be in the top K: dropped.
 0. Before any of this, offload dominance and a lower bound skip pairs that rules 2 and 3 would
@@ -234,6 +235,11 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     first_fit = np.full(n_groups, n, dtype=np.int64)
     np.minimum.at(first_fit, group[fit], rank[fit])
     keep = rank <= first_fit[group]
+    # a layout with no fitting row can give the solver no answer: its rows would only be rejected
+    # by the memory constraints, and where few layouts fit (memory at the edge: DeepSeek-V3 on 128
+    # H100 with 0.1 % HBM to spare, 2 of 17,495 layouts) the K-th threshold below prunes nothing,
+    # so their 300,000 rows made a CP-SAT model that did not stop within its time limit (18 min)
+    keep &= (first_fit[group] < n) | relax_memory
     # Pareto among the non-fitting rows ranked before the layout's first fit
     hbm, off = res["hbm_bytes"], res["offload_bytes"]
     by_group = np.lexsort((rank, group))           # rank order inside each group

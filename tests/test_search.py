@@ -410,3 +410,19 @@ def test_check_names_the_megatron_rule_two_pins_break(pins, words):
     result = check(M("llama3-70b"), load_system("h100-offload-1tib", 8), JobSpec(pins=pins))
     assert not result.feasible and "options" in result.binding_rules
     assert f"options: {words}" in result.reasons
+
+
+def test_the_table_holds_no_layout_without_a_fitting_row():
+    """Memory at the edge (fewer layouts fit than K, so the K-th threshold prunes nothing): the rows
+    of layouts with no fitting row cannot be the solver's answer and are left out of the table. They
+    had been kept (DeepSeek-V3 on 128 H100 with 0.1 % HBM to spare: 309,376 rows for 2 fitting
+    layouts, a CP-SAT model that ran 18 minutes past its 30 s limit); the answer is unchanged."""
+    from constraints.cost_table import tabulate
+    model, system = M("llama3-8b"), load_system("h100-sxm", 8)
+    job = JobSpec(global_batch=64, hbm_reserve_gib=61.4)  # 3 of 5 layouts fit
+    table = tabulate(build_space(model, system, job), top_k=TOP, tie_rel_tol=TIE_REL_TOL)
+    fitting = set(table.rows["group"][table.fits].tolist())
+    assert 0 < len(fitting) < TOP
+    assert set(table.rows["group"].tolist()) == fitting
+    found, oracle = plan(model, system, job, top_k=TOP), brute_force(model, system, job, top_k=TOP)
+    assert [r.plan for r in found.ranked] == oracle.plans
