@@ -228,6 +228,18 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
 
+def _gib_up(x: float) -> str:
+    """A need, rounded up to 0.1 GiB: that much always suffices (printed :.1f, 110.42 read 110.4,
+    and a GPU of 110.4 GiB did not fit)."""
+    return f"{math.ceil(x / GIB * 10 - 1e-9) / 10:.1f} GiB"
+
+
+def _gib_down(x: float) -> str:
+    """What is available, rounded down to 0.1 GiB (beside a need rounded up, never the same figure
+    for a need above it)."""
+    return f"{math.floor(x / GIB * 10 + 1e-9) / 10:.1f} GiB"
+
+
 # Knobs that change no byte of memory (time only): the memory floor evaluates one option row per
 # combination of the others (tests/test_check_bound.py checks that the model agrees).
 MEMORY_NEUTRAL_KNOBS = ("tp_comm_overlap", "dp_comm_overlap")
@@ -405,9 +417,18 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
         which = ("plans whose offload fits the tier" if system.offload and job.allow_offload
                  else "otherwise-valid plans")
         reasons.append(f"memory: the smallest per-GPU footprint over all {which} is "
-                       f"{_gib(hbm_min)} ({small_plan.short()}), but only {_gib(cap)} of "
+                       f"{_gib_up(hbm_min)} ({small_plan.short()}), but only {_gib_down(cap)} of "
                        f"{hbm_gib:g} GiB HBM is usable ({job.hbm_reserve_gib:g} GiB reserve): needs >= "
-                       f"{factor_needed:.2f}x HBM ({hbm_gib * factor_needed:.1f} GiB per GPU)")
+                       f"{math.ceil(factor_needed * 100 - 1e-9) / 100:.2f}x HBM "
+                       f"({_gib_up(hbm_gib * factor_needed * GIB)} per GPU)")
+    if not job.allow_idle_gpus:
+        # fewer GPUs than the box has may fit where its own count does not divide (405B on 100 H100:
+        # no layout of 100 fits, one of 96 does)
+        idle = _fitting_example(model, system, job.model_copy(update={"allow_idle_gpus": True}))
+        if idle is not None:
+            used = idle.plan.tp * idle.plan.pp * idle.plan.dp * idle.plan.cp
+            reasons.append(f"GPUs: it fits on {used} of the {system.num_gpus} GPUs, the others idle "
+                           f"(--allow-idle-gpus), e.g. {idle.plan.short()}, {_gib(idle.estimate.hbm_bytes)} per GPU")
     gpus_reason, gpus_needed = _fewest_gpus(model, system, job)
     reasons.append(gpus_reason)
     if gpus_needed is not None:
@@ -443,8 +464,14 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
             anyf = memory_floor(build_space(model, hypo, hypo_job.model_copy(update={"framework": "any"})))
             if anyf.offload_plan is not None and anyf.offload_min_bytes <= HYPOTHETICAL_OFFLOAD_GIB * GIB:
                 numbers["offload_needed_bytes_any_framework"] = anyf.offload_min_bytes
-                msg += (f"; with a framework that offloads weights (--framework any) it fits with at least "
-                        f"{_gib(anyf.offload_min_bytes)} of it per GPU ({anyf.offload_plan.short()})")
+                msg += (f"; with a framework that offloads what Megatron cannot (weights, or activations beside "
+                        f"recompute or a pipeline: --framework any) it fits with at least "
+                        f"{_gib_up(anyf.offload_min_bytes)} of it per GPU ({anyf.offload_plan.short()})")
+                if system.offload and system.offload.capacity_gib * GIB >= anyf.offload_min_bytes:
+                    msg += (f"; this system's {system.offload.capacity_gib:g} GiB tier holds that"
+                            + (" (without --no-offload)" if not job.allow_offload else ""))
+                elif not job.allow_offload:
+                    msg += " (and without --no-offload)"
         reasons.append(msg)
     if job.tp_within_nvlink and "gpus_needed" not in numbers:
         wide = _fitting_example(model, system, job.model_copy(update={"tp_within_nvlink": False}))
@@ -480,8 +507,8 @@ def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec) -> tuple[st
             break
     if example is None:
         example = _fitting_example(model, system.with_changes(num_gpus=high), job)
-    grain = "" if step == 1 else f" (the fewest in steps of {step} GPUs)"
-    return (f"GPUs: it fits on {fewest} GPUs{grain}, {fewest / n:g}x -g {n} (e.g. {example.plan.short()}, "
+    grain = "" if step == 1 else f" (the fewest of the counts tried, in steps of {step} GPUs)"
+    return (f"GPUs: it fits on {fewest} GPUs{grain}, {fewest / n:.3g}x -g {n} (e.g. {example.plan.short()}, "
             f"{_gib(example.estimate.hbm_bytes)} per GPU; `planner plan -g {fewest}` finds the fastest)", fewest)
 
 

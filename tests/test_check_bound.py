@@ -141,7 +141,14 @@ def test_check_names_the_fewest_gpus_and_the_hbm_that_fit():
         acc = s.accelerator.model_copy(update={"hbm_capacity_gib": gib})
         return memory_floor(build_space(m, s.model_copy(update={"accelerator": acc}), job)).fits
     assert fits_with_hbm(hbm * factor * 1.001) and not fits_with_hbm(hbm * factor * 0.999)
-    assert f"{factor:.2f}x HBM" in "\n".join(res.reasons)
+    # the printed figures are rounded up: a GPU with the HBM printed fits (151.8 GiB printed for
+    # 151.845 had not)
+    import math
+    import re
+    text = "\n".join(res.reasons)
+    assert f"{math.ceil(factor * 100) / 100:.2f}x HBM" in text
+    printed = float(re.search(r"x HBM \(([\d.]+) GiB per GPU\)", text).group(1))
+    assert printed >= hbm * factor and fits_with_hbm(printed)
 
 
 def test_check_gives_the_least_offload_a_weight_offloading_framework_needs():
@@ -161,3 +168,17 @@ def test_check_gives_the_least_offload_a_weight_offloading_framework_needs():
                 JobSpec(global_batch=64, allow_offload=False))
     assert "memory_fit_offload" not in off.binding_rules
     assert "--no-offload" in "\n".join(off.reasons)
+
+
+def test_check_says_when_fewer_of_the_gpus_fit():
+    """Llama 3.1 405B on 100 H100: no layout of all 100 fits, one of 96 does. `check` had only
+    asked for more GPUs (104); it now names the count that fits with the others idle."""
+    import re
+    m, job = load_model("llama3.1-405b"), JobSpec(global_batch=1536)  # the CLI's default batch
+    res = check(m, load_system("h100-sxm", 100), job)
+    assert not res.feasible
+    line = next(r for r in res.reasons if "--allow-idle-gpus" in r)
+    used = int(re.search(r"fits on (\d+) of the 100 GPUs", line).group(1))
+    assert used < 100
+    assert memory_floor(build_space(m, load_system("h100-sxm", used), job)).fits
+    assert check(m, load_system("h100-sxm", 100), job.model_copy(update={"allow_idle_gpus": True})).feasible
