@@ -492,6 +492,11 @@ def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec) -> tuple[st
     in whole nodes (finer below one node; steps of more nodes where more than
     MAX_GPU_COUNTS_TRIED counts lie between, said in the answer). Exact per count tried."""
     n, factor = system.num_gpus, 2
+    fixed = [job.pins.get(k) for k in ("tp", "pp", "dp", "cp")]
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fixed):
+        # tp·pp·dp·cp pinned: no other GPU count is a plan of this job
+        return (f"GPUs: your pins fix the GPU count (tp·pp·dp·cp = {math.prod(int(v) for v in fixed)}); more "
+                f"GPUs need other values of those pins", None)
     while factor <= MAX_GPU_FACTOR and _fitting_example(model, system.with_changes(num_gpus=n * factor), job) is None:
         factor *= 2
     if factor > MAX_GPU_FACTOR:

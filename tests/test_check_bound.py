@@ -182,3 +182,13 @@ def test_check_says_when_fewer_of_the_gpus_fit():
     assert used < 100
     assert memory_floor(build_space(m, load_system("h100-sxm", used), job)).fits
     assert check(m, load_system("h100-sxm", 100), job.model_copy(update={"allow_idle_gpus": True})).feasible
+
+
+def test_check_does_not_ask_for_gpus_the_pins_rule_out():
+    """With tp, pp, dp and cp all pinned, no other GPU count is a plan of the job: `check` had said
+    "no plan fits even on 512 GPUs"."""
+    res = check(load_model("llama3.1-405b"), load_system("h100-sxm", 8),
+                JobSpec(global_batch=1536, pins={"tp": 8, "pp": 1, "dp": 1, "cp": 1}))
+    assert not res.feasible and "gpus_needed" not in res.numbers
+    assert "GPUs: your pins fix the GPU count (tp·pp·dp·cp = 8); more GPUs need other values of those pins" \
+        in res.reasons
