@@ -79,16 +79,6 @@ CP_CAP = 8
 # 24.03 long-sequence table: cp 8/16/32 at 256K/512K/1M); at 4K-8K sequences cp > 8 only adds rows.
 CP_LONG_MIN_TOKENS_PER_RANK = 8192
 VPP_CAP = 8
-
-
-def deep_vpp_ok(layers: int, pp: int, vpp: int) -> bool:
-    """vpp above VPP_CAP is searched only where every virtual stage holds the same whole number of
-    layers (Megatron's split without a layout string; a pin may ask for any vpp). NVIDIA's recipes
-    run such deep interleavings (Qwen3-30B-A3B pp 2 vpp 24, Qwen3-235B-A22B pp 4 vpp 12), and an
-    independent brute force over every vpp found them up to 2.8 % faster than vpp <= 8 (Llama-3
-    70B on 64 H100, batch 128: pp 2 vpp 22 against the capped search's pp 4 vpp 8, 2026-11-27);
-    every vpp up to layers/pp would cost 3-7x the search time for 0.1 % more."""
-    return vpp <= VPP_CAP or layers % (pp * vpp) == 0
 MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
 FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
 ZERO_STAGES = (0, 1, 2, 3)
@@ -103,6 +93,16 @@ LAYOUT_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "vpp", "micro_batch")
 OPTION_KEYS = ("recompute", "recompute_modules", "sequence_parallel", "tp_comm_overlap", "dp_comm_overlap",
                "zero_stage", "offload_weights", "offload_activations", "offload_optimizer", "moe_a2a_overlap")
 ROW_KEYS = LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS
+
+
+def deep_vpp_ok(layers: int, pp: int, vpp: int) -> bool:
+    """vpp above VPP_CAP is searched only where every virtual stage holds the same whole number of
+    layers (Megatron's split without a layout string; a pin may ask for any vpp). NVIDIA's recipes
+    run such deep interleavings (Qwen3-30B-A3B pp 2 vpp 24, Qwen3-235B-A22B pp 4 vpp 12), and an
+    independent brute force over every vpp found them up to 2.8 % faster than vpp <= 8 (Llama-3
+    70B on 64 H100, batch 128: pp 2 vpp 22 against the capped search's pp 4 vpp 8, 2026-11-27);
+    every vpp up to layers/pp would cost 3-7x the search time for 0.1 % more."""
+    return vpp <= VPP_CAP or layers % (pp * vpp) == 0
 
 
 # Selective-recompute module sets searched: Megatron's default and sets NVIDIA's MoE recipes use
@@ -210,9 +210,9 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
            and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
     if model.moe and model.biases and job.framework == "megatron":
         etp = [1]  # Megatron: "Bias in Moe is only supported when ETP==1" (planner.megatron.expressible)
-    # beyond VPP_CAP, the interleavings whose virtual stages hold equal whole layers (`deep_vpp`)
-    vpp = sorted(set(range(1, VPP_CAP + 1)) | {v for p in pp if model.layers % p == 0
-                                               for v in divisors(model.layers // p) if v > VPP_CAP})
+    # beyond VPP_CAP, the interleavings whose virtual stages hold equal whole layers at some pp
+    vpp = [v for v in range(1, max(VPP_CAP, model.layers) + 1)
+           if v <= VPP_CAP or any(deep_vpp_ok(model.layers, p, v) for p in pp if p * v <= model.layers)]
     mega = job.framework == "megatron"
     offload = system.offload is not None and job.allow_offload
     off = OFFLOAD_GRID if offload else (0.0,)
@@ -237,31 +237,36 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     }
 
 
+# Rules between knobs that leave combinations out of the space, each with the knobs it reads,
+# whether a combination breaks it (given the job), whether it is Megatron's alone, the knob it
+# blames when pins break it, and what it says (planner/megatron/expressible.py). `options` applies
+# those among the option knobs; the one on pp is a layout-class rule (`options_allowed`).
+# `megatron_pin_conflicts` names those a job's pins break.
+KNOB_RULES = (
+    (("offload_optimizer", "zero_stage"), lambda o, job: o["offload_optimizer"] > 0 and o["zero_stage"] != 1,
+     True, "zero_stage",
+     "optimizer offload (--optimizer-cpu-offload) runs only with the distributed optimizer (zero_stage 1)"),
+    (("offload_activations", "recompute"), lambda o, job: o["offload_activations"] > 0 and o["recompute"] != 0,
+     True, "recompute", "activation offload (--cpu-offloading) runs only without recompute"),
+    (("offload_activations", "pp"), lambda o, job: o["offload_activations"] > 0 and o["pp"] > 1,
+     True, "pp", "activation offload (--cpu-offloading) runs only without a pipeline"),
+    (("moe_a2a_overlap", "recompute"),
+     lambda o, job: o["moe_a2a_overlap"] > 0 and o["recompute"] == RECOMPUTE_CODES["full"], False, "recompute",
+     "the expert all-to-all overlap (--overlap-moe-expert-parallel-comm) runs only without full recompute"),
+    (("zero_stage",), lambda o, job: job.adam_moments == "bf16" and o["zero_stage"] != 1, True, "zero_stage",
+     "bf16 Adam moments (the precision-aware optimizer) need the distributed optimizer (zero_stage 1)"),
+)
+
+
 def megatron_pin_conflicts(job: JobSpec) -> list[str]:
-    """The Megatron option rules (`options`, planner/megatron/expressible.py) that the job's pins
-    break together, in words: why pins that each pass leave no option set."""
+    """The KNOB_RULES that the job's pins break together, in words: why pins that each pass leave
+    no option set under Megatron."""
     if job.framework != "megatron":
         return []
     pin = {k: _pin_value(k, v) for k, v in job.pins.items()}
-    out = []
-    zero = pin.get("zero_stage")
-    if pin.get("offload_optimizer", 0) > 0 and zero is not None and zero != 1:
-        out.append(f"optimizer offload (--optimizer-cpu-offload) runs only with the distributed optimizer "
-                   f"(zero_stage 1), and zero_stage {zero:g} is pinned")
-    if pin.get("offload_activations", 0) > 0:
-        if pin.get("recompute", 0) != 0:
-            out.append("activation offload (--cpu-offloading) runs only without recompute, and recompute "
-                       f"{RECOMPUTE_NAMES[int(pin['recompute'])]} is pinned")
-        if pin.get("pp", 1) > 1:
-            out.append(f"activation offload (--cpu-offloading) runs only without a pipeline, and pp {pin['pp']:g} "
-                       "is pinned")
-    if pin.get("moe_a2a_overlap", 0) > 0 and pin.get("recompute") == RECOMPUTE_CODES["full"]:
-        out.append("the expert all-to-all overlap (--overlap-moe-expert-parallel-comm) runs only without full "
-                   "recompute, and recompute full is pinned")
-    if job.adam_moments == "bf16" and zero is not None and zero != 1:
-        out.append(f"bf16 Adam moments (the precision-aware optimizer) need the distributed optimizer "
-                   f"(zero_stage 1), and zero_stage {zero:g} is pinned")
-    return out
+    shown = lambda knob: RECOMPUTE_NAMES[int(pin[knob])] if knob == "recompute" else f"{pin[knob]:g}"  # noqa: E731
+    return [f"{words}, and {blamed} {shown(blamed)} is pinned" for knobs, broken, _, blamed, words in KNOB_RULES
+            if all(k in pin for k in knobs) and broken(pin, job)]
 
 
 def _pin_value(knob: str, value) -> float:
@@ -495,7 +500,8 @@ def options(space: Space) -> dict[str, np.ndarray]:
         o = dict(zip(OPTION_KEYS, combo))
         if o["tp_comm_overlap"] and not o["sequence_parallel"]:
             continue
-        if o["moe_a2a_overlap"] and o["recompute"] == RECOMPUTE_CODES["full"]:
+        if any((mega or not megatron_only) and all(k in o for k in knobs) and broken(o, space.job)
+               for knobs, broken, megatron_only, _, _ in KNOB_RULES):
             continue
         if (o["recompute"] == RECOMPUTE_CODES["selective"]) != (o["recompute_modules"] > 0):
             continue  # a module set belongs to selective recompute, and selective has one
@@ -504,12 +510,8 @@ def options(space: Space) -> dict[str, np.ndarray]:
         if mega:
             if o["offload_weights"] > 0:
                 continue
-            if o["offload_activations"] > 0 and (o["recompute"] != 0 or space.model.layers < 2):
+            if o["offload_activations"] > 0 and space.model.layers < 2:
                 continue
-            if o["offload_optimizer"] > 0 and o["zero_stage"] != 1:
-                continue
-            if space.job.adam_moments == "bf16" and o["zero_stage"] != 1:
-                continue  # the precision-aware optimizer: distributed optimizer only (expressible.py)
             if space.job.cuda_graph_modules and graph_option_refusals(
                     RECOMPUTE_NAMES[int(o["recompute"])], recompute_modules_from_mask(int(o["recompute_modules"])),
                     o["offload_activations"], bool(o["moe_a2a_overlap"]), space.model, space.job):

@@ -228,10 +228,11 @@ def preset_hint(ref: str, names: list[str]) -> str:
     key = _preset_key(ref)
     if not key:
         return ""
+    last = ref.rsplit("/", 1)[-1]
     # NVIDIA's server names for a GPU (DGX-B200, HGX H100, as Megatron-Bridge's tables write them)
     # name the GPU's system preset
-    server = re.sub(SERVER_PREFIX, "", ref.rsplit("/", 1)[-1], flags=re.IGNORECASE)
-    if server != ref.rsplit("/", 1)[-1] and _preset_key(server) not in ("", key):
+    server = re.sub(SERVER_PREFIX, "", last, flags=re.IGNORECASE)
+    if server != last and _preset_key(server) not in ("", key):
         hint = preset_hint(server, names)
         if hint:
             return hint
@@ -239,7 +240,7 @@ def preset_hint(ref: str, names: list[str]) -> str:
         return f" (did you mean {keys[key]}?)"
     # a Hugging Face repo's variant suffix or a file extension on the same model: Qwen2.5-72B-Instruct,
     # Mistral-7B-v0.1, nemotron-h-8b.yaml
-    bare = _preset_key(re.sub(VARIANT_SUFFIX, "", ref.rsplit("/", 1)[-1], flags=re.IGNORECASE))
+    bare = _preset_key(re.sub(VARIANT_SUFFIX, "", last, flags=re.IGNORECASE))
     if bare in keys:
         return f" (did you mean {keys[bare]}?)"
     numbers = _numbers(ref)

@@ -420,7 +420,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
                        f"{_gib_up(hbm_min)} ({small_plan.short()}), but only {_gib_down(cap)} of "
                        f"{hbm_gib:g} GiB HBM is usable ({job.hbm_reserve_gib:g} GiB reserve): needs >= "
                        f"{math.ceil(factor_needed * 100 - 1e-9) / 100:.2f}x HBM "
-                       f"({_gib_up(hbm_gib * factor_needed * GIB)} per GPU)")
+                       f"({_gib_up(hbm_min + job.hbm_reserve_gib * GIB)} per GPU)")
     if not job.allow_idle_gpus:
         # fewer GPUs than the box has may fit where its own count does not divide (405B on 100 H100:
         # no layout of 100 fits, one of 96 does)
