@@ -52,7 +52,7 @@ from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_bat
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
 from planner.analytical.layer_kinds import dense_layer_spec
-from planner.plan import MOE_DISPATCHER_CODES
+from planner.plan import MOE_DISPATCHER_CODES, RECOMPUTE_CODES
 from planner.threads import map_in_order
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
@@ -64,14 +64,31 @@ KEEP_RESULTS = ("step_time_s", "hbm_bytes", "offload_bytes", "violations")
 
 
 def plan_arrays(space: Space, rows: dict[str, np.ndarray]) -> PlanArrays:
-    cols = {k: rows[k] for k in LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS}
+    """The rows as model columns; `recompute_layers` (block recompute's count, 0 = all layers) is
+    read where the rows carry it (`evaluate` chooses it)."""
+    cols = {k: rows[k] for k in LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS + ("recompute_layers",) if k in rows}
     if space.model.moe:
         cols["moe_dispatcher"] = MOE_DISPATCHER_CODES[space.job.moe_dispatcher]
     return PlanArrays.from_columns(len(rows["tp"]), space.model.layers, dense_layer_spec(space.model), **cols)
 
 
-def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS) -> dict[str, np.ndarray]:
-    """Exact model on every row (in chunks); adds `objective`."""
+def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS,
+             fewest_recompute: bool = True) -> dict[str, np.ndarray]:
+    """Exact model on every row (in chunks); adds `objective` and `recompute_layers`, the block
+    recompute count each row is costed at (0: all layers; rows that carry the column keep theirs).
+    `fewest_recompute`: full recompute without a pipeline is costed at the fewest layers that fit
+    (`fewest_recompute_layers`); the brute-force oracle turns it off and enumerates every count."""
+    keep = tuple(keep) + tuple(k for k in ("violations", "step_time_s") if k not in keep)
+    res = _estimate(space, rows, keep)
+    given = rows.get("recompute_layers")
+    res["recompute_layers"] = np.zeros(len(rows["tp"])) if given is None else np.asarray(given, dtype=np.float64)
+    if fewest_recompute and given is None:
+        fewest_recompute_layers(space, rows, res)
+    res["objective"] = objective(space, rows, res["step_time_s"])
+    return res
+
+
+def _estimate(space: Space, rows: dict[str, np.ndarray], keep) -> dict[str, np.ndarray]:
     def chunk(lo: int) -> dict[str, np.ndarray]:
         part = {k: v[lo:lo + CHUNK] for k, v in rows.items()}
         res = estimate_many(space.model, space.system, space.job, plan_arrays(space, part))
@@ -80,8 +97,50 @@ def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS) -> di
     parts = map_in_order(chunk, range(0, len(rows["tp"]), CHUNK))  # on several threads: planner.threads
     res = {k: (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)) for k in keep}
     res["violations"] = res["violations"].astype(np.int64)
-    res["objective"] = objective(space, rows, res["step_time_s"])
     return res
+
+
+def block_recompute_rows(rows: dict[str, np.ndarray]) -> np.ndarray:
+    """Rows whose full recompute is costed at its fewest fitting layers: those without a pipeline.
+    There the count is one integer (Megatron's --recompute-num-layers, block method) that trades
+    memory for time alone: each recomputed layer adds its forward and holds its input instead of
+    its activations, and the memory does not depend on the microbatch count (one in flight), so
+    the batch rule (rule 1) still holds. Pipelined plans get per-stage counts from
+    constraints.stages on the search's top plans instead (there the count would couple with the
+    in-flight microbatches of rule 1b)."""
+    return (rows["recompute"] == RECOMPUTE_CODES["full"]) & (rows["pp"] == 1)
+
+
+def fewest_recompute_layers(space: Space, rows: dict[str, np.ndarray], res: dict[str, np.ndarray]) -> None:
+    """In `res`, the block-recompute rows that fit with every layer recomputed, re-costed at the
+    fewest recomputed layers that fit, found by bisection over 1..layers (memory never rises as
+    a layer more is recomputed; time never falls): `res["recompute_layers"]` says how many
+    (0: all, where no fewer fit)."""
+    idx = np.flatnonzero(block_recompute_rows(rows) & (res["violations"] == 0))
+    layers = space.model.layers
+    if not len(idx) or layers < 2:
+        return
+    sub = {k: v[idx] for k, v in rows.items()}
+    lo, hi = np.zeros(len(idx)), np.full(len(idx), float(layers))  # lo does not fit (k = 0: none), hi fits
+    while True:
+        active = np.flatnonzero(hi - lo > 1)
+        if not len(active):
+            break
+        mid = np.floor((lo[active] + hi[active]) / 2)
+        probe = {k: v[active] for k, v in sub.items()}
+        probe["recompute_layers"] = mid
+        fits = _estimate(space, probe, ("violations",))["violations"] == 0
+        hi[active[fits]] = mid[fits]
+        lo[active[~fits]] = mid[~fits]
+    fewer = np.flatnonzero(hi < layers)
+    if not len(fewer):
+        return
+    at = {k: v[fewer] for k, v in sub.items()}
+    at["recompute_layers"] = hi[fewer]
+    again = _estimate(space, at, tuple(res.keys() - {"recompute_layers", "objective"}))
+    for k, v in again.items():
+        res[k][idx[fewer]] = v
+    res["recompute_layers"][idx[fewer]] = hi[fewer]
 
 
 def objective(space: Space, rows: dict[str, np.ndarray], step_time: np.ndarray) -> np.ndarray:
@@ -266,6 +325,7 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     keep &= res["objective"] <= _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
     rows, res, group = _take(rows, keep), _take(res, keep), group[keep]
     rows["group"] = group
+    rows["recompute_layers"] = res["recompute_layers"]  # the plan each row was costed as
     stats = {"space_size": full_size, "layouts": n_groups, "pairs": n_pairs, "evaluated": evaluated,
              "table_rows": len(group), "structural_rejects": int(structural.sum()),
              "overlap_twins_skipped": int(found.shadow.sum()),
@@ -361,6 +421,10 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
                           for c in ("offload_weights", "offload_optimizer"))
         twin_of = np.asarray([other(i, None) for i in range(n_opt)], dtype=np.int64)
     equal_ranks = space.model.layers % lay["pp"] == 0   # every rank holds layers/pp layers
+    # Block-recompute pairs (`block_recompute_rows`) are costed at the fewest layers that fit, so
+    # a pair that frees memory (more offload, no all-to-all overlap) may recompute fewer layers
+    # and be the faster one: neither the offload rules nor rule C order them.
+    block = (lay["pp"] == 1)[:, None] & (opt["recompute"] == RECOMPUTE_CODES["full"])[None, :]
 
     covered = np.zeros((n_lay, n_opt), dtype=bool)     # fits, or a pair below it fits
     fits_m = np.zeros((n_lay, n_opt), dtype=bool)      # evaluated and fits at its largest batch
@@ -385,17 +449,17 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
                     hit = covered[:, np.maximum(nb, 0)] & has[None, :]
                     if same_act:  # u offloads the same activations as v: only where rank loads are equal
                         hit &= ~offloads_act[None, :] | equal_ranks[:, None]
-                    dominated |= hit
+                    dominated |= hit & ~block[:, cols]
                 if lv > 0:  # the lower bound from the no-offload twin (rules 2 and 3)
                     bound = np.minimum(best_fit, _kth(best_fit, top_k) * (1.0 + tie_rel_tol))
                     tw = twin_of[cols]
                     lb = np.where(tw[None, :] >= 0, twin_obj[:, np.maximum(tw, 0)], -np.inf)
-                    dominated |= lb > bound[:, None]
+                    dominated |= (lb > bound[:, None]) & ~block[:, cols]
                 covered[:, cols] |= dominated & ~shadow[:, cols]
             if twins is not None and not with_a2a:
                 # rule C: the twin with the overlap fits, so this pair fits too (less memory) and is
                 # no faster; its objective bounds this one's from below for the offload passes
-                skip = twins.dominated_by_twin("moe_a2a_overlap", fits_m, cols) & ~dominated
+                skip = twins.dominated_by_twin("moe_a2a_overlap", fits_m, cols) & ~dominated & ~block[:, cols]
                 if skip.any():
                     up = np.maximum(twins.up["moe_a2a_overlap"][cols], 0)
                     shadow[:, cols] |= skip

@@ -22,7 +22,7 @@ from constraints.cost_table import MEMORY_BITS, evaluate, order_rows, plan_array
 from hardware.spec import SystemSpec
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
-from planner.plan import JobSpec, Plan
+from planner.plan import RECOMPUTE_CODES, JobSpec, Plan
 from planner.ties import TIE_REL_TOL, needs_more, rank_with_ties
 
 
@@ -44,13 +44,13 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
     space = build_space(model, system, job)
     lay = layouts(space)
     lay["layout_id"] = np.arange(len(lay["tp"]), dtype=np.float64)
-    rows = cross(space, expand_batches(lay), options(space))
+    rows = with_every_recompute_count(cross(space, expand_batches(lay), options(space)), model.layers)
     n = len(rows["tp"])
     if n > max_rows:
         raise ValueError(f"brute force: {n} rows is more than max_rows={max_rows}")
     if n == 0:
         return BruteForce([], [], 0, 0, {"seconds": time.perf_counter() - t0})
-    res = evaluate(space, rows)
+    res = evaluate(space, rows, fewest_recompute=False)
     structural = int(np.count_nonzero(res["violations"] & ~MEMORY_BITS))
     ok = np.nonzero(res["violations"] == 0)[0]
     # The walk below visits feasible rows in the search's order and stops after the K best
@@ -83,6 +83,18 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
     return BruteForce(plans, objectives, n, len(ok),
                       {"seconds": time.perf_counter() - t0, "structural_rejects": structural,
                        "not_expressible_skips": skipped})
+
+
+def with_every_recompute_count(rows: dict[str, np.ndarray], layers: int) -> dict[str, np.ndarray]:
+    """Each full-recompute row without a pipeline once per block recompute count k = 1 .. layers
+    (`recompute_layers`; k = layers is every layer), every other row as it is (count 0): the
+    search costs such rows at the fewest layers that fit, the oracle tries them all."""
+    block = (rows["recompute"] == RECOMPUTE_CODES["full"]) & (rows["pp"] == 1)
+    reps = np.where(block, layers, 1)
+    out = {k: np.repeat(v, reps) for k, v in rows.items()}
+    start = np.repeat(np.cumsum(reps) - reps, reps)
+    out["recompute_layers"] = np.where(np.repeat(block, reps), np.arange(len(start)) - start + 1, 0).astype(np.float64)
+    return out
 
 
 def _walk(space, rows: dict[str, np.ndarray], objective: np.ndarray, idx: np.ndarray, model: ModelSpec,

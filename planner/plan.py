@@ -264,6 +264,8 @@ class Plan(BaseModel):
             parts.append("layers[" + compress_runs(self.stage_layers) + "]")
         if self.stage_recompute_layers is not None and any(self.stage_recompute_layers):
             parts.append(f"rc-k{max(self.stage_recompute_layers)}")
+        elif self.recompute == "full" and self.recompute_num_layers is not None:
+            parts.append(f"rc-k{self.recompute_num_layers}")
         parts.append(f"mb{self.micro_batch}")
         if self.sequence_parallel:
             parts.append("sp")

@@ -48,6 +48,8 @@ def describe_plan(est: Estimate) -> str:
             + (f" (recomputed {compress_runs(p.stage_recompute_layers)})" if p.stage_recompute_layers else "")
             + (" · SP" if p.sequence_parallel else "")
             + f" · recompute {p.recompute}"
+            + (f" (first {p.recompute_num_layers} layers{' per stage' if p.pp > 1 else ''})"
+               if p.recompute == "full" and p.recompute_num_layers and not p.stage_recompute_layers else "")
             + (f" ({', '.join(p.recompute_modules)})" if p.recompute_modules else "") + f" · ZeRO-{p.zero_stage}"
             + "".join(f" · offload {w} {getattr(p, 'offload_' + w):.0%}"
                       for w in ("weights", "activations", "optimizer") if getattr(p, "offload_" + w)))
