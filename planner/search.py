@@ -381,11 +381,14 @@ def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Rank
     return Ranked(plan=floor.plan, estimate=est, objective=_objective(est, model.seq_length, space.free_batch))
 
 
-def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, searcher=None) -> CheckResult:
+def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, searcher=None,
+          plan_command: Callable[[int], str] | None = None) -> CheckResult:
     """Can this job run on this box? Yes: the best plan. No: which rules bind and by how much, and
     what would make it fit (more GPUs, an offload tier, TP across nodes, no pins), each decided
     exactly by the memory floor with an example plan that fits. `searcher`: what finds the plan
-    when the floor allows one (default the search's best; the CLI passes its recommendation)."""
+    when the floor allows one (default the search's best; the CLI passes its recommendation).
+    `plan_command(gpus)`: the command that plans on that many GPUs (the CLI repeats the user's own
+    flags in it)."""
     job = job or JobSpec()
     space = build_space(model, system, job)
     reasons: list[str] = []
@@ -429,7 +432,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
             used = idle.plan.tp * idle.plan.pp * idle.plan.dp * idle.plan.cp
             reasons.append(f"GPUs: it fits on {used} of the {system.num_gpus} GPUs, the others idle "
                            f"(--allow-idle-gpus), e.g. {idle.plan.short()}, {_gib(idle.estimate.hbm_bytes)} per GPU")
-    gpus_reason, gpus_needed = _fewest_gpus(model, system, job)
+    gpus_reason, gpus_needed = _fewest_gpus(model, system, job, plan_command or (lambda n: f"planner plan -g {n}"))
     reasons.append(gpus_reason)
     if gpus_needed is not None:
         numbers["gpus_needed"] = gpus_needed
@@ -486,7 +489,8 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
                        numbers=numbers)
 
 
-def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec) -> tuple[str, int | None]:
+def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec,
+                 plan_command: Callable[[int], str]) -> tuple[str, int | None]:
     """`check`'s "more GPUs" answer and the GPU count in it: the first power-of-two multiple of
     the system's count that fits, then the fewest GPUs between the last one that did not and it,
     in whole nodes (finer below one node; steps of more nodes where more than
@@ -514,7 +518,7 @@ def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec) -> tuple[st
         example = _fitting_example(model, system.with_changes(num_gpus=high), job)
     grain = "" if step == 1 else f" (the fewest of the counts tried, in steps of {step} GPUs)"
     return (f"GPUs: it fits on {fewest} GPUs{grain}, {fewest / n:.3g}x -g {n} (e.g. {example.plan.short()}, "
-            f"{_gib(example.estimate.hbm_bytes)} per GPU; `planner plan -g {fewest}` finds the fastest)", fewest)
+            f"{_gib(example.estimate.hbm_bytes)} per GPU; `{plan_command(fewest)}` finds the fastest)", fewest)
 
 
 def _pins(job: JobSpec) -> str:

@@ -192,3 +192,36 @@ def test_check_does_not_ask_for_gpus_the_pins_rule_out():
     assert not res.feasible and "gpus_needed" not in res.numbers
     assert "GPUs: your pins fix the GPU count (tp·pp·dp·cp = 8); more GPUs need other values of those pins" \
         in res.reasons
+
+
+def test_check_suggests_a_plan_command_with_the_users_own_flags():
+    """The 'fits on N GPUs' answer names a `planner plan` command that repeats what the user gave
+    (model, sequence, batch, pins, switches) on N GPUs, and that command plans there, pins kept."""
+    import json
+    import re
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from planner.cli.app import app
+    runner = CliRunner()
+    args = ["check", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--seq-length", "8192",
+            "--tp", "8", "--zero-stage", "1", "--no-sequence-parallel", "--json"]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 1, out.output
+    answer = json.loads(out.output)
+    reason = next(r for r in answer["reasons"] if r.startswith("GPUs: it fits on"))
+    gpus = answer["numbers"]["gpus_needed"]
+    command = shlex.split(re.search(r"`(planner plan [^`]*)`", reason).group(1))
+    assert command[:2] == ["planner", "plan"] and "--json" not in command
+    for flag, value in (("--model", "llama3-70b"), ("--seq-length", "8192"), ("--global-batch", "64"),
+                        ("--tp", "8"), ("--zero-stage", "1"), ("-g", str(gpus))):
+        assert command[command.index(flag) + 1] == value, command
+    assert "--no-sequence-parallel" in command and command.count("-g") == 1
+    planned = runner.invoke(app, command[1:] + ["--top", "1", "--json"])
+    assert planned.exit_code == 0, planned.output
+    best = json.loads(planned.output)
+    best = best["plans"][0] if "plans" in best else best["best"]
+    p = best["plan"]
+    assert (p["tp"], p["zero_stage"], p["sequence_parallel"]) == (8, 1, False)
+    assert p["tp"] * p["pp"] * p["dp"] * p["cp"] == gpus

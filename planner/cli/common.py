@@ -615,3 +615,25 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
         raise SpecError(f"plan: tp·pp·dp·cp = {used} but the system has {gpus} GPUs "
                         "(set --gpus or change the plan)")
     return make_plan(global_batch=global_batch, **fields)
+
+
+def given_flags(ctx: typer.Context, drop: tuple[str, ...] = ()) -> list[str]:
+    """The options the user gave on the command line (not defaults), in their long form, for a
+    command we suggest that repeats them; `drop`: parameter names left out."""
+    out: list[str] = []
+    for param in ctx.command.params:
+        if param.name in drop or not getattr(param, "opts", None):
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source is None or source.name not in ("COMMANDLINE", "ENVIRONMENT"):
+            continue
+        value, long = ctx.params[param.name], max(param.opts, key=len)
+        if getattr(param, "is_flag", False):
+            if value:
+                out.append(long)
+            elif param.secondary_opts:
+                out.append(max(param.secondary_opts, key=len))
+            continue
+        for v in (value if getattr(param, "multiple", False) else [value]):
+            out += [long, str(getattr(v, "value", v))]
+    return out

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,6 +13,7 @@ from planner.jsonout import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
     check_new_file,
+    given_flags,
     CudaGraphOpt,
     Fp8AttentionOpt,
     FusedGroupedMlpOpt,
@@ -235,6 +237,7 @@ def register(app: typer.Typer) -> None:
         _plan(dict(locals()))
 
     def check_command(
+        ctx: typer.Context,
         model: ModelOpt = DEFAULT_MODEL,
         system: SystemOpt = DEFAULT_SYSTEM,
         gpus: GpusOpt = None,
@@ -272,7 +275,11 @@ def register(app: typer.Typer) -> None:
         Example:
           planner check -m gpt3-175b -s a100-80g -g 8 -b 64
         """
-        raise typer.Exit(_check(dict(locals())))
+        o = dict(locals())
+        # the `planner plan` it suggests on more GPUs repeats the user's own flags
+        flags = given_flags(o.pop("ctx"), drop=("gpus", "json_out"))
+        o["plan_command"] = lambda n: shlex.join(["planner", "plan", *flags, "-g", str(n)])
+        raise typer.Exit(_check(o))
 
     def count_command(
         model: ModelOpt = DEFAULT_MODEL,
@@ -472,7 +479,7 @@ def _check(o: dict) -> int:
     def searcher():  # the plan `planner plan` recommends (gated on published runs), not the raw best
         recommended.append(recommend(model, system, job, top_k=1))
         return recommended[-1]
-    res = check(model, system, job, searcher=searcher)
+    res = check(model, system, job, searcher=searcher, plan_command=o.get("plan_command"))
     model_only = recommended[-1].model_only if res.feasible and recommended else []
     if o["json_out"]:
         print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
