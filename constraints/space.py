@@ -206,7 +206,8 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     if model.hybrid_pattern:
         cp = [1]  # the Mamba blocks' context parallelism (an all-to-all to head-parallel) is not costed
     ep = divisors(model.moe.num_experts) if model.moe else [1]
-    etp = [d for d in divisors(model.expert_ffn_hidden) if d <= n
+    # (etp divides the GPUs it folds over: world % (etp·ep·pp) == 0)
+    etp = [d for d in divisors(model.expert_ffn_hidden) if d <= n and (job.allow_idle_gpus or n % d == 0)
            and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
     if model.moe and model.biases and job.framework == "megatron":
         etp = [1]  # Megatron: "Bias in Moe is only supported when ETP==1" (planner.megatron.expressible)
@@ -323,12 +324,18 @@ def _fmt(knob: str, values) -> str:
     return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
 
 
-def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
-    """Domains with pins applied; a pin outside its domain is a SpecError naming the allowed values."""
+def check_hbm_reserve(job: JobSpec, system: SystemSpec, field: str = "hbm-reserve-gib") -> None:
+    """SpecError where the job's HBM reserve leaves nothing of the GPU's HBM (`field`: where the
+    user wrote it: the flag, or a plan file's job setting)."""
     hbm_gib = system.accelerator.hbm_capacity_gib
     if job.hbm_reserve_gib >= hbm_gib:
-        raise SpecError(f"hbm-reserve-gib: the reserve ({job.hbm_reserve_gib:g} GiB) leaves nothing of "
+        raise SpecError(f"{field}: the reserve ({job.hbm_reserve_gib:g} GiB) leaves nothing of "
                         f"the {hbm_gib:g} GiB HBM; allowed: 0 <= reserve < {hbm_gib:g}")
+
+
+def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
+    """Domains with pins applied; a pin outside its domain is a SpecError naming the allowed values."""
+    check_hbm_reserve(job, system)
     if job.framework == "megatron" and graph_job_refusals(model, job):
         raise SpecError(graph_job_refusals(model, job)[0])
     domains = knob_domains(model, system, job)
@@ -396,7 +403,10 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
                 hint = (f" ({system.name} has no offload memory tier)" if system.offload is None else
                         " (--no-offload was given)" if not job.allow_offload else
                         " (Megatron-LM cannot offload weights; --framework any costs it)")
-            raise SpecError(f"pin {knob}: {raw} is not a legal value here; allowed: {_fmt(knob, allowed)}{hint}")
+            elif knob == "moe_a2a_overlap" and model.moe is None:
+                hint = f" (the expert all-to-all overlap applies to MoE models only; {model.name} is dense)"
+            shown = str(raw).lower() if isinstance(raw, bool) else raw
+            raise SpecError(f"pin {knob}: {shown} is not a legal value here; allowed: {_fmt(knob, allowed)}{hint}")
         domains[knob] = tuple(v for v in allowed if v == value)
     if "global_batch" in job.pins and not job.global_batch:
         notes.append("global batch pinned: the objective is step time")
@@ -594,4 +604,4 @@ def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
 
 __all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "cross_index", "pair_mask", "take_pairs",
            "enumerate_rows", "layout_class", "options_allowed", "N_LAYOUT_CLASSES",
-           "expand_batches", "at_batch", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]
+           "expand_batches", "at_batch", "check_hbm_reserve", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]

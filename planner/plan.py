@@ -1,6 +1,8 @@
 """What a plan IS (every knob) and what the job asks for (batch, dtype, pins, forbids)."""
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -146,9 +148,10 @@ class Plan(BaseModel):
         default=None, description="full recompute: layers per pipeline stage recomputed (None = all)")
     zero_stage: Literal[0, 1, 2, 3] = Field(
         default=1, description="0 plain DP, 1 distributed optimizer (ZeRO-1), 2 +grads, 3 +params (FSDP)")
-    offload_weights: NonNegativeFloat = Field(default=0.0, le=1.0, description="fraction to the offload tier")
-    offload_activations: NonNegativeFloat = Field(default=0.0, le=1.0)
-    offload_optimizer: NonNegativeFloat = Field(default=0.0, le=1.0)
+    offload_weights: NonNegativeFloat = Field(default=0.0, le=1.0, allow_inf_nan=False,
+                                              description="fraction to the offload tier")
+    offload_activations: NonNegativeFloat = Field(default=0.0, le=1.0, allow_inf_nan=False)
+    offload_optimizer: NonNegativeFloat = Field(default=0.0, le=1.0, allow_inf_nan=False)
     tp_comm_overlap: bool = False
     dp_comm_overlap: bool = True
     # Performance switches the model costs (planner/analytical) and `planner megatron` emits.
@@ -468,6 +471,7 @@ class JobSpec(BaseModel):
 # that a misspelt `gpu: 16` is named instead of silently falling back to the system's count.
 PLAN_FILE_FIELDS = ("plan", "model", "system", "gpus", "seq_length", "global_batch", "job")
 SAVED_RESULT_FIELDS = ("step_time_s", "objective")
+SAVED_OBJECTIVES = ("step time", "time per token")  # planner.search.SearchResult.objective
 
 
 def check_plan_file_fields(data: dict, path: str | Path) -> None:
@@ -477,6 +481,13 @@ def check_plan_file_fields(data: dict, path: str | Path) -> None:
     unknown = sorted((key for key in data if key not in allowed), key=str)
     if unknown:
         raise SpecError(f"plan ({path}): unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
+    # kept for the reader and not used on load, but what `planner plan --save` writes where present
+    value = data.get("step_time_s")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value < 0):
+        raise SpecError(f"plan ({path}): step_time_s: expected a finite non-negative number of seconds, got {value!r}")
+    if data.get("objective") not in (None, *SAVED_OBJECTIVES):
+        raise SpecError(f"plan ({path}): objective: unknown {data['objective']!r}; allowed: {', '.join(SAVED_OBJECTIVES)}")
 
 
 PLAN_FILE_REQUIRED = ("tp", "pp", "dp", "global_batch")

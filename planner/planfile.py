@@ -42,7 +42,10 @@ def saved_reference(ref: str, what: str, plan_path: str | Path) -> str:
     means the file beside the plan, not one in whatever folder the command runs from)."""
     if not ref.strip() or _is_preset(ref, what) or Path(ref).is_absolute():
         return ref
-    return str(Path(plan_path).parent / ref)
+    beside = Path(plan_path).parent / ref
+    if not beside.exists() and "/" not in ref and "\\" not in ref and Path(ref).suffix not in (".yaml", ".yml", ".json"):
+        return ref  # a bare name that is no file beside the plan: a preset name, refused as one if unknown
+    return str(beside)
 
 
 def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec, system: SystemSpec,

@@ -525,6 +525,18 @@ def _pins(job: JobSpec) -> str:
     return ", ".join(f"{k}={v}" for k, v in job.pins.items())
 
 
+def _expert_folding_reason(model: ModelSpec, job: JobSpec, d: dict, n: int) -> str | None:
+    """Why no MoE layout exists, where it is Megatron's expert folding: etp·ep·pp must divide the
+    GPUs (and ep the experts) for some pp of the domain; None where some combination does."""
+    if model.moe is None:
+        return None
+    world = [n] if not job.allow_idle_gpus else range(1, n + 1)
+    if any(w % (etp * ep * pp) == 0 for w in world for pp in d["pp"] for ep in d["ep"] for etp in d["etp"]):
+        return None
+    return (f"experts: Megatron folds expert parallelism over the GPUs: etp·ep·pp must divide {n}, and no "
+            f"etp in {list(d['etp'])}, ep in {list(d['ep'])}, pp in {list(d['pp'])} does (see the ep/etp pins)")
+
+
 def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: dict | None = None) -> CheckResult:
     """No layout passes the non-memory rules, or (`lay`: the layouts that do) no option combination
     goes with any of them: say which."""
@@ -579,8 +591,11 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
         binding.append("gpus")
         reasons.append(f"gpus: no tp·pp·cp from tp in {list(d['tp'])}, pp in {list(d['pp'])}, cp in "
                        f"{list(d['cp'])} divides {n} GPUs (try --allow-idle-gpus or another GPU count)")
+    elif folding := _expert_folding_reason(model, job, d, n):
+        binding.append("experts_ep")
+        reasons.append(folding)
     elif job.global_batch:
-        dps = sorted({n // p for p in prods if n % p == 0})
+        dps = [int(job.pins["dp"])] if "dp" in pinned else sorted({n // p for p in prods if n % p == 0})
         binding.append("batch")
         reasons.append(f"batch: the global batch {job.global_batch} is not a multiple of "
                        f"micro_batch·dp for any dp in {dps[:12]}{'...' if len(dps) > 12 else ''} "

@@ -58,6 +58,8 @@ ParamName = Literal["gpus", "hbm_gib", "offload_gib", "offload_gb_per_s", "nvlin
                     "max_batch"]
 
 # Columns of a result row, in CSV order (after the varied parameters).
+# the columns an infeasible point fills (the rest are empty)
+INFEASIBLE_ROW_COLUMNS = ("model", "system", "num_gpus", "feasible", "reason", "search_s")
 RESULT_COLUMNS = [
     "model", "system", "num_gpus", "feasible", "plan", "tp", "pp", "dp", "cp", "ep", "vpp",
     "micro_batch", "global_batch", "recompute", "zero_stage", "offload_weights",
@@ -564,11 +566,20 @@ class PointLog:
             return "feasible must be true or false"
         if not isinstance(record["reason"], str) or (record["feasible"] and not isinstance(record["plan"], str)):
             return "plan and reason must be strings"
-        numeric = ("global_batch", "step_time_s", "mfu", "tokens_per_s", "hbm_used_gib", "offload_used_gib")
-        bad = [c for c in numeric if record["feasible"]
-               and (isinstance(record[c], bool) or not isinstance(record[c], (int, float)))]
+        if isinstance(record["search_s"], bool) or not isinstance(record["search_s"], (int, float)) \
+                or not math.isfinite(record["search_s"]) or record["search_s"] < 0:
+            return "search_s must be a finite non-negative number"
+        if not record["feasible"]:  # an infeasible point has no plan: `result_row` leaves its columns empty
+            filled = [c for c in RESULT_COLUMNS if c not in INFEASIBLE_ROW_COLUMNS and c not in names
+                      and record[c] != ""]
+            return f"{filled[0]} must be empty for an infeasible point" if filled else None
+        numeric = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "zero_stage",
+                   "offload_weights", "offload_activations", "offload_optimizer", "step_time_s", "mfu",
+                   "tokens_per_s", "hbm_used_gib", "offload_used_gib")
+        bad = [c for c in numeric if isinstance(record[c], bool) or not isinstance(record[c], (int, float))
+               or not math.isfinite(record[c]) or record[c] < 0]
         if bad:
-            return f"{bad[0]} must be a number"
+            return f"{bad[0]} must be a finite non-negative number"
         return None
 
     def _write(self, record: dict) -> None:

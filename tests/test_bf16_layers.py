@@ -76,7 +76,7 @@ def test_malformed_bf16_layers_flag_is_a_one_line_error(value, message):
 def test_bf16_dtype_with_bf16_layers_is_a_one_line_error():
     r = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "b200", "-g", "8", "--tp", "1", "--pp", "1",
                             "-b", "64", "--bf16-layers", "0,4"])
-    assert r.exit_code == 2 and "bf16_layers needs" in r.output and "Traceback" not in r.output, r.output
+    assert r.exit_code == 2 and "bf16-layers needs" in r.output and "Traceback" not in r.output, r.output
 
 
 def test_megatron_emits_the_flags_and_its_rules_match_megatrons():

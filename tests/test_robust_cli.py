@@ -79,7 +79,7 @@ BAD_INPUTS = [
     (["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--seq-length", "7", "--cp", "2"],
      "multiple of 2·cp"),
     (["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1",
-      "--bf16-layers", "1,1"], "job: bf16_layers needs"),
+      "--bf16-layers", "1,1"], "bf16-layers needs"),
     (["sweep", "-m", "llama3-8b", "--vary", "gpus=8,16", "--time-limit", "nan", "--out", "never-written"], "time-limit"),
     # a file the command would write, refused before any search
     (["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--save", "/nonexistent/dir/p.yaml"],
@@ -374,3 +374,35 @@ def test_moe_only_flags_on_a_dense_model_are_an_input_error(command, flag):
     out = CliRunner().invoke(app, [command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", *flag])
     assert out.exit_code == 2, out.output
     assert "applies to MoE models only; llama3-8b has no experts" in out.output
+
+
+@pytest.mark.parametrize(("edit", "word"), [
+    (lambda r: r.update(mfu=float("nan")), "mfu"),
+    (lambda r: r.update(step_time_s=-1.0), "step_time_s"),
+    (lambda r: r.update(search_s="slow"), "search_s"),
+    (lambda r: r.update(feasible=False), "plan must be empty"),  # a plan beside "infeasible"
+])
+def test_sweep_log_records_are_checked_before_resuming(tmp_path, edit, word):
+    """A point log's records are copied into the outputs on resume, so each must be what the sweep
+    writes: finite non-negative numbers for a feasible point, empty plan columns for an infeasible one."""
+    import planner.sweep as sweep_mod
+    out = tmp_path / "out"
+    real, calls = sweep_mod.evaluate_point, []
+
+    def stop_at_second(point):
+        calls.append(point)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(point)
+
+    sweep_mod.evaluate_point = stop_at_second
+    try:
+        assert run(_sweep_args(out)).exit_code == 130
+    finally:
+        sweep_mod.evaluate_point = real
+    log = out / "sweep.points.jsonl"
+    header, record = (json.loads(line) for line in log.read_text().splitlines())
+    assert record["feasible"] is True
+    edit(record)
+    log.write_text(json.dumps(header) + "\n" + json.dumps(record) + "\n")
+    assert word in assert_one_line_error(run(_sweep_args(out)))

@@ -52,7 +52,7 @@ def a_record(log) -> dict:
     ('{"_params": {"gpus": 7}}', "line 2: _params {\"gpus\": 7} is not a point of this sweep's grid"),
     ("not json at all", "line 2: not JSON"),
     (lambda r: json.dumps({**r, "feasible": "yes"}), "line 2: feasible must be true or false"),
-    (lambda r: json.dumps({**r, "mfu": "high"}), "line 2: mfu must be a number"),
+    (lambda r: json.dumps({**r, "mfu": "high"}), "line 2: mfu must be a finite non-negative number"),
     (lambda r: json.dumps({**r, "gpus": 16}), "line 2: the point record's parameters differ from its _params"),
 ])
 def test_a_malformed_line_is_one_line_error_and_the_log_is_kept(tmp_path, monkeypatch, bad, words):

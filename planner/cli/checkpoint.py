@@ -56,7 +56,7 @@ def default_layout(num_gpus: int, gpus_per_node: int, tp: int | None, pp: int | 
     if dp is None:
         if num_gpus % model_parallel:
             raise SpecError(f"plan: tp*pp*cp = {tp}*{pp}*{cp} = {model_parallel} does not divide the "
-                            f"number of GPUs ({num_gpus}); pass --dp or change --gpus")
+                            f"number of GPUs ({num_gpus}); change --tp, --pp or --cp so that it does, or --gpus")
         dp = num_gpus // model_parallel
     if tp * pp * dp * cp != num_gpus:
         raise SpecError(f"plan: tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} must equal the "

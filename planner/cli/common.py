@@ -131,9 +131,15 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
         return flag if flag is not None else saved.get(key)
     # an empty -m/-s is refused by the loader, never replaced by the default
     model_ref, system_ref = given(model, "model"), given(system, "system")
-    return load_inputs(DEFAULT_MODEL if model_ref is None else model_ref,
-                       DEFAULT_SYSTEM if system_ref is None else system_ref,
-                       given(gpus, "gpus"), given(seq_length, "seq_length"))
+    try:
+        return load_inputs(DEFAULT_MODEL if model_ref is None else model_ref,
+                           DEFAULT_SYSTEM if system_ref is None else system_ref,
+                           given(gpus, "gpus"), given(seq_length, "seq_length"))
+    except SpecError as err:  # a reference the plan file gave: say so
+        from_file = [key for key, flag in (("model", model), ("system", system)) if flag is None and key in saved]
+        if any(str(err).startswith(f"{key}:") for key in from_file):
+            raise SpecError(f"plan {plan_file}: {err}") from None
+        raise
 
 
 def gpu_job_defaults(system: SystemSpec) -> dict:
@@ -173,6 +179,8 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
     if dtype is not None and not dtype.strip():
         raise SpecError(f"dtype: empty; allowed: {', '.join(training_dtypes(system))}")
     dtype = (dtype or defaults["dtype"]).strip().lower()  # BF16, MXFP8 as NVIDIA's tables print them
+    if dtype not in training_dtypes():
+        raise SpecError(f"dtype: unknown {dtype!r}; allowed: {', '.join(training_dtypes(system))}")
     if system is not None and dtype in training_dtypes():
         allowed = training_dtypes(system)
         if dtype not in allowed:
@@ -193,7 +201,12 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
         return JobSpec(global_batch=global_batch, max_global_batch=max_global_batch, dtype=dtype,
                        hbm_reserve_gib=hbm_reserve_gib, **extra)
     except ValidationError as err:
-        raise one_line(err, "job") from None
+        # named as the user wrote it: the flag (bf16-layers), not the job's field (job: bf16_layers)
+        text = str(one_line(err, "job")).removeprefix("job: ")
+        field = text.split(":")[0].split(" ")[0]
+        if field in JobSpec.model_fields and not text[len(field):].startswith(" (--"):  # (--flag) named already
+            text = field.replace("_", "-") + text[len(field):]
+        raise SpecError(text) from None
 
 
 # ---- plan knobs: the same flags, wording and checks for plan/check (pins), estimate and megatron
@@ -595,8 +608,10 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
         if gpus % (tp * pp * cp):
             defaulted = [f"{k} {fields[k]}" for k in ("tp", "pp", "cp") if k not in knobs and k in fields]
             note = f"; {', '.join(defaulted)} by default" if defaulted else ""
-            raise SpecError(f"tp·pp·cp ({tp}·{pp}·{cp}{note}) must divide the GPU count ({gpus}); "
-                            "pass --dp or change --gpus")
+            knobs_to_set = [f"--{k}" for k in ("tp", "pp", "cp") if k not in knobs and k in fields] or ["--tp", "--pp",
+                                                                                                   "--cp"]
+            raise SpecError(f"tp·pp·cp ({tp}·{pp}·{cp}{note}) must divide the GPU count ({gpus}); set "
+                            f"{' or '.join(knobs_to_set)} so that it does, or change --gpus")
         fields["dp"] = gpus // (tp * pp * cp)
     if layers and layers > 1 and (fields.get("offload_activations") or 0) > 0:
         # Megatron offloads activations by whole layers: cost the layers it launches, as the search

@@ -161,13 +161,23 @@ def estimate_command(
                        **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype, model_spec))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
+    from constraints.space import check_hbm_reserve  # noqa: PLC0415 (the search layer, only here)
+    check_hbm_reserve(job, system_spec, f"plan ({plan_file}): job: hbm_reserve_gib"
+                      if plan_file and hbm_reserve_gib is None else "hbm-reserve-gib")
     check_bf16_layers_fit(job.bf16_layers, model_spec)
     check_layout_fits_model(plan, model_spec, plan_file)
     check_recompute_layers(plan, model_spec)
     if plan.gpus != system_spec.num_gpus:
         if plan_file and gpus is None:  # the file's own numbers disagree: no flag to blame
-            raise SpecError(f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: "
-                            f"{system_spec.num_gpus}; change one of them")
+            from pathlib import Path  # noqa: PLC0415
+
+            from hardware.errors import read_yaml_mapping  # noqa: PLC0415
+            if "gpus" in read_yaml_mapping(Path(plan_file), "plan"):
+                raise SpecError(f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: "
+                                f"{system_spec.num_gpus}; change one of them")
+            raise SpecError(f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus}, and the file gives no gpus: the system "
+                            f"({system_spec.name}) has {system_spec.num_gpus} by default; add gpus: {plan.gpus} "
+                            f"to the file or pass --gpus {plan.gpus}")
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
     est = estimate(model_spec, system_spec, plan, job)

@@ -140,13 +140,19 @@ def _job(o: dict, model, system, plan=None):
                               adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
                               module_dtypes=modules.get("module_dtypes")) if plan is not None else None
     if saved is not None:
+        from constraints.space import check_hbm_reserve  # noqa: PLC0415 (the search layer, only here)
+        check_hbm_reserve(saved, system, f"plan ({o['plan_file']}): job: hbm_reserve_gib"
+                          if o["hbm_reserve_gib"] is None else "hbm-reserve-gib")
         check_bf16_layers_fit(saved.bf16_layers, model)
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
     # the default cap bounds the search's free batches only: a given batch is taken as it is
-    return make_job(global_batch=batch, max_global_batch=max(DEFAULT_MAX_GLOBAL_BATCH, batch), dtype=o["dtype"], system=system,
-                    hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"], **moments, **bf16,
-                    **modules)
+    job = make_job(global_batch=batch, max_global_batch=max(DEFAULT_MAX_GLOBAL_BATCH, batch), dtype=o["dtype"],
+                   system=system, hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"],
+                   **moments, **bf16, **modules)
+    from constraints.space import check_hbm_reserve  # noqa: PLC0415
+    check_hbm_reserve(job, system)
+    return job
 
 
 def _plan_and_job(o: dict, model, system):
@@ -194,6 +200,9 @@ def fit_problems(est, system) -> list[str]:
             cap = est.hbm_capacity_bytes
             out.append(f"memory: the plan needs {est.hbm_bytes / GIB:.2f} GiB per GPU but {system.name} has "
                        f"{cap / GIB:.2f} GiB usable (HBM minus the reserve): {(est.hbm_bytes - cap) / GIB:.2f} GiB over")
+        elif rule == "offload_capacity" and system.offload is None:
+            out.append(f"offload: the plan offloads {est.offload_bytes / GIB:.2f} GiB per GPU but {system.name} has "
+                       "no offload memory tier")
         elif rule == "offload_capacity":
             out.append(f"offload: the plan offloads {est.offload_bytes / GIB:.2f} GiB per GPU but the tier holds "
                        f"{est.offload_capacity_bytes / GIB:.2f} GiB")
@@ -258,7 +267,8 @@ def _run(o: dict) -> None:
     problems = mg.launch_refusals(plan, model, job, system)
     if not problems:
         if plan.gpus != system.num_gpus:
-            problems = [f"plan: tp·pp·dp·cp = {plan.gpus} but the system has {system.num_gpus} GPUs"]
+            problems = [f"plan: tp·pp·dp·cp = {plan.gpus} but the system has {system.num_gpus} GPUs "
+                        f"(set --gpus {plan.gpus} or change the plan)"]
         else:
             est = estimate(model, system, plan, job)
             problems = fit_problems(est, system)

@@ -149,8 +149,6 @@ def register(app: typer.Typer) -> None:
         resuming = log_path.is_file() and not force
         # Outputs a resumed sweep left half-written (killed while plotting) are its own to replace.
         ours = {k for k, v in paths.items() if v.exists()} if resuming else set()
-        if not resuming:
-            refuse_overwrite(paths, force)
         if ray:
             from planner.sweep import import_ray
             import_ray()
@@ -171,7 +169,9 @@ def register(app: typer.Typer) -> None:
                        framework=framework, tp_within_nvlink=not tp_across_nodes)
         spec = SweepSpec.build(model=model, system=system, gpus=gpus, seq_length=seq_length, job=job,
                                axes=axes, time_limit_s=time_limit_s, explain=explain)
-        points = build_points(spec)
+        points = build_points(spec)  # the inputs first: a bad --vary value is named before the outputs
+        if not resuming:
+            refuse_overwrite(paths, force)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -211,6 +211,12 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
     if arch < need:
         reasons.append(f"dtype: {job.dtype} needs compute capability {need}.x or newer; "
                        f"{system.accelerator.name} is {arch}.x")
+    # the launch keeps 16-bit parameters beside fp32 master weights whatever the costing said
+    # (a plan file's job.bytes_per_param): a plan costed otherwise is not what Megatron would run
+    for field, runs in (("weights", 2.0), ("master", 4.0)):
+        if getattr(job.bytes_per_param, field) != runs:
+            reasons.append(f"bytes_per_param.{field}: the plan was costed with {getattr(job.bytes_per_param, field):g} "
+                           f"B per parameter; Megatron's launch keeps {runs:g} ({'bf16/fp16 parameters' if runs == 2 else 'fp32 master weights'})")
     if plan.zero_stage >= 2 and not plan.dp_comm_overlap and plan.dp * plan.cp > 1:
         # megatron_fsdp.py forces overlap_grad_reduce (and overlap_param_gather for ZeRO-3) on.
         impl = "PyTorch FSDP2" if plan.dp_impl == "torch-fsdp2" else "Megatron-FSDP"
