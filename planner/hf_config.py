@@ -283,8 +283,11 @@ def model_fields(path: Path) -> dict:
         missing.append("intermediate_size")
     if missing:
         known = ", ".join(sorted(ARCHITECTURES))
+        # the planner's own schema written as JSON (layers, hidden, heads): say where it is read
+        own = " (this looks like the planner's own model schema: save it as .yaml)" \
+            if model_type is None and {"layers", "hidden", "heads"} <= set(cfg) else ""
         raise SpecError(f"model {path} (model_type {model_type!r}): missing {', '.join(missing)}; "
-                        f"architectures read: {known}")
+                        f"architectures read: {known}{own}")
 
     act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
     # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
