@@ -205,8 +205,8 @@ def test_check_suggests_a_plan_command_with_the_users_own_flags():
 
     from planner.cli.app import app
     runner = CliRunner()
-    args = ["check", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--seq-length", "8192",
-            "--tp", "8", "--zero-stage", "1", "--no-sequence-parallel", "--json"]
+    args = ["check", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "1", "-b", "8", "--seq-length", "8192",
+            "--tp", "1", "--zero-stage", "1", "--no-sequence-parallel", "--json"]
     out = runner.invoke(app, args)
     assert out.exit_code == 1, out.output
     answer = json.loads(out.output)
@@ -214,8 +214,8 @@ def test_check_suggests_a_plan_command_with_the_users_own_flags():
     gpus = answer["numbers"]["gpus_needed"]
     command = shlex.split(re.search(r"`(planner plan [^`]*)`", reason).group(1))
     assert command[:2] == ["planner", "plan"] and "--json" not in command
-    for flag, value in (("--model", "llama3-70b"), ("--seq-length", "8192"), ("--global-batch", "64"),
-                        ("--tp", "8"), ("--zero-stage", "1"), ("-g", str(gpus))):
+    for flag, value in (("--model", "llama3-8b"), ("--seq-length", "8192"), ("--global-batch", "8"),
+                        ("--tp", "1"), ("--zero-stage", "1"), ("-g", str(gpus))):
         assert command[command.index(flag) + 1] == value, command
     assert "--no-sequence-parallel" in command and command.count("-g") == 1
     planned = runner.invoke(app, command[1:] + ["--top", "1", "--json"])
@@ -223,5 +223,5 @@ def test_check_suggests_a_plan_command_with_the_users_own_flags():
     best = json.loads(planned.output)
     best = best["plans"][0] if "plans" in best else best["best"]
     p = best["plan"]
-    assert (p["tp"], p["zero_stage"], p["sequence_parallel"]) == (8, 1, False)
+    assert (p["tp"], p["zero_stage"], p["sequence_parallel"]) == (1, 1, False)
     assert p["tp"] * p["pp"] * p["dp"] * p["cp"] == gpus
