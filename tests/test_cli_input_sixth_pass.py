@@ -141,3 +141,12 @@ def test_sweep_names_a_bad_vary_value_before_existing_outputs(tmp_path):
                                "-g", "8", "-o", str(out)]))
     assert "nvlink_domain" in line, line
     assert (out / "sweep.csv").read_text() == "precious\n"
+
+
+def test_a_plan_file_that_breaks_a_layout_rule_is_an_input_error_as_the_flags_are(tmp_path, saved_plan):
+    """vpp 2 at pp 1: the same flags are refused (exit 2); the file said 'Not feasible' with exit 1."""
+    path = _edited(tmp_path, saved_plan, lambda d: d["plan"].update(vpp=2, pp=1))
+    assert "vpp_needs_pp" in one_line_error(run(["estimate", "--plan", path]))
+    flags = run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1",
+                 "--vpp", "2"])
+    assert flags.exit_code == 2

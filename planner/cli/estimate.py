@@ -181,6 +181,10 @@ def estimate_command(
         raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
     est = estimate(model_spec, system_spec, plan, job)
+    structural = [rule for rule in est.violations if rule not in ("hbm", "offload_capacity")]
+    if plan_file and structural:  # a plan no layout rule allows: an input error, as the same flags are
+        from planner.analytical.estimate import RULES  # noqa: PLC0415
+        raise SpecError(f"plan {plan_file}: {structural[0]}: {RULES[structural[0]]}")
     if json_out:
         print(estimate_json(est, job, model_spec, system_spec))
     else:
