@@ -626,3 +626,19 @@ def test_a_moe_launch_says_its_router_is_megatrons_default():
                for n in moe.notes)
     dense = mg.megatron_args(Plan(dp=64, micro_batch=1, global_batch=64), load_model("llama3-8b"), JobSpec(), system)
     assert not any("router" in n for n in dense.notes)
+
+
+def test_a_launch_without_a_checkpoint_interval_saves_no_checkpoints():
+    """Megatron asserts --save-interval wherever --save is set (training/arguments.py); the Python
+    API's launch without an interval must then not pass --save (`planner megatron` always sets one)."""
+    from planner.megatron import megatron_args, parse_script, render, validate_megatron_args
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    plan = Plan(dp=8, micro_batch=1, global_batch=64)
+    for interval, saves in ((None, False), (500, True)):
+        launch = megatron_args(plan, model, JobSpec(), system, save_interval=interval)
+        env, argv, _ = parse_script(render(launch, "script"))
+        assert ("--save" in argv) == saves and ("--load" in argv) == saves
+        assert validate_megatron_args(argv, 8, env) == []
+    assert validate_megatron_args(launch.argv() + ["--save", "ckpt"], 8, launch.env) == []  # interval 500 set
+    bare = megatron_args(plan, model, JobSpec(), system)
+    assert any("--save-interval" in e for e in validate_megatron_args(bare.argv() + ["--save", "ckpt"], 8, bare.env))

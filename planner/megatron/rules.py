@@ -230,6 +230,8 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     for name in ("num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings"):
         if getattr(a, name) is None:  # MA 2a required args
             err(f"{name} argument is None")
+    if a.save is not None and a.save_interval is None:  # training/arguments.py: asserted whenever --save is set
+        err("--save needs --save-interval (args.save_interval is None)")
     if a.micro_batch_size is None:  # MA 2a (bare assert)
         err("micro_batch_size argument is None")
     if errors:

@@ -32,10 +32,13 @@ _TOKENIZER_MODEL = "\n".join([
 ])
 
 
-def _launch_checks(entrypoint: str) -> str:
+def _launch_checks(entrypoint: str, checkpoints: bool = True) -> str:
     """Before anything is written or launched: run from the Megatron-LM checkout; a multi-node
-    launch needs its rendezvous (torchrun would hang without it) and a checkpoint directory every
-    node shares; a node rank is a whole number below NNODES; one node is rank 0 on localhost."""
+    launch needs its rendezvous (torchrun would hang without it) and, where it saves checkpoints,
+    a checkpoint directory every node shares; a node rank is a whole number below NNODES; one
+    node is rank 0 on localhost."""
+    shared_dir = ['  : "${CHECKPOINT_DIR:?set CHECKPOINT_DIR to a directory every node shares for a multi-node launch}"'] \
+        if checkpoints else []
     return "\n".join([
         f'if [ ! -f {entrypoint} ]; then',
         f'  echo "run this script from the Megatron-LM checkout ({entrypoint} is not in $PWD)" >&2; exit 1',
@@ -43,7 +46,7 @@ def _launch_checks(entrypoint: str) -> str:
         'if [ "$NNODES" -gt 1 ]; then',
         '  : "${MASTER_ADDR:?set MASTER_ADDR (the rank-0 node address) for a multi-node launch}"',
         '  : "${NODE_RANK:?set NODE_RANK (this node rank, 0..NNODES-1) for a multi-node launch}"',
-        '  : "${CHECKPOINT_DIR:?set CHECKPOINT_DIR to a directory every node shares for a multi-node launch}"',
+        *shared_dir,
         'else',
         '  if [ "${NODE_RANK:-0}" != 0 ]; then echo "NODE_RANK=$NODE_RANK: a one-node launch is rank 0" >&2; exit 1; fi',
         '  NODE_RANK=0 MASTER_ADDR=localhost',
@@ -81,7 +84,10 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
     lines += [f"# NOTE: {notice}" for notice in launch.notes]
     lines += [f"unset {key}" for key in launch.unset_env]
     lines += [f"export {key}={shlex.quote(value)}" for key, value in launch.env.items()]
-    lines += [f"NNODES={launch.nnodes}", _launch_checks(launch.entrypoint), "",
+    # Megatron asserts a --save-interval wherever --save is set: a launch built without one (the
+    # Python API's default; `planner megatron` always sets it) saves no checkpoints
+    saves = any(flag == "--save-interval" for flag, _ in launch.args)
+    lines += [f"NNODES={launch.nnodes}", _launch_checks(launch.entrypoint, saves), "",
               "# PLACEHOLDERS: data, tokenizer, schedule and checkpoint directory are not part of the",
               "# plan; replace them (e.g. TOKENIZER_TYPE=HuggingFaceTokenizer with TOKENIZER_MODEL, whose",
               "# vocabulary must be the model's --vocab-size; DATA_PATH is one prefix) for a real run."]
@@ -109,7 +115,7 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
             f"{launch.entrypoint}"]
     body += [" ".join([f"    {flag}"] + [shlex.quote(w) for w in value_words(flag, value)])
              for flag, value in launch.args]
-    body += [f"    {flag} {value}" for flag, value in PLACEHOLDER_ARGS]
+    body += [f"    {flag} {value}" for flag, value in PLACEHOLDER_ARGS if saves or flag not in ("--save", "--load")]
     body += [f"    {TOKENIZER_ARGS_WORD}"]
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
 
