@@ -36,6 +36,7 @@ from planner.analytical.estimate import rule_violations
 from planner.analytical.memory import memory_breakdown
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
+from planner.pipeline_layout import plan_layout
 from planner.plan import JobSpec, Plan
 from planner.threads import map_in_order
 from planner.ties import TIE_REL_TOL, rank_with_ties
@@ -159,8 +160,8 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
     head = ranked[:STAGE_REFINE_TOP]
     solved = map_in_order(lambda r: best_stages(model, system, job, r.plan), head, stopping=stopping_solves)
     for r, (cand, sol) in zip(head, solved):
-        if sol is None:
-            out.append(r)
+        if sol is None:  # no per-stage problem (ZeRO-3, offload): the block count alone
+            out.append(fewest_uniform_recompute(model, system, job, r, free) or r)
             continue
         info = {"variables": sol.variables, "constraints": sol.constraints, "status": sol.status,
                 "proven_optimal": sol.proven_optimal, "solve_s": sol.wall_s,
@@ -179,6 +180,37 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
     out += ranked[STAGE_REFINE_TOP:]
     out.sort(key=lambda r: r.objective)  # stable: equal objectives keep the search's order
     return [out[i] for i in rank_with_ties([r.objective for r in out], [r.plan for r in out], top_k)]
+
+
+def fewest_uniform_recompute(model: ModelSpec, system: SystemSpec, job: JobSpec, r: Ranked,
+                             free: bool) -> Ranked | None:
+    """A pipelined full-recompute plan that the per-stage problem does not pose (ZeRO-3 or offload:
+    memory is not linear in the layer counts there) at the fewest layers per virtual stage that
+    fit (Megatron's --recompute-num-layers, the same count in every chunk), by bisection with the
+    exact model: memory never rises and time never falls as a layer more is recomputed. None
+    where every layer must be, or the plan names its own count."""
+    p = r.plan
+    if p.pp == 1 or p.recompute != "full" or p.recompute_num_layers is not None or p.stage_recompute_layers:
+        return None
+    per_chunk = max(plan_layout(p, model.layers))
+
+    def at(k: int) -> Ranked:
+        q = p.model_copy(update={"recompute_num_layers": k * p.vpp})
+        est = estimate(model, system, q, job)
+        return Ranked(plan=q, estimate=est, objective=_objective(est, model.seq_length, free))
+
+    lo, hi, best = 0, per_chunk, None  # lo: does not fit (k 0 is no recompute); hi: fits (every layer)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        trial = at(mid)
+        if trial.estimate.feasible:
+            hi, best = mid, trial
+        else:
+            lo = mid
+    if best is None or best.objective >= r.objective * (1 - 1e-12) \
+            or (job.framework == "megatron" and not_expressible(best.plan, model, job)):
+        return None
+    return best
 
 
 def best_plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> Plan | None:

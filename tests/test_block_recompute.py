@@ -68,3 +68,21 @@ def test_cost_table_count_is_the_oracles_fastest_fitting_count_on_every_row():
         assert np.isclose(table["step_time_s"][i], res["step_time_s"][best], rtol=1e-12)
         checked += 1
     assert checked > 10 and (table["recompute_layers"] > 0).any()
+
+
+def test_pipelined_zero3_recomputes_the_fewest_layers_per_chunk_that_fit():
+    """ZeRO-3 and offload plans have no per-stage problem (memory is not linear in the layer counts),
+    so their block count is bisected with the exact model: the same count as the fastest feasible
+    one of every count per virtual stage, costed one by one."""
+    from planner.pipeline_layout import plan_layout
+    model, system = load_model("llama3-70b"), load_system("h100-sxm", 64)
+    job = JobSpec(global_batch=128, framework="any", pins={"pp": 4, "zero_stage": 3, "recompute": "full"})
+    best = plan(model, system, job, top_k=1).best
+    p = best.plan
+    assert p.recompute_num_layers is not None and p.zero_stage == 3
+    every = [estimate(model, system, p.model_copy(update={"recompute_num_layers": k * p.vpp}), job)
+             for k in range(1, max(plan_layout(p, model.layers)) + 1)]
+    fastest = min((e for e in every if e.feasible), key=lambda e: e.step_time_s)
+    assert fastest.plan.recompute_num_layers == p.recompute_num_layers
+    assert np.isclose(fastest.step_time_s, best.estimate.step_time_s, rtol=1e-12)
+    assert fastest.step_time_s < every[-1].step_time_s  # fewer than all layers pays
