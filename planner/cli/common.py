@@ -219,7 +219,9 @@ MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", help="Mic
 VppOpt = Annotated[Optional[int], typer.Option("--vpp", help="Virtual pipeline stages per rank (interleaving).")]
 SpOpt = Annotated[Optional[bool], typer.Option(
     "--sequence-parallel/--no-sequence-parallel", help="Megatron sequence parallelism (needs tp > 1).")]
-RecomputeOpt = Annotated[Optional[str], typer.Option("--recompute", help="Activation recompute: none, selective or full.")]
+RecomputeOpt = Annotated[Optional[str], typer.Option(
+    "--recompute", help="Activation recompute: none, selective or full (whole layers: a search picks the fewest "
+                        "that fit, estimate and megatron take --recompute-num-layers, default all).")]
 RecomputeModulesOpt = Annotated[Optional[str], typer.Option(
     "--recompute-modules", help="Selective recompute: the modules, e.g. 'layernorm,moe_act' (core_attn, moe_act, "
                                 "layernorm, mla_up_proj, mlp, moe, shared_experts; default core_attn).")]
