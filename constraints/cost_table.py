@@ -36,8 +36,11 @@ given HBM / offload capacities:
    `constraints.dominance`. Because a tie would rank the twin first, the skipped twins of every
    row still in the running after the first bounds are costed at its batch and ranked with the
    rest ("1c" in `tabulate`), so the table is the one without this step.
-The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this, and
-the regret tests compare the two.
+Full recompute without a pipeline is costed at the fewest recomputed layers that fit
+(`fewest_recompute_layers`), a row's own choice like its batch; the offload and overlap rules of
+step 0 leave those rows alone, since freeing memory can lower the count.
+The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this (every
+block count included), and the regret tests compare the two.
 """
 from __future__ import annotations
 
@@ -424,7 +427,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     # Block-recompute pairs (`block_recompute_rows`) are costed at the fewest layers that fit, so
     # a pair that frees memory (more offload, no all-to-all overlap) may recompute fewer layers
     # and be the faster one: neither the offload rules nor rule C order them.
-    block = (lay["pp"] == 1)[:, None] & (opt["recompute"] == RECOMPUTE_CODES["full"])[None, :]
+    block = block_recompute_rows({"recompute": opt["recompute"][None, :], "pp": lay["pp"][:, None]})
 
     covered = np.zeros((n_lay, n_opt), dtype=bool)     # fits, or a pair below it fits
     fits_m = np.zeros((n_lay, n_opt), dtype=bool)      # evaluated and fits at its largest batch
