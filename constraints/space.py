@@ -418,7 +418,9 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
 # Layouts
 # ---------------------------------------------------------------------------------------------
 
-def _dp_choices(space: Space, used: int) -> list[int]:
+def _dp_choices(space: Space, used: int, any_batch: bool = False) -> list[int]:
+    """The dp counts tried beside tp·pp·cp = `used`; with idle GPUs the whole-node ones among the
+    full count, the powers of two and the batch's divisors (`any_batch`: every count)."""
     n, job, system = space.system.num_gpus, space.job, space.system
     if not job.allow_idle_gpus:
         return [n // used] if n % used == 0 else []
@@ -426,7 +428,9 @@ def _dp_choices(space: Space, used: int) -> list[int]:
     if top < 1:
         return []
     cands = {top} | set(_pow2_upto(top))
-    if job.global_batch:
+    if any_batch:
+        cands = set(range(1, top + 1))
+    elif job.global_batch:
         cands |= {d for d in divisors(job.global_batch) if d <= top}
     out = []
     for d in sorted(cands):
@@ -437,22 +441,14 @@ def _dp_choices(space: Space, used: int) -> list[int]:
     return out
 
 
-def layouts(space: Space) -> dict[str, np.ndarray]:
-    """All (tp, pp, dp, cp, ep, vpp, micro_batch) that pass the structural rules, each with its
-    legal microbatch counts m = global_batch / (micro_batch·dp) as range(m_min, m_max + 1, m_step):
-    fixed batch: the one m; free batch: 1..M (M = cap // (micro_batch·dp)), or the multiples of
-    pp up to M with interleaving (Megatron needs m >= pp; a fixed batch whose m pp does not divide
-    runs with a microbatch group N != pp, pipeline_layout.vp_microbatch_group; a free batch keeps to
-    multiples of pp, which it can always pick, for search speed)."""
-    d = space.domains
-    model = space.model
+def _batchless_layouts(space: Space, dp_choices):
+    """(tp, pp, cp, dp, ep, etp, vpp) passing every structural rule but the batch's: the GPU count
+    (`dp_choices(tp·pp·cp)` within the dp domain), Megatron's expert folding and the pipeline's."""
+    d, model = space.domains, space.model
     experts = model.moe.num_experts if model.moe else 1
-    names = LAYOUT_KEYS + ("m_min", "m_max", "m_step")
-    cols: dict[str, list] = {k: [] for k in names}
-    gb_dom = sorted(d["global_batch"])
     for tp, pp, cp in itertools.product(d["tp"], d["pp"], d["cp"]):
         used = tp * pp * cp
-        for dp in _dp_choices(space, used):
+        for dp in dp_choices(used):
             if dp not in d["dp"]:
                 continue
             world = used * dp
@@ -463,21 +459,43 @@ def layouts(space: Space) -> dict[str, np.ndarray]:
                 for vpp in d["vpp"]:
                     if model.layers < pp * vpp or (vpp > 1 and pp == 1) or not deep_vpp_ok(model.layers, pp, vpp):
                         continue
-                    for mb in d["micro_batch"]:
-                        unit = mb * dp
-                        if space.free_batch:
-                            top = space.batch_cap // unit
-                            if vpp > 1:
-                                top = (top // pp) * pp
-                                spans = [(pp, top, pp)] if top >= pp else []
-                            else:
-                                spans = [(1, top, 1)] if top >= 1 else []
-                        else:
-                            spans = [(g // unit, g // unit, 1) for g in gb_dom if g % unit == 0
-                                     and (vpp == 1 or g // unit >= pp)]
-                        for span in spans:
-                            for k, v in zip(names, (tp, pp, dp, cp, ep, etp, vpp, mb) + span):
-                                cols[k].append(v)
+                    yield tp, pp, cp, dp, ep, etp, vpp
+
+
+def layout_exists_at_some_batch(space: Space) -> bool:
+    """Whether a layout passes the structural rules other than the batch's (for `check`: is the
+    batch what binds?). Every dp of the domain counts, with idle GPUs too (the batch decides which
+    of them `layouts` tries)."""
+    return next(_batchless_layouts(space, lambda used: _dp_choices(space, used, any_batch=True)), None) is not None
+
+
+def layouts(space: Space) -> dict[str, np.ndarray]:
+    """All (tp, pp, dp, cp, ep, vpp, micro_batch) that pass the structural rules, each with its
+    legal microbatch counts m = global_batch / (micro_batch·dp) as range(m_min, m_max + 1, m_step):
+    fixed batch: the one m; free batch: 1..M (M = cap // (micro_batch·dp)), or the multiples of
+    pp up to M with interleaving (Megatron needs m >= pp; a fixed batch whose m pp does not divide
+    runs with a microbatch group N != pp, pipeline_layout.vp_microbatch_group; a free batch keeps to
+    multiples of pp, which it can always pick, for search speed)."""
+    d = space.domains
+    names = LAYOUT_KEYS + ("m_min", "m_max", "m_step")
+    cols: dict[str, list] = {k: [] for k in names}
+    gb_dom = sorted(d["global_batch"])
+    for tp, pp, cp, dp, ep, etp, vpp in _batchless_layouts(space, lambda used: _dp_choices(space, used)):
+        for mb in d["micro_batch"]:
+            unit = mb * dp
+            if space.free_batch:
+                top = space.batch_cap // unit
+                if vpp > 1:
+                    top = (top // pp) * pp
+                    spans = [(pp, top, pp)] if top >= pp else []
+                else:
+                    spans = [(1, top, 1)] if top >= 1 else []
+            else:
+                spans = [(g // unit, g // unit, 1) for g in gb_dom if g % unit == 0
+                         and (vpp == 1 or g // unit >= pp)]
+            for span in spans:
+                for k, v in zip(names, (tp, pp, dp, cp, ep, etp, vpp, mb) + span):
+                    cols[k].append(v)
     return {k: np.asarray(v, dtype=np.float64) for k, v in cols.items()}
 
 
@@ -604,4 +622,4 @@ def enumerate_rows(space: Space) -> dict[str, np.ndarray]:
 
 __all__ = ["Space", "build_space", "knob_domains", "layouts", "options", "cross", "cross_index", "pair_mask", "take_pairs",
            "enumerate_rows", "layout_class", "options_allowed", "N_LAYOUT_CLASSES",
-           "expand_batches", "at_batch", "check_hbm_reserve", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]
+           "expand_batches", "at_batch", "check_hbm_reserve", "layout_exists_at_some_batch", "divisors", "LAYOUT_KEYS", "OPTION_KEYS", "ROW_KEYS"]

@@ -25,7 +25,7 @@ import numpy as np
 from constraints.solve import explain, solve_top_k, stopping_solves
 from constraints.stages import best_stages
 from constraints.space import (LAYOUT_CLASS_SP, N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class,
-                               megatron_pin_conflicts,
+                               layout_exists_at_some_batch, megatron_pin_conflicts,
                                layouts, options,
                                options_allowed, pair_mask, take_pairs)
 from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
@@ -557,6 +557,15 @@ def _pins(job: JobSpec) -> str:
     return ", ".join(f"{k}={v}" for k, v in job.pins.items())
 
 
+def _fills_gpus(d: dict, n: int, idle: bool) -> bool:
+    """Whether some tp·pp·cp·dp of the (pinned) domains uses the n GPUs (at most n with idle GPUs)."""
+    dps = set(d["dp"])
+    for prod in {a * b * c for a in d["tp"] for b in d["pp"] for c in d["cp"]}:
+        if (idle and any(prod * x <= n for x in dps)) or (n % prod == 0 and n // prod in dps):
+            return True
+    return False
+
+
 def _expert_folding_reason(model: ModelSpec, job: JobSpec, d: dict, n: int) -> str | None:
     """Why no MoE layout exists, where it is Megatron's expert folding: etp·ep·pp must divide the
     GPUs (and ep the experts) for some pp of the domain; None where some combination does."""
@@ -623,9 +632,22 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
         binding.append("gpus")
         reasons.append(f"gpus: no tp·pp·cp from tp in {list(d['tp'])}, pp in {list(d['pp'])}, cp in "
                        f"{list(d['cp'])} divides {n} GPUs (try --allow-idle-gpus or another GPU count)")
+    elif not _fills_gpus(d, n, job.allow_idle_gpus):
+        binding.append("gpus")
+        reasons.append(f"gpus: no tp in {list(d['tp'])}, pp in {list(d['pp'])}, cp in {list(d['cp'])} and dp in "
+                       f"{list(d['dp'])[:12]}{'...' if len(d['dp']) > 12 else ''} make tp·pp·dp·cp "
+                       f"{'at most' if job.allow_idle_gpus else 'equal to'} {n} (see the pins)")
     elif folding := _expert_folding_reason(model, job, d, n):
         binding.append("experts_ep")
         reasons.append(folding)
+    elif not layout_exists_at_some_batch(space):  # each rule holds alone, but not all at once
+        binding.append("layout")
+        reasons.append(f"layout: no layout meets the GPU count ({n}), Megatron's expert folding (etp·ep·pp "
+                       f"dividing it) and the pipeline rules together (tp in {list(d['tp'])}, pp in "
+                       f"{list(d['pp'])}, cp in {list(d['cp'])}, ep in {list(d['ep'])}; see the pins)"
+                       if model.moe else
+                       f"layout: no layout meets the GPU count ({n}) and the pipeline rules together (tp in "
+                       f"{list(d['tp'])}, pp in {list(d['pp'])}, cp in {list(d['cp'])}; see the pins)")
     elif job.global_batch:
         dps = [int(job.pins["dp"])] if "dp" in pinned else sorted({n // p for p in prods if n % p == 0})
         binding.append("batch")

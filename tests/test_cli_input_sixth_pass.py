@@ -150,3 +150,30 @@ def test_a_plan_file_that_breaks_a_layout_rule_is_an_input_error_as_the_flags_ar
     flags = run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1",
                  "--vpp", "2"])
     assert flags.exit_code == 2
+
+
+@pytest.mark.parametrize("model, gpus, pins, idle, word", [
+    # pp 2 and dp 1 leave tp·cp = 12, which no tp and cp of the domains give
+    ("llama3-8b", 24, {"pp": 2, "dp": 1}, False, "gpus: no tp in"),
+    # each rule can hold alone, not all at once: tp 1 · pp 3 with etp 4 folds over 12 GPUs only,
+    # which are not whole 8-GPU nodes (idle GPUs allowed: 3 or 6 GPUs, whole-node counts)
+    ("qwen3-30b-a3b", 12, {"tp": 1, "pp": 3, "etp": 4}, True, "layout: no layout meets"),
+    # ep 16 needs pp 1 on 16 GPUs (etp 1: biased experts), and then tp 1 · dp 1 leaves cp 16
+    ("gpt-oss-20b", 16, {"tp": 1, "ep": 16, "dp": 1}, False, "layout: no layout meets"),
+])
+def test_check_names_the_layout_rule_that_binds_not_the_batch(model, gpus, pins, idle, word):
+    """Where no layout exists at any batch, the batch is not what binds (each of these was told
+    'the global batch 64 is not a multiple of micro_batch·dp'); at a batch every dp divides, the
+    same pins still leave no layout."""
+    from constraints.space import build_space, layouts
+    from hardware.load import load_system
+    from planner.model import load_model
+    from planner.plan import JobSpec
+    from planner.search import check
+    m, s = load_model(model), load_system("h100-sxm", gpus)
+    job = JobSpec(global_batch=64, pins=pins, allow_idle_gpus=idle)
+    res = check(m, s, job)
+    assert not res.feasible and any(r.startswith(word) for r in res.reasons), res.reasons
+    assert not any(r.startswith("batch:") for r in res.reasons), res.reasons
+    any_batch = job.model_copy(update={"global_batch": 2**10 * 3 * 5 * 7})  # every dp up to 16 divides it
+    assert len(layouts(build_space(m, s, any_batch))["tp"]) == 0
