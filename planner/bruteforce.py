@@ -18,11 +18,11 @@ from typing import Callable
 import numpy as np
 
 from constraints.space import build_space, cross, expand_batches, layouts, options
-from constraints.cost_table import MEMORY_BITS, evaluate, order_rows, plan_arrays
+from constraints.cost_table import MEMORY_BITS, block_recompute_rows, evaluate, order_rows, plan_arrays
 from hardware.spec import SystemSpec
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
-from planner.plan import RECOMPUTE_CODES, JobSpec, Plan
+from planner.plan import JobSpec, Plan
 from planner.ties import TIE_REL_TOL, needs_more, rank_with_ties
 
 
@@ -86,10 +86,11 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
 
 
 def with_every_recompute_count(rows: dict[str, np.ndarray], layers: int) -> dict[str, np.ndarray]:
-    """Each full-recompute row without a pipeline once per block recompute count k = 1 .. layers
-    (`recompute_layers`; k = layers is every layer), every other row as it is (count 0): the
-    search costs such rows at the fewest layers that fit, the oracle tries them all."""
-    block = (rows["recompute"] == RECOMPUTE_CODES["full"]) & (rows["pp"] == 1)
+    """Each row with a block count to choose (full recompute, no pipeline, no offload:
+    `cost_table.block_recompute_rows`) once per count k = 1 .. layers (`recompute_layers`; k =
+    layers is every layer), every other row as it is (count 0): the search costs such rows at the
+    fewest layers that fit, the oracle tries them all."""
+    block = block_recompute_rows(rows)  # which rows have the choice: the space's definition
     reps = np.where(block, layers, 1)
     out = {k: np.repeat(v, reps) for k, v in rows.items()}
     start = np.repeat(np.cumsum(reps) - reps, reps)

@@ -160,7 +160,7 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
     head = ranked[:STAGE_REFINE_TOP]
     solved = map_in_order(lambda r: best_stages(model, system, job, r.plan), head, stopping=stopping_solves)
     for r, (cand, sol) in zip(head, solved):
-        if sol is None:  # no per-stage problem (ZeRO-3, offload): the block count alone
+        if sol is None:  # no per-stage problem (ZeRO-3, offload): ZeRO-3's block count alone
             out.append(fewest_uniform_recompute(model, system, job, r, free) or r)
             continue
         info = {"variables": sol.variables, "constraints": sol.constraints, "status": sol.status,
@@ -184,13 +184,14 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
 
 def fewest_uniform_recompute(model: ModelSpec, system: SystemSpec, job: JobSpec, r: Ranked,
                              free: bool) -> Ranked | None:
-    """A pipelined full-recompute plan that the per-stage problem does not pose (ZeRO-3 or offload:
-    memory is not linear in the layer counts there) at the fewest layers per virtual stage that
+    """A pipelined ZeRO-3 plan under full recompute, which the per-stage problem does not pose
+    (memory is not linear in the layer counts there), at the fewest layers per virtual stage that
     fit (Megatron's --recompute-num-layers, the same count in every chunk), by bisection with the
     exact model: memory never rises and time never falls as a layer more is recomputed. None
     where every layer must be, or the plan names its own count."""
     p = r.plan
-    if p.pp == 1 or p.recompute != "full" or p.recompute_num_layers is not None or p.stage_recompute_layers:
+    if p.pp == 1 or p.recompute != "full" or p.recompute_num_layers is not None or p.stage_recompute_layers \
+            or p.uses_offload:  # with offload more recompute can be faster (cost_table.block_recompute_rows)
         return None
     per_chunk = max(plan_layout(p, model.layers))
 
