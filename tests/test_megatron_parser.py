@@ -144,8 +144,8 @@ CASES = [
                                                dp_impl="torch-fsdp2")),
     ("llama3-8b", "h100-sxm", 8, "bf16", dict(tp=2, dp=4, micro_batch=1, global_batch=64, zero_stage=3,
                                                sequence_parallel=True, dp_impl="torch-fsdp2")),
-    # block recompute without a pipeline (the search's fewest fitting layers): ZeRO-3, and beside
-    # a whole optimizer offload
+    # block recompute without a pipeline: ZeRO-3 (the search's fewest fitting layers), and a
+    # count given beside a whole optimizer offload
     ("gpt3-20b", "h100-sxm", 64, "bf16", dict(dp=64, micro_batch=4, global_batch=512, zero_stage=3,
                                                recompute="full", recompute_num_layers=2)),
     ("mixtral-8x7b", "gh200", 16, "bf16", dict(tp=2, dp=8, ep=8, micro_batch=2, global_batch=64, sequence_parallel=True,
