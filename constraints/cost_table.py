@@ -79,8 +79,9 @@ def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS,
              fewest_recompute: bool = True) -> dict[str, np.ndarray]:
     """Exact model on every row (in chunks); adds `objective` and `recompute_layers`, the block
     recompute count each row is costed at (0: all layers; rows that carry the column keep theirs).
-    `fewest_recompute`: full recompute without a pipeline is costed at the fewest layers that fit
-    (`fewest_recompute_layers`); the brute-force oracle turns it off and enumerates every count."""
+    `fewest_recompute`: full recompute without a pipeline or offload is costed at the fewest layers
+    that fit (`fewest_recompute_layers`); the brute-force oracle turns it off and enumerates every
+    count."""
     keep = tuple(keep) + tuple(k for k in ("violations", "step_time_s") if k not in keep)
     res = _estimate(space, rows, keep)
     given = rows.get("recompute_layers")

@@ -24,7 +24,7 @@ C. moe_a2a_overlap: per MoE layer the exposed all-to-all falls from 2a to 2a - (
    (memory.in_flight_microbatches), so u needs MORE memory: v is dominated only where u fits.
    Where the overlap hides nothing (NCCL's intra-domain all-to-all, time.a2a_in_nccl_copy_kernels)
    u takes v's time with more memory: no rule, both twins are costed (the tie ranks v first).
-   Nor for full recompute without a pipeline: there each twin is costed at the fewest
+   Nor for full recompute without a pipeline or offload: there each twin is costed at the fewest
    recomputed layers that fit (cost_table.fewest_recompute_layers), so v, with less memory, may
    recompute fewer layers and be the faster one.
 

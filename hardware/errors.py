@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +36,11 @@ def one_line(err: ValidationError, where: str) -> SpecError:
     more = len(err.errors()) - 1
     tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
     return SpecError(f"{where}: {msg}{tail}" if loc is None else f"{where}: {loc}: {msg}{tail}")
+
+
+def finite_number(value) -> bool:
+    """A real, finite number as YAML/JSON give it (a bool is not one, NaN and inf are not finite)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def in_range(low: float, high: float, integer: bool = False):

@@ -1,15 +1,13 @@
 """What a plan IS (every knob) and what the job asks for (batch, dtype, pins, forbids)."""
 from __future__ import annotations
 
-import math
-
 from pathlib import Path
 from typing import Literal, get_args
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
-from hardware.errors import refuse_loose_types, SpecError, one_line, read_yaml_mapping
+from hardware.errors import finite_number, refuse_loose_types, SpecError, one_line, read_yaml_mapping
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
@@ -483,8 +481,7 @@ def check_plan_file_fields(data: dict, path: str | Path) -> None:
         raise SpecError(f"plan ({path}): unknown field {unknown[0]!r}; allowed: {', '.join(allowed)}")
     # kept for the reader and not used on load, but what `planner plan --save` writes where present
     value = data.get("step_time_s")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not math.isfinite(value) or value < 0):
+    if value is not None and not (finite_number(value) and value >= 0):
         raise SpecError(f"plan ({path}): step_time_s: expected a finite non-negative number of seconds, got {value!r}")
     if data.get("objective") not in (None, *SAVED_OBJECTIVES):
         raise SpecError(f"plan ({path}): objective: unknown {data['objective']!r}; allowed: {', '.join(SAVED_OBJECTIVES)}")

@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from hardware import load_system
-from hardware.errors import SpecError
+from hardware.errors import SpecError, finite_number
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
 from planner.model import Activation, ModelSpec, MoESpec
@@ -177,7 +177,7 @@ class _Record:
         value = self.get(path)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        if not (finite_number(value) and value > 0):
             raise SpecError(f"reference {self.id}: {path}: expected a finite number > 0, got {value!r}")
         return float(value)
 

@@ -558,10 +558,11 @@ def _pins(job: JobSpec) -> str:
     return ", ".join(f"{k}={v}" for k, v in job.pins.items())
 
 
-def _fills_gpus(d: dict, n: int, idle: bool) -> bool:
-    """Whether some tp·pp·cp·dp of the (pinned) domains uses the n GPUs (at most n with idle GPUs)."""
-    dps = set(d["dp"])
-    for prod in {a * b * c for a in d["tp"] for b in d["pp"] for c in d["cp"]}:
+def _fills_gpus(prods, dps, n: int, idle: bool) -> bool:
+    """Whether some tp·pp·cp of `prods` times a dp of `dps` (the pinned domains) uses the n GPUs
+    (at most n with idle GPUs)."""
+    dps = set(dps)
+    for prod in prods:
         if (idle and any(prod * x <= n for x in dps)) or (n % prod == 0 and n // prod in dps):
             return True
     return False
@@ -633,7 +634,7 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
         binding.append("gpus")
         reasons.append(f"gpus: no tp·pp·cp from tp in {list(d['tp'])}, pp in {list(d['pp'])}, cp in "
                        f"{list(d['cp'])} divides {n} GPUs (try --allow-idle-gpus or another GPU count)")
-    elif not _fills_gpus(d, n, job.allow_idle_gpus):
+    elif not _fills_gpus(prods, d["dp"], n, job.allow_idle_gpus):
         binding.append("gpus")
         reasons.append(f"gpus: no tp in {list(d['tp'])}, pp in {list(d['pp'])}, cp in {list(d['cp'])} and dp in "
                        f"{list(d['dp'])[:12]}{'...' if len(d['dp']) > 12 else ''} make tp·pp·dp·cp "

@@ -28,7 +28,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hardware.errors import SpecError, one_line
+from hardware.errors import SpecError, finite_number, one_line
 from hardware.load import load_system
 from hardware.spec import GIB, SystemSpec
 from planner.model import ModelSpec, load_model
@@ -566,8 +566,7 @@ class PointLog:
             return "feasible must be true or false"
         if not isinstance(record["reason"], str) or (record["feasible"] and not isinstance(record["plan"], str)):
             return "plan and reason must be strings"
-        if isinstance(record["search_s"], bool) or not isinstance(record["search_s"], (int, float)) \
-                or not math.isfinite(record["search_s"]) or record["search_s"] < 0:
+        if not (finite_number(record["search_s"]) and record["search_s"] >= 0):
             return "search_s must be a finite non-negative number"
         if not record["feasible"]:  # an infeasible point has no plan: `result_row` leaves its columns empty
             filled = [c for c in RESULT_COLUMNS if c not in INFEASIBLE_ROW_COLUMNS and c not in names
@@ -576,8 +575,7 @@ class PointLog:
         numeric = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "global_batch", "zero_stage",
                    "offload_weights", "offload_activations", "offload_optimizer", "step_time_s", "mfu",
                    "tokens_per_s", "hbm_used_gib", "offload_used_gib")
-        bad = [c for c in numeric if isinstance(record[c], bool) or not isinstance(record[c], (int, float))
-               or not math.isfinite(record[c]) or record[c] < 0]
+        bad = [c for c in numeric if not (finite_number(record[c]) and record[c] >= 0)]
         if bad:
             return f"{bad[0]} must be a finite non-negative number"
         return None

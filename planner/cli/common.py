@@ -634,6 +634,14 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
     return make_plan(global_batch=global_batch, **fields)
 
 
+def check_job_reserve(job, system: SystemSpec, plan_file, reserve_flag: float | None) -> None:
+    """The job's HBM reserve leaves some HBM (constraints.space.check_hbm_reserve), named where the
+    user wrote it: the --hbm-reserve-gib flag, else the plan file's job setting."""
+    from constraints.space import check_hbm_reserve  # the search layer, only here
+    check_hbm_reserve(job, system, f"plan ({plan_file}): job: hbm_reserve_gib"
+                      if plan_file and reserve_flag is None else "hbm-reserve-gib")
+
+
 def given_flags(ctx: typer.Context, drop: tuple[str, ...] = ()) -> list[str]:
     """The options the user gave on the command line (not defaults), in their long form, for a
     command we suggest that repeats them; `drop`: parameter names left out."""

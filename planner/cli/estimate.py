@@ -8,6 +8,7 @@ import typer
 from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli.common import (
+    check_job_reserve,
     check_layout_fits_model,
     check_recompute_layers,
     CudaGraphOpt,
@@ -161,9 +162,7 @@ def estimate_command(
                        **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype, model_spec))
     if moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
-    from constraints.space import check_hbm_reserve  # noqa: PLC0415 (the search layer, only here)
-    check_hbm_reserve(job, system_spec, f"plan ({plan_file}): job: hbm_reserve_gib"
-                      if plan_file and hbm_reserve_gib is None else "hbm-reserve-gib")
+    check_job_reserve(job, system_spec, plan_file, hbm_reserve_gib)
     check_bf16_layers_fit(job.bf16_layers, model_spec)
     check_layout_fits_model(plan, model_spec, plan_file)
     check_recompute_layers(plan, model_spec)

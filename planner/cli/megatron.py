@@ -10,6 +10,7 @@ import typer
 from hardware.errors import SpecError
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
+    check_job_reserve,
     check_recompute_layers,
     check_new_file,
     Bf16LayersOpt,
@@ -140,9 +141,7 @@ def _job(o: dict, model, system, plan=None):
                               adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
                               module_dtypes=modules.get("module_dtypes")) if plan is not None else None
     if saved is not None:
-        from constraints.space import check_hbm_reserve  # noqa: PLC0415 (the search layer, only here)
-        check_hbm_reserve(saved, system, f"plan ({o['plan_file']}): job: hbm_reserve_gib"
-                          if o["hbm_reserve_gib"] is None else "hbm-reserve-gib")
+        check_job_reserve(saved, system, o["plan_file"], o["hbm_reserve_gib"])
         check_bf16_layers_fit(saved.bf16_layers, model)
         return saved
     batch = plan.global_batch if plan is not None else (o["global_batch"] or DEFAULT_BATCH)
@@ -150,8 +149,7 @@ def _job(o: dict, model, system, plan=None):
     job = make_job(global_batch=batch, max_global_batch=max(DEFAULT_MAX_GLOBAL_BATCH, batch), dtype=o["dtype"],
                    system=system, hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"],
                    **moments, **bf16, **modules)
-    from constraints.space import check_hbm_reserve  # noqa: PLC0415
-    check_hbm_reserve(job, system)
+    check_job_reserve(job, system, None, o["hbm_reserve_gib"])
     return job
 
 
