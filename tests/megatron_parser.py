@@ -153,12 +153,18 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec, argv: list[str] | 
         # such as 5, 6 x 13, 5 for 88 layers on pp 3 vpp 5 included)
         counts = [len(seg) for seg in _hybrid_pattern(ns).split("/")[0].split("|")]
         stage_layers = None if tuple(counts) == even_layout(model.layers, pp, vpp) else counts
+    extra = {}
     if recompute == "full":
         assert cfg["recompute_method"] == "block"
-        # block recompute of n layers per chunk is all of them once n covers the largest chunk
+        # block recompute of n layers per chunk is all of them once n covers the largest chunk;
+        # below that, an explicit layout recomputes min(n, its layers) in each virtual stage (the
+        # Plan's stage_recompute_layers), the default split n per chunk, n·vpp per stage
+        n = cfg["recompute_num_layers"]
         per_chunk = max(stage_layers) if stage_layers else model.layers // (pp * vpp)
-        k = None if cfg["recompute_num_layers"] >= per_chunk else cfg["recompute_num_layers"] * vpp
-    extra = {}
+        if n < per_chunk and stage_layers:
+            extra["stage_recompute_layers"] = [min(n, s) for s in stage_layers]
+        elif n < per_chunk:
+            k = n * vpp
     if ns["use_megatron_fsdp"]:
         zero = SHARDING[ns["data_parallel_sharding_strategy"]]
     elif ns.get("use_torch_fsdp2") is True or "--use-torch-fsdp2" in (argv or ()):  # shards all three, overlaps
@@ -295,8 +301,11 @@ def model_shape(m: ModelSpec) -> dict:
 
 
 def canonical(plan: Plan, layers: int) -> Plan:
-    """`plan` with an explicit layout that is the default split written as none, as
-    `plan_from_megatron` reads one back: the same plan either way (PlanArrays costs both alike)."""
+    """`plan` as `plan_from_megatron` reads one back: an explicit layout that is the default split
+    written as none, a per-stage recompute of every layer as none: the same plan either way
+    (PlanArrays costs both alike)."""
+    if plan.stage_recompute_layers is not None and tuple(plan.stage_recompute_layers) == tuple(plan.stage_layers):
+        plan = plan.model_copy(update={"stage_recompute_layers": None})  # every layer: as no count
     if plan.stage_layers is not None and plan.stage_recompute_layers is None \
             and tuple(plan.stage_layers) == balanced_layout(layers, plan.pp, plan.vpp):
         return plan.model_copy(update={"stage_layers": None})

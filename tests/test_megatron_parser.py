@@ -111,6 +111,11 @@ CASES = [
     ("nemotron-3-super", "b200", 64, "mxfp8",
      dict(pp=2, dp=32, ep=8, vpp=4, micro_batch=1, global_batch=128, recompute="full",
           stage_layers=[12, 11, 11, 11, 11, 11, 11, 10])),
+    # a per-stage recompute count (the per-stage CP-SAT's): Megatron's block method recomputes
+    # min(n, layers) of every virtual stage, so the one-layer end stages recompute one of n = 2
+    ("llama3-70b", "h100-sxm", 64, "bf16",
+     dict(tp=4, pp=4, dp=4, vpp=2, micro_batch=1, global_batch=128, sequence_parallel=True, recompute="full",
+          stage_layers=[1, 13, 13, 13, 13, 13, 13, 1], stage_recompute_layers=[1, 2, 2, 2, 2, 2, 2, 1])),
     # MLA without query compression, two shared experts, one leading dense layer (DeepSeek-V2-Lite);
     # a hybrid stack without experts (Nemotron-H 56B, pretrain_mamba.py); gpt-oss-20b's biased experts
     ("deepseek-v2-lite", "h100-sxm", 16, "bf16",
