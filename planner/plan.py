@@ -143,7 +143,8 @@ class Plan(BaseModel):
         default=None, description="selective recompute: the modules recomputed (Megatron --recompute-modules; "
                                   "None = core_attn, Megatron's default)")
     recompute_num_layers: PositiveInt | None = Field(
-        default=None, description="full recompute: layers per pipeline stage recomputed (None = all)")
+        default=None, description="full recompute: layers per pipeline stage recomputed (None = all); "
+                                  "k/vpp of each virtual stage, as Megatron's block method runs it")
     zero_stage: Literal[0, 1, 2, 3] = Field(
         default=1, description="0 plain DP, 1 distributed optimizer (ZeRO-1), 2 +grads, 3 +params (FSDP)")
     offload_weights: NonNegativeFloat = Field(default=0.0, le=1.0, allow_inf_nan=False,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
+from planner.analytical.plans import uniform_chunk_recompute
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.model import MambaSpec, MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
@@ -301,12 +302,24 @@ def model_shape(m: ModelSpec) -> dict:
 
 
 def canonical(plan: Plan, layers: int) -> Plan:
-    """`plan` as `plan_from_megatron` reads one back: an explicit layout that is the default split
-    written as none, a per-stage recompute of every layer as none: the same plan either way
-    (PlanArrays costs both alike)."""
+    """`plan` as `plan_from_megatron` reads one back, the same launch either way: a per-stage
+    recompute of every layer as none; the default split written out as none; over an explicit
+    uneven layout, one count per stage as the per-chunk counts Megatron runs
+    (uniform_chunk_recompute), and over the default split the reverse. PlanArrays costs both
+    alike (the layers each rank recomputes; of a MoE model's leading dense layers a uniform count
+    takes a rank's first, not each chunk's)."""
     if plan.stage_recompute_layers is not None and tuple(plan.stage_recompute_layers) == tuple(plan.stage_layers):
         plan = plan.model_copy(update={"stage_recompute_layers": None})  # every layer: as no count
-    if plan.stage_layers is not None and plan.stage_recompute_layers is None \
-            and tuple(plan.stage_layers) == balanced_layout(layers, plan.pp, plan.vpp):
+    balanced = plan.stage_layers is not None and tuple(plan.stage_layers) == balanced_layout(layers, plan.pp, plan.vpp)
+    if plan.stage_layers is not None and plan.recompute == "full":
+        if plan.recompute_num_layers and not balanced:
+            chunks = uniform_chunk_recompute(plan.stage_layers, plan.recompute_num_layers, plan.vpp)
+            if chunks is not None:
+                plan = plan.model_copy(update={"recompute_num_layers": None, "stage_recompute_layers": chunks})
+        elif plan.stage_recompute_layers and balanced:
+            k = max(plan.stage_recompute_layers) * plan.vpp
+            if tuple(plan.stage_recompute_layers) == uniform_chunk_recompute(plan.stage_layers, k, plan.vpp):
+                plan = plan.model_copy(update={"recompute_num_layers": k, "stage_recompute_layers": None})
+    if balanced and plan.stage_recompute_layers is None:
         return plan.model_copy(update={"stage_layers": None})
     return plan

@@ -71,6 +71,24 @@ def test_interleaved_rank_in_flight_counts():
     assert one.memory_breakdown_bytes["activations_bytes"] == pytest.approx(per_layer_even * 10 * 4.5, rel=1e-12)
 
 
+def test_one_recompute_count_on_an_uneven_layout_is_megatrons_per_chunk():
+    """Megatron's --recompute-method block recomputes the first k/vpp layers of every chunk: k = 4
+    per stage at vpp 2 on (1, 3, 2, 2, 3, 1, 2, 2) recomputes 1 + 2 on rank 0 (chunks of 1 and 3
+    layers) and 2 + 1 on rank 1, not min(4, layers of the rank) = 4. So it is the plan that names
+    those per-stage counts, time and memory alike; and at vpp 1 one count per chunk is one per
+    rank: (3, 4, 4, 5) with k = 4 is (3, 4, 4, 4)."""
+    layout = (1, 3, 2, 2, 3, 1, 2, 2)
+    uniform = _est(layout, vpp=2, recompute="full", recompute_num_layers=4)
+    named = _est(layout, vpp=2, recompute="full", stage_recompute_layers=(1, 2, 2, 2, 2, 1, 2, 2))
+    assert uniform.step_time_s == named.step_time_s and uniform.hbm_bytes == named.hbm_bytes
+    everything = _est(layout, vpp=2, recompute="full")
+    # fewer layers recomputed than all: more memory held, less time spent
+    assert uniform.hbm_bytes > everything.hbm_bytes and uniform.step_time_s < everything.step_time_s
+    uniform1 = _est((3, 4, 4, 5), recompute="full", recompute_num_layers=4)
+    named1 = _est((3, 4, 4, 5), recompute="full", stage_recompute_layers=(3, 4, 4, 4))
+    assert uniform1.step_time_s == named1.step_time_s and uniform1.hbm_bytes == named1.hbm_bytes
+
+
 def test_layout_rules_are_checked():
     with pytest.raises(Exception):
         Plan(pp=4, stage_layers=(4, 4, 4))  # length != pp*vpp

@@ -18,7 +18,8 @@ DISPATCHER_NAMES = {code: name for name, code in MOE_DISPATCHER_CODES.items()}
 @dataclass(frozen=True)
 class PlanArrays:
     """One column per knob; row i is plan i. recompute: 0 none, 1 selective, 2 full;
-    recompute_layers: layers per stage recomputed under full recompute, 0 = all (ignored otherwise);
+    recompute_layers: layers per stage recomputed under full recompute, 0 = all (ignored otherwise;
+    with an explicit layout, k/vpp of each virtual stage: uniform_chunk_recompute);
     recompute_modules: selective recompute's module bit mask (planner.plan.RECOMPUTE_MODULE_BITS;
     0 = core_attn, Megatron's default; forced to 0 unless recompute is selective).
 
@@ -241,6 +242,16 @@ RANK_FIELDS = ("rank_index", "rank_layers", "rank_recompute", "recompute_total",
                "rank_lead_layers", "rank_lead_recompute", "lead_layers", "lead_recompute_total")
 
 
+def uniform_chunk_recompute(stage_layers, k: int, vpp: int) -> tuple[int, ...] | None:
+    """Per-virtual-stage recompute counts of an explicit layout under one count k per pipeline
+    stage: Megatron's --recompute-method block recomputes the first k/vpp layers of every chunk
+    (transformer_block.py), so a chunk holding fewer recomputes all of its own. None where k is
+    not whole chunks (vpp does not divide it: no Megatron launch; costed per rank, min(k, load))."""
+    if k <= 0 or k % vpp:
+        return None
+    return tuple(min(k // vpp, s) for s in stage_layers)
+
+
 def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Representative ranks of every row (see PlanArrays). Default split (no explicit layout):
     ranks 0, 1 (a fullest middle rank: `balanced_layout` puts the extra layers on ranks 1, 2, …
@@ -276,6 +287,8 @@ def _rank_columns(layers: int, cols: dict[str, np.ndarray]) -> dict[str, np.ndar
     for i in explicit:
         stage_layers, stage_recompute = cols["stage_layout"][i]
         pp_i = int(p[i])
+        if stage_recompute is None and full[i]:
+            stage_recompute = uniform_chunk_recompute(stage_layers, int(k[i]), int(v[i]))
         loads = np.zeros(pp_i)
         rec = np.zeros(pp_i)
         for s, count in enumerate(stage_layers):
@@ -329,9 +342,14 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
             # block recompute takes a stage's first layers: the leading ones first
             d_rc = np.asarray(rank_layers(stage_lead_layers(tuple(stage_layers), lead, tuple(stage_recompute)), pp_i),
                               dtype=np.float64)
-        else:  # as _rank_columns: min(k, rank load) per rank (k = 0: all), leading layers first
+        else:  # as _rank_columns: the rank's count (k = 0: all), its leading layers first, as the
+            # default split takes them (so an explicit balanced layout costs the same)
             loads = np.asarray(rank_layers(tuple(stage_layers), pp_i), dtype=np.float64)
-            rec = (np.minimum(k[i], loads) if k[i] > 0 else loads) if full[i] else np.zeros(pp_i)
+            chunks = uniform_chunk_recompute(stage_layers, int(k[i]), int(v[i])) if full[i] else None
+            if chunks is not None:
+                rec = np.asarray(rank_layers(chunks, pp_i), dtype=np.float64)
+            else:
+                rec = (np.minimum(k[i], loads) if k[i] > 0 else loads) if full[i] else np.zeros(pp_i)
             d_rc = np.minimum(rec, d)
         dr[i], dk[i] = d[ranks], d_rc[ranks]
         total_dk[i] = d_rc.sum()
