@@ -390,6 +390,27 @@ def test_a_recomputed_hybrid_stage_reruns_its_first_blocks():
     assert rerun == pytest.approx(64 * 8192 * (26 * f_mamba + f_moe), rel=1e-12)
 
 
+def test_one_recompute_count_reruns_the_first_blocks_of_every_chunk():
+    """Interleaved, one count k per stage: Megatron reruns the first k/vpp layers of every chunk,
+    the same plan as those per-stage counts in time, memory and FLOPs. Pattern (13 Mamba, 13 MoE)
+    twice at pp 2 × vpp 2, k = 8: chunks of 13 rerun 4 each. Chunks (3, 10, 10, 3): rank 0 holds
+    3 Mamba then 10 MoE blocks and reruns 3 + 4 (7 blocks, 4 of them MoE), not its first 8 in
+    chunk order (3 + 5)."""
+    model = ModelSpec(**{**NANO.model_dump(), "hybrid_pattern": ("M" * 13 + "E" * 13) * 2})
+    system, job = load_system("h100-sxm", 16), JobSpec(global_batch=64)
+    base = Plan(pp=2, vpp=2, dp=8, ep=8, micro_batch=1, global_batch=64, stage_layers=(13, 13, 13, 13),
+                recompute="full")
+    one = estimate(model, system, base.model_copy(update={"recompute_num_layers": 8}), job)
+    named = estimate(model, system, base.model_copy(update={"stage_recompute_layers": (4, 4, 4, 4)}), job)
+    assert one.step_time_s == named.step_time_s and one.hbm_bytes == named.hbm_bytes
+    # an uneven one: chunks (3, 10, 10, 3) at k = 8 rerun 3 + 4 on rank 0 (Megatron), not 8
+    uneven = base.model_copy(update={"stage_layers": (3, 10, 10, 3)})
+    one = estimate(model, system, uneven.model_copy(update={"recompute_num_layers": 8}), job)
+    named = estimate(model, system, uneven.model_copy(update={"stage_recompute_layers": (3, 4, 4, 3)}), job)
+    assert one.step_time_s == named.step_time_s and one.hbm_bytes == named.hbm_bytes
+    assert one.hardware_flops == named.hardware_flops
+
+
 def test_plan_says_when_a_hybrids_stages_were_searched_near_the_mean_block_split():
     """Nano at pp 8 vpp 2 has C(51, 15) splits: the per-block stage search keeps each bound near
     the mean-block answer, and `planner plan` says so rather than calling the answer optimal."""

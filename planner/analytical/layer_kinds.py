@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.analytical.plans import PlanArrays, has_layout
+from planner.analytical.plans import PlanArrays, has_layout, uniform_chunk_recompute
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.plan import RECOMPUTE_CODES
 from planner.pipeline_layout import balanced_layout, rank_of_stage
@@ -48,8 +48,9 @@ def rank_block_counts(model: ModelSpec, P: PlanArrays) -> tuple[list[str], list[
     the (R, kinds) count of each block kind of a hybrid stack that each representative rank holds
     and recomputes in full: the pattern cut at the layout, virtual stage j on rank j mod pp.
     Megatron's block method recomputes a stage's first layers: with per-stage counts, each
-    stage's first ones; else a rank's first k_r in chunk order (k_r as `plans._rank_columns`
-    counts it: min(k, the rank's layers), k = 0 all). A group's rows share their representative
+    stage's first ones; with one count k per stage, the first k/vpp of every chunk
+    (`plans.uniform_chunk_recompute`); else (vpp does not divide k: no Megatron launch) a rank's
+    first min(k, its layers) in chunk order (k = 0 all). A group's rows share their representative
     ranks (the default split's, every rank after `plans.with_every_rank`, or an explicit
     layout's); rows that do not are grouped alone."""
     kinds = [k for k in HYBRID_BLOCKS if model.blocks(k)]
@@ -69,8 +70,10 @@ def rank_block_counts(model: ModelSpec, P: PlanArrays) -> tuple[list[str], list[
         groups.setdefault((int(keys[i, 0]), int(keys[i, 1]), tuple(layout), rc), []).append(i)
     out = []
     for (pp, vpp, layout, rc), rows in groups.items():
-        held, recomputed = _block_tables(model.hybrid_pattern, kinds, layout or balanced_layout(model.layers, pp, vpp),
-                                         pp, rc)
+        stages = layout or balanced_layout(model.layers, pp, vpp)
+        chunks = uniform_chunk_recompute(stages, rc[1], vpp) if rc[0] == "ranks" else None
+        held, recomputed = _block_tables(model.hybrid_pattern, kinds, stages, pp,
+                                         rc if chunks is None else ("stages", chunks))
         rows = np.asarray(rows)
         ranks = P.rank_index[rows].astype(int) % pp
         if np.all(ranks == ranks[0]):
