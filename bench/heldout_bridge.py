@@ -168,6 +168,7 @@ def main() -> None:
     fitted_ids = {c.id for c in fit_gb300_rate.split(gb300)[1]}
     errors: dict[tuple[str, str], list[float]] = {}
     test_errors: list[float] = []
+    fastest: dict[tuple, tuple[float, float]] = {}  # one recipe -> (its fastest measurement, error)
     for c in sorted(cases, key=lambda c: c.id):
         p = predict(c)
         err = p["step_time_s"] / c.measured_step_s - 1
@@ -178,6 +179,9 @@ def main() -> None:
               f"pred {p['step_time_s']:8.3f} {err:+7.1%}{fits}{knobs}{fitted}")
         if not fitted:
             test_errors.append(err)
+            recipe = (c.model.name, c.system.name, c.system.num_gpus, c.job.dtype, c.job.global_batch, c.plan.short())
+            if recipe not in fastest or c.measured_step_s < fastest[recipe][0]:
+                fastest[recipe] = (c.measured_step_s, err)
         key = (c.model.name.split(" (")[0], c.system.accelerator.name)
         errors.setdefault(key, []).append(err)
     print()
@@ -190,6 +194,14 @@ def main() -> None:
           f"{len(not_read)} ({sorted({s.reason for s in not_read})[:5]})")
     print(f"out-of-sample ({len(test_errors)} rows, without the {len(fitted_ids)} that fit the GB300 rate): "
           f"mean |err| {statistics.mean(abs(e) for e in test_errors):.1%}, max {max(abs(e) for e in test_errors):.1%}")
+    # A recipe run again in a later release is the same job on newer software; a release that ran it
+    # far slower than the one before and the one after (Qwen3-30B-A3B on 16 H100 at pp 2 vpp 12:
+    # 51.3 s in 26.02, 28.9 s in 26.02.01) measures that release, not the layout. Its fastest
+    # release is what the recipe can do (as bench/recipes_vs_plan.py keeps it).
+    best = [e for _, e in fastest.values()]
+    print(f"out-of-sample, each recipe at its fastest release ({len(best)} recipes: model, system, GPUs, "
+          f"precision, batch, layout): mean |err| {statistics.mean(abs(e) for e in best):.1%}, "
+          f"max {max(abs(e) for e in best):.1%}, mean err {statistics.mean(best):+.1%}")
 
 
 if __name__ == "__main__":
