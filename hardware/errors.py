@@ -29,6 +29,11 @@ def one_line(err: ValidationError, where: str) -> SpecError:
         msg = "unknown field"
     elif first["type"] == "missing":
         msg = "required field is missing"
+    elif isinstance(first.get("input"), float) and not math.isfinite(first["input"]) \
+            and msg.startswith("Input should"):  # YAML .nan against pydantic's own bound: "less than 1"
+        msg = f"must be a finite number, got {first['input']}"
+    elif first["type"] == "string_pattern_mismatch":  # the names' pattern (spec.Name, model.ModelName)
+        msg = f"must be one line of visible text, got {str(first.get('input'))[:40]!r}"
     elif first["type"] in (INCONSISTENT, "value_error") and not first["loc"]:
         loc = None  # a model's own check: its message names the fields itself
     if first["type"] == "value_error":
@@ -156,7 +161,8 @@ def check_name_length(ref: str, what: str) -> None:
     parts = re.split(r"[/\\]", ref)
     # a bare name is also looked up as the preset file NAME.yaml
     limit = MAX_NAME_BYTES - (len(".yaml") if len(parts) == 1 else 0)
-    if any(len(part.encode()) > limit for part in parts):
+    # surrogateescape: a path's bytes that are not UTF-8 (a file named b"\xff.yaml") count as they are
+    if any(len(part.encode("utf-8", "surrogateescape")) > limit for part in parts):
         raise SpecError(f"{what}: a name in {ref[:40]!r}... is too long for the file system (a file name may have "
                         f"at most {MAX_NAME_BYTES} bytes); give a preset name or a path to a file")
 
@@ -169,6 +175,13 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
     if not ref.strip():  # Path("") is ".", the current folder: say what is really wrong
         raise SpecError(f"{what}: empty name: give a preset name or a path to a .yaml file")
     check_name_length(ref, what)
+    try:
+        return _resolve(ref, preset_dir, what)
+    except PermissionError as exc:  # a folder on the way that this user may not enter
+        raise SpecError(f"{what}: {ref}: cannot read ({exc.strerror})") from None
+
+
+def _resolve(ref: str, preset_dir: Path, what: str) -> tuple[Path, str]:
     if "/" not in ref and "\\" not in ref and (preset_dir / f"{ref}.yaml").is_file():
         return preset_dir / f"{ref}.yaml", f"preset {ref}"
     candidate = Path(ref)

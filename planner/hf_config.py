@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from hardware.errors import SpecError
+from hardware.errors import MAX_YAML_BYTES, SpecError, finite_number
 
 # Training runs pre-train at 4k–8k tokens and extend the context later; max_position_embeddings
 # (often 128k) is the inference limit, so it is only an upper bound here.
@@ -93,6 +93,15 @@ CONFIG_KEY_OF_FIELD = {"layers": "num_hidden_layers", "hidden": "hidden_size", "
                        "vocab": "vocab_size", "mtp_layers": "num_nextn_predict_layers",
                        "moe.top_k": "num_experts_per_tok", "moe.shared_experts": "n_shared_experts",
                        "moe.first_dense_layers": "first_k_dense_replace"}
+# The config keys behind the planner's names in a model-level message ("hidden (4096) must be
+# divisible by heads (31)"): said after it, so the user finds the key to change
+CONFIG_KEYS_OF_WORD = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+                       "query_groups": "num_key_value_heads", "head_dim": "head_dim", "vocab": "vocab_size",
+                       "top_k": "num_experts_per_tok", "num_experts": "num_experts / num_local_experts / n_routed_experts",
+                       "first_dense_layers": "first_k_dense_replace / mlp_only_layers", "router_groups": "n_group",
+                       "router_group_topk": "topk_group", "activation_clamp": "swiglu_limit",
+                       "shared_expert_ffn": "shared_expert_intermediate_size / moe_shared_expert_intermediate_size",
+                       "expert_ffn": "moe_intermediate_size / intermediate_size", "mtp_layers": "num_nextn_predict_layers"}
 # (A shared expert's width of 0 is how Qwen3-MoE configs say there is none: Qwen3-Coder-480B-A35B's
 # config.json has shared_expert_intermediate_size 0, read as no shared expert.)
 POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_group", "topk_group",
@@ -138,8 +147,8 @@ def _check_types(cfg: dict, path: Path) -> None:
     if rotary is not None and (isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1):
         raise bad("partial_rotary_factor", "a number in (0, 1]")
     limit = cfg.get("swiglu_limit")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, (int, float))):
-        raise bad("swiglu_limit", "a number")
+    if limit is not None and not (finite_number(limit) and limit > 0):  # JSON's NaN token parses
+        raise bad("swiglu_limit", "a finite number > 0 (or null: no clamp)")
     # HF's PretrainedConfig takes the context length as a positive integer; it caps seq_length
     if cfg.get("max_position_embeddings") is not None and cfg["max_position_embeddings"] < 1:
         raise bad("max_position_embeddings", "an integer >= 1")
@@ -185,8 +194,15 @@ def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:
     if not ref.strip():
         return None  # an empty name: the preset/file resolver says so (Path("") is the folder ".")
     path = Path(ref)
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":  # CONFIG.JSON too
         return path
+    try:
+        return _config_in_folder(ref, path, preset_names)
+    except PermissionError as exc:  # a folder on the way this user may not enter
+        raise SpecError(f"model: {ref}: cannot read ({exc.strerror})") from None
+
+
+def _config_in_folder(ref: str, path: Path, preset_names: Iterable[str]) -> Path | None:
     if path.is_dir():
         config = path / "config.json"
         if not config.is_file() and ref in set(preset_names):
@@ -198,11 +214,36 @@ def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:
     return None
 
 
+def _refuse_duplicate_keys(pairs: list[tuple]) -> dict:
+    """A JSON object whose key repeats: json keeps the last value without a word, so a config
+    edited by hand (num_hidden_layers twice) would be read as the other number."""
+    seen = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateJSONKey(key)
+        seen.add(key)
+    return dict(pairs)
+
+
+class DuplicateJSONKey(ValueError):
+    pass
+
+
 def read_config(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        if path.exists() and not path.is_file():
+            # a FIFO would block the read, /dev/zero never end it: neither holds a config
+            raise SpecError(f"model {path}: is not a regular file (a device, pipe or socket), expected a config.json")
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise SpecError(f"model {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a config.json")
+        # utf-8-sig: a byte-order mark, as some Windows editors write, is not an error
+        data = json.loads(path.read_text(encoding="utf-8-sig"), object_pairs_hook=_refuse_duplicate_keys)
     except OSError as exc:
         raise SpecError(f"model {path}: cannot read ({exc.strerror})") from None
+    except DuplicateJSONKey as exc:
+        raise SpecError(f"model {path}: key {exc.args[0]!r} appears twice in one object; keep one") from None
+    except RecursionError:
+        raise SpecError(f"model {path}: not a JSON config (nested too deep)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
         raise SpecError(f"model {path}: not a JSON config{where}") from None
@@ -219,10 +260,12 @@ def read_config(path: Path) -> dict:
 
 
 def _name(cfg: dict, path: Path) -> str:
+    from planner.model import MAX_MODEL_NAME_CHARS  # here: planner.model imports this module
     given = cfg.get("_name_or_path")
-    if isinstance(given, str) and given:
-        return given.rstrip("/").split("/")[-1]
-    return path.parent.name or "hf-model"
+    name = given.rstrip("/").split("/")[-1] if isinstance(given, str) else ""
+    # a repo path's last part, shown in the header: visible text only, cut to a header's length
+    name = "".join(c for c in name if c.isprintable()).strip()[:MAX_MODEL_NAME_CHARS]
+    return name or path.parent.name or "hf-model"
 
 
 # Layer kinds a config may list per layer (layer_types: Gemma-3, GPT-OSS, Qwen3-Next;
@@ -251,6 +294,10 @@ def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
                 raise SpecError(f"model {path} (model_type {model_type!r}): {key} has {', '.join(other)} layers; "
                                 "only attention layers are modelled (allowed: "
                                 f"{', '.join(sorted(ATTENTION_LAYER_KINDS))}), not hybrid Mamba or linear-attention stacks")
+            layers = cfg.get("num_hidden_layers")
+            if isinstance(layers, int) and len(kinds) != layers:
+                raise SpecError(f"model {path}: {key} lists {len(kinds)} layers, num_hidden_layers is {layers}; "
+                                "one entry per layer")
     field = next((k for k in NON_ATTENTION_MIXER_FIELDS if cfg.get(k) is not None), None)
     if field is not None:
         raise SpecError(f"model {path} (model_type {model_type!r}): {field} marks a Mamba or linear-attention "
@@ -268,6 +315,9 @@ def model_fields(path: Path) -> dict:
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     missing = [f for f in REQUIRED if f not in cfg]
     moe_keys = [k for k in EXPERT_COUNT_KEYS if cfg.get(k)]
+    if len({cfg[k] for k in moe_keys}) > 1:  # which one the model class reads depends on it: say so
+        raise SpecError(f"model {path}: the routed-expert count is given twice and differs "
+                        f"({', '.join(f'{k} {cfg[k]}' for k in moe_keys)}); keep one")
     unread = sorted(k for k, v in cfg.items() if UNREAD_EXPERT_KEY.search(k) and v and k not in EXPERT_COUNT_KEYS)
     for key in EXPERT_COUNT_KEYS:
         # 0 experts is a dense model, unless other fields name experts (top-k, widths): then a typo
@@ -325,6 +375,8 @@ def model_fields(path: Path) -> dict:
         # the dense layers' width; intermediate_size is the experts' (Llama4TextMLP vs experts)
         fields["ffn"] = cfg["intermediate_size_mlp"]
     fields.update(_moe_fields(cfg, path, moe_keys))
+    if cfg.get("num_nextn_predict_layers"):
+        fields["mtp_layers"] = cfg["num_nextn_predict_layers"]  # before Nemotron-H's MTP pattern check
     if model_type == "nemotron_h":
         fields.update(_nemotron_h_fields(cfg, fields))
     # YaRN RoPE and a clamped gated activation (GPT-OSS: rope_scaling.rope_type "yarn",
@@ -341,8 +393,6 @@ def model_fields(path: Path) -> dict:
         fields["mla"] = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                                  "qk_rope_head_dim", "v_head_dim")}
         fields["head_dim"] = None  # MLA's head widths live in `mla`
-    if cfg.get("num_nextn_predict_layers"):
-        fields["mtp_layers"] = cfg["num_nextn_predict_layers"]
     return fields
 
 

@@ -1,6 +1,7 @@
 """What a model IS: transformer shape, parameter counts, and presets."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -31,6 +32,7 @@ MAX_EXPERTS = 1 << 16      # experts, top-k, shared experts, router groups: 170x
 
 
 MAX_SEQ_LENGTH = 1 << 24    # tokens; the CLI's --seq-length takes the same cap
+MAX_MODEL_NAME_CHARS = 200  # a header line; Hugging Face repo ids run to ~100
 
 
 # plain int + in_range: a value out of range says the range ("must be an integer from 1 to 10,000,
@@ -155,6 +157,12 @@ class MambaSpec(BaseModel):
 HYBRID_BLOCKS = {"M": "Mamba-2 mixer", "*": "attention", "-": "dense MLP", "E": "MoE MLP"}
 
 
+# What the output's header shows ("llama3-8b (8.0 B params ..."): one line of visible text, no
+# control characters (a newline or a terminal escape would garble it), short enough for a header
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS,
+                                 pattern=r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$")]
+
+
 class ModelSpec(BaseModel):
     """A decoder-only transformer. Every MLP/attention is a matmul of these widths. With
     `hybrid_pattern` (Nemotron-H / Nemotron-3) each layer is ONE block of the pattern (a Mamba-2
@@ -162,7 +170,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = "custom"
+    name: ModelName = "custom"
     layers: Layers
     hidden: Width
     heads: Heads
@@ -575,4 +583,10 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
                 if str(error).startswith(f"model ({label}): {field}: "):
                     error = SpecError(str(error).replace(f": {field}: ", f": {key} (the planner's {field}): ", 1))
                     break
+            else:  # a rule between fields: say which config keys its names are
+                said = str(error)[len(f"model ({label}): "):]
+                keys = [f"{word} = {key}" for word, key in hf_config.CONFIG_KEYS_OF_WORD.items()
+                        if key != word and re.search(rf"(?<!\w){re.escape(word)}\b", said)]
+                if keys:
+                    error = SpecError(f"{error} (in config.json: {'; '.join(keys)})")
         raise error from None

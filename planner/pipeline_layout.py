@@ -253,7 +253,8 @@ def layout_from_string(text: str) -> tuple[int, ...]:
     of these three is a decoder layer). 'Et|(tt|)*30L' → (1, 2 × 30, 0)."""
     flat = _unroll_layout_string(text)
     if not flat or set(flat) - set("tEmL|"):
-        raise SpecError(f"pipeline layout {text!r}: symbols must be t, E, L, m, '|', '(..)*n' or 'x*n'")
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise SpecError(f"pipeline layout {shown!r}: symbols must be t, E, L, m, '|', '(..)*n' or 'x*n'")
     return tuple(stage.count("t") for stage in flat.split("|"))
 
 

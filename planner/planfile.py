@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hardware.errors import SpecError, one_line, read_yaml_mapping
+from hardware.errors import SpecError, one_line, read_yaml_mapping, refuse_loose_types
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
 from planner.plan import PLAN_FILE_FIELDS, SAVED_RESULT_FIELDS, JobSpec, Plan, check_plan_file_fields
@@ -75,10 +75,19 @@ def saved_job(path: str | Path, plan: Plan) -> JobSpec | None:
     unknown = sorted(set(job) - set(SAVED_JOB_FIELDS))
     if unknown:
         raise SpecError(f"plan ({path}): job: unknown field {unknown[0]!r}; allowed: {', '.join(SAVED_JOB_FIELDS)}")
+    if "global_batch" in data and (not isinstance(data["global_batch"], int) or isinstance(data["global_batch"], bool)):
+        raise SpecError(f"plan ({path}): global_batch: expected an integer, got {data['global_batch']!r}")
     if "global_batch" in data and data["global_batch"] != plan.global_batch:
         raise SpecError(f"plan ({path}): global_batch ({data['global_batch']}) differs from the plan's "
                         f"({plan.global_batch})")
+    bytes_per_param = job.get("bytes_per_param")
+    if bytes_per_param is not None and not isinstance(bytes_per_param, dict):
+        raise SpecError(f"plan ({path}): job: bytes_per_param: expected a mapping of bytes per parameter "
+                        f"(weights, grads, master, optimizer, grad_reduce), got {bytes_per_param!r}")
     try:
+        # as the plan's own fields: `flash_attention: 'no'` or `hbm_reserve_gib: true` is a mistake,
+        # not what pydantic's lax mode would make of it
+        refuse_loose_types(job, JobSpec, f"plan ({path}): job")
         return JobSpec(global_batch=plan.global_batch, max_global_batch=plan.global_batch, **job)
     except ValidationError as err:
         raise one_line(err, f"plan ({path}): job") from None

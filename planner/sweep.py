@@ -612,6 +612,8 @@ def refuse_overwrite(paths: dict[str, Path], force: bool) -> None:
     for p in paths.values():
         if p.exists() and not p.is_file():
             raise SpecError(f"out: {p} exists and is not a file")
+        if p.is_symlink():  # --force overwrites the sweep's own files, not what a link points at
+            raise SpecError(f"out: {p} is a symbolic link; remove it or pick another --out/--name")
 
 
 def _label(name: str, v) -> str:

@@ -27,18 +27,20 @@ THREADS_ENV = "PARPLAN_THREADS"
 # beyond this the chunks' working sets crowd the caches more than the threads gain (numpy's own
 # passes are memory-bound on these arrays)
 MAX_THREADS = 8
+# what PARPLAN_THREADS may ask for: more threads than any machine's cores only cost memory
+MAX_ENV_THREADS = 256
 
 
 def thread_count() -> int:
     """Threads for the search's parallel work (module docstring)."""
     raw = os.environ.get(THREADS_ENV)
     if raw is not None and raw.strip():
-        try:
-            n = int(raw)
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise SpecError(f"{THREADS_ENV}: expected a positive integer (1 = no extra threads), got {raw!r}")
+        text = raw.strip()
+        # ASCII digits only: int() would also take "1_0" and other scripts' digits
+        n = int(text) if text.isascii() and text.isdigit() else 0
+        if not 1 <= n <= MAX_ENV_THREADS:
+            raise SpecError(f"{THREADS_ENV}: expected an integer from 1 to {MAX_ENV_THREADS} (1 = no extra "
+                            f"threads), got {raw!r}")
         return n
     try:
         cpus = len(os.sched_getaffinity(0))

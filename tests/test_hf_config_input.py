@@ -38,7 +38,10 @@ def count(tmp_path, config: dict):
     ({"attention_bias": "no"}, "attention_bias must be true or false"),
     ({"hidden_act": ["silu"]}, "hidden_act must be a string"),
     ({"layer_types": "full_attention"}, "layer_types must be a list"),
-    ({"swiglu_limit": "7"}, "swiglu_limit must be a number"),
+    ({"swiglu_limit": "7"}, "swiglu_limit must be a finite number > 0"),
+    # JSON's NaN token parses; a negative clamp is none (audit 7: both were dropped silently)
+    ({"swiglu_limit": float("nan")}, "swiglu_limit must be a finite number > 0"),
+    ({"swiglu_limit": -5}, "swiglu_limit must be a finite number > 0"),
     ({"text_config": [1]}, "text_config must be a mapping"),
     # values that were accepted silently
     ({"max_position_embeddings": 0}, "max_position_embeddings must be an integer >= 1, got 0"),

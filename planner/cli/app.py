@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_INTERNAL = 70      # EX_SOFTWARE: a bug in planner, not in the input
+EXIT_IO = 74            # EX_IOERR: the output could not be written (disk full)
+EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports when the reader of a pipe left (| head)
+# errnos of a write that failed for want of room, not for a mistake in the input
+NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def _error(message: str, as_json: bool) -> None:
@@ -65,6 +69,14 @@ class _LazyOneLineGroup(TyperGroup):
                 self.commands[name] = next(iter(found.values()))
         return self.commands[name]
 
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # click answers a closed pipe with exit status 1 ("no plan fits" here): carry it past
+            # click as what it is
+            raise _PipeClosed from None
+
     def format_commands(self, ctx, formatter) -> None:
         # the one-line summaries without importing every command
         with formatter.section("Commands"):
@@ -73,10 +85,15 @@ class _LazyOneLineGroup(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         from hardware.errors import SpecError
 
+        # a message or a table may hold what the terminal's encoding cannot show (a file name that
+        # is not UTF-8, an ASCII locale): escape it rather than fail on the way out
+        for stream in (sys.stdout, sys.stderr):
+            if hasattr(stream, "reconfigure"):
+                stream.reconfigure(errors="backslashreplace")
         argv = list(sys.argv[1:] if args is None else args)
         # errors as JSON where the output is: --json, or megatron's --format json
-        as_json = "--json" in argv or any(a == "--format" and argv[i + 1:i + 2] == ["json"] or a == "--format=json"
-                                          for i, a in enumerate(argv))
+        as_json = "--json" in argv or any(a == "--format" and [w.lower() for w in argv[i + 1:i + 2]] == ["json"]
+                                          or a.lower() == "--format=json" for i, a in enumerate(argv))
         try:
             code = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
                                 standalone_mode=False, **extra)
@@ -90,8 +107,19 @@ class _LazyOneLineGroup(TyperGroup):
         except (KeyboardInterrupt, Abort):
             _error("interrupted", as_json)
             code = EXIT_INTERRUPTED
+        except (BrokenPipeError, _PipeClosed):  # the reader of our output left (| head): nothing more to say
+            _close_stdout()
+            code = EXIT_PIPE_CLOSED
         except Exception as err:  # noqa: BLE001 - a user never sees a traceback, but a bug must stay visible
-            if isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
+            if isinstance(err, PermissionError):
+                # a path the user gave that the OS refuses (other OS errors on user paths are
+                # caught, with the field named, where each path is read)
+                _error(f"path: {err.filename or ''}: permission denied", as_json)
+                code = 2
+            elif isinstance(err, OSError) and err.errno in NO_ROOM:
+                _error(f"cannot write the output ({err.strerror})", as_json)
+                code = EXIT_IO
+            elif isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
                 # a path the user typed (-m, -s, --save, -o, --name) that the file system cannot hold
                 # (other OS errors on user paths are caught where each path is read)
                 _error(_name_too_long(str(err.filename or "")), as_json)
@@ -115,6 +143,19 @@ class _LazyOneLineGroup(TyperGroup):
         return code
 
 
+class _PipeClosed(Exception):
+    """The reader of stdout left (`| head`)."""
+
+
+def _close_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
 def _name_too_long(path: str) -> str:
     shown = path if len(path) <= 60 else path[:57] + "..."
     return (f"path: a name in it is too long for the file system ({len(os.fsencode(path))} bytes in all; "
@@ -128,7 +169,8 @@ app = typer.Typer(
          "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`. "
          "-m/-s take a preset name or a path to a YAML file: a bare preset name always means the "
          "preset (write ./NAME.yaml for a file of that name). Exit codes: 0 done, 1 no plan fits, "
-         "2 input error, 130 interrupted. PARPLAN_THREADS=N sets the threads a search uses "
+         "2 input error, 74 output not written (disk full), 130 interrupted, 141 output pipe closed. "
+         "PARPLAN_THREADS=N sets the threads a search uses "
          "(default: the usable CPUs, at most 8; same plans on any count).")
 
 

@@ -127,7 +127,7 @@ def _bytes(n: float) -> str:
 
 
 def render(report: CheckpointReport) -> None:
-    from rich.console import Console
+    from planner.cli.console import Console
     from rich.table import Table
 
     r = report

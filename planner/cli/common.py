@@ -82,13 +82,19 @@ def check_new_file(flag: str, path) -> None:
         return
     if str(path) == ".":  # also what an empty argument becomes
         raise SpecError(f"{flag}: no file name given; give the name of a new file")
-    if path.is_dir():
-        raise SpecError(f"{flag}: {path} is a folder; give the name of a new file")
-    if path.exists() or path.is_symlink():
-        raise SpecError(f"{flag}: {path} already exists; refusing to overwrite it")
-    if not path.parent.is_dir():
-        why = "is a file, not a folder" if path.parent.exists() else "does not exist"
-        raise SpecError(f"{flag}: folder {path.parent} {why}")
+    import os
+    try:
+        if path.is_dir():
+            raise SpecError(f"{flag}: {path} is a folder; give the name of a new file")
+        if path.exists() or path.is_symlink():
+            raise SpecError(f"{flag}: {path} already exists; refusing to overwrite it")
+        if not path.parent.is_dir():
+            why = "is a file, not a folder" if path.parent.exists() else "does not exist"
+            raise SpecError(f"{flag}: folder {path.parent} {why}")
+    except PermissionError as exc:  # a folder on the way this user may not enter
+        raise SpecError(f"{flag}: {path}: cannot check ({exc.strerror})") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):  # found now, not after a search of minutes
+        raise SpecError(f"{flag}: folder {path.parent} is not writable; give a file in a folder you may write")
 
 
 def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | None = None
@@ -109,10 +115,12 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
                          plan_file) -> tuple[ModelSpec, SystemSpec]:
     """load_inputs, where a file saved by `planner plan --save` supplies what the user did not give."""
     saved: dict = {}
-    if plan_file is not None:  # --plan "" is a path the loader names as empty, not "no plan"
+    if plan_file is not None:  # --plan "" is a mistake, not "no plan"
         from pathlib import Path
 
         from hardware.errors import read_yaml_mapping
+        if not str(plan_file).strip():  # Path("") is the current folder: say what is really wrong
+            raise SpecError("plan: empty name; give the path of a plan file (from `planner plan --save`)")
         saved = read_yaml_mapping(Path(plan_file), "plan")
         saved = saved if "plan" in saved else {}
         for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
@@ -514,7 +522,10 @@ def stage_counts(flag: str, text: str) -> tuple[int, ...]:
     from planner.model import MAX_LAYERS
     from planner.pipeline_layout import layout_from_string
     text = text.strip()
-    if not text or len(text) > MAX_LAYOUT_TEXT:
+    if len(text) > MAX_LAYOUT_TEXT:
+        raise SpecError(f"{flag}: too long ({len(text):,} characters; at most {MAX_LAYOUT_TEXT:,}): write repeated "
+                        "stages as NxK ('3,4x30,3') or (..)*n ('Et|(tt|)*30L')")
+    if not text:
         raise SpecError(f"{flag}: expected layers per stage such as '3,4x30,3' or a Megatron layout string "
                         f"such as 'Et|(tt|)*30L' (got {text[:40]!r})")
     if re.search(r"[tEmL|]", text):

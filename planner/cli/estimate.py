@@ -187,7 +187,7 @@ def estimate_command(
     if json_out:
         print(estimate_json(est, job, model_spec, system_spec))
     else:
-        from rich.console import Console
+        from planner.cli.console import Console
         print_estimate(Console(), model_spec, system_spec, est, job=job)
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)

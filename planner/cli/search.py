@@ -393,7 +393,7 @@ def _plan(o: dict) -> None:
             out["no_plan"] = {"reasons": why.reasons, "binding_rules": why.binding_rules, "numbers": why.numbers}
         print(json_text(out))
     else:
-        from rich.console import Console
+        from planner.cli.console import Console
         from rich.table import Table
 
         from planner.report import offload_note, print_estimate
@@ -488,7 +488,7 @@ def _check(o: dict) -> int:
                           "model_only": [_plan_json(r, model) for r in model_only], "reasons": res.reasons,
                           "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
-    from rich.console import Console
+    from planner.cli.console import Console
 
     from planner.report import describe_plan, fold_at_separators
     console = Console()

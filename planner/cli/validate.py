@@ -9,7 +9,7 @@ import typer
 from hardware.errors import SpecError
 
 from planner.jsonout import json_text
-from rich.console import Console
+from planner.cli.console import Console
 from rich.table import Table
 
 from planner.calibration import DEFAULT_REFERENCES, accuracy_rows, load_reference, summarize
@@ -40,7 +40,7 @@ def _load_checked(references: list[str] | None):
             records = data.get("records")
             if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
                 raise SpecError(f"reference {path}: expected a measured-runs file (a `records:` list of runs, "
-                                f"like ../shared/reference/measured_runs.yaml)")
+                                f"like the packaged planner/data/reference/measured_runs.yaml)")
     try:
         return load_reference(references or None)
     except SpecError:

@@ -1,0 +1,14 @@
+"""The rich Console the commands print with, leaving a closed pipe to `planner`'s own exit code."""
+from __future__ import annotations
+
+from rich.console import Console as _RichConsole
+
+
+class Console(_RichConsole):
+    """rich exits with status 1 when the reader of a pipe leaves (`planner presets | head`), the
+    status that means "no plan fits"; raise BrokenPipeError instead, which the app answers with
+    141 (128 + SIGPIPE), as a shell does."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
