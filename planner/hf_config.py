@@ -432,7 +432,11 @@ def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:
     moe = fields.get("moe")
     if moe and cfg.get("moe_shared_expert_intermediate_size"):
         moe["shared_experts"] = cfg.get("n_shared_experts") or 1
-        moe["shared_expert_ffn"] = cfg["moe_shared_expert_intermediate_size"] // moe["shared_experts"]
+        width = cfg["moe_shared_expert_intermediate_size"]  # all shared experts together
+        if width % moe["shared_experts"]:
+            raise SpecError(f"model: moe_shared_expert_intermediate_size ({width}) must be a multiple of "
+                            f"n_shared_experts ({moe['shared_experts']}): it is their width together")
+        moe["shared_expert_ffn"] = width // moe["shared_experts"]
     if moe and cfg.get("moe_latent_size"):
         moe["latent_size"] = cfg["moe_latent_size"]  # LatentMoE (Nemotron 3 Super)
     if fields.get("mtp_layers"):

@@ -86,6 +86,15 @@ def test_nemotron_h_mtp_pattern_is_checked(tmp_path):
                    "mtp_hybrid_override_pattern 'XYZ' is not supported")
 
 
+def test_nemotron_h_shared_experts_wider_than_their_width_are_named_by_key(tmp_path):
+    """moe_shared_expert_intermediate_size // n_shared_experts was 0: an error on a width the
+    planner had derived, not on the keys the user wrote."""
+    cfg = json.loads((HF / "nemotron-3-nano" / "config.json").read_text())
+    cfg["n_shared_experts"] = 4096
+    one_line_error(run(["estimate", "-m", _config(tmp_path, json.dumps(cfg)), *ESTIMATE]),
+                   "moe_shared_expert_intermediate_size", "n_shared_experts (4096)")
+
+
 def test_a_config_name_of_a_slash_or_control_characters_still_gives_a_header(tmp_path):
     out = run(["estimate", "-m", _config(tmp_path, json.dumps({**BASE, "_name_or_path": "a\nb\x1b[31m"})), *ESTIMATE])
     assert out.exit_code == 0 and out.output.splitlines()[0].startswith("ab[31m ("), out.output
