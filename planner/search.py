@@ -491,7 +491,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
         smaller = f" (not with {tier_gib / 2:g} GiB)" if tier_gib / 2 >= MIN_OFFLOAD_GIB else ""
         reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s"
                        f"{smaller}; {have}{off_note}. The plan that offloads the least: {off.offload_plan.short()}, "
-                       f"{_gib(est.offload_bytes)}; `planner plan` on such a system finds the fastest")
+                       f"{_gib(est.offload_bytes)} offloaded per GPU; `planner plan` on such a system finds the fastest")
     else:
         msg = (f"offload: no {job.framework}-expressible plan fits even with "
                f"{HYPOTHETICAL_OFFLOAD_GIB:g} GiB of offload memory per GPU at {bw:g} GB/s")
