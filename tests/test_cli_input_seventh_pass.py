@@ -190,15 +190,21 @@ def test_megatron_format_in_capitals_gives_its_error_as_json():
 # ---- the output side -------------------------------------------------------------------------------
 
 def test_a_closed_pipe_is_exit_141_not_no_plan_fits(monkeypatch):
-    """click answers EPIPE with exit 1, which here means "no plan fits"."""
+    """click answers EPIPE with exit 1, which here means "no plan fits"; a broken pipe that is not
+    stdout's (a worker's) stays what it is, a bug."""
     import planner.cli.search
+    app_module = sys.modules["planner.cli.app"]  # (the package's `app` attribute is the Typer app)
 
     def closed(*args, **kwargs):
         raise BrokenPipeError(32, "Broken pipe")
     monkeypatch.setattr(planner.cli.search, "model_preset_names", closed)
+    monkeypatch.setattr(app_module, "stdout_reader_gone", lambda: True)
     out = run(["presets"])
     assert out.exit_code == EXIT_PIPE_CLOSED, out.output
     assert "Traceback" not in out.output and "internal error" not in out.output
+    monkeypatch.setattr(app_module, "stdout_reader_gone", lambda: False)
+    out = run(["presets"])
+    assert out.exit_code == 70 and "internal error" in out.output and "BrokenPipeError" in out.output, out.output
 
 
 PLANNER = shutil.which("planner") or ""

@@ -72,7 +72,10 @@ class _LazyOneLineGroup(TyperGroup):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except BrokenPipeError:
+        except BrokenPipeError as err:
+            if not stdout_reader_gone():  # another pipe (a worker's): a bug, reported as one (click
+                # would make any EPIPE exit 1)
+                raise RuntimeError(f"BrokenPipeError on a pipe other than stdout: {err}") from err
             # click answers a closed pipe with exit status 1 ("no plan fits" here): carry it past
             # click as what it is
             raise _PipeClosed from None
@@ -107,7 +110,7 @@ class _LazyOneLineGroup(TyperGroup):
         except (KeyboardInterrupt, Abort):
             _error("interrupted", as_json)
             code = EXIT_INTERRUPTED
-        except (BrokenPipeError, _PipeClosed):  # the reader of our output left (| head): nothing more to say
+        except _PipeClosed:  # the reader of our output left (| head): nothing more to say
             _close_stdout()
             code = EXIT_PIPE_CLOSED
         except Exception as err:  # noqa: BLE001 - a user never sees a traceback, but a bug must stay visible
@@ -145,6 +148,17 @@ class _LazyOneLineGroup(TyperGroup):
 
 class _PipeClosed(Exception):
     """The reader of stdout left (`| head`)."""
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe whose reading end is closed (poll reports an error on it)."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no real file descriptor
+        return False
 
 
 def _close_stdout() -> None:
