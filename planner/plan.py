@@ -271,6 +271,8 @@ class Plan(BaseModel):
         parts.append(f"mb{self.micro_batch}")
         if self.sequence_parallel:
             parts.append("sp")
+        if self.tp_comm_overlap and self.sequence_parallel and self.tp > 1:
+            parts.append("tp-overlap")  # it changes the time: a plan string must name it
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")
         if self.recompute_modules is not None:

@@ -5,6 +5,7 @@ import statistics
 
 import numpy as np
 from rich.console import Console
+from rich.text import Text
 from rich.table import Table
 
 from hardware.spec import SystemSpec
@@ -47,6 +48,7 @@ def describe_plan(est: Estimate) -> str:
             + (f" · layers per virtual stage {compress_runs(p.stage_layers)}" if p.stage_layers else "")
             + (f" (recomputed {compress_runs(p.stage_recompute_layers)})" if p.stage_recompute_layers else "")
             + (" · SP" if p.sequence_parallel else "")
+            + (" · TP comm overlap" if p.tp_comm_overlap and p.sequence_parallel and p.tp > 1 else "")
             + f" · recompute {p.recompute}"
             + (f" (first {p.recompute_num_layers} layers{' per stage' if p.pp > 1 else ''})"
                if p.recompute == "full" and p.recompute_num_layers and not p.stage_recompute_layers else "")
@@ -80,15 +82,16 @@ def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
         value = est.time_breakdown_s[key]
         if value > 0:
             times.add_row(label, f"{value:.3f}", f"{value / est.step_time_s:.1%}")
-    times.add_row("[bold]step[/bold]", f"[bold]{est.step_time_s:.3f}[/bold]", "100%")
+    times.add_row(Text("step", style="bold"), Text(f"{est.step_time_s:.3f}", style="bold"), "100%")
 
     memory = Table(title="Memory per GPU (worst pipeline stage)", show_edge=False)
     memory.add_column("HBM")
     memory.add_column("GiB", justify="right")
     for key, label in MEMORY_LABELS.items():
         memory.add_row(label, f"{est.memory_breakdown_bytes[key] / GIB:.2f}")
-    memory.add_row("[bold]total[/bold]", f"[bold]{est.hbm_bytes / GIB:.2f}[/bold] of "
-                   f"{est.hbm_capacity_bytes / GIB:.1f} usable")
+    # usable to the same two decimals as the total: 17.70 of 17.7 hid an overflow of 0.01 GiB
+    memory.add_row(Text("total", style="bold"), Text.assemble((f"{est.hbm_bytes / GIB:.2f}", "bold"),
+                                                            f" of {est.hbm_capacity_bytes / GIB:.2f} usable"))
     if est.offload_bytes or est.offload_capacity_bytes:
         for key, label in OFFLOAD_LABELS.items():
             if est.offload_breakdown_bytes[key]:
@@ -237,9 +240,9 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
                    job: JobSpec | None = None) -> None:
     """The plan, its time and memory tables, per-rank layers where ranks differ and, given the
     job, what the MoE time assumes about routing and how much measured evidence backs the plan."""
-    console.print(f"[bold]{model.name}[/bold] ({model.num_params / 1e9:.1f} B params, seq {model.seq_length:,}) on "
-                  f"[bold]{system.num_gpus}× {system.accelerator.name}[/bold] ({system.name})"
-                  + (f" · {precision_text(job)}" if job is not None else ""))
+    console.print(Text.assemble((model.name, "bold"), f" ({model.num_params / 1e9:.1f} B params, seq "
+                                f"{model.seq_length:,}) on ", (f"{system.num_gpus}× {system.accelerator.name}", "bold"),
+                                f" ({system.name})" + (f" · {precision_text(job)}" if job is not None else "")))
     console.print(fold_at_separators(describe_plan(est), console.width))
     for table in estimate_tables(est, title):
         console.print(table)
@@ -263,7 +266,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
             if note:
                 console.print(note)
     if est.violations:
-        console.print("[bold red]Not feasible:[/bold red]")
+        console.print("Not feasible:", style="bold red")
         for rule in est.violations:
             console.print(f"  - {rule}: {RULES[rule]}")
 

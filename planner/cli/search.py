@@ -395,12 +395,13 @@ def _plan(o: dict) -> None:
     else:
         from planner.cli.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         from planner.report import offload_note, print_estimate
         console = Console()
         if why is not None:
-            console.print("[bold red]No plan fits.[/bold red] " + ("; ".join(why.reasons[:2]) if why.reasons else
-                          "Run `planner check` with the same options to see why."))
+            console.print(Text.assemble(("No plan fits.", "bold red"), " " + ("; ".join(why.reasons[:2]) if why.reasons
+                                        else "Run `planner check` with the same options to see why.")))
         else:
             best = result.best.estimate
             print_estimate(console, model, system, best, title="Best plan: step time", job=job)
@@ -488,13 +489,14 @@ def _check(o: dict) -> int:
                           "model_only": [_plan_json(r, model) for r in model_only], "reasons": res.reasons,
                           "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
-    from planner.cli.console import Console
+    from rich.text import Text
 
+    from planner.cli.console import Console
     from planner.report import describe_plan, fold_at_separators
     console = Console()
     if res.feasible:
-        console.print(f"[bold green]yes[/bold green]: {model.name} trains on {system.num_gpus}× "
-                      f"{system.accelerator.name} ({system.name})")
+        console.print(Text.assemble(("yes", "bold green"), f": {model.name} trains on {system.num_gpus}× "
+                                    f"{system.accelerator.name} ({system.name})"))
         console.print(fold_at_separators(describe_plan(res.best.estimate), console.width))
         e = res.best.estimate
         console.print(f"{e.step_time_s:.3f} s per step · MFU {e.mfu:.1%} · {e.hbm_bytes / GIB:.1f} of "
@@ -504,8 +506,8 @@ def _check(o: dict) -> int:
             console.print(f"(the model alone predicts {fast.estimate.step_time_s:.3f} s with {fast.plan.short()}, "
                           "a gain no published run supports: `planner plan` shows it as a model-only candidate)")
         return 0
-    console.print(f"[bold red]no[/bold red]: no plan of {model.name} fits on {system.num_gpus}× "
-                  f"{system.accelerator.name} ({system.name})")
+    console.print(Text.assemble(("no", "bold red"), f": no plan of {model.name} fits on {system.num_gpus}× "
+                                f"{system.accelerator.name} ({system.name})"))
     if res.binding_rules:
         from constraints.encode import RULE_TEXT
         console.print("binding rules: " + "; ".join(f"{n} ({RULE_TEXT.get(n, n)})" for n in res.binding_rules))

@@ -9,6 +9,7 @@ import typer
 from planner.cli.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from hardware import load_system
 from hardware.errors import SpecError
@@ -68,7 +69,7 @@ def _summary_table(rows: list[dict], spec: SweepSpec) -> Table:
                           f"{r['offload_used_gib']:.1f}")
         else:
             reason = r["reason"].split(" | ")[0]
-            table.add_row(*vals, f"[red]no plan fits[/red]: {reason[:90]}", "", "", "", "", "", "")
+            table.add_row(*vals, Text.assemble(("no plan fits", "red"), f": {reason[:90]}"), "", "", "", "", "", "")
     return table
 
 
