@@ -252,7 +252,13 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
         console.print(ranks)
     # MFU counts the full s×s attention (Narayanan eq. 3, as the published MFUs); HFU counts what
     # runs (causal half, recompute), so at long sequence MFU may exceed the kernels' ceilings.
-    console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
+    # the denominator is the peak of the job's GEMM precision (an FP8 run against the FP8 peak):
+    # say which, since a faster FP8 run shows a lower MFU than its BF16 twin
+    over = ""
+    if job is not None:
+        from planner.analytical import precision
+        over = f" over the {precision.gemm_peak_key(job.dtype)} peak"
+    console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs{over}, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
                   f"{est.tokens_per_s:,.0f} tokens/s · "
                   f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:.0f} model TFLOP/s per GPU")
     if job is not None:

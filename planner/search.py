@@ -465,7 +465,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
             used = idle.plan.tp * idle.plan.pp * idle.plan.dp * idle.plan.cp
             reasons.append(f"GPUs: it fits on {used} of the {system.num_gpus} GPUs, the others idle "
                            f"(--allow-idle-gpus), e.g. {idle.plan.short()}, {_gib(idle.estimate.hbm_bytes)} per GPU")
-    gpus_reason, gpus_needed = _fewest_gpus(model, system, job, plan_command or (lambda n: f"planner plan -g {n}"))
+    gpus_reason, gpus_needed = _fewest_gpus(model, system, job, plan_command)
     reasons.append(gpus_reason)
     if gpus_needed is not None:
         numbers["gpus_needed"] = gpus_needed
@@ -523,7 +523,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
 
 
 def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec,
-                 plan_command: Callable[[int], str]) -> tuple[str, int | None]:
+                 plan_command: Callable[[int], str] | None) -> tuple[str, int | None]:
     """`check`'s "more GPUs" answer and the GPU count in it: the first power-of-two multiple of
     the system's count that fits, then the fewest GPUs between the last one that did not and it,
     in whole nodes (finer below one node; steps of more nodes where more than
@@ -550,8 +550,12 @@ def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec,
     if example is None:
         example = _fitting_example(model, system.with_changes(num_gpus=high), job)
     grain = "" if step == 1 else f" (the fewest of the counts tried, in steps of {step} GPUs)"
+    # the command only where the CLI knows the user's own flags: a bare `planner plan -g N` would
+    # plan the default example, not this job (a sweep's point may not even have a preset system)
+    how = f"`{plan_command(fewest)}` finds the fastest" if plan_command else \
+        f"planning this job on {fewest} GPUs finds the fastest"
     return (f"GPUs: it fits on {fewest} GPUs{grain}, {fewest / n:.3g}x -g {n} (e.g. {example.plan.short()}, "
-            f"{_gib(example.estimate.hbm_bytes)} per GPU; `{plan_command(fewest)}` finds the fastest)", fewest)
+            f"{_gib(example.estimate.hbm_bytes)} per GPU; {how})", fewest)
 
 
 def _pins(job: JobSpec) -> str:

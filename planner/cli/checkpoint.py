@@ -95,11 +95,24 @@ def layout_notes(model, system, plan) -> list[str]:
             f"{RULES[r]} (heads {model.heads}, query groups {model.kv_groups}, layers {model.layers}"
             + (f", experts {model.moe.num_experts}" if model.moe else "") + ")"
             if i == 0 else RULES[r] for i, r in enumerate(broken)))
+    # the checkpoint depends on the layout, not on how activations are kept: the layout fits if it
+    # fits with its most frugal activations (sequence parallelism where tp > 1, every layer
+    # recomputed), as a plan of it may run (`planner plan` chose tp4 ... sp rc-full for such a one)
+    frugal = plan.model_copy(update={"sequence_parallel": plan.tp > 1, "recompute": "full"})
+    est = estimate(model, system, frugal, job)
     if est.hbm_bytes > est.hbm_capacity_bytes:
         return [f"the layout {plan.short()} does not fit: it needs {est.hbm_bytes / 2**30:,.1f} GiB per GPU of "
-                f"{est.hbm_capacity_bytes / 2**30:,.1f} usable, so its writers and restore reads are not those of a run; "
-                "pass the layout you train with (--tp, --pp, --cp, --ep, --zero-stage; `planner plan` finds one)"]
+                f"{est.hbm_capacity_bytes / 2**30:,.1f} usable even with sequence parallelism and full recompute, "
+                "so its writers and restore reads are not those of a run; pass the layout you train with "
+                "(--tp, --pp, --cp, --ep, --zero-stage; `planner plan` finds one)"]
     return []
+
+
+def _copy_extent(r) -> str:
+    """'16 GPUs = 2 nodes', or '4 GPUs (part of one node)' where a copy does not fill one."""
+    if r.model_copy_gpus < r.gpus_per_node:
+        return f"{r.model_copy_gpus} GPUs (part of one node)"
+    return f"{r.model_copy_gpus} GPUs = {r.model_copy_nodes} node{'s' if r.model_copy_nodes > 1 else ''}"
 
 
 def _hours(hours: float) -> str:
@@ -144,7 +157,7 @@ def render(report: CheckpointReport) -> None:
         ("bytes per parameter", f"{r.checkpoint_bytes_per_param:g}", what),
         ("checkpoint size", _bytes(r.checkpoint_bytes),
          f"weights {_bytes(r.weights_bytes)} + optimizer {_bytes(r.optimizer_bytes)}"),
-        ("one model copy", f"{r.model_copy_gpus} GPUs = {r.model_copy_nodes} node{'s' if r.model_copy_nodes > 1 else ''}", "tp*pp*ep shards"),
+        ("one model copy", _copy_extent(r), "tp*pp*ep shards"),
         ("writing ranks = files", f"{r.writer_ranks:,}",
          "every rank (distributed optimizer)" if r.writer_ranks > r.model_copy_gpus
          else "one data-parallel replica"),

@@ -408,7 +408,9 @@ def _plan(o: dict) -> None:
             if "offload_gain" in result.stats:
                 console.print(offload_note(model, system, result.best.plan, best, result.stats["offload_gain"]))
             if len(result.ranked) > 1:
-                t = Table(title=f"Next best layouts (ranked by {result.objective})", show_edge=False)
+                # plans within TIE_REL_TOL of each other are ties: the simpler ranks first (planner.ties)
+                t = Table(title=f"Next best layouts (ranked by {result.objective}; within 0.1 % the simpler first)",
+                          show_edge=False)
                 # batch and tokens/s say something only where the plans' global batches differ
                 # (a free batch); at one batch the step time ranks them alone
                 batches = len({r.plan.global_batch for r in result.ranked}) > 1

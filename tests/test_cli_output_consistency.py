@@ -1,0 +1,61 @@
+"""What the commands print is what they cost (an audit of ~190 runs): a plan string a user copies
+gives the same plan, the same time and the same fit; a follow-up command does what it says."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from hardware import load_system
+from planner.cli.app import app
+from planner.model import load_model
+from planner.plan import JobSpec, Plan
+from planner.search import check
+
+runner = CliRunner()
+
+
+def test_check_prints_the_selective_modules_of_the_plan_it_names():
+    """rich took `[mlp]` for a style tag and dropped it: as printed, the plan did not fit."""
+    args = ["check", "-m", "llama3-70b", "-s", "a100-40g", "-g", "8", "-b", "64"]
+    text = runner.invoke(app, args).output
+    named = [r for r in json.loads(runner.invoke(app, [*args, "--json"]).output)["reasons"] if "[" in r]
+    assert named, "the JSON names no plan with a module list"
+    for reason in named:
+        plan = reason[reason.index("(t") + 1:reason.index(")", reason.index("(t"))]
+        assert plan.split()[0] in " ".join(text.split()), (plan, text)
+    assert "rc-selective[" in " ".join(text.split()), text
+
+
+def test_a_plan_string_names_tp_comm_overlap():
+    base = dict(tp=4, dp=2, global_batch=8, sequence_parallel=True)
+    assert "tp-overlap" in Plan(**base, tp_comm_overlap=True).short()
+    assert "tp-overlap" not in Plan(**base).short()
+    out = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "4",
+                              "--pp", "1", "--sequence-parallel", "--tp-comm-overlap"]).output
+    assert "TP comm overlap" in " ".join(out.split()), out
+
+
+def test_usable_hbm_is_printed_to_the_totals_digits():
+    """'17.70 of 17.7 usable' then 'Not feasible' read as a contradiction."""
+    out = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "8",
+                              "--pp", "1", "--dp", "1", "--micro-batch", "1", "--sequence-parallel", "--recompute", "full",
+                              "--zero-stage", "0", "--hbm-reserve-gib", "61.91"]).output
+    assert "of 17.69 usable" in out and "Not feasible" in out, out
+
+
+def test_check_outside_the_cli_gives_no_command_that_plans_another_job():
+    """A sweep's point has no command line: `planner plan -g 40` would plan the default example."""
+    res = check(load_model("llama3-70b"), load_system("a100-40g", 8), JobSpec(global_batch=64))
+    gpus = next(r for r in res.reasons if r.startswith("GPUs:"))
+    assert "planning this job on" in gpus and "`planner plan -g" not in gpus, gpus
+
+
+def test_checkpoint_takes_a_layout_that_fits_with_sp_and_recompute_as_fitting():
+    """`planner plan` runs llama3-70b on 512 H100 as tp4 pp1 ZeRO-2 with SP and full recompute
+    (77.3 of 77.6 GiB); checkpoint had costed the layout without them (107.8 GiB) and said it did
+    not fit."""
+    out = runner.invoke(app, ["checkpoint", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "512", "--tp", "4", "--pp", "1",
+                              "--zero-stage", "2", "--json"])
+    assert out.exit_code == 0, out.output
+    assert not any("does not fit" in n for n in json.loads(out.output)["notes"]), out.output
