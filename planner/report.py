@@ -96,7 +96,7 @@ def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
         for key, label in OFFLOAD_LABELS.items():
             if est.offload_breakdown_bytes[key]:
                 memory.add_row(f"offload tier: {label}", f"{est.offload_breakdown_bytes[key] / GIB:.2f}")
-        memory.add_row("offload tier total", f"{est.offload_bytes / GIB:.2f} of {est.offload_capacity_bytes / GIB:.0f}")
+        memory.add_row("offload tier total", f"{est.offload_bytes / GIB:.2f} of {est.offload_capacity_bytes / GIB:,.1f}")
     return [times, memory]
 
 
@@ -260,7 +260,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
         over = f" over the {precision.gemm_peak_key(job.dtype)} peak"
     console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs{over}, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
                   f"{est.tokens_per_s:,.0f} tokens/s · "
-                  f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:.0f} model TFLOP/s per GPU")
+                  f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:,.0f} model TFLOP/s per GPU")
     if job is not None:
         from planner.evidence import evidence_note, published_job_note
         published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
