@@ -70,3 +70,25 @@ def test_next_best_table_says_tie_not_a_loss():
     slower = estimate(model, system, Plan(tp=8, dp=1, global_batch=8), JobSpec(global_batch=8))
     assert slower.step_time_s > e.step_time_s * 1.01
     assert _why_lost(e, slower, model.seq_length, False).startswith("+")
+
+
+def test_why_it_lost_names_what_the_slower_plan_saves_too():
+    """ZeRO-3 at tp 1 against tp 2 with SP: the tp 2 plan loses on TP communication and compute and
+    saves the DP communication; naming only the penalties read as a loss larger than the plan's
+    (+5.8 % DP comm for a plan 0.3 % slower). Without a saving, none is named."""
+    from hardware import load_system
+    from planner.analytical import estimate
+    from planner.cli.search import _why_lost
+    from planner.model import load_model
+    from planner.plan import JobSpec, Plan
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    job = JobSpec(global_batch=64)
+    best = estimate(model, system, Plan(dp=8, global_batch=64, zero_stage=3), job)
+    alt = estimate(model, system, Plan(tp=2, dp=4, global_batch=64, sequence_parallel=True, tp_comm_overlap=True), job)
+    assert alt.step_time_s > best.step_time_s
+    saved = best.time_breakdown_s["dp_comm_exposed_s"] - alt.time_breakdown_s["dp_comm_exposed_s"]
+    assert _why_lost(best, alt, model.seq_length, False).endswith(
+        f"saves {saved / best.step_time_s:.1%} DP comm (exposed)")
+    mb4 = estimate(model, system, Plan(dp=8, micro_batch=4, global_batch=64), job)
+    mb1 = estimate(model, system, Plan(dp=8, micro_batch=1, global_batch=64), job)
+    assert "saves" not in _why_lost(mb4, mb1, model.seq_length, False)
