@@ -57,10 +57,11 @@ def _summary_table(rows: list[dict], spec: SweepSpec) -> Table:
     names = spec.names
     for n in names:
         table.add_column(n)
-    table.add_column("plan", no_wrap=True)
+    # the plan folds onto more lines in a narrow terminal; the numbers never lose digits ("81,8…")
+    table.add_column("plan", overflow="fold")
     for col, just in ( ("batch", "right"), ("step s", "right"), ("MFU", "right"),
                       ("tokens/s", "right"), ("HBM GiB", "right"), ("offload GiB", "right")):
-        table.add_column(col, justify=just)
+        table.add_column(col, justify=just, no_wrap=True)
     for r in rows:
         vals = [("inf" if isinstance(r[n], float) and math.isinf(r[n]) else f"{r[n]}") for n in names]
         if r["feasible"]:
