@@ -207,7 +207,7 @@ def pipeline_ranks_table(model: ModelSpec, system: SystemSpec, job: JobSpec, pla
         mark = " (slowest)" if r.microbatch_s == slowest else ""
         hbm = [x.hbm_bytes / GIB for _, x in described[i:j + 1]]  # in-flight microbatches fall with the rank
         table.add_row(f"{i}" if i == j else f"{i}-{j}", text, str(r.recomputed), f"{r.microbatch_s:.4f}{mark}",
-                      f"{max(hbm):.2f}" if i == j else f"{max(hbm):.2f}-{min(hbm):.2f}")
+                      f"{max(hbm):.2f}" if i == j else f"{min(hbm):.2f}-{max(hbm):.2f}")
         i = j + 1
     return table
 
