@@ -258,7 +258,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     if job is not None:
         from planner.analytical import precision
         over = f" over the {precision.gemm_peak_key(job.dtype)} peak"
-    console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs{over}, as published MFUs) · HFU {est.hfu:.1%} (executed) · "
+    console.print(f"MFU {est.mfu:.1%} (full-attention FLOPs{over}, as published MFUs) · HFU {est.hfu:.1%} (executed: causal attention half, recompute in) · "
                   f"{est.tokens_per_s:,.0f} tokens/s · "
                   f"{est.model_flops / est.step_time_s / est.plan.gpus / 1e12:,.0f} model TFLOP/s per GPU")
     if job is not None:
