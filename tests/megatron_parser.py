@@ -306,8 +306,7 @@ def canonical(plan: Plan, layers: int) -> Plan:
     recompute of every layer as none; the default split written out as none; over an explicit
     uneven layout, one count per stage as the per-chunk counts Megatron runs
     (uniform_chunk_recompute), and over the default split the reverse. PlanArrays costs both
-    alike (the layers each rank recomputes; of a MoE model's leading dense layers a uniform count
-    takes a rank's first, not each chunk's)."""
+    alike."""
     if plan.stage_recompute_layers is not None and tuple(plan.stage_recompute_layers) == tuple(plan.stage_layers):
         plan = plan.model_copy(update={"stage_recompute_layers": None})  # every layer: as no count
     balanced = plan.stage_layers is not None and tuple(plan.stage_layers) == balanced_layout(layers, plan.pp, plan.vpp)

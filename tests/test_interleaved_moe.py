@@ -66,6 +66,19 @@ def test_interleaved_chunks_and_block_recompute_by_hand():
     assert c["recomputed"] == [3, 1] and c["dense_recomputed"] == [2, 1]
 
 
+def test_one_recompute_count_is_the_first_k_over_vpp_of_every_chunk():
+    """Megatron's block method with --recompute-num-layers 2 (4 a stage at vpp 2) over stages
+    (1, 12, 23, 12): rank 0's chunks [0, 1) and [13, 36) rerun layer 0 (dense) and 13, 14 (14
+    dense): 3 layers, 2 dense, not its first 4 in chunk order; rank 1's [1, 13) and [36, 48) rerun
+    1, 2 and 36, 37 (dense 2, 36). As the per-stage counts (1, 2, 2, 2) say."""
+    plan = Plan(tp=2, pp=2, vpp=2, dp=64, ep=8, global_batch=256, recompute="full", recompute_num_layers=4,
+                stage_layers=(1, 12, 23, 12))
+    c = _counts(plan)
+    assert c["recomputed"] == [3, 4] and c["dense_recomputed"] == [2, 2]
+    staged = plan.model_copy(update={"recompute_num_layers": None, "stage_recompute_layers": (1, 2, 2, 2)})
+    assert _counts(staged) == c
+
+
 def test_without_a_pipeline_positions_do_not_matter():
     """pp 1: one rank holds every layer, so the interleaved model must cost exactly what the same
     model with its 24 dense layers leading costs (the leading-layer path is independent code)."""

@@ -141,6 +141,29 @@ def test_default_split_representatives_equal_every_rank(pp, vpp):
     assert a.hardware_flops == pytest.approx(b.hardware_flops, rel=1e-12)
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_one_recompute_count_reruns_each_chunks_first_layers_leading_dense_ones_first(explicit):
+    """DeepSeek-V3 (3 leading dense layers) at pp 8 × vpp 2, k = 2 a stage: Megatron reruns the
+    first layer of every chunk, so rank 0 reruns dense layer 0 (chunk 0 holds 0-3) and the first
+    MoE layer of its chunk 8, not its first two layers (both dense). The same plan as the
+    per-stage counts of 1, in time and memory, written with the default split or explicitly."""
+    model = load_model("deepseek-v3")
+    system = load_system("h100-sxm", 1024)
+    job = JobSpec(global_batch=1024, dtype="fp8")
+    base = Plan(tp=2, pp=8, vpp=2, dp=64, ep=64, etp=1, global_batch=1024, sequence_parallel=True,
+                recompute="full", recompute_num_layers=2)
+    layout = balanced_layout(model.layers, 8, 2)
+    one = base.model_copy(update={"stage_layers": layout}) if explicit else base
+    named = base.model_copy(update={"recompute_num_layers": None, "stage_layers": layout,
+                                    "stage_recompute_layers": (1,) * len(layout)})
+    a, b = estimate(model, system, one, job), estimate(model, system, named, job)
+    assert a.step_time_s == pytest.approx(b.step_time_s, rel=1e-12)
+    assert a.hbm_bytes == pytest.approx(b.hbm_bytes, rel=1e-12)
+    assert a.hardware_flops == pytest.approx(b.hardware_flops, rel=1e-12)
+    P = PlanArrays.from_plans([one], model.layers, 3)
+    assert P.rank_lead_recompute[0][list(P.rank_index[0].astype(int)).index(0)] == 1
+
+
 def test_dense_layers_wrapping_to_a_later_chunk():
     """5 leading dense layers over pp 2 × vpp 2 of 2-layer stages: stages 0, 1 hold 2 each and
     stage 2 (rank 0, chunk 1) the fifth; default and explicit agree."""

@@ -335,6 +335,8 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
     for i in np.flatnonzero(explicit):  # every rank kept (the columns past pp repeat ranks)
         stage_layers, stage_recompute = cols["stage_layout"][i]
         pp_i = int(p[i])
+        if stage_recompute is None and full[i]:  # one count: the first k/vpp of every chunk
+            stage_recompute = uniform_chunk_recompute(stage_layers, int(k[i]), int(v[i]))
         ranks = idx[i].astype(int)
         lead_s = stage_lead_layers(tuple(stage_layers), lead)
         d = np.asarray(rank_layers(lead_s, pp_i), dtype=np.float64)
@@ -342,14 +344,9 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
             # block recompute takes a stage's first layers: the leading ones first
             d_rc = np.asarray(rank_layers(stage_lead_layers(tuple(stage_layers), lead, tuple(stage_recompute)), pp_i),
                               dtype=np.float64)
-        else:  # as _rank_columns: the rank's count (k = 0: all), its leading layers first, as the
-            # default split takes them (so an explicit balanced layout costs the same)
+        else:  # as _rank_columns: min(k, rank load) per rank (k = 0: all), leading layers first
             loads = np.asarray(rank_layers(tuple(stage_layers), pp_i), dtype=np.float64)
-            chunks = uniform_chunk_recompute(stage_layers, int(k[i]), int(v[i])) if full[i] else None
-            if chunks is not None:
-                rec = np.asarray(rank_layers(chunks, pp_i), dtype=np.float64)
-            else:
-                rec = (np.minimum(k[i], loads) if k[i] > 0 else loads) if full[i] else np.zeros(pp_i)
+            rec = (np.minimum(k[i], loads) if k[i] > 0 else loads) if full[i] else np.zeros(pp_i)
             d_rc = np.minimum(rec, d)
         dr[i], dk[i] = d[ranks], d_rc[ranks]
         total_dk[i] = d_rc.sum()
@@ -361,16 +358,25 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
         first = default[first]  # a row of each group
         t_idx, t_load, t_lead = (np.zeros((len(groups), width)) for _ in range(3))
         t_dense_load, t_dense = np.zeros((len(groups), lead)), np.zeros((len(groups), lead))
+        max_v = int(v[sel].max())
+        # leading layers of each chunk of each representative rank, and of every stage: one count
+        # k recomputes the first k/vpp layers of every chunk, whose leading layers come first
+        t_chunk_lead = np.zeros((len(groups), width, max_v))
+        t_stage_lead = np.zeros((len(groups), int(p[sel].max()) * max_v))
         for g, row in enumerate(first):
             pp_g, vpp_g = int(p[row]), int(v[row])
             layout = balanced_layout(layers, pp_g, vpp_g)
             loads = np.asarray(rank_layers(layout, pp_g), dtype=np.float64)
-            d = np.asarray(rank_layers(stage_lead_layers(layout, lead), pp_g), dtype=np.float64)
+            lead_s = stage_lead_layers(layout, lead)
+            d = np.asarray(rank_layers(lead_s, pp_g), dtype=np.float64)
             reps = list(range(min(lead, pp_g - 1) + 1)) + [pp_g - 1]
             reps = np.asarray(reps + [0] * (width - len(reps)))
             t_idx[g], t_load[g], t_lead[g] = reps, loads[reps], d[reps]
             holding = np.flatnonzero(d > 0)  # at most `lead` ranks
             t_dense_load[g, :len(holding)], t_dense[g, :len(holding)] = loads[holding], d[holding]
+            by_rank = np.asarray(lead_s, dtype=np.float64).reshape(vpp_g, pp_g).T  # (rank, chunk)
+            t_chunk_lead[g, :, :vpp_g] = by_rank[reps]
+            t_stage_lead[g, :len(lead_s)] = lead_s
         idx[sel], nr[sel], dr[sel] = t_idx[gid], t_load[gid], t_lead[gid]
 
         def recomputed(load, kk, is_full):
@@ -380,6 +386,15 @@ def _lead_rank_columns(layers: int, lead: int, cols: dict[str, np.ndarray]) -> d
         kr[sel] = recomputed(nr[sel], kk, is_full)
         dk[sel] = np.minimum(kr[sel], dr[sel])  # the leading layers are a rank's first
         total_dk[sel] = np.minimum(recomputed(t_dense_load[gid], kk, is_full), t_dense[gid]).sum(axis=1)
+        # one count k that whole chunks take (Megatron's block method): k/vpp of every chunk
+        vv = v[sel]
+        chunked = full[sel] & (k[sel] > 0) & (np.mod(k[sel], vv) == 0) & (vv > 1)
+        if chunked.any():
+            per_chunk = np.where(chunked, k[sel] / vv, 0.0)
+            dk[sel] = np.where(chunked[:, None], np.minimum(per_chunk[:, None, None], t_chunk_lead[gid]).sum(axis=2),
+                               dk[sel])
+            total_dk[sel] = np.where(chunked, np.minimum(per_chunk[:, None], t_stage_lead[gid]).sum(axis=1),
+                                     total_dk[sel])
     return {"rank_index": idx, "rank_layers": nr, "rank_recompute": kr, "rank_lead_layers": dr,
             "rank_lead_recompute": dk, "lead_layers": np.full(n, float(lead)), "lead_recompute_total": total_dk}
 
@@ -390,8 +405,8 @@ def _interleaved_rank_columns(layers: int, dense: tuple[int, ...], cols: dict[st
     depends on each stage's bounds, so a default split (`balanced_layout`) is counted as the
     explicit layout it is: its representatives are the first and last rank and one rank per
     distinct middle rank (`_interleaved_ranks`); an explicit layout keeps every rank. Block
-    recompute takes a stage's first layers (per-stage counts), else a rank's first min(k, its
-    layers) in chunk order (k = 0: all). Rows sharing a layout, recompute and k are costed once."""
+    recompute takes a stage's first layers (per-stage counts; one count k: the first k/vpp of every
+    chunk, as Megatron runs it). Rows sharing a layout, recompute and k are costed once."""
     n = len(cols["pp"])
     p, v = cols["pp"].astype(int), cols["vpp"].astype(int)
     full = cols["recompute"] == RECOMPUTE_CODES["full"]
@@ -432,12 +447,15 @@ def _interleaved_ranks(stages: tuple[int, ...], stage_rc: tuple[int, ...] | None
                        dense: tuple[int, ...], every_rank: bool = False):
     """One layout's representative ranks, the (layers, recomputed, dense, dense recomputed) of
     every rank, and the totals over ranks of the two recomputed counts. k: layers each rank
-    recomputes in full (0 all, -1 none), unless per-stage counts `stage_rc` are given.
+    recomputes in full (0 all, -1 none; k/vpp of every chunk, uniform_chunk_recompute, else
+    min(k, its layers) where vpp does not divide k), unless per-stage counts `stage_rc` are given.
     Representatives: the first and last rank and, among the middle ones, the first of each
     distinct count tuple (a later twin has the same compute and fewer microbatches in flight:
     dominated, as in PlanArrays); with `every_rank`, all of them."""
     loads = rank_layers(stages, pp)
     held = rank_layers(stage_lead_layers(stages, dense), pp)
+    if stage_rc is None and k > 0:  # one count: Megatron's first k/vpp layers of every chunk
+        stage_rc = uniform_chunk_recompute(stages, k, len(stages) // pp)
     if stage_rc is not None:
         rec = rank_layers(stage_rc, pp)
         rec_dense = rank_layers(stage_lead_layers(stages, dense, stage_rc), pp)
