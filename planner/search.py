@@ -554,7 +554,7 @@ def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec,
     # plan the default example, not this job (a sweep's point may not even have a preset system)
     how = f"`{plan_command(fewest)}` finds the fastest" if plan_command else \
         f"planning this job on {fewest} GPUs finds the fastest"
-    return (f"GPUs: it fits on {fewest} GPUs{grain}, {fewest / n:.3g}x -g {n} (e.g. {example.plan.short()}, "
+    return (f"GPUs: it fits on {fewest} GPUs{grain}, {fewest / n:.4g}x -g {n} (e.g. {example.plan.short()}, "
             f"{_gib(example.estimate.hbm_bytes)} per GPU; {how})", fewest)
 
 
