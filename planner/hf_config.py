@@ -264,8 +264,9 @@ def _name(cfg: dict, path: Path) -> str:
     given = cfg.get("_name_or_path")
     name = given.rstrip("/").split("/")[-1] if isinstance(given, str) else ""
     # a repo path's last part, shown in the header: visible text only, cut to a header's length
-    name = "".join(c for c in name if c.isprintable()).strip()[:MAX_MODEL_NAME_CHARS]
-    return name or path.parent.name or "hf-model"
+    def clean(text: str) -> str:
+        return "".join(c for c in text if c.isprintable()).strip()[:MAX_MODEL_NAME_CHARS]
+    return clean(name) or clean(path.parent.name) or "hf-model"
 
 
 # Layer kinds a config may list per layer (layer_types: Gemma-3, GPT-OSS, Qwen3-Next;

@@ -160,7 +160,7 @@ HYBRID_BLOCKS = {"M": "Mamba-2 mixer", "*": "attention", "-": "dense MLP", "E": 
 # What the output's header shows ("llama3-8b (8.0 B params ..."): one line of visible text, no
 # control characters (a newline or a terminal escape would garble it), short enough for a header
 ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS,
-                                 pattern=r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$")]
+                                 pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$")]
 
 
 class ModelSpec(BaseModel):

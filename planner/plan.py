@@ -278,7 +278,7 @@ class Plan(BaseModel):
         if self.recompute_modules is not None:
             parts[-1] += "[" + "+".join(self.recompute_modules) + "]"
         parts.append(f"zero{self.zero_stage}")
-        if not self.dp_comm_overlap and self.dp > 1:
+        if not self.dp_comm_overlap and (self.dp * self.cp > 1 or self.expert_dp > 1):  # gradients reduced
             parts.append("no-dp-overlap")  # on by default (and in every searched plan): named when off
         if self.dp_impl != "megatron":
             parts.append(self.dp_impl)

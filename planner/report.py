@@ -50,7 +50,8 @@ def describe_plan(est: Estimate) -> str:
             + (" · SP" if p.sequence_parallel else "")
             + (" · TP comm overlap" if p.tp_comm_overlap and p.sequence_parallel and p.tp > 1 else "")
             + f" · recompute {p.recompute}"
-            + (f" (first {p.recompute_num_layers} layers{' per stage' if p.pp > 1 else ''})"
+            + (f" (first {p.recompute_num_layers} layers{' per stage' if p.pp > 1 else ''}"
+               f"{f': {p.recompute_num_layers // p.vpp} of each virtual stage' if p.vpp > 1 and not p.recompute_num_layers % p.vpp else ''})"
                if p.recompute == "full" and p.recompute_num_layers and not p.stage_recompute_layers else "")
             + (f" ({', '.join(p.recompute_modules)})" if p.recompute_modules else "") + f" · ZeRO-{p.zero_stage}"
             + "".join(f" · offload {w} {getattr(p, 'offload_' + w):.0%}"

@@ -59,3 +59,35 @@ def test_checkpoint_takes_a_layout_that_fits_with_sp_and_recompute_as_fitting():
                               "--zero-stage", "2", "--json"])
     assert out.exit_code == 0, out.output
     assert not any("does not fit" in n for n in json.loads(out.output)["notes"]), out.output
+
+
+def test_dp_overlap_off_is_named_wherever_gradients_are_reduced():
+    """dp 1 with cp 2 still reduces gradients over cp (1.48 s overlapped, 1.55 s not): the string
+    must say which."""
+    plan = Plan(tp=8, cp=2, dp=1, global_batch=8, sequence_parallel=True, dp_comm_overlap=False)
+    assert "no-dp-overlap" in plan.short()
+    assert "no-dp-overlap" not in Plan(tp=8, dp=1, global_batch=8, dp_comm_overlap=False).short()
+
+
+def test_a_recompute_count_covering_the_fullest_rank_launches_every_layer():
+    """k 17 over stages (3, 14, 14, 1) at vpp 2 is every layer of both ranks (17 and 15), as the
+    model costs it; k // vpp = 8 a chunk would have launched 3 + 8 and 8 + 1. A count below that
+    which vpp does not divide has no launch; one it divides runs k/vpp of every chunk."""
+    from planner.analytical import PlanArrays
+    from planner.megatron.emit import recompute_layers_per_chunk
+    from planner.megatron.expressible import not_expressible
+    model = load_model("llama3-8b")
+    base = Plan(tp=2, pp=2, vpp=2, dp=4, global_batch=64, sequence_parallel=True, recompute="full",
+                stage_layers=(3, 14, 14, 1))
+    job = JobSpec(global_batch=64)
+    every = base.model_copy(update={"recompute_num_layers": 17})
+    assert recompute_layers_per_chunk(every, model) == 14
+    P = PlanArrays.from_plans([every], model.layers, 0)
+    assert sorted(P.rank_recompute[0][:2]) == [15, 17]
+    assert not any("recompute_num_layers" in r for r in not_expressible(every, model, job))
+    odd = base.model_copy(update={"recompute_num_layers": 5})
+    assert any("recompute_num_layers" in r for r in not_expressible(odd, model, job))
+    even = base.model_copy(update={"recompute_num_layers": 16})
+    assert recompute_layers_per_chunk(even, model) == 8
+    P = PlanArrays.from_plans([even], model.layers, 0)
+    assert sorted(P.rank_recompute[0][:2]) == [9, 11]  # 3 + 8 and 8 + 1, as Megatron runs it

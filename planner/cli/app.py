@@ -33,19 +33,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
 EXIT_INTERNAL = 70      # EX_SOFTWARE: a bug in planner, not in the input
-EXIT_IO = 74            # EX_IOERR: the output could not be written (disk full)
+EXIT_IO = 74            # EX_IOERR: the output could not be written (disk full, quota)
 EXIT_PIPE_CLOSED = 141  # 128 + SIGPIPE, what a shell reports when the reader of a pipe left (| head)
 # errnos of a write that failed for want of room, not for a mistake in the input
-NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 def _error(message: str, as_json: bool) -> None:
-    """One line: JSON on stdout under --json (so a pipe still parses), else `error: ...` on stderr."""
+    """One line: JSON on stdout under --json (so a pipe still parses), else `error: ...` on stderr.
+    Where stdout cannot take it (a full disk, a reader gone) the line goes to stderr; where neither
+    can, it is dropped: the exit code still says what happened."""
     message = " ".join(str(message).split())
-    if as_json:
-        print(json.dumps({"error": message}))
-    else:
-        print(f"error: {message}", file=sys.stderr)
+    try:
+        if as_json:
+            print(json.dumps({"error": message}), flush=True)
+            return
+    except (OSError, ValueError):
+        _close_stdout()
+    try:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 class _LazyOneLineGroup(TyperGroup):
@@ -114,13 +122,14 @@ class _LazyOneLineGroup(TyperGroup):
             _close_stdout()
             code = EXIT_PIPE_CLOSED
         except Exception as err:  # noqa: BLE001 - a user never sees a traceback, but a bug must stay visible
-            if isinstance(err, PermissionError):
+            if isinstance(err, PermissionError) and err.filename and not os.environ.get("PLANNER_DEBUG"):
                 # a path the user gave that the OS refuses (other OS errors on user paths are
                 # caught, with the field named, where each path is read)
-                _error(f"path: {err.filename or ''}: permission denied", as_json)
+                _error(f"path: {err.filename}: permission denied", as_json)
                 code = 2
-            elif isinstance(err, OSError) and err.errno in NO_ROOM:
-                _error(f"cannot write the output ({err.strerror})", as_json)
+            elif isinstance(err, OSError) and err.errno in NO_ROOM and not os.environ.get("PLANNER_DEBUG"):
+                _close_stdout()
+                _error(f"cannot write the output ({err.strerror})", False)  # stdout is what failed
                 code = EXIT_IO
             elif isinstance(err, OSError) and err.errno == errno.ENAMETOOLONG:
                 # a path the user typed (-m, -s, --save, -o, --name) that the file system cannot hold

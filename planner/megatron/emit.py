@@ -13,7 +13,7 @@ import math
 from typing import Callable
 
 from hardware.spec import SystemSpec
-from planner.pipeline_layout import pipeline_args, plan_layout, recompute_per_chunk
+from planner.pipeline_layout import pipeline_args, plan_layout, rank_layers, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
 from planner.megatron import hybrid, te_precision
 from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch
@@ -70,7 +70,10 @@ def recompute_layers_per_chunk(plan: Plan, model: ModelSpec) -> int:
     per_chunk = max(plan_layout(plan, model.layers))  # the fullest virtual stage (issue 8: uneven)
     if recompute_per_chunk(plan) is not None:  # an explicit per-stage recompute (issue 8)
         return recompute_per_chunk(plan)
-    if plan.recompute_num_layers is None:
+    # a count that covers the fullest rank is every layer, as the model costs it (PlanArrays): k//vpp
+    # of every chunk would leave a rank of uneven chunks some (3 + 8 of 3 + 14 at k 17, vpp 2)
+    if plan.recompute_num_layers is None or plan.recompute_num_layers >= max(rank_layers(plan_layout(plan, model.layers),
+                                                                                        plan.pp)):
         return per_chunk
     return min(plan.recompute_num_layers // plan.vpp, per_chunk)
 
