@@ -106,8 +106,14 @@ class _LazyOneLineGroup(TyperGroup):
         as_json = "--json" in argv or any(a == "--format" and [w.lower() for w in argv[i + 1:i + 2]] == ["json"]
                                           or a.lower() == "--format=json" for i, a in enumerate(argv))
         try:
-            code = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
-                                standalone_mode=False, **extra)
+            try:
+                code = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
+                                    standalone_mode=False, **extra)
+            except SystemExit as done:
+                # click's own EPIPE answer (exit 1) where it printed --help or --version itself
+                if done.code == 1 and stdout_reader_gone():
+                    raise _PipeClosed from None
+                raise
         except SpecError as err:
             _error(err, as_json)
             code = 2
