@@ -20,6 +20,11 @@ class SpecError(ValueError):
 INCONSISTENT = "inconsistent"
 
 
+# A name the output shows (a system's, a model's): one line with some visible text, no control
+# characters (C0, DEL, C1) or Unicode line separators, which would garble the header it is printed in
+VISIBLE_LINE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+
+
 def one_line(err: ValidationError, where: str) -> SpecError:
     """First pydantic error as `where: field.path: message`."""
     first = err.errors()[0]
@@ -32,7 +37,7 @@ def one_line(err: ValidationError, where: str) -> SpecError:
     elif isinstance(first.get("input"), float) and not math.isfinite(first["input"]) \
             and msg.startswith("Input should"):  # YAML .nan against pydantic's own bound: "less than 1"
         msg = f"must be a finite number, got {first['input']}"
-    elif first["type"] == "string_pattern_mismatch":  # the names' pattern (spec.Name, model.ModelName)
+    elif first["type"] == "string_pattern_mismatch":  # VISIBLE_LINE_PATTERN, the only pattern of a spec
         msg = f"must be one line of visible text, got {str(first.get('input'))[:40]!r}"
     elif first["type"] in (INCONSISTENT, "value_error") and not first["loc"]:
         loc = None  # a model's own check: its message names the fields itself

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from hardware.errors import INCONSISTENT, SpecError, in_range
+from hardware.errors import INCONSISTENT, VISIBLE_LINE_PATTERN, SpecError, in_range
 
 GIB = 2**30
 GB = 1e9
@@ -56,8 +56,8 @@ OffloadGib = Annotated[float, in_range(1e-3, 1e9)]
 # Offload bandwidth per GPU: 0.01 GB/s (a slow disk's per-GPU share) up to exactly the "infinite"
 # bandwidth of `planner sweep offload_gb_per_s=inf` (sweep.INFINITE_GB_PER_S = 1e6 GB/s).
 OffloadGbPerS = Annotated[float, in_range(0.01, 1e6)]
-# A name the output shows ("on 16× H100 (name)"): some visible text
-Name = Annotated[str, Field(min_length=1, pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$")]
+# A name the output shows ("on 16× H100 (name)"): one line of visible text
+Name = Annotated[str, Field(min_length=1, pattern=VISIBLE_LINE_PATTERN)]
 # GEMM min-dimension at which efficiency halves: 0 up to 1e6 rows (presets 140-170; the fit's
 # search bound is 1024; 1e6 is about the widest hidden a model may have, 2**20).
 HalfDim = Annotated[float, in_range(0.0, 1e6)]

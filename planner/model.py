@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
 from hardware.errors import (SpecError, in_range, one_line, read_yaml_mapping, refuse_loose_types,
-                             check_name_length, resolve_preset_or_file)
+                             VISIBLE_LINE_PATTERN, check_name_length, resolve_preset_or_file)
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -157,10 +157,9 @@ class MambaSpec(BaseModel):
 HYBRID_BLOCKS = {"M": "Mamba-2 mixer", "*": "attention", "-": "dense MLP", "E": "MoE MLP"}
 
 
-# What the output's header shows ("llama3-8b (8.0 B params ..."): one line of visible text, no
-# control characters (a newline or a terminal escape would garble it), short enough for a header
-ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS,
-                                 pattern=r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$")]
+# What the output's header shows ("llama3-8b (8.0 B params ..."): one line of visible text, short
+# enough for a header
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS, pattern=VISIBLE_LINE_PATTERN)]
 
 
 class ModelSpec(BaseModel):

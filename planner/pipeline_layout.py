@@ -159,6 +159,12 @@ def plan_layout(plan, layers: int) -> tuple[int, ...]:
     return tuple(plan.stage_layers) if plan.stage_layers is not None else balanced_layout(layers, plan.pp, plan.vpp)
 
 
+def fullest_rank_layers(plan, layers: int) -> int:
+    """Layers the fullest pipeline rank of a Plan holds (over its virtual stages): a recompute count
+    of at least this many is every layer."""
+    return max(rank_layers(plan_layout(plan, layers), plan.pp))
+
+
 def pipeline_args(plan, layers: int, mtp_layers: int = 0) -> list[tuple[str, object]]:
     """Megatron's pipeline-layout flags for `plan` as (flag, value) pairs (value None: a switch):
     the virtual-stage count and the simplest layout flag set (`megatron_layout_args`). A layout

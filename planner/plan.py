@@ -249,6 +249,11 @@ class Plan(BaseModel):
         return self.global_batch // (self.micro_batch * self.dp)
 
     @property
+    def tp_overlap_on(self) -> bool:
+        """TP communication overlapped with GEMMs: asked for, and possible (SP, tp > 1)."""
+        return self.tp_comm_overlap and self.sequence_parallel and self.tp > 1
+
+    @property
     def uses_offload(self) -> bool:
         return bool(self.offload_weights or self.offload_activations or self.offload_optimizer)
 
@@ -271,7 +276,7 @@ class Plan(BaseModel):
         parts.append(f"mb{self.micro_batch}")
         if self.sequence_parallel:
             parts.append("sp")
-        if self.tp_comm_overlap and self.sequence_parallel and self.tp > 1:
+        if self.tp_overlap_on:
             parts.append("tp-overlap")  # it changes the time: a plan string must name it
         if self.recompute != "none":
             parts.append(f"rc-{self.recompute}")

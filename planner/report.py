@@ -48,7 +48,7 @@ def describe_plan(est: Estimate) -> str:
             + (f" · layers per virtual stage {compress_runs(p.stage_layers)}" if p.stage_layers else "")
             + (f" (recomputed {compress_runs(p.stage_recompute_layers)})" if p.stage_recompute_layers else "")
             + (" · SP" if p.sequence_parallel else "")
-            + (" · TP comm overlap" if p.tp_comm_overlap and p.sequence_parallel and p.tp > 1 else "")
+            + (" · TP comm overlap" if p.tp_overlap_on else "")
             + f" · recompute {p.recompute}"
             + (f" (first {p.recompute_num_layers} layers{' per stage' if p.pp > 1 else ''}"
                f"{f': {p.recompute_num_layers // p.vpp} of each virtual stage' if p.vpp > 1 and not p.recompute_num_layers % p.vpp else ''})"

@@ -84,9 +84,7 @@ class _LazyOneLineGroup(TyperGroup):
             if not stdout_reader_gone():  # another pipe (a worker's): a bug, reported as one (click
                 # would make any EPIPE exit 1)
                 raise RuntimeError(f"BrokenPipeError on a pipe other than stdout: {err}") from err
-            # click answers a closed pipe with exit status 1 ("no plan fits" here): carry it past
-            # click as what it is
-            raise _PipeClosed from None
+            raise  # stdout's: click exits 1, which main() turns into EXIT_PIPE_CLOSED
 
     def format_commands(self, ctx, formatter) -> None:
         # the one-line summaries without importing every command
@@ -110,7 +108,8 @@ class _LazyOneLineGroup(TyperGroup):
                 code = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
                                     standalone_mode=False, **extra)
             except SystemExit as done:
-                # click's own EPIPE answer (exit 1) where it printed --help or --version itself
+                # click answers EPIPE with exit 1 ("no plan fits" here), for a command's output and
+                # for the --help and --version it prints itself: a closed stdout is 141
                 if done.code == 1 and stdout_reader_gone():
                     raise _PipeClosed from None
                 raise

@@ -402,10 +402,10 @@ def check_layout_fits_model(plan, model, plan_file: str | None = None) -> None:
 def check_recompute_layers(plan, model) -> None:
     """Full recompute of k layers per pipeline stage: k beyond the layers a stage holds would be
     cut to them without a word (Megatron's --recompute-num-layers is per virtual chunk)."""
-    from planner.pipeline_layout import plan_layout, rank_layers
+    from planner.pipeline_layout import fullest_rank_layers
     if plan.recompute != "full" or plan.recompute_num_layers is None:
         return
-    per_stage = max(rank_layers(plan_layout(plan, model.layers), plan.pp))
+    per_stage = fullest_rank_layers(plan, model.layers)
     if plan.recompute_num_layers > per_stage:
         raise SpecError(f"recompute-num-layers: {plan.recompute_num_layers} exceeds the {per_stage} layers a "
                         f"pipeline stage holds; give at most {per_stage} (or omit it: all of them)")

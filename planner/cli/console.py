@@ -1,6 +1,9 @@
 """The rich Console the commands print with, leaving a closed pipe to `planner`'s own exit code."""
 from __future__ import annotations
 
+import errno
+import os
+
 from rich.console import Console as _RichConsole
 
 
@@ -17,4 +20,4 @@ class Console(_RichConsole):
 
     def on_broken_pipe(self) -> None:
         self.quiet = True
-        raise BrokenPipeError
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))  # with its errno, as click reads it

@@ -13,7 +13,7 @@ import math
 from typing import Callable
 
 from hardware.spec import SystemSpec
-from planner.pipeline_layout import pipeline_args, plan_layout, rank_layers, recompute_per_chunk
+from planner.pipeline_layout import fullest_rank_layers, pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
 from planner.megatron import hybrid, te_precision
 from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch
@@ -72,8 +72,7 @@ def recompute_layers_per_chunk(plan: Plan, model: ModelSpec) -> int:
         return recompute_per_chunk(plan)
     # a count that covers the fullest rank is every layer, as the model costs it (PlanArrays): k//vpp
     # of every chunk would leave a rank of uneven chunks some (3 + 8 of 3 + 14 at k 17, vpp 2)
-    if plan.recompute_num_layers is None or plan.recompute_num_layers >= max(rank_layers(plan_layout(plan, model.layers),
-                                                                                        plan.pp)):
+    if plan.recompute_num_layers is None or plan.recompute_num_layers >= fullest_rank_layers(plan, model.layers):
         return per_chunk
     return min(plan.recompute_num_layers // plan.vpp, per_chunk)
 

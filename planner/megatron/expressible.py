@@ -6,7 +6,7 @@ import numpy as np
 
 from hardware.spec import SystemSpec
 from planner.analytical.offload import offloaded_layers
-from planner.pipeline_layout import layout_not_expressible, plan_layout, rank_layers
+from planner.pipeline_layout import fullest_rank_layers, layout_not_expressible
 from planner.megatron.launch import gpu_arch_major
 from planner.model import ModelSpec
 from planner.plan import DEFAULT_RECOMPUTE_MODULES, JobSpec, Plan, applicable_recompute_modules
@@ -138,7 +138,7 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         reasons.append("tp_comm_overlap: Megatron overlaps TP communication only with sequence_parallel")
     k = plan.recompute_num_layers
     if plan.recompute == "full" and k is not None and plan.vpp > 1 and k % plan.vpp \
-            and k < max(rank_layers(plan_layout(plan, layers), plan.pp)):  # (a count covering every layer is all)
+            and k < fullest_rank_layers(plan, layers):  # (a count covering every layer is all)
         # Megatron's --recompute-num-layers counts per virtual chunk: k per stage runs as
         # vpp·ceil(k/vpp) or vpp·floor(k/vpp), never k.
         reasons.append(f"recompute_num_layers: Megatron recomputes the same number of layers in each of the "
