@@ -16,7 +16,7 @@ import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
 from planner.analytical.plans import uniform_chunk_recompute
-from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
+from planner.pipeline_layout import balanced_layout, fullest_rank_layers, even_layout, layout_from_flags, layout_from_string
 from planner.model import MambaSpec, MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
 
@@ -303,12 +303,15 @@ def model_shape(m: ModelSpec) -> dict:
 
 def canonical(plan: Plan, layers: int) -> Plan:
     """`plan` as `plan_from_megatron` reads one back, the same launch either way: a per-stage
-    recompute of every layer as none; the default split written out as none; over an explicit
+    recompute of every layer, or one count covering the fullest rank, as none; the default split written out as none; over an explicit
     uneven layout, one count per stage as the per-chunk counts Megatron runs
     (uniform_chunk_recompute), and over the default split the reverse. PlanArrays costs both
     alike."""
     if plan.stage_recompute_layers is not None and tuple(plan.stage_recompute_layers) == tuple(plan.stage_layers):
         plan = plan.model_copy(update={"stage_recompute_layers": None})  # every layer: as no count
+    if plan.recompute == "full" and plan.recompute_num_layers and \
+            plan.recompute_num_layers >= fullest_rank_layers(plan, layers):
+        plan = plan.model_copy(update={"recompute_num_layers": None})  # a count covering every layer: all
     balanced = plan.stage_layers is not None and tuple(plan.stage_layers) == balanced_layout(layers, plan.pp, plan.vpp)
     if plan.stage_layers is not None and plan.recompute == "full":
         if plan.recompute_num_layers and not balanced:

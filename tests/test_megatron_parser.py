@@ -116,6 +116,11 @@ CASES = [
     ("llama3-70b", "h100-sxm", 64, "bf16",
      dict(tp=4, pp=4, dp=4, vpp=2, micro_batch=1, global_batch=128, sequence_parallel=True, recompute="full",
           stage_layers=[1, 13, 13, 13, 13, 13, 13, 1], stage_recompute_layers=[1, 2, 2, 2, 2, 2, 2, 1])),
+    # one count covering the fullest rank (17 of 3 + 14) that vpp 2 does not divide: every layer,
+    # launched as a chunk's worth (14), not k // vpp (8: 3 + 8 of 17)
+    ("llama3-8b", "h100-sxm", 16, "bf16",
+     dict(tp=2, pp=2, dp=4, vpp=2, micro_batch=1, global_batch=64, sequence_parallel=True, recompute="full",
+          recompute_num_layers=17, stage_layers=[3, 14, 14, 1])),
     # MLA without query compression, two shared experts, one leading dense layer (DeepSeek-V2-Lite);
     # a hybrid stack without experts (Nemotron-H 56B, pretrain_mamba.py); gpt-oss-20b's biased experts
     ("deepseek-v2-lite", "h100-sxm", 16, "bf16",
