@@ -91,6 +91,11 @@ BLOCK_WORK_LIMIT = 0.25
 # layout is dropped otherwise (Nano at pp 8 vpp 2 with HBM at 75 % of the balanced split's need:
 # a fitting split found, and proven optimal, in 1.0 and 3.0 units; none in 0.25)
 BLOCK_WHOLE_WORK_LIMIT = 1.0
+# Blocks x virtual stages above which a hybrid stack's split is priced at its mean block instead
+# (the exact model still re-scores it): the per-block problem's element tables grow with their
+# product (10,000 blocks over hundreds of stages filled 24 GB). Real stacks are far below it
+# (Nemotron 3 Super: 88 blocks x 16 virtual stages = 1,408).
+BLOCK_PROBLEM_MAX_CELLS = 200_000
 BLOCK_WINDOW = 3  # layers each stage bound may move from the mean-block answer (Nemotron 3 Nano at
                   # pp 8 vpp 2: the window's optimum is the whole problem's, proven in 0.7 s; in 6 s whole)
 
@@ -234,7 +239,9 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
     if plan.pp == 1 or plan.zero_stage >= 3 or plan.uses_offload or model.layers < plan.pp * plan.vpp:
         return None
     pr = _probe(model, system, job, plan)
-    blocks = _probe_blocks(model, system, job, plan) if by_block(model) and not any(job.bf16_layers) else None
+    per_block = by_block(model) and not any(job.bf16_layers) \
+        and model.layers * plan.pp * plan.vpp <= BLOCK_PROBLEM_MAX_CELLS
+    blocks = _probe_blocks(model, system, job, plan) if per_block else None
     m = plan.num_microbatches
     v = plan.vpp
     # time unit: one microbatch on a rank of the balanced split ~ TIME_SCALE

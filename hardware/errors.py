@@ -26,12 +26,20 @@ VISIBLE_LINE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\s\x00-\x1f\x7f-\x
 
 
 def one_line(err: ValidationError, where: str) -> SpecError:
-    """First pydantic error as `where: field.path: message`."""
-    first = err.errors()[0]
+    """First pydantic error as `where: field.path: message`; an unknown key before the rest (a typo
+    of a required key also reads as that key missing: the typo is what the user wrote), with the
+    missing key it is close to."""
+    errors = err.errors()
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = unknown[0] if unknown else errors[0]
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        msg = "unknown field"
+        import difflib
+        missing = [str(e["loc"][-1]) for e in errors
+                   if e["type"] == "missing" and e["loc"] and tuple(e["loc"][:-1]) == tuple(first["loc"][:-1])]
+        near = difflib.get_close_matches(str(first["loc"][-1]) if first["loc"] else "", missing, n=1, cutoff=0.6)
+        msg = f"unknown field (did you mean {near[0]}?)" if near else "unknown field"
     elif first["type"] == "missing":
         msg = "required field is missing"
     elif isinstance(first.get("input"), float) and not math.isfinite(first["input"]) \
@@ -108,6 +116,19 @@ def _strict_loader(base):
                 mark = self.peek_event().start_mark
                 raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
             return super().compose_node(parent, index)
+
+        def construct_yaml_int(self, node):
+            # YAML 1.1 (PyYAML) reads `1:30` as base 60 (90) and `010` as octal (8); nobody means either
+            text = str(node.value).replace("_", "").lstrip("+-")
+            where = f"line {node.start_mark.line + 1}"
+            if ":" in text:
+                raise yaml.YAMLError(f"{node.value!r} ({where}) reads as a base-60 number in YAML 1.1; "
+                                     "write the number in decimal, or quote it")
+            if len(text) > 1 and text[0] == "0" and text[1:].isdigit():
+                raise yaml.YAMLError(f"{node.value!r} ({where}) reads as an octal number in YAML 1.1; "
+                                     "write it without the leading 0")
+            return super().construct_yaml_int(node)
+    StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
     return StrictLoader
 
 
@@ -289,33 +310,66 @@ def _yaml_number_hint(text: str) -> str:
 
 def refuse_loose_types(data: dict, schema, where: str) -> None:
     """YAML `layers: true` or `hidden: "4096"` would pass pydantic's lax mode as 1 or 4096: refuse
-    a bool or a string where the field takes neither (recursing into nested specs)."""
+    a bool or a string where the field takes neither (recursing into nested specs, and into the
+    items of lists and the values of mappings: a network tier's `domain_gpus: true`, a peak's
+    '989e12', a plan's `stage_layers: [true, 31]`)."""
+    for name, field in schema.model_fields.items():
+        if name in data:
+            _refuse_loose_value(data[name], field.annotation, f"{where}: {name}", top=True)
+
+
+def _spells_float(text: str) -> bool:
+    import math
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _leaves(annotation) -> list:
+    """The member annotations of a union / Annotated / Optional, flattened."""
     import types
+    import typing
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return [leaf for a in typing.get_args(annotation) for leaf in _leaves(a)]
+    if origin is typing.Annotated:
+        return _leaves(typing.get_args(annotation)[0])
+    return [annotation]
+
+
+def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> None:
+    """`top`: a spec's own field, where a number written as text is refused with a hint; inside a
+    list or mapping (a peak_flops table, a network tier list) YAML 1.1's "989.4e12" is read as the
+    number it spells, as the packaged accelerator presets write their peaks."""
     import typing
 
     from pydantic import BaseModel
 
-    def allowed(annotation) -> set:
-        origin = typing.get_origin(annotation)
-        if origin in (typing.Union, types.UnionType):
-            return set().union(*(allowed(a) for a in typing.get_args(annotation)))
-        if origin is typing.Annotated:
-            return allowed(typing.get_args(annotation)[0])
-        if origin is typing.Literal:
-            return {type(a) for a in typing.get_args(annotation)}
-        return {origin or annotation}
-
-    for name, field in schema.model_fields.items():
-        if name not in data:
-            continue
-        value, kinds = data[name], allowed(field.annotation)
-        if isinstance(value, bool) and bool not in kinds:
-            raise SpecError(f"{where}: {name}: expected a number, got {str(value).lower()}")
-        if isinstance(value, str) and str not in kinds and kinds & {int, float}:
-            raise SpecError(f"{where}: {name}: expected a number, got the string {value!r}{_yaml_number_hint(value)}")
-        # pydantic's lax mode reads "yes", "on", 1 as true
-        if bool in kinds and not kinds & {int, float, str} and not isinstance(value, bool) and value is not None:
-            raise SpecError(f"{where}: {name}: expected true or false, got {value!r}")
-        nested = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
-        if nested and isinstance(value, dict):
-            refuse_loose_types(value, nested[0], f"{where}: {name}")
+    leaves = _leaves(annotation)
+    kinds: set = set()
+    for leaf in leaves:
+        origin = typing.get_origin(leaf)
+        kinds |= {type(a) for a in typing.get_args(leaf)} if origin is typing.Literal else {origin or leaf}
+    if isinstance(value, bool) and bool not in kinds:
+        raise SpecError(f"{where}: expected a number, got {str(value).lower()}")
+    if isinstance(value, str) and str not in kinds and kinds & {int, float} and (top or not _spells_float(value)):
+        raise SpecError(f"{where}: expected a number, got the string {value!r}{_yaml_number_hint(value)}")
+    # pydantic's lax mode reads "yes", "on", 1 as true
+    if bool in kinds and not kinds & {int, float, str} and not isinstance(value, bool) and value is not None:
+        raise SpecError(f"{where}: expected true or false, got {value!r}")
+    nested = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
+    if nested and isinstance(value, dict):
+        refuse_loose_types(value, nested[0], where)
+        return
+    for leaf in leaves:
+        origin, args = typing.get_origin(leaf), typing.get_args(leaf)
+        if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
+            items = args[:1] if origin is not tuple or args[-1] is Ellipsis or len(args) == 1 else args
+            for i, item in enumerate(value):
+                _refuse_loose_value(item, items[min(i, len(items) - 1)], f"{where}.{i}")
+            return
+        if origin is dict and isinstance(value, dict) and len(args) == 2:
+            for key, item in value.items():
+                _refuse_loose_value(item, args[1], f"{where}.{key}")
+            return

@@ -248,8 +248,10 @@ class SystemSpec(_Strict):
     @model_validator(mode="after")
     def _tiers_nested(self) -> "SystemSpec":
         domains = [t.domain_gpus for t in self.network]
-        if domains != sorted(domains):
-            raise _inconsistent("network: tiers must be listed innermost first (domain_gpus ascending), got "
+        if domains != sorted(set(domains)):
+            # two tiers of one domain size: only one could carry a transfer of that span
+            raise _inconsistent("network: tiers must be listed innermost first, each domain_gpus larger than "
+                                "the one before (no two tiers of one size), got "
                                 + ", ".join(str(d) for d in domains))
         # A tier's domain is a block of domain_gpus consecutive ranks (analytical/comm.py
         # group_link), and a node is a block of gpus_per_node consecutive ranks (the torchrun

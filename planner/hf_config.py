@@ -110,6 +110,10 @@ POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_
 # Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
 EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")
 BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm")
+# transformers' ACT2FN names the readers cost (all one element-wise pass; a gate comes from the
+# architecture or SiLU)
+HF_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu",
+                  "relu2", "leaky_relu", "tanh", "sigmoid", "mish", "gelu_10", "gelu_accurate")
 STRING_KEYS = ("model_type", "hidden_act", "hidden_activation", "mlp_hidden_act", "hybrid_override_pattern",
                "mtp_hybrid_override_pattern")
 LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "moe_layers")
@@ -341,6 +345,11 @@ def model_fields(path: Path) -> dict:
                         f"architectures read: {known}{own}")
 
     act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
+    if act.lower() not in HF_ACTIVATIONS:
+        key = "hidden_act" if cfg.get("hidden_act") else "hidden_activation"
+        raise SpecError(f"model {path}: {key} {act!r} is not an activation the planner reads; allowed: "
+                        f"{', '.join(HF_ACTIVATIONS)}")
+    act = act.lower()
     # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
     gated = model_type in ARCHITECTURES or act in ("silu", "swish")
     max_pos = cfg.get("max_position_embeddings")

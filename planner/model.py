@@ -97,6 +97,13 @@ class MoESpec(BaseModel):
             if self.router_group_topk > self.router_groups:
                 raise ValueError(f"router_group_topk ({self.router_group_topk}) must be <= router_groups "
                                  f"({self.router_groups})")
+            # a token picks its top_k experts inside its router_group_topk groups (DeepSeek-V3
+            # §3.2.2; Megatron's group-limited top-k), so those groups must hold that many experts
+            reachable = self.router_group_topk * (self.num_experts // self.router_groups)
+            if self.top_k > reachable:
+                raise ValueError(f"top_k ({self.top_k}) must be <= router_group_topk ({self.router_group_topk}) x "
+                                 f"num_experts / router_groups ({self.num_experts // self.router_groups}) = "
+                                 f"{reachable}: the experts a token's groups hold")
         return self
 
 
@@ -268,6 +275,9 @@ class ModelSpec(BaseModel):
             raise ValueError("mtp_shared_weights needs mtp_layers > 0 (there is no MTP module to share)")
         if self.moe and self.moe.shared_expert_ffn is not None and not self.moe.shared_experts:
             raise ValueError("moe.shared_expert_ffn sizes shared experts; moe.shared_experts is 0")
+        if self.moe and self.moe.latent_size is not None and self.moe.latent_size >= self.hidden:
+            raise ValueError(f"moe.latent_size ({self.moe.latent_size}) must be < hidden ({self.hidden}): LatentMoE "
+                             "projects the routed rows down to it")
 
     def _check_hybrid(self) -> None:
         pattern = self.hybrid_pattern
@@ -277,6 +287,9 @@ class ModelSpec(BaseModel):
                              + ", ".join(f"{k} ({v})" for k, v in HYBRID_BLOCKS.items()))
         if len(pattern) != self.layers:
             raise ValueError(f"hybrid_pattern has {len(pattern)} blocks; it must have one per layer ({self.layers})")
+        if "M" not in pattern and "*" not in pattern:
+            raise ValueError("hybrid_pattern: no Mamba (M) and no attention (*) block, so no token sees another; "
+                             "a stack needs at least one sequence mixer")
         if ("M" in pattern) != (self.mamba is not None):
             raise ValueError("hybrid_pattern and mamba: Mamba blocks (M) need `mamba`, and `mamba` needs M blocks")
         if ("E" in pattern) != (self.moe is not None):

@@ -50,6 +50,8 @@ INFINITE_GB_PER_S = 1.0e6          # "infinite" offload bandwidth: 1 PB/s per GP
 DEFAULT_OFFLOAD_GB_PER_S = 100.0   # bandwidth of an offload tier the sweep adds to a system without one
 DEFAULT_OFFLOAD_GIB = 1024.0       # capacity of a tier added when only the bandwidth is varied
 MAX_POINTS = 1000
+# Points of a two-parameter grid (each is one search, seconds to a minute): a day's work at most.
+MAX_GRID_POINTS = 10_000
 # Far beyond any real machine: a geometric range that runs past these is refused before any work.
 MAX_VALUE = {"gpus": 1 << 20, "nvlink_domain": 1 << 20, "max_batch": 1 << 20, "hbm_gib": 1e6,
              "offload_gib": 1e9, "offload_gb_per_s": INFINITE_GB_PER_S}
@@ -242,6 +244,9 @@ class SweepSpec(BaseModel):
         if len(self.axes) == 1:
             return [{self.axes[0].name: v} for v in self.axes[0].values]
         a, b = self.axes
+        if len(a.values) * len(b.values) > MAX_GRID_POINTS:  # each point is a search: days of work
+            raise _bad(f"{a.name} x {b.name}: {len(a.values)} x {len(b.values)} = {len(a.values) * len(b.values):,} "
+                       f"points; at most {MAX_GRID_POINTS:,} in one sweep")
         return [{a.name: va, b.name: vb} for vb in b.values for va in a.values]
 
 
@@ -280,6 +285,9 @@ def apply_params(model: ModelSpec | None, system: SystemSpec, job: JobSpec, para
     if "gpus" in params:
         changes["num_gpus"] = int(params["gpus"])
     if "hbm_gib" in params:
+        if float(params["hbm_gib"]) <= job.hbm_reserve_gib:  # the search would refuse it mid-sweep
+            raise SpecError(f"vary: hbm_gib={params['hbm_gib']:g} leaves nothing beside the HBM reserve "
+                            f"(--hbm-reserve-gib {job.hbm_reserve_gib:g}); allowed: above {job.hbm_reserve_gib:g}")
         changes["accelerator"] = {**system.accelerator.model_dump(), "hbm_capacity_gib": float(params["hbm_gib"])}
     if "nvlink_domain" in params:
         tiers = [t.model_dump() for t in system.network]

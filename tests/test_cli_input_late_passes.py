@@ -242,7 +242,8 @@ def test_estimate_leaves_its_default_sp_off_where_the_sequence_does_not_split():
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["plan"]["sequence_parallel"] is False
     asked = runner.invoke(app, [*base, "--sequence-parallel", "--json"])
-    assert asked.exit_code == 1 and "sp_seq" in json.loads(asked.stdout)["violations"]
+    # a plan that breaks a layout rule is an input error (exit 2), named, from flags as from a file
+    assert asked.exit_code == 2 and "sp_seq" in json.loads(asked.stdout)["error"]
 
 
 def test_sweep_batch_cap_ray_and_name_are_checked(tmp_path):

@@ -127,6 +127,11 @@ CASES = [
      dict(dp=16, ep=8, micro_batch=1, global_batch=128, recompute="selective")),
     ("nemotron-h-56b", "h100-sxm", 64, "fp8",
      dict(tp=8, dp=8, micro_batch=1, global_batch=128, sequence_parallel=True, recompute="selective")),
+    # a pattern that starts with an MLP block ("-"): joined to its flag with "=", or argparse reads
+    # it as an option (the pattern of Nemotron-H 56B with its first two blocks swapped)
+    (("nemotron-h-56b", None, {"name": "nemotron-h-56b-mlp-first",
+                                "hybrid_pattern": "-M" + load_model("nemotron-h-56b").hybrid_pattern[2:]}),
+     "h100-sxm", 64, "fp8", dict(tp=8, dp=8, micro_batch=1, global_batch=128, sequence_parallel=True)),
     ("gpt-oss-20b", "h100-sxm", 8, "bf16", dict(dp=8, ep=8, micro_batch=1, global_batch=64)),
     # 94 layers over pp 4 · vpp 2: Megatron's default split is uneven (11, 12 x 6, 11), launched as a layout
     ("qwen3-235b-a22b", "h100-sxm", 512, "fp8", dict(tp=2, pp=4, vpp=2, dp=64, ep=8, micro_batch=1,
@@ -170,12 +175,14 @@ PLACEHOLDERS = {"$TOKENIZER_TYPE": "NullTokenizer", "$TRAIN_ITERS": "10", "$LR":
 
 
 def _model(ref) -> ModelSpec:
-    """A preset name, or (preset, MoE fields to change)."""
+    """A preset name, or (preset, MoE fields to change[, model fields to change])."""
     if isinstance(ref, str):
         return load_model(ref)
-    name, moe = ref
+    name, moe, *fields = ref
     m = load_model(name)
-    return m.model_copy(update={"moe": m.moe.model_copy(update=moe)})
+    if moe:
+        m = m.model_copy(update={"moe": m.moe.model_copy(update=moe)})
+    return ModelSpec.model_validate({**m.model_dump(), **(fields[0] if fields else {})})
 
 
 def _checker_case(model, system, gpus, dtype, fields):

@@ -160,6 +160,19 @@ def gpu_job_defaults(system: SystemSpec) -> dict:
             "flash_attention": gpu_arch_major(system) >= 8}
 
 
+def check_dtype_on_system(dtype: str, system: SystemSpec) -> None:
+    """A training dtype the system's GPU runs, or a one-line error listing those it does (the same
+    words for a --dtype flag and a plan file's job.dtype)."""
+    allowed = training_dtypes(system)
+    if dtype in training_dtypes() and dtype not in allowed:
+        from planner.megatron import gpu_arch_major
+        from planner.megatron.expressible import PRECISION_MIN_ARCH
+        arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[dtype]
+        why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch}.x)" if arch < need else ""
+        raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak{why}; allowed on it: "
+                        f"{', '.join(allowed)}")
+
+
 def training_dtypes(system: SystemSpec | None = None) -> list[str]:
     """The precisions a job may name (JobSpec.dtype); with `system`, those its GPU has the peaks
     for: the GEMMs' (fp8-cs and fp8-block run at the fp8 peak) and the 16-bit one the attention core
@@ -189,15 +202,8 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
     dtype = (dtype or defaults["dtype"]).strip().lower()  # BF16, MXFP8 as NVIDIA's tables print them
     if dtype not in training_dtypes():
         raise SpecError(f"dtype: unknown {dtype!r}; allowed: {', '.join(training_dtypes(system))}")
-    if system is not None and dtype in training_dtypes():
-        allowed = training_dtypes(system)
-        if dtype not in allowed:
-            from planner.megatron import gpu_arch_major
-            from planner.megatron.expressible import PRECISION_MIN_ARCH
-            arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[dtype]
-            why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch}.x)" if arch < need else ""
-            raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak{why}; allowed on it: "
-                            f"{', '.join(allowed)}")
+    if system is not None:
+        check_dtype_on_system(dtype, system)
     if isinstance(extra.get("framework"), str):
         extra["framework"] = extra["framework"].strip().lower()
         frameworks = typing.get_args(JobSpec.model_fields["framework"].annotation)

@@ -8,6 +8,7 @@ import typer
 from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli.common import (
+    check_dtype_on_system,
     check_job_reserve,
     check_layout_fits_model,
     check_recompute_layers,
@@ -149,6 +150,8 @@ def estimate_command(
         given_kernels["module_dtypes"] = module_dtypes_setting(module_dtype, model_spec).get("module_dtypes")
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
                                 flash_attention=flash_attention, **given_kernels)
+        if job is not None:
+            check_dtype_on_system(job.dtype, system_spec)
     else:
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS,
@@ -181,9 +184,14 @@ def estimate_command(
                         f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
     est = estimate(model_spec, system_spec, plan, job)
     structural = [rule for rule in est.violations if rule not in ("hbm", "offload_capacity")]
-    if plan_file and structural:  # a plan no layout rule allows: an input error, as the same flags are
+    if structural:  # a plan no layout rule allows: an input error, from flags as from a plan file
         from planner.analytical.estimate import RULES  # noqa: PLC0415
-        raise SpecError(f"plan {plan_file}: {structural[0]}: {RULES[structural[0]]}")
+        where = f"plan {plan_file}" if plan_file else f"plan {plan.short()}"
+        raise SpecError(f"{where}: {structural[0]}: {RULES[structural[0]]}")
+    if plan.uses_offload and system_spec.offload is None:
+        raise SpecError(f"offload: {system_spec.name} has no offload tier to offload to; leave the offload "
+                        "fractions at 0, or pick a system with one (`planner presets`: e.g. gb200-nvl72, "
+                        "h100-offload-1tib)")
     if json_out:
         print(estimate_json(est, job, model_spec, system_spec))
     else:

@@ -10,6 +10,7 @@ import typer
 from hardware.errors import SpecError
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
+    check_dtype_on_system,
     check_job_reserve,
     check_recompute_layers,
     check_new_file,
@@ -141,6 +142,7 @@ def _job(o: dict, model, system, plan=None):
                               adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
                               module_dtypes=modules.get("module_dtypes")) if plan is not None else None
     if saved is not None:
+        check_dtype_on_system(saved.dtype, system)
         check_job_reserve(saved, system, o["plan_file"], o["hbm_reserve_gib"])
         check_bf16_layers_fit(saved.bf16_layers, model)
         return saved

@@ -116,6 +116,12 @@ def _inputs(o: dict):
         refused = graph_pin_refusals(job.pins, model, job)
         if refused:
             raise SpecError(f"{refused[0]} (--cuda-graph layers); drop one of the two")
+        # options the user pinned that Megatron cannot run together (constraints.space.KNOB_RULES):
+        # contradictory flags, whatever the hardware
+        from constraints.space import megatron_pin_conflicts
+        conflicts = megatron_pin_conflicts(job)
+        if conflicts:
+            raise SpecError(f"pins: {conflicts[0]}; drop one of the two")
     return model, system, job
 
 

@@ -30,6 +30,14 @@ def value_words(flag: str, value: str | None) -> list[str]:
     return value.split() if flag in MULTI_VALUE_FLAGS else [value]
 
 
+def flag_words(flag: str, value: str | None) -> list[str]:
+    """The command-line words of one flag with its value. A single value that starts with '-' (a
+    hybrid pattern "-M-M*") is joined to its flag with '=': argparse would read it as an option."""
+    if value is not None and flag not in MULTI_VALUE_FLAGS and value.startswith("-"):
+        return [f"{flag}={value}"]
+    return [flag, *value_words(flag, value)]
+
+
 @dataclass
 class MegatronLaunch:
     """Ordered `pretrain_gpt.py` flags (value None = store_true flag), env and torchrun geometry."""
@@ -48,8 +56,7 @@ class MegatronLaunch:
     def argv(self) -> list[str]:
         out: list[str] = []
         for flag, value in self.args:
-            out.append(flag)
-            out.extend(value_words(flag, value))
+            out.extend(flag_words(flag, value))
         return out
 
     def flags(self) -> list[str]:

@@ -6,7 +6,7 @@ import shlex
 from typing import Literal
 
 from planner.megatron.hybrid import ENTRYPOINT as HYBRID_ENTRYPOINT
-from planner.megatron.launch import ENTRYPOINT, MASTER_PORT, MegatronLaunch, value_words
+from planner.megatron.launch import ENTRYPOINT, MASTER_PORT, MegatronLaunch, flag_words
 
 
 # Data, tokenizer, schedule and where checkpoints go are not part of a plan: the script leaves
@@ -113,8 +113,7 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
     body = [f"torchrun --nnodes $NNODES --nproc-per-node {launch.gpus_per_node} "
             f'--node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port {MASTER_PORT} '
             f"{launch.entrypoint}"]
-    body += [" ".join([f"    {flag}"] + [shlex.quote(w) for w in value_words(flag, value)])
-             for flag, value in launch.args]
+    body += ["    " + " ".join(shlex.quote(w) for w in flag_words(flag, value)) for flag, value in launch.args]
     body += [f"    {flag} {value}" for flag, value in PLACEHOLDER_ARGS if saves or flag not in ("--save", "--load")]
     body += [f"    {TOKENIZER_ARGS_WORD}"]
     return "\n".join(lines + [line + " \\" for line in body[:-1]] + body[-1:]) + "\n"
