@@ -192,6 +192,35 @@ PARALLEL_FIELDS = ("activation_cpu_offload", "async_tp", "comm_overlap", "compil
                    "recompute", "sequence_parallel", "shard_group", "sharding", "tp", "tp_pp_split_note", "vpp")
 
 
+# The fields of a record's other blocks (the three packaged files' union and what the loader reads
+# beyond it), checked like PARALLEL_FIELDS: `fnn:` for `ffn:` would silently leave ffn at 4 x hidden.
+RECORD_FIELDS = {
+    "": ("derived", "id", "measured", "model", "notes", "parallel", "precision", "source", "source_group", "system",
+         "tags", "trust"),
+    "model": ("activation", "activation_clamp", "arch", "attention", "biases", "config_ref", "dims_source", "ffn",
+              "heads", "hidden", "hybrid_pattern", "kv_channels", "layers", "mamba", "moe", "mtp_layers",
+              "mtp_shared_weights", "name", "params_b", "query_groups", "rope_scaling", "seq", "tied_embeddings",
+              "vocab"),
+    "model.moe": ("dense_layers_first", "expert_ffn", "experts", "first_k_dense", "latent_size", "layer_step",
+                  "moe_ffn", "moe_layers", "num_experts", "shared_expert_ffn", "shared_experts", "topk"),
+    "system": ("gpu", "gpu_mem_gb", "gpus", "gpus_per_node", "inter_node", "intra_node", "nvlink_domain",
+               "peak_dtype", "peak_tflops_per_gpu"),
+    "measured": ("aggregate_pflops", "alt_model_tflops_per_gpu", "alt_tokens_per_sec_per_gpu",
+                 "est_training_days_300B_tokens", "flops_convention", "hfu", "iteration_time_s", "memory_gib", "mfu",
+                 "model_tflops_per_gpu", "pct_of_peak", "samples_per_sec", "step_time_s", "tflops_per_gpu",
+                 "tokens_per_sec", "tokens_per_sec_per_gpu"),
+    "parallel": PARALLEL_FIELDS,
+}
+
+
+def _unknown_field(r: _Record, block: str, key, fields: tuple) -> SpecError:
+    import difflib
+    near = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
+    hint = f"; did you mean {near[0]}?" if near else f"; the fields: {', '.join(fields)}"
+    kind = "layout field" if block == "parallel" else "field"
+    return SpecError(f"reference {r.id}: {block + '.' if block else ''}{key}: unknown {kind}{hint}")
+
+
 def _check_record(r: _Record) -> None:
     """One-line SpecError for a field a record states wrongly, whether or not the record is then
     compared or skipped: its measurements (MEASUREMENT_FIELDS), activation, recompute and the
@@ -200,13 +229,13 @@ def _check_record(r: _Record) -> None:
         r.float(path)
     _activation(r)
     _recompute(r.get("parallel.recompute"), [], "none", "", r.id)
-    parallel = r.get("parallel")
-    for key in parallel if isinstance(parallel, dict) else ():
-        if key not in PARALLEL_FIELDS:
-            import difflib
-            near = difflib.get_close_matches(str(key), PARALLEL_FIELDS, n=1, cutoff=0.5)
-            hint = f"; did you mean {near[0]}?" if near else f"; the fields: {', '.join(PARALLEL_FIELDS)}"
-            raise SpecError(f"reference {r.id}: parallel.{key}: unknown layout field{hint}")
+    if re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", r.id):
+        raise SpecError(f"reference {r.id!r}: id: must be one line of visible text (it names the row in tables)")
+    for block, fields in RECORD_FIELDS.items():
+        data = r.rec if not block else r.get(block)
+        for key in data if isinstance(data, dict) else ():
+            if key not in fields:
+                raise _unknown_field(r, block, key, fields)
 
 
 def family_of(model_name: str) -> str:

@@ -206,3 +206,36 @@ def test_a_very_deep_hybrid_stack_is_priced_at_its_mean_block_per_stage():
     assert deep.layers * 2 * 1 <= BLOCK_PROBLEM_MAX_CELLS < deep.layers * 2 * 50
     assert stage_problem(deep, system, job, plans[1]).pattern == pattern  # per block
     assert stage_problem(deep, system, job, plans[50]).pattern == ""  # the mean block
+
+
+# ---- a reference file's misspelled keys ---------------------------------------------------------------
+
+def _reference(tmp_path, edit) -> str:
+    from planner.reference import REFERENCE_DIR
+    data = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())
+    record = data["records"][0]
+    edit(record)
+    return _yaml(tmp_path, "ref.yaml", {**data, "records": [record]})
+
+
+def test_a_reference_records_misspelled_key_is_refused_with_the_key_it_resembles(tmp_path):
+    """`fnn:` left ffn at 4 x hidden (6.69 s -> 7.21 s predicted, exit 0); `measure:` said only that
+    there was no step time."""
+    def typo(block, old, new):
+        def edit(record):
+            record[block][new] = record[block].pop(old)
+        return edit
+    one_line_error(run(["validate", "--reference", _reference(tmp_path, typo("model", "ffn", "fnn"))]),
+                   "model.fnn", "did you mean ffn?")
+    one_line_error(run(["validate", "--reference", _reference(tmp_path, typo("system", "gpus", "gpu_count"))]),
+                   "system.gpu_count", "unknown field")
+
+    def measure(record):
+        record["measure"] = record.pop("measured")
+    one_line_error(run(["validate", "--reference", _reference(tmp_path, measure)]), "measure", "did you mean measured?")
+
+
+def test_a_reference_id_must_be_one_line(tmp_path):
+    def newline(record):
+        record["id"] = "a\nb"
+    one_line_error(run(["validate", "--reference", _reference(tmp_path, newline)]), "id", "one line")
