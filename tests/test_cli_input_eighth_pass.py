@@ -239,3 +239,13 @@ def test_a_reference_id_must_be_one_line(tmp_path):
     def newline(record):
         record["id"] = "a\nb"
     one_line_error(run(["validate", "--reference", _reference(tmp_path, newline)]), "id", "one line")
+
+
+def test_an_output_path_ending_in_a_slash_names_a_folder_not_a_file(tmp_path):
+    """`--save newdir/` wrote a plain file named newdir (pathlib drops the slash)."""
+    for args, flag in ((["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1", "--save"],
+                        "save"),
+                       (["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "-o"], "output")):
+        target = tmp_path / f"new-{flag}"
+        one_line_error(run([*args, f"{target}/"]), flag, "names a folder")
+        assert not target.exists()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -76,13 +77,17 @@ def check_float(flag: str, value: float | None, low: float = 0.0, high: float | 
         raise SpecError(f"{flag}: must be {allowed}, got {value}")
 
 
-def check_new_file(flag: str, path) -> None:
-    """A path the command will create (never overwrite): said before any work, not after a search."""
+def check_new_file(flag: str, path, example: str = "plan.yaml") -> None:
+    """A path the command will create (never overwrite): said before any work, not after a search.
+    `path` as the user wrote it (a str keeps a trailing slash, which pathlib drops)."""
     if path is None:
         return
-    if str(path) == ".":  # also what an empty argument becomes
-        raise SpecError(f"{flag}: no file name given; give the name of a new file")
     import os
+    if str(path) in (".", ""):  # also what an empty argument becomes
+        raise SpecError(f"{flag}: no file name given; give the name of a new file")
+    if str(path).endswith(("/", os.sep)) and not os.path.isdir(path):  # pathlib would write a file there
+        raise SpecError(f"{flag}: {path} names a folder; give the name of a new file (e.g. {path}{example})")
+    path = Path(path)
     try:
         if path.is_dir():
             raise SpecError(f"{flag}: {path} is a folder; give the name of a new file")

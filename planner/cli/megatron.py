@@ -111,7 +111,7 @@ def megatron_command(
     gpu_mtbf_hours: Annotated[Optional[float], typer.Option(
         "--gpu-mtbf-hours", help="Per-GPU MTBF in hours, as `planner checkpoint` (default: its default).")] = None,
     fmt: Annotated[str, typer.Option("--format", help="Output: script (bash), args (one line) or json.")] = "script",
-    output: Annotated[Optional[Path], typer.Option(
+    output: Annotated[Optional[str], typer.Option(
         "--output", "-o", help="Write to this file (never overwrites an existing file).")] = None,
 ) -> None:
     """Emit Megatron-LM `pretrain_gpt.py` arguments (hybrid Mamba stacks: `pretrain_mamba.py`)
@@ -256,7 +256,7 @@ def _run(o: dict) -> None:
         raise SpecError(f"format: unknown {o['fmt']!r}; allowed: {', '.join(FORMATS)}")
     if o["gpus"] is not None and o["gpus"] < 1:
         raise SpecError(f"gpus: must be a positive integer, got {o['gpus']}")
-    check_new_file("output", o["output"])
+    check_new_file("output", o["output"], example="launch.sh")
     from planner.cli.checkpoint import check_checkpoint_flags
     check_checkpoint_flags(write_gb_per_s=o["write_gb_per_s"], gpu_mtbf_hours=o["gpu_mtbf_hours"])
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
@@ -298,7 +298,7 @@ def _run(o: dict) -> None:
     except OSError as exc:
         raise SpecError(f"output: cannot write {o['output']} ({exc.strerror})") from None
     if o["fmt"] == "script":
-        o["output"].chmod(0o755)
+        Path(o["output"]).chmod(0o755)
     typer.echo(f"wrote {o['output']} ({plan.short()}, {launch.nnodes} nodes x {launch.gpus_per_node} GPUs)")
 
 

@@ -232,7 +232,7 @@ def register(app: typer.Typer) -> None:
             "published run of the same job (by default such a plan is shown as a model-only candidate beside "
             "the recommendation).")] = False,
         json_out: JsonOpt = False,
-        save: Annotated[Optional[Path], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
+        save: Annotated[Optional[str], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
     ) -> None:
         """Search for the fastest plans (CP-SAT over the exact model); default: GPT-3 175B on 1024 A100, batch 1536.
 
