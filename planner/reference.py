@@ -221,6 +221,23 @@ def _unknown_field(r: _Record, block: str, key, fields: tuple) -> SpecError:
     return SpecError(f"reference {r.id}: {block + '.' if block else ''}{key}: unknown {kind}{hint}")
 
 
+# How far a record's step time and its throughput may disagree (the packaged files' 156 records
+# that give both agree within it: rounding and warm-up steps)
+MEASUREMENT_AGREEMENT = 0.10
+
+
+def _check_measurements_agree(r: _Record, step_field: str, step_s: float, tokens: int, gpus: int) -> None:
+    """A step time beside a throughput that implies another step: one of the two is mistyped."""
+    for field, per in (("measured.tokens_per_sec_per_gpu", gpus), ("measured.tokens_per_sec", 1)):
+        rate = r.float(field)
+        if rate:
+            implied = tokens / (rate * per)
+            if abs(implied / step_s - 1.0) > MEASUREMENT_AGREEMENT:
+                raise SpecError(f"reference {r.id}: {step_field} ({step_s:g} s) and {field} ({rate:g}, a "
+                                f"{implied:.4g} s step for the global batch) disagree by more than "
+                                f"{MEASUREMENT_AGREEMENT:.0%}; keep the one the source printed")
+
+
 def _check_record(r: _Record) -> None:
     """One-line SpecError for a field a record states wrongly, whether or not the record is then
     compared or skipped: its measurements (MEASUREMENT_FIELDS), activation, recompute and the
@@ -950,6 +967,8 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     else:
         return Skipped(rid, "no step time or throughput to compare: give measured.iteration_time_s (seconds), "
                             "measured.tokens_per_sec_per_gpu or measured.tokens_per_sec")
+    if how == "measured step time":
+        _check_measurements_agree(r, "measured.iteration_time_s", step, gbs * model.seq_length, gpus)
     source = _source_measured(rid)
     return RefCase(rid, source, model, system, plan, job, step, how, assumptions,
                    fit=fits_hardware(framework, model), framework=framework, family=family_of(model.name))
@@ -1233,6 +1252,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     seq = model.seq_length
     if (step := r.float("measured.step_time_s")) is not None:
         how = "measured step time"
+        _check_measurements_agree(r, "measured.step_time_s", step, gbs * seq, gpus)
     elif (tps := r.float("measured.tokens_per_sec_per_gpu")) is not None:
         step, how = gbs * seq / (tps * gpus), "global batch·seq / (tokens/s per GPU · GPUs)"
     elif (tflops := r.float("measured.tflops_per_gpu")) is not None:

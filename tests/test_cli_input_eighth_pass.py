@@ -249,3 +249,12 @@ def test_an_output_path_ending_in_a_slash_names_a_folder_not_a_file(tmp_path):
         target = tmp_path / f"new-{flag}"
         one_line_error(run([*args, f"{target}/"]), flag, "names a folder")
         assert not target.exists()
+
+
+def test_a_step_time_and_a_throughput_that_disagree_are_refused(tmp_path):
+    """tokens/s per GPU of 7000 beside a 100 s step: the 100 s was used (a 93 % "error")."""
+    def both(record):
+        record["measured"]["tokens_per_sec_per_gpu"] = 7000
+        record["measured"]["iteration_time_s"] = 100
+    one_line_error(run(["validate", "--reference", _reference(tmp_path, both)]),
+                   "iteration_time_s (100 s)", "tokens_per_sec_per_gpu (7000", "disagree")
