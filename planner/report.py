@@ -126,10 +126,13 @@ def offload_note(model: ModelSpec, system, plan, est: Estimate, gain: dict | Non
             f"{gain['step_time_s']:.3f} s per step, {slower:.1%} more time per token.")
 
 
-def moe_routing_note(model: ModelSpec, imbalance: float) -> str | None:
+def moe_routing_note(model: ModelSpec, imbalance: float, ep: int = 2) -> str | None:
     """What the MoE time assumes about routing, said where a user sees the plan."""
     if model.moe is None:
         return None
+    if ep == 1 and imbalance != 1.0:  # time.moe_load_imbalance: no rank is busier at ep 1
+        return (f"MoE: ep 1, every GPU holds every expert, so the routing skew (--moe-imbalance {imbalance:g}) "
+                "slows no rank")
     what = "balanced routing, as NVIDIA's MoE benchmarks force" if imbalance == 1.0 else "routing skew"
     from planner.reference_moe import MOE_IMBALANCE_LEARNED_DROPLESS
     return (f"MoE: busiest expert rank gets {imbalance:g}× the mean tokens ({what}); "
@@ -267,7 +270,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
         published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
                                        job.dtype, est.step_time_s, job.moe_load_imbalance)
         imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
-        for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance),
+        for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance, est.plan.ep),
                      moe_dispatch_note(model, system, job, est), evidence_note(model, est.plan),
                      published, megatron_note(model, job, est.plan), hybrid_stage_note(model, est.plan, system, job)):
             if note:

@@ -258,3 +258,15 @@ def test_a_step_time_and_a_throughput_that_disagree_are_refused(tmp_path):
         record["measured"]["iteration_time_s"] = 100
     one_line_error(run(["validate", "--reference", _reference(tmp_path, both)]),
                    "iteration_time_s (100 s)", "tokens_per_sec_per_gpu (7000", "disagree")
+
+
+def test_a_routing_skew_at_ep_1_is_said_to_slow_no_rank():
+    """At ep 1 the skew changes nothing (time.moe_load_imbalance); the note had said the busiest rank
+    gets 1.5x the mean tokens."""
+    args = ["estimate", "-m", "mixtral-8x7b", "-s", "h100-sxm", "-g", "64", "--tp", "1", "--pp", "1", "--ep", "1",
+            "-b", "256"]
+    skewed, balanced = run([*args, "--moe-imbalance", "1.5"]), run([*args, "--json"])
+    assert "routing skew (--moe-imbalance 1.5) slows no rank" in " ".join(skewed.output.split())
+    assert "busiest expert rank" not in skewed.output
+    step = json.loads(balanced.stdout)["step_time_s"]
+    assert json.loads(run([*args, "--moe-imbalance", "1.5", "--json"]).stdout)["step_time_s"] == step
