@@ -128,7 +128,14 @@ def _strict_loader(base):
                 raise yaml.YAMLError(f"{node.value!r} ({where}) reads as an octal number in YAML 1.1; "
                                      "write it without the leading 0")
             return super().construct_yaml_int(node)
+
+        def construct_yaml_float(self, node):
+            if ":" in str(node.value):  # YAML 1.1's base 60 again (1:30.5 is 90.5)
+                raise yaml.YAMLError(f"{node.value!r} (line {node.start_mark.line + 1}) reads as a base-60 "
+                                     "number in YAML 1.1; write the number in decimal, or quote it")
+            return super().construct_yaml_float(node)
     StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+    StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
     return StrictLoader
 
 
@@ -311,8 +318,10 @@ def _yaml_number_hint(text: str) -> str:
 def refuse_loose_types(data: dict, schema, where: str) -> None:
     """YAML `layers: true` or `hidden: "4096"` would pass pydantic's lax mode as 1 or 4096: refuse
     a bool or a string where the field takes neither (recursing into nested specs, and into the
-    items of lists and the values of mappings: a network tier's `domain_gpus: true`, a peak's
-    '989e12', a plan's `stage_layers: [true, 31]`)."""
+    items of lists and the values of mappings: a network tier's `domain_gpus: true`, a plan's
+    `stage_layers: [true, 31]` or `["4", "28"]`). One exception: a float inside a mapping or list
+    written as YAML 1.1 reads "989.0e12" (text) is the number it spells, as the packaged
+    accelerator presets write their peaks."""
     for name, field in schema.model_fields.items():
         if name in data:
             _refuse_loose_value(data[name], field.annotation, f"{where}: {name}", top=True)
@@ -340,8 +349,9 @@ def _leaves(annotation) -> list:
 
 def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> None:
     """`top`: a spec's own field, where a number written as text is refused with a hint; inside a
-    list or mapping (a peak_flops table, a network tier list) YAML 1.1's "989.4e12" is read as the
-    number it spells, as the packaged accelerator presets write their peaks."""
+    list or mapping a float-valued item (a peak_flops table) written "989.4e12" is read as the
+    number it spells, as the packaged accelerator presets write their peaks; an integer item
+    written as text is refused like a field."""
     import typing
 
     from pydantic import BaseModel
@@ -352,8 +362,11 @@ def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> Non
         origin = typing.get_origin(leaf)
         kinds |= {type(a) for a in typing.get_args(leaf)} if origin is typing.Literal else {origin or leaf}
     if isinstance(value, bool) and bool not in kinds:
-        raise SpecError(f"{where}: expected a number, got {str(value).lower()}")
-    if isinstance(value, str) and str not in kinds and kinds & {int, float} and (top or not _spells_float(value)):
+        wanted = "a number" if kinds & {int, float} else "text (a name)" if str in kinds else "a value of the field"
+        raise SpecError(f"{where}: expected {wanted}, got {str(value).lower()}")
+    float_item = not top and float in kinds and int not in kinds and _spells_float(value) \
+        if isinstance(value, str) else False
+    if isinstance(value, str) and str not in kinds and kinds & {int, float} and not float_item:
         raise SpecError(f"{where}: expected a number, got the string {value!r}{_yaml_number_hint(value)}")
     # pydantic's lax mode reads "yes", "on", 1 as true
     if bool in kinds and not kinds & {int, float, str} and not isinstance(value, bool) and value is not None:

@@ -110,10 +110,11 @@ POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_
 # Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
 EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")
 BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm")
-# transformers' ACT2FN names the readers cost (all one element-wise pass; a gate comes from the
-# architecture or SiLU)
-HF_ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "quick_gelu", "relu",
-                  "relu2", "leaky_relu", "tanh", "sigmoid", "mish", "gelu_10", "gelu_accurate")
+# transformers' activation table (activations.py ACT2CLS: every name a config may give), each one
+# element-wise pass; a gate comes from the architecture or SiLU (Apertus's xielu is a plain MLP)
+HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
+                  "gelu_pytorch_tanh", "hardswish", "laplace", "leaky_relu", "linear", "mish", "prelu", "quick_gelu",
+                  "relu", "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "xielu")
 STRING_KEYS = ("model_type", "hidden_act", "hidden_activation", "mlp_hidden_act", "hybrid_override_pattern",
                "mtp_hybrid_override_pattern")
 LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "moe_layers")

@@ -291,8 +291,10 @@ def apply_params(model: ModelSpec | None, system: SystemSpec, job: JobSpec, para
         changes["accelerator"] = {**system.accelerator.model_dump(), "hbm_capacity_gib": float(params["hbm_gib"])}
     if "nvlink_domain" in params:
         tiers = [t.model_dump() for t in system.network]
-        tiers[0]["domain_gpus"] = int(params["nvlink_domain"])
-        changes["network"] = tiers
+        tiers[0]["domain_gpus"] = domain = int(params["nvlink_domain"])
+        # a domain as large as the next tier's takes its place (those GPUs talk over NVLink); a larger
+        # one is refused by the tiers' nesting rule
+        changes["network"] = [tiers[0], *(t for t in tiers[1:] if t["domain_gpus"] != domain)]
     if "offload_gib" in params or "offload_gb_per_s" in params:
         tier = system.offload.model_dump() if system.offload else {
             "name": "sweep-offload", "capacity_gib": DEFAULT_OFFLOAD_GIB,

@@ -270,3 +270,55 @@ def test_a_routing_skew_at_ep_1_is_said_to_slow_no_rank():
     assert "busiest expert rank" not in skewed.output
     step = json.loads(balanced.stdout)["step_time_s"]
     assert json.loads(run([*args, "--moe-imbalance", "1.5", "--json"]).stdout)["step_time_s"] == step
+
+
+# ---- from the review of this pass -----------------------------------------------------------------
+
+def test_every_activation_name_of_transformers_reads(tmp_path):
+    """Apertus's config.json says hidden_act xielu: a plain (non-gated) MLP, as before the check."""
+    config = {"model_type": "apertus", "hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+              "intermediate_size": 21504, "vocab_size": 131072, "num_key_value_heads": 8, "hidden_act": "xielu"}
+    folder = tmp_path / "apertus"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    result = run(["estimate", "-m", str(folder), *ESTIMATE, "--json"])
+    assert result.exit_code in (0, 1), result.output
+    assert json.loads(result.stdout)["model"] == "apertus"
+
+
+def test_a_sweep_may_widen_the_nvlink_domain_over_the_outer_tier(tmp_path):
+    """nvlink_domain=1048576 (the sweep's own ceiling) equals the outer tier's domain: the NVLink
+    tier takes its place instead of breaking the strictly-nested rule."""
+    from planner.sweep import apply_params
+    system = load_system("h100-sxm", 16)
+    _, wide, _ = apply_params(load_model("llama3-8b"), system, JobSpec(global_batch=64),
+                              {"nvlink_domain": 1048576}, None)
+    assert [t.domain_gpus for t in wide.network] == [1048576]
+    _, mid, _ = apply_params(load_model("llama3-8b"), system, JobSpec(global_batch=64), {"nvlink_domain": 16}, None)
+    assert [t.domain_gpus for t in mid.network] == [16, 1048576]
+
+
+def test_the_megatron_validator_joins_a_dash_value_in_every_argument_form(tmp_path):
+    from planner import megatron as mg
+    model = {**HYBRID, "hybrid_pattern": "-M-M*M-M"}
+    result = run(["megatron", "-m", _yaml(tmp_path, "h.yaml", model), "-s", "h100-sxm", "-g", "16", "--tp", "1",
+                  "--pp", "1", "-b", "64", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert mg.validate_megatron_args(data["args"], 16, data["env"]) == []
+
+
+def test_quoted_integers_inside_a_plan_list_and_base_60_floats_are_refused(tmp_path):
+    from hardware.errors import SpecError, refuse_loose_types
+    try:
+        refuse_loose_types({"stage_layers": ["4", "28"]}, Plan, "plan")
+        raise AssertionError("quoted integers were accepted")
+    except SpecError as err:
+        assert "stage_layers.0" in str(err)
+    acc = json.loads(load_system("h100-sxm").accelerator.model_dump_json())
+    acc["name"] = "my-h100"
+    path = tmp_path / "acc.yaml"
+    path.write_text(yaml.safe_dump(acc).replace("hbm_efficiency: 0.6", "hbm_efficiency: 0:0.6"))
+    system = _yaml(tmp_path, "s3.yaml", {"name": "s3", "num_gpus": 8, "gpus_per_node": 8, "accelerator": str(path),
+                                         "network": TIERS})
+    one_line_error(run(["estimate", "-m", "llama3-8b", "-s", system, *ESTIMATE[2:]]), "base-60")

@@ -112,7 +112,8 @@ def estimate_command(
     """Time and memory of ONE plan under the exact analytical model.
 
     Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
-    Exit code 0 when the plan fits, 1 when it does not (memory or a rule), 2 for an input error.
+    Exit code 0 when the plan fits, 1 when it does not (memory, offload capacity), 2 for an input
+    error (a plan that breaks a layout rule, e.g. ep not dividing the experts, or offload with no tier).
     A plan Megatron-LM cannot launch as costed is still costed (exit 0 if it fits); why Megatron
     refuses it is printed (`megatron_refusals` in --json), and `planner megatron` refuses it.
 

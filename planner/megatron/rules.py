@@ -7,7 +7,7 @@ import argparse
 from typing import Iterable, Mapping
 
 from planner.pipeline_layout import layout_string_stages
-from planner.megatron.launch import ENTRYPOINT, MegatronLaunch
+from planner.megatron.launch import ENTRYPOINT, MegatronLaunch, flag_words
 
 class _ArgError(Exception):
     pass
@@ -184,20 +184,17 @@ def _to_argv(args: Iterable[str] | Mapping[str, object] | MegatronLaunch) -> lis
             flag = key if key.startswith("-") else "--" + key.replace("_", "-")
             if value is False:
                 continue
-            argv.append(flag)
             if value is None or value is True:
-                continue
-            if isinstance(value, (list, tuple)):
-                argv.extend(str(v) for v in value)
+                argv.append(flag)
+            elif isinstance(value, (list, tuple)):
+                argv.extend([flag, *(str(v) for v in value)])
             else:
-                argv.append(str(value))
+                argv.extend(flag_words(flag, str(value)))
         return argv
     argv = []
     for item in args:
         if isinstance(item, tuple):
-            argv.append(item[0])
-            if item[1] is not None:
-                argv.append(str(item[1]))
+            argv.extend(flag_words(item[0], None if item[1] is None else str(item[1])))
         else:
             argv.append(str(item))
     return argv
