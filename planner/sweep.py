@@ -477,6 +477,10 @@ def write_csv(rows: list[dict], spec: SweepSpec, path: str | Path) -> Path:
     return path
 
 
+# The point log's record that the outputs are being written (PointLog.mark_writing).
+WRITING_MARK = {"writing_outputs": True}
+
+
 class PointLog:
     """Finished points, one JSON line each, appended as they complete (`NAME.points.jsonl`).
 
@@ -492,6 +496,8 @@ class PointLog:
         self.spec = spec
         self.header = {"sweep": json.loads(spec.model_dump_json())}
         self.done: dict[str, dict] = {}
+        # the sweep had begun writing its outputs (WRITING_MARK): any there are its own, half-written
+        self.writing = False
         self._cut_at: int | None = None  # where a record cut by a kill starts (dropped before appending)
         self._unterminated = False       # the last line is complete but lacks its "\n"
         if force and path.is_file():
@@ -551,9 +557,14 @@ class PointLog:
                             "pass --force to start over, or another --name")
         grid = {point_key(params) for params in self.spec.grid()}
         for number, record in enumerate(records[1:], start=2):
+            if record == WRITING_MARK:
+                self.writing = True
+                continue
             problem = self._record_problem(record, grid)
             if problem:
                 raise self._malformed(number, problem)
+            if point_key(record["_params"]) in self.done:
+                raise self._malformed(number, f"the point {json.dumps(record['_params'])[:60]} is logged twice")
             self.done[point_key(record["_params"])] = record
 
     def _record_problem(self, record, grid: set[str]) -> str | None:
@@ -588,6 +599,12 @@ class PointLog:
         bad = [c for c in numeric if not (finite_number(record[c]) and record[c] >= 0)]
         if bad:
             return f"{bad[0]} must be a finite non-negative number"
+        # the layout columns are the plan string's (Plan.short: "tp1 pp2 dp8 cp2 ep8 ...")
+        words = set(record["plan"].split())
+        stated = [f"{k}{int(record[k])}" for k in ("tp", "pp", "dp") if f"{k}{int(record[k])}" not in words]
+        stated += [f"{k}{int(record[k])}" for k in ("cp", "ep") if record[k] > 1 and f"{k}{int(record[k])}" not in words]
+        if stated:
+            return f"its columns ({', '.join(stated)}) differ from its plan {record['plan'][:40]!r}"
         return None
 
     def _write(self, record: dict) -> None:
@@ -597,6 +614,10 @@ class PointLog:
 
     def add(self, row: dict, params: dict) -> None:
         self._write({**{k: v for k, v in row.items() if k != "_index"}, "_params": params})
+
+    def mark_writing(self) -> None:
+        """Logged before the outputs are written: a rerun after a kill mid-write may replace them."""
+        self._write(WRITING_MARK)
 
     def close(self, remove: bool = False) -> None:
         self._fh.close()

@@ -108,3 +108,33 @@ def test_an_unterminated_last_record_and_an_empty_log_resume(tmp_path, monkeypat
     result, calls = sweep(tmp_path, monkeypatch)
     assert result.exit_code == 0, result.output
     assert calls == [{"gpus": 8}, {"gpus": 16}, {"gpus": 32}]
+
+
+def test_a_resume_keeps_the_users_files_and_replaces_only_what_it_was_writing(tmp_path, monkeypatch):
+    """A resume had taken every output there for its own: a sweep.csv the user put beside a stopped
+    sweep's log was overwritten without --force. Only outputs the sweep had begun to write (its log
+    says so) are its own."""
+    log = interrupted_log(tmp_path, monkeypatch, points=1)
+    mine = tmp_path / "sweep.csv"
+    mine.write_text("my,data\n")
+    result, calls = sweep(tmp_path, monkeypatch)
+    one_line_error(result, "sweep.csv already exists")
+    assert calls == [] and mine.read_text() == "my,data\n" and log.is_file()
+    mine.unlink()
+    # killed while writing its outputs: the log records it, and the rerun replaces them
+    with log.open("a") as fh:
+        fh.write(json.dumps(sweep_mod.WRITING_MARK) + "\n")
+    (tmp_path / "sweep.csv").write_text("half written")
+    result, calls = sweep(tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "sweep.csv").read_text().startswith("gpus") and not log.exists()
+
+
+def test_a_point_logged_twice_or_at_odds_with_its_plan_is_refused(tmp_path, monkeypatch):
+    log = interrupted_log(tmp_path, monkeypatch, points=1)
+    header, record = log.read_text().splitlines()[:2]
+    log.write_text(f"{header}\n{record}\n{record}\n")
+    one_line_error(sweep(tmp_path, monkeypatch)[0], "line 3", "logged twice")
+    odd = json.dumps({**json.loads(record), "tp": 3})
+    log.write_text(f"{header}\n{odd}\n")
+    one_line_error(sweep(tmp_path, monkeypatch)[0], "line 2", "tp3", "differ from its plan")

@@ -149,8 +149,6 @@ def register(app: typer.Typer) -> None:
         paths = output_paths(out, name)
         log_path = out / f"{name}.points.jsonl"
         resuming = log_path.is_file() and not force
-        # Outputs a resumed sweep left half-written (killed while plotting) are its own to replace.
-        ours = {k for k, v in paths.items() if v.exists()} if resuming else set()
         if ray:
             from planner.sweep import import_ray
             import_ray()
@@ -179,6 +177,15 @@ def register(app: typer.Typer) -> None:
         except OSError as exc:
             raise SpecError(f"out: cannot create the folder {out} ({exc.strerror})") from None
         log = PointLog(log_path, spec, force)  # fails here, before any work, if unwritable
+        # Outputs a resumed sweep left half-written (killed while writing them, which its log records)
+        # are its own to replace; any other file there is the user's
+        ours = {k for k, v in paths.items() if v.exists()} if resuming and log.writing else set()
+        if resuming:
+            try:
+                refuse_overwrite({k: v for k, v in paths.items() if k not in ours}, force)
+            except SpecError:
+                log.close()
+                raise
         order = {point_key(p.params): p.index for p in points}
         todo = [p for p in points if point_key(p.params) not in log.done]
         err = Console(stderr=True)
@@ -214,6 +221,7 @@ def register(app: typer.Typer) -> None:
             r.pop("_key")
         # again: the sweep may have run for minutes, and someone may have written there meanwhile
         refuse_overwrite({k: v for k, v in paths.items() if k not in ours}, force)
+        log.mark_writing()
         write_csv(rows, spec, paths["csv"])
         plot(rows, spec, out / name)
         log.close(remove=True)  # the CSV now holds every point
