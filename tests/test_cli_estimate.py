@@ -44,7 +44,9 @@ def test_cli_reads_a_plan_file(tmp_path):
     path.write_text("plan: {tp: 8, pp: 8, dp: 16, global_batch: 1536, micro_batch: 1}\n")
     result = runner.invoke(app, ["estimate", "--plan", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["plan"]["pp"] == 8
+    assert json.loads(result.stdout)["plan"]["pp"] == 8
+    # a file that names no model or system is costed for the defaults, and says so
+    assert "names no model and no system; using gpt3-175b" in result.stderr
 
 
 def test_unknown_preset():

@@ -139,10 +139,11 @@ def test_estimate_exits_1_for_a_plan_that_does_not_fit():
 def test_estimate_refuses_batch_differing_from_plan_file(tmp_path):
     plan_file = tmp_path / "p.yaml"
     plan_file.write_text(yaml.safe_dump({"tp": 8, "pp": 8, "dp": 16, "global_batch": 1536}))
-    assert run(["estimate", "--plan", str(plan_file)]).exit_code == 0
-    line = assert_one_line_error(run(["estimate", "--plan", str(plan_file), "-b", "1024"]))
+    inputs = ["-m", "gpt3-175b", "-s", "a100-80g"]  # a layout-only file: named here (else a note says so)
+    assert run(["estimate", "--plan", str(plan_file), *inputs]).exit_code == 0
+    line = assert_one_line_error(run(["estimate", "--plan", str(plan_file), *inputs, "-b", "1024"]))
     assert "global-batch" in line and "1536" in line
-    assert run(["estimate", "--plan", str(plan_file), "-b", "1536"]).exit_code == 0
+    assert run(["estimate", "--plan", str(plan_file), *inputs, "-b", "1536"]).exit_code == 0
 
 
 def test_check_json_is_strict_and_exit_1_when_nothing_fits():
@@ -300,7 +301,10 @@ def test_sweep_keeps_finished_points_and_resumes(tmp_path):
     log = rerun_dir / "sweep.points.jsonl"
     assert len(log.read_text().splitlines()) == 1 + 2  # header + two finished points
     assert not (rerun_dir / "sweep.csv").exists()
-    (rerun_dir / "sweep.csv").write_text("half-written by the killed run\n")  # killed while writing outputs
+    # killed while writing its outputs: the log says it had begun, so the half-written file is its own
+    with log.open("a") as fh:
+        fh.write(json.dumps(sweep_mod.WRITING_MARK) + "\n")
+    (rerun_dir / "sweep.csv").write_text("half-written by the killed run\n")
     calls.clear()
     sweep_mod.evaluate_point = counting
     try:

@@ -144,6 +144,13 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
         return flag if flag is not None else saved.get(key)
     # an empty -m/-s is refused by the loader, never replaced by the default
     model_ref, system_ref = given(model, "model"), given(system, "system")
+    if plan_file is not None:  # `plan --save` writes both: a file without them may be a bad edit, so say it
+        defaults = {"model": DEFAULT_MODEL, "system": DEFAULT_SYSTEM}
+        unnamed = [key for key, ref in (("model", model_ref), ("system", system_ref)) if ref is None]
+        if unnamed:
+            typer.echo(f"note: plan {plan_file} names no {' and no '.join(unnamed)}; using "
+                       + ", ".join(f"{defaults[k]} ({'-m' if k == 'model' else '-s'} to choose another)"
+                                   for k in unnamed), err=True)
     try:
         return load_inputs(DEFAULT_MODEL if model_ref is None else model_ref,
                            DEFAULT_SYSTEM if system_ref is None else system_ref,
