@@ -69,6 +69,7 @@ REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_si
 # Where a config gives its routed-expert count; any other field naming experts (a count spelt
 # otherwise) is refused rather than read as a dense model.
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts")
 UNREAD_EXPERT_KEY = re.compile(r"(^|_)(num_)?experts?(_|$)|^moe_num_|^moe_k$")
 
 # The JSON type of every config key read here: a wrong one (a list where a number belongs, the
@@ -78,7 +79,7 @@ INTEGER_KEYS = (
     "max_position_embeddings", "num_nextn_predict_layers", "q_lora_rank", "kv_lora_rank",
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", *EXPERT_COUNT_KEYS, "num_experts_per_tok",
     "experts_per_token", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
-    "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", "n_shared_experts",
+    "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", *SHARED_EXPERT_COUNT_KEYS,
     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
 # Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
@@ -304,7 +305,10 @@ def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
             if isinstance(layers, int) and len(kinds) != layers:
                 raise SpecError(f"model {path}: {key} lists {len(kinds)} layers, num_hidden_layers is {layers}; "
                                 "one entry per layer")
-    field = next((k for k in NON_ATTENTION_MIXER_FIELDS if cfg.get(k) is not None), None)
+    # any mamba_* / ssm_* key marks a Mamba mixer, whichever of them a config writes (Falcon-H1
+    # mamba_n_heads / mamba_d_head / mamba_d_conv, Zamba, Jamba)
+    field = next((k for k in NON_ATTENTION_MIXER_FIELDS if cfg.get(k) is not None), None) or \
+        next((k for k in sorted(cfg) if re.match(r"(mamba|ssm)_", k) and cfg[k] is not None), None)
     if field is not None:
         raise SpecError(f"model {path} (model_type {model_type!r}): {field} marks a Mamba or linear-attention "
                         "mixer; only attention + MLP/MoE layers and Nemotron-H's Mamba-2 stacks (model_type "
@@ -531,8 +535,12 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     # DeepSeek-V3 group-limited routing (n_group 8, topk_group 4); 1 group is no limit
     if (cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
         moe["router_groups"], moe["router_group_topk"] = cfg["n_group"], cfg["topk_group"]
-    if cfg.get("n_shared_experts"):
-        moe["shared_experts"] = cfg["n_shared_experts"]
+    shared_keys = [k for k in SHARED_EXPERT_COUNT_KEYS if cfg.get(k)]
+    if len({cfg[k] for k in shared_keys}) > 1:
+        raise SpecError(f"model {path}: the shared-expert count is given twice and differs "
+                        f"({', '.join(f'{k} {cfg[k]}' for k in shared_keys)}); keep one")
+    if shared_keys:  # DeepSeek n_shared_experts, Ling / Bailing-MoE num_shared_experts
+        moe["shared_experts"] = cfg[shared_keys[0]]
     elif cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of this width
         moe["shared_experts"] = 1
         moe["shared_expert_ffn"] = cfg["shared_expert_intermediate_size"]

@@ -322,3 +322,38 @@ def test_quoted_integers_inside_a_plan_list_and_base_60_floats_are_refused(tmp_p
     system = _yaml(tmp_path, "s3.yaml", {"name": "s3", "num_gpus": 8, "gpus_per_node": 8, "accelerator": str(path),
                                          "network": TIERS})
     one_line_error(run(["estimate", "-m", "llama3-8b", "-s", system, *ESTIMATE[2:]]), "base-60")
+
+
+# ---- a ninth audit (about 730 probes) --------------------------------------------------------------
+
+def _config_folder(tmp_path, name: str, config: dict) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+LING = {"model_type": "bailing_moe", "hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 8,
+        "num_key_value_heads": 4, "intermediate_size": 5120, "vocab_size": 32000, "num_experts": 64,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 512}
+
+
+def test_ling_configs_keep_their_shared_experts(tmp_path):
+    """Bailing-MoE (Ling) writes num_shared_experts: it was dropped without a word (active compute
+    ~6 % low for Ling's shape)."""
+    from planner.model import load_model as load
+    counts = {n: load(_config_folder(tmp_path, f"ling{n}", {**LING, "num_shared_experts": n})).moe.shared_experts
+              for n in (1, 2)}
+    assert counts == {1: 1, 2: 2}
+    both = {**LING, "num_shared_experts": 2, "n_shared_experts": 1}
+    one_line_error(run(["estimate", "-m", _config_folder(tmp_path, "both", both), *ESTIMATE]),
+                   "shared-expert count is given twice")
+
+
+def test_any_mamba_key_marks_a_stack_the_reader_refuses(tmp_path):
+    """A Falcon-H1 config without mamba_d_state / mamba_d_ssm loaded as a pure-attention model."""
+    falcon = {"model_type": "falcon_h1", "hidden_size": 2048, "num_attention_heads": 16, "num_hidden_layers": 8,
+              "num_key_value_heads": 4, "intermediate_size": 5120, "vocab_size": 32000, "mamba_n_heads": 32,
+              "mamba_d_head": 64, "mamba_d_conv": 4, "mamba_expand": 2}
+    one_line_error(run(["estimate", "-m", _config_folder(tmp_path, "falcon", falcon), *ESTIMATE]),
+                   "mamba_", "Mamba")
