@@ -238,6 +238,17 @@ def _check_measurements_agree(r: _Record, step_field: str, step_s: float, tokens
                                 f"{MEASUREMENT_AGREEMENT:.0%}; keep the one the source printed")
 
 
+def _check_below_peak(r: _Record, how: str, step_s: float, step_flops: float, system) -> None:
+    """A measurement no GPU of the record's kind can reach: its model FLOPs per GPU per second
+    above the accelerator's highest datasheet peak (a TFLOP/s or tokens/s typed 10x too high)."""
+    rate = step_flops / (step_s * system.num_gpus)
+    peak = max(system.accelerator.peak_flops.values())
+    if rate > peak:
+        raise SpecError(f"reference {r.id}: the measured {how} implies {rate / 1e12:,.0f} model TFLOP/s per GPU, "
+                        f"above the {system.accelerator.name} peak ({peak / 1e12:,.0f}); check the measurement's "
+                        "units and digits")
+
+
 def _check_record(r: _Record) -> None:
     """One-line SpecError for a field a record states wrongly, whether or not the record is then
     compared or skipped: its measurements (MEASUREMENT_FIELDS), activation, recompute and the
@@ -969,6 +980,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                             "measured.tokens_per_sec_per_gpu or measured.tokens_per_sec")
     if how == "measured step time":
         _check_measurements_agree(r, "measured.iteration_time_s", step, gbs * model.seq_length, gpus)
+    _check_below_peak(r, how, step, gbs * model.seq_length * model_flops_per_token(model), system)
     source = _source_measured(rid)
     return RefCase(rid, source, model, system, plan, job, step, how, assumptions,
                    fit=fits_hardware(framework, model), framework=framework, family=family_of(model.name))
@@ -1265,6 +1277,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         step = gbs * seq * per_token / (tflops * 1e12 * gpus)
     else:
         return Skipped(rid, "no step time or throughput to compare")
+    _check_below_peak(r, how, step, gbs * seq * model_flops_per_token(model), system)
     return RefCase(rid, str(r.get("source_group") or rid.split("_")[0]), model, system, plan, job, step, how,
                    assumptions, fit=fits_hardware(framework, model) and zero < 3, framework=framework,
                    family=family_of(model.name))

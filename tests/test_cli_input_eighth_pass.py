@@ -357,3 +357,13 @@ def test_any_mamba_key_marks_a_stack_the_reader_refuses(tmp_path):
               "mamba_d_head": 64, "mamba_d_conv": 4, "mamba_expand": 2}
     one_line_error(run(["estimate", "-m", _config_folder(tmp_path, "falcon", falcon), *ESTIMATE]),
                    "mamba_", "Mamba")
+
+
+def test_a_measurement_above_the_gpus_peak_is_refused(tmp_path):
+    """1370 TFLOP/s per A100 (a digit too many) was read as a 0.35 s step: a +985 % "error", exit 0."""
+    from planner.reference import REFERENCE_DIR
+    data = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())
+    record = next(r for r in data["records"] if r["id"] == "narayanan2021_t1_1.7B")
+    record["measured"]["tflops_per_gpu"] = record["measured"]["tflops_per_gpu"] * 10
+    path = _yaml(tmp_path, "ref.yaml", {**data, "records": [record]})
+    one_line_error(run(["validate", "--reference", path]), "narayanan2021_t1_1.7B", "above the A100", "peak")
