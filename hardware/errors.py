@@ -200,6 +200,17 @@ def check_name_length(ref: str, what: str) -> None:
                         f"at most {MAX_NAME_BYTES} bytes); give a preset name or a path to a file")
 
 
+def reference_text(ref, what: str) -> str:
+    """A preset name or path as text: a pathlib.Path is taken as its path (the Python API); any
+    other type is a one-line error, not a TypeError deep inside the resolver."""
+    import os
+    if isinstance(ref, os.PathLike):
+        ref = os.fspath(ref)
+    if not isinstance(ref, str):
+        raise SpecError(f"{what}: expected a preset name or a path, got {type(ref).__name__} {ref!r}")
+    return ref
+
+
 def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path, str]:
     """A preset name or a path to a YAML file -> (path, label).
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hardware.errors import refuse_loose_types, SpecError, one_line, read_yaml_mapping, resolve_preset_or_file
+from hardware.errors import SpecError, one_line, read_yaml_mapping, reference_text, refuse_loose_types, resolve_preset_or_file
 from hardware.spec import Accelerator, SystemSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -43,6 +43,9 @@ def load_accelerator(ref: str) -> Accelerator:
 
 def load_system(ref: str, num_gpus: int | None = None) -> SystemSpec:
     """Load a system preset or file; `num_gpus` overrides the preset's GPU count."""
+    ref = reference_text(ref, "system")
+    if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)):
+        raise SpecError(f"gpus: expected an integer GPU count, got {type(num_gpus).__name__} {num_gpus!r}")
     path, label = resolve_preset_or_file(ref, PRESET_DIR, "system")
     # cached only for a plain int (or none): 8.0 or True hash like 8 or 1 but validate differently
     if path.resolve().parent == PRESET_DIR.resolve() and (num_gpus is None or type(num_gpus) is int):

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
-from hardware.errors import (SpecError, in_range, one_line, read_yaml_mapping, refuse_loose_types,
+from hardware.errors import (SpecError, in_range, one_line, read_yaml_mapping, reference_text, refuse_loose_types,
                              VISIBLE_LINE_PATTERN, check_name_length, resolve_preset_or_file)
 from planner import hf_config
 
@@ -577,6 +577,7 @@ def model_preset_names() -> list[str]:
 def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
     """Preset name, model YAML, Hugging Face config.json or a directory holding one -> ModelSpec;
     `overrides` replace fields (e.g. seq_length)."""
+    ref = reference_text(ref, "model")
     check_name_length(ref, "model")
     config_json = hf_config.find_config_json(ref, model_preset_names())
     if config_json is not None:
