@@ -133,24 +133,24 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION,
                           np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"], FSDP_COMPUTE_CONTENTION,
                                    MEGATRON_FSDP_COMPUTE_CONTENTION))
-    total = 0.0
+    # each collective's time summed over the groups (a group with nothing to reduce, no experts,
+    # issues none), then overlapped once: one window cannot hide both groups' transfers
+    grad_ar = grad_rs = param_ag = rs3 = ag3 = lat3 = 0.0
     for grad_bytes, weight_bytes, n, bw, lat in groups:
         bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
-        grad_ar = comm.all_reduce_s(grad_bytes, n, bw, lat)
-        grad_rs = comm.reduce_scatter_s(grad_bytes, n, bw, lat)
-        param_ag = comm.all_gather_s(weight_bytes, n, bw, lat)
-        z0 = np.where(hide, overlapped(grad_ar, mb_bwd, p, v), grad_ar)
-        z1 = np.where(hide, overlapped(grad_rs, mb_bwd, p, v) + overlapped(param_ag, mb_fwd, p, v),
-                      grad_rs + param_ag)
-        z2 = zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped)
+        issues = grad_bytes + weight_bytes > 0
+        grad_ar = grad_ar + np.where(issues, comm.all_reduce_s(grad_bytes, n, bw, lat), 0.0)
+        grad_rs = grad_rs + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw, lat), 0.0)
+        param_ag = param_ag + np.where(issues, comm.all_gather_s(weight_bytes, n, bw, lat), 0.0)
         # per-layer collectives: bandwidth part from the whole-stage volume, latency per call
-        rs3 = comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0)
-        ag3 = comm.all_gather_s(weight_bytes, n, bw3, 0.0)
-        lat3 = np.where(n > 1, (n - 1) * lat, 0.0)
-        z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention)
-        z2 = np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"],
-                      fsdp_zero2_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide,
-                                           contention), z2)
-        # a group with nothing to reduce (no experts) issues no collective
-        total = total + np.where(grad_bytes + weight_bytes > 0, np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3))), 0.0)
-    return total
+        rs3 = rs3 + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0), 0.0)
+        ag3 = ag3 + np.where(issues, comm.all_gather_s(weight_bytes, n, bw3, 0.0), 0.0)
+        lat3 = lat3 + np.where(issues & (n > 1), (n - 1) * lat, 0.0)
+    z0 = np.where(hide, overlapped(grad_ar, mb_bwd, p, v), grad_ar)
+    z1 = np.where(hide, overlapped(grad_rs, mb_bwd, p, v) + overlapped(param_ag, mb_fwd, p, v), grad_rs + param_ag)
+    z2 = zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped)
+    z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention)
+    z2 = np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"],
+                  fsdp_zero2_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention),
+                  z2)
+    return np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3)))
