@@ -117,23 +117,24 @@ def _strict_loader(base):
                 raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
             return super().compose_node(parent, index)
 
+        # YAML 1.1 (PyYAML) reads `1:30` as base 60 (90; 1:30.5 is 90.5) and `010` as octal (8);
+        # nobody means either
         def construct_yaml_int(self, node):
-            # YAML 1.1 (PyYAML) reads `1:30` as base 60 (90) and `010` as octal (8); nobody means either
             text = str(node.value).replace("_", "").lstrip("+-")
-            where = f"line {node.start_mark.line + 1}"
-            if ":" in text:
-                raise yaml.YAMLError(f"{node.value!r} ({where}) reads as a base-60 number in YAML 1.1; "
-                                     "write the number in decimal, or quote it")
+            _refuse_base_60(node)
             if len(text) > 1 and text[0] == "0" and text[1:].isdigit():
-                raise yaml.YAMLError(f"{node.value!r} ({where}) reads as an octal number in YAML 1.1; "
-                                     "write it without the leading 0")
+                raise yaml.YAMLError(f"{node.value!r} (line {node.start_mark.line + 1}) reads as an octal number "
+                                     "in YAML 1.1; write it without the leading 0")
             return super().construct_yaml_int(node)
 
         def construct_yaml_float(self, node):
-            if ":" in str(node.value):  # YAML 1.1's base 60 again (1:30.5 is 90.5)
-                raise yaml.YAMLError(f"{node.value!r} (line {node.start_mark.line + 1}) reads as a base-60 "
-                                     "number in YAML 1.1; write the number in decimal, or quote it")
+            _refuse_base_60(node)
             return super().construct_yaml_float(node)
+
+    def _refuse_base_60(node) -> None:
+        if ":" in str(node.value):
+            raise yaml.YAMLError(f"{node.value!r} (line {node.start_mark.line + 1}) reads as a base-60 number in "
+                                 "YAML 1.1; write the number in decimal, or quote it")
     StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
     StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
     return StrictLoader

@@ -47,8 +47,8 @@ def load_system(ref: str, num_gpus: int | None = None) -> SystemSpec:
     if num_gpus is not None and (isinstance(num_gpus, bool) or not isinstance(num_gpus, int)):
         raise SpecError(f"gpus: expected an integer GPU count, got {type(num_gpus).__name__} {num_gpus!r}")
     path, label = resolve_preset_or_file(ref, PRESET_DIR, "system")
-    # cached only for a plain int (or none): 8.0 or True hash like 8 or 1 but validate differently
-    if path.resolve().parent == PRESET_DIR.resolve() and (num_gpus is None or type(num_gpus) is int):
+    # cached by GPU count: num_gpus is a plain int (or None) here, so 8.0 or True never share 8's entry
+    if path.resolve().parent == PRESET_DIR.resolve():
         return _preset_system(path.resolve(), label, num_gpus)
     return _build_system(path, label, num_gpus)
 

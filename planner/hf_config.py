@@ -285,6 +285,16 @@ NON_ATTENTION_MIXER_FIELDS = ("hybrid_override_pattern", "ssm_state_size", "mamb
                               "mamba_d_ssm", "linear_num_value_heads", "linear_attn_config", "attn_type_list")
 
 
+def _count_keys(cfg: dict, keys: tuple[str, ...], what: str, path: Path) -> list[str]:
+    """Which of `keys` (one count, several spellings) the config gives; refused where two differ
+    (which one the model class reads depends on it)."""
+    given = [k for k in keys if cfg.get(k)]
+    if len({cfg[k] for k in given}) > 1:
+        raise SpecError(f"model {path}: the {what} count is given twice and differs "
+                        f"({', '.join(f'{k} {cfg[k]}' for k in given)}); keep one")
+    return given
+
+
 def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
     """A hybrid stack (Mamba or linear-attention layers between attention layers) costed as an
     all-attention transformer would be silently wrong in time and memory: say so instead. Only
@@ -324,10 +334,7 @@ def model_fields(path: Path) -> dict:
     defaults = ARCHITECTURES.get(model_type, ({}, ""))[0]
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     missing = [f for f in REQUIRED if f not in cfg]
-    moe_keys = [k for k in EXPERT_COUNT_KEYS if cfg.get(k)]
-    if len({cfg[k] for k in moe_keys}) > 1:  # which one the model class reads depends on it: say so
-        raise SpecError(f"model {path}: the routed-expert count is given twice and differs "
-                        f"({', '.join(f'{k} {cfg[k]}' for k in moe_keys)}); keep one")
+    moe_keys = _count_keys(cfg, EXPERT_COUNT_KEYS, "routed-expert", path)
     unread = sorted(k for k, v in cfg.items() if UNREAD_EXPERT_KEY.search(k) and v and k not in EXPERT_COUNT_KEYS)
     for key in EXPERT_COUNT_KEYS:
         # 0 experts is a dense model, unless other fields name experts (top-k, widths): then a typo
@@ -535,10 +542,7 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     # DeepSeek-V3 group-limited routing (n_group 8, topk_group 4); 1 group is no limit
     if (cfg.get("n_group") or 1) > 1 and cfg.get("topk_group"):
         moe["router_groups"], moe["router_group_topk"] = cfg["n_group"], cfg["topk_group"]
-    shared_keys = [k for k in SHARED_EXPERT_COUNT_KEYS if cfg.get(k)]
-    if len({cfg[k] for k in shared_keys}) > 1:
-        raise SpecError(f"model {path}: the shared-expert count is given twice and differs "
-                        f"({', '.join(f'{k} {cfg[k]}' for k in shared_keys)}); keep one")
+    shared_keys = _count_keys(cfg, SHARED_EXPERT_COUNT_KEYS, "shared-expert", path)
     if shared_keys:  # DeepSeek n_shared_experts, Ling / Bailing-MoE num_shared_experts
         moe["shared_experts"] = cfg[shared_keys[0]]
     elif cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of this width

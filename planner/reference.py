@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from hardware import load_system
-from hardware.errors import SpecError, finite_number
+from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, finite_number
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
 from planner.model import Activation, ModelSpec, MoESpec
@@ -257,7 +257,7 @@ def _check_record(r: _Record) -> None:
         r.float(path)
     _activation(r)
     _recompute(r.get("parallel.recompute"), [], "none", "", r.id)
-    if re.search(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]", r.id):
+    if not re.match(VISIBLE_LINE_PATTERN, r.id):
         raise SpecError(f"reference {r.id!r}: id: must be one line of visible text (it names the row in tables)")
     for block, fields in RECORD_FIELDS.items():
         data = r.rec if not block else r.get(block)

@@ -600,9 +600,10 @@ class PointLog:
         if bad:
             return f"{bad[0]} must be a finite non-negative number"
         # the layout columns are the plan string's (Plan.short: "tp1 pp2 dp8 cp2 ep8 ...")
-        words = set(record["plan"].split())
-        stated = [f"{k}{int(record[k])}" for k in ("tp", "pp", "dp") if f"{k}{int(record[k])}" not in words]
-        stated += [f"{k}{int(record[k])}" for k in ("cp", "ep") if record[k] > 1 and f"{k}{int(record[k])}" not in words]
+        # (cp and ep are written only above 1)
+        named = [f"{k}{int(record[k])}" for k in ("tp", "pp", "dp", "cp", "ep")
+                 if k in ("tp", "pp", "dp") or record[k] > 1]
+        stated = [word for word in named if word not in record["plan"].split()]
         if stated:
             return f"its columns ({', '.join(stated)}) differ from its plan {record['plan'][:40]!r}"
         return None
