@@ -13,16 +13,23 @@ the problem is a small integer program:
   time        T_r = a·N_r + b·K_r + [r last]·h           (seconds per microbatch, from the model)
   memory      c_r + w_r·N_r + x_r·K_r <= HBM − reserve  (bytes, from the model, per rank)
   optimizer   P_r = p0_r + p1·N_r <= Pmax   (optimizer-state elements; the step waits for the largest)
-  objective   m·T* + (Σ_r T_r − T*)/vpp + opt·Pmax, T* = max_r T_r; times vpp this is
-              (m·vpp − 1)·T* + b·Σ K_r + vpp·opt·Pmax + const — linear.
+  DP exposed  E = the DP collectives the step leaves exposed (data_parallel.dp_comm_exposed_s):
+              each collective's seconds G_x >= g0_r + g1·N_r at every rank (the fullest rank's
+              bytes), overlapped with the slowest rank's microbatch window W = wf·N + wb·N + wbr·K
+              (one Boolean per rank marks the rank whose time is T*), vpp·E = max(0, G − W,
+              vpp·G − ((vpp−1)·pp + 1)·W) per collective (+ (m−1)·max(0, G_rs − W) under ZeRO-2)
+  objective   m·T* + (Σ_r T_r − T*)/vpp + opt·Pmax + E, T* = max_r T_r; times vpp this is
+              (m·vpp − 1)·T* + b·Σ K_r + vpp·opt·Pmax + vpp·E + const — linear.
 
 Coefficients a, b, h, c_r, w_r, x_r, p0_r, p1 are read from the exact model itself
 (`planner.analytical`) by costing probe ranks with 0 and 1 layer (recomputed or not), so the
 solver and the model cannot drift. They are exact where memory is affine in the counts: no
 ZeRO-3 (it gathers params/N per layer) and no offload (it keeps 2/N of a layer); those rows keep
-the default balanced split. The data-parallel overlap windows (a max(0, ·) of the slowest rank's
-microbatch) are not in the objective; every answer is re-scored by the exact model and kept only
-when it is no worse than the default split.
+the default balanced split. The DP exposure is exact for dense layers; a MoE model's collectives
+split their bytes between the dense and expert-DP groups at the balanced split's expert share
+(the exact model takes the fullest rank's share), and FSDP2's per-layer ZeRO-2 and the hybrid
+stacks' per-block problems leave the exposure out. Every answer is re-scored by the exact model
+and kept only when it is no worse than the default split.
 
 Two layer kinds (a MoE model's first D layers are dense, DeepSeek-V3: 3): they fill the first
 virtual stages in order, so stage s holds d_s = min(n_s, max(0, D − Σ_{s'<s} n_s')) of them
@@ -65,10 +72,13 @@ from planner.analytical import PlanArrays
 from planner.analytical.hybrid import rank_excess_s
 from planner.analytical.layer_kinds import by_block, dense_layer_spec, interleaved, lead_layers
 from planner.analytical.memory import rank_memory
-from planner.analytical.time import optimizer_step_bytes_per_param, per_layer_terms, rank_microbatch_s
+from planner.analytical import data_parallel
+from planner.analytical.memory import memory_breakdown
+from planner.analytical.time import (optimizer_step_bytes_per_param, per_layer_terms, rank_compute_s,
+                                     rank_microbatch_s)
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import balanced_layout
-from planner.plan import JobSpec, Plan
+from planner.plan import DP_IMPL_CODES, JobSpec, Plan
 
 # Limits in nominal seconds, enforced as CP-SAT's deterministic time (WORK_PER_S units per second,
 # what one worker does in a second on this project's 2-core machine: 0.25-0.33 measured), so that
@@ -96,6 +106,10 @@ BLOCK_WHOLE_WORK_LIMIT = 1.0
 # product (10,000 blocks over hundreds of stages filled 24 GB). Real stacks are far below it
 # (Nemotron 3 Super: 88 blocks x 16 virtual stages = 1,408).
 BLOCK_PROBLEM_MAX_CELLS = 200_000
+# Deterministic time the whole problem, DP exposure included, gets from the exposure-free
+# optimum when its splits are too many to search all (llama3-405b at pp 8 vpp 8 with memory
+# binding: not proven in 3 units; the exposure is ~0.2 % of its step there)
+EXPOSURE_WORK_LIMIT = 0.5
 BLOCK_WINDOW = 3  # layers each stage bound may move from the mean-block answer (Nemotron 3 Nano at
                   # pp 8 vpp 2: the window's optimum is the whole problem's, proven in 0.7 s; in 6 s whole)
 
@@ -134,6 +148,22 @@ class StageProblem:
     w_k: tuple[tuple[int, ...], ...] = ()   # per rank, per kind: memory per held block
     x_k: tuple[tuple[int, ...], ...] = ()   # per rank, per kind: memory change per recomputed block
     p1_k: tuple[int, ...] = ()              # optimizer-state elements per held block
+    # The data-parallel collectives the slowest rank's microbatch leaves exposed (layer problems;
+    # dp_zero -1: none, or not posed). Windows per layer (a leading dense layer's twin _d):
+    # forward, backward, and what a recomputed layer adds to the backward; collective seconds
+    # (all-reduce, reduce-scatter, all-gather) per rank at no layers (g0) and per layer (g1).
+    dp_zero: int = -1
+    dp_hide: bool = True
+    time_unit_s: float = 0.0                # seconds per time unit (for reading the exposure back)
+    wf: int = 0
+    wb: int = 0
+    wbr: int = 0
+    wf_d: int = 0
+    wb_d: int = 0
+    wbr_d: int = 0
+    g0: tuple[tuple[int, int, int], ...] = ()
+    g1: tuple[int, int, int] = (0, 0, 0)
+    g1_d: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -148,6 +178,13 @@ class StageSolution:
     objective: int | None = None
     work: float = 0.0                 # CP-SAT deterministic time spent
     window: int | None = None         # a hybrid's stage bounds searched within this many layers of a hint's
+    # proven optimal without the DP exposure (solve_stages: that problem is solved first); None:
+    # no exposure posed, as proven_optimal
+    linear_proven: bool | None = None
+
+    @property
+    def proven_without_exposure(self) -> bool:
+        return self.proven_optimal if self.linear_proven is None else self.linear_proven
 
     @property
     def stage_recompute(self) -> tuple[int, ...] | None:
@@ -172,10 +209,21 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
     # the optimizer step reads and writes each rank's optimizer-state elements (dense ones
     # sharded over dp, expert ones over expert-dp: not a fixed share of the parameters)
     hbm, params = mem["hbm"][0], mem["opt_elems"][0]
-    times = rank_microbatch_s(per_layer_terms(model, system, job, Q), Q)[0]
+    terms = per_layer_terms(model, system, job, Q)
+    times = rank_microbatch_s(terms, Q)[0]
+    compute = rank_compute_s(terms, Q)
+    fwd, bwd = compute["fwd"][0], compute["bwd"][0] + compute["recompute"][0]
+    grad_b, weight_b = mem["grad_reduce"][0], mem["param_gather"][0]
     zero, one, one_rc = slice(0, p), slice(p, 2 * p), slice(2 * p, 3 * p)
     one_d, one_d_rc = slice(3 * p, 4 * p), slice(4 * p, 5 * p)
-    return {"paired": _paired_layer_bytes(plan, mem, [one, one_d] if lead_layers(model) else [one]),
+    per_layer = lambda x, at, base=zero: x[at][0] - x[base][0]  # noqa: E731
+    windows = {"wf": per_layer(fwd, one), "wb": per_layer(bwd, one), "wbr": per_layer(bwd, one_rc, one),
+               "wf_d": per_layer(fwd, one_d), "wb_d": per_layer(bwd, one_d), "wbr_d": per_layer(bwd, one_d_rc, one_d),
+               "grad_bytes0": grad_b[zero], "grad_bytes1": per_layer(grad_b, one),
+               "grad_bytes1_d": per_layer(grad_b, one_d),
+               "weight_bytes0": weight_b[zero], "weight_bytes1": per_layer(weight_b, one),
+               "weight_bytes1_d": per_layer(weight_b, one_d)}
+    return {**windows, "paired": _paired_layer_bytes(plan, mem, [one, one_d] if lead_layers(model) else [one]),
         "a_d": times[one_d][0] - times[zero][0], "b_d": times[one_d_rc][0] - times[one_d][0],
         "w_d": hbm[one_d] - hbm[zero], "x_d": hbm[one_d_rc] - hbm[one_d],
         "p1_d": params[one_d][0] - params[zero][0],
@@ -268,7 +316,42 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
             w_d=tuple(mib(x) for x in pr["w_d"]), x_d=tuple(mib(x) for x in pr["x_d"]),
             p1_d=max(0, params_in(pr["p1_d"])))),
         **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)),
-        **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}))
+        **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}),
+        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and not interleaved(model) else {}))
+
+
+def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float) -> dict:
+    """StageProblem's data-parallel fields, in its time units: the slowest rank's windows per layer
+    and each collective's seconds per rank, affine in the rank's layers (its bytes are; a
+    collective's seconds are affine in its bytes, ring latency the intercept). The groups' split
+    of the bytes (dense / expert-DP) is the plan's balanced split's. Not posed (dp_zero -1) for
+    FSDP2's per-layer ZeRO-2 (not linear in the layers) or where no collective runs."""
+    if plan.zero_stage >= 3 or (plan.zero_stage == 2 and plan.dp_impl == "torch-fsdp2") \
+            or pr["grad_bytes1"] <= 0 or pr["weight_bytes1"] <= 0:
+        return {}
+    P = PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model))
+    mem = memory_breakdown(model, system, job, P)
+    f_exp = data_parallel.expert_share(mem["params_elems"], mem["expert_params_elems"])
+
+    def seconds(scale: float) -> np.ndarray:  # (all-reduce, reduce-scatter, all-gather) at scale x one layer's bytes
+        groups = data_parallel.replica_groups(system, P, f_exp, scale * pr["grad_bytes1"], scale * pr["weight_bytes1"])
+        t = data_parallel.collective_totals_s(groups, P.dp_impl)
+        return np.array([float(t[k][0]) for k in ("grad_ar", "grad_rs", "param_ag")])
+    one, two = seconds(1.0), seconds(2.0)
+    slope = (two - one) / np.array([pr["grad_bytes1"], pr["grad_bytes1"], pr["weight_bytes1"]])  # s per byte
+    intercept = one - (two - one)
+    if not np.any(slope > 0):
+        return {}
+
+    def collective(grad_bytes: float, weight_bytes: float, fixed: bool) -> tuple[int, int, int]:
+        x = (intercept if fixed else 0.0) + slope * np.array([grad_bytes, grad_bytes, weight_bytes])
+        return tuple(max(0, round(float(y) / unit)) for y in x)
+    in_units = lambda key: max(0, round(pr[key] / unit))  # noqa: E731
+    return dict(dp_zero=plan.zero_stage, dp_hide=plan.dp_comm_overlap, time_unit_s=unit,
+                **{key: in_units(key) for key in ("wf", "wb", "wbr", "wf_d", "wb_d", "wbr_d")},
+                g0=tuple(collective(g, w, True) for g, w in zip(pr["grad_bytes0"], pr["weight_bytes0"])),
+                g1=collective(pr["grad_bytes1"], pr["weight_bytes1"], False),
+                g1_d=collective(pr["grad_bytes1_d"], pr["weight_bytes1_d"], False))
 
 
 def _interleaved_fields(model: ModelSpec, pr: dict, unit: float, mib, params_in) -> dict:
@@ -301,7 +384,38 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     """CP-SAT over the per-stage variables (see the module docstring); `k_value` fixes the
     recompute count. `hint`: (stage layers, k) to start from; `work_limit`: a cap on CP-SAT's
     deterministic time (the same answer on any machine, unlike the wall-clock limit); `window`:
-    a hybrid stack's stage bounds kept within that many layers of the hint's."""
+    a hybrid stack's stage bounds kept within that many layers of the hint's.
+
+    With the DP exposure posed, the problem without it is solved first: the exposure is never
+    negative, so an optimum of that problem that exposes nothing is the whole problem's optimum
+    (most large layouts hide their DP collectives, and the exposure's max(0, ·) terms slowed the
+    proof 10x: bench/search_speed.py). Otherwise the whole problem is solved from that answer."""
+    if problem.dp_zero < 0 or problem.pattern:
+        return _solve_cpsat(problem, time_limit_s, k_value, hint, work_limit, window)
+    plain = _solve_cpsat(replace(problem, dp_zero=-1), time_limit_s, k_value, hint, work_limit, window)
+    if plain.stage_layers is None:  # the exposure changes no memory: nothing fits either way
+        return plain
+    plain = replace(plain, objective=layer_objective(problem, plain.stage_layers, plain.recompute_layers),
+                    linear_proven=plain.proven_optimal)
+    if plain.proven_optimal and dp_exposure_at(problem, plain.stage_layers, plain.recompute_layers) == 0:
+        return plain
+    left = (work_limit if work_limit is not None else time_limit_s * WORK_PER_S) - plain.work
+    if not few_splits(problem):
+        left = min(left, EXPOSURE_WORK_LIMIT)
+    if left <= 0:
+        return replace(plain, status="FEASIBLE", proven_optimal=False)
+    whole = _solve_cpsat(problem, time_limit_s, k_value, (plain.stage_layers, plain.recompute_layers), left, window)
+    whole = replace(whole, linear_proven=plain.proven_optimal)
+    if whole.stage_layers is not None:  # a FEASIBLE answer's T and G may be above its ranks' max
+        whole = replace(whole, objective=layer_objective(problem, whole.stage_layers, whole.recompute_layers))
+    if whole.stage_layers is None or whole.objective > plain.objective:
+        return _with_effort_of(replace(plain, status=whole.status if whole.proven_optimal else "FEASIBLE",
+                                       proven_optimal=whole.proven_optimal), whole, work=plain.work + whole.work)
+    return _with_effort_of(whole, plain, work=plain.work + whole.work)
+
+
+def _solve_cpsat(problem: StageProblem, time_limit_s: float, k_value: int | None, hint: tuple | None,
+                 work_limit: float | None, window: int | None) -> StageSolution:
     t0 = time.perf_counter()
     L, p, v = problem.layers, problem.pp, problem.vpp
     S = p * v
@@ -323,14 +437,15 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
         loads = _block_loads(md, problem, n, ks, near, window)
     else:
         loads = _layer_loads(md, problem, n, ks, k)
-    times, memory, params, recompute_sum, horizon, params_max = loads
+    times, memory, params, recompute_sum, horizon, params_max, counts = loads
     T = md.NewIntVar(0, horizon, "T")
     pmax = md.NewIntVar(0, params_max, "Pmax")
     for r in range(p):
         md.Add(T >= times[r] + (problem.h if r == p - 1 else 0))
         md.Add(memory[r] <= problem.capacity)
         md.Add(pmax >= params[r])
-    md.Minimize((problem.microbatches * v - 1) * T + recompute_sum + problem.opt * pmax)
+    exposed, dp_vars = _dp_exposure(md, problem, counts, times, T) if problem.dp_zero >= 0 and counts else (0, None)
+    md.Minimize((problem.microbatches * v - 1) * T + recompute_sum + problem.opt * pmax + exposed)
     # Few splits (C(L−1, S−1) compositions): branch on the layer counts, after which everything
     # else follows by propagation, so the search tree is at most the splits themselves. CP-SAT's
     # automatic search (one worker) branched on the wide time and parameter bounds instead and,
@@ -339,6 +454,13 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     fixed_search = few_splits(problem)
     if fixed_search:
         md.AddDecisionStrategy(n, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
+        if dp_vars is not None:
+            # then which rank is the slowest (propagation leaves one choice true) and the
+            # exposure's variables at their least: left to the default order, the fixed search
+            # stepped through their wide domains (a 21-split problem ran out its wall clock)
+            slowest, rest = dp_vars
+            md.AddDecisionStrategy(slowest, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
+            md.AddDecisionStrategy(rest, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
     if hint is not None:
         for x, value in zip(n, hint[0]):
             md.AddHint(x, value)
@@ -403,7 +525,57 @@ def _layer_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list,
     # Σ_r T_r: the recompute part varies with the split (the layer part is a constant)
     recompute_sum = problem.b * sum(K) + (b_d - problem.b) * sum(DKr)
     horizon = (max(problem.a, a_d) + max(problem.b, b_d)) * L + problem.h
-    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1, p1_d) * L
+    counts = {"N": N, "D": Dr, "K": K, "DK": DKr}
+    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1, p1_d) * L, counts
+
+
+def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, times: list, T) -> cp_model.LinearExpr:
+    """vpp x the DP communication the step leaves exposed (the objective's scale), as the exact
+    model costs it (planner.analytical.data_parallel.dp_comm_exposed_s): each collective at the
+    rank with the most bytes (G_x >= every rank's, minimised: their max), overlapped with the
+    SLOWEST rank's microbatch window W (a Boolean per rank picks it: T = its time), where
+    vpp·exposed = max(0, G − W, vpp·G − ((vpp−1)·pp + 1)·W) (time.overlapped_collective_s), and
+    Megatron's ZeRO-2 adds (m−1)·max(0, G_rs − W_bwd) for every other microbatch's reduce-scatter."""
+    p, v, m = problem.pp, problem.vpp, problem.microbatches
+    N, D, K, DK = counts["N"], counts["D"], counts["K"], counts["DK"]
+    L = problem.layers
+    g_top = max(max(g) for g in problem.g0) + max(max(problem.g1), max(problem.g1_d)) * L
+    G = []
+    for x in range(3):  # all-reduce, reduce-scatter, all-gather
+        var = md.NewIntVar(0, g_top, f"G{x}")
+        for r in range(p):
+            md.Add(var >= problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r])
+        G.append(var)
+    G_ar, G_rs, G_ag = G
+    if not problem.dp_hide:
+        return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero], ([], [T, *G])
+    w_top = (max(problem.wb, problem.wb_d) + max(problem.wbr, problem.wbr_d)) * L
+    Wf, Wb = md.NewIntVar(0, w_top, "Wf"), md.NewIntVar(0, w_top, "Wb")
+    slowest = [md.NewBoolVar(f"slowest{r}") for r in range(p)]
+    md.AddExactlyOne(slowest)
+    for r in range(p):
+        md.Add(T == times[r] + (problem.h if r == p - 1 else 0)).OnlyEnforceIf(slowest[r])
+        md.Add(Wf == problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]).OnlyEnforceIf(slowest[r])
+        md.Add(Wb == problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r]
+               + (problem.wbr_d - problem.wbr) * DK[r]).OnlyEnforceIf(slowest[r])
+    alpha = (v - 1) * p + 1
+    rest = [T, *G, Wf, Wb]
+
+    def overlapped(G_x, W, name):
+        e = md.NewIntVar(0, v * g_top, name)
+        md.Add(e >= G_x - W)
+        md.Add(e >= v * G_x - alpha * W)
+        rest.append(e)
+        return e
+    if problem.dp_zero == 0:
+        return overlapped(G_ar, Wb, "E_ar"), (slowest, rest)
+    out = overlapped(G_rs, Wb, "E_rs") + overlapped(G_ag, Wf, "E_ag")
+    if problem.dp_zero == 2:  # every other microbatch's reduce-scatter, each behind its backward
+        each = md.NewIntVar(0, g_top, "E_rs_each")
+        md.Add(each >= G_rs - Wb)
+        rest.append(each)
+        out = out + v * (m - 1) * each
+    return out, (slowest, rest)
 
 
 def _bounds(layers: tuple[int, ...]) -> list[int]:
@@ -460,7 +632,7 @@ def _block_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list,
     params = [problem.p0[r] + sum(problem.p1_k[j] * held[r][j] for j in kinds) for r in range(p)]
     recompute_sum = sum(problem.b_k[j] * recomputed[r][j] for r in range(p) for j in kinds)
     horizon = (max(problem.a_k) + max(problem.b_k)) * L + problem.h
-    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1_k) * L
+    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1_k) * L, None
 
 
 def solve_over_k(problem: StageProblem, budget_s: float = TIME_LIMIT_S) -> StageSolution:
@@ -498,7 +670,7 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
         sol, solve = _solve_blocks(problem), _solve_blocks
     else:
         sol, solve = solve_stages(problem, FREE_K_LIMIT_S if problem.recompute else TIME_LIMIT_S), solve_stages
-    if problem.recompute and not sol.proven_optimal and not problem.pattern:
+    if problem.recompute and not sol.proven_without_exposure and not problem.pattern:
         # k as a variable did not prove in time (it happens even on 4 stages): enumerate k
         alt = solve_over_k(problem)
         better = alt if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective <= sol.objective) \
@@ -627,6 +799,75 @@ def smooth_split(problem: StageProblem, layers: tuple[int, ...], k: int, objecti
                 current, at, moved = cand, cost, True
                 break
     return tuple(current), at
+
+
+def _rank_counts(problem: StageProblem, layers: tuple[int, ...], k: int) -> tuple[list[int], ...]:
+    """Per rank of a layer problem's split: layers N, leading dense layers D, recomputed layers K
+    and recomputed leading dense layers DK (block recompute: a stage's first min(k, n_s))."""
+    p = problem.pp
+    N, D, K, DK = [0] * p, [0] * p, [0] * p, [0] * p
+    before = 0
+    for s, n in enumerate(layers):
+        r = s % p
+        d = min(n, max(0, problem.lead - before))
+        N[r] += n
+        D[r] += d
+        K[r] += min(k, n)
+        DK[r] += min(k, d)
+        before += n
+    return N, D, K, DK
+
+
+def layer_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:
+    """A layer problem's objective at a split and recompute count, as solve_stages poses it; None
+    where a rank's memory exceeds the capacity."""
+    N, D, K, DK = _rank_counts(problem, layers, k)
+    a_d, b_d, p1_d = (problem.a_d, problem.b_d, problem.p1_d) if problem.lead else (problem.a, problem.b, problem.p1)
+    w_d, x_d = (problem.w_d, problem.x_d) if problem.lead else (problem.w, problem.x)
+    p = problem.pp
+    times = [problem.a * N[r] + (a_d - problem.a) * D[r] + problem.b * K[r] + (b_d - problem.b) * DK[r]
+             for r in range(p)]
+    memory = [problem.c[r] + problem.w[r] * N[r] + (w_d[r] - problem.w[r]) * D[r] + problem.x[r] * K[r]
+              + (x_d[r] - problem.x[r]) * DK[r] for r in range(p)]
+    if max(memory) > problem.capacity:
+        return None
+    params = max(problem.p0[r] + problem.p1 * N[r] + (p1_d - problem.p1) * D[r] for r in range(p))
+    slowest = max(times[r] + (problem.h if r == p - 1 else 0) for r in range(p))
+    recomputed = problem.b * sum(K) + (b_d - problem.b) * sum(DK)
+    return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * params \
+        + dp_exposure_at(problem, layers, k)
+
+
+def dp_exposure_at(problem: StageProblem, layers: tuple[int, ...], k: int) -> int:
+    """`_dp_exposure` at a split and recompute count (vpp x seconds, in the problem's units); 0
+    where the problem poses none. Where ranks tie for the slowest, the one that exposes least (the
+    solver's choice; the exact model re-scores either way)."""
+    if problem.dp_zero < 0 or problem.pattern:
+        return 0
+    p, v, m = problem.pp, problem.vpp, problem.microbatches
+    N, D, K, DK = _rank_counts(problem, layers, k)
+    G = [max(problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r] for r in range(p))
+         for x in range(3)]
+    G_ar, G_rs, G_ag = G
+    if not problem.dp_hide:
+        return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero]
+    a_d, b_d = (problem.a_d, problem.b_d) if problem.lead else (problem.a, problem.b)
+    times = [problem.a * N[r] + (a_d - problem.a) * D[r] + problem.b * K[r] + (b_d - problem.b) * DK[r]
+             + (problem.h if r == p - 1 else 0) for r in range(p)]
+    alpha = (v - 1) * p + 1
+
+    def overlapped(G_x, W):
+        return max(0, G_x - W, v * G_x - alpha * W)
+
+    def at_rank(r):
+        Wf = problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]
+        Wb = problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r] \
+            + (problem.wbr_d - problem.wbr) * DK[r]
+        if problem.dp_zero == 0:
+            return overlapped(G_ar, Wb)
+        out = overlapped(G_rs, Wb) + overlapped(G_ag, Wf)
+        return out + (v * (m - 1) * max(0, G_rs - Wb) if problem.dp_zero == 2 else 0)
+    return min(at_rank(r) for r in range(p) if times[r] == max(times))
 
 
 def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:

@@ -122,6 +122,46 @@ def zero3_exposed_s(grad_rs, param_ag, latency_s, m, mb_fwd, mb_bwd, layers, hid
     return m * np.where(hide, fwd + bwd, layers * (2 * ag_l + rs_l))
 
 
+def expert_share(dense_elems, expert_elems):
+    """The expert parameters' share of a rank's parameters: the share of its DP bytes that the
+    expert-DP group moves."""
+    return np.where(dense_elems > 0, expert_elems / np.maximum(dense_elems, 1.0), 0.0)
+
+
+def replica_groups(system, P, f_exp, grad_bytes, weight_bytes):
+    """(gradient bytes, parameter bytes, ranks, bandwidth, latency) of each replica group: dense
+    parameters over the dp·cp replicas (stride tp); expert parameters over expert-DP =
+    tp·dp·cp/(etp·ep) (stride etp·ep, Megatron MoE parallel folding). The bytes on the wire
+    (memory.py: 16-bit with --grad-reduce-in-bf16, FP8 weights with --fp8-param-gather) are split
+    between the groups by the experts' share `f_exp` of the parameters."""
+    t, c, dp = P.tp, P.cp, P.dp
+    dp_bw, dp_lat = comm.group_link(system, dp * c, t)
+    n_edp = t * dp * c / (P.etp * P.ep)
+    edp_bw, edp_lat = comm.group_link(system, n_edp, P.etp * P.ep)
+    return [((1 - f_exp) * grad_bytes, (1 - f_exp) * weight_bytes, dp * c, dp_bw, dp_lat),
+            (f_exp * grad_bytes, f_exp * weight_bytes, n_edp, edp_bw, edp_lat)]
+
+
+def collective_totals_s(groups, dp_impl) -> dict:
+    """Each DP collective's seconds summed over the replica groups (a group with nothing to
+    reduce, no experts, issues none; they run one after the other on the same links, so they are
+    overlapped once, as a sum): the gradient all-reduce (ZeRO-0), reduce-scatter and parameter
+    all-gather (ZeRO-1/2), and ZeRO-3's per-layer ones (bandwidth part from the whole-stage
+    volume, `lat3` the latency of one call)."""
+    deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
+    out = dict.fromkeys(("grad_ar", "grad_rs", "param_ag", "rs3", "ag3", "lat3"), 0.0)
+    for grad_bytes, weight_bytes, n, bw, lat in groups:
+        bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
+        issues = grad_bytes + weight_bytes > 0
+        out["grad_ar"] = out["grad_ar"] + np.where(issues, comm.all_reduce_s(grad_bytes, n, bw, lat), 0.0)
+        out["grad_rs"] = out["grad_rs"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw, lat), 0.0)
+        out["param_ag"] = out["param_ag"] + np.where(issues, comm.all_gather_s(weight_bytes, n, bw, lat), 0.0)
+        out["rs3"] = out["rs3"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0), 0.0)
+        out["ag3"] = out["ag3"] + np.where(issues, comm.all_gather_s(weight_bytes, n, bw3, 0.0), 0.0)
+        out["lat3"] = out["lat3"] + np.where(issues & (n > 1), (n - 1) * lat, 0.0)
+    return out
+
+
 def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide, overlapped,
                       mp_fwd=0.0, mp_bwd=0.0):
     """Exposed DP communication per step. `groups` lists (gradient bytes, parameter bytes, ranks,
@@ -133,19 +173,9 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION,
                           np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"], FSDP_COMPUTE_CONTENTION,
                                    MEGATRON_FSDP_COMPUTE_CONTENTION))
-    # each collective's time summed over the groups (a group with nothing to reduce, no experts,
-    # issues none), then overlapped once: one window cannot hide both groups' transfers
-    grad_ar = grad_rs = param_ag = rs3 = ag3 = lat3 = 0.0
-    for grad_bytes, weight_bytes, n, bw, lat in groups:
-        bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
-        issues = grad_bytes + weight_bytes > 0
-        grad_ar = grad_ar + np.where(issues, comm.all_reduce_s(grad_bytes, n, bw, lat), 0.0)
-        grad_rs = grad_rs + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw, lat), 0.0)
-        param_ag = param_ag + np.where(issues, comm.all_gather_s(weight_bytes, n, bw, lat), 0.0)
-        # per-layer collectives: bandwidth part from the whole-stage volume, latency per call
-        rs3 = rs3 + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0), 0.0)
-        ag3 = ag3 + np.where(issues, comm.all_gather_s(weight_bytes, n, bw3, 0.0), 0.0)
-        lat3 = lat3 + np.where(issues & (n > 1), (n - 1) * lat, 0.0)
+    totals = collective_totals_s(groups, dp_impl)
+    grad_ar, grad_rs, param_ag = totals["grad_ar"], totals["grad_rs"], totals["param_ag"]
+    rs3, ag3, lat3 = totals["rs3"], totals["ag3"], totals["lat3"]
     z0 = np.where(hide, overlapped(grad_ar, mb_bwd, p, v), grad_ar)
     z1 = np.where(hide, overlapped(grad_rs, mb_bwd, p, v) + overlapped(param_ag, mb_fwd, p, v), grad_rs + param_ag)
     z2 = zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped)

@@ -819,6 +819,22 @@ def layer_recompute_s(x: dict) -> np.ndarray:
     return x["fwd_compute"] + x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"]
 
 
+def rank_compute_s(terms: dict, P: PlanArrays, excess: dict | None = None) -> dict[str, np.ndarray]:
+    """(n, R) per representative rank, one microbatch: the forward compute of its layers, their
+    backward compute, and what recompute adds to the backward (full recompute of its k_r layers'
+    forward, each layer's selective recompute). The slowest rank's are the step's compute and the
+    windows its DP collectives overlap (step_time); constraints.stages reads them per rank."""
+    x = terms
+    out = {"fwd": layers_sum(x, lambda y: y["fwd_compute"], P.rank_layers, P.rank_lead_layers),
+           "bwd": layers_sum(x, lambda y: y["bwd_compute"], P.rank_layers, P.rank_lead_layers),
+           "recompute": layers_sum(x, lambda y: y["fwd_compute"], P.rank_recompute, P.rank_lead_recompute)
+           + layers_sum(x, lambda y: y["selective"], P.rank_layers, P.rank_lead_layers)}
+    if excess is not None:
+        out = {"fwd": out["fwd"] + excess["fwd"], "bwd": out["bwd"] + excess["bwd"],
+               "recompute": out["recompute"] + excess["rc_fwd"]}
+    return out
+
+
 def rank_microbatch_s(terms: dict, P: PlanArrays, excess: dict | None = None) -> np.ndarray:
     """(n, R): one microbatch's forward + backward on each representative rank: its n_r layers
     (of them the leading dense layers it holds costed as such), k_r of them recomputed in full
@@ -877,17 +893,12 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
         out = layers_sum(terms, per_layer, n_slow, d_slow)
         return out if recomputed is None else out + layers_sum(terms, recomputed, k_slow, dk_slow)
 
-    stage_fwd = on_slow(lambda x: x["fwd_compute"])
-    stage_bwd = on_slow(lambda x: x["bwd_compute"])
-    recompute_compute = layers_sum(terms, lambda x: x["fwd_compute"], k_slow, dk_slow) \
-        + on_slow(lambda x: x["selective"])
+    compute = rank_compute_s(terms, P, excess)
+    stage_fwd, stage_bwd, recompute_compute = at(compute["fwd"]), at(compute["bwd"]), at(compute["recompute"])
     stage_tp = on_slow(lambda x: x["tp_fwd"] + x["tp_bwd"], lambda x: x["tp_fwd"])
     stage_cpep = on_slow(lambda x: x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"],
                          lambda x: x["cp_fwd"] + x["ep_fwd"])
     if excess is not None:
-        stage_fwd = stage_fwd + at(excess["fwd"])
-        stage_bwd = stage_bwd + at(excess["bwd"])
-        recompute_compute = recompute_compute + at(excess["rc_fwd"])
         stage_cpep = stage_cpep + at(excess["ep_fwd"] + excess["ep_bwd"] + excess["rc_ep_fwd"])
 
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
@@ -916,16 +927,8 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # Megatron MoE parallel folding).
     bpp = job.bytes_per_param
     dense = mem["params_elems"]
-    expert = mem["expert_params_elems"]
-    dp_bw, dp_lat = comm.group_link(system, dp * c, t)
-    n_edp = t * dp * c / (P.etp * P.ep)
-    edp_bw, edp_lat = comm.group_link(system, n_edp, P.etp * P.ep)
-    # bytes on the wire (memory.py: 16-bit with --grad-reduce-in-bf16, FP8 weights with
-    # --fp8-param-gather), split between the groups by their share of the parameters
-    f_exp = np.where(dense > 0, expert / np.maximum(dense, 1.0), 0.0)
-    grad_b, weight_b = mem["grad_reduce_bytes"], mem["param_gather_bytes"]
-    groups = [((1 - f_exp) * grad_b, (1 - f_exp) * weight_b, dp * c, dp_bw, dp_lat),
-              (f_exp * grad_b, f_exp * weight_b, n_edp, edp_bw, edp_lat)]
+    groups = data_parallel.replica_groups(system, P, data_parallel.expert_share(dense, mem["expert_params_elems"]),
+                                          mem["grad_reduce_bytes"], mem["param_gather_bytes"])
     # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
     mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
     # ZeRO-3's per-layer prefetch also hides behind the layer's tensor/context/expert-parallel
