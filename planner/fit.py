@@ -559,6 +559,11 @@ def _lofo_family(prepared: list[Prepared], full_fit: dict[str, dict], family: st
         torch_stack = fit_torch_stack(prepared, params, lambda c: c.family != family)
     for group in emptied:
         params[group] = _own_torch_gemm_ceiling(params[group], torch_stack.get(group, {}))
+        # its heirs (the V100 takes the A100's set) inherit the set as mended, not as borrowed
+        for heir in (g for g in fit_order() if INHERITS.get(g) == group):
+            rows = [p for p in prepared if p.group == heir and p.case.fit and p.case.family != family]
+            inherited = {k: v for k, v in params[group].items() if k not in FIXED.get(heir, ())}
+            params[heir] = fit_group(heir, rows, inherited)[0]
 
     def params_of(p):
         return with_torch_stack(p, params, torch_stack) if torch_stack_row(p.case) else (params.get(p.group) or None)

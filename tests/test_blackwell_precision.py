@@ -167,3 +167,20 @@ def test_dtype_error_lists_what_this_gpu_trains_in():
                                 "-b", "8", "--dtype", "MXFP8", "--json"])
     assert upper.exit_code == 0, upper.output
     assert '"mxfp8"' in upper.stdout
+
+
+def test_nvfp4_reads_its_input_three_times_amax_rotated_amax_and_cast():
+    """nvfp4 minus mxfp8, per quantised element (hand count for Llama-3 8B on GB200): nvfp4 reads
+    the 16-bit input for its per-tensor amax, again for the amax of the Hadamard-rotated wgrad copy
+    (arXiv:2509.25149 §4) and once to cast, and writes two 4-bit copies with an E4M3 scale per 16
+    each (2+2+2 + 0.5+0.5 + 2/16 B); mxfp8 reads once and writes two 8-bit copies with an E8M0 scale
+    per 32 (2 + 1+1 + 2/32 B)."""
+    model, system = load_model("llama3-8b"), load_system("gb200-nvl72", 8)
+    P = PlanArrays.from_plans([Plan(tp=2, dp=4, global_batch=4, sequence_parallel=True)], model.layers)
+    ew = {d: float(layer_compute_fwd_s(model, system, JobSpec(dtype=d), P)["elementwise"][0]) for d in ("mxfp8", "nvfp4")}
+    h, kv, ffn = 4096, 1024, 14336
+    elements = (h + h) + (h + 2 * kv + h) + (h + ffn) + (2 * ffn + h)
+    hbm = system.accelerator.hbm_bandwidth_bytes_per_s * system.accelerator.efficiency.hbm_efficiency
+    per_byte_s = model.seq_length / 2 * elements / 3 / hbm
+    nvfp4, mxfp8 = 2 + 2 + 2 + 0.5 + 0.5 + 2 / 16, 2 + 1 + 1 + 2 / 32
+    assert ew["nvfp4"] - ew["mxfp8"] == pytest.approx((nvfp4 - mxfp8) * per_byte_s, rel=1e-9)

@@ -21,7 +21,9 @@ Bytes per quantised element, from the recipes' definitions:
   (OCP Microscaling Formats (MX) Specification v1.0, §5: block size 32, 8-bit shared scale).
 - nvfp4: FP4 E2M1 values (0.5 B) with one E4M3 scale per 16 elements, and a second-level fp32
   per-tensor scale that needs a global amax pass (NVIDIA, "Pretraining LLMs with NVFP4",
-  arXiv:2509.25149 §2; TE NVFP4BlockScaling).
+  arXiv:2509.25149 §2; TE NVFP4BlockScaling). The column-wise (wgrad) copy is Random-Hadamard
+  transformed before it is quantised (same paper, §4: RHT on the Wgrad inputs; TE's NVFP4 recipe),
+  so its per-tensor amax is of the transformed tensor: one more 2-byte read of the input.
 Weight casts happen once per step (TE caches them across microbatches) and are not charged.
 """
 from __future__ import annotations
@@ -37,7 +39,7 @@ QUANTISE_BYTES_PER_ELEMENT = {
     "fp8-cs": 2.0 + 2.0 + 1.0 + 1.0,
     "fp8-block": 2.0 + 1.0 + 1.0 + 2 * 4.0 / 128,
     "mxfp8": 2.0 + 1.0 + 1.0 + 2 * 1.0 / 32,
-    "nvfp4": 2.0 + 2.0 + 0.5 + 0.5 + 2 * 1.0 / 16,
+    "nvfp4": 2.0 + 2.0 + 2.0 + 0.5 + 0.5 + 2 * 1.0 / 16,  # amax, RHT'd amax, cast reads; two 4-bit copies
 }
 
 # Bytes per GEMM operand element as the kernel reads it (the quantised copy; block scales
