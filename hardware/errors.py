@@ -25,6 +25,20 @@ INCONSISTENT = "inconsistent"
 VISIBLE_LINE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
 
 
+def shortened(text, limit: int = 60) -> str:
+    """`text` cut to `limit` characters, "..." marking the cut: a value or path echoed in an error
+    keeps the line readable (a 5,000-character flag value would otherwise fill the screen)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def refuse_dash(ref, what: str, instead: str, stream: str = "standard input") -> None:
+    """`-`, which many tools read as standard input or output: the planner reads and writes named
+    files only, so say so rather than look for a preset '-' or create a file named '-'."""
+    if ref is not None and str(ref) == "-":
+        raise SpecError(f"{what}: '-' ({stream}) is not supported; {instead}")
+
+
 def one_line(err: ValidationError, where: str) -> SpecError:
     """First pydantic error as `where: field.path: message`; an unknown key before the rest (a typo
     of a required key also reads as that key missing: the typo is what the user wrote), with the
@@ -90,7 +104,7 @@ class DuplicateKeyError(Exception):
 
 
 @functools.cache
-def _strict_loader(base):
+def _strict_loader(base, aliases: bool = False):
     """`base` (PyYAML's SafeLoader or libyaml's CSafeLoader) refusing a mapping key given twice:
     keys compared as the values they load as (`1` and `0x1` are one key). On the pure-Python
     loader also aliases: `*ref` can expand exponentially ("billion laughs"), and no spec file
@@ -112,7 +126,7 @@ def _strict_loader(base):
             return super().construct_mapping(node, deep)
 
         def compose_node(self, parent, index):  # the pure-Python composer only
-            if self.check_event(yaml.AliasEvent):
+            if not aliases and self.check_event(yaml.AliasEvent):
                 mark = self.peek_event().start_mark
                 raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
             return super().compose_node(parent, index)
@@ -140,21 +154,56 @@ def _strict_loader(base):
     return StrictLoader
 
 
-def _load_strict(yaml, text: str):
-    """Safe-load `text`, refusing aliases and duplicate keys. With libyaml (PyYAML's C extension)
-    the events are checked for aliases, then the text is loaded, both parsed in C: ~10x faster
-    than the pure-Python loader, which matters for start-up (`planner presets` reads every preset)."""
-    fast = getattr(yaml, "CSafeLoader", None)
-    if fast is None:
-        return yaml.load(text, Loader=_strict_loader(yaml.SafeLoader))  # noqa: S506 (safe loader)
-    for event in yaml.parse(text, Loader=fast):
-        if isinstance(event, yaml.AliasEvent):
+# Nodes a file with aliases may expand to (each alias counted as the nodes it stands for): the
+# packaged fsdp_moe_runs.yaml, whose records share their sources by `&id`/`*id`, expands to ~10^5;
+# a "billion laughs" file, nine levels of ten aliases, to 10^9
+MAX_EXPANDED_NODES = 2_000_000
+
+
+def _expanded_nodes(yaml, events) -> int:
+    """How many nodes the document's events expand to, aliases expanded (without building it)."""
+    size: dict[str, int] = {}
+    open_nodes: list[list] = [[None, 0]]  # per open collection: its anchor, the nodes in it so far
+    for event in events:
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_nodes.append([event.anchor, 0])
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, n = open_nodes.pop()
+            if anchor is not None:
+                size[anchor] = n + 1
+            open_nodes[-1][1] += n + 1
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor is not None:
+                size[event.anchor] = 1
+            open_nodes[-1][1] += 1
+        elif isinstance(event, yaml.AliasEvent):
+            open_nodes[-1][1] += size.get(event.anchor, 1)
+        if open_nodes[0][1] > MAX_EXPANDED_NODES:
             mark = event.start_mark
-            raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
-    return yaml.load(text, Loader=_strict_loader(fast))  # noqa: S506 (safe loader)
+            raise yaml.YAMLError(f"its aliases expand to over {MAX_EXPANDED_NODES:,} nodes (line {mark.line + 1})")
+    return open_nodes[0][1]
 
 
-def read_yaml_mapping(path: Path, what: str) -> dict:
+def _load_strict(yaml, text: str, aliases: bool = False):
+    """Safe-load `text`, refusing duplicate keys, and aliases unless `aliases` (then refusing a
+    document they expand past MAX_EXPANDED_NODES). With libyaml (PyYAML's C extension) the events
+    are checked first, then the text is loaded, both parsed in C: ~10x faster than the pure-Python
+    loader, which matters for start-up (`planner presets` reads every preset)."""
+    fast = getattr(yaml, "CSafeLoader", None)
+    events = yaml.parse(text, Loader=fast or yaml.SafeLoader)
+    if aliases:
+        _expanded_nodes(yaml, events)
+    elif fast is not None:
+        for event in events:
+            if isinstance(event, yaml.AliasEvent):
+                mark = event.start_mark
+                raise yaml.YAMLError(f"YAML aliases (*name) are not allowed (line {mark.line + 1})")
+    return yaml.load(text, Loader=_strict_loader(fast or yaml.SafeLoader, aliases))  # noqa: S506 (safe loader)
+
+
+def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
+    """A YAML file's top-level mapping, or a one-line SpecError; `aliases`: allow `&a`/`*a`
+    (reference files share a source between records), within MAX_EXPANDED_NODES."""
     import yaml
     try:
         if path.is_dir():
@@ -164,7 +213,7 @@ def read_yaml_mapping(path: Path, what: str) -> dict:
             raise SpecError(f"{what} {path}: is not a regular file (a device, pipe or socket), expected a YAML file")
         if path.stat().st_size > MAX_YAML_BYTES:
             raise SpecError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a spec file")
-        data = _load_strict(yaml, path.read_text(encoding="utf-8"))
+        data = _load_strict(yaml, path.read_text(encoding="utf-8"), aliases)
     except DuplicateKeyError as exc:
         raise SpecError(f"{what} {path}: {exc}") from None
     except UnicodeDecodeError:
@@ -219,6 +268,7 @@ def resolve_preset_or_file(ref: str, preset_dir: Path, what: str) -> tuple[Path,
     folder (write ./NAME to mean the file); anything else is a path."""
     if not ref.strip():  # Path("") is ".", the current folder: say what is really wrong
         raise SpecError(f"{what}: empty name: give a preset name or a path to a .yaml file")
+    refuse_dash(ref, what, "give a preset name or the path of a file (./- for a file named '-')")
     check_name_length(ref, what)
     try:
         return _resolve(ref, preset_dir, what)

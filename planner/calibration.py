@@ -7,11 +7,15 @@ import math
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical import PlanArrays, estimate_many
+from hardware.errors import SpecError
+from planner.analytical import RULES, PlanArrays, estimate_many, violated_rules
 from planner.analytical.layer_kinds import dense_layer_spec
 from planner.reference import (DEFAULT_REFERENCES, FITTED_FRAMEWORKS, REFERENCE_DIR, RefCase, Skipped,
                                load_reference, untuned_software)
 
+# the rules a compared record may break: what it needs in memory (the model's estimate, which a
+# run that trained shows wrong), not its layout's structure
+FIT_RULES = ("hbm", "offload_capacity")
 DEFAULT_REFERENCE = DEFAULT_REFERENCES[0]  # kept for callers that name one file
 
 __all__ = ["DEFAULT_REFERENCE", "DEFAULT_REFERENCES", "FITTED_FRAMEWORKS", "REFERENCE_DIR", "RefCase", "Skipped",
@@ -34,7 +38,14 @@ def accuracy_rows(cases: list[RefCase], systems: dict[str, SystemSpec] | None = 
         trial = (systems or {}).get(case.system.accelerator.name)
         if trial is not None:
             system = system.model_copy(update={"accelerator": trial.accelerator})
-        pred = predict(case, system)
+        try:
+            pred = predict(case, system)
+        except SpecError as e:  # e.g. a dtype the record's GPU has no peak for: name the record
+            raise SpecError(f"reference {case.id}: {e}") from None
+        structural = [rule for rule in violated_rules(pred["violations"]) if rule not in FIT_RULES]
+        if structural:  # a layout Megatron would not launch: the record is mistyped, not the model wrong
+            raise SpecError(f"reference {case.id}: {structural[0]}: {RULES[structural[0]]} "
+                            f"(its layout: {case.plan.short()})")
         err = pred["step_time_s"] / case.measured_step_s - 1.0
         rows.append({"id": case.id, "source": case.source, "framework": case.framework, "family": case.family,
                      "kind": case.kind,

@@ -5,8 +5,9 @@ config may leave out (tied embeddings, the MLP's activation, which MoE field nam
 `model_type` not in ARCHITECTURES is read on purpose, from its own fields and Hugging Face's
 defaults (tied embeddings; a gated MLP only with a SiLU activation), not refused; a config that
 lacks a field the mapping needs is refused naming the field and the architectures read.
-What ModelSpec cannot express is approximated and named in APPROXIMATIONS: sliding-window layers
-are costed as full attention, GeGLU as SwiGLU (same three matrices), Qwen2's q/k/v biases,
+What ModelSpec cannot express is approximated, named in APPROXIMATIONS and said when a config is
+read (`approximation_notes`): sliding-window layers are costed as full attention, GeGLU as SwiGLU
+(same three matrices), Qwen2's q/k/v biases,
 Gemma's extra norms and GPT-OSS's attention sinks are not counted (each under 0.01 % of the
 parameters). Qwen3's and Gemma-3's per-head q/k norms are `qk_norm`.
 """
@@ -26,24 +27,22 @@ HF_DEFAULT_SEQ_LENGTH = 4096
 # model_type -> (defaults for fields a config may omit, what is approximated)
 ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "llama": ({"tie_word_embeddings": False}, ""),
-    "mistral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
-    "mixtral": ({"tie_word_embeddings": False}, "sliding_window costed as full attention"),
+    "mistral": ({"tie_word_embeddings": False}, ""),  # sliding windows: sliding_window_note
+    "mixtral": ({"tie_word_embeddings": False}, ""),
     "qwen2": ({"tie_word_embeddings": False}, ""),
     "qwen2_moe": ({"tie_word_embeddings": False}, ""),
     "qwen3": ({"tie_word_embeddings": True}, ""),
     "qwen3_moe": ({"tie_word_embeddings": False}, ""),
     "deepseek_v3": ({"tie_word_embeddings": False}, ""),
     "gpt_oss": ({"tie_word_embeddings": False, "attention_bias": True},
-                "sliding-window layers costed as full attention; attention sinks not counted; "
-                "clamped quick-GeGLU costed as SwiGLU plus its clamp passes"),
+                "attention sinks not counted; clamped quick-GeGLU costed as SwiGLU plus its clamp passes"),
     "gemma": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
-    "gemma2": ({"tie_word_embeddings": True},
-               "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
+    "gemma2": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
     # transformers' Gemma3TextConfig defaults, which the hub's gemma-3-4b/27b configs rely on
     # (configuration_gemma3.py: vocab 262,208, 8 heads in 4 KV groups, head_dim 256)
     "gemma3_text": ({"tie_word_embeddings": True, "vocab_size": 262_208, "num_attention_heads": 8,
                      "num_key_value_heads": 4, "head_dim": 256},
-                    "GeGLU costed as SwiGLU; sliding-window layers costed as full attention"),
+                    "GeGLU costed as SwiGLU"),
     "nemotron_h": ({"tie_word_embeddings": False},
                    "a hybrid stack: each layer costed as the pattern's mean block (exact without "
                    "pipelining); attention without position embedding costed with RoPE's fused pass"),
@@ -56,6 +55,47 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                     "every layer (Megatron --qk-l2-norm)"),
 }
 APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
+# Models whose attention is not causal-decoder attention (encoders see the whole sequence; an
+# encoder-decoder has a second stack and cross-attention): costed as a decoder they would be
+# silently wrong, and Megatron's GPT launch would train another model
+ENCODER_TYPES = ("albert", "bert", "camembert", "deberta", "deberta-v2", "distilbert", "electra", "ernie",
+                 "modernbert", "mpnet", "roberta", "xlm-roberta", "xlm-roberta-xl",
+                 "bart", "mbart", "pegasus", "t5", "mt5", "umt5", "longt5", "switch_transformers", "whisper")
+
+
+def refuse_encoders(cfg: dict, path: Path) -> None:
+    """A one-line error for an encoder or encoder-decoder config (the planner costs causal
+    decoder-only stacks). Multimodal wrappers (…ForConditionalGeneration with a text_config) are
+    read for their language model, so only an encoder model_type or the encoder-decoder flag refuse."""
+    kind = cfg.get("model_type")
+    if cfg.get("is_encoder_decoder") is True or kind in ENCODER_TYPES:
+        what = "an encoder-decoder" if cfg.get("is_encoder_decoder") is True else "an encoder (bidirectional attention)"
+        raise SpecError(f"model {path}: model_type {_shown(kind)} is {what}; the planner costs decoder-only "
+                        "causal language models (GPT, Llama, Mixtral, DeepSeek, ...)")
+
+
+def sliding_window_note(path: Path, seq_length: int) -> str:
+    """What a config's sliding-window attention becomes in the cost (ModelSpec has no window):
+    full causal attention, an overcount of the attention core wherever the window is shorter than
+    the sequence. "" where the config has none, or a window no shorter than the sequence."""
+    cfg = read_config(path)
+    window = cfg.get("sliding_window")
+    kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
+    sliding = sum(1 for k in kinds if k == "sliding_attention")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or window >= seq_length \
+            or cfg.get("use_sliding_window") is False:
+        return ""
+    which = f"{sliding} of {len(kinds)} layers'" if sliding else "the"  # (Gemma-2 alternates, unlisted)
+    return (f"{which} sliding-window attention (window {window} < sequence {seq_length}) is costed as full "
+            "causal attention (slower than the run), and the Megatron launch sets no window")
+
+
+def approximation_notes(path: Path, seq_length: int) -> list[str]:
+    """What the cost of this config approximates (APPROXIMATIONS and its sliding windows), said to
+    the user whenever it is read."""
+    kind = read_config(path).get("model_type")
+    notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
+    return [n for n in (*notes, sliding_window_note(path, seq_length)) if n]
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
 # gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
 MLP_BIAS_TYPES = ("gpt_oss",)
@@ -329,6 +369,7 @@ def model_fields(path: Path) -> dict:
     """config.json -> the fields of a ModelSpec (validated by the caller)."""
     cfg = read_config(path)
     _check_types(cfg, path)
+    refuse_encoders(cfg, path)
     refuse_non_attention_mixers(cfg, path)
     model_type = cfg.get("model_type")
     defaults = ARCHITECTURES.get(model_type, ({}, ""))[0]

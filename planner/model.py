@@ -579,6 +579,8 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
     `overrides` replace fields (e.g. seq_length)."""
     ref = reference_text(ref, "model")
     check_name_length(ref, "model")
+    if overrides is not None and not isinstance(overrides, dict):
+        raise SpecError(f"load_model: overrides must be a mapping of field: value, got {type(overrides).__name__}")
     config_json = hf_config.find_config_json(ref, model_preset_names())
     if config_json is not None:
         data, label = hf_config.model_fields(config_json), f"Hugging Face config {config_json}"

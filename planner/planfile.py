@@ -56,8 +56,10 @@ def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec
     if unknown:  # the reader would refuse the file: add the field to SAVED_RESULT_FIELDS
         raise ValueError(f"plan_file_data: {unknown[0]!r} is not in SAVED_RESULT_FIELDS")
     job_data = job.model_dump(include=set(SAVED_JOB_FIELDS))
+    # the GPUs the plan runs on (with --allow-idle-gpus, fewer than the system has: the idle ones
+    # cost nothing, and a file saying the system's count would not load back)
     return {"plan": plan.model_dump(), "model": reference(model_ref, "model"), "system": reference(system_ref, "system"),
-            "gpus": system.num_gpus, "seq_length": model.seq_length,
+            "gpus": plan.gpus, "seq_length": model.seq_length,
             "global_batch": plan.global_batch, "job": job_data, **results}
 
 

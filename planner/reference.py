@@ -238,6 +238,54 @@ def _check_measurements_agree(r: _Record, step_field: str, step_s: float, tokens
                                 f"{MEASUREMENT_AGREEMENT:.0%}; keep the one the source printed")
 
 
+# How far a record's stated GPU memory (GB or GiB) and peak may be from its preset's: beyond,
+# the record's GPU is another board than the one its name reads as
+SYSTEM_FIELD_TOLERANCE = {"gpu_mem_gb": 0.15, "peak_tflops_per_gpu": 0.05}
+
+
+def _check_system_fields(r: _Record, system) -> None:
+    """The system fields a record may state beside `system.gpu`, against the preset its GPU name
+    reads as (the planner costs that preset: a record saying otherwise is refused, not costed on
+    another GPU in silence): memory, dense peak (of `peak_dtype`, bf16 where unstated), GPUs per
+    NVLink domain and per node."""
+    acc, domain = system.accelerator, system.nvlink_domain_gpus
+    where = f"reference {r.id}: system"
+    mem = r.float("system.gpu_mem_gb")
+    if mem is not None and not any(abs(mem / (acc.hbm_capacity_bytes / unit) - 1) <= SYSTEM_FIELD_TOLERANCE["gpu_mem_gb"]
+                                   for unit in (1e9, 2**30)):
+        raise SpecError(f"{where}.gpu_mem_gb: {mem:g} but system.gpu {r.get('system.gpu')!r} reads as {acc.name} "
+                        f"({acc.hbm_capacity_bytes / 2**30:.0f} GiB); name the board in system.gpu (e.g. 'A100 40GB')")
+    peak = r.float("system.peak_tflops_per_gpu")
+    if peak is not None:
+        words = re.findall(r"[a-z0-9]+", str(r.get("system.peak_dtype") or "bf16").lower())  # "fp16/bf16 dense"
+        dtype = next((w for w in words if w in acc.peak_flops), "bf16")
+        ref = acc.peak_flops.get(dtype)
+        if ref is not None and abs(peak * 1e12 / ref - 1) > SYSTEM_FIELD_TOLERANCE["peak_tflops_per_gpu"]:
+            raise SpecError(f"{where}.peak_tflops_per_gpu: {peak:g} but {acc.name}'s dense {dtype} peak is "
+                            f"{ref / 1e12:g} TFLOP/s; name the board in system.gpu, or give its own system file")
+    nvl = r.int("system.nvlink_domain")
+    if nvl is not None and nvl != domain:
+        raise SpecError(f"{where}.nvlink_domain: {nvl} but the {system.name} preset has {domain} GPUs per NVLink "
+                        "domain; name the system in system.gpu (e.g. GB200 NVL72), or give its own system file")
+    node = r.int("system.gpus_per_node")
+    if node is not None and node != system.gpus_per_node:
+        raise SpecError(f"{where}.gpus_per_node: {node} but the {system.name} preset has {system.gpus_per_node}; "
+                        "other nodes need their own system file")
+
+
+def _measured_step(r: _Record) -> tuple[float | None, str | None]:
+    """A record's measured step time and the field it is in: iteration_time_s, or step_time_s (the
+    FSDP schema's name, also read here). Both given: they must agree (MEASUREMENT_AGREEMENT)."""
+    iteration, step = r.float("measured.iteration_time_s"), r.float("measured.step_time_s")
+    if iteration is not None and step is not None and abs(step / iteration - 1.0) > MEASUREMENT_AGREEMENT:
+        raise SpecError(f"reference {r.id}: measured.iteration_time_s ({iteration:g} s) and measured.step_time_s "
+                        f"({step:g} s) disagree by more than {MEASUREMENT_AGREEMENT:.0%}; give the one the "
+                        "source printed")
+    if iteration is not None:
+        return iteration, "measured.iteration_time_s"
+    return (step, "measured.step_time_s") if step is not None else (None, None)
+
+
 def _check_below_peak(r: _Record, how: str, step_s: float, step_flops: float, system) -> None:
     """A measurement no GPU of the record's kind can reach: its model FLOPs per GPU per second
     above the accelerator's highest datasheet peak (a TFLOP/s or tokens/s typed 10x too high)."""
@@ -308,10 +356,20 @@ def parse_precision(text: str, rid: str, path: str = "precision") -> tuple[str, 
                     "FP8-CS, FP8 blockwise, FP8-MX/MXFP8, NVFP4, na (case-insensitive)")
 
 
+# The MoE fields' names in each schema: a record of one schema that spells a field the other's way
+# would have it ignored (the defaults stand in silently), so it is refused, naming the spelling read.
+MOE_FIELD_OF_OTHER_SCHEMA = {"num_experts": "experts", "moe_ffn": "expert_ffn", "first_k_dense": "dense_layers_first"}
+
+
 def _moe(r: _Record, fsdp_schema: bool) -> dict | None:
     moe = r.get("model.moe")
     if not moe:
         return None
+    for megatron_name, fsdp_name in MOE_FIELD_OF_OTHER_SCHEMA.items():
+        wrong, right = (megatron_name, fsdp_name) if fsdp_schema else (fsdp_name, megatron_name)
+        if r.get(f"model.moe.{wrong}") is not None:
+            raise SpecError(f"reference {r.id}: model.moe.{wrong}: this file's schema names it "
+                            f"model.moe.{right}; give it once, as {right}")
     if fsdp_schema:
         experts, topk, ffn = r.int("model.moe.experts"), r.int("model.moe.topk"), r.int("model.moe.expert_ffn")
         first_dense = r.int("model.moe.dense_layers_first", 0, minimum=0)
@@ -956,12 +1014,14 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=not era_2021,
                   hbm_reserve_gib=0.0, **extra)
     system = load_system(preset, gpus)
-    step = r.float("measured.iteration_time_s")
+    _check_system_fields(r, system)
+    step, step_field = _measured_step(r)
     if step is not None:
         how = "measured step time"
     elif r.get("derived.iteration_time_s") is not None and (r.get("measured.tokens_per_sec_per_gpu") is not None
                                                             or r.get("measured.model_tflops_per_gpu") is not None):
         step, how = r.float("derived.iteration_time_s"), "derived step time (source's tokens/s)"
+        step_field = "derived.iteration_time_s"
     elif r.get("measured.tflops_per_gpu") is not None and rid.startswith("narayanan"):
         # Narayanan rows print TFLOP/s under eq. 3 (incl. recompute); invert it exactly.
         f = narayanan_eq3_flops(gbs, model.seq_length, model.layers, model.hidden, model.vocab,
@@ -978,8 +1038,8 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     else:
         return Skipped(rid, "no step time or throughput to compare: give measured.iteration_time_s (seconds), "
                             "measured.tokens_per_sec_per_gpu or measured.tokens_per_sec")
-    if how == "measured step time":
-        _check_measurements_agree(r, "measured.iteration_time_s", step, gbs * model.seq_length, gpus)
+    if step_field is not None:  # a step time beside the throughput it was read or derived from
+        _check_measurements_agree(r, step_field, step, gbs * model.seq_length, gpus)
     _check_below_peak(r, how, step, gbs * model.seq_length * model_flops_per_token(model), system)
     source = _source_measured(rid)
     return RefCase(rid, source, model, system, plan, job, step, how, assumptions,
@@ -1259,6 +1319,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     job = JobSpec(global_batch=gbs, max_global_batch=max(gbs, 3072), dtype=dtype, flash_attention=True,
                   hbm_reserve_gib=0.0, kernels=kernels, **extra)
     system = load_system(preset, gpus)
+    _check_system_fields(r, system)
     if framework == "torchtitan FSDP2" and r.get("parallel.recompute") is None:
         plan = _torchtitan_default_recompute(model, system, plan, job, assumptions)
     seq = model.seq_length
@@ -1394,7 +1455,12 @@ def _read_file(path: Path) -> tuple[tuple[RefCase, ...], tuple[Skipped, ...]]:
         if (first := seen.setdefault(r.id, i)) != i:
             raise SpecError(f"reference {r.id}: id: duplicate in {path} (records {first} and {i}); "
                             "every record needs its own id")
-        out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
+        try:
+            out = _case_fsdp(r) if fsdp_schema else _case_measured(r, bridge or r.id.startswith("bridge"))
+        except SpecError as e:  # a check below the loader (a GPU without the record's dtype): name the record
+            if str(e).startswith("reference "):
+                raise
+            raise SpecError(f"reference {r.id} ({path} record {i}): {e}") from None
         if fsdp_schema and isinstance(out, RefCase) and r.id in ERRATA:
             out = _with_erratum(rec, out)
         if isinstance(out, RefCase):

@@ -97,12 +97,15 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     """The K best distinct layouts under the exact model, best first. `restrict` keeps, per knob,
     only the domain values its predicate accepts (a plan family: planner.recommend); a knob left
     with no value leaves no plan."""
-    if top_k < 1:
-        raise SpecError(f"top: must be a positive integer, got {top_k}")
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+        raise SpecError(f"top: must be a positive integer, got {top_k!r}")
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)
     objective = "time per token" if space.free_batch else "step time"
+    unknown = sorted(set(restrict or {}) - set(space.domains), key=str)
+    if unknown:
+        raise SpecError(f"restrict: unknown knob {unknown[0]!r}; the knobs: {', '.join(sorted(space.domains))}")
     for knob, keep in (restrict or {}).items():
         space.domains[knob] = tuple(v for v in space.domains[knob] if keep(v))
     if not all(space.domains.values()):

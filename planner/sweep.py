@@ -28,7 +28,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hardware.errors import SpecError, finite_number, one_line
+from hardware.errors import SpecError, finite_number, one_line, shortened
 from hardware.load import load_system
 from hardware.spec import GIB, SystemSpec
 from planner.model import ModelSpec, load_model
@@ -87,42 +87,46 @@ def _number(name: str, text: str) -> float:
     try:
         value = float(t)
     except ValueError:
-        raise _bad(f"{name}: {text.strip()!r} is not a number") from None
-    if math.isnan(value):
-        raise _bad(f"{name}: {text.strip()!r} is not a number")
-    return value
+        value = math.nan
+    # float() also reads other scripts' digits ('١٦') and '_' separators ('1_6'); the CLI's number
+    # options take neither
+    if math.isnan(value) or not t.isascii() or "_" in t:
+        raise _bad(f"{name}: {shortened(text.strip())!r} is not a number (in ASCII digits, no '_')")
+    return 0.0 if value == 0 else value  # -0.0 is 0: one value, written "0"
 
 
 def _parse_range(name: str, text: str) -> list[float]:
     parts = text.split(":")
+    shown = shortened(text)
     if len(parts) != 3:
-        raise _bad(f"{name}: range {text!r} must be START:STOP:STEP or START:STOP:xFACTOR")
+        raise _bad(f"{name}: range {shown!r} must be START:STOP:STEP or START:STOP:xFACTOR")
     start, stop = _number(name, parts[0]), _number(name, parts[1])
     step_text = parts[2].strip().lower()
     if not math.isfinite(start) or not math.isfinite(stop):
-        raise _bad(f"{name}: range {text!r} needs finite ends")
+        raise _bad(f"{name}: range {shown!r} needs finite ends")
     if stop < start:
-        raise _bad(f"{name}: range {text!r} is empty (stop < start)")
+        raise _bad(f"{name}: range {shown!r} is empty (stop < start)")
     values: list[float] = []
     if step_text.startswith(("x", "*")):
         factor = _number(name, step_text[1:])
         if not factor > 1:
-            raise _bad(f"{name}: range {text!r} needs a factor > 1")
+            raise _bad(f"{name}: range {shown!r} needs a factor > 1")
         if start <= 0:
-            raise _bad(f"{name}: geometric range {text!r} needs a positive start")
+            raise _bad(f"{name}: geometric range {shown!r} needs a positive start")
         v = start
         while v <= stop * (1 + 1e-12):
             values.append(v)
             v *= factor
             if len(values) > MAX_POINTS:
-                raise _bad(f"{name}: range {text!r} has more than {MAX_POINTS} values")
+                raise _bad(f"{name}: range {shown!r} has more than {MAX_POINTS} values")
     else:
         step = _number(name, step_text.lstrip("+"))
         if not step > 0:
-            raise _bad(f"{name}: range {text!r} needs a step > 0")
-        n = int(math.floor((stop - start) / step + 1e-9)) + 1
+            raise _bad(f"{name}: range {shown!r} needs a step > 0")
+        steps = (stop - start) / step  # inf for a subnormal step (1e-320): too many values, not an overflow
+        n = int(math.floor(steps + 1e-9)) + 1 if math.isfinite(steps) else math.inf
         if n > MAX_POINTS:
-            raise _bad(f"{name}: range {text!r} has more than {MAX_POINTS} values")
+            raise _bad(f"{name}: range {shown!r} has more than {MAX_POINTS} values")
         values = [start + i * step for i in range(n)]
     return values
 
@@ -165,12 +169,12 @@ class Axis(BaseModel):
         """'gpus', '4096:16384:x2' -> Axis; comma lists and ranges may be mixed ('8,16:64:x2')."""
         name = name.strip()
         if name not in PARAMETERS:
-            raise _bad(f"unknown parameter {name!r}; allowed: {ALLOWED}")
+            raise _bad(f"unknown parameter {shortened(name)!r}; allowed: {ALLOWED}")
         items = [t.strip() for t in text.split(",")]
         if not any(items):
             raise _bad(f"{name}: no values given (e.g. {name}=" + _EXAMPLES[name] + ")")
         if not all(items):
-            raise _bad(f"{name}: an empty value in {text!r} (e.g. {name}=" + _EXAMPLES[name] + ")")
+            raise _bad(f"{name}: an empty value in {shortened(text)!r} (e.g. {name}=" + _EXAMPLES[name] + ")")
         if name == "model":
             values: list = []
             for item in items:
@@ -185,14 +189,15 @@ class Axis(BaseModel):
         if len(values) > MAX_POINTS:
             raise _bad(f"{name}: more than {MAX_POINTS} values")
         if len(set(map(str, values))) != len(values):
-            raise _bad(f"{name}: a value is repeated in {text!r}")
+            raise _bad(f"{name}: a value is repeated in {shortened(text)!r}")
         return cls(name=name, values=values)
 
     @classmethod
     def from_cli(cls, spec: str) -> "Axis":
         """'name=values' as given to `planner sweep --vary`."""
         if "=" not in spec:
-            raise _bad(f"{spec!r} must look like NAME=VALUES (e.g. gpus=4096,8192); allowed names: {ALLOWED}")
+            raise _bad(f"{shortened(spec)!r} must look like NAME=VALUES (e.g. gpus=4096,8192); "
+                       f"allowed names: {ALLOWED}")
         name, text = spec.split("=", 1)
         return cls.parse(name, text)
 
@@ -500,6 +505,7 @@ class PointLog:
         self.writing = False
         self._cut_at: int | None = None  # where a record cut by a kill starts (dropped before appending)
         self._unterminated = False       # the last line is complete but lacks its "\n"
+        refuse_special_file(path)  # before reading it: opening a FIFO would wait for a writer forever
         if force and path.is_file():
             path.unlink()
         if path.is_file():
@@ -642,10 +648,17 @@ def refuse_overwrite(paths: dict[str, Path], force: bool) -> None:
         raise SpecError(f"out: {existing[0]} already exists; pick another --out/--name or pass --force "
                         "to overwrite")
     for p in paths.values():
-        if p.exists() and not p.is_file():
-            raise SpecError(f"out: {p} exists and is not a file")
-        if p.is_symlink():  # --force overwrites the sweep's own files, not what a link points at
-            raise SpecError(f"out: {p} is a symbolic link; remove it or pick another --out/--name")
+        refuse_special_file(p)
+
+
+def refuse_special_file(p: Path) -> None:
+    """An output (or the point log) that is not a plain file of the sweep's own: a FIFO would block
+    the sweep, a folder or device cannot take it, and a symbolic link would have the sweep write
+    into whatever file it points at."""
+    if p.exists() and not p.is_file():
+        raise SpecError(f"out: {p} exists and is not a file")
+    if p.is_symlink():  # --force overwrites the sweep's own files, not what a link points at
+        raise SpecError(f"out: {p} is a symbolic link; remove it or pick another --out/--name")
 
 
 def _label(name: str, v) -> str:

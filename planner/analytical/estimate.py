@@ -222,7 +222,8 @@ def estimate_from_row(result: dict[str, np.ndarray], i: int, plan: Plan) -> Esti
 
 
 def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:
-    """Exact model for one plan."""
+    """Exact model for one plan, at the plan's own global batch (the job's global_batch and
+    max_global_batch are search settings, not read here)."""
     job = job or JobSpec()
     check_recompute_modules(plan, model)
     result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model)))

@@ -72,6 +72,7 @@ class _LazyOneLineGroup(TyperGroup):
             built = typer.main.get_command(sub)
             found = built.commands if isinstance(built, TyperGroup) else {built.name: built}
             for cmd_name, cmd in found.items():
+                _plain_numbers(cmd)
                 self.commands.setdefault(cmd_name, cmd)
             if name not in found:  # a module that registers one command under a typer-made name
                 self.commands[name] = next(iter(found.values()))
@@ -160,6 +161,32 @@ class _LazyOneLineGroup(TyperGroup):
         return code
 
 
+def _plain_numbers(command) -> None:
+    """Number options read as -g has always read them: ASCII digits, no '_' separators, and -0.0
+    as 0.0. Typer's conversion (pydantic's or Python's int()/float(), by version) takes '1_024' as
+    1024 and, in some versions, Arabic-Indic or fullwidth digits; a negative zero would be saved
+    and printed as -0.0."""
+    for param in getattr(command, "params", ()):
+        desc = getattr(param, "type_descriptor", None)  # typer's own parameters; click's name their type
+        kind = getattr(desc, "annotation", None) if desc is not None else \
+            {"integer": int, "float": float}.get(getattr(getattr(param, "type", None), "name", None))
+        if kind in (int, float):
+            param.process_value = _plain_number_value(param.process_value, kind)
+
+
+def _plain_number_value(process_value, kind):
+    def process(ctx, value):
+        for text in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(text, str) and (not text.isascii() or "_" in text):
+                from hardware.errors import shortened
+                what, example = ("an integer", "1024") if kind is int else ("a number", "1.5")
+                raise click.exceptions.BadParameter(f"{shortened(text)!r} is not {what} in ASCII digits without "
+                                                    f"'_' (e.g. {example})", ctx=ctx)
+        value = process_value(ctx, value)
+        return 0.0 if isinstance(value, float) and value == 0 else value
+    return process
+
+
 class _PipeClosed(Exception):
     """The reader of stdout left (`| head`)."""
 
@@ -185,9 +212,9 @@ def _close_stdout() -> None:
 
 
 def _name_too_long(path: str) -> str:
-    shown = path if len(path) <= 60 else path[:57] + "..."
+    from hardware.errors import shortened
     return (f"path: a name in it is too long for the file system ({len(os.fsencode(path))} bytes in all; "
-            f"a file name may have at most 255): {shown}")
+            f"a file name may have at most 255): {shortened(path)}")
 
 
 app = typer.Typer(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from hardware import load_system
-from hardware.errors import SpecError
+from hardware.errors import SpecError, refuse_dash, shortened
 from hardware.spec import SystemSpec
 from planner.model import MAX_SEQ_LENGTH, ModelSpec, load_model
 
@@ -83,6 +83,7 @@ def check_new_file(flag: str, path, example: str = "plan.yaml") -> None:
     if path is None:
         return
     import os
+    refuse_dash(path, flag, "give the name of a new file", "standard output")
     if str(path) in (".", ""):  # also what an empty argument becomes
         raise SpecError(f"{flag}: no file name given; give the name of a new file")
     if str(path).endswith(("/", os.sep)) and not os.path.isdir(path):  # pathlib would write a file there
@@ -106,7 +107,46 @@ def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | Non
                 ) -> tuple[ModelSpec, SystemSpec]:
     check_int("seq-length", seq_length, 1, MAX_SEQ_LENGTH)
     check_int("gpus", gpus, 1, MAX_GPUS)
-    return load_model(model, {"seq_length": seq_length}), load_system(system, gpus)
+    spec = load_model(model, {"seq_length": seq_length})
+    say_approximations(model, spec)
+    system_spec = load_system(system, gpus)
+    check_system_file_gpus(system, gpus)
+    return spec, system_spec
+
+
+def say_approximations(ref: str, model: ModelSpec) -> None:
+    """On stderr (JSON on stdout stays clean): what a Hugging Face config's cost approximates."""
+    from planner import hf_config  # noqa: PLC0415 (only for configs)
+    from planner.model import model_preset_names  # noqa: PLC0415
+    path = hf_config.find_config_json(ref, model_preset_names())
+    for note in hf_config.approximation_notes(path, model.seq_length) if path is not None else ():
+        typer.echo(f"note: {path}: {note}", err=True)
+
+
+def check_system_file_gpus(system: str, gpus: int | None) -> None:
+    """--gpus replaces a system file's num_gpus; the file's own value is checked all the same, as
+    without the flag (a `num_gpus: .nan` would pass unseen here and fail wherever the file is used
+    alone). The shipped presets are checked by their tests."""
+    if gpus is None:
+        return
+    from pydantic import ValidationError, create_model
+
+    from hardware.errors import one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
+    from hardware.load import PRESET_DIR
+    path, label = resolve_preset_or_file(system, PRESET_DIR, "system")
+    if path.resolve().parent == PRESET_DIR.resolve():
+        return
+    data = read_yaml_mapping(path, "system")
+    if "num_gpus" not in data:  # --gpus supplies it
+        return
+    field = SystemSpec.model_fields["num_gpus"]
+    try:
+        refuse_loose_types({"num_gpus": data["num_gpus"]}, SystemSpec, f"system ({label})")
+        create_model("SystemGpus", num_gpus=(field.annotation, field)).model_validate({"num_gpus": data["num_gpus"]})
+    except ValidationError as err:
+        raise SpecError(f"{one_line(err, f'system ({label})')} (the file's own value, which --gpus replaces)") from None
+    except SpecError as err:
+        raise SpecError(f"{err} (the file's own value, which --gpus replaces)") from None
 
 
 SavedModelOpt = Annotated[Optional[str], typer.Option(
@@ -126,6 +166,7 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
         from hardware.errors import read_yaml_mapping
         if not str(plan_file).strip():  # Path("") is the current folder: say what is really wrong
             raise SpecError("plan: empty name; give the path of a plan file (from `planner plan --save`)")
+        refuse_dash(plan_file, "plan", "give the path of a plan file (./- for a file named '-')")
         saved = read_yaml_mapping(Path(plan_file), "plan")
         saved = saved if "plan" in saved else {}
         for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
@@ -213,14 +254,14 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
         raise SpecError(f"dtype: empty; allowed: {', '.join(training_dtypes(system))}")
     dtype = (dtype or defaults["dtype"]).strip().lower()  # BF16, MXFP8 as NVIDIA's tables print them
     if dtype not in training_dtypes():
-        raise SpecError(f"dtype: unknown {dtype!r}; allowed: {', '.join(training_dtypes(system))}")
+        raise SpecError(f"dtype: unknown {shortened(dtype)!r}; allowed: {', '.join(training_dtypes(system))}")
     if system is not None:
         check_dtype_on_system(dtype, system)
     if isinstance(extra.get("framework"), str):
         extra["framework"] = extra["framework"].strip().lower()
         frameworks = typing.get_args(JobSpec.model_fields["framework"].annotation)
         if extra["framework"] not in frameworks:
-            raise SpecError(f"framework: unknown {extra['framework']!r}; allowed: {', '.join(frameworks)}")
+            raise SpecError(f"framework: unknown {shortened(extra['framework'])!r}; allowed: {', '.join(frameworks)}")
     if extra.get("flash_attention") is None:
         extra["flash_attention"] = defaults["flash_attention"]
     try:
@@ -295,7 +336,8 @@ MoeA2aOverlapOpt = Annotated[Optional[bool], typer.Option(
          "With the alltoall dispatcher and the ep group inside one NVLink domain it hides nothing "
          "(NCCL's in-domain copy kernels; measured slower with it): use --moe-dispatcher deepep.")]
 # Kernel-level settings of NVIDIA's tuned recipes (planner.plan.JobSpec): costed by `plan` and
-# `estimate`; `planner megatron` does not emit them (module planner.cli.megatron says why).
+# `estimate`; `planner megatron` emits the CUDA graphs (--cuda-graph) but not the other two
+# (planner.cli.megatron.UNEMITTED_KERNELS says why).
 CudaGraphOpt = Annotated[str, typer.Option(
     "--cuda-graph", help="CUDA graphs the run uses: none; layers (Transformer Engine graphs of each "
     "layer's static modules: attention, dense MLP, MoE router and preprocess; no per-layer launch "
@@ -321,7 +363,7 @@ def kernel_settings(cuda_graph: str = "none", fp8_attention: bool = False, fused
     model has experts, `mamba`: Mamba blocks (which modules --cuda-graph layers captures)."""
     given, cuda_graph = cuda_graph, str(cuda_graph).strip().lower()
     if cuda_graph not in CUDA_GRAPHS:
-        raise SpecError(f"cuda-graph: must be one of {', '.join(CUDA_GRAPHS)}, got {given!r}")
+        raise SpecError(f"cuda-graph: must be one of {', '.join(CUDA_GRAPHS)}, got {shortened(given)!r}")
     return {"full_iteration_cuda_graph": cuda_graph == "full-iteration",
             "cuda_graph_modules": (LAYER_GRAPH_MODULES[moe] + (("mamba",) if mamba else ()))
             if cuda_graph == "layers" else (),
@@ -342,7 +384,7 @@ def adam_moments_setting(value: str | None) -> dict:
         return {}
     value = value.strip().lower()  # BF16 as NVIDIA writes it
     if value not in ADAM_MOMENT_DTYPES:
-        raise SpecError(f"adam-moments: must be one of {', '.join(ADAM_MOMENT_DTYPES)}, got {value!r}")
+        raise SpecError(f"adam-moments: must be one of {', '.join(ADAM_MOMENT_DTYPES)}, got {shortened(value)!r}")
     return {"adam_moments": value}
 
 
@@ -360,8 +402,10 @@ def bf16_layers_setting(value: str | None, model) -> dict:
     if value is None:
         return {}
     parts = str(value).replace(" ", "").split(",")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        raise SpecError(f"bf16-layers: expected FIRST,LAST (two non-negative integers, e.g. 0,14), got {value!r}")
+    # ASCII digits only, as -g takes them (str.isdigit also holds for '٢' and '²')
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):
+        raise SpecError(f"bf16-layers: expected FIRST,LAST (two non-negative integers, e.g. 0,14), "
+                        f"got {shortened(value)!r}")
     bf16_layers = (int(parts[0]), int(parts[1]))
     check_bf16_layers_fit(bf16_layers, model)
     return {"bf16_layers": bf16_layers}
@@ -388,7 +432,7 @@ def module_dtypes_setting(values: list[str] | None, model: ModelSpec) -> dict:
         group, _, dtype = str(value).replace(" ", "").lower().partition("=")  # BF16 as --dtype reads it
         if group not in MODULE_GROUPS or dtype not in MODULE_DTYPES:
             raise SpecError(f"module-dtype: expected MODULE=DTYPE with MODULE one of {', '.join(MODULE_GROUPS)} and "
-                            f"DTYPE one of {', '.join(MODULE_DTYPES)}, got {value!r}")
+                            f"DTYPE one of {', '.join(MODULE_DTYPES)}, got {shortened(value)!r}")
         if group in out and out[group] != dtype:
             raise SpecError(f"module-dtype: {group} given twice ({out[group]}, {dtype})")
         has = {"attention": True, "latent_proj": bool(model.moe and model.moe.latent_size),
@@ -484,9 +528,22 @@ def given_knobs(options: dict) -> dict:
         if knob in NAMED_CHOICES:
             value = str(value).strip().lower()
             if value not in NAMED_CHOICES[knob]:
-                raise SpecError(f"{flag}: unknown {options[knob]!r}; allowed: {', '.join(NAMED_CHOICES[knob])}")
+                raise SpecError(f"{flag}: unknown {shortened(options[knob])!r}; allowed: "
+                                f"{', '.join(NAMED_CHOICES[knob])}")
+        if knob == "recompute_modules":
+            _check_recompute_modules(str(value))
         knobs[knob] = value
     return knobs
+
+
+def _check_recompute_modules(text: str) -> None:
+    """The module names of --recompute-modules, checked here to echo an unknown one cut short (the
+    plan's own check, planner.plan.parse_recompute_modules, words it the same, in full)."""
+    from planner.plan import RECOMPUTE_MODULES
+    unknown = sorted(n for n in set(text.replace(",", " ").split()) if n not in RECOMPUTE_MODULES)
+    if unknown:
+        raise SpecError(f"plan: recompute_modules: unknown {shortened(unknown[0])!r}; allowed: "
+                        f"{', '.join(RECOMPUTE_MODULES)}")
 
 
 # The ZeRO stages each non-Megatron sharded DP is costed for (planner.analytical.data_parallel):
@@ -543,9 +600,9 @@ def stage_counts(flag: str, text: str) -> tuple[int, ...]:
     if len(text) > MAX_LAYOUT_TEXT:
         raise SpecError(f"{flag}: too long ({len(text):,} characters; at most {MAX_LAYOUT_TEXT:,}): write repeated "
                         "stages as NxK ('3,4x30,3') or (..)*n ('Et|(tt|)*30L')")
-    if not text:
+    if not text or not text.isascii():  # counts in ASCII digits, as -g takes them (not '٨' or '８')
         raise SpecError(f"{flag}: expected layers per stage such as '3,4x30,3' or a Megatron layout string "
-                        f"such as 'Et|(tt|)*30L' (got {text[:40]!r})")
+                        f"such as 'Et|(tt|)*30L' in ASCII characters (got {shortened(text)!r})")
     if re.search(r"[tEmL|]", text):
         try:
             counts = layout_from_string(text)
@@ -556,11 +613,11 @@ def stage_counts(flag: str, text: str) -> tuple[int, ...]:
         for part in text.split(","):
             m = re.fullmatch(r"\s*(\d+)\s*(?:[x*]\s*(\d+)\s*)?", part)
             if not m:
-                raise SpecError(f"{flag}: {part.strip()!r} is not a count; allowed: N (one stage of N layers) or "
-                                f"NxK (K stages of N), comma-separated, e.g. '3,4x30,3'")
+                raise SpecError(f"{flag}: {shortened(part.strip())!r} is not a count; allowed: N (one stage of N "
+                                f"layers) or NxK (K stages of N), comma-separated, e.g. '3,4x30,3'")
             repeat = int(m.group(2) or 1)
             if repeat < 1 or len(counts) + repeat > MAX_LAYERS:
-                raise SpecError(f"{flag}: {part.strip()!r}: a run repeats 1 to {MAX_LAYERS} times in all")
+                raise SpecError(f"{flag}: {shortened(part.strip())!r}: a run repeats 1 to {MAX_LAYERS} times in all")
             counts += [int(m.group(1))] * repeat
     if any(c > MAX_LAYERS for c in counts):
         raise SpecError(f"{flag}: a stage holds at most {MAX_LAYERS} layers")
@@ -581,7 +638,7 @@ def layout_knobs(pipeline_layout: str | None, stage_recompute: str | None, knobs
         problems = layout_string_problems(pipeline_layout, model.mtp_layers)
         if problems:
             raise SpecError(f"pipeline-layout: as Megatron checks a layout string, {'; '.join(problems)} "
-                            f"(got {pipeline_layout.strip()!r})")
+                            f"(got {shortened(pipeline_layout.strip())!r})")
     pp, vpp = knobs.get("pp"), knobs.get("vpp")
     if pp is None:
         raise SpecError("pipeline-layout: give --pp too (the layout's stages are pp·vpp)")

@@ -7,9 +7,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from hardware.errors import SpecError
+from hardware.errors import SpecError, refuse_dash, shortened
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
+    CudaGraphOpt,
+    kernel_settings,
     check_dtype_on_system,
     check_job_reserve,
     check_recompute_layers,
@@ -84,7 +86,7 @@ def megatron_command(
     global_batch: BatchOpt = None,
     dtype: MegatronDtypeOpt = None,
     hbm_reserve_gib: MegatronReserveOpt = None,
-    plan_file: Annotated[Optional[Path], typer.Option(
+    plan_file: Annotated[Optional[str], typer.Option(
         "--plan", help="Plan file (YAML/JSON; a top-level `plan:` mapping as `planner plan --save` writes). "
                        "-m/-s/-g/--seq-length given beside it replace the file's (the same plan launched for "
                        "another model file, system or sequence, re-checked there); the plan's own fields may "
@@ -105,6 +107,7 @@ def megatron_command(
     adam_moments: AdamMomentsOpt = None,
     bf16_layers: Bf16LayersOpt = None,
     module_dtype: ModuleDtypeOpt = None,
+    cuda_graph: CudaGraphOpt = None,
     write_gb_per_s: Annotated[Optional[float], typer.Option(
         "--write-gb-per-s", help="Checkpoint storage write bandwidth, GB/s, as `planner checkpoint` "
                                  "(default: its default).")] = None,
@@ -138,9 +141,10 @@ def _job(o: dict, model, system, plan=None):
     moments = adam_moments_setting(o["adam_moments"])
     bf16 = bf16_layers_setting(o["bf16_layers"], model)
     modules = module_dtypes_setting(o["module_dtype"], model)
+    graphs = _graph_settings(o["cuda_graph"], model)
     saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"], hbm_reserve_gib=o["hbm_reserve_gib"],
                               adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
-                              module_dtypes=modules.get("module_dtypes")) if plan is not None else None
+                              module_dtypes=modules.get("module_dtypes"), **graphs) if plan is not None else None
     if saved is not None:
         check_dtype_on_system(saved.dtype, system)
         check_job_reserve(saved, system, o["plan_file"], o["hbm_reserve_gib"])
@@ -150,9 +154,18 @@ def _job(o: dict, model, system, plan=None):
     # the default cap bounds the search's free batches only: a given batch is taken as it is
     job = make_job(global_batch=batch, max_global_batch=max(DEFAULT_MAX_GLOBAL_BATCH, batch), dtype=o["dtype"],
                    system=system, hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"],
-                   **moments, **bf16, **modules)
+                   **moments, **bf16, **modules, **graphs)
     check_job_reserve(job, system, None, o["hbm_reserve_gib"])
     return job
+
+
+def _graph_settings(cuda_graph: str | None, model) -> dict:
+    """The JobSpec fields of --cuda-graph, as `plan` and `estimate` read it ({} when not given: a
+    plan file's own setting stands)."""
+    if cuda_graph is None:
+        return {}
+    kernels = kernel_settings(cuda_graph, moe=model.moe is not None, mamba=model.mamba is not None)
+    return {field: kernels[field] for field in ("full_iteration_cuda_graph", "cuda_graph_modules")}
 
 
 def _plan_and_job(o: dict, model, system):
@@ -253,9 +266,11 @@ def _run(o: dict) -> None:
 
     o["fmt"] = o["fmt"].strip().lower()
     if o["fmt"] not in FORMATS:
-        raise SpecError(f"format: unknown {o['fmt']!r}; allowed: {', '.join(FORMATS)}")
+        raise SpecError(f"format: unknown {shortened(o['fmt'])!r}; allowed: {', '.join(FORMATS)}")
     if o["gpus"] is not None and o["gpus"] < 1:
         raise SpecError(f"gpus: must be a positive integer, got {o['gpus']}")
+    refuse_dash(o["output"], "output", "leave -o out to print the launch, or give the name of a new file",
+                "standard output")
     check_new_file("output", o["output"], example="launch.sh")
     from planner.cli.checkpoint import check_checkpoint_flags
     check_checkpoint_flags(write_gb_per_s=o["write_gb_per_s"], gpu_mtbf_hours=o["gpu_mtbf_hours"])

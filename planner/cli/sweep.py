@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -12,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hardware import load_system
-from hardware.errors import SpecError
+from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, refuse_dash, shortened
 from planner.jsonout import json_text
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
@@ -138,11 +139,14 @@ def register(app: typer.Typer) -> None:
         if ray is not None and not ray.strip():
             raise SpecError("ray: empty address; give the Ray cluster's address, or leave --ray out to run here")
         if not name.strip() or name.strip(".") == "":
-            raise SpecError(f"name: {name!r} names no file; give a base name such as 'sweep'")
+            raise SpecError(f"name: {shortened(name)!r} names no file; give a base name such as 'sweep'")
         if "/" in name or name.startswith(".") or name != name.strip():
-            raise SpecError(f"name: {name!r} must be a plain file name (no '/', no leading dot or space)")
+            raise SpecError(f"name: {shortened(name)!r} must be a plain file name (no '/', no leading dot or space)")
+        if not re.fullmatch(VISIBLE_LINE_PATTERN, name):  # as a model's name: no control characters in a file name
+            raise SpecError(f"name: must be one line of visible text (no control characters), got {shortened(name)!r}")
         if not out_arg.strip():  # typer would read an empty path as the current folder
             raise SpecError("out: empty; give an output folder (`-o .` for this one)")
+        refuse_dash(out_arg, "out", "give an output folder (`-o .` for this one)", "standard output")
         out = Path(out_arg)
         if out.exists() and not out.is_dir():
             raise SpecError(f"out: {out} exists and is not a folder")

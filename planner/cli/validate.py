@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hardware.errors import SpecError
+from hardware.errors import SpecError, shortened
 
 from planner.jsonout import json_text
 from planner.cli.console import Console
@@ -33,10 +33,12 @@ def _load_checked(references: list[str] | None):
     model YAML) is refused in one line before the loader sees it."""
     from pathlib import Path
 
-    from hardware.errors import SpecError, read_yaml_mapping
-    for path in map(Path, references or ()):
+    from hardware.errors import SpecError, read_yaml_mapping, refuse_dash
+    for ref in references or ():
+        refuse_dash(ref, "reference", "give the path of a reference YAML file (./- for a file named '-')")
+        path = Path(ref)
         if path.exists():
-            data = read_yaml_mapping(path, "reference")
+            data = read_yaml_mapping(path, "reference", aliases=True)  # the packaged FSDP file shares sources
             records = data.get("records")
             if not isinstance(records, list) or not records or not all(isinstance(r, dict) for r in records):
                 raise SpecError(f"reference {path}: expected a measured-runs file (a `records:` list of runs, "
@@ -89,7 +91,7 @@ def register(app: typer.Typer) -> None:
             cases = [c for c in cases if c.id.startswith(source)]
             if not cases:
                 prefixes = sorted({c.id.split("_")[0].split("-")[0] for c in all_cases})
-                raise SpecError(f"source: no reference run id starts with {source!r}; ids start with e.g. "
+                raise SpecError(f"source: no reference run id starts with {shortened(source)!r}; ids start with e.g. "
                                 f"{', '.join(prefixes[:12])}")
         rows = accuracy_rows(cases)
         lofo_rows = _lofo_rows(cases, rows, workers or os.cpu_count() or 1) if lofo else None
