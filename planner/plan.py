@@ -180,6 +180,15 @@ class Plan(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _no_loose_types(cls, data):
+        """Plan(tp=True) or Plan(sequence_parallel="yes") is a mistake, not tp 1 or True (pydantic's
+        lax mode would read both; the YAML and CLI readers refuse them before this, in one line)."""
+        if isinstance(data, dict):
+            refuse_loose_types(data, cls, "plan")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _recompute_settings_given(cls, data):
         """A module list or a layer count beside a recompute it does not describe is refused as
         written (Megatron's default list, core_attn, would otherwise vanish into None unseen)."""
@@ -428,6 +437,14 @@ class JobSpec(BaseModel):
     # NVFP4 recipe keeps attention's linear_qkv / linear_proj, the latent projections and the MTP
     # module in bf16 and runs the Mamba out_proj in MXFP8 (Megatron-Bridge te_quant.cfg).
     module_dtypes: dict[ModuleGroup, ModuleDtype] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_loose_types(cls, data):
+        """JobSpec(global_batch=True) or JobSpec(global_batch="64") is a mistake (as Plan's)."""
+        if isinstance(data, dict):
+            refuse_loose_types(data, cls, "job")
+        return data
 
     @model_validator(mode="before")
     @classmethod

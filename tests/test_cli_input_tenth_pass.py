@@ -146,3 +146,25 @@ def test_the_packaged_fsdp_file_validates_when_named_and_alias_bombs_do_not(tmp_
     bomb = tmp_path / "laughs.yaml"
     bomb.write_text("records:\n- id: x\n" + "\n".join("  " + line for line in lines) + "\n")
     one_line_error(runner.invoke(app, ["validate", "--reference", str(bomb)]), "aliases expand to over")
+
+
+def test_the_python_api_refuses_what_the_cli_refuses():
+    """Plan(tp=True) was tp 1, JobSpec(global_batch="64") 64; plan(top_k="3") and an unknown
+    restrict knob raised TypeError / KeyError; load_model with a list of overrides AttributeError."""
+    import pytest
+    from pydantic import ValidationError
+
+    from hardware.errors import SpecError
+    from planner import JobSpec, Plan, load_model, load_system, plan
+    for make, word in ((lambda: Plan(tp=True), "tp"), (lambda: Plan(sequence_parallel="yes"), "sequence_parallel"),
+                       (lambda: JobSpec(global_batch=True), "global_batch"),
+                       (lambda: JobSpec(global_batch="64"), "global_batch")):
+        with pytest.raises(ValidationError, match=word):
+            make()
+    assert Plan(tp=2, global_batch=8).tp == 2  # numbers stay numbers
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
+    for kwargs, word in (({"top_k": "3"}, "top"), ({"top_k": 2.5}, "top"), ({"restrict": {"foo": bool}}, "restrict")):
+        with pytest.raises(SpecError, match=word):
+            plan(model, system, JobSpec(global_batch=64), **kwargs)
+    with pytest.raises(SpecError, match="overrides must be a mapping"):
+        load_model("llama3-8b", [("seq_length", 4096)])
