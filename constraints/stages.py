@@ -17,7 +17,8 @@ the problem is a small integer program:
               each collective's seconds G_x >= g0_r + g1·N_r at every rank (the fullest rank's
               bytes), overlapped with the slowest rank's microbatch window W = wf·N + wb·N + wbr·K
               (one Boolean per rank marks the rank whose time is T*), vpp·E = max(0, G − W,
-              vpp·G − ((vpp−1)·pp + 1)·W) per collective (+ (m−1)·max(0, G_rs − W) under ZeRO-2)
+              vpp·G − ((vpp−1)·pp + 1)·W) per collective (+ vpp·(m−1)·max(0, G_rs − W) under
+              ZeRO-2); dense models only
   objective   m·T* + (Σ_r T_r − T*)/vpp + opt·Pmax + E, T* = max_r T_r; times vpp this is
               (m·vpp − 1)·T* + b·Σ K_r + vpp·opt·Pmax + vpp·E + const — linear.
 
@@ -25,11 +26,11 @@ Coefficients a, b, h, c_r, w_r, x_r, p0_r, p1 are read from the exact model itse
 (`planner.analytical`) by costing probe ranks with 0 and 1 layer (recomputed or not), so the
 solver and the model cannot drift. They are exact where memory is affine in the counts: no
 ZeRO-3 (it gathers params/N per layer) and no offload (it keeps 2/N of a layer); those rows keep
-the default balanced split. The DP exposure is exact for dense layers; a MoE model's collectives
-split their bytes between the dense and expert-DP groups at the balanced split's expert share
-(the exact model takes the fullest rank's share), and FSDP2's per-layer ZeRO-2 and the hybrid
-stacks' per-block problems leave the exposure out. Every answer is re-scored by the exact model
-and kept only when it is no worse than the default split.
+the default balanced split. The DP exposure is exact for dense models (up to ties for the
+slowest rank, where it takes the one exposing least); MoE models (their dense / expert-DP byte
+split follows the largest counts over ranks), FSDP2's per-layer ZeRO-2 and the hybrid stacks'
+per-block problems leave it out. Every answer is re-scored by the exact model and kept only when
+it is no worse than the default split.
 
 Two layer kinds (a MoE model's first D layers are dense, DeepSeek-V3: 3): they fill the first
 virtual stages in order, so stage s holds d_s = min(n_s, max(0, D − Σ_{s'<s} n_s')) of them
@@ -110,6 +111,9 @@ BLOCK_PROBLEM_MAX_CELLS = 200_000
 # optimum when its splits are too many to search all (llama3-405b at pp 8 vpp 8 with memory
 # binding: not proven in 3 units; the exposure is ~0.2 % of its step there)
 EXPOSURE_WORK_LIMIT = 0.5
+# ... and none where the exposure-free optimum exposes at most this share of its objective more
+# than any split could (dp_exposure_floor): the search's tie window (planner.ties TIE_REL_TOL)
+EXPOSURE_GAIN_FLOOR = 1e-3
 BLOCK_WINDOW = 3  # layers each stage bound may move from the mean-block answer (Nemotron 3 Nano at
                   # pp 8 vpp 2: the window's optimum is the whole problem's, proven in 0.7 s; in 6 s whole)
 
@@ -317,15 +321,17 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
             p1_d=max(0, params_in(pr["p1_d"])))),
         **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)),
         **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}),
-        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and not interleaved(model) else {}))
+        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and model.moe is None else {}))
 
 
 def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float) -> dict:
     """StageProblem's data-parallel fields, in its time units: the slowest rank's windows per layer
     and each collective's seconds per rank, affine in the rank's layers (its bytes are; a
-    collective's seconds are affine in its bytes, ring latency the intercept). The groups' split
-    of the bytes (dense / expert-DP) is the plan's balanced split's. Not posed (dp_zero -1) for
-    FSDP2's per-layer ZeRO-2 (not linear in the layers) or where no collective runs."""
+    collective's seconds are affine in its bytes, ring latency the intercept). Dense models only
+    (the caller's rule): a MoE model's bytes split between the dense and expert-DP groups by the
+    largest expert and largest parameter counts over ranks, which no per-rank affine form follows
+    (at a fixed split it mis-priced splits by up to 1.4 % of the step, both ways). Not posed
+    (dp_zero -1) for FSDP2's per-layer ZeRO-2 (not linear in the layers) or where no collective runs."""
     if plan.zero_stage >= 3 or (plan.zero_stage == 2 and plan.dp_impl == "torch-fsdp2") \
             or pr["grad_bytes1"] <= 0 or pr["weight_bytes1"] <= 0:
         return {}
@@ -389,7 +395,9 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
     With the DP exposure posed, the problem without it is solved first: the exposure is never
     negative, so an optimum of that problem that exposes nothing is the whole problem's optimum
     (most large layouts hide their DP collectives, and the exposure's max(0, ·) terms slowed the
-    proof 10x: bench/search_speed.py). Otherwise the whole problem is solved from that answer."""
+    proof 10x: bench/search_speed.py). With many splits, also where no split could expose less by
+    more than the tie window (EXPOSURE_GAIN_FLOOR; its proof then holds within that window).
+    Otherwise the whole problem is solved from that answer."""
     if problem.dp_zero < 0 or problem.pattern:
         return _solve_cpsat(problem, time_limit_s, k_value, hint, work_limit, window)
     plain = _solve_cpsat(replace(problem, dp_zero=-1), time_limit_s, k_value, hint, work_limit, window)
@@ -397,7 +405,13 @@ def solve_stages(problem: StageProblem, time_limit_s: float = TIME_LIMIT_S, k_va
         return plain
     plain = replace(plain, objective=layer_objective(problem, plain.stage_layers, plain.recompute_layers),
                     linear_proven=plain.proven_optimal)
-    if plain.proven_optimal and dp_exposure_at(problem, plain.stage_layers, plain.recompute_layers) == 0:
+    exposed = dp_exposure_at(problem, plain.stage_layers, plain.recompute_layers)
+    if plain.proven_optimal and exposed == 0:
+        return plain
+    if not few_splits(problem) and exposed - dp_exposure_floor(problem) <= EXPOSURE_GAIN_FLOOR * plain.objective:
+        # no split can expose less by more than the search's tie window: not worth a solve (with
+        # the collectives not overlapped the exposure is never 0, and the whole problem took
+        # seconds per layout: llama3-70b at pp 8 vpp 2, 0.0 -> 5.6 s)
         return plain
     left = (work_limit if work_limit is not None else time_limit_s * WORK_PER_S) - plain.work
     if not few_splits(problem):
@@ -686,7 +700,10 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
         proven = all(x.status in ("OPTIMAL", "INFEASIBLE") and x.window is None for x in (sol, alt))
         if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective < sol.objective):
             sol, alt, plan = alt, sol, plain
-        sol = _with_effort_of(sol, alt, proven_optimal=proven)
+        # the status of the two together: OPTIMAL only where both were proven
+        status = "OPTIMAL" if proven and sol.stage_layers is not None else \
+            ("FEASIBLE" if sol.status == "OPTIMAL" else sol.status)
+        sol = _with_effort_of(sol, alt, proven_optimal=proven, status=status)
     if sol.stage_layers is None:
         return None, sol
     return plan_with_stages(plan, sol), sol
@@ -836,6 +853,20 @@ def layer_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> i
     recomputed = problem.b * sum(K) + (b_d - problem.b) * sum(DK)
     return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * params \
         + dp_exposure_at(problem, layers, k)
+
+
+def dp_exposure_floor(problem: StageProblem) -> int:
+    """A lower bound of `dp_exposure_at` over every split: 0 with the collectives overlapped (a long
+    enough window hides them), else each collective at no fewer bytes than the fullest rank has
+    in any split (every rank holds >= vpp layers, and the ranks hold L layers between them)."""
+    if problem.dp_zero < 0 or problem.pattern or problem.dp_hide:
+        return 0
+    p, v, m, L = problem.pp, problem.vpp, problem.microbatches, problem.layers
+    g1 = [min(a, b) for a, b in zip(problem.g1, problem.g1_d)] if problem.lead else list(problem.g1)
+    G = [max(max(problem.g0[r][x] for r in range(p)) + g1[x] * v,
+             math.ceil((sum(problem.g0[r][x] for r in range(p)) + g1[x] * L) / p)) for x in range(3)]
+    G_ar, G_rs, G_ag = G
+    return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero]
 
 
 def dp_exposure_at(problem: StageProblem, layers: tuple[int, ...], k: int) -> int:

@@ -14,8 +14,9 @@ from planner.reference import (DEFAULT_REFERENCES, FITTED_FRAMEWORKS, REFERENCE_
                                load_reference, untuned_software)
 
 # the rules a compared record may break: what it needs in memory (the model's estimate, which a
-# run that trained shows wrong), not its layout's structure
-FIT_RULES = ("hbm", "offload_capacity")
+# run that trained shows wrong) and what the planner does not cost (context parallelism of a hybrid
+# stack, which Megatron runs), not a structure Megatron refuses
+FIT_RULES = ("hbm", "offload_capacity", "hybrid_cp")
 DEFAULT_REFERENCE = DEFAULT_REFERENCES[0]  # kept for callers that name one file
 
 __all__ = ["DEFAULT_REFERENCE", "DEFAULT_REFERENCES", "FITTED_FRAMEWORKS", "REFERENCE_DIR", "RefCase", "Skipped",

@@ -7,7 +7,7 @@ from typing import Literal, get_args
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
-from hardware.errors import finite_number, refuse_loose_types, SpecError, one_line, read_yaml_mapping
+from hardware.errors import finite_number, refuse_loose_types, SpecError, one_line, read_yaml_mapping, shortened
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
@@ -45,7 +45,7 @@ def parse_recompute_modules(value) -> tuple[str, ...] | None:
     names = tuple(sorted(set(value)))
     unknown = [n for n in names if n not in RECOMPUTE_MODULE_BITS]
     if unknown or not names:
-        what = f"unknown {unknown[0]!r}" if unknown else "names no module"
+        what = f"unknown {shortened(unknown[0])!r}" if unknown else "names no module"
         raise ValueError(f"{what}; allowed: {', '.join(RECOMPUTE_MODULES)}")  # the field is named by one_line
     return None if names == DEFAULT_RECOMPUTE_MODULES else names
 

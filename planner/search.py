@@ -16,6 +16,7 @@ See constraints/space.py, cost_table.py, encode.py and solve.py for the pieces.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -97,8 +98,9 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     """The K best distinct layouts under the exact model, best first. `restrict` keeps, per knob,
     only the domain values its predicate accepts (a plan family: planner.recommend); a knob left
     with no value leaves no plan."""
-    if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+    if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 1:
         raise SpecError(f"top: must be a positive integer, got {top_k!r}")
+    top_k = int(top_k)
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)

@@ -168,3 +168,26 @@ def test_the_python_api_refuses_what_the_cli_refuses():
             plan(model, system, JobSpec(global_batch=64), **kwargs)
     with pytest.raises(SpecError, match="overrides must be a mapping"):
         load_model("llama3-8b", [("seq_length", 4096)])
+
+
+def test_what_the_system_check_must_not_refuse_and_must(tmp_path):
+    """A sparse peak is the record's truth (2x the dense one); an H100 NVL's 94 GB is not the SXM's
+    80; a hybrid stack under context parallelism is a planner limit, compared as before."""
+    assert validate(tmp_path, system__peak_tflops_per_gpu=1979, system__peak_dtype="bf16 sparse").exit_code == 0
+    one_line_error(validate(tmp_path, system__gpu_mem_gb=94), "system.gpu_mem_gb: 94")
+    import numpy as np
+
+    from planner import JobSpec, load_model, load_system, plan
+    res = plan(load_model("llama3-8b"), load_system("h100-sxm", 8), JobSpec(global_batch=64), top_k=np.int64(2))
+    assert len(res.ranked) == 2
+
+
+def test_a_hybrid_record_under_context_parallelism_is_compared(tmp_path):
+    record = {"id": "probe_hybrid_cp", "model": {"name": "nemotron-h-8b", "seq": 8192},
+              "system": {"gpu": "H100-SXM5-80GB", "gpus": 16},
+              "parallel": {"tp": 2, "pp": 1, "cp": 2, "microbatch": 1, "global_batch": 64, "sequence_parallel": True},
+              "precision": "bf16", "measured": {"tokens_per_sec_per_gpu": 5000}}
+    path = tmp_path / "ref.yaml"
+    path.write_text(yaml.safe_dump({"records": [record]}))
+    res = runner.invoke(app, ["validate", "--reference", str(path)])
+    assert res.exit_code == 0 and "probe_hybrid_cp" in res.output, res.output

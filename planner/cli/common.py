@@ -12,6 +12,7 @@ from hardware import load_system
 from hardware.errors import SpecError, refuse_dash, shortened
 from hardware.spec import SystemSpec
 from planner.model import MAX_SEQ_LENGTH, ModelSpec, load_model
+from planner.plan import parse_recompute_modules
 
 if TYPE_CHECKING:
     from planner.plan import JobSpec
@@ -531,19 +532,12 @@ def given_knobs(options: dict) -> dict:
                 raise SpecError(f"{flag}: unknown {shortened(options[knob])!r}; allowed: "
                                 f"{', '.join(NAMED_CHOICES[knob])}")
         if knob == "recompute_modules":
-            _check_recompute_modules(str(value))
+            try:  # the plan's own check, here for the flag's name
+                parse_recompute_modules(str(value))
+            except ValueError as exc:
+                raise SpecError(f"plan: recompute_modules: {exc}") from None
         knobs[knob] = value
     return knobs
-
-
-def _check_recompute_modules(text: str) -> None:
-    """The module names of --recompute-modules, checked here to echo an unknown one cut short (the
-    plan's own check, planner.plan.parse_recompute_modules, words it the same, in full)."""
-    from planner.plan import RECOMPUTE_MODULES
-    unknown = sorted(n for n in set(text.replace(",", " ").split()) if n not in RECOMPUTE_MODULES)
-    if unknown:
-        raise SpecError(f"plan: recompute_modules: unknown {shortened(unknown[0])!r}; allowed: "
-                        f"{', '.join(RECOMPUTE_MODULES)}")
 
 
 # The ZeRO stages each non-Megatron sharded DP is costed for (planner.analytical.data_parallel):
