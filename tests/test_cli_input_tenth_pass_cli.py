@@ -212,3 +212,11 @@ def test_megatron_takes_cuda_graph_as_plan_does(tmp_path):
     one_line_error(run(["megatron", "--plan", str(saved), "--cuda-graph", "layers"]), "cuda-graph",
                    "differs from the plan file's")
     assert run(["megatron", "--plan", str(saved), "--cuda-graph", "none", "--format", "args"]).exit_code == 0
+
+
+def test_a_long_unknown_option_or_command_is_echoed_cut_short():
+    """click echoed a pasted 3,000-character option or command name whole."""
+    for args in (["plan", "--" + "t" * 3000], ["x" * 3000]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and len(res.output) < 300, len(res.output)
+        assert "..." in res.output

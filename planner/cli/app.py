@@ -12,6 +12,7 @@ import errno
 import importlib
 import json
 import os
+import re
 import sys
 
 import typer
@@ -119,7 +120,10 @@ class _LazyOneLineGroup(TyperGroup):
             code = 2
         except click.exceptions.ClickException as err:  # bad flag value, unknown option, ...
             hint = f" (see `{err.ctx.command_path} --help`)" if getattr(err, "ctx", None) else ""
-            _error(f"{err.format_message()}{hint}", as_json)
+            # click echoes an unknown option or command whole: a pasted 5 kB word is cut short
+            from hardware.errors import shortened
+            message = re.sub(r"\S{80,}", lambda word: shortened(word.group(0)), err.format_message())
+            _error(f"{message}{hint}", as_json)
             code = err.exit_code
         except (KeyboardInterrupt, Abort):
             _error("interrupted", as_json)
