@@ -18,7 +18,8 @@ the problem is a small integer program:
               bytes), overlapped with the slowest rank's microbatch window W = wf·N + wb·N + wbr·K
               (one Boolean per rank marks the rank whose time is T*), vpp·E = max(0, G − W,
               vpp·G − ((vpp−1)·pp + 1)·W) per collective (+ vpp·(m−1)·max(0, G_rs − W) under
-              ZeRO-2); dense models only
+              ZeRO-2); a MoE model's G adds the largest expert count at the expert-DP group's
+              rate difference (AddMax/MinEquality)
   objective   m·T* + (Σ_r T_r − T*)/vpp + opt·Pmax + E, T* = max_r T_r; times vpp this is
               (m·vpp − 1)·T* + b·Σ K_r + vpp·opt·Pmax + vpp·E + const — linear.
 
@@ -26,11 +27,11 @@ Coefficients a, b, h, c_r, w_r, x_r, p0_r, p1 are read from the exact model itse
 (`planner.analytical`) by costing probe ranks with 0 and 1 layer (recomputed or not), so the
 solver and the model cannot drift. They are exact where memory is affine in the counts: no
 ZeRO-3 (it gathers params/N per layer) and no offload (it keeps 2/N of a layer); those rows keep
-the default balanced split. The DP exposure is exact for dense models (up to ties for the
-slowest rank, where it takes the one exposing least); MoE models (their dense / expert-DP byte
-split follows the largest counts over ranks), FSDP2's per-layer ZeRO-2 and the hybrid stacks'
-per-block problems leave it out. Every answer is re-scored by the exact model and kept only when
-it is no worse than the default split.
+the default balanced split. The DP exposure is the exact model's (up to ties for the slowest
+rank, where it takes the one exposing least); FSDP2's per-layer ZeRO-2, a MoE model's parameter
+all-gather where elements gather different bytes (FP8 weights beside 16-bit embeddings), and the
+per-block problems (hybrid stacks, interleaved MoE) leave it out. Every answer is re-scored by
+the exact model and kept only when it is no worse than the default split.
 
 Two layer kinds (a MoE model's first D layers are dense, DeepSeek-V3: 3): they fill the first
 virtual stages in order, so stage s holds d_s = min(n_s, max(0, D − Σ_{s'<s} n_s')) of them
@@ -168,6 +169,11 @@ class StageProblem:
     g0: tuple[tuple[int, int, int], ...] = ()
     g1: tuple[int, int, int] = (0, 0, 0)
     g1_d: tuple[int, int, int] = (0, 0, 0)
+    # a MoE model's expert parameters move over the expert-DP group instead: what that changes in
+    # each collective, per rank at no layers and per layer (signed: that group may be faster)
+    e0: tuple[tuple[int, int, int], ...] = ()
+    e1: tuple[int, int, int] = (0, 0, 0)
+    e1_d: tuple[int, int, int] = (0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -218,6 +224,7 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
     compute = rank_compute_s(terms, Q)
     fwd, bwd = compute["fwd"][0], compute["bwd"][0] + compute["recompute"][0]
     grad_b, weight_b = mem["grad_reduce"][0], mem["param_gather"][0]
+    elems, expert = mem["params_elems"][0], mem["expert_params_elems"][0]
     zero, one, one_rc = slice(0, p), slice(p, 2 * p), slice(2 * p, 3 * p)
     one_d, one_d_rc = slice(3 * p, 4 * p), slice(4 * p, 5 * p)
     per_layer = lambda x, at, base=zero: x[at][0] - x[base][0]  # noqa: E731
@@ -226,7 +233,9 @@ def _probe(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan):
                "grad_bytes0": grad_b[zero], "grad_bytes1": per_layer(grad_b, one),
                "grad_bytes1_d": per_layer(grad_b, one_d),
                "weight_bytes0": weight_b[zero], "weight_bytes1": per_layer(weight_b, one),
-               "weight_bytes1_d": per_layer(weight_b, one_d)}
+               "weight_bytes1_d": per_layer(weight_b, one_d),
+               "elems0": elems[zero], "elems1": per_layer(elems, one), "elems1_d": per_layer(elems, one_d),
+               "expert0": expert[zero], "expert1": per_layer(expert, one), "expert1_d": per_layer(expert, one_d)}
     return {**windows, "paired": _paired_layer_bytes(plan, mem, [one, one_d] if lead_layers(model) else [one]),
         "a_d": times[one_d][0] - times[zero][0], "b_d": times[one_d_rc][0] - times[one_d][0],
         "w_d": hbm[one_d] - hbm[zero], "x_d": hbm[one_d_rc] - hbm[one_d],
@@ -321,43 +330,57 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
             p1_d=max(0, params_in(pr["p1_d"])))),
         **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)),
         **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}),
-        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and model.moe is None else {}))
+        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and not interleaved(model) else {}))
 
 
 def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float) -> dict:
     """StageProblem's data-parallel fields, in its time units: the slowest rank's windows per layer
-    and each collective's seconds per rank, affine in the rank's layers (its bytes are; a
-    collective's seconds are affine in its bytes, ring latency the intercept). Dense models only
-    (the caller's rule): a MoE model's bytes split between the dense and expert-DP groups by the
-    largest expert and largest parameter counts over ranks, which no per-rank affine form follows
-    (at a fixed split it mis-priced splits by up to 1.4 % of the step, both ways). Not posed
-    (dp_zero -1) for FSDP2's per-layer ZeRO-2 (not linear in the layers) or where no collective runs."""
+    and each collective's seconds, affine in the ranks' layers. As the exact model
+    (data_parallel.replica_groups) moves them: the fullest rank's bytes B_max, of which the expert
+    parameters' share E_max/P_max (largest expert and parameter counts over ranks) goes over the
+    expert-DP group, so a collective takes latency + s_dp·(B_max − b·E_max) + s_edp·b·E_max (b
+    bytes per element): the fullest rank's bytes at the dense group's rate (g) plus the largest
+    expert count at the rate difference (e). A MoE model's parameter all-gather follows that form
+    only where every element gathers the same bytes (not with FP8 weights beside 16-bit
+    embeddings): there it is not posed. Nor (dp_zero -1) for FSDP2's per-layer ZeRO-2 (not linear
+    in the layers) or where no collective runs."""
     if plan.zero_stage >= 3 or (plan.zero_stage == 2 and plan.dp_impl == "torch-fsdp2") \
             or pr["grad_bytes1"] <= 0 or pr["weight_bytes1"] <= 0:
         return {}
     P = PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model))
-    mem = memory_breakdown(model, system, job, P)
-    f_exp = data_parallel.expert_share(mem["params_elems"], mem["expert_params_elems"])
-
-    def seconds(scale: float) -> np.ndarray:  # (all-reduce, reduce-scatter, all-gather) at scale x one layer's bytes
-        groups = data_parallel.replica_groups(system, P, f_exp, scale * pr["grad_bytes1"], scale * pr["weight_bytes1"])
-        t = data_parallel.collective_totals_s(groups, P.dp_impl)
-        return np.array([float(t[k][0]) for k in ("grad_ar", "grad_rs", "param_ag")])
-    one, two = seconds(1.0), seconds(2.0)
-    slope = (two - one) / np.array([pr["grad_bytes1"], pr["grad_bytes1"], pr["weight_bytes1"]])  # s per byte
-    intercept = one - (two - one)
-    if not np.any(slope > 0):
+    # bytes per parameter element on the wire (memory.py: the same for every element's gradient)
+    grad_per_elem, weight_per_elem = pr["grad_bytes1"] / pr["elems1"], pr["weight_bytes1"] / pr["elems1"]
+    moe = model.moe is not None
+    if moe and plan.zero_stage >= 1 and not np.allclose(pr["weight_bytes0"], weight_per_elem * pr["elems0"], rtol=1e-9):
         return {}
 
-    def collective(grad_bytes: float, weight_bytes: float, fixed: bool) -> tuple[int, int, int]:
-        x = (intercept if fixed else 0.0) + slope * np.array([grad_bytes, grad_bytes, weight_bytes])
-        return tuple(max(0, round(float(y) / unit)) for y in x)
-    in_units = lambda key: max(0, round(pr[key] / unit))  # noqa: E731
+    def seconds(share: float, scale: float) -> np.ndarray:
+        """(all-reduce, reduce-scatter, all-gather) with `share` of the bytes on the expert-DP
+        group, at `scale` x one layer's bytes."""
+        groups = data_parallel.replica_groups(system, P, share, scale * pr["grad_bytes1"], scale * pr["weight_bytes1"])
+        t = data_parallel.collective_totals_s(groups, P.dp_impl)
+        return np.array([float(t[k][0]) for k in ("grad_ar", "grad_rs", "param_ag")])
+    per_byte = np.array([pr["grad_bytes1"], pr["grad_bytes1"], pr["weight_bytes1"]])
+    dense_rate = (seconds(0.0, 2.0) - seconds(0.0, 1.0)) / per_byte  # s per byte over each group
+    expert_rate = (seconds(1.0, 2.0) - seconds(1.0, 1.0)) / per_byte
+    latency = (2 * seconds(0.0, 1.0) - seconds(0.0, 2.0)) + (2 * seconds(1.0, 1.0) - seconds(1.0, 2.0) if moe else 0.0)
+    if not np.any(dense_rate > 0):
+        return {}
+    shift = (expert_rate - dense_rate) * np.array([grad_per_elem, grad_per_elem, weight_per_elem])  # s per expert element
+
+    def in_units(x) -> tuple[int, int, int]:
+        return tuple(round(float(y) / unit) for y in x)
+
+    def bytes_part(grad_bytes, weight_bytes, fixed: bool):
+        return in_units((latency if fixed else 0.0) + dense_rate * np.array([grad_bytes, grad_bytes, weight_bytes]))
+    window = lambda key: max(0, round(pr[key] / unit))  # noqa: E731
     return dict(dp_zero=plan.zero_stage, dp_hide=plan.dp_comm_overlap, time_unit_s=unit,
-                **{key: in_units(key) for key in ("wf", "wb", "wbr", "wf_d", "wb_d", "wbr_d")},
-                g0=tuple(collective(g, w, True) for g, w in zip(pr["grad_bytes0"], pr["weight_bytes0"])),
-                g1=collective(pr["grad_bytes1"], pr["weight_bytes1"], False),
-                g1_d=collective(pr["grad_bytes1_d"], pr["weight_bytes1_d"], False))
+                **{key: window(key) for key in ("wf", "wb", "wbr", "wf_d", "wb_d", "wbr_d")},
+                g0=tuple(bytes_part(g, w, True) for g, w in zip(pr["grad_bytes0"], pr["weight_bytes0"])),
+                g1=bytes_part(pr["grad_bytes1"], pr["weight_bytes1"], False),
+                g1_d=bytes_part(pr["grad_bytes1_d"], pr["weight_bytes1_d"], False),
+                **({} if not moe else dict(e0=tuple(in_units(shift * e) for e in pr["expert0"]),
+                                            e1=in_units(shift * pr["expert1"]), e1_d=in_units(shift * pr["expert1_d"]))))
 
 
 def _interleaved_fields(model: ModelSpec, pr: dict, unit: float, mib, params_in) -> dict:
@@ -554,15 +577,31 @@ def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, time
     N, D, K, DK = counts["N"], counts["D"], counts["K"], counts["DK"]
     L = problem.layers
     g_top = max(max(g) for g in problem.g0) + max(max(problem.g1), max(problem.g1_d)) * L
-    G = []
+    e_top = max((max(abs(e) for e in e0) for e0 in problem.e0), default=0) \
+        + max(map(abs, (*problem.e1, *problem.e1_d))) * L
+    G, G_vars = [], []
     for x in range(3):  # all-reduce, reduce-scatter, all-gather
         var = md.NewIntVar(0, g_top, f"G{x}")
         for r in range(p):
             md.Add(var >= problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r])
-        G.append(var)
+        G_vars.append(var)
+        if not problem.e0:
+            G.append(var)
+            continue
+        # the largest expert count at the expert-DP group's rate difference: the max of the ranks'
+        # (signed) parts where that group is slower, their min where it is faster
+        expert = md.NewIntVar(-e_top, e_top, f"GE{x}")
+        parts = [problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] for r in range(p)]
+        if _expert_shift_sign(problem, x) >= 0:
+            md.AddMaxEquality(expert, parts)
+        else:
+            md.AddMinEquality(expert, parts)
+        G_vars.append(expert)
+        G.append(var + expert)
+    g_top += e_top
     G_ar, G_rs, G_ag = G
     if not problem.dp_hide:
-        return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero], ([], [T, *G])
+        return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero], ([], [T, *G_vars])
     w_top = (max(problem.wb, problem.wb_d) + max(problem.wbr, problem.wbr_d)) * L
     Wf, Wb = md.NewIntVar(0, w_top, "Wf"), md.NewIntVar(0, w_top, "Wb")
     slowest = [md.NewBoolVar(f"slowest{r}") for r in range(p)]
@@ -573,7 +612,7 @@ def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, time
         md.Add(Wb == problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r]
                + (problem.wbr_d - problem.wbr) * DK[r]).OnlyEnforceIf(slowest[r])
     alpha = (v - 1) * p + 1
-    rest = [T, *G, Wf, Wb]
+    rest = [T, *G_vars, Wf, Wb]
 
     def overlapped(G_x, W, name):
         e = md.NewIntVar(0, v * g_top, name)
@@ -855,12 +894,20 @@ def layer_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> i
         + dp_exposure_at(problem, layers, k)
 
 
+def _expert_shift_sign(problem: StageProblem, x: int) -> int:
+    """+1 where the expert-DP group moves collective x's expert bytes slower than the dense group
+    would (then the largest expert count costs most), -1 where faster (the expert parts are all of
+    one sign: a rate difference times counts)."""
+    values = [problem.e1[x], problem.e1_d[x], *(e[x] for e in problem.e0)]
+    return -1 if any(value < 0 for value in values) else 1
+
+
 def dp_exposure_floor(problem: StageProblem) -> int:
     """A lower bound of `dp_exposure_at` over every split: 0 with the collectives overlapped (a long
     enough window hides them), else each collective at no fewer bytes than the fullest rank has
     in any split (every rank holds >= vpp layers, and the ranks hold L layers between them)."""
-    if problem.dp_zero < 0 or problem.pattern or problem.dp_hide:
-        return 0
+    if problem.dp_zero < 0 or problem.pattern or problem.dp_hide or problem.e0:
+        return 0  # (a MoE model's expert part: bounded by 0 too, not worth a tighter form)
     p, v, m, L = problem.pp, problem.vpp, problem.microbatches, problem.layers
     g1 = [min(a, b) for a, b in zip(problem.g1, problem.g1_d)] if problem.lead else list(problem.g1)
     G = [max(max(problem.g0[r][x] for r in range(p)) + g1[x] * v,
@@ -879,6 +926,10 @@ def dp_exposure_at(problem: StageProblem, layers: tuple[int, ...], k: int) -> in
     N, D, K, DK = _rank_counts(problem, layers, k)
     G = [max(problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r] for r in range(p))
          for x in range(3)]
+    if problem.e0:  # (_dp_exposure: the expert-DP group's part)
+        for x in range(3):
+            parts = [problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] for r in range(p)]
+            G[x] += max(parts) if _expert_shift_sign(problem, x) >= 0 else min(parts)
     G_ar, G_rs, G_ag = G
     if not problem.dp_hide:
         return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero]
