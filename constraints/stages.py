@@ -13,13 +13,12 @@ the problem is a small integer program:
   time        T_r = a·N_r + b·K_r + [r last]·h           (seconds per microbatch, from the model)
   memory      c_r + w_r·N_r + x_r·K_r <= HBM − reserve  (bytes, from the model, per rank)
   optimizer   P_r = p0_r + p1·N_r <= Pmax   (optimizer-state elements; the step waits for the largest)
-  DP exposed  E = the DP collectives the step leaves exposed (data_parallel.dp_comm_exposed_s):
-              each collective's seconds G_x >= g0_r + g1·N_r at every rank (the fullest rank's
-              bytes), overlapped with the slowest rank's microbatch window W = wf·N + wb·N + wbr·K
-              (one Boolean per rank marks the rank whose time is T*), vpp·E = max(0, G − W,
-              vpp·G − ((vpp−1)·pp + 1)·W) per collective (+ vpp·(m−1)·max(0, G_rs − W) under
-              ZeRO-2); a MoE model's G adds the largest expert count at the expert-DP group's
-              rate difference (AddMax/MinEquality)
+  DP exposed  E = max_r E_r, the DP collectives the step leaves exposed
+              (data_parallel.dp_comm_exposed_s): each rank's collectives G_r = g0_r + g1·N_r (its
+              own bytes; a MoE model's expert bytes at the expert-DP group's rate, e0_r + e1·N_r)
+              overlapped with its own microbatch window W_r = wf·N_r or wb·N_r + wbr·K_r,
+              vpp·E_r = max(0, G_r − W_r, vpp·G_r − ((vpp−1)·pp + 1)·W_r) per collective
+              (+ vpp·(m−1)·max(0, G_rs,r − W_r) under ZeRO-2)
   objective   m·T* + (Σ_r T_r − T*)/vpp + opt·Pmax + E, T* = max_r T_r; times vpp this is
               (m·vpp − 1)·T* + b·Σ K_r + vpp·opt·Pmax + vpp·E + const — linear.
 
@@ -27,8 +26,8 @@ Coefficients a, b, h, c_r, w_r, x_r, p0_r, p1 are read from the exact model itse
 (`planner.analytical`) by costing probe ranks with 0 and 1 layer (recomputed or not), so the
 solver and the model cannot drift. They are exact where memory is affine in the counts: no
 ZeRO-3 (it gathers params/N per layer) and no offload (it keeps 2/N of a layer); those rows keep
-the default balanced split. The DP exposure is the exact model's (up to ties for the slowest
-rank, where it takes the one exposing least); FSDP2's per-layer ZeRO-2, a MoE model's parameter
+the default balanced split. The DP exposure is the exact model's (but for the expert-DP group's
+ring latency on a rank without MoE layers, a few µs); FSDP2's per-layer ZeRO-2, a MoE model's parameter
 all-gather where elements gather different bytes (FP8 weights beside 16-bit embeddings), and the
 per-block problems (hybrid stacks, interleaved MoE) leave it out. Every answer is re-scored by
 the exact model and kept only when it is no worse than the default split.
@@ -153,7 +152,7 @@ class StageProblem:
     w_k: tuple[tuple[int, ...], ...] = ()   # per rank, per kind: memory per held block
     x_k: tuple[tuple[int, ...], ...] = ()   # per rank, per kind: memory change per recomputed block
     p1_k: tuple[int, ...] = ()              # optimizer-state elements per held block
-    # The data-parallel collectives the slowest rank's microbatch leaves exposed (layer problems;
+    # The data-parallel collectives each rank's microbatch leaves exposed (layer problems;
     # dp_zero -1: none, or not posed). Windows per layer (a leading dense layer's twin _d):
     # forward, backward, and what a recomputed layer adds to the backward; collective seconds
     # (all-reduce, reduce-scatter, all-gather) per rank at no layers (g0) and per layer (g1).
@@ -334,13 +333,12 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
 
 
 def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float) -> dict:
-    """StageProblem's data-parallel fields, in its time units: the slowest rank's windows per layer
-    and each collective's seconds, affine in the ranks' layers. As the exact model
-    (data_parallel.replica_groups) moves them: the fullest rank's bytes B_max, of which the expert
-    parameters' share E_max/P_max (largest expert and parameter counts over ranks) goes over the
-    expert-DP group, so a collective takes latency + s_dp·(B_max − b·E_max) + s_edp·b·E_max (b
-    bytes per element): the fullest rank's bytes at the dense group's rate (g) plus the largest
-    expert count at the rate difference (e). A MoE model's parameter all-gather follows that form
+    """StageProblem's data-parallel fields, in its time units: a rank's windows per layer and each
+    collective's seconds, affine in the rank's layers. As the exact model
+    (data_parallel.replica_groups) moves them: a rank's bytes B_r, of which its expert parameters'
+    share E_r/P_r goes over the expert-DP group, so a collective takes latency
+    + s_dp·(B_r − b·E_r) + s_edp·b·E_r (b bytes per element): the rank's bytes at the dense group's
+    rate (g) plus its expert count at the rate difference (e). A MoE model's parameter all-gather follows that form
     only where every element gathers the same bytes (not with FP8 weights beside 16-bit
     embeddings): there it is not posed. Nor (dp_zero -1) for FSDP2's per-layer ZeRO-2 (not linear
     in the layers) or where no collective runs."""
@@ -492,12 +490,9 @@ def _solve_cpsat(problem: StageProblem, time_limit_s: float, k_value: int | None
     if fixed_search:
         md.AddDecisionStrategy(n, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
         if dp_vars is not None:
-            # then which rank is the slowest (propagation leaves one choice true) and the
-            # exposure's variables at their least: left to the default order, the fixed search
-            # stepped through their wide domains (a 21-split problem ran out its wall clock)
-            slowest, rest = dp_vars
-            md.AddDecisionStrategy(slowest, cp_model.CHOOSE_FIRST, cp_model.SELECT_MAX_VALUE)
-            md.AddDecisionStrategy(rest, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
+            # then the exposure's variables at their least: left to the default order, the fixed
+            # search stepped through their wide domains (a 21-split problem ran out its wall clock)
+            md.AddDecisionStrategy(dp_vars[1], cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
     if hint is not None:
         for x, value in zip(n, hint[0]):
             md.AddHint(x, value)
@@ -566,69 +561,52 @@ def _layer_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list,
     return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1, p1_d) * L, counts
 
 
-def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, times: list, T) -> cp_model.LinearExpr:
+def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, times: list, T) -> tuple:
     """vpp x the DP communication the step leaves exposed (the objective's scale), as the exact
-    model costs it (planner.analytical.data_parallel.dp_comm_exposed_s): each collective at the
-    rank with the most bytes (G_x >= every rank's, minimised: their max), overlapped with the
-    SLOWEST rank's microbatch window W (a Boolean per rank picks it: T = its time), where
-    vpp·exposed = max(0, G − W, vpp·G − ((vpp−1)·pp + 1)·W) (time.overlapped_collective_s), and
-    Megatron's ZeRO-2 adds (m−1)·max(0, G_rs − W_bwd) for every other microbatch's reduce-scatter."""
+    model costs it (planner.analytical.data_parallel.dp_comm_exposed_s): every rank's collectives
+    G_r (its own bytes) overlapped with its own microbatch window W_r, vpp·E_r = max(0, G_r − W_r,
+    vpp·G_r − ((vpp−1)·pp + 1)·W_r) (time.overlapped_collective_s), Megatron's ZeRO-2 adding
+    vpp·(m−1)·max(0, G_rs,r − W_r) for every other microbatch's reduce-scatter; the step waits for
+    the largest (E >= every E_r, minimised: their max). Returns (the term, decision variables)."""
     p, v, m = problem.pp, problem.vpp, problem.microbatches
     N, D, K, DK = counts["N"], counts["D"], counts["K"], counts["DK"]
     L = problem.layers
-    g_top = max(max(g) for g in problem.g0) + max(max(problem.g1), max(problem.g1_d)) * L
     e_top = max((max(abs(e) for e in e0) for e0 in problem.e0), default=0) \
         + max(map(abs, (*problem.e1, *problem.e1_d))) * L
-    G, G_vars = [], []
-    for x in range(3):  # all-reduce, reduce-scatter, all-gather
-        var = md.NewIntVar(0, g_top, f"G{x}")
-        for r in range(p):
-            md.Add(var >= problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r])
-        G_vars.append(var)
-        if not problem.e0:
-            G.append(var)
-            continue
-        # the largest expert count at the expert-DP group's rate difference: the max of the ranks'
-        # (signed) parts where that group is slower, their min where it is faster
-        expert = md.NewIntVar(-e_top, e_top, f"GE{x}")
-        parts = [problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] for r in range(p)]
-        if _expert_shift_sign(problem, x) >= 0:
-            md.AddMaxEquality(expert, parts)
-        else:
-            md.AddMinEquality(expert, parts)
-        G_vars.append(expert)
-        G.append(var + expert)
-    g_top += e_top
-    G_ar, G_rs, G_ag = G
-    if not problem.dp_hide:
-        return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero], ([], [T, *G_vars])
-    w_top = (max(problem.wb, problem.wb_d) + max(problem.wbr, problem.wbr_d)) * L
-    Wf, Wb = md.NewIntVar(0, w_top, "Wf"), md.NewIntVar(0, w_top, "Wb")
-    slowest = [md.NewBoolVar(f"slowest{r}") for r in range(p)]
-    md.AddExactlyOne(slowest)
-    for r in range(p):
-        md.Add(T == times[r] + (problem.h if r == p - 1 else 0)).OnlyEnforceIf(slowest[r])
-        md.Add(Wf == problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]).OnlyEnforceIf(slowest[r])
-        md.Add(Wb == problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r]
-               + (problem.wbr_d - problem.wbr) * DK[r]).OnlyEnforceIf(slowest[r])
+    g_top = max(max(g) for g in problem.g0) + max(max(problem.g1), max(problem.g1_d)) * L + e_top
     alpha = (v - 1) * p + 1
-    rest = [T, *G_vars, Wf, Wb]
+    E = md.NewIntVar(0, v * (m + 2) * g_top, "E")
+    parts = []
 
-    def overlapped(G_x, W, name):
-        e = md.NewIntVar(0, v * g_top, name)
-        md.Add(e >= G_x - W)
-        md.Add(e >= v * G_x - alpha * W)
-        rest.append(e)
-        return e
-    if problem.dp_zero == 0:
-        return overlapped(G_ar, Wb, "E_ar"), (slowest, rest)
-    out = overlapped(G_rs, Wb, "E_rs") + overlapped(G_ag, Wf, "E_ag")
-    if problem.dp_zero == 2:  # every other microbatch's reduce-scatter, each behind its backward
-        each = md.NewIntVar(0, g_top, "E_rs_each")
-        md.Add(each >= G_rs - Wb)
-        rest.append(each)
-        out = out + v * (m - 1) * each
-    return out, (slowest, rest)
+    def exceeding(value, name: str, top: int):
+        """A variable >= max(0, value) (minimised, so equal to it)."""
+        out = md.NewIntVar(0, top, name)
+        md.Add(out >= value)
+        parts.append(out)
+        return out
+    for r in range(p):
+        G = [problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r]
+             + (problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] if problem.e0 else 0)
+             for x in range(3)]
+        G_ar, G_rs, G_ag = G
+        if not problem.dp_hide:
+            md.Add(E >= v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero])
+            continue
+        Wf = problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]
+        Wb = problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r] + (problem.wbr_d - problem.wbr) * DK[r]
+
+        def overlapped(G_x, W, name):
+            e = exceeding(G_x - W, name, v * g_top)
+            md.Add(e >= v * G_x - alpha * W)
+            return e
+        if problem.dp_zero == 0:
+            md.Add(E >= overlapped(G_ar, Wb, f"E_ar{r}"))
+            continue
+        rank = overlapped(G_rs, Wb, f"E_rs{r}") + overlapped(G_ag, Wf, f"E_ag{r}")
+        if problem.dp_zero == 2:  # every other microbatch's reduce-scatter, each behind its backward
+            rank = rank + v * (m - 1) * exceeding(G_rs - Wb, f"E_rs_each{r}", g_top)
+        md.Add(E >= rank)
+    return E, ([], [E, *parts])
 
 
 def _bounds(layers: tuple[int, ...]) -> list[int]:
@@ -894,14 +872,6 @@ def layer_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> i
         + dp_exposure_at(problem, layers, k)
 
 
-def _expert_shift_sign(problem: StageProblem, x: int) -> int:
-    """+1 where the expert-DP group moves collective x's expert bytes slower than the dense group
-    would (then the largest expert count costs most), -1 where faster (the expert parts are all of
-    one sign: a rate difference times counts)."""
-    values = [problem.e1[x], problem.e1_d[x], *(e[x] for e in problem.e0)]
-    return -1 if any(value < 0 for value in values) else 1
-
-
 def dp_exposure_floor(problem: StageProblem) -> int:
     """A lower bound of `dp_exposure_at` over every split: 0 with the collectives overlapped (a long
     enough window hides them), else each collective at no fewer bytes than the fullest rank has
@@ -918,30 +888,23 @@ def dp_exposure_floor(problem: StageProblem) -> int:
 
 def dp_exposure_at(problem: StageProblem, layers: tuple[int, ...], k: int) -> int:
     """`_dp_exposure` at a split and recompute count (vpp x seconds, in the problem's units); 0
-    where the problem poses none. Where ranks tie for the slowest, the one that exposes least (the
-    solver's choice; the exact model re-scores either way)."""
+    where the problem poses none."""
     if problem.dp_zero < 0 or problem.pattern:
         return 0
     p, v, m = problem.pp, problem.vpp, problem.microbatches
     N, D, K, DK = _rank_counts(problem, layers, k)
-    G = [max(problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r] for r in range(p))
-         for x in range(3)]
-    if problem.e0:  # (_dp_exposure: the expert-DP group's part)
-        for x in range(3):
-            parts = [problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] for r in range(p)]
-            G[x] += max(parts) if _expert_shift_sign(problem, x) >= 0 else min(parts)
-    G_ar, G_rs, G_ag = G
-    if not problem.dp_hide:
-        return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero]
-    a_d, b_d = (problem.a_d, problem.b_d) if problem.lead else (problem.a, problem.b)
-    times = [problem.a * N[r] + (a_d - problem.a) * D[r] + problem.b * K[r] + (b_d - problem.b) * DK[r]
-             + (problem.h if r == p - 1 else 0) for r in range(p)]
     alpha = (v - 1) * p + 1
 
     def overlapped(G_x, W):
         return max(0, G_x - W, v * G_x - alpha * W)
 
     def at_rank(r):
+        G_ar, G_rs, G_ag = (
+            problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r]
+            + (problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] if problem.e0 else 0)
+            for x in range(3))
+        if not problem.dp_hide:
+            return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero]
         Wf = problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]
         Wb = problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r] \
             + (problem.wbr_d - problem.wbr) * DK[r]
@@ -949,7 +912,7 @@ def dp_exposure_at(problem: StageProblem, layers: tuple[int, ...], k: int) -> in
             return overlapped(G_ar, Wb)
         out = overlapped(G_rs, Wb) + overlapped(G_ag, Wf)
         return out + (v * (m - 1) * max(0, G_rs - Wb) if problem.dp_zero == 2 else 0)
-    return min(at_rank(r) for r in range(p) if times[r] == max(times))
+    return max(at_rank(r) for r in range(p))
 
 
 def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:

@@ -12,7 +12,7 @@ from hardware.spec import SystemSpec
 from planner.analytical import flops, layer_kinds, precision
 from planner.analytical.kernels import per_op_checkpointing
 from planner.analytical.layer_kinds import dense_layer_spec, lead_layer_model, lead_layers
-from planner.analytical.memory import memory_breakdown
+from planner.analytical.memory import RANK_DP_PREFIX, memory_breakdown
 from planner.analytical.plans import (PlanArrays, has_layout, module_selected, sequence_parallel_on,
                                      sum_over_ranks, with_every_rank)
 from planner.analytical.time import OP_SAC_ATTENTION_PROJ_RERUN, op_sac_mlp_rerun, step_time
@@ -165,7 +165,7 @@ def estimate_many(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArr
             model, P.recompute_modules, attn_exec), 0.0)
     hw_flops = tokens * (executed + extra)
     step = times["step_time_s"]
-    out = {**times, **mem}
+    out = {**times, **{k: v for k, v in mem.items() if not k.startswith(RANK_DP_PREFIX)}}
     out.update({
         "model_flops": model_flops, "hardware_flops": hw_flops,
         "mfu": model_flops / (step * gpus * peak), "hfu": hw_flops / (step * gpus * peak),

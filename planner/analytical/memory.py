@@ -485,6 +485,9 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
             "param_gather": full((blocks + expert) * block_wb + vocab * bpp.weights)}
 
 
+RANK_DP_PREFIX = "rank_dp_"
+
+
 def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> dict[str, np.ndarray]:
     """Bytes per GPU of the plan's fullest pipeline rank: HBM by category, offload-tier use by
     category, and the HBM budget. Every representative rank is costed ((n, R) arrays) and the
@@ -515,4 +518,7 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
         # with the most parameters
         "grad_reduce_bytes": np.max(r["grad_reduce"], axis=1),
         "param_gather_bytes": np.max(r["param_gather"], axis=1),
+        # per representative rank ((n, R), step_time's DP collectives: each rank reduces its own
+        # parameters behind its own backward); estimate_many keeps them out of its results
+        **{f"{RANK_DP_PREFIX}{k}": r[k] for k in ("grad_reduce", "param_gather", "params_elems", "expert_params_elems")},
     }

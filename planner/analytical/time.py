@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import sys
 
+import types
+
 import numpy as np
 
 from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, memory, named, precision
-from planner.analytical.memory import at_rank
+from planner.analytical.memory import RANK_DP_PREFIX, at_rank
 from planner.analytical.offload import activation_offload_exposed_s
 from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, sum_over_ranks, with_every_rank
 from planner.model import ModelSpec
@@ -886,7 +888,6 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
         return at_rank(_col(x), slow, rank_time.shape)
     n_slow, k_slow, last_slow = at(n_r), at(k_r), at(last_r)
     d_slow, dk_slow = at(P.rank_lead_layers), at(P.rank_lead_recompute)  # leading dense layers
-    layers_per_stage = n_slow
 
     def on_slow(per_layer, recomputed=None):
         # Σ over the slowest rank's layers (+ its recomputed layers), each kind at its own cost
@@ -925,22 +926,36 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # --- data parallel (planner/analytical/data_parallel.py): dense parameters over the dp·cp
     # replicas (stride tp); expert parameters over expert-DP = tp·dp·cp/(etp·ep) (stride etp·ep,
     # Megatron MoE parallel folding).
+    # Every pipeline rank reduces (and gathers) its own parameters behind its own microbatches'
+    # compute (Megatron's DDP buckets per model chunk), so each representative rank's exposure is
+    # costed from its own bytes and its own windows, and the step waits for the largest. (Pairing
+    # the fullest rank's bytes with the slowest rank's window, as before 2026-11-28, let an
+    # uneven split "hide" one rank's collectives behind another rank's longer backward.)
     bpp = job.bytes_per_param
-    dense = mem["params_elems"]
-    groups = data_parallel.replica_groups(system, P, data_parallel.expert_share(dense, mem["expert_params_elems"]),
-                                          mem["grad_reduce_bytes"], mem["param_gather_bytes"])
-    # one microbatch's forward / backward (with its recompute) on a stage: the overlap windows
-    mb_fwd, mb_bwd = stage_fwd, stage_bwd + recompute_compute
+    dense = mem["params_elems"]  # the fullest rank's parameters (offload streams them)
+    col = types.SimpleNamespace(**{k: _col(getattr(P, k)) for k in ("tp", "cp", "dp", "etp", "ep")})
+    rank = lambda key: mem[f"{RANK_DP_PREFIX}{key}"]  # noqa: E731
+    groups = data_parallel.replica_groups(
+        system, col, data_parallel.expert_share(rank("params_elems"), rank("expert_params_elems")),
+        rank("grad_reduce"), rank("param_gather"))
+    # one microbatch's forward / backward (with its recompute) on each rank: the overlap windows
+    mb_fwd, mb_bwd = compute["fwd"], compute["bwd"] + compute["recompute"]
     # ZeRO-3's per-layer prefetch also hides behind the layer's tensor/context/expert-parallel
     # communication when that stays inside the NVLink domain and the DP groups (both span
     # tp·dp·cp ranks) leave it: the gathers then run on the NICs, on other links.
     domain = system.nvlink_domain_gpus
-    other_links = (t * dp * c > domain) & (t * c <= domain) & (P.etp * P.ep <= domain)
-    mp_fwd = on_slow(lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"])
-    mp_bwd = stage_tp + stage_cpep - mp_fwd
-    dp_comm = data_parallel.dp_comm_exposed_s(
-        groups, P.zero_stage, P.dp_impl, m, mb_fwd, mb_bwd, p, v, layers_per_stage, P.dp_comm_overlap > 0,
-        overlapped_collective_s, np.where(other_links, mp_fwd, 0.0), np.where(other_links, mp_bwd, 0.0))
+    other_links = _col((t * dp * c > domain) & (t * c <= domain) & (P.etp * P.ep <= domain))
+    on_rank = lambda per, recomputed: layers_sum(terms, per, P.rank_layers, P.rank_lead_layers) \
+        + layers_sum(terms, recomputed, P.rank_recompute, P.rank_lead_recompute)  # noqa: E731
+    mp_fwd = layers_sum(terms, lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"], P.rank_layers, P.rank_lead_layers)
+    mp_all = on_rank(lambda x: x["tp_fwd"] + x["tp_bwd"] + x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"],
+                     lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"])
+    if excess is not None:
+        mp_all = mp_all + excess["ep_fwd"] + excess["ep_bwd"] + excess["rc_ep_fwd"]
+    dp_comm = np.max(data_parallel.dp_comm_exposed_s(
+        groups, _col(P.zero_stage), _col(P.dp_impl), _col(m), mb_fwd, mb_bwd, _col(p), _col(v), P.rank_layers,
+        _col(P.dp_comm_overlap > 0), overlapped_collective_s, np.where(other_links, mp_fwd, 0.0),
+        np.where(other_links, mp_all - mp_fwd, 0.0)), axis=1)
 
     # --- optimizer step, memory-bound on HBM; the offloaded share runs where its state lives.
     opt_elems = mem["opt_elems"]
