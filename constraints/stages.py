@@ -28,8 +28,8 @@ solver and the model cannot drift. They are exact where memory is affine in the 
 ZeRO-3 (it gathers params/N per layer) and no offload (it keeps 2/N of a layer); those rows keep
 the default balanced split. The DP exposure is the exact model's (but for the expert-DP group's
 ring latency on a rank without MoE layers, a few µs); FSDP2's per-layer ZeRO-2, a MoE model's parameter
-all-gather where elements gather different bytes (FP8 weights beside 16-bit embeddings), and the
-per-block problems (hybrid stacks, interleaved MoE) leave it out. Every answer is re-scored by
+all-gather where elements gather different bytes (FP8 weights beside 16-bit embeddings), and
+the hybrid stacks' per-block problems leave it out (an interleaved MoE model's has it, per kind). Every answer is re-scored by
 the exact model and kept only when it is no worse than the default split.
 
 Two layer kinds (a MoE model's first D layers are dense, DeepSeek-V3: 3): they fill the first
@@ -173,6 +173,12 @@ class StageProblem:
     e0: tuple[tuple[int, int, int], ...] = ()
     e1: tuple[int, int, int] = (0, 0, 0)
     e1_d: tuple[int, int, int] = (0, 0, 0)
+    # a per-block problem's (kinds as `kinds`): windows and collective seconds per held block
+    wf_k: tuple[int, ...] = ()
+    wb_k: tuple[int, ...] = ()
+    wbr_k: tuple[int, ...] = ()
+    g1_k: tuple[tuple[int, int, int], ...] = ()
+    e1_k: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -329,7 +335,21 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
             p1_d=max(0, params_in(pr["p1_d"])))),
         **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)),
         **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}),
-        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and not interleaved(model) else {}))
+        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and not interleaved(model) else
+           _interleaved_dp_fields(_dp_fields(model, system, job, plan, pr, unit)) if blocks is None else {}))
+
+
+def _interleaved_dp_fields(fields: dict) -> dict:
+    """A MoE model with interleaved dense layers: `_dp_fields`' dense-layer (_d) and MoE-layer
+    coefficients as the per-block problem's kinds D and E."""
+    if not fields:
+        return {}
+    pair = lambda key: (fields[f"{key}_d"], fields[key])  # noqa: E731
+    out = {k: v for k, v in fields.items() if k in ("dp_zero", "dp_hide", "time_unit_s", "g0", "e0")}
+    out.update(wf_k=pair("wf"), wb_k=pair("wb"), wbr_k=pair("wbr"), g1_k=pair("g1"))
+    if fields.get("e0"):
+        out["e1_k"] = pair("e1")
+    return out
 
 
 def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float) -> dict:
@@ -472,21 +492,24 @@ def _solve_cpsat(problem: StageProblem, time_limit_s: float, k_value: int | None
         loads = _block_loads(md, problem, n, ks, near, window)
     else:
         loads = _layer_loads(md, problem, n, ks, k)
-    times, memory, params, recompute_sum, horizon, params_max, counts = loads
+    times, memory, params, recompute_sum, horizon, params_max, rank_terms = loads
     T = md.NewIntVar(0, horizon, "T")
     pmax = md.NewIntVar(0, params_max, "Pmax")
     for r in range(p):
         md.Add(T >= times[r] + (problem.h if r == p - 1 else 0))
         md.Add(memory[r] <= problem.capacity)
         md.Add(pmax >= params[r])
-    exposed, dp_vars = _dp_exposure(md, problem, counts, times, T) if problem.dp_zero >= 0 and counts else (0, None)
+    exposed, dp_vars = _dp_exposure(md, problem, rank_terms, times, T) if rank_terms else (0, None)
     md.Minimize((problem.microbatches * v - 1) * T + recompute_sum + problem.opt * pmax + exposed)
     # Few splits (C(L−1, S−1) compositions): branch on the layer counts, after which everything
     # else follows by propagation, so the search tree is at most the splits themselves. CP-SAT's
     # automatic search (one worker) branched on the wide time and parameter bounds instead and,
     # for some coefficient values, did not prove a 7-layer, 3-stage problem (15 splits) in 10 s;
     # on large problems (126 layers over 64 stages) the automatic search is the fast one.
-    fixed_search = few_splits(problem)
+    # (a per-block problem with the DP exposure: the fixed search left CP-SAT stepping through the
+    # exposure's wide domains after the layer counts, 30 s on a 21-split problem; the automatic
+    # search proves those in milliseconds)
+    fixed_search = few_splits(problem) and not (problem.pattern and dp_vars is not None)
     if fixed_search:
         md.AddDecisionStrategy(n, cp_model.CHOOSE_FIRST, cp_model.SELECT_MIN_VALUE)
         if dp_vars is not None:
@@ -557,11 +580,41 @@ def _layer_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list,
     # Σ_r T_r: the recompute part varies with the split (the layer part is a constant)
     recompute_sum = problem.b * sum(K) + (b_d - problem.b) * sum(DKr)
     horizon = (max(problem.a, a_d) + max(problem.b, b_d)) * L + problem.h
-    counts = {"N": N, "D": Dr, "K": K, "DK": DKr}
-    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1, p1_d) * L, counts
+    rank_terms = _layer_rank_dp_terms(problem, N, Dr, K, DKr) if problem.dp_zero >= 0 else None
+    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1, p1_d) * L, rank_terms
 
 
-def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, times: list, T) -> tuple:
+def _layer_rank_dp_terms(problem: StageProblem, N, D, K, DK) -> list[tuple]:
+    """Per rank of a layer problem: (its three collectives' seconds, its forward window, its
+    backward window), from its layer counts (CP-SAT expressions or plain numbers alike)."""
+    out = []
+    for r in range(problem.pp):
+        G = [problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r]
+             + (problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] if problem.e0 else 0)
+             for x in range(3)]
+        Wf = problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]
+        Wb = problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r] \
+            + (problem.wbr_d - problem.wbr) * DK[r]
+        out.append((G, Wf, Wb))
+    return out
+
+
+def _block_rank_dp_terms(problem: StageProblem, held, recomputed) -> list[tuple]:
+    """`_layer_rank_dp_terms` of a per-block problem, from each rank's held and recomputed blocks
+    of each kind."""
+    kinds = range(len(problem.kinds))
+    out = []
+    for r in range(problem.pp):
+        G = [problem.g0[r][x] + sum(problem.g1_k[j][x] * held[r][j] for j in kinds)
+             + (problem.e0[r][x] + sum(problem.e1_k[j][x] * held[r][j] for j in kinds) if problem.e0 else 0)
+             for x in range(3)]
+        Wf = sum(problem.wf_k[j] * held[r][j] for j in kinds)
+        Wb = sum(problem.wb_k[j] * held[r][j] + problem.wbr_k[j] * recomputed[r][j] for j in kinds)
+        out.append((G, Wf, Wb))
+    return out
+
+
+def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, rank_terms: list, times: list, T) -> tuple:
     """vpp x the DP communication the step leaves exposed (the objective's scale), as the exact
     model costs it (planner.analytical.data_parallel.dp_comm_exposed_s): every rank's collectives
     G_r (its own bytes) overlapped with its own microbatch window W_r, vpp·E_r = max(0, G_r − W_r,
@@ -569,11 +622,11 @@ def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, time
     vpp·(m−1)·max(0, G_rs,r − W_r) for every other microbatch's reduce-scatter; the step waits for
     the largest (E >= every E_r, minimised: their max). Returns (the term, decision variables)."""
     p, v, m = problem.pp, problem.vpp, problem.microbatches
-    N, D, K, DK = counts["N"], counts["D"], counts["K"], counts["DK"]
     L = problem.layers
-    e_top = max((max(abs(e) for e in e0) for e0 in problem.e0), default=0) \
-        + max(map(abs, (*problem.e1, *problem.e1_d))) * L
-    g_top = max(max(g) for g in problem.g0) + max(max(problem.g1), max(problem.g1_d)) * L + e_top
+    per_layer_g = (*problem.g1, *problem.g1_d, *(g for gk in problem.g1_k for g in gk))
+    per_layer_e = (*problem.e1, *problem.e1_d, *(e for ek in problem.e1_k for e in ek))
+    e_top = max((max(abs(e) for e in e0) for e0 in problem.e0), default=0) + max(map(abs, per_layer_e)) * L
+    g_top = max(max(g) for g in problem.g0) + max(per_layer_g) * L + e_top
     alpha = (v - 1) * p + 1
     E = md.NewIntVar(0, v * (m + 2) * g_top, "E")
     parts = []
@@ -584,16 +637,11 @@ def _dp_exposure(md: cp_model.CpModel, problem: StageProblem, counts: dict, time
         md.Add(out >= value)
         parts.append(out)
         return out
-    for r in range(p):
-        G = [problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r]
-             + (problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] if problem.e0 else 0)
-             for x in range(3)]
+    for r, (G, Wf, Wb) in enumerate(rank_terms):
         G_ar, G_rs, G_ag = G
         if not problem.dp_hide:
             md.Add(E >= v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero])
             continue
-        Wf = problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]
-        Wb = problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r] + (problem.wbr_d - problem.wbr) * DK[r]
 
         def overlapped(G_x, W, name):
             e = exceeding(G_x - W, name, v * g_top)
@@ -663,7 +711,8 @@ def _block_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list,
     params = [problem.p0[r] + sum(problem.p1_k[j] * held[r][j] for j in kinds) for r in range(p)]
     recompute_sum = sum(problem.b_k[j] * recomputed[r][j] for r in range(p) for j in kinds)
     horizon = (max(problem.a_k) + max(problem.b_k)) * L + problem.h
-    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1_k) * L, None
+    rank_terms = _block_rank_dp_terms(problem, held, recomputed) if problem.dp_zero >= 0 and problem.g1_k else None
+    return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1_k) * L, rank_terms
 
 
 def solve_over_k(problem: StageProblem, budget_s: float = TIME_LIMIT_S) -> StageSolution:
@@ -734,7 +783,9 @@ def few_splits(problem: StageProblem) -> bool:
 def mean_block_twin(problem: StageProblem) -> StageProblem:
     """A hybrid stack's per-block problem with every layer the pattern's mean block (its probed
     one); an interleaved MoE model's, every layer the mean of its dense and MoE layers."""
-    twin = replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=())
+    # (without the DP exposure: the twin only places the window the per-block problem searches)
+    twin = replace(problem, pattern="", kinds=(), a_k=(), b_k=(), w_k=(), x_k=(), p1_k=(), dp_zero=-1,
+                   wf_k=(), wb_k=(), wbr_k=(), g1_k=(), e1_k=())
     if not problem.lead:
         return twin
     share = [problem.pattern.count(kind) / problem.layers for kind in problem.kinds]
@@ -889,30 +940,44 @@ def dp_exposure_floor(problem: StageProblem) -> int:
 def dp_exposure_at(problem: StageProblem, layers: tuple[int, ...], k: int) -> int:
     """`_dp_exposure` at a split and recompute count (vpp x seconds, in the problem's units); 0
     where the problem poses none."""
-    if problem.dp_zero < 0 or problem.pattern:
+    if problem.dp_zero < 0 or (problem.pattern and not problem.g1_k):
         return 0
     p, v, m = problem.pp, problem.vpp, problem.microbatches
-    N, D, K, DK = _rank_counts(problem, layers, k)
+    if problem.pattern:
+        held, recomputed = _rank_blocks(problem, layers, k)
+        rank_terms = _block_rank_dp_terms(problem, held, recomputed)
+    else:
+        rank_terms = _layer_rank_dp_terms(problem, *_rank_counts(problem, layers, k))
     alpha = (v - 1) * p + 1
 
     def overlapped(G_x, W):
         return max(0, G_x - W, v * G_x - alpha * W)
 
-    def at_rank(r):
-        G_ar, G_rs, G_ag = (
-            problem.g0[r][x] + problem.g1[x] * N[r] + (problem.g1_d[x] - problem.g1[x]) * D[r]
-            + (problem.e0[r][x] + problem.e1[x] * N[r] + (problem.e1_d[x] - problem.e1[x]) * D[r] if problem.e0 else 0)
-            for x in range(3))
+    def exposed(G, Wf, Wb):
+        G_ar, G_rs, G_ag = G
         if not problem.dp_hide:
             return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero]
-        Wf = problem.wf * N[r] + (problem.wf_d - problem.wf) * D[r]
-        Wb = problem.wb * N[r] + (problem.wb_d - problem.wb) * D[r] + problem.wbr * K[r] \
-            + (problem.wbr_d - problem.wbr) * DK[r]
         if problem.dp_zero == 0:
             return overlapped(G_ar, Wb)
         out = overlapped(G_rs, Wb) + overlapped(G_ag, Wf)
         return out + (v * (m - 1) * max(0, G_rs - Wb) if problem.dp_zero == 2 else 0)
-    return max(at_rank(r) for r in range(p))
+    return max(exposed(*terms) for terms in rank_terms)
+
+
+def _rank_blocks(problem: StageProblem, layers: tuple[int, ...], k: int) -> tuple[list, list]:
+    """Per rank and block kind of a per-block problem's split: blocks held, blocks recomputed (a
+    stage's first k)."""
+    p, kinds = problem.pp, len(problem.kinds)
+    held, recomputed = [[0] * kinds for _ in range(p)], [[0] * kinds for _ in range(p)]
+    at = 0
+    for s, n in enumerate(layers):
+        for i, block in enumerate(problem.pattern[at:at + n]):
+            j = problem.kinds.index(block)
+            held[s % p][j] += 1
+            if problem.recompute and i < k:
+                recomputed[s % p][j] += 1
+        at += n
+    return held, recomputed
 
 
 def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:
@@ -936,7 +1001,8 @@ def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> i
     if max(memory) > problem.capacity:
         return None
     slowest = max(times[r] + (problem.h if r == p - 1 else 0) for r in range(p))
-    return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * max(params)
+    return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * max(params) \
+        + dp_exposure_at(problem, layers, k)
 
 
 def _spread_over_chunks(layers: tuple[int, ...], p: int, v: int, lead: int) -> tuple[int, ...]:
