@@ -176,11 +176,17 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     totals = collective_totals_s(groups, dp_impl)
     grad_ar, grad_rs, param_ag = totals["grad_ar"], totals["grad_rs"], totals["param_ag"]
     rs3, ag3, lat3 = totals["rs3"], totals["ag3"], totals["lat3"]
-    z0 = np.where(hide, overlapped(grad_ar, mb_bwd, p, v), grad_ar)
-    z1 = np.where(hide, overlapped(grad_rs, mb_bwd, p, v) + overlapped(param_ag, mb_fwd, p, v), grad_rs + param_ag)
-    z2 = zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped)
-    z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention)
-    z2 = np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"],
-                  fsdp_zero2_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention),
-                  z2)
+    # each stage's form only where some row uses it (every form is costed per rank: the search
+    # calls this on hundreds of thousands of rows)
+    none = 0.0
+    z0 = np.where(hide, overlapped(grad_ar, mb_bwd, p, v), grad_ar) if np.any(z == 0) else none
+    z1 = np.where(hide, overlapped(grad_rs, mb_bwd, p, v) + overlapped(param_ag, mb_fwd, p, v),
+                  grad_rs + param_ag) if np.any(z == 1) else none
+    z2 = zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped) if np.any(z == 2) else none
+    z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention) \
+        if np.any(z == 3) else none
+    fsdp2 = (dp_impl == DP_IMPL_CODES["torch-fsdp2"]) & (z == 2)
+    if np.any(fsdp2):
+        z2 = np.where(fsdp2, fsdp_zero2_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide,
+                                                  contention), z2)
     return np.where(z == 0, z0, np.where(z == 1, z1, np.where(z == 2, z2, z3)))
