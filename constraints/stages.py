@@ -28,8 +28,8 @@ solver and the model cannot drift. They are exact where memory is affine in the 
 ZeRO-3 (it gathers params/N per layer) and no offload (it keeps 2/N of a layer); those rows keep
 the default balanced split. The DP exposure is the exact model's (but for the expert-DP group's
 ring latency on a rank without MoE layers, a few µs); FSDP2's per-layer ZeRO-2, a MoE model's parameter
-all-gather where elements gather different bytes (FP8 weights beside 16-bit embeddings), and
-the hybrid stacks' per-block problems leave it out (an interleaved MoE model's has it, per kind). Every answer is re-scored by
+all-gather where elements gather different bytes (FP8 weights beside 16-bit embeddings) leave
+it out; the per-block problems (hybrid stacks, interleaved MoE) price it per block kind. Every answer is re-scored by
 the exact model and kept only when it is no worse than the default split.
 
 Two layer kinds (a MoE model's first D layers are dense, DeepSeek-V3: 3): they fill the first
@@ -288,15 +288,26 @@ def _probe_blocks(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
                 rank_lead_layers=zeros, rank_lead_recompute=zeros)
     counts = (kinds, [(np.array([0]), held, rec)])
     terms = per_layer_terms(model, system, job, Q)
-    times = rank_microbatch_s(terms, Q, rank_excess_s(model, system, job, Q, terms, counts))[0]
+    excess = rank_excess_s(model, system, job, Q, terms, counts)
+    times = rank_microbatch_s(terms, Q, excess)[0]
+    compute = rank_compute_s(terms, Q, excess)
+    fwd, bwd = compute["fwd"][0], compute["bwd"][0] + compute["recompute"][0]
     mem = rank_memory(model, system, job, _without_paired_layer(Q), by_block=True, counts=counts)
     hbm, params = mem["hbm"][0], mem["opt_elems"][0]
     one = [slice((1 + 2 * j) * p, (2 + 2 * j) * p) for j in range(len(kinds))]
     one_rc = [slice((2 + 2 * j) * p, (3 + 2 * j) * p) for j in range(len(kinds))]
+    per_block = lambda x: [x[i][0] - x[0] for i in one]  # noqa: E731 (rank 0's column: the same on every rank)
+    grad_b, weight_b = mem["grad_reduce"][0], mem["param_gather"][0]
+    elems, expert = mem["params_elems"][0], mem["expert_params_elems"][0]
     return {"kinds": kinds, "paired": _paired_layer_bytes(plan, mem, one),
             "a": [times[i][0] - times[0] for i in one], "b": [times[i][0] - times[o][0] for o, i in zip(one, one_rc)],
             "w": [hbm[i] - hbm[:p] for i in one], "x": [hbm[i] - hbm[o] for o, i in zip(one, one_rc)],
-            "p1": [params[i][0] - params[0] for i in one]}
+            "p1": [params[i][0] - params[0] for i in one],
+            # the DP terms (_dp_fields): windows and bytes per held block, bytes per rank with none
+            "wf": per_block(fwd), "wb": per_block(bwd), "wbr": [bwd[i][0] - bwd[o][0] for o, i in zip(one, one_rc)],
+            "grad_bytes": per_block(grad_b), "weight_bytes": per_block(weight_b), "elems": per_block(elems),
+            "expert": per_block(expert), "grad_bytes0": grad_b[:p], "weight_bytes0": weight_b[:p],
+            "elems0": elems[:p], "expert0": expert[:p]}
 
 
 def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) -> StageProblem | None:
@@ -336,7 +347,32 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
         **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)),
         **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}),
         **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and not interleaved(model) else
-           _interleaved_dp_fields(_dp_fields(model, system, job, plan, pr, unit)) if blocks is None else {}))
+           _interleaved_dp_fields(_dp_fields(model, system, job, plan, pr, unit)) if blocks is None else
+           _hybrid_dp_fields(model, system, job, plan, blocks, unit)))
+
+
+def _hybrid_dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, blocks: dict,
+                      unit: float) -> dict:
+    """A pipelined hybrid stack's DP terms per block kind (`_dp_fields` on the block probe: its
+    rates read off the kind with the most bytes)."""
+    j = int(np.argmax(blocks["grad_bytes"]))
+    pr = {"grad_bytes1": blocks["grad_bytes"][j], "weight_bytes1": blocks["weight_bytes"][j],
+          "elems1": blocks["elems"][j], "expert1": blocks["expert"][j],
+          **{k: blocks[k] for k in ("grad_bytes0", "weight_bytes0", "elems0", "expert0")},
+          "grad_bytes1_d": 0.0, "weight_bytes1_d": 0.0, "expert1_d": 0.0,
+          **{k: 0.0 for k in ("wf", "wb", "wbr", "wf_d", "wb_d", "wbr_d")}}
+    fields = _dp_fields(model, system, job, plan, pr, unit, uniform_weights=blocks["weight_bytes"], per_elem=blocks["elems"])
+    if not fields:
+        return {}
+    rates = fields.pop("_rates")
+    out = {k: v for k, v in fields.items() if k in ("dp_zero", "dp_hide", "time_unit_s", "g0", "e0")}
+    window = lambda x: max(0, round(x / unit))  # noqa: E731
+    out.update(wf_k=tuple(map(window, blocks["wf"])), wb_k=tuple(map(window, blocks["wb"])),
+               wbr_k=tuple(map(window, blocks["wbr"])),
+               g1_k=tuple(rates["bytes_part"](g, w, False) for g, w in zip(blocks["grad_bytes"], blocks["weight_bytes"])))
+    if fields.get("e0"):
+        out["e1_k"] = tuple(rates["expert_part"](e) for e in blocks["expert"])
+    return out
 
 
 def _interleaved_dp_fields(fields: dict) -> dict:
@@ -352,7 +388,8 @@ def _interleaved_dp_fields(fields: dict) -> dict:
     return out
 
 
-def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float) -> dict:
+def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float,
+               uniform_weights=None, per_elem=None) -> dict:
     """StageProblem's data-parallel fields, in its time units: a rank's windows per layer and each
     collective's seconds, affine in the rank's layers. As the exact model
     (data_parallel.replica_groups) moves them: a rank's bytes B_r, of which its expert parameters'
@@ -369,7 +406,9 @@ def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, p
     # bytes per parameter element on the wire (memory.py: the same for every element's gradient)
     grad_per_elem, weight_per_elem = pr["grad_bytes1"] / pr["elems1"], pr["weight_bytes1"] / pr["elems1"]
     moe = model.moe is not None
-    if moe and plan.zero_stage >= 1 and not np.allclose(pr["weight_bytes0"], weight_per_elem * pr["elems0"], rtol=1e-9):
+    if moe and plan.zero_stage >= 1 and not (
+            np.allclose(pr["weight_bytes0"], weight_per_elem * pr["elems0"], rtol=1e-9)
+            and (uniform_weights is None or np.allclose(uniform_weights, weight_per_elem * np.asarray(per_elem), rtol=1e-9))):
         return {}
 
     def seconds(share: float, scale: float) -> np.ndarray:
@@ -392,7 +431,9 @@ def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, p
     def bytes_part(grad_bytes, weight_bytes, fixed: bool):
         return in_units((latency if fixed else 0.0) + dense_rate * np.array([grad_bytes, grad_bytes, weight_bytes]))
     window = lambda key: max(0, round(pr[key] / unit))  # noqa: E731
+    rates = {"bytes_part": bytes_part, "expert_part": lambda elems: in_units(shift * elems)}
     return dict(dp_zero=plan.zero_stage, dp_hide=plan.dp_comm_overlap, time_unit_s=unit,
+                **({"_rates": rates} if uniform_weights is not None else {}),
                 **{key: window(key) for key in ("wf", "wb", "wbr", "wf_d", "wb_d", "wbr_d")},
                 g0=tuple(bytes_part(g, w, True) for g, w in zip(pr["grad_bytes0"], pr["weight_bytes0"])),
                 g1=bytes_part(pr["grad_bytes1"], pr["weight_bytes1"], False),

@@ -327,6 +327,23 @@ def test_cpsat_per_block_stages_have_zero_regret(model, pp, vpp, rc, squeeze):
     assert_per_stage_zero_regret(model, pp, vpp, rc, squeeze, ep=8)
 
 
+@pytest.mark.parametrize("zero,hide", [(1, True), (2, True), (2, False)])
+def test_a_hybrid_stacks_per_block_stages_price_the_dp_exposure(zero, hide):
+    """Nemotron 3 Nano's blocks as MEM*EMEM (Mamba, MoE, attention), tp 2 pp 2 vpp 2 dp 16 ep 8:
+    each rank's DP bytes follow which blocks it holds (the MoE blocks' experts over expert-DP);
+    without the exposure the per-block answer was 0.1-3.2 % slower than the oracle's."""
+    nano = load_model("nemotron-3-nano")
+    model = ModelSpec(**{**nano.model_dump(), "hybrid_pattern": "MEM*EMEM", "layers": 8})
+    system = load_system("h100-sxm", 64)
+    plan = Plan(tp=2, pp=2, vpp=2, dp=16, ep=8, global_batch=64, recompute="full", zero_stage=zero,
+                sequence_parallel=True, dp_comm_overlap=hide)
+    job = JobSpec(global_batch=64)
+    best, best_s = best_stage_split(model, system, job, plan)
+    chosen, sol = best_stages(model, system, job, plan)
+    assert sol.proven_optimal
+    assert estimate(model, system, chosen, job).step_time_s <= best_s * (1 + 1e-7), (best.stage_layers, chosen.stage_layers)
+
+
 def test_a_long_hybrid_is_searched_near_its_mean_block_split():
     """Nemotron 3 Nano at pp 8 vpp 2 (C(51, 15) splits): the per-block problem is solved with each
     stage bound within BLOCK_WINDOW layers of the mean-block answer; its objective is its split's
