@@ -142,23 +142,24 @@ def replica_groups(system, P, f_exp, grad_bytes, weight_bytes):
             (f_exp * grad_bytes, f_exp * weight_bytes, n_edp, edp_bw, edp_lat)]
 
 
-def collective_totals_s(groups, dp_impl) -> dict:
+def collective_totals_s(groups, dp_impl, per_layer: bool = True) -> dict:
     """Each DP collective's seconds summed over the replica groups (a group with nothing to
     reduce, no experts, issues none; they run one after the other on the same links, so they are
     overlapped once, as a sum): the gradient all-reduce (ZeRO-0), reduce-scatter and parameter
     all-gather (ZeRO-1/2), and ZeRO-3's per-layer ones (bandwidth part from the whole-stage
-    volume, `lat3` the latency of one call)."""
+    volume, `lat3` the latency of one call; `per_layer` False: those left at 0)."""
     deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
     out = dict.fromkeys(("grad_ar", "grad_rs", "param_ag", "rs3", "ag3", "lat3"), 0.0)
     for grad_bytes, weight_bytes, n, bw, lat in groups:
-        bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
         issues = grad_bytes + weight_bytes > 0
         out["grad_ar"] = out["grad_ar"] + np.where(issues, comm.all_reduce_s(grad_bytes, n, bw, lat), 0.0)
         out["grad_rs"] = out["grad_rs"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw, lat), 0.0)
         out["param_ag"] = out["param_ag"] + np.where(issues, comm.all_gather_s(weight_bytes, n, bw, lat), 0.0)
-        out["rs3"] = out["rs3"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0), 0.0)
-        out["ag3"] = out["ag3"] + np.where(issues, comm.all_gather_s(weight_bytes, n, bw3, 0.0), 0.0)
-        out["lat3"] = out["lat3"] + np.where(issues & (n > 1), (n - 1) * lat, 0.0)
+        if per_layer:
+            bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
+            out["rs3"] = out["rs3"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0), 0.0)
+            out["ag3"] = out["ag3"] + np.where(issues, comm.all_gather_s(weight_bytes, n, bw3, 0.0), 0.0)
+            out["lat3"] = out["lat3"] + np.where(issues & (n > 1), (n - 1) * lat, 0.0)
     return out
 
 
@@ -173,7 +174,8 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION,
                           np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"], FSDP_COMPUTE_CONTENTION,
                                    MEGATRON_FSDP_COMPUTE_CONTENTION))
-    totals = collective_totals_s(groups, dp_impl)
+    fsdp2 = (dp_impl == DP_IMPL_CODES["torch-fsdp2"]) & (z == 2)
+    totals = collective_totals_s(groups, dp_impl, per_layer=bool(np.any(z == 3) or np.any(fsdp2)))
     grad_ar, grad_rs, param_ag = totals["grad_ar"], totals["grad_rs"], totals["param_ag"]
     rs3, ag3, lat3 = totals["rs3"], totals["ag3"], totals["lat3"]
     # each stage's form only where some row uses it (every form is costed per rank: the search
@@ -185,7 +187,6 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     z2 = zero2_exposed_s(grad_rs, param_ag, m, mb_fwd, mb_bwd, p, v, hide, overlapped) if np.any(z == 2) else none
     z3 = zero3_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide, contention) \
         if np.any(z == 3) else none
-    fsdp2 = (dp_impl == DP_IMPL_CODES["torch-fsdp2"]) & (z == 2)
     if np.any(fsdp2):
         z2 = np.where(fsdp2, fsdp_zero2_exposed_s(rs3, ag3, lat3, m, mb_fwd + mp_fwd, mb_bwd + mp_bwd, layers, hide,
                                                   contention), z2)
