@@ -69,17 +69,15 @@ from ortools.sat.python import cp_model
 
 from constraints.solve import SEED, WORKERS, interruptible_solve, new_solver
 from hardware.spec import SystemSpec
-from planner.analytical import PlanArrays
+from planner.analytical import PlanArrays, data_parallel
 from planner.analytical.hybrid import rank_excess_s
 from planner.analytical.layer_kinds import by_block, dense_layer_spec, interleaved, lead_layers
 from planner.analytical.memory import rank_memory
-from planner.analytical import data_parallel
-from planner.analytical.memory import memory_breakdown
 from planner.analytical.time import (optimizer_step_bytes_per_param, per_layer_terms, rank_compute_s,
                                      rank_microbatch_s)
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import balanced_layout
-from planner.plan import DP_IMPL_CODES, JobSpec, Plan
+from planner.plan import JobSpec, Plan
 
 # Limits in nominal seconds, enforced as CP-SAT's deterministic time (WORK_PER_S units per second,
 # what one worker does in a second on this project's 2-core machine: 0.25-0.33 measured), so that
@@ -346,33 +344,27 @@ def stage_problem(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan
             p1_d=max(0, params_in(pr["p1_d"])))),
         **({} if blocks is None else _by_block_fields(model, blocks, unit, mib, params_in)),
         **(_interleaved_fields(model, pr, unit, mib, params_in) if interleaved(model) else {}),
-        **(_dp_fields(model, system, job, plan, pr, unit) if blocks is None and not interleaved(model) else
-           _interleaved_dp_fields(_dp_fields(model, system, job, plan, pr, unit)) if blocks is None else
-           _hybrid_dp_fields(model, system, job, plan, blocks, unit)))
+        **(_dp_fields(model, system, plan, pr, unit) if blocks is None and not interleaved(model) else
+           _interleaved_dp_fields(_dp_fields(model, system, plan, pr, unit)) if blocks is None else
+           _hybrid_dp_fields(model, system, plan, blocks, unit)))
 
 
-def _hybrid_dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, blocks: dict,
-                      unit: float) -> dict:
-    """A pipelined hybrid stack's DP terms per block kind (`_dp_fields` on the block probe: its
-    rates read off the kind with the most bytes)."""
+def _hybrid_dp_fields(model: ModelSpec, system: SystemSpec, plan: Plan, blocks: dict, unit: float) -> dict:
+    """A pipelined hybrid stack's DP terms per block kind, from the block probe (the rates read
+    off the kind with the most bytes)."""
     j = int(np.argmax(blocks["grad_bytes"]))
-    pr = {"grad_bytes1": blocks["grad_bytes"][j], "weight_bytes1": blocks["weight_bytes"][j],
-          "elems1": blocks["elems"][j], "expert1": blocks["expert"][j],
-          **{k: blocks[k] for k in ("grad_bytes0", "weight_bytes0", "elems0", "expert0")},
-          "grad_bytes1_d": 0.0, "weight_bytes1_d": 0.0, "expert1_d": 0.0,
-          **{k: 0.0 for k in ("wf", "wb", "wbr", "wf_d", "wb_d", "wbr_d")}}
-    fields = _dp_fields(model, system, job, plan, pr, unit, uniform_weights=blocks["weight_bytes"], per_elem=blocks["elems"])
-    if not fields:
+    one = {"grad_bytes1": blocks["grad_bytes"][j], "weight_bytes1": blocks["weight_bytes"][j],
+           "elems1": blocks["elems"][j]}
+    weights = [(blocks["weight_bytes0"], blocks["elems0"]), (blocks["weight_bytes"], blocks["elems"])]
+    rates = _dp_rates(model, system, plan, one, weights, unit)
+    if rates is None:
         return {}
-    rates = fields.pop("_rates")
-    out = {k: v for k, v in fields.items() if k in ("dp_zero", "dp_hide", "time_unit_s", "g0", "e0")}
     window = lambda x: max(0, round(x / unit))  # noqa: E731
-    out.update(wf_k=tuple(map(window, blocks["wf"])), wb_k=tuple(map(window, blocks["wb"])),
-               wbr_k=tuple(map(window, blocks["wbr"])),
-               g1_k=tuple(rates["bytes_part"](g, w, False) for g, w in zip(blocks["grad_bytes"], blocks["weight_bytes"])))
-    if fields.get("e0"):
-        out["e1_k"] = tuple(rates["expert_part"](e) for e in blocks["expert"])
-    return out
+    return {**_dp_rank_fields(model, plan, unit, rates, blocks),
+            "wf_k": tuple(map(window, blocks["wf"])), "wb_k": tuple(map(window, blocks["wb"])),
+            "wbr_k": tuple(map(window, blocks["wbr"])),
+            "g1_k": tuple(rates.bytes_part(g, w) for g, w in zip(blocks["grad_bytes"], blocks["weight_bytes"])),
+            **({"e1_k": tuple(map(rates.expert_part, blocks["expert"]))} if model.moe is not None else {})}
 
 
 def _interleaved_dp_fields(fields: dict) -> dict:
@@ -388,58 +380,87 @@ def _interleaved_dp_fields(fields: dict) -> dict:
     return out
 
 
-def _dp_fields(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan, pr: dict, unit: float,
-               uniform_weights=None, per_elem=None) -> dict:
-    """StageProblem's data-parallel fields, in its time units: a rank's windows per layer and each
-    collective's seconds, affine in the rank's layers. As the exact model
-    (data_parallel.replica_groups) moves them: a rank's bytes B_r, of which its expert parameters'
-    share E_r/P_r goes over the expert-DP group, so a collective takes latency
-    + s_dp·(B_r − b·E_r) + s_edp·b·E_r (b bytes per element): the rank's bytes at the dense group's
-    rate (g) plus its expert count at the rate difference (e). A MoE model's parameter all-gather follows that form
-    only where every element gathers the same bytes (not with FP8 weights beside 16-bit
-    embeddings): there it is not posed. Nor (dp_zero -1) for FSDP2's per-layer ZeRO-2 (not linear
-    in the layers) or where no collective runs."""
+@dataclass(frozen=True)
+class _DpRates:
+    """A DP collective's seconds, in a stage problem's time units, as (all-reduce,
+    reduce-scatter, all-gather): `bytes_part` of a rank's gradient and weight bytes at the dense
+    group's rate (`fixed`: with the ring latencies), `expert_part` of its expert elements at the
+    expert-DP group's rate difference."""
+    unit: float
+    latency: np.ndarray
+    dense_rate: np.ndarray   # s per byte
+    shift: np.ndarray        # s per expert element
+
+    def _in_units(self, x) -> tuple[int, int, int]:
+        return tuple(round(float(y) / self.unit) for y in x)
+
+    def bytes_part(self, grad_bytes, weight_bytes, fixed: bool = False) -> tuple[int, int, int]:
+        return self._in_units((self.latency if fixed else 0.0)
+                              + self.dense_rate * np.array([grad_bytes, grad_bytes, weight_bytes]))
+
+    def expert_part(self, elems) -> tuple[int, int, int]:
+        return self._in_units(self.shift * elems)
+
+
+def _dp_rates(model: ModelSpec, system: SystemSpec, plan: Plan, one: dict, weights: list, unit: float
+              ) -> _DpRates | None:
+    """The rates of `_DpRates`, read off the exact model's collectives (data_parallel.replica_groups)
+    at one layer's (or block's) bytes `one` and twice them: a rank's bytes B_r, of which its expert
+    parameters' share E_r/P_r goes over the expert-DP group, take latency + s_dp·(B_r − b·E_r)
+    + s_edp·b·E_r (b bytes per element). None where nothing is posed: ZeRO-3 and FSDP2's per-layer
+    ZeRO-2 (not linear in the layers), no collective, or a MoE model's parameter all-gather where
+    elements gather different bytes (FP8 weights beside 16-bit embeddings; `weights`: (bytes,
+    elements) pairs that must share one ratio)."""
     if plan.zero_stage >= 3 or (plan.zero_stage == 2 and plan.dp_impl == "torch-fsdp2") \
-            or pr["grad_bytes1"] <= 0 or pr["weight_bytes1"] <= 0:
-        return {}
+            or one["grad_bytes1"] <= 0 or one["weight_bytes1"] <= 0:
+        return None
     P = PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model))
     # bytes per parameter element on the wire (memory.py: the same for every element's gradient)
-    grad_per_elem, weight_per_elem = pr["grad_bytes1"] / pr["elems1"], pr["weight_bytes1"] / pr["elems1"]
+    grad_per_elem, weight_per_elem = one["grad_bytes1"] / one["elems1"], one["weight_bytes1"] / one["elems1"]
     moe = model.moe is not None
-    if moe and plan.zero_stage >= 1 and not (
-            np.allclose(pr["weight_bytes0"], weight_per_elem * pr["elems0"], rtol=1e-9)
-            and (uniform_weights is None or np.allclose(uniform_weights, weight_per_elem * np.asarray(per_elem), rtol=1e-9))):
-        return {}
+    if moe and plan.zero_stage >= 1 and not all(
+            np.allclose(b, weight_per_elem * np.asarray(e), rtol=1e-9) for b, e in weights):
+        return None
 
     def seconds(share: float, scale: float) -> np.ndarray:
         """(all-reduce, reduce-scatter, all-gather) with `share` of the bytes on the expert-DP
         group, at `scale` x one layer's bytes."""
-        groups = data_parallel.replica_groups(system, P, share, scale * pr["grad_bytes1"], scale * pr["weight_bytes1"])
+        groups = data_parallel.replica_groups(system, P, share, scale * one["grad_bytes1"], scale * one["weight_bytes1"])
         t = data_parallel.collective_totals_s(groups, P.dp_impl)
         return np.array([float(t[k][0]) for k in ("grad_ar", "grad_rs", "param_ag")])
-    per_byte = np.array([pr["grad_bytes1"], pr["grad_bytes1"], pr["weight_bytes1"]])
+    per_byte = np.array([one["grad_bytes1"], one["grad_bytes1"], one["weight_bytes1"]])
     dense_rate = (seconds(0.0, 2.0) - seconds(0.0, 1.0)) / per_byte  # s per byte over each group
     expert_rate = (seconds(1.0, 2.0) - seconds(1.0, 1.0)) / per_byte
     latency = (2 * seconds(0.0, 1.0) - seconds(0.0, 2.0)) + (2 * seconds(1.0, 1.0) - seconds(1.0, 2.0) if moe else 0.0)
     if not np.any(dense_rate > 0):
-        return {}
-    shift = (expert_rate - dense_rate) * np.array([grad_per_elem, grad_per_elem, weight_per_elem])  # s per expert element
+        return None
+    shift = (expert_rate - dense_rate) * np.array([grad_per_elem, grad_per_elem, weight_per_elem])
+    return _DpRates(unit, latency, dense_rate, shift)
 
-    def in_units(x) -> tuple[int, int, int]:
-        return tuple(round(float(y) / unit) for y in x)
 
-    def bytes_part(grad_bytes, weight_bytes, fixed: bool):
-        return in_units((latency if fixed else 0.0) + dense_rate * np.array([grad_bytes, grad_bytes, weight_bytes]))
-    window = lambda key: max(0, round(pr[key] / unit))  # noqa: E731
-    rates = {"bytes_part": bytes_part, "expert_part": lambda elems: in_units(shift * elems)}
+def _dp_rank_fields(model: ModelSpec, plan: Plan, unit: float, rates: _DpRates, probe: dict) -> dict:
+    """The fields every DP-posed StageProblem has: what is exposed how, and each rank's
+    collectives with no layers (its embedding or LM head, the ring latencies)."""
     return dict(dp_zero=plan.zero_stage, dp_hide=plan.dp_comm_overlap, time_unit_s=unit,
-                **({"_rates": rates} if uniform_weights is not None else {}),
+                g0=tuple(rates.bytes_part(g, w, fixed=True) for g, w in zip(probe["grad_bytes0"], probe["weight_bytes0"])),
+                **({"e0": tuple(map(rates.expert_part, probe["expert0"]))} if model.moe is not None else {}))
+
+
+def _dp_fields(model: ModelSpec, system: SystemSpec, plan: Plan, pr: dict, unit: float) -> dict:
+    """StageProblem's data-parallel fields of a layer problem, in its time units: a rank's windows
+    per layer and each collective's seconds, affine in the rank's layers (`_dp_rates`: the rank's
+    bytes at the dense group's rate, g, plus its expert elements at the rate difference, e).
+    Empty where `_dp_rates` poses nothing (dp_zero stays -1)."""
+    rates = _dp_rates(model, system, plan, pr, [(pr["weight_bytes0"], pr["elems0"])], unit)
+    if rates is None:
+        return {}
+    window = lambda key: max(0, round(pr[key] / unit))  # noqa: E731
+    return dict(**_dp_rank_fields(model, plan, unit, rates, pr),
                 **{key: window(key) for key in ("wf", "wb", "wbr", "wf_d", "wb_d", "wbr_d")},
-                g0=tuple(bytes_part(g, w, True) for g, w in zip(pr["grad_bytes0"], pr["weight_bytes0"])),
-                g1=bytes_part(pr["grad_bytes1"], pr["weight_bytes1"], False),
-                g1_d=bytes_part(pr["grad_bytes1_d"], pr["weight_bytes1_d"], False),
-                **({} if not moe else dict(e0=tuple(in_units(shift * e) for e in pr["expert0"]),
-                                            e1=in_units(shift * pr["expert1"]), e1_d=in_units(shift * pr["expert1_d"]))))
+                g1=rates.bytes_part(pr["grad_bytes1"], pr["weight_bytes1"]),
+                g1_d=rates.bytes_part(pr["grad_bytes1_d"], pr["weight_bytes1_d"]),
+                **({} if model.moe is None else dict(e1=rates.expert_part(pr["expert1"]),
+                                                     e1_d=rates.expert_part(pr["expert1_d"]))))
 
 
 def _interleaved_fields(model: ModelSpec, pr: dict, unit: float, mib, params_in) -> dict:
@@ -621,7 +642,7 @@ def _layer_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list,
     # Σ_r T_r: the recompute part varies with the split (the layer part is a constant)
     recompute_sum = problem.b * sum(K) + (b_d - problem.b) * sum(DKr)
     horizon = (max(problem.a, a_d) + max(problem.b, b_d)) * L + problem.h
-    rank_terms = _layer_rank_dp_terms(problem, N, Dr, K, DKr) if problem.dp_zero >= 0 else None
+    rank_terms = _layer_rank_dp_terms(problem, N, Dr, K, DKr) if _dp_posed(problem) else None
     return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1, p1_d) * L, rank_terms
 
 
@@ -752,7 +773,7 @@ def _block_loads(md: cp_model.CpModel, problem: StageProblem, n: list, ks: list,
     params = [problem.p0[r] + sum(problem.p1_k[j] * held[r][j] for j in kinds) for r in range(p)]
     recompute_sum = sum(problem.b_k[j] * recomputed[r][j] for r in range(p) for j in kinds)
     horizon = (max(problem.a_k) + max(problem.b_k)) * L + problem.h
-    rank_terms = _block_rank_dp_terms(problem, held, recomputed) if problem.dp_zero >= 0 and problem.g1_k else None
+    rank_terms = _block_rank_dp_terms(problem, held, recomputed) if _dp_posed(problem) else None
     return times, memory, params, recompute_sum, horizon, max(problem.p0) + max(problem.p1_k) * L, rank_terms
 
 
@@ -960,8 +981,8 @@ def layer_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> i
     params = max(problem.p0[r] + problem.p1 * N[r] + (p1_d - problem.p1) * D[r] for r in range(p))
     slowest = max(times[r] + (problem.h if r == p - 1 else 0) for r in range(p))
     recomputed = problem.b * sum(K) + (b_d - problem.b) * sum(DK)
-    return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * params \
-        + dp_exposure_at(problem, layers, k)
+    exposed = _exposure_of(problem, _layer_rank_dp_terms(problem, N, D, K, DK)) if _dp_posed(problem) else 0
+    return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * params + exposed
 
 
 def dp_exposure_floor(problem: StageProblem) -> int:
@@ -978,17 +999,23 @@ def dp_exposure_floor(problem: StageProblem) -> int:
     return v * {0: G_ar, 1: G_rs + G_ag, 2: m * G_rs + G_ag}[problem.dp_zero]
 
 
+def _dp_posed(problem: StageProblem) -> bool:
+    return problem.dp_zero >= 0 and (not problem.pattern or bool(problem.g1_k))
+
+
 def dp_exposure_at(problem: StageProblem, layers: tuple[int, ...], k: int) -> int:
     """`_dp_exposure` at a split and recompute count (vpp x seconds, in the problem's units); 0
     where the problem poses none."""
-    if problem.dp_zero < 0 or (problem.pattern and not problem.g1_k):
+    if not _dp_posed(problem):
         return 0
-    p, v, m = problem.pp, problem.vpp, problem.microbatches
     if problem.pattern:
-        held, recomputed = _rank_blocks(problem, layers, k)
-        rank_terms = _block_rank_dp_terms(problem, held, recomputed)
-    else:
-        rank_terms = _layer_rank_dp_terms(problem, *_rank_counts(problem, layers, k))
+        return _exposure_of(problem, _block_rank_dp_terms(problem, *_rank_blocks(problem, layers, k)))
+    return _exposure_of(problem, _layer_rank_dp_terms(problem, *_rank_counts(problem, layers, k)))
+
+
+def _exposure_of(problem: StageProblem, rank_terms: list[tuple]) -> int:
+    """`_dp_exposure`'s value at the ranks' (collectives, forward window, backward window)."""
+    p, v, m = problem.pp, problem.vpp, problem.microbatches
     alpha = (v - 1) * p + 1
 
     def overlapped(G_x, W):
@@ -1024,26 +1051,18 @@ def _rank_blocks(problem: StageProblem, layers: tuple[int, ...], k: int) -> tupl
 def block_objective(problem: StageProblem, layers: tuple[int, ...], k: int) -> int | None:
     """The per-block problem's objective at a split and recompute count (k per stage, its first
     blocks), block by block; None where a rank's memory exceeds the capacity."""
-    p = problem.pp
-    times, memory, params, recomputed = [0] * p, list(problem.c), list(problem.p0), 0
-    at = 0
-    for s, n in enumerate(layers):
-        r = s % p
-        for i, block in enumerate(problem.pattern[at:at + n]):
-            j = problem.kinds.index(block)
-            times[r] += problem.a_k[j]
-            memory[r] += problem.w_k[r][j]
-            params[r] += problem.p1_k[j]
-            if problem.recompute and i < k:
-                times[r] += problem.b_k[j]
-                memory[r] += problem.x_k[r][j]
-                recomputed += problem.b_k[j]
-        at += n
+    p, kinds = problem.pp, range(len(problem.kinds))
+    held, recomputed = _rank_blocks(problem, layers, k)
+    memory = [problem.c[r] + sum(problem.w_k[r][j] * held[r][j] + problem.x_k[r][j] * recomputed[r][j] for j in kinds)
+              for r in range(p)]
     if max(memory) > problem.capacity:
         return None
+    times = [sum(problem.a_k[j] * held[r][j] + problem.b_k[j] * recomputed[r][j] for j in kinds) for r in range(p)]
+    params = max(problem.p0[r] + sum(problem.p1_k[j] * held[r][j] for j in kinds) for r in range(p))
     slowest = max(times[r] + (problem.h if r == p - 1 else 0) for r in range(p))
-    return (problem.microbatches * problem.vpp - 1) * slowest + recomputed + problem.opt * max(params) \
-        + dp_exposure_at(problem, layers, k)
+    recompute_sum = sum(problem.b_k[j] * recomputed[r][j] for r in range(p) for j in kinds)
+    exposed = _exposure_of(problem, _block_rank_dp_terms(problem, held, recomputed)) if _dp_posed(problem) else 0
+    return (problem.microbatches * problem.vpp - 1) * slowest + recompute_sum + problem.opt * params + exposed
 
 
 def _spread_over_chunks(layers: tuple[int, ...], p: int, v: int, lead: int) -> tuple[int, ...]:

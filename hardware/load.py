@@ -60,6 +60,21 @@ def _preset_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     return _build_system(path, label, num_gpus)
 
 
+def _check_replaced_num_gpus(value, label: str) -> None:
+    """A file's own num_gpus that a GPU count replaces, checked all the same, as without one (a
+    `num_gpus: .nan` would pass unseen and fail wherever the file is used alone)."""
+    from pydantic import create_model
+    field = SystemSpec.model_fields["num_gpus"]
+    where = f"system ({label})"
+    try:
+        refuse_loose_types({"num_gpus": value}, SystemSpec, where)
+        create_model("SystemGpus", num_gpus=(field.annotation, field)).model_validate({"num_gpus": value})
+    except ValidationError as err:
+        raise SpecError(f"{one_line(err, where)} (the file's own value, which --gpus replaces)") from None
+    except SpecError as err:
+        raise SpecError(f"{err} (the file's own value, which --gpus replaces)") from None
+
+
 def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     data = _read_spec(path, "system")
     if isinstance(data.get("accelerator"), str):
@@ -67,6 +82,8 @@ def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     if num_gpus is not None:
         if num_gpus < 1:
             raise SpecError(f"gpus: must be a positive integer, got {num_gpus}")
+        if "num_gpus" in data:
+            _check_replaced_num_gpus(data["num_gpus"], label)
         data["num_gpus"] = num_gpus
     try:
         refuse_loose_types(data, SystemSpec, f"system ({label})")

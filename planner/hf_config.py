@@ -74,11 +74,10 @@ def refuse_encoders(cfg: dict, path: Path) -> None:
                         "causal language models (GPT, Llama, Mixtral, DeepSeek, ...)")
 
 
-def sliding_window_note(path: Path, seq_length: int) -> str:
+def sliding_window_note(cfg: dict, seq_length: int) -> str:
     """What a config's sliding-window attention becomes in the cost (ModelSpec has no window):
     full causal attention, an overcount of the attention core wherever the window is shorter than
     the sequence. "" where the config has none, or a window no shorter than the sequence."""
-    cfg = read_config(path)
     window = cfg.get("sliding_window")
     kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
     sliding = sum(1 for k in kinds if k == "sliding_attention")
@@ -93,9 +92,10 @@ def sliding_window_note(path: Path, seq_length: int) -> str:
 def approximation_notes(path: Path, seq_length: int) -> list[str]:
     """What the cost of this config approximates (APPROXIMATIONS and its sliding windows), said to
     the user whenever it is read."""
-    kind = read_config(path).get("model_type")
+    cfg = read_config(path)
+    kind = cfg.get("model_type")
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
-    return [n for n in (*notes, sliding_window_note(path, seq_length)) if n]
+    return [n for n in (*notes, sliding_window_note(cfg, seq_length)) if n]
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
 # gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
 MLP_BIAS_TYPES = ("gpt_oss",)

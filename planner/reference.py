@@ -11,7 +11,6 @@ reason is kept per record. A malformed field is a one-line SpecError naming the 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -228,12 +227,12 @@ MEASUREMENT_AGREEMENT = 0.10
 
 def _check_measurements_agree(r: _Record, step_field: str, step_s: float, tokens: int, gpus: int) -> None:
     """A step time beside a throughput that implies another step: one of the two is mistyped."""
-    for field, per in (("measured.tokens_per_sec_per_gpu", gpus), ("measured.tokens_per_sec", 1)):
-        rate = r.float(field)
+    for rate_field, per in (("measured.tokens_per_sec_per_gpu", gpus), ("measured.tokens_per_sec", 1)):
+        rate = r.float(rate_field)
         if rate:
             implied = tokens / (rate * per)
             if abs(implied / step_s - 1.0) > MEASUREMENT_AGREEMENT:
-                raise SpecError(f"reference {r.id}: {step_field} ({step_s:g} s) and {field} ({rate:g}, a "
+                raise SpecError(f"reference {r.id}: {step_field} ({step_s:g} s) and {rate_field} ({rate:g}, a "
                                 f"{implied:.4g} s step for the global batch) disagree by more than "
                                 f"{MEASUREMENT_AGREEMENT:.0%}; keep the one the source printed")
 

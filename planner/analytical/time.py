@@ -8,7 +8,6 @@ gradient reduction, optimizer step and offload traffic are added where they are 
 from __future__ import annotations
 
 import sys
-
 import types
 
 import numpy as np
@@ -886,21 +885,22 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     slow = np.argmax(rank_time, axis=1)
     def at(x):
         return at_rank(_col(x), slow, rank_time.shape)
-    n_slow, k_slow, last_slow = at(n_r), at(k_r), at(last_r)
-    d_slow, dk_slow = at(P.rank_lead_layers), at(P.rank_lead_recompute)  # leading dense layers
+    n_slow, last_slow = at(n_r), at(last_r)
 
-    def on_slow(per_layer, recomputed=None):
-        # Σ over the slowest rank's layers (+ its recomputed layers), each kind at its own cost
-        out = layers_sum(terms, per_layer, n_slow, d_slow)
-        return out if recomputed is None else out + layers_sum(terms, recomputed, k_slow, dk_slow)
+    def on_rank(per_layer, recomputed):
+        # (n, R): Σ over each rank's layers and its recomputed layers, each kind at its own cost
+        return layers_sum(terms, per_layer, n_r, P.rank_lead_layers) \
+            + layers_sum(terms, recomputed, k_r, P.rank_lead_recompute)
 
+    # per rank: its compute, its exposed tensor- and context/expert-parallel communication (the
+    # slowest rank's are the step's; every rank's are the windows of its DP collectives, below)
     compute = rank_compute_s(terms, P, excess)
     stage_fwd, stage_bwd, recompute_compute = at(compute["fwd"]), at(compute["bwd"]), at(compute["recompute"])
-    stage_tp = on_slow(lambda x: x["tp_fwd"] + x["tp_bwd"], lambda x: x["tp_fwd"])
-    stage_cpep = on_slow(lambda x: x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"],
-                         lambda x: x["cp_fwd"] + x["ep_fwd"])
+    tp_r = on_rank(lambda x: x["tp_fwd"] + x["tp_bwd"], lambda x: x["tp_fwd"])
+    cpep_r = on_rank(lambda x: x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"], lambda x: x["cp_fwd"] + x["ep_fwd"])
     if excess is not None:
-        stage_cpep = stage_cpep + at(excess["ep_fwd"] + excess["ep_bwd"] + excess["rc_ep_fwd"])
+        cpep_r = cpep_r + excess["ep_fwd"] + excess["ep_bwd"] + excess["rc_ep_fwd"]
+    stage_tp, stage_cpep = at(tp_r), at(cpep_r)
 
     # --- pipeline: bubble (p−1)/v stage-times (Narayanan SC'21 §2.2); p2p of one microbatch's
     # boundary activation, split over tp with the scatter/gather optimisation (§4.1).
@@ -945,13 +945,8 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     # tp·dp·cp ranks) leave it: the gathers then run on the NICs, on other links.
     domain = system.nvlink_domain_gpus
     other_links = _col((t * dp * c > domain) & (t * c <= domain) & (P.etp * P.ep <= domain))
-    on_rank = lambda per, recomputed: layers_sum(terms, per, P.rank_layers, P.rank_lead_layers) \
-        + layers_sum(terms, recomputed, P.rank_recompute, P.rank_lead_recompute)  # noqa: E731
-    mp_fwd = layers_sum(terms, lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"], P.rank_layers, P.rank_lead_layers)
-    mp_all = on_rank(lambda x: x["tp_fwd"] + x["tp_bwd"] + x["cp_fwd"] + x["cp_bwd"] + x["ep_fwd"] + x["ep_bwd"],
-                     lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"])
-    if excess is not None:
-        mp_all = mp_all + excess["ep_fwd"] + excess["ep_bwd"] + excess["rc_ep_fwd"]
+    mp_fwd = layers_sum(terms, lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"], n_r, P.rank_lead_layers)
+    mp_all = tp_r + cpep_r
     dp_comm = np.max(data_parallel.dp_comm_exposed_s(
         groups, _col(P.zero_stage), _col(P.dp_impl), _col(m), mb_fwd, mb_bwd, _col(p), _col(v), P.rank_layers,
         _col(P.dp_comm_overlap > 0), overlapped_collective_s, np.where(other_links, mp_fwd, 0.0),

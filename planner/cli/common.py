@@ -110,9 +110,7 @@ def load_inputs(model: str, system: str, gpus: int | None, seq_length: int | Non
     check_int("gpus", gpus, 1, MAX_GPUS)
     spec = load_model(model, {"seq_length": seq_length})
     say_approximations(model, spec)
-    system_spec = load_system(system, gpus)
-    check_system_file_gpus(system, gpus)
-    return spec, system_spec
+    return spec, load_system(system, gpus)
 
 
 def say_approximations(ref: str, model: ModelSpec) -> None:
@@ -122,32 +120,6 @@ def say_approximations(ref: str, model: ModelSpec) -> None:
     path = hf_config.find_config_json(ref, model_preset_names())
     for note in hf_config.approximation_notes(path, model.seq_length) if path is not None else ():
         typer.echo(f"note: {path}: {note}", err=True)
-
-
-def check_system_file_gpus(system: str, gpus: int | None) -> None:
-    """--gpus replaces a system file's num_gpus; the file's own value is checked all the same, as
-    without the flag (a `num_gpus: .nan` would pass unseen here and fail wherever the file is used
-    alone). The shipped presets are checked by their tests."""
-    if gpus is None:
-        return
-    from pydantic import ValidationError, create_model
-
-    from hardware.errors import one_line, read_yaml_mapping, refuse_loose_types, resolve_preset_or_file
-    from hardware.load import PRESET_DIR
-    path, label = resolve_preset_or_file(system, PRESET_DIR, "system")
-    if path.resolve().parent == PRESET_DIR.resolve():
-        return
-    data = read_yaml_mapping(path, "system")
-    if "num_gpus" not in data:  # --gpus supplies it
-        return
-    field = SystemSpec.model_fields["num_gpus"]
-    try:
-        refuse_loose_types({"num_gpus": data["num_gpus"]}, SystemSpec, f"system ({label})")
-        create_model("SystemGpus", num_gpus=(field.annotation, field)).model_validate({"num_gpus": data["num_gpus"]})
-    except ValidationError as err:
-        raise SpecError(f"{one_line(err, f'system ({label})')} (the file's own value, which --gpus replaces)") from None
-    except SpecError as err:
-        raise SpecError(f"{err} (the file's own value, which --gpus replaces)") from None
 
 
 SavedModelOpt = Annotated[Optional[str], typer.Option(

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer

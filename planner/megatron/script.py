@@ -105,7 +105,7 @@ def render(launch: MegatronLaunch, format: Literal["args", "script", "json"] = "
                   f'mv -n "$planner_file" {q} || true',
                   'if [ -e "$planner_file" ]; then',
                   f'  if ! cmp -s "$planner_file" {q}; then',
-                  f'    rm -f "$planner_file"',
+                  '    rm -f "$planner_file"',
                   f'    echo "{name} exists with other contents; move it away (this launch writes its own)" >&2; exit 1',
                   "  fi",
                   '  rm -f "$planner_file"',
