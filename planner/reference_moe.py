@@ -47,7 +47,8 @@ from `planner validate`; no per-row factor is applied to any of them):
   is the 25.11 container on B200 (or the overlap's measured loss there, which the model does not
   charge), a software-release efficiency the model has no mechanism for.
 - ModelZoo H100 tp2 pp8 vpp4 ep32 DeepEP "+1f1b overlap" (-18 %): its pair without the overlap is
-  +7 %; measured the overlap saved 2.1 s (19.7 -> 17.6 s, 0.893x), the model credits 6.7 s (0.684x),
+  +7 %; measured the overlap saved 2.1 s (19.7 -> 17.6 s, 0.893x), the model credits 6.3 s (0.703x;
+  6.7 s, 0.684x, before each all-to-all was paired with its own compute piece),
   while the same layout with NCCL alltoall (Bridge Qwen3 H100 25.09 -> 25.11, overlap switched on)
   matches (predicted 0.760x, measured 0.764x). What differs is the dispatcher (DeepEP's normal
   kernels run on SMs the overlapped GEMMs then lack; across nodes the model has one overlap

@@ -309,6 +309,33 @@ def test_cli_flags_for_folding_dispatcher_and_dp_impl():
     assert "Traceback" not in bad.output
 
 
+def test_a2a_overlap_pairs_each_all_to_all_with_one_compute_piece():
+    """Megatron's schedule_layer_1f1b runs four pairs per layer: forward attention beside the
+    backward's combine, backward MLP beside the forward's dispatch, forward MLP beside the
+    backward's dispatch, backward attention beside the forward's combine; each all-to-all moves
+    one direction (a/2 of the pass's dispatch + combine a). Hand count: a = 4 ms, forward 3 ms of
+    which the MLP 2 ms (attention 1 ms), backward 6 ms of which the MLP 4 ms (attention 2 ms):
+    hideable min(2, 1) + min(2, 4) + min(2, 2) + min(2, 2) = 7 ms, where pooling the pair's
+    compute (the old rule) hid min(8, 9) = 8 ms: the short forward attention leaves 1 ms of its
+    combine exposed whatever the MLP's length."""
+    base = dict(tp=2, pp=8, dp=16, ep=32, etp=1, vpp=4, sequence_parallel=1, micro_batch=1, global_batch=2048,
+                moe_a2a_overlap=1)
+    P = _pa(QWEN3, **base)
+    u = float(tm.unpaired_microbatch_fraction(P)[0])
+    a, f, b, mlp_f, mlp_b = 0.004, 0.003, 0.006, 0.002, 0.004
+    eff = tm.A2A_OVERLAP_EFFICIENCY
+    fwd, bwd = tm.a2a_overlap_exposed_s(np.array([a]), np.array([f]), np.array([b]), P,
+                                        mlp_fwd_s=np.array([mlp_f]), mlp_bwd_s=np.array([mlp_b]))
+    assert fwd[0] == pytest.approx(u * a)
+    assert bwd[0] == pytest.approx(u * a + (1 - u) * (2 * a - eff * 0.007))
+    _, pooled = tm.a2a_overlap_exposed_s(np.array([a]), np.array([f]), np.array([b]), P)
+    assert pooled[0] == pytest.approx(u * a + (1 - u) * (2 * a - eff * 0.008))
+    # balanced pieces that each outlast a/2: the pairs hide all of it, as pooling does
+    fwd2, bwd2 = tm.a2a_overlap_exposed_s(np.array([a]), np.array([0.008]), np.array([0.016]), P,
+                                          mlp_fwd_s=np.array([0.004]), mlp_bwd_s=np.array([0.008]))
+    assert bwd2[0] == pytest.approx(u * a + (1 - u) * (2 * a - eff * 2 * a))
+
+
 def test_dense_and_expert_groups_share_one_overlap_window():
     """The dense (dp·cp) and expert-DP groups' reduce-scatters run one after the other on the same
     links, behind one backward: each had been given the whole window (a randomized regret audit found

@@ -276,7 +276,8 @@ A2A_BW_EFFICIENCY = 1.0
 # A2A_BW_EFFICIENCY and EXPERT_GEMM_HOST_US on every MoE row (the Bridge recipes switch the
 # overlap on and off release by release): 0.9. Checks: Bridge Qwen3-235B 256 H100 25.09 -> 25.11
 # (overlap switched on) predicted 0.760x, measured 0.764x; the ModelZoo "+1f1b overlap" pair
-# predicted 0.684x, measured 0.893x (that pair alone gave 0.3).
+# predicted 0.684x, measured 0.893x (that pair alone gave 0.3); with the four pairs of
+# `a2a_overlap_exposed_s` (2026-11-28) 0.703x, and the refit keeps 0.9.
 A2A_OVERLAP_EFFICIENCY = 0.9
 # The MoE constants fitted on measured runs (bench/fsdp_moe_eval.py --fit in sample; planner.fit
 # refits them without each family for `planner validate --lofo`).
@@ -561,22 +562,34 @@ def a2a_in_nccl_copy_kernels(system: SystemSpec, dispatcher_code, ep, etp) -> np
         (np.asarray(ep) * np.asarray(etp) <= system.nvlink_domain_gpus)
 
 
-def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays, nccl_in_domain=False):
+def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays, nccl_in_domain=False,
+                          mlp_fwd_s=None, mlp_bwd_s=None):
     """(forward, backward) exposed expert all-to-all per layer and microbatch.
 
     Without overlap the dispatch + combine block the layer in both passes. With
-    --overlap-moe-expert-parallel-comm (Megatron combined 1F1B, combined_1f1b.py) each steady-state
-    step runs one microbatch's forward beside another's backward, layer by layer, on two streams:
-    the forward's all-to-all hides behind the backward's compute and vice versa, so the pair costs
-    max(compute, communication) at best; A2A_OVERLAP_EFFICIENCY of that ideal is reached (the
-    communication kernels take SMs from the GEMMs and each sub-layer waits for its own tokens).
+    --overlap-moe-expert-parallel-comm (Megatron combined 1F1B) each steady-state step runs one
+    microbatch's forward beside another's backward, layer by layer, on a compute and a
+    communication stream, in four pairs (model_chunk_schedule_plan.py, schedule_layer_1f1b): the
+    forward's attention beside the backward's combine, the backward's MLP beside the forward's
+    dispatch, the forward's MLP beside the backward's dispatch, the backward's attention beside
+    the forward's combine. Each pair takes the longer of its two, so an all-to-all hides only
+    behind the compute it is paired with: a short attention (few tokens, small head count)
+    leaves its pair's all-to-all exposed however long the MLP is. Each of the four moves one
+    direction's bytes (half of `a2a_s`, `moe_dispatch_s`). A2A_OVERLAP_EFFICIENCY of the ideal
+    is reached (the communication kernels take SMs from the compute). Given no MLP split
+    (a hybrid stack's mean block), the pairs are pooled: max(compute, communication) per step.
     The unpaired warm-up/cool-down passes expose theirs. The hidden part is charged to the
-    backward (the pass it overlaps). Where `nccl_in_domain` (a2a_in_nccl_copy_kernels) the overlap
-    hides nothing: both passes expose what they would without it."""
+    backward (the pass it overlaps). Where `nccl_in_domain` (a2a_in_nccl_copy_kernels) the
+    overlap hides nothing: both passes expose what they would without it."""
     plain = np.broadcast_to(a2a_s, np.shape(P.tp)).astype(np.float64)
     u = unpaired_microbatch_fraction(P)
-    hidden = A2A_OVERLAP_EFFICIENCY * np.minimum(2.0 * plain, fwd_compute_s + bwd_compute_s)
-    paired = 2.0 * plain - hidden
+    if mlp_fwd_s is None:
+        hideable = np.minimum(2.0 * plain, fwd_compute_s + bwd_compute_s)
+    else:
+        one_way = 0.5 * plain
+        paired_compute = (fwd_compute_s - mlp_fwd_s, mlp_bwd_s, mlp_fwd_s, bwd_compute_s - mlp_bwd_s)
+        hideable = sum(np.minimum(one_way, np.maximum(c, 0.0)) for c in paired_compute)
+    paired = 2.0 * plain - A2A_OVERLAP_EFFICIENCY * hideable
     on = (P.moe_a2a_overlap > 0) & ~np.asarray(nccl_in_domain, dtype=bool)
     fwd = np.where(on, u * plain, plain)
     bwd = np.where(on, u * plain + (1.0 - u) * paired, plain)
@@ -677,8 +690,13 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
         a2a = moe_dispatch_s(model, system, job, P, act_bytes)
         if model.hybrid_pattern:  # the mean block: only the MoE blocks dispatch
             a2a = a2a * model.blocks("E") / model.layers
+        # the MoE MLP apart from the rest of the layer (the overlap's pairs); a hybrid stack's
+        # mean block has no such split
+        mlp_fwd = None if model.hybrid_pattern else layer["moe_mlp_s"]
+        mlp_bwd = None if model.hybrid_pattern else BACKWARD_FACTOR * layer["moe_mlp_s"] + layer["wgrad_extra"]
         ep_fwd, ep_bwd = a2a_overlap_exposed_s(a2a, fwd_compute, bwd_compute, P,
-                                               a2a_in_nccl_copy_kernels(system, P.moe_dispatcher, P.ep, P.etp))
+                                               a2a_in_nccl_copy_kernels(system, P.moe_dispatcher, P.ep, P.etp),
+                                               mlp_fwd, mlp_bwd)
     else:
         ep_fwd = ep_bwd = np.zeros(len(P))
 
