@@ -193,10 +193,11 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec, argv: list[str] | 
         grad_reduce_in_bf16=ns["grad_reduce_in_bf16"] and not ns["accumulate_allreduce_grads_in_fp32"],
         fp8_param_gather=ns["fp8_param_gather"],
         moe_a2a_overlap=bool(cfg.get("overlap_moe_expert_parallel_comm", False)),
-        # megatron-core 0.19: DeepEP is the flex dispatcher with its deepep backend, the config's
-        # default backend (the checker does not report the backend field)
+        # megatron-core 0.19: the cost's DeepEP/HybridEP dispatch is the flex dispatcher with its
+        # deepep backend (the config's default) or, on multi-node NVLink, hybridep (the checker
+        # does not report the backend field)
         moe_dispatcher=("deepep" if ns.get("moe_token_dispatcher_type") == "flex"
-                        and ns.get("moe_flex_dispatcher_backend", "deepep") in ("deepep", "<absent>")
+                        and ns.get("moe_flex_dispatcher_backend", "deepep") in ("deepep", "hybridep", "<absent>")
                         else "alltoall"))
 
 

@@ -16,7 +16,7 @@ from hardware.spec import SystemSpec
 from planner.pipeline_layout import fullest_rank_layers, pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
 from planner.megatron import hybrid, te_precision
-from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch
+from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch, gpu_arch_major
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
@@ -116,9 +116,9 @@ def moe_layer_pattern(model: ModelSpec) -> str:
     return f"({'+'.join(parts)})"
 
 
-def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
+def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec | None = None) -> list[Arg]:
     """The experts as the model costs them (empty for dense models); `dispatcher` is
-    Plan.moe_dispatcher."""
+    Plan.moe_dispatcher, `system` picks the flex dispatcher's backend."""
     moe = model.moe
     if moe is None:
         return []
@@ -153,8 +153,8 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
               ("--moe-token-drop-policy", "probs")]
     # The model costs an all-to-all dispatch and grouped expert GEMMs (time.py); Megatron's
     # defaults are the allgather dispatcher and one GEMM per expert.
-    if dispatcher == "deepep":  # megatron-core 0.19: the flex dispatcher with its DeepEP backend
-        a += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
+    if dispatcher == "deepep":  # megatron-core 0.19: the flex dispatcher
+        a += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", flex_backend(system))]
     else:
         a.append(("--moe-token-dispatcher-type", "alltoall"))
     # The router is costed as fused (time.ROUTER_PASSES fp32 passes over tokens x experts): the
@@ -164,15 +164,37 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall") -> list[Arg]:
     # moe_router_fusion); fp32 router logits as they do too.
     a += [("--moe-grouped-gemm", None),
           ("--moe-router-dtype", "fp32"), ("--moe-router-fusion", None)]
+    # A load-balancing loss: Megatron's default aux-loss coefficient is 0, i.e. no balancing, and
+    # learned routing then drifts from the balance the cost assumes (JobSpec.moe_load_imbalance).
+    # 1e-2, the starting value Megatron's own --moe-aux-loss-coeff help recommends (arguments.py
+    # 0.19.2); its arithmetic is negligible and not costed.
+    a += [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")]
     return a
 
 
-def cuda_max_connections(plan: Plan) -> tuple[dict[str, str], list[str]]:
+def flex_backend(system: SystemSpec | None) -> str:
+    """The flex dispatcher's backend the cost's DeepEP/HybridEP dispatch runs on: DeepEP's
+    training kernels split a node's 8 NVLink GPUs from the RDMA network and do not run on 4-GPU
+    nodes (deepseek-ai/DeepEP issues 392, 579); on a multi-node NVLink domain (GB200/GB300 NVL72,
+    4 GPUs a node) NVIDIA's recipes run HybridEP (Megatron-Bridge perf_recipes, e.g.
+    qwen3_235b_a22b_pretrain_64gpu_gb200_fp8mx_config: moe_flex_dispatcher_backend 'hybridep';
+    planner/data/bridge_recipe_knobs.yaml)."""
+    if system is not None and (system.gpus_per_node < 8 or system.nvlink_domain_gpus > system.gpus_per_node):
+        return "hybridep"
+    return "deepep"
+
+
+def cuda_max_connections(plan: Plan, arch_major: int) -> tuple[dict[str, str], list[str]]:
     """(exported env, unset env). Megatron-FSDP asserts CUDA_DEVICE_MAX_CONNECTIONS is unset or
-    > 1 (arguments.py); everything else runs with 1 (required with tp/cp > 1 before Blackwell,
-    MA 2a, and what NVIDIA's launch scripts set)."""
+    > 1 (arguments.py). The MoE all-to-all overlap wants more than one connection, so that the
+    communication stream's kernels run beside the compute stream's (arguments.py's warning; the
+    MoE ModelZoo's launch script sets 32 with the overlap on): 32, unless TP communication overlap
+    runs before Blackwell, whose userbuffers need 1. Everything else runs with 1 (required with
+    tp/cp > 1 before Blackwell, MA 2a, and what NVIDIA's launch scripts set)."""
     if plan.zero_stage >= 2:
         return {}, ["CUDA_DEVICE_MAX_CONNECTIONS"]
+    if plan.moe_a2a_overlap and not (plan.tp_comm_overlap and arch_major < 10):
+        return {"CUDA_DEVICE_MAX_CONNECTIONS": "32"}, []
     return {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, []
 
 
@@ -230,7 +252,7 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     add("--attention-dropout", f"{dropout:g}")
     add("--hidden-dropout", f"{dropout:g}")
     a.extend(attention_args(model))
-    a.extend(moe_args(model, plan.moe_dispatcher))
+    a.extend(moe_args(model, plan.moe_dispatcher, system))
     if model.mtp_layers:
         add("--mtp-num-layers", model.mtp_layers)  # DeepSeek-V3 §2.2 modules, costed in flops.py
         if model.mtp_shared_weights:  # one module's weights run at every depth (ModelSpec)
@@ -380,12 +402,17 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     if save_interval is not None:
         add("--save-interval", save_interval)
 
-    env, unset_env = cuda_max_connections(plan)
+    env, unset_env = cuda_max_connections(plan, gpu_arch_major(system))
     gpus = plan.gpus
     notes = []
     if plan.offload_weights > 0:
         notes.append("offload_weights is not expressible in Megatron-LM and was left out")
     if model.moe is not None:
+        notes.append(f"routing balance: the cost assumes the busiest expert gets {job.moe_load_imbalance:g}x the "
+                     "mean token load (1 = balanced, what NVIDIA's published MoE benchmarks force with "
+                     "--moe-router-force-load-balancing, a benchmarking switch that ignores the router); the "
+                     "launch trains the router with an aux loss (--moe-aux-loss-coeff 1e-2), so a step can run "
+                     "slower while routing is uneven: `planner plan --moe-imbalance 1.6` costs that")
         notes.append("routing: Megatron's default router (softmax over the top-k, no expert bias); a model "
                      "trained with sigmoid scores and a load-balancing expert bias (DeepSeek-V3, Kimi K2, "
                      "GLM-4.5, Nemotron 3) needs --moe-router-score-function sigmoid "

@@ -62,6 +62,11 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
                            "activation recomputation (recompute must be none)")
         if layers < 2:
             reasons.append("offload_activations: CPU offloading needs at least 2 layers")
+        if model.hybrid_pattern:
+            # core/models/hybrid (0.19.2): only the GPT layer stack (transformer_block.py) opens
+            # the CPU-offload context; the hybrid stack parses the flag and offloads nothing
+            reasons.append("offload_activations: Megatron's hybrid (Mamba) layer stack has no layer-wise CPU "
+                           "offloading; --cpu-offloading-num-layers would offload nothing")
     if plan.offload_optimizer > 0 and plan.zero_stage != 1:
         # MA 3: --optimizer-cpu-offload goes with the distributed optimizer.
         reasons.append("offload_optimizer: --optimizer-cpu-offload needs the distributed optimizer "
@@ -151,6 +156,16 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         if plan.zero_stage == 0:
             reasons.append("fp8_param_gather: Megatron gathers FP8 parameters only with the distributed "
                            "optimizer or FSDP (zero_stage >= 1)")
+        if plan.dp_impl == "torch-fsdp2":
+            # arguments.py (0.19.2): under --use-torch-fsdp2 with TE >= 2.0 Megatron turns
+            # --fp8-param-gather off with a warning and gathers in bf16
+            reasons.append("fp8_param_gather: Megatron turns it off under torch FSDP2 (Transformer Engine >= 2.0) "
+                           "and gathers bf16 parameters; use the distributed optimizer or Megatron-FSDP")
+        if plan.offload_optimizer > 0 and job.dtype != "fp8":
+            # arguments.py (0.19.2): the hybrid device optimizer keeps FP8 parameters only under
+            # delayed scaling
+            reasons.append("fp8_param_gather: with offload_optimizer Megatron keeps FP8 parameters only under "
+                           f"delayed scaling (dtype fp8), got {job.dtype}")
     if plan.grad_reduce_in_bf16 and job.dtype == "fp16":
         reasons.append("grad_reduce_in_bf16: Megatron applies --grad-reduce-in-bf16 only to bf16-based "
                        "training, not fp16")

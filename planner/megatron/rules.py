@@ -86,6 +86,10 @@ def _build_parser() -> _Parser:
         p.add_argument(name, choices=allowed, default=None)
     p.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
     p.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    # arguments.py 0.19.2: one value per load-balancing type (nargs='+')
+    p.add_argument("--moe-router-load-balancing-type", nargs="+", default=["aux_loss"],
+                   choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"))
+    p.add_argument("--moe-aux-loss-coeff", nargs="+", type=float, default=[0.0])
     p.add_argument("--glu-linear-offset", type=float, default=0.0)
     p.add_argument("--rotary-percent", type=float, default=1.0)
     p.add_argument("--activation-func-clamp-value", type=float, default=None)
@@ -143,6 +147,8 @@ MSG_OPT_OFFLOAD = ("The optimizer cpu offload must be used in conjunction with "
                    "code path of this flag.")
 MSG_PRECISION_AWARE_DIST_OPT = "--use-precision-aware-optimizer only supported with distributed optimizer"
 MSG_CPU_OFFLOAD_PP = "Currently there is no support for Pipeline parallelism with CPU offloading"
+MSG_OPT_OFFLOAD_FP8_PARAM = ("When `--fp8-param-gather` is enabled, the optimizer cpu offload must be used in "
+                             "conjunction with `--fp8-recipe delayed`.")
 MSG_FP8_PARAM_GATHER = ("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
                         "megatron fsdp, or inference mode")
 MSG_FP4_FP8 = "--fp4-format and --fp8-format cannot be used simultaneously. Please choose one."
@@ -341,7 +347,7 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
 
     # arguments.py: FP8 parameters need a sharded optimizer; FP4 and FP8 exclude each other;
     # the TE cross-entropy kernel is refused in 0.19.2.
-    if a.fp8_param_gather and not (a.use_distributed_optimizer or a.use_megatron_fsdp):
+    if a.fp8_param_gather and not (a.use_distributed_optimizer or a.use_megatron_fsdp or a.use_torch_fsdp2):
         err(MSG_FP8_PARAM_GATHER)
     if a.fp4_format is not None and a.fp8_format is not None:
         err(MSG_FP4_FP8)
@@ -411,6 +417,10 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     # MA 2a: optimizer CPU offload.
     if a.optimizer_cpu_offload and not a.use_precision_aware_optimizer:
         err(MSG_OPT_OFFLOAD)
+    # arguments.py (0.19.2): the hybrid device optimizer keeps FP8 parameters only under delayed
+    # scaling
+    if a.optimizer_cpu_offload and a.fp8_param_gather and a.fp8_recipe not in (None, "delayed"):
+        err(MSG_OPT_OFFLOAD_FP8_PARAM)
     # core/optimizer/optimizer_config.py __post_init__ (0.19.2): the precision-aware optimizer
     # runs only on the distributed optimizer, which Megatron-FSDP turns on (arguments.py).
     if a.use_precision_aware_optimizer and not (a.use_distributed_optimizer or a.use_megatron_fsdp):
