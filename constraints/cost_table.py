@@ -60,6 +60,18 @@ from planner.threads import map_in_order
 
 MEMORY_BITS = RULE_BITS["hbm"] | RULE_BITS["offload_capacity"]
 CHUNK = 32_768   # rows per estimate_many call: working set in cache (400 k: ~25 % more CPU, measured)
+
+
+def chunk_rows(space: Space) -> int:
+    """Rows per estimate_many call for `space`: CHUNK, fewer where a row carries every pipeline
+    rank (a pipelined hybrid stack, plans.with_every_rank: pp columns, not 3), so that a chunk's
+    arrays stay the size CHUNK rows of 3 representative ranks have (10,000 blocks at pp 1,024 had
+    taken 18 GB)."""
+    from planner.analytical import layer_kinds
+    if not layer_kinds.by_block(space.model):
+        return CHUNK
+    width = max(3, max(space.domains.get("pp", (1,))))
+    return max(64, CHUNK * 3 // width)
 SCALE = 1_000_000          # integer cost = round(objective / best · SCALE)
 MAX_SCALED = 1_000_000_000  # clip: rows > 1000× the best keep their order through the tie-break
 
@@ -93,12 +105,14 @@ def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS,
 
 
 def _estimate(space: Space, rows: dict[str, np.ndarray], keep) -> dict[str, np.ndarray]:
+    size = chunk_rows(space)
+
     def chunk(lo: int) -> dict[str, np.ndarray]:
-        part = {k: v[lo:lo + CHUNK] for k, v in rows.items()}
+        part = {k: v[lo:lo + size] for k, v in rows.items()}
         res = estimate_many(space.model, space.system, space.job, plan_arrays(space, part))
         return {k: res[k] for k in keep}
 
-    parts = map_in_order(chunk, range(0, len(rows["tp"]), CHUNK))  # on several threads: planner.threads
+    parts = map_in_order(chunk, range(0, len(rows["tp"]), size))  # on several threads: planner.threads
     res = {k: (np.concatenate([p[k] for p in parts]) if parts else np.zeros(0)) for k in keep}
     res["violations"] = res["violations"].astype(np.int64)
     return res
@@ -480,11 +494,13 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
             if not len(li):
                 continue
             oi = cols[ci]
-            def at_largest_batch(lo: int, li=li, oi=oi) -> dict[str, np.ndarray]:
-                part = _pairs(lay, opt, li[lo:lo + CHUNK], oi[lo:lo + CHUNK])  # columns built chunk by chunk
+            size = chunk_rows(space)
+
+            def at_largest_batch(lo: int, li=li, oi=oi, size=size) -> dict[str, np.ndarray]:
+                part = _pairs(lay, opt, li[lo:lo + size], oi[lo:lo + size])  # columns built chunk by chunk
                 return evaluate(space, at_batch(part, part["m_max"]))
 
-            res_m = _cat(map_in_order(at_largest_batch, range(0, len(li), CHUNK)))
+            res_m = _cat(map_in_order(at_largest_batch, range(0, len(li), size)))
             evaluated += len(li)
             fits = res_m["violations"] == 0
             covered[li, oi] = fits

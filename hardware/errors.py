@@ -87,9 +87,20 @@ def in_range(low: float, high: float, integer: bool = False):
         if not low <= value <= high:
             raise PydanticCustomError("value_range", "must be {kind} from {low} to {high}, got {value}",
                                       {"kind": kind, "low": format(low, fmt), "high": format(high, fmt),
-                                       "value": value if integer else format(value, "g")})
+                                       "value": _shown_int(value) if integer else format(value, "g")})
         return value
     return AfterValidator(check)
+
+
+def _shown_int(value: int) -> str:
+    """An integer as an error shows it: in full up to 20 digits, else in short (a 300-digit value
+    would fill the line, and str() refuses one of over 4,300 digits)."""
+    if abs(value) < 10 ** 20:
+        return str(value)
+    try:
+        return format(float(value), "g")
+    except OverflowError:
+        return "an integer of -1e+308 or less" if value < 0 else "an integer of 1e+308 or more"
 
 
 # A spec file is a few hundred bytes; anything this large is not one (and would be slow to parse).
@@ -101,6 +112,93 @@ class DuplicateKeyError(Exception):
 
     def __init__(self, key: str, line: int):
         super().__init__(f"duplicate key {key!r} (line {line})")
+
+
+class BadNumberError(Exception):
+    """A number no field can take, said for the key it sits under (PyYAML would raise a bare
+    ValueError, or give a silent inf)."""
+
+    def __init__(self, where: str, node, problem: str):
+        shown = shortened(node.value, 24) or repr("")
+        super().__init__(f"{where}: {shown} (line {node.start_mark.line + 1}) {problem}")
+
+
+# Magnitude from which a number in a spec file is out of range: a float's range (~1.8e308). Every
+# number is used in float arithmetic, so a larger one is no field's value; Python also refuses to
+# convert a decimal integer of over 4,300 digits (a ValueError "Exceeds the limit").
+MAX_DIGITS = 308
+_INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+
+
+def _number_problem(node) -> str | None:
+    """What is wrong with an int- or float-tagged scalar, mirroring PyYAML's constructors (an
+    explicit `!!int abc` reaches int() unchecked); None if it converts to a number in range. Base
+    60 and leading-0 octal are left to the strict constructors, which refuse them."""
+    text = str(node.value).replace("_", "")
+    body = text[1:] if text[:1] in ("+", "-") else text
+    if ":" in body:
+        return None
+    if node.tag == _INT_TAG:
+        base = 2 if body.startswith("0b") else 16 if body.startswith("0x") else 10
+        digits = body[2:] if base != 10 else body
+        allowed = {2: "01", 10: "0123456789", 16: "0123456789abcdefABCDEF"}[base]
+        if not digits or any(c not in allowed for c in digits):
+            return "is tagged !!int but is not an integer"
+        if base == 10:
+            if len(digits) > 1 and digits[0] == "0":
+                return None  # octal: construct_yaml_int refuses it
+            if len(digits) > MAX_DIGITS:
+                return f"is out of range ({len(digits):,} digits): no field takes a number of 1e+{MAX_DIGITS} or more"
+            too_large = False
+        else:  # int() of a power-of-two base has no digit limit
+            too_large = int(digits, base) >= 10 ** MAX_DIGITS
+    else:
+        if body.lower() in (".inf", ".nan"):
+            return None
+        try:
+            value = float(text)
+        except ValueError:
+            return "is tagged !!float but is not a number"
+        too_large = math.isinf(value) and any(c.isdigit() for c in body)  # 1.0e+999; not inf spelled out
+    if too_large:
+        return f"is out of range: no field takes a number of 1e+{MAX_DIGITS} or more"
+    return None
+
+
+def _check_numbers(root) -> None:
+    """Refuse a number no field can take, naming the keys that lead to it (`moe.num_experts`,
+    `network.1.domain_gpus`). Walked with a stack (a deeply nested file must not overflow
+    Python's), each node once (an alias shares its anchor's); a path is kept as (parent, name)
+    links and spelled out only for the error."""
+    import yaml
+    stack, seen = [(root, None)], set()
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            problem = node.tag in (_INT_TAG, _FLOAT_TAG) and _number_problem(node)
+            if problem:
+                raise BadNumberError(_spelled(path), node, problem)
+        elif isinstance(node, yaml.SequenceNode):  # pushed last first: the file's first error is said
+            stack.extend((item, (path, str(i))) for i, item in reversed(list(enumerate(node.value))))
+        elif isinstance(node, yaml.MappingNode):
+            for key, value in reversed(node.value):
+                stack.append((value, (path, shortened(key.value, 40) if isinstance(key, yaml.ScalarNode) else "?")))
+                stack.append((key, (path, None)))  # None: the key itself
+
+
+def _spelled(path) -> str:
+    """A (parent, name) chain as the keys a user reads: `records.0.parallel.tp`, `a key in moe`."""
+    names = []
+    while path is not None:
+        path, name = path
+        names.append(name)
+    names.reverse()
+    if names and names[-1] is None:
+        return f"a key in {'.'.join(names[:-1])}" if names[:-1] else "a key"
+    return ".".join(names) or "(top level)"
 
 
 @functools.cache
@@ -124,6 +222,10 @@ def _strict_loader(base, aliases: bool = False):
                 if duplicate:
                     raise DuplicateKeyError(str(key_node.value), key_node.start_mark.line + 1)  # as written
             return super().construct_mapping(node, deep)
+
+        def construct_document(self, node):
+            _check_numbers(node)
+            return super().construct_document(node)
 
         def compose_node(self, parent, index):  # the pure-Python composer only
             if not aliases and self.check_event(yaml.AliasEvent):
@@ -214,7 +316,7 @@ def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
         if path.stat().st_size > MAX_YAML_BYTES:
             raise SpecError(f"{what} {path}: larger than {MAX_YAML_BYTES >> 20} MiB, not a spec file")
         data = _load_strict(yaml, path.read_text(encoding="utf-8"), aliases)
-    except DuplicateKeyError as exc:
+    except (DuplicateKeyError, BadNumberError) as exc:
         raise SpecError(f"{what} {path}: {exc}") from None
     except UnicodeDecodeError:
         raise SpecError(f"{what} {path}: not a text (UTF-8) YAML file") from None
@@ -367,14 +469,42 @@ def preset_hint(ref: str, names: list[str]) -> str:
 
 
 def _yaml_number_hint(text: str) -> str:
-    """Why YAML read a number as text: PyYAML (YAML 1.1) takes 1e3 or 1.0e300 as a string; a float
-    needs a dot and a signed exponent (1.0e+3)."""
+    """Why YAML read a number as text, and how to write it so that it reads as the same number:
+    PyYAML (YAML 1.1) takes 1e3 or 1.2345e6 as a string, a float needing a dot and a signed
+    exponent (1.0e+3, 1.2345e+6); quoted, any number is text; nan and inf are no field's value."""
     try:
         value = float(text)
     except ValueError:
         return ""
-    written = f"{value:.1e}" if "e" in f"{value:g}" else f"{value:g}"
-    return f" (YAML 1.1 reads it as text; write {written})"
+    if math.isinf(value) and any(c.isdigit() for c in text):
+        return f" (out of range: no field takes a number of 1e+{MAX_DIGITS} or more)"
+    if not math.isfinite(value):
+        return " (non-finite numbers are not allowed; give a finite number)"
+    import yaml
+    # as written (it was quoted), else the shortest spelling that YAML reads back as this very
+    # number: %g (1000, 1.2345e+06), the user's digits mended, Python's exact repr
+    short = f"{value:g}"
+    for written in (text.strip(), short, _yaml_float(short), _yaml_float(text.strip()), _yaml_float(repr(value))):
+        try:
+            read = yaml.safe_load(written)
+        except yaml.YAMLError:
+            continue
+        if isinstance(read, (int, float)) and not isinstance(read, bool) and read == value:
+            if written == text.strip():
+                return " (write it without quotes)"
+            return f" (YAML 1.1 reads it as text; write {written})"
+    return ""
+
+
+def _yaml_float(text: str) -> str:
+    """`text` (a Python float's spelling) as YAML 1.1 reads a float: a dot in the mantissa, a sign
+    on the exponent (1e3 -> 1.0e+3, 1.2345e6 -> 1.2345e+6)."""
+    mantissa, _, exponent = text.replace("E", "e").partition("e")
+    if "." not in mantissa:
+        mantissa += ".0"
+    if exponent and exponent[0] not in "+-":
+        exponent = "+" + exponent
+    return f"{mantissa}e{exponent}" if exponent else mantissa
 
 
 def refuse_loose_types(data: dict, schema, where: str) -> None:

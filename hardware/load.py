@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hardware.errors import SpecError, one_line, read_yaml_mapping, reference_text, refuse_loose_types, resolve_preset_or_file
-from hardware.spec import Accelerator, SystemSpec
+from hardware.spec import MAX_GPUS, Accelerator, SystemSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
 ACCELERATOR_DIR = PRESET_DIR / "accelerators"
@@ -68,11 +68,18 @@ def _check_replaced_num_gpus(value, label: str) -> None:
     where = f"system ({label})"
     try:
         refuse_loose_types({"num_gpus": value}, SystemSpec, where)
-        create_model("SystemGpus", num_gpus=(field.annotation, field)).model_validate({"num_gpus": value})
+        gpus = create_model("SystemGpus", num_gpus=(field.annotation, field)).model_validate({"num_gpus": value})
+        _check_gpu_cap(gpus.num_gpus, where)
     except ValidationError as err:
         raise SpecError(f"{one_line(err, where)} (the file's own value, which --gpus replaces)") from None
     except SpecError as err:
         raise SpecError(f"{err} (the file's own value, which --gpus replaces)") from None
+
+
+def _check_gpu_cap(num_gpus: int, where: str) -> None:
+    """A file's num_gpus within the cap of --gpus (not a SystemSpec bound: see MAX_GPUS)."""
+    if num_gpus > MAX_GPUS:
+        raise SpecError(f"{where}: num_gpus: must be an integer from 1 to {MAX_GPUS:,} (as --gpus), got {num_gpus:,}")
 
 
 def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
@@ -82,6 +89,8 @@ def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     if num_gpus is not None:
         if num_gpus < 1:
             raise SpecError(f"gpus: must be a positive integer, got {num_gpus}")
+        if num_gpus > MAX_GPUS:
+            raise SpecError(f"gpus: must be an integer from 1 to {MAX_GPUS:,}, got {num_gpus}")
         if "num_gpus" in data:
             _check_replaced_num_gpus(data["num_gpus"], label)
         data["num_gpus"] = num_gpus
@@ -90,6 +99,8 @@ def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
         system = SystemSpec.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"system ({label})") from None
+    if num_gpus is None:
+        _check_gpu_cap(system.num_gpus, f"system ({label})")
     # on the system as loaded, GPU override applied (not in the validator: see SystemSpec)
     try:
         system.check_spans_system()

@@ -56,6 +56,10 @@ OffloadGib = Annotated[float, in_range(1e-3, 1e9)]
 # Offload bandwidth per GPU: 0.01 GB/s (a slow disk's per-GPU share) up to exactly the "infinite"
 # bandwidth of `planner sweep offload_gb_per_s=inf` (sweep.INFINITE_GB_PER_S = 1e6 GB/s).
 OffloadGbPerS = Annotated[float, in_range(0.01, 1e6)]
+# GPUs of a system as loaded: a million, also the cap of the CLI's --gpus (README "Limits").
+# Checked by hardware.load, not by SystemSpec: the infeasibility diagnosis grows num_gpus past it
+# on purpose (search.py, "fits on 64x GPUs").
+MAX_GPUS = 1 << 20
 # A name the output shows ("on 16× H100 (name)"): one line of visible text
 Name = Annotated[str, Field(min_length=1, pattern=VISIBLE_LINE_PATTERN)]
 # GEMM min-dimension at which efficiency halves: 0 up to 1e6 rows (presets 140-170; the fit's

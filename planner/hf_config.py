@@ -4,7 +4,10 @@ One mapping serves every decoder-only architecture; `model_type` only chooses th
 config may leave out (tied embeddings, the MLP's activation, which MoE field names it uses). A
 `model_type` not in ARCHITECTURES is read on purpose, from its own fields and Hugging Face's
 defaults (tied embeddings; a gated MLP only with a SiLU activation), not refused; a config that
-lacks a field the mapping needs is refused naming the field and the architectures read.
+lacks a field the mapping needs is refused naming the field and the architectures read; a key
+that only another architecture's Hugging Face class reads (KEYS_READ_BY: moe_intermediate_size
+in a Mixtral config, shared experts in a Qwen3-MoE one) is refused naming the key and the model_type.
+DeepSeek's left-out MLA ranks are Hugging Face's defaults (HF_MLA_DEFAULTS), said when read.
 What ModelSpec cannot express is approximated, named in APPROXIMATIONS and said when a config is
 read (`approximation_notes`): sliding-window layers are costed as full attention, GeGLU as SwiGLU
 (same three matrices), Qwen2's q/k/v biases,
@@ -79,6 +82,8 @@ def sliding_window_note(cfg: dict, seq_length: int) -> str:
     full causal attention, an overcount of the attention core wherever the window is shorter than
     the sequence. "" where the config has none, or a window no shorter than the sequence."""
     window = cfg.get("sliding_window")
+    if isinstance(window, float) and window.is_integer():
+        window = int(window)  # 4096.0 is 4096, as _check_types reads it
     kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
     sliding = sum(1 for k in kinds if k == "sliding_attention")
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or window >= seq_length \
@@ -95,7 +100,7 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
     cfg = read_config(path)
     kind = cfg.get("model_type")
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
-    return [n for n in (*notes, sliding_window_note(cfg, seq_length)) if n]
+    return [n for n in (*notes, hf_default_note(cfg), sliding_window_note(cfg, seq_length)) if n]
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
 # gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
 MLP_BIAS_TYPES = ("gpt_oss",)
@@ -121,7 +126,8 @@ INTEGER_KEYS = (
     "experts_per_token", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
     "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", *SHARED_EXPERT_COUNT_KEYS,
     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
-    "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size")
+    "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size",
+    "sliding_window")
 # Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
 # to at least one expert); every other integer key may be 0 (no MTP, no shared or dense layers)
 AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "experts_per_token", "moe_layer_freq",
@@ -150,7 +156,7 @@ POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_
 # Architectures whose experts are sized by moe_intermediate_size (transformers' Qwen2/3-MoE,
 # Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
 EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")
-BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm")
+BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "use_sliding_window")
 # transformers' activation table (activations.py ACT2CLS: every name a config may give), each one
 # element-wise pass; a gate comes from the architecture or SiLU (Apertus's xielu is a plain MLP)
 HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
@@ -162,6 +168,101 @@ LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "moe_layers")
 # rope_scaling's rope_type (older configs: type) as transformers names them (modeling_rope_utils;
 # "su" is LongRoPE's old name, "mrope" Qwen-VL's); only YaRN is costed apart
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "su", "mrope")
+# Multi-head latent attention (MLA). transformers' DeepseekV2Config and DeepseekV3Config always
+# build it (DeepseekV2Attention / DeepseekV3Attention have no plain-attention path) and default each
+# MLA size a config.json leaves out (configuration_deepseek_v2.py / configuration_deepseek_v3.py:
+# kv_lora_rank 512, q_lora_rank 1536, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128).
+# A left-out rank (MLA_DEFAULTED) is read as that default and said (`approximation_notes`), as HF
+# builds it: without kv_lora_rank the config was costed as plain attention. The head widths stay
+# required (refused by name when left out). q_lora_rank null is HF's "no query compression"
+# (DeepSeek-V2-Lite); any other MLA size null has no meaning there and is refused.
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MLA_DEFAULTED = ("kv_lora_rank", "q_lora_rank")
+_DEEPSEEK_MLA = {"kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                 "v_head_dim": 128}
+HF_MLA_DEFAULTS: dict[str, tuple[str, dict]] = {"deepseek_v2": ("DeepseekV2Config", _DEEPSEEK_MLA),
+                                                "deepseek_v3": ("DeepseekV3Config", _DEEPSEEK_MLA)}
+# Config keys that only some architectures' Hugging Face classes read (transformers
+# configuration_*.py). Given (non-zero) for another model_type the planner names, they would be
+# read for the wrong model (moe_intermediate_size sizing Mixtral's experts, a count of shared
+# experts Qwen3-MoE does not have) or dropped silently (a Llama's intermediate_size_mlp): refused,
+# naming the key and the model_type. UNLISTED: also read for a model_type outside ARCHITECTURES and
+# HF_MLA_DEFAULTS, which is read from its own fields. (0 is how a config says "none":
+# Qwen3-Coder-480B's shared_expert_intermediate_size 0 is its model.)
+UNLISTED = "unlisted"
+KEYS_READ_BY: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{k: ("an MLA size", (*HF_MLA_DEFAULTS, UNLISTED)) for k in MLA_KEYS},
+    "moe_intermediate_size": ("the routed experts' width", (*EXPERT_FFN_KEY_TYPES, "nemotron_h", UNLISTED)),
+    "n_shared_experts": ("a shared-expert count", ("deepseek_v2", "deepseek_v3", "glm4_moe", "nemotron_h", UNLISTED)),
+    "num_shared_experts": ("a shared-expert count", (UNLISTED,)),
+    "shared_expert_intermediate_size": ("Qwen2-MoE's shared-expert width", ("qwen2_moe", "qwen3_next", UNLISTED)),
+    "moe_shared_expert_intermediate_size": ("Nemotron-H's shared-expert width", ("nemotron_h",)),
+    "moe_latent_size": ("Nemotron 3's latent MoE width", ("nemotron_h",)),
+    "intermediate_size_mlp": ("Llama 4's dense-layer width", ("llama4_text",)),
+    "swiglu_limit": ("GPT-OSS's SwiGLU clamp", ("gpt_oss", UNLISTED)),
+    # Llama 4's weightless L2 norm, GLM-4.5's q/k norms (Qwen3 and Gemma-3 have theirs always)
+    "use_qk_norm": ("a q/k norm switch", ("llama4_text", "glm4_moe", *QK_NORM_TYPES, UNLISTED)),
+}
+
+
+def _readers(readers: tuple[str, ...]) -> str:
+    named = ", ".join(r for r in readers if r != UNLISTED)
+    other = "model_types the planner does not list" if UNLISTED in readers else ""
+    return f"{named}, and {other}" if named and other else named or other
+
+
+def refuse_unread_keys(cfg: dict, path: Path) -> None:
+    """One line naming a config key that the model_type's Hugging Face class does not read
+    (KEYS_READ_BY), or an MLA size that no MLA switches on; the planner would otherwise cost
+    another model than the one Hugging Face builds."""
+    model_type = cfg.get("model_type")
+    listed = model_type in ARCHITECTURES or model_type in HF_MLA_DEFAULTS
+    unread = [k for k, (_, readers) in KEYS_READ_BY.items()
+              if cfg.get(k) and model_type not in readers and (listed or UNLISTED not in readers)]
+    if unread:
+        key = unread[0]
+        what, readers = KEYS_READ_BY[key]
+        also = f"; also not read: {', '.join(unread[1:])}" if unread[1:] else ""
+        raise SpecError(f"model {path}: {key} {_shown(cfg[key])} ({what}) is not read for model_type "
+                        f"{_shown(model_type)} (Hugging Face's config for it has no such field; read for: "
+                        f"{_readers(readers)}); remove it{also}")
+    rope = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
+    for key, given in (("partial_rotary_factor", (cfg.get("partial_rotary_factor") or 1) < 1),
+                       ("rope_scaling", (rope.get("rope_type") or rope.get("type") or "default") != "default")):
+        if model_type == "nemotron_h" and given:  # NemotronHConfig has neither field
+            raise SpecError(f"model {path}: {key} {_shown(cfg[key])}: nemotron_h has no RoPE (its attention layers "
+                            "use no position embedding); remove it")
+    if model_type in HF_MLA_DEFAULTS:
+        for key in MLA_KEYS:
+            if key != "q_lora_rank" and key in cfg and cfg[key] is None:
+                raise SpecError(f"model {path}: {key} is null; a {model_type} model's attention is always MLA: "
+                                f"give {key} an integer >= 1 (Hugging Face's {HF_MLA_DEFAULTS[model_type][0]} "
+                                f"default: {HF_MLA_DEFAULTS[model_type][1][key]})")
+    elif not cfg.get("kv_lora_rank"):
+        given = [k for k in MLA_KEYS if cfg.get(k)]
+        if given:  # MLA is switched on by its KV compression rank; without it these would be dropped
+            raise SpecError(f"model {path}: {', '.join(given)} given without kv_lora_rank (model_type "
+                            f"{_shown(model_type)}): MLA sizes are read only with kv_lora_rank, its KV "
+                            "compression rank; give kv_lora_rank or remove them")
+
+
+def hf_mla_defaults(cfg: dict) -> dict:
+    """The MLA sizes a DeepSeek config leaves out, as Hugging Face's config class defaults them
+    (HF_MLA_DEFAULTS); {} for other model_types."""
+    kind = cfg.get("model_type")
+    if not isinstance(kind, str) or kind not in HF_MLA_DEFAULTS:
+        return {}
+    return {k: HF_MLA_DEFAULTS[kind][1][k] for k in MLA_DEFAULTED if k not in cfg}
+
+
+def hf_default_note(cfg: dict) -> str:
+    """What a DeepSeek config left out and is read as Hugging Face's default; "" if nothing."""
+    given = hf_mla_defaults(cfg)
+    if not given:
+        return ""
+    return (f"{', '.join(f'{k} {v}' for k, v in given.items())}: absent from config.json, read as Hugging Face's "
+            f"{HF_MLA_DEFAULTS[cfg['model_type']][0]} default{'s' if len(given) > 1 else ''} (its attention is "
+            "always MLA)")
 
 
 def _shown(value) -> str:
@@ -371,8 +472,10 @@ def model_fields(path: Path) -> dict:
     _check_types(cfg, path)
     refuse_encoders(cfg, path)
     refuse_non_attention_mixers(cfg, path)
+    refuse_unread_keys(cfg, path)
     model_type = cfg.get("model_type")
-    defaults = ARCHITECTURES.get(model_type, ({}, ""))[0]
+    # a DeepSeek config's left-out MLA sizes are HF's defaults (said in approximation_notes)
+    defaults = {**ARCHITECTURES.get(model_type, ({}, ""))[0], **hf_mla_defaults(cfg)}
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     missing = [f for f in REQUIRED if f not in cfg]
     moe_keys = _count_keys(cfg, EXPERT_COUNT_KEYS, "routed-expert", path)
@@ -402,7 +505,7 @@ def model_fields(path: Path) -> dict:
         key = "hidden_act" if cfg.get("hidden_act") else "hidden_activation"
         raise SpecError(f"model {path}: {key} {act!r} is not an activation the planner reads; allowed: "
                         f"{', '.join(HF_ACTIVATIONS)}")
-    act = act.lower()
+    act, act_key = act.lower(), "hidden_act" if cfg.get("hidden_act") else "hidden_activation"
     # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
     gated = model_type in ARCHITECTURES or act in ("silu", "swish")
     max_pos = cfg.get("max_position_embeddings")
@@ -451,6 +554,9 @@ def model_fields(path: Path) -> dict:
     if isinstance(cfg.get("swiglu_limit"), (int, float)) and not isinstance(cfg["swiglu_limit"], bool) \
             and cfg["swiglu_limit"] > 0:
         fields["activation_clamp"] = float(cfg["swiglu_limit"])
+        if fields["activation"] != "swiglu":  # said in the config's terms, not ModelSpec's activation
+            raise SpecError(f"model {path}: swiglu_limit {_shown(cfg['swiglu_limit'])} clamps a gated (SwiGLU) MLP; "
+                            f"this config's MLP is not gated ({act_key} {act}); remove it")
     if cfg.get("kv_lora_rank"):
         _require(cfg, ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), "kv_lora_rank (MLA) needs its head widths")
         fields["mla"] = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",

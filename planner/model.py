@@ -1,9 +1,10 @@
 """What a model IS: transformer shape, parameter counts, and presets."""
 from __future__ import annotations
 
+import operator
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
@@ -53,10 +54,40 @@ CapacityFactor = Annotated[PositiveFloat, in_range(0.01, 1000.0)]
 ActivationClamp = Annotated[PositiveFloat, in_range(1e-3, 1e6)]
 
 
-class MoESpec(BaseModel):
-    """Mixture of experts in the MLP of (all but the first `first_dense_layers`) layers."""
+def _whole(value) -> int | None:
+    """`value` as the int a field reads it as: 4096 or 4096.0 (pydantic takes a whole float for an
+    int field, as Plan's and JobSpec's do); None for a bool, text or a fraction (refused by the
+    field itself)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+class _Part(BaseModel):
+    """A model spec or a part of one. ModelSpec(layers=True) or layers="2" is a mistake, not 1 or 2
+    (pydantic's lax mode would read both; load_model refuses them first, naming the file), as
+    Plan and JobSpec refuse theirs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    spec_label: ClassVar[str] = "model"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_loose_types(cls, data):
+        if isinstance(data, dict):
+            refuse_loose_types(data, cls, cls.spec_label)
+        return data
+
+
+class MoESpec(_Part):
+    """Mixture of experts in the MLP of (all but the first `first_dense_layers`) layers."""
+
+    spec_label: ClassVar[str] = "moe"
     num_experts: Experts
     top_k: Experts
     expert_ffn: FfnWidth | None = Field(default=None, description="default: the dense ffn")
@@ -107,12 +138,12 @@ class MoESpec(BaseModel):
         return self
 
 
-class MLASpec(BaseModel):
+class MLASpec(_Part):
     """Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434 §2.1, eqs. 9-19; DeepSeek-V3
     config.json field names). Queries and keys/values pass through low-rank latents; each head's
     query/key is a no-position part plus a decoupled RoPE part whose key is shared by all heads."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    spec_label: ClassVar[str] = "mla"
     q_lora_rank: Width | None = Field(default=None, description="None = queries not compressed")
     kv_lora_rank: Width
     qk_nope_head_dim: Width
@@ -124,13 +155,13 @@ class MLASpec(BaseModel):
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
 
-class MambaSpec(BaseModel):
+class MambaSpec(_Part):
     """A Mamba-2 mixer (Dao & Gu 2024, "Transformers are SSMs", §7; Megatron-Core
     ssm/mamba_mixer.py; --mamba-num-heads / --mamba-head-dim / --mamba-state-dim /
     --mamba-num-groups): d_inner = num_heads·head_dim channels, a state of state_dim per head
     whose input (B) and output (C) projections are shared by the heads of one of `groups` groups."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    spec_label: ClassVar[str] = "mamba"
     num_heads: Heads
     head_dim: Width
     state_dim: Width
@@ -169,12 +200,10 @@ HYBRID_BLOCKS = {"M": "Mamba-2 mixer", "*": "attention", "-": "dense MLP", "E": 
 ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS, pattern=VISIBLE_LINE_PATTERN)]
 
 
-class ModelSpec(BaseModel):
+class ModelSpec(_Part):
     """A decoder-only transformer. Every MLP/attention is a matmul of these widths. With
     `hybrid_pattern` (Nemotron-H / Nemotron-3) each layer is ONE block of the pattern (a Mamba-2
     mixer, attention, a dense MLP or a MoE MLP) instead of attention followed by an MLP."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: ModelName = "custom"
     layers: Layers
@@ -222,14 +251,27 @@ class ModelSpec(BaseModel):
     @classmethod
     def _default_head_dim(cls, data):
         # resolve head_dim here so that `model.head_dim` is always the width actually used
-        if isinstance(data, dict) and data.get("head_dim") is None:
-            hidden, heads = data.get("hidden"), data.get("heads")
-            mla = data.get("mla")
-            if (isinstance(hidden, int) and isinstance(heads, int) and not isinstance(hidden, bool)
-                    and heads > 0 and hidden % heads == 0):
-                data = {**data, "head_dim": hidden // heads}
-            elif isinstance(mla, dict) and isinstance(mla.get("v_head_dim"), int):
-                data = {**data, "head_dim": mla["v_head_dim"]}  # MLA's widths live in `mla`
+        if not isinstance(data, dict):
+            return data
+        mla = data.get("mla")
+        v_head_dim = _whole(mla.get("v_head_dim") if isinstance(mla, dict) else getattr(mla, "v_head_dim", None))
+        hidden, heads = _whole(data.get("hidden")), _whole(data.get("heads"))
+        split = hidden // heads if hidden is not None and heads is not None and heads > 0 and hidden % heads == 0 \
+            else None
+        head_dim = data.get("head_dim")
+        if head_dim is None:
+            if split is not None:
+                data = {**data, "head_dim": split}
+            elif v_head_dim is not None:
+                data = {**data, "head_dim": v_head_dim}  # MLA's widths live in `mla`
+        elif v_head_dim is not None and _whole(head_dim) not in (None, split, v_head_dim):
+            # MLA sets its own head widths: head_dim would be ignored. Its default and the values'
+            # width, which change nothing, pass (the deepseek-v2 preset, Megatron's kv_channels)
+            allowed = f"{v_head_dim} (mla.v_head_dim)" if split in (None, v_head_dim) else \
+                f"{split} (hidden / heads) or {v_head_dim} (mla.v_head_dim)"
+            raise ValueError(f"head_dim ({head_dim}) and mla: MLA's heads are mla.qk_nope_head_dim + "
+                             "mla.qk_rope_head_dim wide (queries, keys) and mla.v_head_dim wide (values), so "
+                             f"head_dim would be ignored; drop it (allowed with mla: {allowed})")
         return data
 
     @model_validator(mode="after")
@@ -583,7 +625,7 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         raise SpecError(f"load_model: overrides must be a mapping of field: value, got {type(overrides).__name__}")
     config_json = hf_config.find_config_json(ref, model_preset_names())
     if config_json is not None:
-        data, label = hf_config.model_fields(config_json), f"Hugging Face config {config_json}"
+        data, label = _config_fields(config_json), f"Hugging Face config {config_json}"
     else:
         path, label = resolve_preset_or_file(ref, PRESET_DIR, "model")
         data = read_yaml_mapping(path, "model")
@@ -605,3 +647,18 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
                 if keys:
                     error = SpecError(f"{error} (in config.json: {'; '.join(keys)})")
         raise error from None
+
+
+def _config_fields(path: Path) -> dict:
+    """hf_config.model_fields, an integer of more digits than Python converts (json raises a bare
+    ValueError, "Exceeds the limit (4300 digits)") said in one line as the YAML readers say it."""
+    try:
+        return hf_config.model_fields(path)
+    except SpecError:
+        raise
+    except ValueError as exc:
+        if "integer string conversion" not in str(exc):
+            raise
+        import sys
+        raise SpecError(f"model {path}: a number of over {sys.get_int_max_str_digits():,} digits is out of range: "
+                        "no field takes a number of 1e+308 or more") from None

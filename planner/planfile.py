@@ -20,7 +20,7 @@ from planner.plan import PLAN_FILE_FIELDS, SAVED_RESULT_FIELDS, JobSpec, Plan, c
 # JobSpec fields a launch depends on (pins, forbids and search bounds do not).
 SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework",
                     "full_iteration_cuda_graph", "cuda_graph_modules", "fp8_attention", "fused_grouped_mlp",
-                    "adam_moments", "bf16_layers", "module_dtypes")
+                    "adam_moments", "bf16_layers", "module_dtypes", "moe_load_imbalance")
 
 
 def _is_preset(ref: str, what: str) -> bool:
@@ -112,7 +112,7 @@ def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
 
 # job fields whose command-line flag has another name
 FLAG_OF_JOB_FIELD = {"cuda_graph_modules": "cuda-graph", "full_iteration_cuda_graph": "cuda-graph",
-                     "module_dtypes": "module-dtype"}
+                     "module_dtypes": "module-dtype", "moe_load_imbalance": "moe-imbalance"}
 
 
 def _setting_text(value) -> str:

@@ -237,6 +237,16 @@ def _check_measurements_agree(r: _Record, step_field: str, step_s: float, tokens
                                 f"{MEASUREMENT_AGREEMENT:.0%}; keep the one the source printed")
 
 
+def _check_throughputs_agree(r: _Record, gpus: int) -> None:
+    """Tokens/s per GPU beside tokens/s of the whole job: they must say the same (one of the two
+    mistyped is otherwise read, the other ignored)."""
+    per_gpu, total = r.float("measured.tokens_per_sec_per_gpu"), r.float("measured.tokens_per_sec")
+    if per_gpu and total and abs(per_gpu * gpus / total - 1.0) > MEASUREMENT_AGREEMENT:
+        raise SpecError(f"reference {r.id}: measured.tokens_per_sec_per_gpu ({per_gpu:g}, {per_gpu * gpus:g} over "
+                        f"{gpus} GPUs) and measured.tokens_per_sec ({total:g}) disagree by more than "
+                        f"{MEASUREMENT_AGREEMENT:.0%}; keep the one the source printed")
+
+
 # How far a record's stated GPU memory (GB or GiB) and peak may be from its preset's: beyond,
 # the record's GPU is another board than the one its name reads as
 SYSTEM_FIELD_TOLERANCE = {"gpu_mem_gb": 0.05, "peak_tflops_per_gpu": 0.05}  # (H100 NVL's 94 GB is not 80)
@@ -449,10 +459,19 @@ def _biases(r: _Record, default: bool) -> bool:
     return value
 
 
+# The shape fields beside layers that make a record's model its own (seq and vocab are printed
+# for preset-named runs too: the sequence is the run's, the vocabulary the tokenizer's).
+_SHAPE_FIELDS = ("hidden", "heads", "ffn", "query_groups", "kv_channels")
+
+
 def _dims_preset(r: _Record) -> str | None:
     """The model preset whose dimensions a record takes: the one it names where it prints no layers
     ("Qwen3 8B (dims not taken from this repo)" -> qwen3-8b; the preset is the model's public config)."""
     if r.int("model.layers") is not None:
+        return None
+    if any(r.get(f"model.{k}") is not None for k in _SHAPE_FIELDS):
+        # a record that prints part of its shape describes its own model: a preset's whole shape
+        # would silently replace what it prints (hidden 8192 on a "Llama-3 8B" name)
         return None
     from planner.model import model_preset_names
     name = re.sub(r"\(.*?\)", "", str(r.get("model.name") or "")).strip().lower().replace(" ", "-")
@@ -504,6 +523,10 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
         from planner.model import load_model
         return load_model(preset, {"seq_length": dims["seq"]})
     if missing:
+        partial = [k for k in _SHAPE_FIELDS if r.get(f"model.{k}") is not None]
+        if partial:
+            return (f"model dimensions not published ({', '.join(missing)}) beside the {', '.join(partial)} it "
+                    "prints; give them (a model preset's shape is taken only where a record prints none)")
         return (f"model dimensions not published ({', '.join(missing)}); give them, or name a model preset "
                 "(`planner presets`) as model.name")
     activation = _activation(r)
@@ -1042,6 +1065,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                             "measured.tokens_per_sec_per_gpu or measured.tokens_per_sec")
     if step_field is not None:  # a step time beside the throughput it was read or derived from
         _check_measurements_agree(r, step_field, step, gbs * model.seq_length, gpus)
+    _check_throughputs_agree(r, gpus)
     _check_below_peak(r, how, step, gbs * model.seq_length * model_flops_per_token(model), system)
     source = _source_measured(rid)
     return RefCase(rid, source, model, system, plan, job, step, how, assumptions,
@@ -1325,6 +1349,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     if framework == "torchtitan FSDP2" and r.get("parallel.recompute") is None:
         plan = _torchtitan_default_recompute(model, system, plan, job, assumptions)
     seq = model.seq_length
+    _check_throughputs_agree(r, gpus)
     if (step := r.float("measured.step_time_s")) is not None:
         how = "measured step time"
         _check_measurements_agree(r, "measured.step_time_s", step, gbs * seq, gpus)

@@ -29,7 +29,7 @@ from constraints.space import (LAYOUT_CLASS_SP, N_LAYOUT_CLASSES, OPTION_KEYS, a
                                layout_exists_at_some_batch, megatron_pin_conflicts,
                                layouts, options,
                                options_allowed, pair_mask, take_pairs)
-from constraints.cost_table import CHUNK, MEMORY_BITS, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
+from constraints.cost_table import MEMORY_BITS, chunk_rows, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
@@ -331,8 +331,9 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
     def cost(L: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(HBM, offload bytes) of the pairs at their smallest batch; folds them into `best`."""
         hbm_all, off_all = [], []
-        for lo in range(0, len(L), CHUNK):
-            li, oi = L[lo:lo + CHUNK], O[lo:lo + CHUNK]
+        size = chunk_rows(space)
+        for lo in range(0, len(L), size):
+            li, oi = L[lo:lo + size], O[lo:lo + size]
             rows = at_batch(take_pairs(lay, opt, li, oi), lay["m_min"][li])
             P = plan_arrays(space, rows)
             mem = memory_breakdown(space.model, space.system, space.job, P)

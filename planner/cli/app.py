@@ -74,6 +74,7 @@ class _LazyOneLineGroup(TyperGroup):
             found = built.commands if isinstance(built, TyperGroup) else {built.name: built}
             for cmd_name, cmd in found.items():
                 _plain_numbers(cmd)
+                _once_each(cmd)
                 self.commands.setdefault(cmd_name, cmd)
             if name not in found:  # a module that registers one command under a typer-made name
                 self.commands[name] = next(iter(found.values()))
@@ -176,6 +177,34 @@ def _plain_numbers(command) -> None:
             {"integer": int, "float": float}.get(getattr(getattr(param, "type", None), "name", None))
         if kind in (int, float):
             param.process_value = _plain_number_value(param.process_value, kind)
+
+
+def _once_each(command) -> None:
+    """An option that takes one value, given twice, is refused: click keeps the last one in
+    silence (`-m llama3-70b -m llama3-8b` planned the 8B; `--save a --save b` wrote only b).
+    Options that take several (--vary, --reference, --module-dtype) are `multiple` and left alone."""
+    single = [p for p in getattr(command, "params", ()) if getattr(p, "param_type_name", "") == "option"
+              and not getattr(p, "multiple", False) and not getattr(p, "count", False)]
+    parse_args = command.parse_args
+
+    def checked(ctx, args):
+        seen: dict[str, list[str]] = {}
+        for token in args:
+            if token == "--":
+                break
+            for param in single:
+                for opt in (*param.opts, *param.secondary_opts):
+                    long_form = opt.startswith("--")
+                    if token == opt or (long_form and token.startswith(opt + "=")) or \
+                            (not long_form and token.startswith(opt) and len(token) > len(opt)
+                             and not token.startswith("--")):
+                        seen.setdefault(param.name, []).append(opt)
+        for name, given in seen.items():
+            if len(given) > 1:
+                raise click.exceptions.UsageError(f"{name.replace('_', '-')}: given {len(given)} times "
+                                                  f"({', '.join(given)}); give it once", ctx=ctx)
+        return parse_args(ctx, args)
+    command.parse_args = checked
 
 
 def _plain_number_value(process_value, kind):

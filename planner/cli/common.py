@@ -53,7 +53,7 @@ TpAcrossNodesOpt = Annotated[bool, typer.Option(
 
 # Upper bounds on what a flag may ask for: far beyond any real job, small enough that the search's
 # domains (one entry per batch, per GPU-count divisor) fit in memory and int64 (CP-SAT).
-MAX_GPUS = 1 << 20             # a million GPUs
+from hardware.spec import MAX_GPUS  # noqa: E402  a million GPUs: -g and a system file's num_gpus alike
 MAX_GLOBAL_BATCH = 1 << 20     # sequences per step (Llama 3 405B used 2,048 sequences of 8K)
 MAX_WORKERS = 256              # local worker processes (-j): each holds the model in memory
 MAX_TOP = 1000                 # layouts `plan --top` may return
@@ -141,6 +141,13 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
             raise SpecError("plan: empty name; give the path of a plan file (from `planner plan --save`)")
         refuse_dash(plan_file, "plan", "give the path of a plan file (./- for a file named '-')")
         saved = read_yaml_mapping(Path(plan_file), "plan")
+        if "plan" not in saved and not {"tp", "pp", "dp"} & set(saved):
+            # a model or system file passed as the plan: say what it is before any default note
+            kind = "model" if {"layers", "hidden"} & set(saved) else \
+                "system" if {"accelerator", "num_gpus"} & set(saved) else None
+            if kind is not None:
+                raise SpecError(f"plan {plan_file}: this is a {kind} file, not a plan (from `planner plan --save`); "
+                                f"pass it with {'-m' if kind == 'model' else '-s'}")
         saved = saved if "plan" in saved else {}
         for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
             if key in saved and (not isinstance(saved[key], kind) or isinstance(saved[key], bool)):
@@ -230,6 +237,12 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
         raise SpecError(f"dtype: unknown {shortened(dtype)!r}; allowed: {', '.join(training_dtypes(system))}")
     if system is not None:
         check_dtype_on_system(dtype, system)
+        for group, module_dtype in (extra.get("module_dtypes") or {}).items():
+            try:
+                check_dtype_on_system(module_dtype, system)
+            except SpecError as err:  # named as given: --module-dtype GROUP=DTYPE
+                raise SpecError(f"module-dtype: {group}={module_dtype}: "
+                                f"{str(err).removeprefix('dtype: ')}") from None
     if isinstance(extra.get("framework"), str):
         extra["framework"] = extra["framework"].strip().lower()
         frameworks = typing.get_args(JobSpec.model_fields["framework"].annotation)
@@ -467,11 +480,12 @@ def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_
         raise SpecError(f"fused-grouped-mlp: applies to MoE models only; {model.name} has no experts")
 
 
-MoeImbalanceOpt = Annotated[float, typer.Option(
+MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
     "--moe-imbalance",
     help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "
          "benchmarks force (--moe-router-force-load-balancing); about 1.6 fits learned dropless routing "
-         "(Qwen3-235B, Megatron MoE ModelZoo). No effect at ep 1, where every rank holds every expert.")]
+         "(Qwen3-235B, Megatron MoE ModelZoo). No effect at ep 1, where every rank holds every expert. "
+         "Default: a --plan file's, else 1.0.")]
 
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
                    "recompute_modules", "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
@@ -516,6 +530,28 @@ def given_knobs(options: dict) -> dict:
 # PyTorch FSDP2 reshards parameters after forward (3) or keeps them (2, reshard_after_forward=False);
 # DeepSpeed's only measured runs are ZeRO-3 (Narayanan et al. 2021, Table 2).
 SHARDED_DP_STAGES = {"torch-fsdp2": (3, 2), "deepspeed": (3,)}
+
+
+def refuse_plan_file_contradictions(plan, model, job, plan_file: str) -> None:
+    """What the flags refuse (refuse_contradictions, refuse_moe_flags_on_dense, the layout's
+    every-rank rule), refused in a plan file too: a hand-edited file must not cost what the same
+    plan given as flags cannot."""
+    where = f"plan {plan_file}"
+    stages = SHARDED_DP_STAGES.get(plan.dp_impl)
+    if stages is not None and plan.zero_stage not in stages:
+        raise SpecError(f"{where}: dp_impl {plan.dp_impl} runs zero_stage {' or '.join(map(str, stages))} "
+                        f"(the file says zero_stage {plan.zero_stage}); change one of the two")
+    if plan.stage_layers is not None and any(sum(plan.stage_layers[r::plan.pp]) == 0 for r in range(plan.pp)):
+        raise SpecError(f"{where}: stage_layers: every pipeline rank needs a layer (a rank's stages are "
+                        f"r, r + pp, ...)")
+    if model.moe is None:
+        dense = [name for name, on in (("moe_dispatcher", plan.moe_dispatcher != "alltoall"),
+                                       ("moe_a2a_overlap", bool(plan.moe_a2a_overlap)),
+                                       ("fused_grouped_mlp", job is not None and job.fused_grouped_mlp),
+                                       ("moe_load_imbalance", job is not None and job.moe_load_imbalance != 1.0))
+                 if on]
+        if dense:
+            raise SpecError(f"{where}: {dense[0]}: applies to MoE models only; {model.name} has no experts")
 
 
 def refuse_contradictions(knobs: dict, framework: str = "megatron") -> None:

@@ -11,6 +11,7 @@ from planner.cli.common import (
     check_dtype_on_system,
     check_job_reserve,
     check_layout_fits_model,
+    refuse_plan_file_contradictions,
     check_recompute_layers,
     CudaGraphOpt,
     Fp8AttentionOpt,
@@ -98,7 +99,7 @@ def estimate_command(
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
     etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
-    moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = 1.0,
+    moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
     flash_attention: Annotated[Optional[bool], typer.Option(
         "--flash-attention/--no-flash-attention",
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
@@ -150,7 +151,7 @@ def estimate_command(
         given_kernels["bf16_layers"] = bf16_layers_setting(bf16_layers, model_spec).get("bf16_layers")
         given_kernels["module_dtypes"] = module_dtypes_setting(module_dtype, model_spec).get("module_dtypes")
         job = job_for_plan_file(plan_file, plan, dtype=dtype, hbm_reserve_gib=hbm_reserve_gib,
-                                flash_attention=flash_attention, **given_kernels)
+                                flash_attention=flash_attention, moe_load_imbalance=moe_imbalance, **given_kernels)
         if job is not None:
             check_dtype_on_system(job.dtype, system_spec)
     else:
@@ -164,11 +165,13 @@ def estimate_command(
                        flash_attention=flash_attention,
                        **kernels, **adam_moments_setting(adam_moments),
                        **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype, model_spec))
-    if moe_imbalance != job.moe_load_imbalance:
+    if moe_imbalance is not None and moe_imbalance != job.moe_load_imbalance:
         job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
     check_job_reserve(job, system_spec, plan_file, hbm_reserve_gib)
     check_bf16_layers_fit(job.bf16_layers, model_spec)
     check_layout_fits_model(plan, model_spec, plan_file)
+    if plan_file:
+        refuse_plan_file_contradictions(plan, model_spec, job, plan_file)
     check_recompute_layers(plan, model_spec)
     if plan.gpus != system_spec.num_gpus:
         if plan_file and gpus is None:  # the file's own numbers disagree: no flag to blame

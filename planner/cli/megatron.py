@@ -15,6 +15,7 @@ from planner.cli.common import (
     check_dtype_on_system,
     check_job_reserve,
     check_recompute_layers,
+    refuse_plan_file_contradictions,
     check_new_file,
     Bf16LayersOpt,
     ModuleDtypeOpt,
@@ -183,7 +184,9 @@ def _plan_and_job(o: dict, model, system):
         if o["global_batch"] is not None and o["global_batch"] != plan.global_batch:
             raise SpecError(f"global-batch: {o['global_batch']} differs from the plan's "
                             f"global_batch ({plan.global_batch})")
-        return plan, _job(o, model, system, plan)
+        job = _job(o, model, system, plan)
+        refuse_plan_file_contradictions(plan, model, job, o["plan_file"])
+        return plan, job
     job = _job(o, model, system)
     if any(o[k] is not None for k in ("tp", "pp", "dp")):
         # Megatron's MoE layers at tp > 1 run only with SP: on by default there, where it splits
@@ -225,14 +228,17 @@ def fit_problems(est, system) -> list[str]:
 
 
 def save_interval_iters(model, system, plan, step_time_s: float, write_gb_per_s: float | None = None,
-                        gpu_mtbf_hours: float | None = None) -> int:
+                        gpu_mtbf_hours: float | None = None, warnings: list[str] | None = None) -> int:
     """Iterations between checkpoints: `planner checkpoint`'s Daly interval (same storage bandwidth
-    and MTBF defaults) over the plan's step time."""
+    and MTBF defaults) over the plan's step time; what `planner checkpoint` would warn of (writes
+    that cannot keep up with failures) is added to `warnings`."""
     from planner.checkpoint import checkpoint_report
     from planner.cli.checkpoint import DEFAULT_WRITE_GB_PER_S
     bandwidth = DEFAULT_WRITE_GB_PER_S if write_gb_per_s is None else write_gb_per_s
     report = checkpoint_report(model, system, plan, write_gb_per_s=bandwidth, read_gb_per_s=bandwidth,
                                gpu_mtbf_hours=gpu_mtbf_hours)
+    if warnings is not None:
+        warnings.extend(report.notes)
     return max(1, round(report.daly_interval_s / step_time_s))
 
 
@@ -289,9 +295,14 @@ def _run(o: dict) -> None:
             problems = fit_problems(est, system)
     if problems:
         raise SpecError("; ".join(problems))
+    checkpoint_warnings: list[str] = []
     launch = mg.megatron_args(plan, model, job, system,
                               save_interval=save_interval_iters(model, system, plan, est.step_time_s,
-                                                                o["write_gb_per_s"], o["gpu_mtbf_hours"]))
+                                                                o["write_gb_per_s"], o["gpu_mtbf_hours"],
+                                                                checkpoint_warnings))
+    for warning in checkpoint_warnings:  # in the script's notes, and said now
+        launch.notes.append(f"checkpoint interval: {warning}")
+        typer.echo(f"note: checkpoint interval: {warning}", err=True)
     problems = mg.validate_launch(launch, mg.gpu_arch_major(system))
     if problems:
         raise SpecError("megatron: " + "; ".join(problems))

@@ -18,6 +18,7 @@ from planner.jsonout import json_text
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
     MAX_GLOBAL_BATCH,
+    MAX_SEQ_LENGTH,
     MAX_WORKERS,
     DtypeOpt,
     check_float,
@@ -133,6 +134,7 @@ def register(app: typer.Typer) -> None:
         check_float("time-limit", time_limit_s, 0.01, 86400.0)  # seconds per grid point: a day at most
         check_int("workers", workers, 1, MAX_WORKERS)
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
+        check_int("seq-length", seq_length, 1, MAX_SEQ_LENGTH)  # the flag's words, as the other commands say them
         check_int("max-global-batch", max_global_batch, 1, MAX_GLOBAL_BATCH)
         if global_batch is not None and max_global_batch is not None:
             raise SpecError("max-global-batch: caps a free batch; -b fixes it (give one or the other)")
