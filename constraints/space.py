@@ -68,6 +68,7 @@ from planner.model import ModelSpec
 from planner.plan import (KNOBS, RECOMPUTE_CODES, RECOMPUTE_MODULE_BITS, JobSpec, applicable_recompute_modules,
                           parse_recompute_modules,
                           recompute_modules_from_mask, recompute_modules_mask)
+from planner.analytical.estimate import check_hbm_reserve  # the rule estimate() applies too; re-exported
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import selective_freed_coefficients
 from planner.megatron.expressible import (FP8_DELAYED_NO_RECOMPUTE, a2a_overlap_model, graph_job_refusals,
@@ -322,15 +323,6 @@ def _fmt(knob: str, values) -> str:
     if knob in ("sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "moe_a2a_overlap"):
         return ", ".join("true" if v else "false" for v in values)
     return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values)
-
-
-def check_hbm_reserve(job: JobSpec, system: SystemSpec, field: str = "hbm-reserve-gib") -> None:
-    """SpecError where the job's HBM reserve leaves nothing of the GPU's HBM (`field`: where the
-    user wrote it: the flag, or a plan file's job setting)."""
-    hbm_gib = system.accelerator.hbm_capacity_gib
-    if job.hbm_reserve_gib >= hbm_gib:
-        raise SpecError(f"{field}: the reserve ({job.hbm_reserve_gib:g} GiB) leaves nothing of "
-                        f"the {hbm_gib:g} GiB HBM; allowed: 0 <= reserve < {hbm_gib:g}")
 
 
 def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:

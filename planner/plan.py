@@ -1,6 +1,7 @@
 """What a plan IS (every knob) and what the job asks for (batch, dtype, pins, forbids)."""
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -485,10 +486,25 @@ class JobSpec(BaseModel):
         unknown = sorted(set(self.pins) - set(KNOBS))
         if unknown:
             raise ValueError(f"unknown knob {unknown[0]!r}; allowed: {', '.join(KNOBS)}")
+        for name, value in self.pins.items():  # as the Plan field takes it: pins={"tp": True} is no tp 1
+            want = _PIN_KINDS.get(name)
+            whole = want is numbers.Integral and isinstance(value, float) and value.is_integer()  # numpy's, coerced
+            if want is not None and not whole and (isinstance(value, bool) != (want is bool)
+                                                   or not isinstance(value, want)):
+                raise ValueError(f"pins: {name}: expected {_PIN_KIND_WORDS[want]}, got {value!r}")
         if self.global_batch and self.global_batch > self.max_global_batch:
             raise ValueError(f"global_batch ({self.global_batch}) exceeds max_global_batch "
                              f"({self.max_global_batch})")
         return self
+
+
+# What a scalar pin must be (Plan's field types; Literal knobs are checked by the search's domains)
+_PIN_KINDS = {**{k: numbers.Integral for k in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp",
+                                               "etp", "zero_stage")},
+              **{k: bool for k in ("sequence_parallel", "tp_comm_overlap", "dp_comm_overlap", "moe_a2a_overlap")},
+              **{k: numbers.Real for k in ("offload_weights", "offload_activations", "offload_optimizer")},
+              "recompute": str}
+_PIN_KIND_WORDS = {numbers.Integral: "an integer", bool: "true or false", numbers.Real: "a number", str: "a string"}
 
 
 # The top level of a saved plan file: what a launch reads, then what `planner plan --save` keeps

@@ -148,3 +148,24 @@ def test_a_model_or_system_file_given_as_the_plan_is_named_so():
 def test_a_sweeps_sequence_length_is_named_as_the_flag(tmp_path):
     one_line_error(run(["sweep", "-m", "llama3.2-1b", "-s", "h100-sxm", "-b", "64", "--vary", "gpus=8",
                         "--seq-length", "0", "-o", str(tmp_path / "j")]), "seq-length: must be")
+
+
+def test_the_python_api_refuses_pins_of_the_wrong_kind_and_a_reserve_beyond_the_hbm():
+    """JobSpec(pins={"tp": True}) searched tp 1, {"sequence_parallel": "yes"} was taken; an
+    estimate with a 500 GiB reserve on an 80 GB GPU returned a negative HBM capacity. numpy's
+    integers (coerced to whole floats) stay pins."""
+    import numpy as np
+    import pytest
+
+    from hardware.errors import SpecError
+    from planner import estimate
+    from planner.plan import Plan
+    for pins, words in (({"tp": True}, "tp: expected an integer"), ({"tp": 2.5}, "tp: expected an integer"),
+                        ({"sequence_parallel": "yes"}, "sequence_parallel: expected true or false"),
+                        ({"recompute": 3}, "recompute: expected a string")):
+        with pytest.raises(ValueError, match=words):
+            JobSpec(global_batch=64, pins=pins)
+    assert JobSpec(global_batch=64, pins={"tp": np.int64(2), "offload_weights": np.float64(0.5)}).pins["tp"] == 2
+    with pytest.raises(SpecError, match="hbm_reserve_gib: the reserve"):
+        estimate(load_model("llama3-8b"), load_system("h100-sxm", 8), Plan(tp=1, dp=8, micro_batch=1, global_batch=64),
+                 JobSpec(hbm_reserve_gib=500))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from hardware.errors import SpecError
 from hardware.spec import SystemSpec
 from planner.analytical import flops, layer_kinds, precision
 from planner.analytical.kernels import per_op_checkpointing
@@ -221,10 +222,20 @@ def estimate_from_row(result: dict[str, np.ndarray], i: int, plan: Plan) -> Esti
         violations=violated_rules(int(result["violations"][i])))
 
 
+def check_hbm_reserve(job: JobSpec, system: SystemSpec, field: str = "hbm-reserve-gib") -> None:
+    """SpecError where the job's HBM reserve leaves nothing of the GPU's HBM (`field`: where the
+    user wrote it: the flag, or a plan file's job setting)."""
+    hbm_gib = system.accelerator.hbm_capacity_gib
+    if job.hbm_reserve_gib >= hbm_gib:
+        raise SpecError(f"{field}: the reserve ({job.hbm_reserve_gib:g} GiB) leaves nothing of "
+                        f"the {hbm_gib:g} GiB HBM; allowed: 0 <= reserve < {hbm_gib:g}")
+
+
 def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:
     """Exact model for one plan, at the plan's own global batch (the job's global_batch and
     max_global_batch are search settings, not read here)."""
     job = job or JobSpec()
     check_recompute_modules(plan, model)
+    check_hbm_reserve(job, system, "hbm_reserve_gib")  # a reserve beyond the HBM left a negative capacity
     result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model)))
     return estimate_from_row(result, 0, plan)
