@@ -92,21 +92,7 @@ def float8_block(dims) -> torch.nn.Module:
 
 def op_sac_context():
     """torchtitan's per-op policy with _scaled_mm saved too (its _save_list since float8 AC)."""
-    from collections import defaultdict
-
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-    save = {torch.ops.aten.mm.default, torch.ops.aten._scaled_mm.default, torch.ops.aten.max.default,
-            torch.ops.aten._scaled_dot_product_efficient_attention.default,
-            torch.ops.aten._scaled_dot_product_flash_attention.default}
-    meta = defaultdict(int)
-
-    def policy(ctx, func, *args, **kwargs):
-        key = "recompute_mm" if ctx.is_recompute else "forward_mm"
-        if func == torch.ops.aten.mm.default:
-            meta[key] += 1
-        keep = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-    return create_selective_checkpoint_contexts(policy)
+    return layer.op_sac_context(extra_saved=(torch.ops.aten._scaled_mm.default,))
 
 
 def checkpointed(block, ac):

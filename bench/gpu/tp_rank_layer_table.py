@@ -277,8 +277,9 @@ def gemm_and_attn_flop(dims, tp, tokens, seq):
 SAVE_LIST = None  # built lazily: torch.ops lookups need the build's op registry
 
 
-def op_sac_context():
-    """torchtitan's per-op SAC policy (_apply_ac_to_transformer_block, selective_ac_option "op")."""
+def op_sac_context(extra_saved=()):
+    """torchtitan's per-op SAC policy (_apply_ac_to_transformer_block, selective_ac_option "op");
+    `extra_saved`: more ops it always keeps (float8_block_table.py adds _scaled_mm)."""
     from collections import defaultdict
 
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -286,14 +287,15 @@ def op_sac_context():
     if SAVE_LIST is None:
         SAVE_LIST = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_efficient_attention.default,
                      torch.ops.aten._scaled_dot_product_flash_attention.default, torch.ops.aten.max.default}
+    save = SAVE_LIST | set(extra_saved)
     meta = defaultdict(int)
 
     def policy(ctx, func, *args, **kwargs):
         key = "recompute_mm" if ctx.is_recompute else "forward_mm"
         if func == torch.ops.aten.mm.default:
             meta[key] += 1
-        save = func in SAVE_LIST and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if save else CheckpointPolicy.PREFER_RECOMPUTE
+        keep = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
     return create_selective_checkpoint_contexts(policy)
 
 
