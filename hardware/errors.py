@@ -548,6 +548,8 @@ def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> Non
 
     from pydantic import BaseModel
 
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b":  # numpy's bool is a bool here
+        value = bool(value)
     leaves = _leaves(annotation)
     kinds: set = set()
     for leaf in leaves:

@@ -189,8 +189,8 @@ HF_MLA_DEFAULTS: dict[str, tuple[str, dict]] = {"deepseek_v2": ("DeepseekV2Confi
 # naming the key and the model_type. UNLISTED: also read for a model_type outside ARCHITECTURES and
 # HF_MLA_DEFAULTS, which is read from its own fields. (0 is how a config says "none":
 # Qwen3-Coder-480B's shared_expert_intermediate_size 0 is its model.)
-UNLISTED = "unlisted"
-KEYS_READ_BY: dict[str, tuple[str, tuple[str, ...]]] = {
+UNLISTED = object()  # no config's model_type can equal it
+KEYS_READ_BY: dict[str, tuple[str, tuple]] = {
     **{k: ("an MLA size", (*HF_MLA_DEFAULTS, UNLISTED)) for k in MLA_KEYS},
     "moe_intermediate_size": ("the routed experts' width", (*EXPERT_FFN_KEY_TYPES, "nemotron_h", UNLISTED)),
     "n_shared_experts": ("a shared-expert count", ("deepseek_v2", "deepseek_v3", "glm4_moe", "nemotron_h", UNLISTED)),

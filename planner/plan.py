@@ -466,6 +466,14 @@ class JobSpec(BaseModel):
             data = {**data, "bytes_per_param": {**bpp, "optimizer": ADAM_MOMENT_BYTES["bf16"]}}
         return data
 
+    @field_validator("pins", mode="before")
+    @classmethod
+    def _native_pins(cls, pins):
+        """numpy scalars as the Python values they are (pydantic would read np.True_ as 1.0)."""
+        if isinstance(pins, dict):
+            return {k: v.item() if hasattr(v, "dtype") and hasattr(v, "item") else v for k, v in pins.items()}
+        return pins
+
     @model_validator(mode="after")
     def _pins(self) -> "JobSpec":
         if self.full_iteration_cuda_graph and self.cuda_graph_modules:

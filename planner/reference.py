@@ -1405,6 +1405,8 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
         data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError:
         raise SpecError(f"reference {path}: malformed YAML") from None
+    except ValueError as err:  # an integer past Python's digit limit (the CLI's strict pre-read names its key)
+        raise SpecError(f"reference {path}: a number out of range ({str(err).split('(')[0].strip()})") from None
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise SpecError(f"reference {path}: expected a mapping with a 'records' list")
     version = data.get("schema_version", SCHEMA_VERSION)

@@ -10,11 +10,11 @@ import json
 import yaml
 from typer.testing import CliRunner
 
-from constraints.cost_table import CHUNK, chunk_rows
+from constraints.cost_table import chunk_rows
 from constraints.space import build_space
 from hardware import load_system
 from planner.cli.app import app
-from planner.model import ModelSpec, load_model
+from planner.model import load_model
 from planner.plan import JobSpec
 from tests.conftest import one_line_error
 
@@ -26,19 +26,29 @@ def run(args: list[str]):
     return runner.invoke(app, args)
 
 
-def test_a_pipelined_hybrid_stack_is_costed_in_chunks_of_bounded_size():
+def test_a_pipelined_hybrid_stack_is_costed_in_chunks_of_bounded_size(monkeypatch):
     """A hybrid stack's rows carry every pipeline rank (pp columns, not 3): 10,000 blocks on 1,024
-    GPUs had 24,348 rows x 1,024 ranks per array, 18 GB in all. The rows per call shrink with
-    the widest pipeline so a chunk's arrays stay as large as CHUNK rows of 3 ranks."""
-    base = load_model("nemotron-h-8b")
-    pattern = ("M*-" * 1000)[:1000]
-    deep = ModelSpec.model_validate({**base.model_dump(), "layers": len(pattern), "hybrid_pattern": pattern})
-    space = build_space(deep, load_system("h100-sxm", 1024), JobSpec(global_batch=1024))
+    GPUs had 24,348 rows x 1,024 ranks per array, 18 GB in all. The rows handed to the memory
+    model at a time shrink with the widest pipeline, so a chunk's arrays stay as large as CHUNK
+    rows of 3 ranks. Checked on the calls the no-fit diagnosis (memory_floor) makes, with CHUNK
+    cut to 3,000 so that a small model needs several."""
+    import constraints.cost_table as cost_table
+    import planner.search as search
+    monkeypatch.setattr(cost_table, "CHUNK", 3000)
+    rows_per_call = []
+    breakdown = search.memory_breakdown
+
+    def spy(model, system, job, P):
+        rows_per_call.append(len(P))
+        return breakdown(model, system, job, P)
+    monkeypatch.setattr(search, "memory_breakdown", spy)
+    space = build_space(load_model("nemotron-h-8b"), load_system("h100-sxm", 64), JobSpec(global_batch=256))
     widest = max(space.domains["pp"])
-    assert widest >= 256
-    assert chunk_rows(space) * widest <= CHUNK * 3
+    assert widest == 32
+    search.memory_floor(space)
+    assert max(rows_per_call) == chunk_rows(space) == 3000 * 3 // widest  # 281 rows of 32 ranks
     dense = build_space(load_model("llama3-8b"), load_system("h100-sxm", 1024), JobSpec(global_batch=1024))
-    assert chunk_rows(dense) == CHUNK
+    assert chunk_rows(dense) == 3000  # 3 representative ranks whatever the pipeline
 
 
 def test_a_saved_plan_keeps_its_routing_skew(tmp_path):
@@ -111,13 +121,18 @@ def test_a_plan_file_holds_no_more_than_the_flags_allow(tmp_path):
             one_line_error(run([command, "--plan", path]), *words)
 
 
-def test_an_option_given_twice_is_refused():
+def test_an_option_given_twice_is_refused(tmp_path, monkeypatch):
     """click kept the last of two: -m llama3-70b -m llama3-8b costed the 8B, --save a --save b
     wrote b only. Options that take several values stay repeatable."""
     one_line_error(run(["estimate", "-m", "llama3-70b", *SMALL, "--tp", "1"]), "model: given 2 times")
     one_line_error(run(["estimate", *SMALL, "--tp", "1", "--tp", "2"]), "tp: given 2 times")
     one_line_error(run(["estimate", *SMALL, "--tp", "1", "--flash-attention", "--no-flash-attention"]),
                    "flash-attention: given 2 times")
+    assert run(["estimate", *SMALL, "--tp", "1", "--json", "--json"]).exit_code == 0  # the same flag says one thing
+    monkeypatch.chdir(tmp_path)  # a value that starts with a dash is a value, not an option
+    result = run(["plan", *SMALL, "--save", "-best.yaml", "-k", "1"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "-best.yaml").exists()
     assert run(["estimate", *SMALL, "--tp", "1", "--dtype", "fp8-cs", "--module-dtype", "attention=bf16",
                 "--module-dtype", "attention=bf16"]).exit_code == 0
 

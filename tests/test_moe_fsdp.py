@@ -310,14 +310,15 @@ def test_cli_flags_for_folding_dispatcher_and_dp_impl():
 
 
 def test_a2a_overlap_pairs_each_all_to_all_with_one_compute_piece():
-    """Megatron's schedule_layer_1f1b runs four pairs per layer: forward attention beside the
-    backward's combine, backward MLP beside the forward's dispatch, forward MLP beside the
-    backward's dispatch, backward attention beside the forward's combine; each all-to-all moves
-    one direction (a/2 of the pass's dispatch + combine a). Hand count: a = 4 ms, forward 3 ms of
-    which the MLP 2 ms (attention 1 ms), backward 6 ms of which the MLP 4 ms (attention 2 ms):
-    hideable min(2, 1) + min(2, 4) + min(2, 2) + min(2, 2) = 7 ms, where pooling the pair's
-    compute (the old rule) hid min(8, 9) = 8 ms: the short forward attention leaves 1 ms of its
-    combine exposed whatever the MLP's length."""
+    """Megatron's schedule_layer_1f1b (with --delay-wgrad-compute, as the launch sets it) runs
+    four pairs per layer: forward attention beside the backward's combine, the backward MLP's
+    input gradient beside the forward's dispatch, forward MLP + the delayed weight gradient beside
+    the backward's dispatch, backward attention beside the forward's combine; each all-to-all
+    moves one direction (a/2 of the pass's dispatch + combine a). Hand count: a = 4 ms, forward
+    3 ms of which the MLP 2 ms (attention 1 ms), backward 6 ms of which the MLP 4 ms (input
+    gradient 2, weight gradient 2; attention 2 ms): hideable min(2, 1) + min(2, 2) + min(2, 2 + 2)
+    + min(2, 2) = 7 ms, where pooling the pair's compute (the old rule) hid min(8, 9) = 8 ms: the
+    short forward attention leaves 1 ms of its combine exposed whatever the MLP's length."""
     base = dict(tp=2, pp=8, dp=16, ep=32, etp=1, vpp=4, sequence_parallel=1, micro_batch=1, global_batch=2048,
                 moe_a2a_overlap=1)
     P = _pa(QWEN3, **base)

@@ -569,13 +569,16 @@ def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays, nc
     Without overlap the dispatch + combine block the layer in both passes. With
     --overlap-moe-expert-parallel-comm (Megatron combined 1F1B) each steady-state step runs one
     microbatch's forward beside another's backward, layer by layer, on a compute and a
-    communication stream, in four pairs (model_chunk_schedule_plan.py, schedule_layer_1f1b): the
-    forward's attention beside the backward's combine, the backward's MLP beside the forward's
-    dispatch, the forward's MLP beside the backward's dispatch, the backward's attention beside
-    the forward's combine. Each pair takes the longer of its two, so an all-to-all hides only
-    behind the compute it is paired with: a short attention (few tokens, small head count)
-    leaves its pair's all-to-all exposed however long the MLP is. Each of the four moves one
-    direction's bytes (half of `a2a_s`, `moe_dispatch_s`). A2A_OVERLAP_EFFICIENCY of the ideal
+    communication stream, in four pairs (model_chunk_schedule_plan.py, schedule_layer_1f1b, with
+    --delay-wgrad-compute as the launch sets it beside the overlap): the forward's attention beside
+    the backward's combine, the backward MLP's input gradient beside the forward's dispatch, the
+    forward's MLP and the backward MLP's delayed weight gradient beside the backward's dispatch,
+    the backward's attention beside the forward's combine. Each pair takes the longer of its two,
+    so an all-to-all hides only behind the compute it is paired with: a short attention (few
+    tokens, small head count) leaves its pair's all-to-all exposed however long the MLP is. Each
+    of the four moves one direction's bytes (half of `a2a_s`, `moe_dispatch_s`). The MLP piece
+    holds the router and the permutation, which Megatron runs in the attention step (post_attn):
+    a few percent of the MLP, left where the model keeps them. A2A_OVERLAP_EFFICIENCY of the ideal
     is reached (the communication kernels take SMs from the compute). Given no MLP split
     (a hybrid stack's mean block), the pairs are pooled: max(compute, communication) per step.
     The unpaired warm-up/cool-down passes expose theirs. The hidden part is charged to the
@@ -587,7 +590,10 @@ def a2a_overlap_exposed_s(a2a_s, fwd_compute_s, bwd_compute_s, P: PlanArrays, nc
         hideable = np.minimum(2.0 * plain, fwd_compute_s + bwd_compute_s)
     else:
         one_way = 0.5 * plain
-        paired_compute = (fwd_compute_s - mlp_fwd_s, mlp_bwd_s, mlp_fwd_s, bwd_compute_s - mlp_bwd_s)
+        # the MLP's backward: its input gradient (one forward's worth), then its weight gradient
+        mlp_dgrad = np.minimum(mlp_fwd_s, mlp_bwd_s)
+        paired_compute = (fwd_compute_s - mlp_fwd_s, mlp_dgrad, mlp_fwd_s + (mlp_bwd_s - mlp_dgrad),
+                          bwd_compute_s - mlp_bwd_s)
         hideable = sum(np.minimum(one_way, np.maximum(c, 0.0)) for c in paired_compute)
     paired = 2.0 * plain - A2A_OVERLAP_EFFICIENCY * hideable
     on = (P.moe_a2a_overlap > 0) & ~np.asarray(nccl_in_domain, dtype=bool)

@@ -181,28 +181,42 @@ def _plain_numbers(command) -> None:
 
 def _once_each(command) -> None:
     """An option that takes one value, given twice, is refused: click keeps the last one in
-    silence (`-m llama3-70b -m llama3-8b` planned the 8B; `--save a --save b` wrote only b).
-    Options that take several (--vary, --reference, --module-dtype) are `multiple` and left alone."""
-    single = [p for p in getattr(command, "params", ()) if getattr(p, "param_type_name", "") == "option"
-              and not getattr(p, "multiple", False) and not getattr(p, "count", False)]
+    silence (`-m llama3-70b -m llama3-8b` planned the 8B; `--save a --save b` wrote only b); so is
+    a flag given both ways (--x --no-x). The same flag twice says one thing and passes. Options
+    that take several (--vary, --reference, --module-dtype) are `multiple` and left alone. The
+    tokens are read as click reads them: the one after a value-taking option is its value, even if
+    it starts with a dash (--save -best.yaml)."""
+    options = [p for p in getattr(command, "params", ()) if getattr(p, "param_type_name", "") == "option"]
+    by_opt = {opt: p for p in options for opt in (*p.opts, *p.secondary_opts)}
     parse_args = command.parse_args
 
+    def named(param) -> str:  # the flag as the user writes it, without dashes
+        return max(param.opts, key=len).lstrip("-")
+
     def checked(ctx, args):
-        seen: dict[str, list[str]] = {}
-        for token in args:
+        given: dict[str, list[str]] = {}
+        i = 0
+        while i < len(args):
+            token = args[i]
+            i += 1
             if token == "--":
                 break
-            for param in single:
-                for opt in (*param.opts, *param.secondary_opts):
-                    long_form = opt.startswith("--")
-                    if token == opt or (long_form and token.startswith(opt + "=")) or \
-                            (not long_form and token.startswith(opt) and len(token) > len(opt)
-                             and not token.startswith("--")):
-                        seen.setdefault(param.name, []).append(opt)
-        for name, given in seen.items():
-            if len(given) > 1:
-                raise click.exceptions.UsageError(f"{name.replace('_', '-')}: given {len(given)} times "
-                                                  f"({', '.join(given)}); give it once", ctx=ctx)
+            opt = token.split("=", 1)[0] if token.startswith("--") else token[:2] if token.startswith("-") else None
+            param = by_opt.get(opt)
+            if param is None:
+                continue
+            inline = token.startswith("--") and "=" in token or (not token.startswith("--") and len(token) > 2)
+            if not getattr(param, "is_flag", False) and not inline:
+                i += 1  # its value, whatever it looks like
+            if getattr(param, "multiple", False) or getattr(param, "count", False):
+                continue
+            given.setdefault(param.name, []).append(token if getattr(param, "is_flag", False) else opt)
+        for name, used in given.items():
+            param = next(p for p in options if p.name == name)
+            repeated = len(set(used)) > 1 if getattr(param, "is_flag", False) else len(used) > 1
+            if repeated:
+                raise click.exceptions.UsageError(f"{named(param)}: given {len(used)} times ({', '.join(used)}); "
+                                                  "give it once", ctx=ctx)
         return parse_args(ctx, args)
     command.parse_args = checked
 

@@ -206,6 +206,16 @@ def check_dtype_on_system(dtype: str, system: SystemSpec) -> None:
                         f"{', '.join(allowed)}")
 
 
+def check_module_dtypes_on_system(module_dtypes: dict | None, system: SystemSpec, where: str = "module-dtype") -> None:
+    """Each per-module dtype one the GPU runs, named as given (GROUP=DTYPE): the flag, or a plan
+    file's job setting (`where`)."""
+    for group, module_dtype in (module_dtypes or {}).items():
+        try:
+            check_dtype_on_system(module_dtype, system)
+        except SpecError as err:
+            raise SpecError(f"{where}: {group}={module_dtype}: {str(err).removeprefix('dtype: ')}") from None
+
+
 def training_dtypes(system: SystemSpec | None = None) -> list[str]:
     """The precisions a job may name (JobSpec.dtype); with `system`, those its GPU has the peaks
     for: the GEMMs' (fp8-cs and fp8-block run at the fp8 peak) and the 16-bit one the attention core
@@ -237,12 +247,7 @@ def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MA
         raise SpecError(f"dtype: unknown {shortened(dtype)!r}; allowed: {', '.join(training_dtypes(system))}")
     if system is not None:
         check_dtype_on_system(dtype, system)
-        for group, module_dtype in (extra.get("module_dtypes") or {}).items():
-            try:
-                check_dtype_on_system(module_dtype, system)
-            except SpecError as err:  # named as given: --module-dtype GROUP=DTYPE
-                raise SpecError(f"module-dtype: {group}={module_dtype}: "
-                                f"{str(err).removeprefix('dtype: ')}") from None
+        check_module_dtypes_on_system(extra.get("module_dtypes"), system)
     if isinstance(extra.get("framework"), str):
         extra["framework"] = extra["framework"].strip().lower()
         frameworks = typing.get_args(JobSpec.model_fields["framework"].annotation)
@@ -480,12 +485,14 @@ def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_
         raise SpecError(f"fused-grouped-mlp: applies to MoE models only; {model.name} has no experts")
 
 
-MoeImbalanceOpt = Annotated[Optional[float], typer.Option(
-    "--moe-imbalance",
-    help="MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as NVIDIA's "
-         "benchmarks force (--moe-router-force-load-balancing); about 1.6 fits learned dropless routing "
-         "(Qwen3-235B, Megatron MoE ModelZoo). No effect at ep 1, where every rank holds every expert. "
-         "Default: a --plan file's, else 1.0.")]
+MOE_IMBALANCE_HELP = ("MoE routing skew: tokens of the busiest expert rank over the mean. 1.0 = balanced, as "
+                      "NVIDIA's benchmarks force (--moe-router-force-load-balancing); about 1.6 fits learned "
+                      "dropless routing (Qwen3-235B, Megatron MoE ModelZoo). No effect at ep 1, where every rank "
+                      "holds every expert.")
+MoeImbalanceOpt = Annotated[Optional[float], typer.Option("--moe-imbalance", help=MOE_IMBALANCE_HELP)]
+# estimate's: a plan file carries the skew it was costed with
+MoeImbalancePlanOpt = Annotated[Optional[float], typer.Option(
+    "--moe-imbalance", help=MOE_IMBALANCE_HELP + " Default: the --plan file's, else 1.0.")]
 
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
                    "recompute_modules", "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
@@ -545,7 +552,8 @@ def refuse_plan_file_contradictions(plan, model, job, plan_file: str) -> None:
         raise SpecError(f"{where}: stage_layers: every pipeline rank needs a layer (a rank's stages are "
                         f"r, r + pp, ...)")
     if model.moe is None:
-        dense = [name for name, on in (("moe_dispatcher", plan.moe_dispatcher != "alltoall"),
+        dense = [name for name, on in (("ep", plan.ep > 1), ("etp", plan.etp is not None),
+                                       ("moe_dispatcher", plan.moe_dispatcher != "alltoall"),
                                        ("moe_a2a_overlap", bool(plan.moe_a2a_overlap)),
                                        ("fused_grouped_mlp", job is not None and job.fused_grouped_mlp),
                                        ("moe_load_imbalance", job is not None and job.moe_load_imbalance != 1.0))

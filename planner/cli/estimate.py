@@ -9,6 +9,7 @@ from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli.common import (
     check_dtype_on_system,
+    check_module_dtypes_on_system,
     check_job_reserve,
     check_layout_fits_model,
     refuse_plan_file_contradictions,
@@ -27,7 +28,7 @@ from planner.cli.common import (
     EtpOpt,
     MoeA2aOverlapOpt,
     MoeDispatcherOpt,
-    MoeImbalanceOpt,
+    MoeImbalancePlanOpt,
     Bf16LayersOpt,
     check_bf16_layers_fit,
     ModuleDtypeOpt,
@@ -99,7 +100,7 @@ def estimate_command(
     offload_optimizer: OffloadOptimizerOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
     etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
-    moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalanceOpt = None,
+    moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalancePlanOpt = None,
     flash_attention: Annotated[Optional[bool], typer.Option(
         "--flash-attention/--no-flash-attention",
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
@@ -154,6 +155,7 @@ def estimate_command(
                                 flash_attention=flash_attention, moe_load_imbalance=moe_imbalance, **given_kernels)
         if job is not None:
             check_dtype_on_system(job.dtype, system_spec)
+            check_module_dtypes_on_system(job.module_dtypes, system_spec, f"plan ({plan_file}): job: module_dtypes")
     else:
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS,

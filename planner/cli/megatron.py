@@ -13,6 +13,7 @@ from planner.cli.common import (
     CudaGraphOpt,
     kernel_settings,
     check_dtype_on_system,
+    check_module_dtypes_on_system,
     check_job_reserve,
     check_recompute_layers,
     refuse_plan_file_contradictions,
@@ -148,6 +149,7 @@ def _job(o: dict, model, system, plan=None):
                               module_dtypes=modules.get("module_dtypes"), **graphs) if plan is not None else None
     if saved is not None:
         check_dtype_on_system(saved.dtype, system)
+        check_module_dtypes_on_system(saved.module_dtypes, system, f"plan ({o['plan_file']}): job: module_dtypes")
         check_job_reserve(saved, system, o["plan_file"], o["hbm_reserve_gib"])
         check_bf16_layers_fit(saved.bf16_layers, model)
         return saved
