@@ -26,7 +26,6 @@ recorded with its error, not fatal.
 """
 from __future__ import annotations
 
-import csv
 import sys
 import time
 from pathlib import Path
@@ -134,19 +133,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     quick = "--quick" in sys.argv
     deadline = time.monotonic() + COMPILE_DEADLINE_S
-    if layer.CUDA:
-        props = torch.cuda.get_device_properties(0)
-        print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
-    with open(out / "float8_block.csv", "w", newline="") as fh:
-        writer = None
-        for row in rows(quick, deadline):
-            if writer is None:
-                writer = csv.DictWriter(fh, fieldnames=list(row))
-                writer.writeheader()
-            writer.writerow(row)
-            fh.flush()
-            print(",".join(str(v) for v in row.values()), flush=True)
-
+    layer.stream_csv(out / "float8_block.csv", rows(quick, deadline))
 
 if __name__ == "__main__":
     main()

@@ -11,48 +11,24 @@ GPT-OSS-120B's attention (64 query heads, 8 key/value heads, head dim 64), seque
 8192, 16,384 tokens per call, windows 128 and 1024, forward and forward+backward, bf16. The
 causal SDPA rows (cuDNN and flash backends, same shapes, key/value heads repeated) place
 flex_attention against the kernels the planner's attention curve was fitted on.
-Timing: CUDA events, median of REPEATS after 3 warm-ups, random data. A failing row is recorded
+Timing: CUDA events, median of 10 after 3 warm-ups (tp_rank_layer_table.median_ms), random data. A failing row is recorded
 with its error, not fatal.
 """
 from __future__ import annotations
 
-import csv
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-REPEATS = 10
-CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if CUDA else "cpu"
+import tp_rank_layer_table as layer  # same folder: the timing (median of 10 after 3 warm-ups)
+
+CUDA, DEVICE = layer.CUDA, layer.DEVICE
 HEADS, KV_HEADS, HEAD_DIM = 64, 8, 64  # GPT-OSS-120B (Hugging Face config.json)
 TOKENS = 16384
 SEQS = (4096, 8192)
 WINDOWS = (128, 1024)
-
-
-def median_ms(fn) -> float:
-    import time
-    for _ in range(3):
-        fn()
-    if CUDA:
-        torch.cuda.synchronize()
-    out = []
-    for _ in range(REPEATS):
-        if CUDA:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            out.append(a.elapsed_time(b))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
 
 
 def qkv(batch, seq, heads_kv, grad=True):
@@ -62,21 +38,11 @@ def qkv(batch, seq, heads_kv, grad=True):
 
 
 def timed(fn, leaves):
-    """(forward ms, forward+backward ms) of out = fn(*leaves)."""
-    def fwd():
-        with torch.no_grad():
-            fn(*leaves)
-    grad = None
-
-    def both():
-        nonlocal grad
-        out = fn(*leaves)
-        if grad is None:
-            grad = torch.randn_like(out)
-        out.backward(grad)
-        for leaf in leaves:
-            leaf.grad = None
-    return median_ms(fwd), median_ms(both)
+    """(forward ms, forward+backward ms) of out = fn(*leaves), as tp_rank_layer_table times them."""
+    got = {r["pass"]: r for r in layer.fwd_and_bwd({}, "attn", "", lambda: (fn, leaves), 0, "")}
+    if "fwd_bwd" not in got:
+        raise RuntimeError(next(iter(got.values()))["error"])
+    return got["fwd"]["median_ms"], got["fwd_bwd"]["median_ms"]
 
 
 def rows(quick: bool):
@@ -125,19 +91,7 @@ def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     quick = "--quick" in sys.argv
-    if CUDA:
-        props = torch.cuda.get_device_properties(0)
-        print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
-    with open(out / "sliding_window.csv", "w", newline="") as fh:
-        writer = None
-        for row in rows(quick):
-            if writer is None:
-                writer = csv.DictWriter(fh, fieldnames=list(row))
-                writer.writeheader()
-            writer.writerow(row)
-            fh.flush()
-            print(",".join(str(v) for v in row.values()), flush=True)
-
+    layer.stream_csv(out / "sliding_window.csv", rows(quick))
 
 if __name__ == "__main__":
     main()

@@ -357,6 +357,23 @@ def compiled_rows(model, tp, local_batch, quick):
     return rows
 
 
+def stream_csv(path: Path, rows) -> None:
+    """Say the GPU, then write `rows` (dicts) to `path` as each is taken, echoing it: a run cut
+    short keeps what it measured."""
+    if CUDA:
+        props = torch.cuda.get_device_properties(0)
+        print(f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}", flush=True)
+    with open(path, "w", newline="") as fh:
+        writer = None
+        for row in rows:
+            if writer is None:
+                writer = csv.DictWriter(fh, fieldnames=list(row))
+                writer.writeheader()
+            writer.writerow(row)
+            fh.flush()
+            print(",".join(str(v) for v in row.values()), flush=True)
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
