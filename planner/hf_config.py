@@ -501,11 +501,11 @@ def model_fields(path: Path) -> dict:
                         f"architectures read: {known}{own}")
 
     act = str(cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu")
+    act_key = "hidden_act" if cfg.get("hidden_act") else "hidden_activation"  # the key to name in errors
     if act.lower() not in HF_ACTIVATIONS:
-        key = "hidden_act" if cfg.get("hidden_act") else "hidden_activation"
-        raise SpecError(f"model {path}: {key} {act!r} is not an activation the planner reads; allowed: "
+        raise SpecError(f"model {path}: {act_key} {act!r} is not an activation the planner reads; allowed: "
                         f"{', '.join(HF_ACTIVATIONS)}")
-    act, act_key = act.lower(), "hidden_act" if cfg.get("hidden_act") else "hidden_activation"
+    act = act.lower()
     # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
     gated = model_type in ARCHITECTURES or act in ("silu", "swish")
     max_pos = cfg.get("max_position_embeddings")
