@@ -458,6 +458,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     evaluated = 0
     a2a = opt["moe_a2a_overlap"] > 0
     live = (mask & ~shadow).any(axis=0) if n_lay else np.zeros(n_opt, dtype=bool)
+    size = chunk_rows(space)
     for lv in range(int(level.max()) + 1 if n_opt else 0):
         # the all-to-all overlap rows first: where one fits, its twin without is not costed (rule C)
         for with_a2a in (True, False):
@@ -494,9 +495,8 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
             if not len(li):
                 continue
             oi = cols[ci]
-            size = chunk_rows(space)
 
-            def at_largest_batch(lo: int, li=li, oi=oi, size=size) -> dict[str, np.ndarray]:
+            def at_largest_batch(lo: int, li=li, oi=oi) -> dict[str, np.ndarray]:
                 part = _pairs(lay, opt, li[lo:lo + size], oi[lo:lo + size])  # columns built chunk by chunk
                 return evaluate(space, at_batch(part, part["m_max"]))
 

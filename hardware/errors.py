@@ -130,6 +130,16 @@ MAX_DIGITS = 308
 _INT_TAG, _FLOAT_TAG = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
 
 
+def digit_limit_error(exc: ValueError, where: str) -> SpecError | None:
+    """The one-line error for a ValueError that is Python's refusal to convert an integer of too
+    many digits (json and PyYAML's plain loaders raise it bare), None for any other ValueError."""
+    if "integer string conversion" not in str(exc):
+        return None
+    import sys
+    return SpecError(f"{where}: a number of over {sys.get_int_max_str_digits():,} digits is out of range: "
+                     f"no field takes a number of 1e+{MAX_DIGITS} or more")
+
+
 def _number_problem(node) -> str | None:
     """What is wrong with an int- or float-tagged scalar, mirroring PyYAML's constructors (an
     explicit `!!int abc` reaches int() unchecked); None if it converts to a number in range. Base

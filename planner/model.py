@@ -8,8 +8,8 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
-from hardware.errors import (SpecError, in_range, one_line, read_yaml_mapping, reference_text, refuse_loose_types,
-                             VISIBLE_LINE_PATTERN, check_name_length, resolve_preset_or_file)
+from hardware.errors import (SpecError, digit_limit_error, in_range, one_line, read_yaml_mapping, reference_text,
+                             refuse_loose_types, VISIBLE_LINE_PATTERN, check_name_length, resolve_preset_or_file)
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -657,8 +657,7 @@ def _config_fields(path: Path) -> dict:
     except SpecError:
         raise
     except ValueError as exc:
-        if "integer string conversion" not in str(exc):
+        error = digit_limit_error(exc, f"model {path}")
+        if error is None:
             raise
-        import sys
-        raise SpecError(f"model {path}: a number of over {sys.get_int_max_str_digits():,} digits is out of range: "
-                        "no field takes a number of 1e+308 or more") from None
+        raise error from None

@@ -66,12 +66,17 @@ def plan_file_data(plan: Plan, model_ref: str, system_ref: str, model: ModelSpec
 def saved_job(path: str | Path, plan: Plan) -> JobSpec | None:
     """The JobSpec a plan file was costed under (its global batch fixed to the plan's), or None
     for a bare plan mapping that carries no job settings."""
+    return _saved_job_and_fields(path, plan)[0]
+
+
+def _saved_job_and_fields(path: str | Path, plan: Plan) -> tuple[JobSpec | None, set[str]]:
+    """saved_job, and the job fields the file itself writes (the rest are JobSpec's defaults)."""
     data = read_yaml_mapping(Path(path), "plan")
     if "plan" in data:
         check_plan_file_fields(data, path)
     job = data.get("job")
     if job is None:
-        return None
+        return None, set()
     if not isinstance(job, dict):
         raise SpecError(f"plan ({path}): job: expected a mapping of {', '.join(SAVED_JOB_FIELDS)}")
     unknown = sorted(set(job) - set(SAVED_JOB_FIELDS))
@@ -90,7 +95,7 @@ def saved_job(path: str | Path, plan: Plan) -> JobSpec | None:
         # as the plan's own fields: `flash_attention: 'no'` or `hbm_reserve_gib: true` is a mistake,
         # not what pydantic's lax mode would make of it
         refuse_loose_types(job, JobSpec, f"plan ({path}): job")
-        return JobSpec(global_batch=plan.global_batch, max_global_batch=plan.global_batch, **job)
+        return JobSpec(global_batch=plan.global_batch, max_global_batch=plan.global_batch, **job), set(job)
     except ValidationError as err:
         raise one_line(err, f"plan ({path}): job") from None
 
@@ -99,10 +104,9 @@ def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
     """The saved job of a plan file, checked against the settings a user gave on the command line
     (None = not given): the file says how the plan was costed, so a different value is an error
     rather than a silent re-costing. None for a bare plan mapping without job settings."""
-    saved = saved_job(path, plan)
+    saved, written = _saved_job_and_fields(path, plan)
     if saved is None:
         return None
-    written = set(read_yaml_mapping(Path(path), "plan").get("job") or ())
     for name, value in given.items():
         if name not in written and name == "moe_load_imbalance":
             continue  # a file saved before the skew was: it says nothing, the flag applies

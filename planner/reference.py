@@ -21,7 +21,7 @@ import yaml
 from pydantic import ValidationError
 
 from hardware import load_system
-from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, finite_number
+from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
 from planner.model import Activation, ModelSpec, MoESpec
@@ -1406,7 +1406,10 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
     except yaml.YAMLError:
         raise SpecError(f"reference {path}: malformed YAML") from None
     except ValueError as err:  # an integer past Python's digit limit (the CLI's strict pre-read names its key)
-        raise SpecError(f"reference {path}: a number out of range ({str(err).split('(')[0].strip()})") from None
+        error = digit_limit_error(err, f"reference {path}")
+        if error is None:
+            raise
+        raise error from None
     if not isinstance(data, dict) or not isinstance(data.get("records"), list):
         raise SpecError(f"reference {path}: expected a mapping with a 'records' list")
     version = data.get("schema_version", SCHEMA_VERSION)

@@ -194,7 +194,7 @@ def _once_each(command) -> None:
         return max(param.opts, key=len).lstrip("-")
 
     def checked(ctx, args):
-        given: dict[str, list[str]] = {}
+        given: dict = {}  # parameter -> the tokens that gave it
         i = 0
         while i < len(args):
             token = args[i]
@@ -210,9 +210,8 @@ def _once_each(command) -> None:
                 i += 1  # its value, whatever it looks like
             if getattr(param, "multiple", False) or getattr(param, "count", False):
                 continue
-            given.setdefault(param.name, []).append(token if getattr(param, "is_flag", False) else opt)
-        for name, used in given.items():
-            param = next(p for p in options if p.name == name)
+            given.setdefault(param, []).append(token if getattr(param, "is_flag", False) else opt)
+        for param, used in given.items():
             repeated = len(set(used)) > 1 if getattr(param, "is_flag", False) else len(used) > 1
             if repeated:
                 raise click.exceptions.UsageError(f"{named(param)}: given {len(used)} times ({', '.join(used)}); "
