@@ -232,6 +232,11 @@ def test_fp8_flags():
     assert check(base(fp8_format="hybrid", fp8_param_gather=True)) == [rules.MSG_FP8_PARAM_GATHER]
     assert check(base(fp8_format="hybrid", fp8_param_gather=True, use_distributed_optimizer=True)) == []
     assert check(base(fp8_format="e4m3", fp4_format="e2m1")) == [rules.MSG_FP4_FP8]
+    # the DDP config asserts the grad-buffer reuse only beside MXFP8 parameters; Megatron-FSDP drops it
+    mx = dict(fp8_format="e4m3", fp8_recipe="mxfp8", use_distributed_optimizer=True,
+              reuse_grad_buf_for_mxfp8_param_ag=True)
+    assert check(base(**mx), arch=10) == [rules.MSG_REUSE_GRAD_BUF]
+    assert check(base(**mx, fp8_param_gather=True), arch=10) == []
     assert "invalid choice" in check(base(fp8_format="e5m2"))[0]
 
 

@@ -91,3 +91,23 @@ def test_flex_dispatcher_runs_hybridep_on_nvl72_and_deepep_on_8_gpu_nodes():
     for system_name, backend in (("gb200-nvl72", "hybridep"), ("h100-sxm", "deepep"), ("b200", "deepep")):
         argv = mg.megatron_args(plan, model, job, load_system(system_name, 64)).argv()
         assert argv[argv.index("--moe-flex-dispatcher-backend") + 1] == backend, system_name
+
+
+def test_mxfp8_parameters_reuse_the_gradient_buffer_for_their_gather():
+    """optimizer_config.py warns that MXFP8 without --reuse-grad-buf-for-mxfp8-param-ag keeps a
+    second parameter buffer ("significant amount additional GPU memory"), which the memory model
+    does not cost; Megatron-Bridge's MXFP8 recipe sets it beside --fp8-param-gather. Emitted for
+    MXFP8 parameters on the distributed optimizer only: other FP8 recipes keep their parameters in
+    the buffer, and Megatron-FSDP turns it off."""
+    model, system = load_model("llama3-8b"), load_system("b200", 16)
+    flag = "--reuse-grad-buf-for-mxfp8-param-ag"
+    for zero, dtype, emitted in ((1, "mxfp8", True), (1, "fp8-cs", False), (3, "mxfp8", False)):
+        plan = Plan(tp=1, dp=16, micro_batch=1, global_batch=128, zero_stage=zero, fp8_param_gather=True)
+        job = JobSpec(global_batch=128, dtype=dtype)
+        assert mg.not_expressible(plan, model, job) == [], (zero, dtype)
+        launch = mg.megatron_args(plan, model, job, system)
+        assert (flag in launch.argv()) == emitted, (zero, dtype)
+        assert mg.validate_launch(launch, mg.gpu_arch_major(system)) == [], (zero, dtype)
+    bf16_params = mg.megatron_args(Plan(tp=1, dp=16, micro_batch=1, global_batch=128, zero_stage=1), model,
+                                   JobSpec(global_batch=128, dtype="mxfp8"), system)
+    assert flag not in bf16_params.argv()

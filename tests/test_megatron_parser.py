@@ -303,6 +303,9 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         group = vp_microbatch_group(plan.num_microbatches, plan.pp) if plan.vpp > 1 else plan.pp
         assert ns["microbatch_group_size_per_vp_stage"] == (None if group == plan.pp else group), label
         assert dtype_from_megatron(ns) == job.dtype, label
+        # MXFP8 parameters gather through the gradient buffer (Megatron-FSDP turns that off)
+        assert ns["reuse_grad_buf_for_mxfp8_param_ag"] == (job.dtype == "mxfp8" and plan.fp8_param_gather
+                                                           and plan.zero_stage == 1), label
         # the model Megatron builds: every shape field the cost model reads (layers, widths, heads,
         # groups, head dims, MLA, experts, shared experts, dense layers, MTP, vocab, q/k norms)
         back = model_from_megatron(ns, cfg, m.name)

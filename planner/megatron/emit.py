@@ -359,6 +359,13 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         files[te_precision.FILE_NAME] = te_precision.precision_file(job)
     if plan.fp8_param_gather:
         add("--fp8-param-gather")
+        if job.dtype == "mxfp8" and not fsdp:
+            # MXFP8 parameters cannot live in the contiguous parameter buffer, so without this the
+            # distributed optimizer keeps a second one and Megatron warns of "significant additional
+            # GPU memory" (core/optimizer/optimizer_config.py); the memory model costs 1 B per
+            # weight and no such buffer. Megatron-Bridge's MXFP8 recipe sets both
+            # (training/mixed_precision.py bf16_with_mxfp8_mixed). Megatron-FSDP turns it off.
+            add("--reuse-grad-buf-for-mxfp8-param-ag")
     if plan.grad_reduce_in_bf16:
         add("--grad-reduce-in-bf16")
     elif job.bytes_per_param.grads == FP32_BYTES:

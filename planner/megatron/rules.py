@@ -34,7 +34,7 @@ def _build_parser() -> _Parser:
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
                  "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
                  "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias",
-                 "--qk-l2-norm"):
+                 "--qk-l2-norm", "--reuse-grad-buf-for-mxfp8-param-ag"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
@@ -151,6 +151,7 @@ MSG_OPT_OFFLOAD_FP8_PARAM = ("When `--fp8-param-gather` is enabled, the optimize
                              "conjunction with `--fp8-recipe delayed`.")
 MSG_FP8_PARAM_GATHER = ("--fp8-param-gather only supported with distributed optimizer, torch fsdp2, "
                         "megatron fsdp, or inference mode")
+MSG_REUSE_GRAD_BUF = "Reuse grad buffer only when keeping params in MXFP8."
 MSG_FP4_FP8 = "--fp4-format and --fp8-format cannot be used simultaneously. Please choose one."
 MSG_CE_TE = ("Transformer Engine cross entropy loss fusion is disabled due to stability issues. Use "
              "--cross-entropy-fusion-impl native, or omit --cross-entropy-loss-fusion.")
@@ -349,6 +350,10 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     # the TE cross-entropy kernel is refused in 0.19.2.
     if a.fp8_param_gather and not (a.use_distributed_optimizer or a.use_megatron_fsdp or a.use_torch_fsdp2):
         err(MSG_FP8_PARAM_GATHER)
+    # core/distributed/distributed_data_parallel_config.py __post_init__: the grad buffer is
+    # reused only for parameters kept in MXFP8 (Megatron-FSDP turns the flag off first)
+    if a.reuse_grad_buf_for_mxfp8_param_ag and not a.use_megatron_fsdp and not a.fp8_param_gather:
+        err(MSG_REUSE_GRAD_BUF)
     if a.fp4_format is not None and a.fp8_format is not None:
         err(MSG_FP4_FP8)
     if a.cross_entropy_loss_fusion and a.cross_entropy_fusion_impl == "te":
