@@ -240,13 +240,34 @@ def precision_text(job: JobSpec) -> str:
     return job.dtype + (f" ({'; '.join(parts)})" if parts else "")
 
 
+def kernel_text(job: JobSpec) -> str:
+    """The kernel settings the time was costed with, where they differ from the defaults (Transformer
+    Engine, no CUDA graphs): a run launched without them is slower than the table says."""
+    parts = [] if job.kernels == "te" else [f"{job.kernels} kernels"]
+    if job.full_iteration_cuda_graph:
+        parts.append("full-iteration CUDA graph")
+    elif job.cuda_graph_modules:
+        parts.append(f"CUDA graphs of {', '.join(job.cuda_graph_modules)} per layer")
+    parts += [name for name, on in (("FP8 attention", job.fp8_attention), ("fused grouped MLP", job.fused_grouped_mlp))
+              if on]
+    return ", ".join(parts)
+
+
+def kernel_json(job: JobSpec) -> dict:
+    """The kernel settings the time was costed with, for --json output."""
+    return {"kernels": job.kernels, "full_iteration_cuda_graph": job.full_iteration_cuda_graph,
+            "cuda_graph_modules": list(job.cuda_graph_modules), "fp8_attention": job.fp8_attention,
+            "fused_grouped_mlp": job.fused_grouped_mlp}
+
+
 def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: Estimate, title: str = "",
                    job: JobSpec | None = None) -> None:
     """The plan, its time and memory tables, per-rank layers where ranks differ and, given the
     job, what the MoE time assumes about routing and how much measured evidence backs the plan."""
     console.print(Text.assemble((model.name, "bold"), f" ({model.num_params / 1e9:.1f} B params, seq "
                                 f"{model.seq_length:,}) on ", (f"{system.num_gpus}× {system.accelerator.name}", "bold"),
-                                f" ({system.name})" + (f" · {precision_text(job)}" if job is not None else "")))
+                                f" ({system.name})" + (f" · {precision_text(job)}" if job is not None else "")
+                                + (f" · {kernel_text(job)}" if job is not None and kernel_text(job) else "")))
     console.print(fold_at_separators(describe_plan(est), console.width))
     for table in estimate_tables(est, title):
         console.print(table)
@@ -309,6 +330,7 @@ def estimate_json(est: Estimate, job: JobSpec | None = None, model: ModelSpec | 
     data["feasible"] = est.feasible
     if job is not None:
         data["precision"] = precision_json(job)
+        data["kernel_settings"] = kernel_json(job)
     if model is not None and system is not None and job is not None and est.plan.pp > 1:
         # what the text's per-rank table shows: each pipeline rank's layers, time and HBM
         from dataclasses import asdict

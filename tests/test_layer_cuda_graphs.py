@@ -93,3 +93,20 @@ def test_all_to_all_overlap_is_not_searched_beside_an_attention_graph():
     assert mg.rules.MSG_GRAPH_DELAY_WGRAD_TE in mg.validate_launch(launch, 9)
     best = search_plan(qwen3, system, graphs, top_k=3)
     assert best.ranked and not any(r.plan.moe_a2a_overlap for r in best.ranked)
+
+
+def test_plan_says_which_kernel_settings_it_was_costed_with():
+    """A launch without the graphs the time assumed runs slower than printed: the header and the
+    JSON name the settings (nothing where they are the defaults)."""
+    import json
+    runner = CliRunner()
+    job = ["-m", "llama3-8b", "-s", "h200", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1"]
+    graphed = runner.invoke(app, ["estimate", *job, "--cuda-graph", "layers", "--fp8-attention", "--dtype", "fp8"])
+    assert graphed.exit_code == 0, graphed.output
+    header = " ".join(graphed.output.split("\n")[:2]).replace("  ", " ")
+    assert "CUDA graphs of attn, mlp per layer, FP8 attention" in " ".join(header.split()), header
+    plain = runner.invoke(app, ["estimate", *job])
+    assert "CUDA graph" not in plain.output and "FP8 attention" not in plain.output
+    settings = json.loads(runner.invoke(app, ["plan", *job, "--cuda-graph", "full-iteration", "--json"]).stdout)
+    assert settings["kernel_settings"] == {"kernels": "te", "full_iteration_cuda_graph": True, "cuda_graph_modules": [],
+                                           "fp8_attention": False, "fused_grouped_mlp": False}

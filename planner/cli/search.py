@@ -392,9 +392,9 @@ def _plan(o: dict) -> None:
         from planner.search import check
         why = check(model, system, job)
     if o["json_out"]:
-        from planner.report import precision_json
+        from planner.report import kernel_json, precision_json
         out = {"model": model.name, "system": system.name, "gpus": system.num_gpus,
-               "precision": precision_json(job),
+               "precision": precision_json(job), "kernel_settings": kernel_json(job),
                "objective": result.objective, "plans": [_plan_json(r, model) for r in result.ranked],
                "model_only": [_plan_json(r, model) for r in result.model_only],
                "published_runs": _published_runs(model, system, job, result.best),
@@ -484,7 +484,7 @@ def _text_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]
 
 def _check(o: dict) -> int:
     from planner.recommend import recommend
-    from planner.report import precision_json
+    from planner.report import kernel_json, precision_json
     from planner.search import check
     model, system, job = _inputs(o)
     recommended = []
@@ -497,7 +497,7 @@ def _check(o: dict) -> int:
     if o["json_out"]:
         print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
                           "gpus": system.num_gpus, "precision": precision_json(job),
-                          "best": _plan_json(res.best, model) if res.best else None,
+                          "kernel_settings": kernel_json(job), "best": _plan_json(res.best, model) if res.best else None,
                           "model_only": [_plan_json(r, model) for r in model_only], "reasons": res.reasons,
                           "binding_rules": res.binding_rules, "numbers": res.numbers}))
         return 0 if res.feasible else 1
