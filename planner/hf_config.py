@@ -475,7 +475,8 @@ def model_fields(path: Path) -> dict:
     refuse_unread_keys(cfg, path)
     model_type = cfg.get("model_type")
     # a DeepSeek config's left-out MLA sizes are HF's defaults (said in approximation_notes)
-    defaults = {**ARCHITECTURES.get(model_type, ({}, ""))[0], **hf_mla_defaults(cfg)}
+    mla_defaulted = hf_mla_defaults(cfg)
+    defaults = {**ARCHITECTURES.get(model_type, ({}, ""))[0], **mla_defaulted}
     cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
     missing = [f for f in REQUIRED if f not in cfg]
     moe_keys = _count_keys(cfg, EXPERT_COUNT_KEYS, "routed-expert", path)
@@ -558,7 +559,11 @@ def model_fields(path: Path) -> dict:
             raise SpecError(f"model {path}: swiglu_limit {_shown(cfg['swiglu_limit'])} clamps a gated (SwiGLU) MLP; "
                             f"this config's MLP is not gated ({act_key} {act}); remove it")
     if cfg.get("kv_lora_rank"):
-        _require(cfg, ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), "kv_lora_rank (MLA) needs its head widths")
+        # a DeepSeek config that gave no kv_lora_rank is MLA by its model_type, not by a key it wrote
+        why = (f"a {model_type} model's attention is always MLA (kv_lora_rank absent, read as Hugging Face's "
+               f"{HF_MLA_DEFAULTS[model_type][0]} default {mla_defaulted['kv_lora_rank']}) and needs its head widths"
+               if "kv_lora_rank" in mla_defaulted else "kv_lora_rank (MLA) needs its head widths")
+        _require(cfg, ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), why)
         fields["mla"] = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                                  "qk_rope_head_dim", "v_head_dim")}
         fields["head_dim"] = None  # MLA's head widths live in `mla`

@@ -68,6 +68,18 @@ def test_deepseek_v2_without_q_lora_rank_is_hfs_default_and_null_is_no_query_com
     assert res.exit_code == 0 and "q_lora_rank 1536: absent from config.json" in res.stderr, res.output
 
 
+def test_a_deepseek_config_without_mla_keys_is_told_why_it_needs_head_widths(tmp_path):
+    """With no MLA key at all, the refusal named kv_lora_rank as if the config had set it: it says
+    the model_type makes the attention MLA, and where the rank came from. A config that writes
+    kv_lora_rank keeps the short reason."""
+    heads = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    one_line_error(_count(_hf(tmp_path, "deepseek-v3", drop=("kv_lora_rank", *heads))),
+                   "missing qk_nope_head_dim, qk_rope_head_dim, v_head_dim",
+                   "deepseek_v3 model's attention is always MLA", "DeepseekV3Config default 512")
+    written = one_line_error(_count(_hf(tmp_path, "deepseek-v3", drop=heads)), "kv_lora_rank (MLA) needs its head widths")
+    assert "always MLA" not in written
+
+
 def test_a_null_kv_lora_rank_in_a_deepseek_config_is_refused(tmp_path):
     one_line_error(_count(_hf(tmp_path, "deepseek-v3", kv_lora_rank=None)),
                    "kv_lora_rank is null", "always MLA", "512")
