@@ -494,6 +494,10 @@ MoeImbalanceOpt = Annotated[Optional[float], typer.Option("--moe-imbalance", hel
 MoeImbalancePlanOpt = Annotated[Optional[float], typer.Option(
     "--moe-imbalance", help=MOE_IMBALANCE_HELP + " Default: the --plan file's, else 1.0.")]
 
+# Knobs a plan given by flags takes where the user sets none: what NVIDIA's Megatron recipes set
+# (sequence parallelism with tp, the distributed optimizer, overlapped DP communication), shared by
+# `planner estimate` and `planner megatron` so that the same flags cost and launch the same plan.
+RECIPE_KNOB_DEFAULTS = dict(sequence_parallel=True, zero_stage=1, dp_comm_overlap=True)
 PLAN_KNOB_FLAGS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "vpp", "sequence_parallel", "recompute",
                    "recompute_modules", "recompute_num_layers", "zero_stage", "offload_weights", "offload_activations",
                    "offload_optimizer", "tp_comm_overlap", "dp_comm_overlap", "etp", "dp_impl", "moe_dispatcher",

@@ -58,6 +58,7 @@ from planner.cli.common import (
     VppOpt,
     ZeroOpt,
     MAX_GLOBAL_BATCH,
+    RECIPE_KNOB_DEFAULTS,
     check_int,
     given_knobs,
     layout_knobs,
@@ -71,8 +72,7 @@ from planner.report import estimate_json, print_estimate
 
 # What `planner estimate` assumes for knobs the user does not give: the Megatron recipe of the
 # default example (Narayanan et al. SC'21: GPT-3 175B as tp8 pp8) with today's defaults.
-ESTIMATE_DEFAULTS = dict(tp=8, pp=8, sequence_parallel=True, recompute="selective", zero_stage=1,
-                         dp_comm_overlap=True)
+ESTIMATE_DEFAULTS = dict(tp=8, pp=8, **RECIPE_KNOB_DEFAULTS)
 
 
 def estimate_command(
@@ -113,7 +113,8 @@ def estimate_command(
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
 
-    Knobs not given default to tp 8, pp 8, SP, selective recompute, distributed optimizer.
+    Knobs not given default to tp 8, pp 8, SP, no recompute (with fused attention, recomputing the
+    attention core saves no memory), distributed optimizer with overlapped DP communication.
     Exit code 0 when the plan fits, 1 when it does not (memory, offload capacity), 2 for an input
     error (a plan that breaks a layout rule, e.g. ep not dividing the experts, or offload with no tier).
     A plan Megatron-LM cannot launch as costed is still costed (exit 0 if it fits); why Megatron

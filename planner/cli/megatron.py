@@ -10,6 +10,7 @@ import typer
 from hardware.errors import SpecError, refuse_dash, shortened
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
+    RECIPE_KNOB_DEFAULTS,
     CudaGraphOpt,
     kernel_settings,
     check_dtype_on_system,
@@ -122,7 +123,8 @@ def megatron_command(
     """Emit Megatron-LM `pretrain_gpt.py` arguments (hybrid Mamba stacks: `pretrain_mamba.py`)
     and a torchrun script for a plan.
 
-    The plan comes from --plan FILE, from plan flags that include --tp, --pp or --dp (unset knobs: tp=pp=cp=1, dp fills the GPUs),
+    The plan comes from --plan FILE, from plan flags that include --tp, --pp or --dp (unset knobs: tp=pp=cp=1, dp fills the GPUs,
+    sequence parallelism where tp > 1, ZeRO-1 with overlapped DP communication, as `planner estimate` fills them),
     or, with neither, from the search: `planner plan`'s best plan for the same options (global
     batch 1536 unless -b is given). The plan must pass the rules and memory check of
     `planner estimate`; otherwise exit 2 with what breaks. The script saves checkpoints at the
@@ -191,10 +193,10 @@ def _plan_and_job(o: dict, model, system):
         return plan, job
     job = _job(o, model, system)
     if any(o[k] is not None for k in ("tp", "pp", "dp")):
-        # Megatron's MoE layers at tp > 1 run only with SP: on by default there, where it splits
-        # the sequence (plan_from_knobs turns a default SP off where it does not)
-        defaults = {"sequence_parallel": True} if model.moe is not None else None
-        return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch, defaults,
+        # the knobs `planner estimate` fills for the same flags (SP where tp > 1 splits the sequence:
+        # plan_from_knobs turns a default SP off where it does not; Megatron's MoE layers at tp > 1
+        # need it)
+        return plan_from_knobs({**given, **perf}, system.num_gpus, job.global_batch, RECIPE_KNOB_DEFAULTS,
                                model.seq_length, expert_biases=model.moe is not None and model.biases,
                                layers=model.layers), job
     if given or perf:

@@ -1,0 +1,38 @@
+"""A first-time user's walk through the CLI (audit, twelfth pass): the same flags give the same plan
+in `estimate` and `megatron`, plan-file overrides say what clashes, an uneven layout is shown."""
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from planner.cli.app import app
+
+runner = CliRunner()
+LLAMA70 = ["-m", "llama3-70b", "-s", "h100-sxm", "-g", "64", "-b", "512", "--tp", "8", "--pp", "4"]
+
+
+def test_megatron_fills_unset_knobs_as_estimate_does():
+    """`megatron --tp 8 --pp 4` left sequence parallelism off where `estimate` turns it on: 81.8 GiB
+    against 46.8, refused by one and fitting in the other. Both now cost and launch the same plan."""
+    est = runner.invoke(app, ["estimate", *LLAMA70, "--json"])
+    assert est.exit_code == 0, est.output
+    plan = json.loads(est.stdout)["plan"]
+    assert plan["sequence_parallel"] is True and plan["zero_stage"] == 1
+    launch = runner.invoke(app, ["megatron", *LLAMA70, "--format", "json"])
+    assert launch.exit_code == 0, launch.output
+    argv = json.loads(launch.stdout)["argv"]
+    assert "--sequence-parallel" in argv and "--use-distributed-optimizer" in argv and "--overlap-grad-reduce" in argv
+    off = runner.invoke(app, ["megatron", *LLAMA70, "--no-sequence-parallel", "--format", "json"])
+    assert off.exit_code == 2 and "GiB" in off.output  # what the user asks for still decides
+
+
+def test_estimate_does_not_default_to_a_recompute_that_saves_nothing():
+    """With fused attention no s x s scores are kept, so recomputing the attention core (the old
+    default, selective) cost time and freed no memory: the default is no recompute, and the
+    selective plan is slower at the same HBM."""
+    default = json.loads(runner.invoke(app, ["estimate", *LLAMA70, "--json"]).stdout)
+    selective = json.loads(runner.invoke(app, ["estimate", *LLAMA70, "--recompute", "selective", "--json"]).stdout)
+    assert default["plan"]["recompute"] == "none"
+    assert selective["hbm_bytes"] == default["hbm_bytes"]
+    assert selective["step_time_s"] > default["step_time_s"]
