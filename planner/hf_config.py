@@ -94,13 +94,26 @@ def sliding_window_note(cfg: dict, seq_length: int) -> str:
             "causal attention (slower than the run), and the Megatron launch sets no window")
 
 
+# The norms' epsilon, as transformers' config classes name it (Llama/Qwen/DeepSeek/GPT-OSS
+# rms_norm_eps; Nemotron-H layer_norm_epsilon; Llama 4 rms_norm_eps in its text config)
+NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps")
+
+
+def rope_base_note(cfg: dict) -> str:
+    """A fractional rope_theta, launched as Megatron's integer --rotary-base; "" otherwise."""
+    theta = cfg.get("rope_theta")
+    if isinstance(theta, float) and not theta.is_integer() and finite_number(theta):
+        return f"rope_theta {theta:g} is launched as --rotary-base {round(theta)} (Megatron reads an integer)"
+    return ""
+
+
 def approximation_notes(path: Path, seq_length: int) -> list[str]:
     """What the cost of this config approximates (APPROXIMATIONS and its sliding windows), said to
     the user whenever it is read."""
     cfg = read_config(path)
     kind = cfg.get("model_type")
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
-    return [n for n in (*notes, hf_default_note(cfg), sliding_window_note(cfg, seq_length)) if n]
+    return [n for n in (*notes, hf_default_note(cfg), sliding_window_note(cfg, seq_length), rope_base_note(cfg)) if n]
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
 # gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
 MLP_BIAS_TYPES = ("gpt_oss",)
@@ -293,6 +306,13 @@ def _check_types(cfg: dict, path: Path) -> None:
     rotary = cfg.get("partial_rotary_factor")
     if rotary is not None and (isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1):
         raise bad("partial_rotary_factor", "a number in (0, 1]")
+    theta = cfg.get("rope_theta")
+    if theta is not None and not (finite_number(theta) and 1 <= theta <= 1e12):
+        raise bad("rope_theta", "a number from 1 to 1e12 (RoPE's base frequency)")
+    for key in NORM_EPS_KEYS:
+        eps = cfg.get(key)
+        if eps is not None and not (finite_number(eps) and 0 < eps < 0.1):
+            raise bad(key, "a number > 0 and < 0.1 (the norms' epsilon)")
     limit = cfg.get("swiglu_limit")
     if limit is not None and not (finite_number(limit) and limit > 0):  # JSON's NaN token parses
         raise bad("swiglu_limit", "a finite number > 0 (or null: no clamp)")
@@ -536,6 +556,12 @@ def model_fields(path: Path) -> dict:
         "qk_norm": model_type in QK_NORM_TYPES or (cfg.get("use_qk_norm") is True and model_type != "llama4_text"),
         "qk_l2_norm": model_type == "llama4_text" and cfg.get("use_qk_norm") is True,
     }
+    # numbers the launch needs and the cost does not read; Megatron's --rotary-base is an integer
+    if cfg.get("rope_theta") is not None and model_type != "nemotron_h":
+        fields["rope_base"] = round(cfg["rope_theta"])
+    eps = next((cfg[k] for k in NORM_EPS_KEYS if cfg.get(k) is not None), None)
+    if eps is not None:
+        fields["norm_epsilon"] = float(eps)
     if cfg.get("partial_rotary_factor", 1) < 1 and not cfg.get("kv_lora_rank"):
         fields["rotary_percent"] = float(cfg["partial_rotary_factor"])  # GLM-4.5: RoPE on half of each head
     if model_type == "llama4_text" and cfg.get("intermediate_size_mlp"):

@@ -52,6 +52,10 @@ SeqLength = Annotated[int, in_range(1, MAX_SEQ_LENGTH, integer=True)]
 # experts/top_k an expert's capacity holds every token anyway; GPT-OSS clamps at 7.0.
 CapacityFactor = Annotated[PositiveFloat, in_range(0.01, 1000.0)]
 ActivationClamp = Annotated[PositiveFloat, in_range(1e-3, 1e6)]
+# RoPE bases in use run from 10,000 (Llama 2, DeepSeek) to 10^7 (Qwen3-Coder); Megatron reads an int
+RopeBase = Annotated[int, in_range(1, 10**12, integer=True)]
+# norm epsilons in use are 1e-6 (Qwen3, DeepSeek) to 1e-5 (Llama, Megatron's default)
+NormEpsilon = Annotated[PositiveFloat, in_range(1e-12, 0.1)]
 
 
 def _whole(value) -> int | None:
@@ -231,6 +235,13 @@ class ModelSpec(_Part):
                            "GLM-4.5; Megatron --add-qkv-bias); `biases` has them already")
     rotary_percent: float = Field(default=1.0, gt=0, le=1, description="share of each head's width RoPE "
                                   "rotates (GLM-4.5: 0.5; Megatron --rotary-percent); not costed apart")
+    # Two numbers the launch needs to train the named model and the cost does not read: left out
+    # (None), Megatron's defaults apply (10,000 and 1e-5) and `planner megatron` says so.
+    rope_base: RopeBase | None = Field(default=None, description="RoPE base frequency θ (Hugging Face "
+                                       "rope_theta; Megatron --rotary-base, default 10000); not costed")
+    norm_epsilon: NormEpsilon | None = Field(default=None, description="epsilon of every LayerNorm/RMSNorm "
+                                             "(Hugging Face rms_norm_eps; Megatron --norm-epsilon, default "
+                                             "1e-5); not costed")
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     qk_l2_norm: bool = Field(default=False, description="Llama 4's weightless L2 norm over each query and "
                              "key head (Megatron --qk-l2-norm): no parameters, unlike qk_norm")
@@ -310,6 +321,9 @@ class ModelSpec(_Part):
             raise ValueError("qkv_bias: biases: true has the q/k/v biases already (drop qkv_bias)")
         if self.qkv_bias and self.mla:
             raise ValueError("qkv_bias: MLA's projections are not q/k/v ones (drop qkv_bias)")
+        if self.rope_base is not None and self.position_embedding != "rope":
+            raise ValueError(f"rope_base ({self.rope_base}) is RoPE's base; position_embedding is "
+                             f"{self.position_embedding}")
         if self.rotary_percent != 1.0 and self.position_embedding != "rope":
             raise ValueError(f"rotary_percent ({self.rotary_percent}) sizes RoPE; position_embedding is "
                              f"{self.position_embedding}")

@@ -271,7 +271,7 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         seq_length=ns["seq_length"], vocab=ns["vocab_size"], activation=ACTIVATIONS[act_name],
         tied_embeddings=not ns["untie_embeddings_and_output_weights"],
         position_embedding={"rope": "rope", "none": "none"}.get(ns["position_embedding_type"], "learned"),
-        biases=cfg["add_bias_linear"], dropout=cfg["attention_dropout"] > 0, qk_norm=cfg["qk_layernorm"],
+        biases=cfg["add_bias_linear"], dropout=cfg["attention_dropout"] > 0, qk_norm=cfg["qk_layernorm"] and not cfg["multi_latent_attention"],
         qk_l2_norm=cfg["qk_l2_norm"],
         qkv_bias=bool(cfg["add_qkv_bias"]) and not cfg["add_bias_linear"], rotary_percent=ns["rotary_percent"],
         moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0,

@@ -36,3 +36,29 @@ def test_estimate_does_not_default_to_a_recompute_that_saves_nothing():
     assert default["plan"]["recompute"] == "none"
     assert selective["hbm_bytes"] == default["hbm_bytes"]
     assert selective["step_time_s"] > default["step_time_s"]
+
+
+def test_the_launch_trains_the_named_models_rope_base_norms_and_mla_latent_norms(tmp_path):
+    """The launch left Megatron's RoPE base (10000) and norm epsilon (1e-5) in place for every
+    model, and MLA's latent norms out (Megatron builds them only with --qk-layernorm). Presets and
+    config.json now carry rope_base / norm_epsilon; a model without them gets a note."""
+    def argv(*args):
+        r = runner.invoke(app, ["megatron", *args, "--format", "json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    llama = argv(*LLAMA70)["argv"]
+    assert llama[llama.index("--rotary-base") + 1] == "500000" and llama[llama.index("--norm-epsilon") + 1] == "1e-05"
+    qwen = argv("-m", "qwen3-30b-a3b", "-s", "h100-sxm", "-g", "16", "-b", "64", "--tp", "2", "--ep", "8")["argv"]
+    assert qwen[qwen.index("--rotary-base") + 1] == "1000000" and qwen[qwen.index("--norm-epsilon") + 1] == "1e-06"
+    ds = argv("-m", "deepseek-v3", "-s", "gb200-nvl72", "-g", "256", "-b", "1024", "--tp", "1", "--pp", "8",
+              "--ep", "32", "--recompute", "full")["argv"]
+    assert "--qk-layernorm" in ds and "--multi-latent-attention" in ds
+    cfg = json.loads(open("tests/fixtures/hf/llama-3.2-1b/config.json").read())
+    cfg.update(rope_theta=123456.7)
+    cfg.pop("rms_norm_eps")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    custom = runner.invoke(app, ["megatron", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1"])
+    assert custom.exit_code == 0, custom.output
+    assert "--rotary-base 123457" in custom.stdout and "launched as --rotary-base 123457" in custom.stderr
+    assert "gives no norm-epsilon: Megatron's default (--norm-epsilon 1e-5) is launched" in " ".join(custom.stdout.split())

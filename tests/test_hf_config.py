@@ -318,7 +318,8 @@ def test_qkv_only_biases_are_counted_and_launched():
 
 @pytest.mark.parametrize("fields, message", [
     ({"qkv_bias": True, "biases": True}, "qkv_bias: biases: true has the q/k/v biases already"),
-    ({"rotary_percent": 0.5, "position_embedding": "learned"}, "rotary_percent (0.5) sizes RoPE"),
+    ({"rotary_percent": 0.5, "position_embedding": "learned", "rope_base": None}, "rotary_percent (0.5) sizes RoPE"),
+    ({"position_embedding": "learned"}, "rope_base (1000000) is RoPE's base"),
     ({"rotary_percent": 0.0}, "rotary_percent"),
 ])
 def test_bias_and_rope_fields_that_change_nothing_or_contradict_are_refused(fields, message):

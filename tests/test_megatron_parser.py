@@ -310,6 +310,11 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         # groups, head dims, MLA, experts, shared experts, dense layers, MTP, vocab, q/k norms)
         back = model_from_megatron(ns, cfg, m.name)
         assert model_shape(back) == model_shape(m), label
+        # what the cost does not read but the trained model is: MLA's latent norms, RoPE base, epsilon
+        assert cfg["qk_layernorm"] == (m.qk_norm or m.mla is not None), label
+        if m.position_embedding == "rope":
+            assert ns["rotary_base"] == (m.rope_base or 10000), label
+        assert cfg["layernorm_epsilon"] == pytest.approx(m.norm_epsilon or 1e-5), label
         if not m.biases or not (m.moe and m.moe.shared_experts > 1):
             assert back.num_params == m.num_params, label  # one shared MLP: (n-1)·h fewer biases
         # the vocabulary (unpadded where tp divides it), dropout

@@ -93,12 +93,16 @@ def attention_args(model: ModelSpec) -> list[Arg]:
             a.append(("--q-lora-rank", str(mla.q_lora_rank)))
         a += [("--kv-lora-rank", str(mla.kv_lora_rank)), ("--qk-head-dim", str(mla.qk_nope_head_dim)),
               ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)), ("--v-head-dim", str(mla.v_head_dim))]
+        # DeepSeek's MLA normalises its compressed query and KV latents (q_a_layernorm,
+        # kv_a_layernorm); Megatron builds those norms only with --qk-layernorm
+        # (gpt_layer_specs.py: the up-projections become LayerNormLinear)
+        a.append(("--qk-layernorm", None))
     elif model.hidden % model.heads or model.head_dim != model.hidden // model.heads:
         # Megatron's default kv_channels is hidden // heads (arguments.py validate_args)
         a.append(("--kv-channels", str(model.head_dim)))
     if model.qk_l2_norm:
         a.append(("--qk-l2-norm", None))  # Llama 4: weightless L2 norm of each query and key head
-    if model.qk_norm:
+    if model.qk_norm and model.mla is None:
         a.append(("--qk-layernorm", None))  # Megatron applies --normalization to q and k heads
     return a
 
@@ -244,6 +248,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--add-qkv-bias")  # Qwen2, GLM-4.5: the q/k/v projections keep theirs
     if model.rotary_percent != 1.0:
         add("--rotary-percent", model.rotary_percent)
+    if model.rope_base is not None:
+        add("--rotary-base", model.rope_base)
+    if model.norm_epsilon is not None:
+        add("--norm-epsilon", f"{model.norm_epsilon:g}")
     if not model.tied_embeddings:
         add("--untie-embeddings-and-output-weights")
     add("--vocab-size", model.vocab)
@@ -412,6 +420,14 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     env, unset_env = cuda_max_connections(plan, gpu_arch_major(system))
     gpus = plan.gpus
     notes = []
+    unstated = [f"--{flag} {default}" for field, flag, default in (("rope_base", "rotary-base", "10000"),
+                                                                  ("norm_epsilon", "norm-epsilon", "1e-5"))
+                if getattr(model, field) is None and (field != "rope_base" or model.position_embedding == "rope")]
+    if unstated:  # numbers the cost does not read but the trained model does
+        notes.append(f"the model spec gives no {' or '.join(f.split()[0][2:] for f in unstated)}: Megatron's "
+                     f"default{'s' if len(unstated) > 1 else ''} ({', '.join(unstated)}) "
+                     f"{'are' if len(unstated) > 1 else 'is'} launched; a checkpoint trained with others needs "
+                     "them (rope_base / norm_epsilon in a model file; config.json's rope_theta / rms_norm_eps)")
     if plan.offload_weights > 0:
         notes.append("offload_weights is not expressible in Megatron-LM and was left out")
     if model.moe is not None:

@@ -92,6 +92,8 @@ def _build_parser() -> _Parser:
     p.add_argument("--moe-aux-loss-coeff", nargs="+", type=float, default=[0.0])
     p.add_argument("--glu-linear-offset", type=float, default=0.0)
     p.add_argument("--rotary-percent", type=float, default=1.0)
+    p.add_argument("--rotary-base", type=int, default=10000)
+    p.add_argument("--norm-epsilon", type=float, default=1e-5)
     p.add_argument("--activation-func-clamp-value", type=float, default=None)
     p.add_argument("--moe-layer-freq", default="1")  # an int or a Python-list pattern
     p.add_argument("--attention-dropout", type=float, default=0.1)

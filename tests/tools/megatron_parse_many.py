@@ -22,7 +22,7 @@ checker.NS_FIELDS += [f for f in ("fp4", "fp4_recipe", "optimizer_offload_fracti
                                   "exp_avg_sq_dtype", "cuda_graph_modules", "pipeline_model_parallel_layout",
                                   "hybrid_layer_pattern", "megatron_fsdp_main_grads_dtype",
                                   "accumulate_allreduce_grads_in_fp32", "rotary_percent",
-                                  "reuse_grad_buf_for_mxfp8_param_ag")
+                                  "reuse_grad_buf_for_mxfp8_param_ag", "rotary_base")
                    if f not in checker.NS_FIELDS]
 # TransformerConfig fields of the model's shape beyond the checker's list (MLA, q/k norms,
 # shared experts, dense/MoE layer pattern, MTP, capacity) and what GPT-OSS would need.
@@ -37,7 +37,7 @@ checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_
                                    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
                                    "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
                                    "moe_latent_size", "mtp_use_repeated_layer", "moe_router_num_groups",
-                                   "moe_router_group_topk", "moe_router_fusion", "qk_l2_norm")
+                                   "moe_router_group_topk", "moe_router_fusion", "qk_l2_norm", "layernorm_epsilon")
                        if f not in checker.CFG_FIELDS]
 
 
