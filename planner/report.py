@@ -9,6 +9,7 @@ from rich.text import Text
 from rich.table import Table
 
 from hardware.spec import SystemSpec
+from planner.pipeline_layout import plan_layout
 from planner.plan import compress_runs
 from planner.analytical.estimate import RULES, Estimate
 from planner.jsonout import json_safe, json_text  # noqa: F401 (re-exported)
@@ -35,8 +36,11 @@ OFFLOAD_LABELS = {"offload_weights_grads_bytes": "weights + gradients", "offload
                   "offload_activations_bytes": "activations"}
 
 
-def describe_plan(est: Estimate) -> str:
+def describe_plan(est: Estimate, layers: int | None = None) -> str:
+    """The plan in one line; given the model's `layers`, a default split that is uneven is written
+    out (Megatron's default layout, as costed), as an explicit one is."""
     p = est.plan
+    default_uneven = layers is not None and p.stage_layers is None and p.pp > 1 and layers % (p.pp * p.vpp)
     return (f"TP {p.tp} · PP {p.pp} · DP {p.dp}" + (f" · CP {p.cp}" if p.cp > 1 else "")
             + (f" · EP {p.ep}" if p.ep > 1 else "")
             + (f" (ETP {p.etp})" if p.ep > 1 and p.etp is not None and p.etp != p.tp else "")
@@ -46,6 +50,8 @@ def describe_plan(est: Estimate) -> str:
             + f" · global batch {p.global_batch} ({p.num_microbatches} microbatch{'es' if p.num_microbatches != 1 else ''})"
             + (f" · VPP {p.vpp}" if p.vpp > 1 else "")
             + (f" · layers per virtual stage {compress_runs(p.stage_layers)}" if p.stage_layers else "")
+            + (f" · layers per virtual stage {compress_runs(plan_layout(p, layers))} (the default split)"
+               if default_uneven else "")
             + (f" (recomputed {compress_runs(p.stage_recompute_layers)})" if p.stage_recompute_layers else "")
             + (" · SP" if p.sequence_parallel else "")
             + (" · TP comm overlap" if p.tp_overlap_on else "")
@@ -268,7 +274,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
                                 f"{model.seq_length:,}) on ", (f"{system.num_gpus}× {system.accelerator.name}", "bold"),
                                 f" ({system.name})" + (f" · {precision_text(job)}" if job is not None else "")
                                 + (f" · {kernel_text(job)}" if job is not None and kernel_text(job) else "")))
-    console.print(fold_at_separators(describe_plan(est), console.width))
+    console.print(fold_at_separators(describe_plan(est, model.layers), console.width))
     for table in estimate_tables(est, title):
         console.print(table)
     rank_rows = pipeline_ranks(model, system, job, est.plan) if job is not None and est.plan.pp > 1 else None
@@ -331,6 +337,8 @@ def estimate_json(est: Estimate, job: JobSpec | None = None, model: ModelSpec | 
     if job is not None:
         data["precision"] = precision_json(job)
         data["kernel_settings"] = kernel_json(job)
+    if model is not None and est.plan.pp > 1:  # the layout costed, the default split written out
+        data["pipeline_layout"] = list(plan_layout(est.plan, model.layers))
     if model is not None and system is not None and job is not None and est.plan.pp > 1:
         # what the text's per-rank table shows: each pipeline rank's layers, time and HBM
         from dataclasses import asdict

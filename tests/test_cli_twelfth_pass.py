@@ -62,3 +62,30 @@ def test_the_launch_trains_the_named_models_rope_base_norms_and_mla_latent_norms
     assert custom.exit_code == 0, custom.output
     assert "--rotary-base 123457" in custom.stdout and "launched as --rotary-base 123457" in custom.stderr
     assert "gives no norm-epsilon: Megatron's default (--norm-epsilon 1e-5) is launched" in " ".join(custom.stdout.split())
+
+
+def test_a_plan_file_beside_other_flags_says_what_clashes_with_numbers(tmp_path):
+    """-g beside a plan file blamed --gpus as if unset ("set --gpus"), and a model swapped under a
+    plan file broke a layout rule without the numbers."""
+    saved = tmp_path / "plan.yaml"
+    assert runner.invoke(app, ["plan", *LLAMA70[:8], "--save", str(saved)]).exit_code == 0
+    gpus = runner.invoke(app, ["estimate", "--plan", str(saved), "-g", "128"])
+    assert gpus.exit_code == 2 and "not --gpus 128" in gpus.output and "give -g 64" in gpus.output, gpus.output
+    launch = runner.invoke(app, ["megatron", "--plan", str(saved), "-g", "128"])
+    assert launch.exit_code == 2 and "not --gpus 128" in launch.output, launch.output
+    small = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "512", "--tp", "1",
+                                "--pp", "4", "--vpp", "10"])
+    assert small.exit_code == 2 and "llama3-8b has 32 layers; pp·vpp = 4·10 = 40" in small.output, small.output
+
+
+def test_an_uneven_default_split_is_written_out():
+    """80 layers over pp 4 · vpp 3 run Megatron's uneven default split: the header and the JSON
+    show it (the JSON's plan keeps stage_layers null: the plan as given), as `megatron` launches it."""
+    args = [*LLAMA70, "--vpp", "3"]
+    text = " ".join(runner.invoke(app, ["estimate", *args]).output.split())
+    assert "layers per virtual stage 6,7x8,6x3 (the default split)" in text
+    layout = json.loads(runner.invoke(app, ["estimate", *args, "--json"]).stdout)["pipeline_layout"]
+    assert layout == [6, *[7] * 8, 6, 6, 6] and sum(layout) == 80
+    even = json.loads(runner.invoke(app, ["estimate", *LLAMA70, "--vpp", "5", "--json"]).stdout)
+    assert even["pipeline_layout"] == [4] * 20
+    assert "default split" not in runner.invoke(app, ["estimate", *LLAMA70, "--vpp", "5"]).output

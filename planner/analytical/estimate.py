@@ -43,6 +43,25 @@ RULES: dict[str, str] = {
 RULE_BITS = {name: 1 << i for i, name in enumerate(RULES)}
 
 
+def rule_numbers(rule: str, model: ModelSpec, plan: Plan) -> str:
+    """The numbers a broken layout rule compares, for its one-line error ("" where none apply)."""
+    numbers = {
+        "heads_tp": f"{model.heads} heads, tp {plan.tp}",
+        "groups_tp": f"{model.kv_groups} query groups, tp {plan.tp}",
+        "hidden_tp": f"hidden {model.hidden}, ffn {model.ffn_hidden}, tp {plan.tp}",
+        "layers_pp": (f"{model.name} has {model.layers} layers; stage_layers sum to {sum(plan.stage_layers)}"
+                      if plan.stage_layers else f"{model.name} has {model.layers} layers; pp·vpp = "
+                      f"{plan.pp}·{plan.vpp} = {plan.pp * plan.vpp}"),
+        "batch": f"global batch {plan.global_batch}, micro_batch·dp = {plan.micro_batch}·{plan.dp}",
+        "vpp_microbatches": f"{plan.num_microbatches} microbatches, pp {plan.pp}",
+        "cp_seq": f"sequence {model.seq_length}, cp {plan.cp}",
+        "sp_seq": f"sequence {model.seq_length}, tp·cp = {plan.tp * plan.cp}",
+        "experts_ep": (f"{model.moe.num_experts} experts, ep {plan.ep}, etp {plan.etp or plan.tp}"
+                       if model.moe else f"{model.name} has no experts, ep {plan.ep}"),
+    }.get(rule, "")
+    return f" ({numbers})" if numbers else ""
+
+
 def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> np.ndarray:
     t, p, dp, c, v = P.tp, P.pp, P.dp, P.cp, P.vpp
     gpus = t * p * dp * c

@@ -734,6 +734,24 @@ def plan_from_knobs(knobs: dict, gpus: int, global_batch: int, defaults: dict | 
     return make_plan(global_batch=global_batch, **fields)
 
 
+def gpu_count_mismatch(plan, system: SystemSpec, plan_file: str | None, gpus_flag: int | None) -> str:
+    """Why a plan's tp·pp·dp·cp is not the system's GPU count, blaming what set each: the plan
+    file's own numbers, --gpus beside a plan file (whose dp fixes the count), or the flags."""
+    if plan_file and gpus_flag is None:  # the file's own numbers disagree: no flag to blame
+        from hardware.errors import read_yaml_mapping
+        if "gpus" in read_yaml_mapping(Path(plan_file), "plan"):
+            return (f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: {system.num_gpus}; "
+                    "change one of them")
+        return (f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus}, and the file gives no gpus: the system "
+                f"({system.name}) has {system.num_gpus} by default; add gpus: {plan.gpus} to the file or pass "
+                f"--gpus {plan.gpus}")
+    if plan_file:
+        return (f"gpus: the plan {plan_file} runs on tp·pp·dp·cp = {plan.gpus} GPUs, not --gpus {system.num_gpus} "
+                f"(a plan file fixes its layout, dp included); give -g {plan.gpus}, or plan for "
+                f"{system.num_gpus} with `planner plan -g {system.num_gpus}`")
+    return f"plan: tp·pp·dp·cp = {plan.gpus} but the system has {system.num_gpus} GPUs (set --gpus or change the plan)"
+
+
 def check_job_reserve(job, system: SystemSpec, plan_file, reserve_flag: float | None) -> None:
     """The job's HBM reserve leaves some HBM (constraints.space.check_hbm_reserve), named where the
     user wrote it: the --hbm-reserve-gib flag, else the plan file's job setting."""

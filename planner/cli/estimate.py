@@ -60,6 +60,7 @@ from planner.cli.common import (
     MAX_GLOBAL_BATCH,
     RECIPE_KNOB_DEFAULTS,
     check_int,
+    gpu_count_mismatch,
     given_knobs,
     layout_knobs,
     load_inputs_for_plan,
@@ -177,24 +178,14 @@ def estimate_command(
         refuse_plan_file_contradictions(plan, model_spec, job, plan_file)
     check_recompute_layers(plan, model_spec)
     if plan.gpus != system_spec.num_gpus:
-        if plan_file and gpus is None:  # the file's own numbers disagree: no flag to blame
-            from pathlib import Path  # noqa: PLC0415
-
-            from hardware.errors import read_yaml_mapping  # noqa: PLC0415
-            if "gpus" in read_yaml_mapping(Path(plan_file), "plan"):
-                raise SpecError(f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: "
-                                f"{system_spec.num_gpus}; change one of them")
-            raise SpecError(f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus}, and the file gives no gpus: the system "
-                            f"({system_spec.name}) has {system_spec.num_gpus} by default; add gpus: {plan.gpus} "
-                            f"to the file or pass --gpus {plan.gpus}")
-        raise SpecError(f"plan: tp·pp·dp·cp = {plan.gpus} but the system has "
-                        f"{system_spec.num_gpus} GPUs (set --gpus or change the plan)")
+        raise SpecError(gpu_count_mismatch(plan, system_spec, plan_file, gpus))
     est = estimate(model_spec, system_spec, plan, job)
     structural = [rule for rule in est.violations if rule not in ("hbm", "offload_capacity")]
     if structural:  # a plan no layout rule allows: an input error, from flags as from a plan file
-        from planner.analytical.estimate import RULES  # noqa: PLC0415
+        from planner.analytical.estimate import RULES, rule_numbers  # noqa: PLC0415
         where = f"plan {plan_file}" if plan_file else f"plan {plan.short()}"
-        raise SpecError(f"{where}: {structural[0]}: {RULES[structural[0]]}")
+        raise SpecError(f"{where}: {structural[0]}: {RULES[structural[0]]}"
+                        f"{rule_numbers(structural[0], model_spec, plan)}")
     if plan.uses_offload and system_spec.offload is None:
         raise SpecError(f"offload: {system_spec.name} has no offload tier to offload to; leave the offload "
                         "fractions at 0, or pick a system with one (`planner presets`: e.g. gb200-nvl72, "

@@ -11,6 +11,7 @@ from hardware.errors import SpecError, refuse_dash, shortened
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
     RECIPE_KNOB_DEFAULTS,
+    gpu_count_mismatch,
     CudaGraphOpt,
     kernel_settings,
     check_dtype_on_system,
@@ -211,9 +212,9 @@ def _plan_and_job(o: dict, model, system):
     return plan, job
 
 
-def fit_problems(est, system) -> list[str]:
+def fit_problems(est, system, model) -> list[str]:
     """`planner estimate`'s verdict as one-line reasons, with the amounts."""
-    from planner.analytical.estimate import RULES
+    from planner.analytical.estimate import RULES, rule_numbers
     out = []
     for rule in est.violations:
         if rule == "hbm":
@@ -227,7 +228,7 @@ def fit_problems(est, system) -> list[str]:
             out.append(f"offload: the plan offloads {est.offload_bytes / GIB:.2f} GiB per GPU but the tier holds "
                        f"{est.offload_capacity_bytes / GIB:.2f} GiB")
         else:
-            out.append(f"{rule}: {RULES[rule]}")
+            out.append(f"{rule}: {RULES[rule]}{rule_numbers(rule, model, est.plan)}")
     return out
 
 
@@ -292,11 +293,10 @@ def _run(o: dict) -> None:
     problems = mg.launch_refusals(plan, model, job, system)
     if not problems:
         if plan.gpus != system.num_gpus:
-            problems = [f"plan: tp·pp·dp·cp = {plan.gpus} but the system has {system.num_gpus} GPUs "
-                        f"(set --gpus {plan.gpus} or change the plan)"]
+            problems = [gpu_count_mismatch(plan, system, o["plan_file"], o["gpus"])]
         else:
             est = estimate(model, system, plan, job)
-            problems = fit_problems(est, system)
+            problems = fit_problems(est, system, model)
     if problems:
         raise SpecError("; ".join(problems))
     checkpoint_warnings: list[str] = []

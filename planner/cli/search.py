@@ -509,7 +509,7 @@ def _check(o: dict) -> int:
     if res.feasible:
         console.print(Text.assemble(("yes", "bold green"), f": {model.name} trains on {system.num_gpus}× "
                                     f"{system.accelerator.name} ({system.name})"))
-        console.print(fold_at_separators(describe_plan(res.best.estimate), console.width))
+        console.print(fold_at_separators(describe_plan(res.best.estimate, model.layers), console.width))
         e = res.best.estimate
         console.print(f"{e.step_time_s:.3f} s per step · MFU {e.mfu:.1%} · {e.hbm_bytes / GIB:.1f} of "
                       f"{e.hbm_capacity_bytes / GIB:.1f} GiB HBM per GPU")
