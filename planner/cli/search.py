@@ -431,11 +431,17 @@ def _plan(o: dict) -> None:
                                  overflow="fold" if col == "plan" else "ellipsis")
                 for i, r in enumerate(result.ranked[1:], start=2):
                     e = r.estimate
+                    # a row ranked above a faster one (within TIE_REL_TOL, the simpler first) says so
+                    faster = [j for j, later in enumerate(result.ranked[i:], start=i + 1)
+                              if later.objective < r.objective]
+                    why = _why_lost(best, e, model.seq_length, free)
+                    if faster and not why.startswith("tie"):
+                        why = f"{why}; above #{faster[0]} (a tie: the simpler first)"
                     t.add_row(str(i), r.plan.short(), *((str(r.plan.global_batch),) if batches else ()),
                               f"{e.step_time_s:.3f}", *((f"{e.tokens_per_s:,.0f}",) if batches else ()),
                               f"{r.objective / result.best.objective - 1:+.1%}",  # ties: a simpler plan may lead by < TIE_REL_TOL
                               f"{e.mfu:.1%}", f"{e.hbm_bytes / GIB:.1f}",
-                              _why_lost(best, e, model.seq_length, free))
+                              why)
                 console.print(t)
             _print_gates(console, result)
             s = result.stats
