@@ -56,7 +56,8 @@ def describe_plan(est: Estimate, layers: int | None = None) -> str:
             + (" · SP" if p.sequence_parallel else "")
             + (" · TP comm overlap" if p.tp_overlap_on else "")
             + f" · recompute {p.recompute}"
-            + (f" (first {p.recompute_num_layers} layers{' per stage' if p.pp > 1 else ''}"
+            + (f" (first {p.recompute_num_layers} layer{'s' if p.recompute_num_layers != 1 else ''}"
+               f"{' per stage' if p.pp > 1 else ''}"
                f"{f': {p.recompute_num_layers // p.vpp} of each virtual stage' if p.vpp > 1 and not p.recompute_num_layers % p.vpp else ''})"
                if p.recompute == "full" and p.recompute_num_layers and not p.stage_recompute_layers else "")
             + (f" ({', '.join(p.recompute_modules)})" if p.recompute_modules else "") + f" · ZeRO-{p.zero_stage}"
@@ -103,7 +104,7 @@ def estimate_tables(est: Estimate, title: str = "") -> list[Table]:
         for key, label in OFFLOAD_LABELS.items():
             if est.offload_breakdown_bytes[key]:
                 memory.add_row(f"offload tier: {label}", f"{est.offload_breakdown_bytes[key] / GIB:.2f}")
-        memory.add_row("offload tier total", f"{est.offload_bytes / GIB:.2f} of {est.offload_capacity_bytes / GIB:,.1f}")
+        memory.add_row("offload tier total", f"{est.offload_bytes / GIB:.2f} of {est.offload_capacity_bytes / GIB:,.2f} capacity")
     return [times, memory]
 
 
