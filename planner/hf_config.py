@@ -176,7 +176,7 @@ HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "
                   "gelu_pytorch_tanh", "hardswish", "laplace", "leaky_relu", "linear", "mish", "prelu", "quick_gelu",
                   "relu", "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "xielu")
 STRING_KEYS = ("model_type", "hidden_act", "hidden_activation", "mlp_hidden_act", "hybrid_override_pattern",
-               "mtp_hybrid_override_pattern")
+               "mtp_hybrid_override_pattern", "scoring_func", "topk_method")
 LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "moe_layers")
 # rope_scaling's rope_type (older configs: type) as transformers names them (modeling_rope_utils;
 # "su" is LongRoPE's old name, "mrope" Qwen-VL's); only YaRN is costed apart
@@ -306,6 +306,11 @@ def _check_types(cfg: dict, path: Path) -> None:
     rotary = cfg.get("partial_rotary_factor")
     if rotary is not None and (isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1):
         raise bad("partial_rotary_factor", "a number in (0, 1]")
+    scale = cfg.get("routed_scaling_factor")
+    if scale is not None and not (finite_number(scale) and 1e-3 <= scale <= 1e3):
+        raise bad("routed_scaling_factor", "a number from 0.001 to 1000 (the routed experts' weight)")
+    if cfg.get("scoring_func") is not None and cfg["scoring_func"] not in ROUTER_SCORES:
+        raise bad("scoring_func", f"one of {', '.join(ROUTER_SCORES)}")
     theta = cfg.get("rope_theta")
     if theta is not None and not (finite_number(theta) and 1 <= theta <= 1e12):
         raise bad("rope_theta", "a number from 1 to 1e12 (RoPE's base frequency)")
@@ -661,6 +666,29 @@ STEP_KEY_OF_TYPE = {"llama4_text": "interleave_moe_layer_step", "qwen2_moe": "de
                     "qwen3_moe": "decoder_sparse_step"}
 
 
+# The router each architecture's transformers class builds (not costed; launched as Megatron's
+# --moe-router-* flags): DeepseekV3TopkRouter, Glm4MoeTopkRouter and NemotronHTopkRouter score with a
+# sigmoid and balance with e_score_correction_bias (DeepSeek-V3 §2.1.2, auxiliary-loss-free);
+# Llama4TextMoe takes a sigmoid of the top-1 logit. Elsewhere a config's scoring_func / topk_method
+# (DeepSeek-V2 softmax; noaux_tc the bias) say it, else softmax (Mixtral, Qwen-MoE, GPT-OSS).
+ROUTER_SCORES = ("softmax", "sigmoid")
+SIGMOID_BIAS_ROUTER_TYPES = ("deepseek_v3", "glm4_moe", "nemotron_h")
+SIGMOID_ROUTER_TYPES = ("llama4_text",)
+
+
+def _router_fields(cfg: dict) -> dict:
+    """MoESpec router fields of a config: score function, balancing bias, routed scaling."""
+    kind = cfg.get("model_type")
+    bias = kind in SIGMOID_BIAS_ROUTER_TYPES or cfg.get("topk_method") == "noaux_tc"
+    sigmoid = bias or kind in SIGMOID_ROUTER_TYPES or cfg.get("scoring_func") == "sigmoid"
+    out: dict = {"router_score": "sigmoid"} if sigmoid else {}
+    if bias:
+        out["router_expert_bias"] = True
+    if cfg.get("routed_scaling_factor") not in (None, 1, 1.0):
+        out["router_topk_scale"] = float(cfg["routed_scaling_factor"])
+    return out
+
+
 def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     if not moe_keys:
         return {}
@@ -729,4 +757,5 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     elif cfg.get("model_type") == "llama4_text":  # one shared expert, no config field names it
         moe["shared_experts"] = 1
         moe["shared_expert_ffn"] = expert_ffn
+    moe.update(_router_fields(cfg))
     return {"moe": moe}

@@ -52,6 +52,8 @@ SeqLength = Annotated[int, in_range(1, MAX_SEQ_LENGTH, integer=True)]
 # experts/top_k an expert's capacity holds every token anyway; GPT-OSS clamps at 7.0.
 CapacityFactor = Annotated[PositiveFloat, in_range(0.01, 1000.0)]
 ActivationClamp = Annotated[PositiveFloat, in_range(1e-3, 1e6)]
+# routed_scaling_factor: 1 to 16 in published configs (DeepSeek-V2 16, V3 2.5, Kimi K2 2.827)
+RouterScale = Annotated[PositiveFloat, in_range(1e-3, 1e3)]
 # RoPE bases in use run from 10,000 (Llama 2, DeepSeek) to 10^7 (Qwen3-Coder); Megatron reads an int
 RopeBase = Annotated[int, in_range(1, 10**12, integer=True)]
 # norm epsilons in use are 1e-6 (Qwen3, DeepSeek) to 1e-5 (Llama, Megatron's default)
@@ -119,6 +121,18 @@ class MoESpec(_Part):
     latent_size: Width | None = Field(default=None, description="LatentMoE width of the routed "
                                             "experts' rows (None = the hidden size)")
     router_group_topk: Experts | None = Field(default=None, description="groups a token may route to")
+    # How the router scores and weights experts: not costed (the same fp32 passes over tokens x
+    # experts either way, time.ROUTER_PASSES), launched so that the trained model is the named one.
+    # "softmax" (Megatron's default: Mixtral, Qwen3) or "sigmoid" (DeepSeek-V3, GLM-4.5, Nemotron 3,
+    # Llama 4); expert_bias: DeepSeek-V3's auxiliary-loss-free balancing bias (§2.1.2;
+    # config.json topk_method noaux_tc / e_score_correction_bias); topk_scale: the weight on the
+    # routed experts' sum (config.json routed_scaling_factor; DeepSeek-V3 2.5).
+    router_score: Literal["softmax", "sigmoid"] = Field(default="softmax", description="router score function "
+                                                         "(Megatron --moe-router-score-function); not costed")
+    router_expert_bias: bool = Field(default=False, description="auxiliary-loss-free balancing bias (Megatron "
+                                     "--moe-router-enable-expert-bias; needs sigmoid scores); not costed")
+    router_topk_scale: RouterScale | None = Field(default=None, description="scale of the routed experts' "
+                                                  "weights (Megatron --moe-router-topk-scaling-factor); not costed")
 
     @model_validator(mode="after")
     def _topk(self) -> "MoESpec":
@@ -126,6 +140,9 @@ class MoESpec(_Part):
             raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
         if (self.router_groups is None) != (self.router_group_topk is None):
             raise ValueError("router_groups and router_group_topk: give both or neither")
+        if self.router_expert_bias and self.router_score != "sigmoid":
+            raise ValueError("router_expert_bias: the balancing bias needs router_score sigmoid (Megatron: expert "
+                             "bias for aux-loss-free routing only supports sigmoid scores)")
         if self.router_groups is not None:
             if self.num_experts % self.router_groups:
                 raise ValueError(f"router_groups ({self.router_groups}) must divide num_experts ({self.num_experts})")

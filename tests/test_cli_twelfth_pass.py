@@ -89,3 +89,22 @@ def test_an_uneven_default_split_is_written_out():
     even = json.loads(runner.invoke(app, ["estimate", *LLAMA70, "--vpp", "5", "--json"]).stdout)
     assert even["pipeline_layout"] == [4] * 20
     assert "default split" not in runner.invoke(app, ["estimate", *LLAMA70, "--vpp", "5"]).output
+
+
+def test_config_json_router_keys_are_read_or_refused_by_name(tmp_path):
+    """scoring_func / topk_method / routed_scaling_factor make the launched router the checkpoint's
+    (DeepSeek-V3: sigmoid, bias, 2.5, as its preset); a value that is no router is one line."""
+    from planner.model import load_model
+    from tests.conftest import one_line_error
+    base = json.loads(open("tests/fixtures/hf/deepseek-v3/config.json").read())
+    ds = load_model("tests/fixtures/hf/deepseek-v3").moe
+    assert (ds.router_score, ds.router_expert_bias, ds.router_topk_scale) == ("sigmoid", True, 2.5)
+    qwen = load_model("tests/fixtures/hf/qwen3-30b-a3b").moe
+    assert (qwen.router_score, qwen.router_expert_bias, qwen.router_topk_scale) == ("softmax", False, None)
+    for key, value, words in (("scoring_func", "tanh", "one of softmax, sigmoid"),
+                              ("routed_scaling_factor", "2.5", "a number from 0.001 to 1000")):
+        folder = tmp_path / key
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**base, key: value}))
+        one_line_error(runner.invoke(app, ["count", "-m", str(folder), "-s", "h100-sxm", "-g", "8", "-b", "64"]),
+                       key, words)

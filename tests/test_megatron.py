@@ -620,17 +620,32 @@ def test_precision_needs_the_gpu_generation(dtype, system, refused):
     assert bool(reasons) == refused and all("compute capability" in r for r in reasons)
 
 
-def test_a_moe_launch_says_its_router_is_megatrons_default():
-    """The model spec has no router score function: a MoE launch runs Megatron's default (softmax
-    top-k) and says how to launch sigmoid routing with an expert bias; a dense launch says nothing
-    (Megatron's parser accepts DeepSeek-V3's launch with the named flags added)."""
+def test_a_moe_launch_trains_the_models_own_router():
+    """The router the model was trained with (MoESpec.router_*; not costed) is launched: DeepSeek-V3's
+    sigmoid scores, balancing bias and 2.5 scaling with its sequence-wise aux loss at 1e-4
+    (DeepSeek-V3 §2.1.2); Mixtral keeps Megatron's softmax router with the 1e-2 aux loss; Llama 4's
+    top-1 sigmoid needs no pre-softmax. Megatron's validator accepts each; the rules mirror refuses
+    the bias beside softmax scores, as Megatron's TransformerConfig does."""
     system = load_system("h100-sxm", 64)
-    moe = mg.megatron_args(Plan(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True),
-                           load_model("mixtral-8x7b"), JobSpec(), system)
-    assert any("--moe-router-score-function sigmoid" in n and "--moe-router-enable-expert-bias" in n
-               for n in moe.notes)
-    dense = mg.megatron_args(Plan(dp=64, micro_batch=1, global_batch=64), load_model("llama3-8b"), JobSpec(), system)
-    assert not any("router" in n for n in dense.notes)
+
+    def argv(model, plan):
+        launch = mg.megatron_args(plan, load_model(model), JobSpec(), system)
+        assert mg.validate_launch(launch, 9) == [], model
+        return launch.argv()
+
+    ds = argv("deepseek-v3", Plan(tp=1, pp=8, dp=8, ep=8, micro_batch=1, global_batch=256, recompute="full"))
+    assert ds[ds.index("--moe-router-score-function") + 1] == "sigmoid" and "--moe-router-enable-expert-bias" in ds
+    assert ds[ds.index("--moe-router-topk-scaling-factor") + 1] == "2.5"
+    assert ds[ds.index("--moe-router-load-balancing-type") + 1] == "seq_aux_loss"
+    assert ds[ds.index("--moe-aux-loss-coeff") + 1] == "1e-4"
+    mixtral = argv("mixtral-8x7b", Plan(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True))
+    assert "--moe-router-score-function" not in mixtral and "--moe-router-enable-expert-bias" not in mixtral
+    assert mixtral[mixtral.index("--moe-aux-loss-coeff") + 1] == "1e-2"
+    scout = argv("llama4-scout", Plan(tp=4, pp=1, dp=16, ep=16, micro_batch=1, global_batch=64, sequence_parallel=True,
+                                      recompute="full"))
+    assert scout[scout.index("--moe-router-score-function") + 1] == "sigmoid" and "--moe-router-pre-softmax" not in scout
+    assert check(base(num_experts=8, moe_router_topk=2, disable_bias_linear=True, moe_router_enable_expert_bias=True)) == [
+        rules.MSG_EXPERT_BIAS_SCORE]
 
 
 def test_a_launch_without_a_checkpoint_interval_saves_no_checkpoints():

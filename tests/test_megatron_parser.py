@@ -315,6 +315,10 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         if m.position_embedding == "rope":
             assert ns["rotary_base"] == (m.rope_base or 10000), label
         assert cfg["layernorm_epsilon"] == pytest.approx(m.norm_epsilon or 1e-5), label
+        if m.moe is not None:  # the router the model was trained with
+            assert (cfg["moe_router_score_function"], cfg["moe_router_enable_expert_bias"],
+                    cfg["moe_router_topk_scaling_factor"]) == (m.moe.router_score, m.moe.router_expert_bias,
+                                                               m.moe.router_topk_scale), label
         if not m.biases or not (m.moe and m.moe.shared_experts > 1):
             assert back.num_params == m.num_params, label  # one shared MLP: (n-1)·h fewer biases
         # the vocabulary (unpadded where tp divides it), dropout

@@ -128,7 +128,7 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
         return []
     a: list[Arg] = [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
                     ("--moe-ffn-hidden-size", str(model.expert_ffn_hidden))]
-    if moe.top_k == 1:
+    if moe.top_k == 1 and moe.router_score == "softmax":
         # a softmax over the one chosen logit is 1 with zero gradient, so Megatron refuses top-1
         # softmax routing unless the softmax runs over all experts first (transformer_config.py:
         # "Please use --moe-router-pre-softmax when topk is 1"; Switch Transformer routing,
@@ -144,6 +144,13 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
     if moe.latent_size:
         # LatentMoE (Nemotron 3 Super): routed rows projected h -> latent and back (time.py)
         a.append(("--moe-latent-size", str(moe.latent_size)))
+    # the router the model was trained with (not costed: MoESpec.router_score)
+    if moe.router_score != "softmax":
+        a.append(("--moe-router-score-function", moe.router_score))
+    if moe.router_expert_bias:
+        a.append(("--moe-router-enable-expert-bias", None))
+    if moe.router_topk_scale is not None:
+        a.append(("--moe-router-topk-scaling-factor", f"{moe.router_topk_scale:g}"))
     if moe.router_groups is not None:
         # group-limited routing (DeepSeek-V3 §3.2.2), which the dispatch traffic is costed with
         # (time.group_limited_remote_domains); TransformerConfig moe_router_num_groups / group_topk
@@ -171,8 +178,12 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
     # A load-balancing loss: Megatron's default aux-loss coefficient is 0, i.e. no balancing, and
     # learned routing then drifts from the balance the cost assumes (JobSpec.moe_load_imbalance).
     # 1e-2, the starting value Megatron's own --moe-aux-loss-coeff help recommends (arguments.py
-    # 0.19.2); its arithmetic is negligible and not costed.
-    a += [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")]
+    # 0.19.2); with the expert bias balancing, DeepSeek-V3's complementary sequence-wise loss at
+    # α = 1e-4 (DeepSeek-V3 §2.1.2; Megatron-Bridge's DeepSeek-V3 provider). Its arithmetic is
+    # negligible and not costed.
+    a += ([("--moe-router-load-balancing-type", "seq_aux_loss"), ("--moe-aux-loss-coeff", "1e-4")]
+          if moe.router_expert_bias else
+          [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")])
     return a
 
 
@@ -434,13 +445,11 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         notes.append(f"routing balance: the cost assumes the busiest expert gets {job.moe_load_imbalance:g}x the "
                      "mean token load (1 = balanced, what NVIDIA's published MoE benchmarks force with "
                      "--moe-router-force-load-balancing, a benchmarking switch that ignores the router); the "
-                     "launch trains the router with an aux loss (--moe-aux-loss-coeff 1e-2), so a step can run "
-                     "slower while routing is uneven: `planner plan --moe-imbalance 1.6` costs that")
-        notes.append("routing: Megatron's default router (softmax over the top-k, no expert bias); a model "
-                     "trained with sigmoid scores and a load-balancing expert bias (DeepSeek-V3, Kimi K2, "
-                     "GLM-4.5, Nemotron 3) needs --moe-router-score-function sigmoid "
-                     "--moe-router-enable-expert-bias and its --moe-router-topk-scaling-factor added by hand "
-                     "(the router is not part of the model spec; its cost does not depend on them)")
+                     "launch trains the router with "
+                     + ("its expert bias and a sequence-wise aux loss (--moe-aux-loss-coeff 1e-4)"
+                        if model.moe.router_expert_bias else "an aux loss (--moe-aux-loss-coeff 1e-2)")
+                     + ", so a step can run slower while routing is uneven: `planner plan --moe-imbalance 1.6` "
+                     "costs that")
         notes.append("token permutation: the cost assumes Transformer Engine's fused permute/unpermute kernels; "
                      "add --moe-permute-fusion (TE >= 2.1), as NVIDIA's recipes do. It is not emitted because "
                      "Megatron's argument check refuses it where Transformer Engine is not installed; unfused, "

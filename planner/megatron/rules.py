@@ -32,6 +32,7 @@ def _build_parser() -> _Parser:
                  "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
+                 "--moe-router-enable-expert-bias",
                  "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
                  "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias",
                  "--qk-l2-norm", "--reuse-grad-buf-for-mxfp8-param-ag"):
@@ -90,6 +91,8 @@ def _build_parser() -> _Parser:
     p.add_argument("--moe-router-load-balancing-type", nargs="+", default=["aux_loss"],
                    choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "quantile_balancing", "none"))
     p.add_argument("--moe-aux-loss-coeff", nargs="+", type=float, default=[0.0])
+    p.add_argument("--moe-router-score-function", default="softmax", choices=("softmax", "sigmoid", "sqrtsoftplus"))
+    p.add_argument("--moe-router-topk-scaling-factor", type=float, default=None)
     p.add_argument("--glu-linear-offset", type=float, default=0.0)
     p.add_argument("--rotary-percent", type=float, default=1.0)
     p.add_argument("--rotary-base", type=int, default=10000)
@@ -144,6 +147,8 @@ MSG_EP_NEEDS_EXPERTS = "num_experts must be non None to use expert model paralle
 MSG_EXPERTS_EP = "Number of experts should be a multiple of expert model parallel_size."
 # core/transformer/transformer_config.py __post_init__ (0.19.2; softmax scores, not sinkhorn)
 MSG_TOP1_PRE_SOFTMAX = "Please use --moe-router-pre-softmax when topk is 1."
+MSG_EXPERT_BIAS_SCORE = ("Expert bias for aux-loss-free routing only supports 'sigmoid' and 'sqrtsoftplus' score "
+                         "functions.")
 MSG_OPT_OFFLOAD = ("The optimizer cpu offload must be used in conjunction with "
                    "`--use-precision-aware-optimizer`, as the hybrid device optimizer reuses the "
                    "code path of this flag.")
@@ -407,8 +412,13 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
             err(MSG_EP_NEEDS_EXPERTS)
         elif a.num_experts % ep:
             err(MSG_EXPERTS_EP)
-    if a.num_experts is not None and a.moe_router_topk == 1 and not a.moe_router_pre_softmax:
+    # transformer_config.py: top-1 softmax routing needs the softmax over all experts first (a
+    # sinkhorn balancer aside); the expert bias balances sigmoid-like scores only
+    if a.num_experts is not None and a.moe_router_topk == 1 and a.moe_router_score_function == "softmax" \
+            and not a.moe_router_pre_softmax and "sinkhorn" not in a.moe_router_load_balancing_type:
         err(MSG_TOP1_PRE_SOFTMAX)
+    if a.moe_router_enable_expert_bias and a.moe_router_score_function not in ("sigmoid", "sqrtsoftplus"):
+        err(MSG_EXPERT_BIAS_SCORE)
 
     # core/transformer/transformer_config.py __post_init__ (0.19.2), under FP8 only: bf16 layers
     # are refused with delayed scaling and each count is capped at the layers per stage.

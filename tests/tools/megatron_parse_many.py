@@ -37,7 +37,9 @@ checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_
                                    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
                                    "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
                                    "moe_latent_size", "mtp_use_repeated_layer", "moe_router_num_groups",
-                                   "moe_router_group_topk", "moe_router_fusion", "qk_l2_norm", "layernorm_epsilon")
+                                   "moe_router_group_topk", "moe_router_fusion", "qk_l2_norm", "layernorm_epsilon",
+                                   "moe_router_score_function", "moe_router_enable_expert_bias",
+                                   "moe_router_topk_scaling_factor")
                        if f not in checker.CFG_FIELDS]
 
 
