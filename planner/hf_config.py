@@ -99,6 +99,24 @@ def sliding_window_note(cfg: dict, seq_length: int) -> str:
 NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_eps")
 
 
+# Megatron's Llama 3.x RoPE scaling has fixed frequency bands (rotary_pos_embedding.py _apply_scaling:
+# low_freq_factor 1, high_freq_factor 4, original context 8192: Llama 3.1's); only the factor is a flag
+MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def llama3_rope_note(cfg: dict) -> str:
+    """A Llama 3.x RoPE scaling whose frequency bands are not Megatron's fixed ones; "" otherwise."""
+    rope = cfg.get("rope_scaling")
+    if not isinstance(rope, dict) or (rope.get("rope_type") or rope.get("type")) != "llama3":
+        return ""
+    other = {k: rope[k] for k, v in MEGATRON_LLAMA3_ROPE.items() if rope.get(k) is not None and rope[k] != v}
+    if not other:
+        return ""
+    return (f"rope_scaling llama3 with {', '.join(f'{k} {v:g}' for k, v in other.items())}: Megatron's "
+            f"--use-rope-scaling fixes {', '.join(f'{k} {v:g}' for k, v in MEGATRON_LLAMA3_ROPE.items())}; "
+            "launched with those (not costed either way)")
+
+
 def rope_base_note(cfg: dict) -> str:
     """A fractional rope_theta, launched as Megatron's integer --rotary-base; "" otherwise."""
     theta = cfg.get("rope_theta")
@@ -113,7 +131,8 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
     cfg = read_config(path)
     kind = cfg.get("model_type")
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
-    return [n for n in (*notes, hf_default_note(cfg), sliding_window_note(cfg, seq_length), rope_base_note(cfg)) if n]
+    return [n for n in (*notes, hf_default_note(cfg), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
+                              llama3_rope_note(cfg)) if n]
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
 # gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
 MLP_BIAS_TYPES = ("gpt_oss",)
@@ -583,6 +602,11 @@ def model_fields(path: Path) -> dict:
     rope = cfg.get("rope_scaling")
     if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "yarn" and not cfg.get("kv_lora_rank"):
         fields["rope_scaling"] = "yarn"
+    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "llama3" and not cfg.get("kv_lora_rank"):
+        # Llama 3.1/3.2's long-context frequencies: launched (--use-rope-scaling), not costed apart
+        fields["rope_scaling"] = "llama3"
+        if rope.get("factor") is not None:
+            fields["rope_scaling_factor"] = float(rope["factor"])
     if isinstance(cfg.get("swiglu_limit"), (int, float)) and not isinstance(cfg["swiglu_limit"], bool) \
             and cfg["swiglu_limit"] > 0:
         fields["activation_clamp"] = float(cfg["swiglu_limit"])

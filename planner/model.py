@@ -54,6 +54,8 @@ CapacityFactor = Annotated[PositiveFloat, in_range(0.01, 1000.0)]
 ActivationClamp = Annotated[PositiveFloat, in_range(1e-3, 1e6)]
 # routed_scaling_factor: 1 to 16 in published configs (DeepSeek-V2 16, V3 2.5, Kimi K2 2.827)
 RouterScale = Annotated[PositiveFloat, in_range(1e-3, 1e3)]
+# Llama 3.x RoPE scaling factors: 8 (3.1) and 32 (3.2)
+RopeFactor = Annotated[PositiveFloat, in_range(1.0, 1e4)]
 # RoPE bases in use run from 10,000 (Llama 2, DeepSeek) to 10^7 (Qwen3-Coder); Megatron reads an int
 RopeBase = Annotated[int, in_range(1, 10**12, integer=True)]
 # norm epsilons in use are 1e-6 (Qwen3, DeepSeek) to 1e-5 (Llama, Megatron's default)
@@ -241,9 +243,13 @@ class ModelSpec(_Part):
     position_embedding: Literal["learned", "rope", "none"] = Field(
         default="learned", description="'learned' absolute positions (GPT), 'rope', or 'none' "
         "(Nemotron-H / Nemotron 3: the Mamba blocks carry position)")
-    rope_scaling: Literal["none", "yarn"] = Field(
-        default="none", description="RoPE frequency scaling: 'yarn' (GPT-OSS); Megatron applies a "
-        "YaRN RoPE unfused (time.py: unfused_rope_extra_bytes_per_token)")
+    rope_scaling: Literal["none", "yarn", "llama3"] = Field(
+        default="none", description="RoPE frequency scaling: 'yarn' (GPT-OSS; Megatron applies a "
+        "YaRN RoPE unfused: time.py unfused_rope_extra_bytes_per_token) or 'llama3' (Llama 3.1/3.2's "
+        "long-context frequencies, Megatron --use-rope-scaling; fused, not costed apart)")
+    rope_scaling_factor: RopeFactor | None = Field(
+        default=None, description="Llama 3.x RoPE scaling factor (Megatron --rope-scaling-factor, "
+        "default 8; Llama 3.1: 8, Llama 3.2: 32); only with rope_scaling llama3")
     activation_clamp: ActivationClamp | None = Field(
         default=None, description="clamp limit of the gated MLP's inputs (GPT-OSS 7.0: gate at most "
         "+limit, linear half within ±limit); costed on the routed experts (moe_mlp_fwd_s)")
@@ -338,6 +344,9 @@ class ModelSpec(_Part):
             raise ValueError("qkv_bias: biases: true has the q/k/v biases already (drop qkv_bias)")
         if self.qkv_bias and self.mla:
             raise ValueError("qkv_bias: MLA's projections are not q/k/v ones (drop qkv_bias)")
+        if self.rope_scaling_factor is not None and self.rope_scaling != "llama3":
+            raise ValueError(f"rope_scaling_factor ({self.rope_scaling_factor:g}) sizes Llama 3.x RoPE scaling; "
+                             f"rope_scaling is {self.rope_scaling} (use rope_scaling: llama3 or drop it)")
         if self.rope_base is not None and self.position_embedding != "rope":
             raise ValueError(f"rope_base ({self.rope_base}) is RoPE's base; position_embedding is "
                              f"{self.position_embedding}")

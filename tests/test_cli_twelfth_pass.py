@@ -108,3 +108,23 @@ def test_config_json_router_keys_are_read_or_refused_by_name(tmp_path):
         (folder / "config.json").write_text(json.dumps({**base, key: value}))
         one_line_error(runner.invoke(app, ["count", "-m", str(folder), "-s", "h100-sxm", "-g", "8", "-b", "64"]),
                        key, words)
+
+
+def test_llama3_rope_scaling_is_launched_as_the_checkpoint_has_it(tmp_path):
+    """Llama 3.1/3.2 checkpoints carry rope_scaling llama3 (factor 8 / 32); Megatron runs it with
+    --use-rope-scaling. A config whose frequency bands differ from Megatron's fixed ones (1, 4,
+    8192) is told so."""
+    def argv(*args):
+        r = runner.invoke(app, ["megatron", *args, "--format", "json"])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)["argv"]
+    l31 = argv("-m", "llama3.1-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2")
+    assert "--use-rope-scaling" in l31 and l31[l31.index("--rope-scaling-factor") + 1] == "8"
+    l32 = argv("-m", "llama3.2-1b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1")
+    assert l32[l32.index("--rope-scaling-factor") + 1] == "32"
+    assert "--use-rope-scaling" not in argv("-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2")
+    cfg = json.loads(open("tests/fixtures/hf/llama-3.2-1b/config.json").read())
+    cfg["rope_scaling"] = {**cfg["rope_scaling"], "high_freq_factor": 2.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = runner.invoke(app, ["count", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64"])
+    assert r.exit_code == 0 and "high_freq_factor 2: Megatron's --use-rope-scaling fixes" in r.stderr, r.output

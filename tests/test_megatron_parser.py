@@ -314,6 +314,9 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
         assert cfg["qk_layernorm"] == (m.qk_norm or m.mla is not None), label
         if m.position_embedding == "rope":
             assert ns["rotary_base"] == (m.rope_base or 10000), label
+            assert ns["use_rope_scaling"] == (m.rope_scaling == "llama3"), label
+            if m.rope_scaling == "llama3":
+                assert ns["rope_scaling_factor"] == (m.rope_scaling_factor or 8.0), label
         assert cfg["layernorm_epsilon"] == pytest.approx(m.norm_epsilon or 1e-5), label
         if m.moe is not None:  # the router the model was trained with
             assert (cfg["moe_router_score_function"], cfg["moe_router_enable_expert_bias"],

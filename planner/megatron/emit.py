@@ -235,6 +235,11 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     add("--max-position-embeddings", model.seq_length)
     if model.position_embedding == "rope":
         add("--position-embedding-type", "rope")
+        if model.rope_scaling == "llama3":
+            # Llama 3.x's long-context frequencies (rotary_pos_embedding.py _apply_scaling: low/high
+            # frequency factors 1 and 4 over an original 8192 context, Llama 3.1's values)
+            add("--use-rope-scaling")
+            add("--rope-scaling-factor", f"{model.rope_scaling_factor or 8.0:g}")
         if model.rope_scaling == "yarn":
             # costed as Megatron-Bridge runs YaRN: unfused RoPE (kernels.UNFUSED_ROPE_BYTES); the
             # launch runs that kernel path, with plain RoPE frequencies (YaRN's are not in the spec)

@@ -32,7 +32,7 @@ def _build_parser() -> _Parser:
                  "--multi-latent-attention", "--qk-layernorm", "--moe-shared-expert-overlap",
                  "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
                  "--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute", "--moe-router-pre-softmax",
-                 "--moe-router-enable-expert-bias",
+                 "--moe-router-enable-expert-bias", "--use-rope-scaling",
                  "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
                  "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias",
                  "--qk-l2-norm", "--reuse-grad-buf-for-mxfp8-param-ag"):
@@ -96,6 +96,7 @@ def _build_parser() -> _Parser:
     p.add_argument("--glu-linear-offset", type=float, default=0.0)
     p.add_argument("--rotary-percent", type=float, default=1.0)
     p.add_argument("--rotary-base", type=int, default=10000)
+    p.add_argument("--rope-scaling-factor", type=float, default=8.0)
     p.add_argument("--norm-epsilon", type=float, default=1e-5)
     p.add_argument("--activation-func-clamp-value", type=float, default=None)
     p.add_argument("--moe-layer-freq", default="1")  # an int or a Python-list pattern
