@@ -274,12 +274,14 @@ def test_json_outputs_say_what_the_text_says():
     assert r.exit_code == 1
     none = json.loads(r.stdout)["no_plan"]
     assert none["numbers"]["gpus_needed"] > 8 and "memory_fit_hbm" in none["binding_rules"] and none["reasons"]
-    job = ["-m", "qwen3-235b-a22b", "-s", "h100-sxm", "-g", "256", "-b", "2048", "--dtype", "fp8", "--json"]
+    # a gated job (a published run leads the model's fastest plan): Llama 3 70B on 64 GB200 in NVFP4
+    job = ["-m", "llama3-70b", "-s", "gb200-nvl72", "-g", "64", "-b", "256", "--dtype", "nvfp4", "--json"]
     checked = json.loads(runner.invoke(app, ["check", *job]).stdout)
     planned = json.loads(runner.invoke(app, ["plan", *job, "-k", "1"]).stdout)
     assert checked["best"]["plan"] == planned["plans"][0]["plan"]
     assert [p["plan"] for p in checked["model_only"]] == [p["plan"] for p in planned["model_only"][:1]]
-    assert checked["precision"]["dtype"] == "fp8"
+    assert checked["precision"]["dtype"] == "nvfp4"
+    assert checked["best"]["plan"] != checked["model_only"][0]["plan"]  # the gate did pick another
     v = json.loads(runner.invoke(app, ["validate", "--summary", "--json", "--source", "nemo2407"]).stdout)
     assert "rows" not in v and v["compared"] == v["summary"]["source"]["all"]["rows"]
     assert v["read"] == v["compared"] + len(v["skipped"])
