@@ -128,3 +128,18 @@ def test_llama3_rope_scaling_is_launched_as_the_checkpoint_has_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     r = runner.invoke(app, ["count", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64"])
     assert r.exit_code == 0 and "high_freq_factor 2: Megatron's --use-rope-scaling fixes" in r.stderr, r.output
+
+
+def test_a_sweep_table_reads_in_80_columns(tmp_path):
+    """At 80 columns the grid values read 'lla…' and each infeasible point's reason ran 40 lines
+    of 4-character fragments: the values are whole, the reasons follow the table one per line."""
+    from planner.cli.console import Console  # noqa: F401 (the CLI's console honours COLUMNS)
+    r = runner.invoke(app, ["sweep", "-s", "h100-sxm", "-g", "8", "-b", "64", "--vary", "model=llama3.2-1b,llama3.1-405b",
+                            "--vary", "hbm_gib=40,80", "-o", str(tmp_path / "sw")], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert sum("llama3.1-405b" in line for line in lines) >= 4  # 2 table rows + 2 reasons
+    reasons = lines[lines.index("No plan fits at:") + 1:]
+    assert reasons[0].startswith("  model=llama3.1-405b, hbm_gib=40.0: memory:")
+    assert len(lines) < 40

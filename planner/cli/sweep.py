@@ -55,25 +55,32 @@ Opt = typer.Option
 
 
 def _summary_table(rows: list[dict], spec: SweepSpec) -> Table:
-    table = Table(title="Best plan per grid point", show_edge=False)
+    table = Table(title="Best plan per grid point (GiB: HBM per GPU)", show_edge=False)
     names = spec.names
-    for n in names:
-        table.add_column(n)
-    # the plan folds onto more lines in a narrow terminal; the numbers never lose digits ("81,8…")
-    table.add_column("plan", overflow="fold")
-    for col, just in ( ("batch", "right"), ("step s", "right"), ("MFU", "right"),
-                      ("tokens/s", "right"), ("HBM GiB", "right"), ("offload GiB", "right")):
-        table.add_column(col, justify=just, no_wrap=True)
+    for n in names:  # a grid value is read whole ("lla…" told nothing): the plan column folds instead
+        table.add_column(n, no_wrap=True, min_width=len(n))
+    # the plan folds onto more lines in a narrow terminal; the numbers never lose digits ("81,8…");
+    # the offload column only where a point offloads (80 columns hold the rest)
+    table.add_column("plan", overflow="fold", min_width=10)
+    offload = any(r["feasible"] and r["offload_used_gib"] for r in rows)
+    numbers = [("batch", "global_batch", "{}"), ("step s", "step_time_s", "{:.2f}"), ("MFU", "mfu", "{:.1%}"),
+               ("tok/s", "tokens_per_s", "{:,.0f}"), ("GiB", "hbm_used_gib", "{:.1f}"),
+               *((("offload GiB", "offload_used_gib", "{:.1f}"),) if offload else ())]
+    for col, _, _ in numbers:
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for r in rows:
         vals = [("inf" if isinstance(r[n], float) and math.isinf(r[n]) else f"{r[n]}") for n in names]
         if r["feasible"]:
-            table.add_row(*vals, r["plan"], str(r["global_batch"]), f"{r['step_time_s']:.2f}",
-                          f"{r['mfu']:.1%}", f"{r['tokens_per_s']:,.0f}", f"{r['hbm_used_gib']:.1f}",
-                          f"{r['offload_used_gib']:.1f}")
-        else:
-            reason = r["reason"].split(" | ")[0]
-            table.add_row(*vals, Text.assemble(("no plan fits", "red"), f": {reason[:90]}"), "", "", "", "", "", "")
+            table.add_row(*vals, r["plan"], *(fmt.format(r[key]) for _, key, fmt in numbers))
+        else:  # the reason below the table, at the terminal's width (in a narrow column it ran 40 lines)
+            table.add_row(*vals, Text("no plan fits", style="red"), *("" for _ in numbers))
     return table
+
+
+def _infeasible_lines(rows: list[dict], spec: SweepSpec) -> list[str]:
+    """Why no plan fits, one line per such grid point (its first reason), for under the table."""
+    return [f"{', '.join(f'{n}={r[n]}' for n in spec.names)}: {r['reason'].split(' | ')[0]}"
+            for r in rows if not r["feasible"]]
 
 
 def _json_rows(rows: list[dict]) -> list[dict]:
@@ -237,6 +244,11 @@ def register(app: typer.Typer) -> None:
             return
         console = Console()
         console.print(_summary_table(rows, spec))
+        missing = _infeasible_lines(rows, spec)
+        if missing:
+            console.print("No plan fits at:", style="bold")
+            for line in missing:
+                console.print(f"  {line}", markup=False)
         console.print(f"wrote {paths['csv']}, {paths['png']}, {paths['svg']}")
 
     app.command(name="sweep")(sweep_command)
