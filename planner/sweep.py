@@ -645,8 +645,9 @@ def output_paths(out_dir: str | Path, name: str = "sweep") -> dict[str, Path]:
 def refuse_overwrite(paths: dict[str, Path], force: bool) -> None:
     existing = [str(p) for p in paths.values() if p.exists()]
     if existing and not force:
-        raise SpecError(f"out: {existing[0]} already exists; pick another --out/--name or pass --force "
-                        "to overwrite")
+        raise SpecError(f"out: {existing[0]} already exists (a finished sweep: only an interrupted one, whose "
+                        "point log is still there, resumes); read it, or pick another --out/--name, or pass "
+                        "--force to overwrite")
     for p in paths.values():
         refuse_special_file(p)
 
