@@ -105,7 +105,8 @@ def register(app: typer.Typer) -> None:
                                  "varied).")],
         out_arg: Annotated[str, Opt("--out", "-o", help="Output folder for NAME.csv, NAME.png, NAME.svg.")],
         model: Annotated[Optional[str], Opt(
-            "--model", "-m", help="Model preset or YAML file (omit when varying model).")] = None,
+            "--model", "-m", help="Model preset, model YAML file or Hugging Face config.json (or its directory); "
+                                  "omit when varying model.")] = None,
         system: SystemOpt = "h100-sxm",
         gpus: GpusOpt = None,
         seq_length: SeqOpt = None,
