@@ -9,7 +9,8 @@ that only another architecture's Hugging Face class reads (KEYS_READ_BY: moe_int
 in a Mixtral config, shared experts in a Qwen3-MoE one) is refused naming the key and the model_type.
 DeepSeek's left-out MLA ranks are Hugging Face's defaults (HF_MLA_DEFAULTS), said when read.
 What ModelSpec cannot express is approximated, named in APPROXIMATIONS and said when a config is
-read (`approximation_notes`): sliding-window layers are costed as full attention, GeGLU as SwiGLU
+read (`approximation_notes`): sliding-window layers are costed as full attention (and launched with
+their window: `window_fields`), GeGLU as SwiGLU
 (same three matrices), Qwen2's q/k/v biases,
 Gemma's extra norms and GPT-OSS's attention sinks are not counted (each under 0.01 % of the
 parameters). Qwen3's and Gemma-3's per-head q/k norms are `qk_norm`.
@@ -38,7 +39,8 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "qwen3_moe": ({"tie_word_embeddings": False}, ""),
     "deepseek_v3": ({"tie_word_embeddings": False}, ""),
     "gpt_oss": ({"tie_word_embeddings": False, "attention_bias": True},
-                "attention sinks not counted; clamped quick-GeGLU costed as SwiGLU plus its clamp passes"),
+                "attention sinks launched (--softmax-type learnable) but not costed; clamped quick-GeGLU "
+                "costed as SwiGLU plus its clamp passes"),
     "gemma": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
     "gemma2": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
     # transformers' Gemma3TextConfig defaults, which the hub's gemma-3-4b/27b configs rely on
@@ -77,10 +79,41 @@ def refuse_encoders(cfg: dict, path: Path) -> None:
                         "causal language models (GPT, Llama, Mixtral, DeepSeek, ...)")
 
 
+# Which layers keep full attention: a config's layer_types (GPT-OSS, newer Gemma-3 dumps), else
+# Gemma-2's alternation (transformers Gemma2DecoderLayer: even layer_idx windowed), Gemma-3's
+# sliding_window_pattern (every 6th layer full), else every layer windowed (Mistral 7B v0.1).
+FULL_ATTENTION_KINDS = ("full_attention", "global", "attention")
+
+
+def window_fields(cfg: dict) -> dict:
+    """ModelSpec's attention_window / window_full_every / attention_sinks of a config ({} where it
+    has no window, or one whose layer pattern Megatron's integer --window-attn-skip-freq cannot
+    say: then launched and costed without it, as sliding_window_note says)."""
+    out = {"attention_sinks": True} if cfg.get("model_type") == "gpt_oss" else {}  # GptOssAttention.sinks
+    window = cfg.get("sliding_window")
+    if not window or cfg.get("use_sliding_window") is False:
+        return out
+    every = None
+    kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else None
+    if kinds:
+        full = [i + 1 for i, k in enumerate(kinds) if k in FULL_ATTENTION_KINDS]
+        if len(full) == len(kinds):
+            return out
+        if full:
+            every = full[0]
+            if full != list(range(every, len(kinds) + 1, every)):
+                return out
+    elif cfg.get("model_type") == "gemma2":
+        every = 2
+    elif isinstance(cfg.get("sliding_window_pattern"), int) and cfg["sliding_window_pattern"] > 1:
+        every = cfg["sliding_window_pattern"]
+    return {**out, "attention_window": int(window), **({"window_full_every": every} if every else {})}
+
+
 def sliding_window_note(cfg: dict, seq_length: int) -> str:
-    """What a config's sliding-window attention becomes in the cost (ModelSpec has no window):
-    full causal attention, an overcount of the attention core wherever the window is shorter than
-    the sequence. "" where the config has none, or a window no shorter than the sequence."""
+    """What a config's sliding-window attention becomes in the cost: full causal attention, an
+    overcount of the attention core wherever the window is shorter than the sequence; and whether
+    the launch sets it. "" where the config has none, or a window no shorter than the sequence."""
     window = cfg.get("sliding_window")
     if isinstance(window, float) and window.is_integer():
         window = int(window)  # 4096.0 is 4096, as _check_types reads it
@@ -90,8 +123,10 @@ def sliding_window_note(cfg: dict, seq_length: int) -> str:
             or cfg.get("use_sliding_window") is False:
         return ""
     which = f"{sliding} of {len(kinds)} layers'" if sliding else "the"  # (Gemma-2 alternates, unlisted)
+    launched = ("the Megatron launch sets it (--window-size)" if "attention_window" in window_fields(cfg) else
+                "the Megatron launch sets no window (a layer pattern --window-attn-skip-freq cannot say)")
     return (f"{which} sliding-window attention (window {window} < sequence {seq_length}) is costed as full "
-            "causal attention (slower than the run), and the Megatron launch sets no window")
+            f"causal attention (slower than the run); {launched}")
 
 
 # The norms' epsilon, as transformers' config classes name it (Llama/Qwen/DeepSeek/GPT-OSS
@@ -580,6 +615,7 @@ def model_fields(path: Path) -> dict:
         "qk_norm": model_type in QK_NORM_TYPES or (cfg.get("use_qk_norm") is True and model_type != "llama4_text"),
         "qk_l2_norm": model_type == "llama4_text" and cfg.get("use_qk_norm") is True,
     }
+    fields.update(window_fields(cfg))
     # numbers the launch needs and the cost does not read; Megatron's --rotary-base is an integer
     if cfg.get("rope_theta") is not None and model_type != "nemotron_h":
         fields["rope_base"] = round(cfg["rope_theta"])

@@ -265,6 +265,16 @@ class ModelSpec(_Part):
     norm_epsilon: NormEpsilon | None = Field(default=None, description="epsilon of every LayerNorm/RMSNorm "
                                              "(Hugging Face rms_norm_eps; Megatron --norm-epsilon, default "
                                              "1e-5); not costed")
+    # Sliding-window attention and attention sinks, launched (Megatron --window-size W,0,
+    # --window-attn-skip-freq N, --softmax-type learnable) but costed as full causal attention with
+    # a plain softmax: the launch trains the named model, the time is an upper bound on its attention.
+    attention_window: Width | None = Field(default=None, description="sliding-window attention width in "
+                                           "tokens (Mistral 7B 4096, GPT-OSS 128); costed as full attention")
+    window_full_every: Layers | None = Field(default=None, description="every N-th layer (1-based) keeps full "
+                                             "attention, the others the window (GPT-OSS 2, Gemma 3 6); None: "
+                                             "every layer windowed")
+    attention_sinks: bool = Field(default=False, description="learnable per-head softmax offsets (GPT-OSS; "
+                                  "Megatron --softmax-type learnable); not costed")
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     qk_l2_norm: bool = Field(default=False, description="Llama 4's weightless L2 norm over each query and "
                              "key head (Megatron --qk-l2-norm): no parameters, unlike qk_norm")
@@ -344,6 +354,9 @@ class ModelSpec(_Part):
             raise ValueError("qkv_bias: biases: true has the q/k/v biases already (drop qkv_bias)")
         if self.qkv_bias and self.mla:
             raise ValueError("qkv_bias: MLA's projections are not q/k/v ones (drop qkv_bias)")
+        if self.window_full_every is not None and self.attention_window is None:
+            raise ValueError(f"window_full_every ({self.window_full_every}) places full-attention layers among "
+                             "windowed ones; attention_window is not set")
         if self.rope_scaling_factor is not None and self.rope_scaling != "llama3":
             raise ValueError(f"rope_scaling_factor ({self.rope_scaling_factor:g}) sizes Llama 3.x RoPE scaling; "
                              f"rope_scaling is {self.rope_scaling} (use rope_scaling: llama3 or drop it)")

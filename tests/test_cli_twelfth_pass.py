@@ -143,3 +143,32 @@ def test_a_sweep_table_reads_in_80_columns(tmp_path):
     reasons = lines[lines.index("No plan fits at:") + 1:]
     assert reasons[0].startswith("  model=llama3.1-405b, hbm_gib=40.0: memory:")
     assert len(lines) < 40
+
+
+def test_sliding_windows_and_sinks_are_launched_as_the_checkpoint_has_them(tmp_path):
+    """GPT-OSS's 128-token window on every other layer and its learnable sinks, Mistral's 4096 window,
+    Gemma's alternation (2) and pattern (6) are read and launched (--window-size W,0,
+    --window-attn-skip-freq N, --softmax-type learnable; GPT-OSS's RMSNorm beside its biases);
+    costed as full causal attention, which the launch notes say. A layer pattern Megatron's integer
+    frequency cannot say is neither launched nor silently dropped."""
+    from planner.model import load_model
+    for fixture, window, every, sinks in (("gpt-oss-120b", 128, 2, True), ("mistral-7b-v0.1", 4096, None, False),
+                                          ("gemma-2-9b", 4096, 2, False), ("gemma-3-12b", 1024, 6, False)):
+        m = load_model(f"tests/fixtures/hf/{fixture}")
+        assert (m.attention_window, m.window_full_every, m.attention_sinks) == (window, every, sinks), fixture
+    r = runner.invoke(app, ["megatron", "-m", "gpt-oss-120b", "-s", "b200", "-g", "64", "-b", "512", "--tp", "1",
+                            "--ep", "8", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    launch = json.loads(r.stdout)
+    argv = launch["argv"]
+    assert argv[argv.index("--window-size") + 1] == "128,0" and argv[argv.index("--window-attn-skip-freq") + 1] == "2"
+    assert argv[argv.index("--softmax-type") + 1] == "learnable"
+    assert argv[argv.index("--normalization") + 1] == "RMSNorm" and "--disable-bias-linear" not in argv
+    assert any("costed as full causal attention" in n for n in launch["notes"])
+    cfg = json.loads(open("tests/fixtures/hf/gpt-oss-20b/config.json").read())
+    cfg["layer_types"] = ["full_attention", *cfg["layer_types"][1:]]  # layer 1 full: no integer frequency
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    odd = load_model(str(tmp_path))
+    assert odd.attention_window is None and odd.attention_sinks
+    r = runner.invoke(app, ["count", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64"])
+    assert "the Megatron launch sets no window" in " ".join(r.stderr.split()), r.output

@@ -318,6 +318,11 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
             if m.rope_scaling == "llama3":
                 assert ns["rope_scaling_factor"] == (m.rope_scaling_factor or 8.0), label
         assert cfg["layernorm_epsilon"] == pytest.approx(m.norm_epsilon or 1e-5), label
+        # sliding windows and sinks (costed as full attention, launched as the model has them)
+        window = cfg["window_size"]
+        assert (tuple(window) if window else None) == ((m.attention_window, 0) if m.attention_window else None), label
+        assert cfg["window_attn_skip_freq"] == m.window_full_every, label
+        assert cfg["softmax_type"] == ("learnable" if m.attention_sinks else "vanilla"), label
         if m.moe is not None:  # the router the model was trained with
             assert (cfg["moe_router_score_function"], cfg["moe_router_enable_expert_bias"],
                     cfg["moe_router_topk_scaling_factor"]) == (m.moe.router_score, m.moe.router_expert_bias,

@@ -13,6 +13,7 @@ import math
 from typing import Callable
 
 from hardware.spec import SystemSpec
+from planner.analytical import kernels
 from planner.pipeline_layout import fullest_rank_layers, pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
 from planner.megatron import hybrid, te_precision
@@ -257,9 +258,18 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--swiglu")
     elif model.activation == "squared_relu":
         add("--squared-relu")
-    if not model.biases:
+    if kernels.rms_norm(model):  # the norm the cost runs (GPT-OSS: RMSNorm beside its biases)
         add("--normalization", "RMSNorm")
+    if not model.biases:
         add("--disable-bias-linear")
+    if model.attention_window is not None:
+        # costed as full causal attention; launched so the trained model is the named one
+        # (transformer/utils.py is_layer_window_attention: 1-based layer n is full when n % N == 0)
+        add("--window-size", f"{model.attention_window},0")
+        if model.window_full_every is not None:
+            add("--window-attn-skip-freq", model.window_full_every)
+    if model.attention_sinks:
+        add("--softmax-type", "learnable")  # GPT-OSS's per-head sink logits
     if model.qkv_bias:
         add("--add-qkv-bias")  # Qwen2, GLM-4.5: the q/k/v projections keep theirs
     if model.rotary_percent != 1.0:
@@ -460,12 +470,14 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "Megatron's argument check refuses it where Transformer Engine is not installed; unfused, "
                      "the unpermute's scatter-add ran at ~600 GB/s on an H100 against the ~2,000 GB/s costed "
                      "(planner/data/h100_moe_kernels.csv)")
-    if model.activation_clamp is not None:
-        notes.append("GPT-OSS-style layers: the sliding-window attention of every other layer and the learnable "
-                     "attention sinks are costed as full attention with a plain softmax, and RMSNorm as the "
-                     "LayerNorm its linear biases imply (none is in the model spec); to run them add "
-                     "--window-size 128,0 --window-attn-skip-freq 2 --softmax-type learnable "
-                     "--normalization RMSNorm by hand")
+    if model.attention_window is not None or model.attention_sinks:
+        notes.append("attention: " + " and ".join(
+            w for w, on in ((f"the {model.attention_window}-token sliding window"
+                             + (f" (full attention every {model.window_full_every} layers)"
+                                if model.window_full_every else ""), model.attention_window is not None),
+                            ("the learnable sinks", model.attention_sinks)) if on)
+            + " are launched but costed as full causal attention with a plain softmax: the time printed for "
+            "the attention core is an upper bound")
     if model.rope_scaling == "yarn":
         notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "
                      "path that was costed); its frequency scaling is not part of the model spec: add "

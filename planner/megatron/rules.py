@@ -97,6 +97,9 @@ def _build_parser() -> _Parser:
     p.add_argument("--rotary-percent", type=float, default=1.0)
     p.add_argument("--rotary-base", type=int, default=10000)
     p.add_argument("--rope-scaling-factor", type=float, default=8.0)
+    p.add_argument("--window-size", default=None)  # "W,0": Megatron's tuple_type
+    p.add_argument("--window-attn-skip-freq", default=None)  # an int or a Python-list pattern
+    p.add_argument("--softmax-type", default="vanilla", choices=("vanilla", "off-by-one", "learnable"))
     p.add_argument("--norm-epsilon", type=float, default=1e-5)
     p.add_argument("--activation-func-clamp-value", type=float, default=None)
     p.add_argument("--moe-layer-freq", default="1")  # an int or a Python-list pattern
