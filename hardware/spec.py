@@ -161,12 +161,20 @@ class ComputeEfficiency(_Strict):
         return self.matmul_half_dim_fp8 if fp8 else self.matmul_half_dim
 
 
+ComputeCapability = Annotated[float, in_range(1.0, 99.0)]
+
+
 class Accelerator(_Strict):
     name: Name
     peak_flops: dict[Dtype, PeakFlops] = Field(description="dense peak FLOP/s per dtype")
     hbm_capacity_gib: HbmGib
     hbm_bandwidth_gb_per_s: HbmGbPerS
     efficiency: ComputeEfficiency
+    # What the kernels and Megatron's recipes may use: fused attention from 8.0, FP8 from 9.0,
+    # MXFP8/NVFP4 from 10.0 (planner.megatron.launch.gpu_arch_major). Unset: read from an NVIDIA
+    # product name (V100, A100, H100, B200, ...), else assumed 9.0 and said so.
+    compute_capability: ComputeCapability | None = Field(
+        default=None, description="CUDA compute capability (H100: 9.0); default: from an NVIDIA product name")
 
     @property
     def hbm_capacity_bytes(self) -> float:

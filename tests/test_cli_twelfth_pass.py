@@ -172,3 +172,35 @@ def test_sliding_windows_and_sinks_are_launched_as_the_checkpoint_has_them(tmp_p
     assert odd.attention_window is None and odd.attention_sinks
     r = runner.invoke(app, ["count", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64"])
     assert "the Megatron launch sets no window" in " ".join(r.stderr.split()), r.output
+
+
+def test_a_custom_gpus_compute_capability_is_its_field_not_its_first_letter(tmp_path):
+    """The compute capability came from the name's first letter: a GPU named VGPU-X was costed as a
+    Volta without fused attention (6.8 -> 202 GiB), AMD-MI300X as an Ampere refused FP8. Now: the
+    accelerator's compute_capability, else an NVIDIA product name read as a word, else 9.0
+    assumed, which the launch says."""
+    import yaml
+
+    from hardware import load_system
+    from planner.megatron.launch import arch_is_assumed, gpu_arch_major
+    base = yaml.safe_load(open("hardware/presets/h100-sxm.yaml"))
+    acc = yaml.safe_load(open("hardware/presets/accelerators/h100-sxm5-80gb.yaml"))
+    acc.pop("compute_capability")
+    steps = {}
+    for name, cc in (("VGPU-X", None), ("AMD-MI300X", None), ("H100-SXM5-80GB", None), ("VGPU-X", 7.0)):
+        path = tmp_path / f"{name}-{cc}.yaml"
+        path.write_text(yaml.safe_dump({**base, "name": "custom", "num_gpus": 16,
+                                        "accelerator": {**acc, "name": name,
+                                                        **({"compute_capability": cc} if cc else {})}}))
+        system = load_system(str(path))
+        r = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", str(path), "-b", "128", "--tp", "2", "--pp", "1",
+                                "--json"])
+        steps[(name, cc)] = (gpu_arch_major(system), arch_is_assumed(system), json.loads(r.stdout)["hbm_bytes"])
+    assert steps[("VGPU-X", None)][:2] == (9, True) and steps[("AMD-MI300X", None)][:2] == (9, True)
+    assert steps[("H100-SXM5-80GB", None)][:2] == (9, False)
+    assert steps[("VGPU-X", None)][2] == steps[("H100-SXM5-80GB", None)][2]  # fused attention either way
+    assert steps[("VGPU-X", 7.0)][:2] == (7, False) and steps[("VGPU-X", 7.0)][2] > 2 * steps[("VGPU-X", None)][2]
+    launch = runner.invoke(app, ["megatron", "-m", "llama3-8b", "-s", str(tmp_path / "AMD-MI300X-None.yaml"), "-b",
+                                 "128", "--tp", "2", "--pp", "1", "--dtype", "fp8", "--format", "json"])
+    assert launch.exit_code == 0, launch.output
+    assert any("9.0 was assumed (set accelerator.compute_capability)" in n for n in json.loads(launch.stdout)["notes"])

@@ -200,8 +200,9 @@ def check_dtype_on_system(dtype: str, system: SystemSpec) -> None:
     if dtype in training_dtypes() and dtype not in allowed:
         from planner.megatron import gpu_arch_major
         from planner.megatron.expressible import PRECISION_MIN_ARCH
+        from planner.megatron.launch import arch_text
         arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[dtype]
-        why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch}.x)" if arch < need else ""
+        why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch_text(system)})" if arch < need else ""
         raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak{why}; allowed on it: "
                         f"{', '.join(allowed)}")
 

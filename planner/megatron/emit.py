@@ -17,7 +17,7 @@ from planner.analytical import kernels
 from planner.pipeline_layout import fullest_rank_layers, pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
 from planner.megatron import hybrid, te_precision
-from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch, gpu_arch_major
+from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch, arch_is_assumed, gpu_arch_major
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
 
@@ -446,6 +446,9 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     env, unset_env = cuda_max_connections(plan, gpu_arch_major(system))
     gpus = plan.gpus
     notes = []
+    if arch_is_assumed(system):  # fused attention, FP8 and the flex backend follow from it
+        notes.append(f"{system.accelerator.name} is no NVIDIA product name the planner reads and its file gives no "
+                     f"compute_capability: {gpu_arch_major(system)}.0 was assumed (set accelerator.compute_capability)")
     unstated = [f"--{flag} {default}" for field, flag, default in (("rope_base", "rotary-base", "10000"),
                                                                   ("norm_epsilon", "norm-epsilon", "1e-5"))
                 if getattr(model, field) is None and (field != "rope_base" or model.position_embedding == "rope")]

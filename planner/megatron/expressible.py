@@ -7,7 +7,7 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical.offload import offloaded_layers
 from planner.pipeline_layout import fullest_rank_layers, layout_not_expressible
-from planner.megatron.launch import gpu_arch_major
+from planner.megatron.launch import arch_text, gpu_arch_major
 from planner.model import ModelSpec
 from planner.plan import DEFAULT_RECOMPUTE_MODULES, JobSpec, Plan, applicable_recompute_modules
 
@@ -226,7 +226,7 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
     arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
     if arch < need:
         reasons.append(f"dtype: {job.dtype} needs compute capability {need}.x or newer; "
-                       f"{system.accelerator.name} is {arch}.x")
+                       f"{system.accelerator.name} is {arch_text(system)}")
     # the launch keeps 16-bit parameters beside fp32 master weights whatever the costing said
     # (a plan file's job.bytes_per_param): a plan costed otherwise is not what Megatron would run
     for field, runs in (("weights", 2.0), ("master", 4.0)):

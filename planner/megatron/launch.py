@@ -6,6 +6,8 @@ Flags that do NOT exist in Megatron-LM and are never emitted (shared/reference/m
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 
 from hardware.spec import SystemSpec
@@ -70,14 +72,36 @@ class MegatronLaunch:
 
 
 
+# NVIDIA data-center product names and their compute-capability major (CUDA programming guide,
+# "Compute Capabilities"): Volta 7, Ampere 8, Hopper 9, Blackwell 10. Matched as a word in the
+# accelerator's name ("GB200-186GB", "H100-SXM5-80GB"), never by a first letter alone.
+NVIDIA_ARCH_BY_NAME = (
+    (re.compile(r"(?<![A-Z0-9])V100"), 7),
+    (re.compile(r"(?<![A-Z0-9])A(100|800|40|30|10)(?![0-9])"), 8),
+    (re.compile(r"(?<![A-Z0-9])G?H(100|200|800|20)(?![0-9])"), 9),
+    (re.compile(r"(?<![A-Z0-9])G?B(100|200|300)(?![0-9])"), 10),
+)
+ASSUMED_ARCH = 9
+
+
 def gpu_arch_major(system: SystemSpec) -> int:
-    """Compute-capability major of the accelerator, from its name (V100 7, A100 8, H100/H200/GH200 9,
-    B200/GB200 10)."""
-    name = system.accelerator.name.upper()
-    if name.startswith(("B", "GB")):
-        return 10
-    if name.startswith("V"):
-        return 7
-    if name.startswith("A"):
-        return 8
-    return 9
+    """Compute-capability major of the accelerator: its `compute_capability`, else read from an
+    NVIDIA product name (V100 7, A100 8, H100/H200/GH200 9, B200/GB200/B300 10), else ASSUMED_ARCH
+    (`arch_is_assumed` says when)."""
+    acc = system.accelerator
+    if acc.compute_capability is not None:
+        return int(acc.compute_capability)
+    name = acc.name.upper()
+    return next((arch for pattern, arch in NVIDIA_ARCH_BY_NAME if pattern.search(name)), ASSUMED_ARCH)
+
+
+def arch_is_assumed(system: SystemSpec) -> bool:
+    """No compute_capability and no NVIDIA product name: gpu_arch_major assumed ASSUMED_ARCH."""
+    acc = system.accelerator
+    return acc.compute_capability is None and not any(p.search(acc.name.upper()) for p, _ in NVIDIA_ARCH_BY_NAME)
+
+
+def arch_text(system: SystemSpec) -> str:
+    """The compute capability as an error message says it: "9.x", or that it was assumed."""
+    arch = gpu_arch_major(system)
+    return (f"{arch}.x, assumed: set accelerator.compute_capability" if arch_is_assumed(system) else f"{arch}.x")
