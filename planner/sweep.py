@@ -486,6 +486,15 @@ def write_csv(rows: list[dict], spec: SweepSpec, path: str | Path) -> Path:
 WRITING_MARK = {"writing_outputs": True}
 
 
+def resolved_inputs(spec: SweepSpec) -> dict:
+    """The model(s) and system a sweep's names resolve to, as JSON: its resume key beside the
+    names (a preset or file read again, whatever it now says)."""
+    import json
+    models = [spec.model] if spec.model else next(a.values for a in spec.axes if a.name == "model")
+    return {"models": [json.loads(load_model(m).model_dump_json()) for m in models],
+            "system": json.loads(load_system(spec.system, spec.gpus).model_dump_json())}
+
+
 class PointLog:
     """Finished points, one JSON line each, appended as they complete (`NAME.points.jsonl`).
 
@@ -499,7 +508,9 @@ class PointLog:
         import json
         self.path = path
         self.spec = spec
-        self.header = {"sweep": json.loads(spec.model_dump_json())}
+        # the model and system as read, not their names: a file edited between the runs is another
+        # sweep (resumed, its finished points were of the old file)
+        self.header = {"sweep": json.loads(spec.model_dump_json()), "inputs": resolved_inputs(spec)}
         self.done: dict[str, dict] = {}
         # the sweep had begun writing its outputs (WRITING_MARK): any there are its own, half-written
         self.writing = False

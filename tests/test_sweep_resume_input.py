@@ -138,3 +138,30 @@ def test_a_point_logged_twice_or_at_odds_with_its_plan_is_refused(tmp_path, monk
     odd = json.dumps({**json.loads(record), "tp": 3})
     log.write_text(f"{header}\n{odd}\n")
     one_line_error(sweep(tmp_path, monkeypatch)[0], "line 2", "tp3", "differ from its plan")
+
+
+def test_a_system_file_edited_between_the_runs_is_another_sweep(tmp_path, monkeypatch):
+    """The log's header named the system file, not what it said: edited between a Ctrl-C and the
+    rerun (HBM 80 -> 16 GiB), the resumed sweep kept the old points, above the new HBM. The
+    header holds the model and system as read, so the rerun is refused as a different sweep."""
+    import yaml
+    system = tmp_path / "box.yaml"
+    acc = yaml.safe_load(open("hardware/presets/accelerators/h100-sxm5-80gb.yaml"))
+    spec = {**yaml.safe_load(open("hardware/presets/h100-sxm.yaml")), "name": "box", "accelerator": acc}
+    system.write_text(yaml.safe_dump(spec))
+    calls = []
+
+    def evaluate(point):
+        calls.append(point.params)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return REAL_EVALUATE(point)
+
+    monkeypatch.setattr(sweep_mod, "evaluate_point", evaluate)
+    args = ["sweep", "-m", "llama3-8b", "-s", str(system), "-b", "1024", "-j", "1", "--no-explain",
+            "--vary", "gpus=8,16,32", "--out", str(tmp_path / "out")]
+    assert CliRunner().invoke(app, args).exit_code == 130
+    spec["accelerator"]["hbm_capacity_gib"] = 16
+    system.write_text(yaml.safe_dump(spec))
+    monkeypatch.setattr(sweep_mod, "evaluate_point", REAL_EVALUATE)
+    one_line_error(CliRunner().invoke(app, args), "holds the points of a different sweep")
