@@ -112,8 +112,11 @@ def test_a_nan_offload_fraction_is_refused_as_not_finite(tmp_path, saved_plan):
 # ---- flags ------------------------------------------------------------------------------------
 
 def test_the_divisibility_hint_names_the_defaulted_knob():
-    line = one_line_error(run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2"]))
-    assert "set --pp" in line and "--dp" not in line, line
+    # no layout flag: the default example's tp 8 pp 8, which 8 GPUs cannot hold
+    line = one_line_error(run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64"]))
+    assert "tp 8, pp 8 by default" in line and "set --tp or --pp" in line and "--dp" not in line, line
+    # a layout flag given: the rest is tp=pp=cp=1, as `planner megatron` reads it (was pp 8: refused)
+    assert run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2"]).exit_code in (0, 1)
 
 
 def test_an_unknown_dtype_is_named_as_the_flag():

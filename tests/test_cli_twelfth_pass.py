@@ -23,6 +23,11 @@ def test_megatron_fills_unset_knobs_as_estimate_does():
     assert launch.exit_code == 0, launch.output
     argv = json.loads(launch.stdout)["argv"]
     assert "--sequence-parallel" in argv and "--use-distributed-optimizer" in argv and "--overlap-grad-reduce" in argv
+    # only tp given: pp 1 in both (estimate had filled the default example's pp 8)
+    tp_only = ["-m", "llama3-8b", *LLAMA70[2:8], "--tp", "2"]
+    est_pp = json.loads(runner.invoke(app, ["estimate", *tp_only, "--json"]).stdout)["plan"]["pp"]
+    argv = json.loads(runner.invoke(app, ["megatron", *tp_only, "--format", "json"]).stdout)["argv"]
+    assert est_pp == 1 and argv[argv.index("--pipeline-model-parallel-size") + 1] == "1"
     off = runner.invoke(app, ["megatron", *LLAMA70, "--no-sequence-parallel", "--format", "json"])
     assert off.exit_code == 2 and "GiB" in off.output  # what the user asks for still decides
 
@@ -204,3 +209,12 @@ def test_a_custom_gpus_compute_capability_is_its_field_not_its_first_letter(tmp_
                                  "128", "--tp", "2", "--pp", "1", "--dtype", "fp8", "--format", "json"])
     assert launch.exit_code == 0, launch.output
     assert any("9.0 was assumed (set accelerator.compute_capability)" in n for n in json.loads(launch.stdout)["notes"])
+
+
+def test_the_default_dispatcher_is_no_moe_setting_on_a_dense_model():
+    """A script turning a saved dense plan into flags passes --moe-dispatcher alltoall (the default
+    the file records): accepted; another dispatcher is still a MoE setting on a dense model."""
+    from tests.conftest import one_line_error
+    args = ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2"]
+    assert runner.invoke(app, [*args, "--moe-dispatcher", "alltoall"]).exit_code == 0
+    one_line_error(runner.invoke(app, [*args, "--moe-dispatcher", "deepep"]), "applies to MoE models only")

@@ -478,7 +478,8 @@ def refuse_moe_flags_on_dense(model, moe_imbalance: float | None, fused_grouped_
         if value is not None:
             raise SpecError(f"{flag}: expert parallelism needs a MoE model; {model.name} has no experts "
                             f"(got --{flag} {value})")
-    if moe_dispatcher is not None:
+    # the default (what a saved dense plan records) names no MoE setting: only another dispatcher does
+    if moe_dispatcher is not None and moe_dispatcher != "alltoall":
         raise SpecError(f"moe-dispatcher: applies to MoE models only; {model.name} has no experts")
     if moe_imbalance is not None and moe_imbalance != 1.0:
         raise SpecError(f"moe-imbalance: applies to MoE models only; {model.name} has no experts")

@@ -114,8 +114,10 @@ def estimate_command(
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
 
-    Knobs not given default to tp 8, pp 8, SP, no recompute (with fused attention, recomputing the
-    attention core saves no memory), distributed optimizer with overlapped DP communication.
+    Knobs not given default to SP (where tp > 1), no recompute (with fused attention, recomputing
+    the attention core saves no memory), the distributed optimizer with overlapped DP communication,
+    and tp=pp=cp=1 with dp filling the GPUs, as `planner megatron` reads the same flags; with no
+    layout flag at all, tp 8 pp 8 (the default example's Megatron layout).
     Exit code 0 when the plan fits, 1 when it does not (memory, offload capacity), 2 for an input
     error (a plan that breaks a layout rule, e.g. ep not dividing the experts, or offload with no tier).
     A plan Megatron-LM cannot launch as costed is still costed (exit 0 if it fits); why Megatron
@@ -160,7 +162,11 @@ def estimate_command(
             check_module_dtypes_on_system(job.module_dtypes, system_spec, f"plan ({plan_file}): job: module_dtypes")
     else:
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
-        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH, ESTIMATE_DEFAULTS,
+        # the default example's tp 8 pp 8 only where no layout is given: --tp 2 alone is tp 2 pp 1,
+        # as `planner megatron` reads the same flags
+        layout_given = any(k in knobs for k in ("tp", "pp", "dp", "cp"))
+        plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH,
+                               RECIPE_KNOB_DEFAULTS if layout_given else ESTIMATE_DEFAULTS,
                                model_spec.seq_length, expert_biases=model_spec.moe is not None and model_spec.biases,
                                layers=model_spec.layers)
     if job is None:

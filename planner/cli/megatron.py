@@ -125,7 +125,7 @@ def megatron_command(
     and a torchrun script for a plan.
 
     The plan comes from --plan FILE, from plan flags that include --tp, --pp or --dp (unset knobs: tp=pp=cp=1, dp fills the GPUs,
-    sequence parallelism where tp > 1, ZeRO-1 with overlapped DP communication, as `planner estimate` fills them),
+    sequence parallelism where tp > 1, ZeRO-1 with overlapped DP communication: the plan `planner estimate` costs for the same flags),
     or, with neither, from the search: `planner plan`'s best plan for the same options (global
     batch 1536 unless -b is given). The plan must pass the rules and memory check of
     `planner estimate`; otherwise exit 2 with what breaks. The script saves checkpoints at the
