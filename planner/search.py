@@ -33,7 +33,7 @@ from constraints.cost_table import MEMORY_BITS, chunk_rows, OFFLOAD_COLUMNS, Tab
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
-from planner.analytical.estimate import rule_violations
+from planner.analytical.estimate import check_api_inputs, rule_violations
 from planner.analytical.memory import memory_breakdown
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
@@ -92,14 +92,18 @@ def _row_plan(table: Table, i: int) -> Plan:
     return plan_arrays(table.space, sub).row(0)
 
 
+MAX_TOP_K = 1000  # distinct layouts a search returns (`planner plan --top` takes the same cap)
+
+
 def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,
          time_limit_s: float = 30.0, restrict: dict[str, Callable[[float], bool]] | None = None
          ) -> SearchResult:
     """The K best distinct layouts under the exact model, best first. `restrict` keeps, per knob,
     only the domain values its predicate accepts (a plan family: planner.recommend); a knob left
     with no value leaves no plan."""
-    if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or top_k < 1:
-        raise SpecError(f"top: must be a positive integer, got {top_k!r}")
+    check_api_inputs(model, system, job)
+    if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
+        raise SpecError(f"top_k: must be an integer from 1 to {MAX_TOP_K:,}, got {top_k!r}")
     top_k = int(top_k)
     t0 = time.perf_counter()
     job = job or JobSpec()
@@ -247,6 +251,7 @@ def count(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None) -> i
     microbatch counts, a closed form per layout) × (number of option combinations compatible
     with the layout's class: tp > 1 or not, pp = 1 or not).
     """
+    check_api_inputs(model, system, job)
     job = job or JobSpec()
     space = build_space(model, system, job)
     lay = layouts(space)
@@ -428,6 +433,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
     when the floor allows one (default the search's best; the CLI passes its recommendation).
     `plan_command(gpus)`: the command that plans on that many GPUs (the CLI repeats the user's own
     flags in it)."""
+    check_api_inputs(model, system, job)
     job = job or JobSpec()
     space = build_space(model, system, job)
     reasons: list[str] = []

@@ -218,3 +218,25 @@ def test_the_default_dispatcher_is_no_moe_setting_on_a_dense_model():
     args = ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2"]
     assert runner.invoke(app, [*args, "--moe-dispatcher", "alltoall"]).exit_code == 0
     one_line_error(runner.invoke(app, [*args, "--moe-dispatcher", "deepep"]), "applies to MoE models only")
+
+
+def test_the_python_api_refuses_names_and_mismatched_batches_in_one_line():
+    """estimate('llama3-70b', ...) raised AttributeError deep inside; estimate ignored a job batch
+    other than the plan's (7.018 s for 64, 512 and 1024 alike); plan(top_k=5000) ran."""
+    import pytest
+
+    from hardware.errors import SpecError
+    from planner import JobSpec, Plan, check, count, estimate, load_model, load_system, plan
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 64)
+    mine = Plan(tp=2, dp=32, micro_batch=2, global_batch=512)
+    for call, words in ((lambda: estimate("llama3-70b", system, mine), "model: expected a ModelSpec"),
+                        (lambda: plan(model, "h100-sxm", JobSpec(global_batch=512)), "system: expected a SystemSpec"),
+                        (lambda: check(model, system, {"global_batch": 512}), "job: expected a JobSpec"),
+                        (lambda: count(model, system, JobSpec(global_batch=512)) and estimate(model, system, {}),
+                         "plan: expected a Plan"),
+                        (lambda: plan(model, system, JobSpec(global_batch=512), top_k=5000), "from 1 to 1,000"),
+                        (lambda: estimate(model, system, mine, JobSpec(global_batch=1024)),
+                         "the job's (1024) differs from the plan's (512)")):
+        with pytest.raises(SpecError, match=words.replace("(", r"\(").replace(")", r"\)")):
+            call()
+    assert estimate(model, system, mine, JobSpec(global_batch=512)) == estimate(model, system, mine)

@@ -16,7 +16,8 @@ from planner.plan import JobSpec, Plan
                                                                ("a800-80g", "a100-80g", (200, 300))])
 def test_export_variant_pays_only_for_its_slower_nvlink(variant, base, per_direction_gb_s):
     model = load_model("llama3-8b")
-    plan = Plan(tp=8, pp=1, dp=1, micro_batch=1, sequence_parallel=False, recompute="none", zero_stage=0)
+    plan = Plan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, sequence_parallel=False, recompute="none",
+                zero_stage=0)
     job = JobSpec(global_batch=8, dtype="bf16")
     cut = estimate(model, load_system(variant, 8), plan, job)
     full = estimate(model, load_system(base, 8), plan, job)

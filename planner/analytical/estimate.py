@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from hardware.errors import SpecError
+from hardware.errors import SpecError, shortened
 from hardware.spec import SystemSpec
 from planner.analytical import flops, layer_kinds, precision
 from planner.analytical.kernels import per_op_checkpointing
@@ -250,10 +250,27 @@ def check_hbm_reserve(job: JobSpec, system: SystemSpec, field: str = "hbm-reserv
                         f"the {hbm_gib:g} GiB HBM; allowed: 0 <= reserve < {hbm_gib:g}")
 
 
+def check_api_inputs(model, system, job=None, plan=None) -> None:
+    """The Python API's arguments are the spec objects, not names (a one-line SpecError naming the
+    argument and how to make one, instead of an AttributeError deep inside)."""
+    for name, value, kind, optional, how in (
+            ("model", model, ModelSpec, False, "load_model('llama3-8b')"),
+            ("system", system, SystemSpec, False, "load_system('h100-sxm', 64)"),
+            ("job", job, JobSpec, True, "JobSpec(global_batch=512)"),
+            ("plan", plan, Plan, True, "Plan(tp=2, dp=32, global_batch=512)")):
+        if not isinstance(value, kind) and not (optional and value is None):
+            raise SpecError(f"{name}: expected a {kind.__name__} (e.g. {how}), got {type(value).__name__} "
+                            f"{shortened(str(value))!r}")
+
+
 def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:
-    """Exact model for one plan, at the plan's own global batch (the job's global_batch and
-    max_global_batch are search settings, not read here)."""
+    """Exact model for one plan, at the plan's own global batch; a job that names another global
+    batch is refused (its max_global_batch is a search setting, not read here)."""
+    check_api_inputs(model, system, job, plan)
     job = job or JobSpec()
+    if job.global_batch is not None and job.global_batch != plan.global_batch:
+        raise SpecError(f"global_batch: the job's ({job.global_batch}) differs from the plan's "
+                        f"({plan.global_batch}); give the plan the job's batch, or leave the job's unset")
     check_recompute_modules(plan, model)
     check_hbm_reserve(job, system, "hbm_reserve_gib")  # a reserve beyond the HBM left a negative capacity
     result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model)))

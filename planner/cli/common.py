@@ -56,7 +56,7 @@ TpAcrossNodesOpt = Annotated[bool, typer.Option(
 from hardware.spec import MAX_GPUS  # noqa: E402  a million GPUs: -g and a system file's num_gpus alike
 MAX_GLOBAL_BATCH = 1 << 20     # sequences per step (Llama 3 405B used 2,048 sequences of 8K)
 MAX_WORKERS = 256              # local worker processes (-j): each holds the model in memory
-MAX_TOP = 1000                 # layouts `plan --top` may return
+MAX_TOP = 1000                 # layouts `plan --top` may return (planner.search.MAX_TOP_K)
 
 
 def check_int(flag: str, value: int | None, low: int = 1, high: int | None = None) -> None:
