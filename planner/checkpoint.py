@@ -287,6 +287,12 @@ def checkpoint_report(model: ModelSpec, system: SystemSpec, plan: Plan, write_gb
         notes.append(f"checkpointing cannot keep up: one write ({write_s:.0f} s) takes longer than the interval "
                      f"that failures allow ({young:.0f} s, Young); faster storage, fewer bytes or fewer failures "
                      "are needed for the job to make progress")
+    if recovery >= mtbf:
+        # goodput_fraction's first-order form clips at 0 here, which is no measurement of anything
+        notes.append(f"the job fails more often than it recovers: recovery ({recovery / 60:.1f} min) is longer than "
+                     f"the job MTBF ({mtbf / 60:.1f} min), so the goodput formula (first order in 1/MTBF) does not "
+                     "hold and the job makes almost no progress; more reliable parts, a faster restart or fewer "
+                     "GPUs are needed")
     return CheckpointReport(
         model=model.name, system=system.name, num_gpus=system.num_gpus,
         gpus_per_node=system.gpus_per_node, plan=layout_label(plan), zero_stage=plan.zero_stage,

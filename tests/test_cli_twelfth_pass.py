@@ -240,3 +240,16 @@ def test_the_python_api_refuses_names_and_mismatched_batches_in_one_line():
         with pytest.raises(SpecError, match=words.replace("(", r"\(").replace(")", r"\)")):
             call()
     assert estimate(model, system, mine, JobSpec(global_batch=512)) == estimate(model, system, mine)
+
+
+def test_checkpoint_says_when_failures_outrun_recovery():
+    """1,024 GPUs at 50 h MTBF fail every 2.9 min and recover in 13.2: goodput printed 0.00 % with
+    no word that the first-order formula no longer holds."""
+    r = runner.invoke(app, ["checkpoint", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "1024", "--gpu-mtbf-hours", "50",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    notes = json.loads(r.stdout)["notes"]
+    assert any("recovery (13.2 min) is longer than the job MTBF (2.9 min)" in n for n in notes), notes
+    calm = json.loads(runner.invoke(app, ["checkpoint", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "1024",
+                                          "--json"]).stdout)["notes"]
+    assert not any("longer than the job MTBF" in n for n in calm)
