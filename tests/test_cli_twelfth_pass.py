@@ -253,3 +253,14 @@ def test_checkpoint_says_when_failures_outrun_recovery():
     calm = json.loads(runner.invoke(app, ["checkpoint", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "1024",
                                           "--json"]).stdout)["notes"]
     assert not any("longer than the job MTBF" in n for n in calm)
+
+
+def test_estimate_takes_the_recipe_settings_megatron_and_plan_files_do():
+    """cross_entropy_fusion, grad_reduce_in_bf16 and fp8_param_gather: written by `plan --save`,
+    taken by `megatron` as flags, but `estimate` had no flag for them."""
+    args = ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2", "--json"]
+    plain = json.loads(runner.invoke(app, args).stdout)
+    tuned = json.loads(runner.invoke(app, [*args, "--grad-reduce-in-bf16", "--cross-entropy-fusion"]).stdout)
+    assert (tuned["plan"]["grad_reduce_in_bf16"], tuned["plan"]["cross_entropy_fusion"]) == (True, True)
+    assert tuned["step_time_s"] < plain["step_time_s"]
+    assert tuned["memory_breakdown_bytes"]["grads_bytes"] == plain["memory_breakdown_bytes"]["grads_bytes"] / 2

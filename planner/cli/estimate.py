@@ -58,7 +58,11 @@ from planner.cli.common import (
     VppOpt,
     ZeroOpt,
     MAX_GLOBAL_BATCH,
+    PERF_KNOBS,
     RECIPE_KNOB_DEFAULTS,
+    CrossEntropyFusionOpt,
+    Fp8ParamGatherOpt,
+    GradReduceBf16Opt,
     check_int,
     gpu_count_mismatch,
     given_knobs,
@@ -102,6 +106,8 @@ def estimate_command(
     dp_comm_overlap: DpOverlapOpt = None,
     etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalancePlanOpt = None,
+    cross_entropy_fusion: CrossEntropyFusionOpt = None, grad_reduce_in_bf16: GradReduceBf16Opt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     flash_attention: Annotated[Optional[bool], typer.Option(
         "--flash-attention/--no-flash-attention",
         help="Fused (flash) attention: no s² activations (default: the plan file's, else on).")] = None,
@@ -130,7 +136,9 @@ def estimate_command(
           --dtype nvfp4 -b 1536      # an uneven interleaved layout (vpp 4 from the 32 stages)
     """
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
-    knobs = given_knobs(locals())
+    options = dict(locals())
+    knobs = given_knobs(options)
+    knobs.update({k: options[k] for k in PERF_KNOBS if options[k] is not None})  # recipe settings, not searched
     refuse_moe_flags_on_dense(model_spec, moe_imbalance, fused_grouped_mlp, moe_dispatcher, knobs.get("ep"),
                               knobs.get("etp"))
     kernels = kernel_settings("none" if cuda_graph is None else cuda_graph, bool(fp8_attention), bool(fused_grouped_mlp),

@@ -10,7 +10,11 @@ import typer
 from hardware.errors import SpecError, refuse_dash, shortened
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
+    PERF_KNOBS,
     RECIPE_KNOB_DEFAULTS,
+    CrossEntropyFusionOpt,
+    Fp8ParamGatherOpt,
+    GradReduceBf16Opt,
     gpu_count_mismatch,
     CudaGraphOpt,
     kernel_settings,
@@ -68,7 +72,6 @@ from planner.plan import load_plan
 FORMATS = ("script", "args", "json")
 GIB = 2**30
 # Plan switches only `planner megatron` takes as flags (a plan file may carry them too).
-PERF_KNOBS = ("cross_entropy_fusion", "grad_reduce_in_bf16", "fp8_param_gather")
 
 MegatronReserveOpt = Annotated[Optional[float], typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB; "
@@ -76,10 +79,6 @@ MegatronReserveOpt = Annotated[Optional[float], typer.Option(
 MegatronDtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), "
                     "mxfp8 or nvfp4 (Blackwell). Default: the plan file's, else bf16.")]
-
-
-def _flag(name: str, text: str):
-    return Annotated[Optional[bool], typer.Option(f"--{name}/--no-{name}", help=text)]
 
 
 def megatron_command(
@@ -105,9 +104,8 @@ def megatron_command(
     dp_comm_overlap: DpOverlapOpt = None,
     etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
     moe_a2a_overlap: MoeA2aOverlapOpt = None,
-    cross_entropy_fusion: _flag("cross-entropy-fusion", "Fused cross-entropy kernels (costed).") = None,
-    grad_reduce_in_bf16: _flag("grad-reduce-in-bf16", "16-bit gradient buffers and DP reduce (costed).") = None,
-    fp8_param_gather: _flag("fp8-param-gather", "FP8 weights, gathered in FP8 (costed; FP8 dtypes).") = None,
+    cross_entropy_fusion: CrossEntropyFusionOpt = None, grad_reduce_in_bf16: GradReduceBf16Opt = None,
+    fp8_param_gather: Fp8ParamGatherOpt = None,
     adam_moments: AdamMomentsOpt = None,
     bf16_layers: Bf16LayersOpt = None,
     module_dtype: ModuleDtypeOpt = None,
