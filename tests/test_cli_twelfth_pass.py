@@ -264,3 +264,22 @@ def test_estimate_takes_the_recipe_settings_megatron_and_plan_files_do():
     assert (tuned["plan"]["grad_reduce_in_bf16"], tuned["plan"]["cross_entropy_fusion"]) == (True, True)
     assert tuned["step_time_s"] < plain["step_time_s"]
     assert tuned["memory_breakdown_bytes"]["grads_bytes"] == plain["memory_breakdown_bytes"]["grads_bytes"] / 2
+
+
+def test_a_users_reference_rows_are_not_reported_as_fitted(tmp_path):
+    """`validate --reference mine.yaml` showed fitted 1 for the user's own rows, which no fit reads;
+    a byte-for-byte copy of a packaged file is still the fitted data."""
+    import shutil
+
+    import yaml
+
+    from planner.reference import DEFAULT_REFERENCES, load_reference
+    packaged = min(DEFAULT_REFERENCES, key=lambda p: p.stat().st_size)
+    copy = tmp_path / "copy.yaml"
+    shutil.copy(packaged, copy)
+    data = yaml.safe_load(packaged.read_text())
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(data))  # the same records, not the same bytes
+    fitted = lambda path: sum(c.fit for c in load_reference(path)[0])  # noqa: E731
+    assert fitted(packaged) == fitted(copy) > 0
+    assert fitted(mine) == 0
