@@ -307,18 +307,20 @@ OffloadActivationsOpt = Annotated[Optional[float], typer.Option(
                                   "layers: rounded up to them, 0.5 of 27 layers is 14).")]
 OffloadOptimizerOpt = Annotated[Optional[float], typer.Option(
     "--offload-optimizer", help="Fraction of optimizer state in the offload tier.")]
-TpOverlapOpt = Annotated[Optional[bool], typer.Option(
-    "--tp-comm-overlap/--no-tp-comm-overlap", help="Overlap TP communication with GEMMs (needs SP).")]
-DpOverlapOpt = Annotated[Optional[bool], typer.Option(
-    "--dp-comm-overlap/--no-dp-comm-overlap", help="Overlap DP gradient reduce / parameter gather.")]
+
+
+def switch(name: str, text: str):
+    """An on/off plan flag (--NAME/--no-NAME), None when not given."""
+    return Annotated[Optional[bool], typer.Option(f"--{name}/--no-{name}", help=text)]
+
+
+TpOverlapOpt = switch("tp-comm-overlap", "Overlap TP communication with GEMMs (needs SP).")
+DpOverlapOpt = switch("dp-comm-overlap", "Overlap DP gradient reduce / parameter gather.")
 # Plan fields no search varies (a recipe's settings), taken as flags by `estimate` and `megatron`
 PERF_KNOBS = ("cross_entropy_fusion", "grad_reduce_in_bf16", "fp8_param_gather")
-CrossEntropyFusionOpt = Annotated[Optional[bool], typer.Option(
-    "--cross-entropy-fusion/--no-cross-entropy-fusion", help="Fused cross-entropy kernels (costed).")]
-GradReduceBf16Opt = Annotated[Optional[bool], typer.Option(
-    "--grad-reduce-in-bf16/--no-grad-reduce-in-bf16", help="16-bit gradient buffers and DP reduce (costed).")]
-Fp8ParamGatherOpt = Annotated[Optional[bool], typer.Option(
-    "--fp8-param-gather/--no-fp8-param-gather", help="FP8 weights, gathered in FP8 (costed; FP8 dtypes).")]
+CrossEntropyFusionOpt = switch("cross-entropy-fusion", "Fused cross-entropy kernels (costed).")
+GradReduceBf16Opt = switch("grad-reduce-in-bf16", "16-bit gradient buffers and DP reduce (costed).")
+Fp8ParamGatherOpt = switch("fp8-param-gather", "FP8 weights, gathered in FP8 (costed; FP8 dtypes).")
 
 EtpOpt = Annotated[Optional[int], typer.Option(
     "--etp", help="Expert tensor-parallel size (MoE; default tp). Needs GPUs % (etp·ep·pp) == 0.")]
