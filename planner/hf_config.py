@@ -46,7 +46,7 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     # transformers' Gemma3TextConfig defaults, which the hub's gemma-3-4b/27b configs rely on
     # (configuration_gemma3.py: vocab 262,208, 8 heads in 4 KV groups, head_dim 256)
     "gemma3_text": ({"tie_word_embeddings": True, "vocab_size": 262_208, "num_attention_heads": 8,
-                     "num_key_value_heads": 4, "head_dim": 256},
+                     "num_key_value_heads": 4, "head_dim": 256, "sliding_window_pattern": 6},
                     "GeGLU costed as SwiGLU"),
     "nemotron_h": ({"tie_word_embeddings": False},
                    "a hybrid stack: each layer costed as the pattern's mean block (exact without "
@@ -153,8 +153,15 @@ def llama3_rope_note(cfg: dict) -> str:
 
 
 def rope_base_note(cfg: dict) -> str:
-    """A fractional rope_theta, launched as Megatron's integer --rotary-base; "" otherwise."""
+    """A fractional rope_theta, launched as Megatron's integer --rotary-base, or windowed layers
+    with their own RoPE base (Gemma-3's rope_local_base_freq), which Megatron's one --rotary-base
+    cannot give them; "" otherwise."""
     theta = cfg.get("rope_theta")
+    local = cfg.get("rope_local_base_freq")
+    if finite_number(local) and local != theta and "attention_window" in window_fields(cfg):
+        return (f"the windowed layers' RoPE base (rope_local_base_freq {local:g}) is not the global layers' "
+                f"(rope_theta {theta if theta is None else format(theta, 'g')}): Megatron takes one "
+                "--rotary-base, so every layer is launched with rope_theta's (not costed either way)")
     if isinstance(theta, float) and not theta.is_integer() and finite_number(theta):
         return f"rope_theta {theta:g} is launched as --rotary-base {round(theta)} (Megatron reads an integer)"
     return ""
@@ -165,6 +172,9 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
     the user whenever it is read."""
     cfg = read_config(path)
     kind = cfg.get("model_type")
+    # read as model_fields reads it: the architecture's defaults under what the file gives
+    cfg = {**ARCHITECTURES.get(kind, ({}, ""))[0], **{k: v for k, v in cfg.items() if v is not None}} \
+        if isinstance(kind, str) else cfg
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
     return [n for n in (*notes, hf_default_note(cfg), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
                               llama3_rope_note(cfg)) if n]
@@ -223,7 +233,7 @@ POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_
 # Architectures whose experts are sized by moe_intermediate_size (transformers' Qwen2/3-MoE,
 # Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
 EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")
-BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "use_sliding_window")
+BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "use_sliding_window", "norm_topk_prob")
 # transformers' activation table (activations.py ACT2CLS: every name a config may give), each one
 # element-wise pass; a gate comes from the architecture or SiLU (Apertus's xielu is a plain MLP)
 HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
@@ -734,6 +744,7 @@ STEP_KEY_OF_TYPE = {"llama4_text": "interleave_moe_layer_step", "qwen2_moe": "de
 ROUTER_SCORES = ("softmax", "sigmoid")
 SIGMOID_BIAS_ROUTER_TYPES = ("deepseek_v3", "glm4_moe", "nemotron_h")
 SIGMOID_ROUTER_TYPES = ("llama4_text",)
+NORM_TOPK_TYPES = ("deepseek_v2", "qwen2_moe", "qwen3_moe")
 
 
 def _router_fields(cfg: dict) -> dict:
@@ -746,6 +757,10 @@ def _router_fields(cfg: dict) -> dict:
         out["router_expert_bias"] = True
     if cfg.get("routed_scaling_factor") not in (None, 1, 1.0):
         out["router_topk_scale"] = float(cfg["routed_scaling_factor"])
+    # the classes that read norm_topk_prob default it to false (transformers' DeepseekV2Config,
+    # Qwen2MoeConfig, Qwen3MoeConfig): softmax over all experts, the top-k not renormalised
+    if not sigmoid and kind in NORM_TOPK_TYPES and not cfg.get("norm_topk_prob", False):
+        out["router_pre_softmax"] = True
     return out
 
 

@@ -135,6 +135,11 @@ class MoESpec(_Part):
                                      "--moe-router-enable-expert-bias; needs sigmoid scores); not costed")
     router_topk_scale: RouterScale | None = Field(default=None, description="scale of the routed experts' "
                                                   "weights (Megatron --moe-router-topk-scaling-factor); not costed")
+    # softmax over all experts, then the top-k, not renormalised (DeepSeek-V2, Qwen2-MoE:
+    # config.json norm_topk_prob false; Megatron --moe-router-pre-softmax); else the softmax runs
+    # over the top-k logits, which renormalises (Mixtral, Qwen3-MoE, GPT-OSS)
+    router_pre_softmax: bool = Field(default=False, description="softmax before the top-k, weights not "
+                                     "renormalised (Megatron --moe-router-pre-softmax); not costed")
 
     @model_validator(mode="after")
     def _topk(self) -> "MoESpec":
@@ -142,6 +147,8 @@ class MoESpec(_Part):
             raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
         if (self.router_groups is None) != (self.router_group_topk is None):
             raise ValueError("router_groups and router_group_topk: give both or neither")
+        if self.router_pre_softmax and self.router_score != "softmax":
+            raise ValueError("router_pre_softmax: orders a softmax router's steps; router_score is sigmoid")
         if self.router_expert_bias and self.router_score != "sigmoid":
             raise ValueError("router_expert_bias: the balancing bias needs router_score sigmoid (Megatron: expert "
                              "bias for aux-loss-free routing only supports sigmoid scores)")
@@ -354,6 +361,9 @@ class ModelSpec(_Part):
             raise ValueError("qkv_bias: biases: true has the q/k/v biases already (drop qkv_bias)")
         if self.qkv_bias and self.mla:
             raise ValueError("qkv_bias: MLA's projections are not q/k/v ones (drop qkv_bias)")
+        if self.window_full_every == 1:
+            raise ValueError("window_full_every 1 gives every layer full attention, so no layer uses "
+                             "attention_window; drop both, or give every N >= 2")
         if self.window_full_every is not None and self.attention_window is None:
             raise ValueError(f"window_full_every ({self.window_full_every}) places full-attention layers among "
                              "windowed ones; attention_window is not set")

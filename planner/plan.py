@@ -103,6 +103,8 @@ MODULE_DTYPES: tuple[str, ...] = get_args(ModuleDtype)
 # "torch-fsdp2": PyTorch FSDP2 (Megatron --use-torch-fsdp2, torchtitan); "deepspeed": DeepSpeed ZeRO.
 DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
 DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
+# distinct layouts one search returns (planner.search.plan's top_k, `planner plan --top`)
+MAX_TOP_K = 1000
 KernelStack = Literal["te", "torch-eager", "torch-compile"]
 # The loss kernel (planner/analytical/kernels.py): "fp32" softmax cross-entropy over fp32 logits
 # (Megatron's vocab-parallel loss, torch F.cross_entropy on .float() logits); "flash-attn" the

@@ -38,7 +38,7 @@ from planner.analytical.memory import memory_breakdown
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.pipeline_layout import plan_layout
-from planner.plan import JobSpec, Plan
+from planner.plan import MAX_TOP_K, JobSpec, Plan
 from planner.threads import map_in_order
 from planner.ties import TIE_REL_TOL, rank_with_ties
 
@@ -90,9 +90,6 @@ def _objective(est: Estimate, seq: int, free: bool) -> float:
 def _row_plan(table: Table, i: int) -> Plan:
     sub = {k: v[i:i + 1] for k, v in table.rows.items()}
     return plan_arrays(table.space, sub).row(0)
-
-
-MAX_TOP_K = 1000  # distinct layouts a search returns (`planner plan --top` takes the same cap)
 
 
 def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,

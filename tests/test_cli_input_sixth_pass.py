@@ -116,7 +116,8 @@ def test_the_divisibility_hint_names_the_defaulted_knob():
     line = one_line_error(run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64"]))
     assert "tp 8, pp 8 by default" in line and "set --tp or --pp" in line and "--dp" not in line, line
     # a layout flag given: the rest is tp=pp=cp=1, as `planner megatron` reads it (was pp 8: refused)
-    assert run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2"]).exit_code in (0, 1)
+    tp2 = run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "2", "--json"])
+    assert tp2.exit_code == 0 and json.loads(tp2.stdout)["plan"]["pp"] == 1, tp2.output
 
 
 def test_an_unknown_dtype_is_named_as_the_flag():

@@ -66,7 +66,7 @@ def test_the_launch_trains_the_named_models_rope_base_norms_and_mla_latent_norms
     custom = runner.invoke(app, ["megatron", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1"])
     assert custom.exit_code == 0, custom.output
     assert "--rotary-base 123457" in custom.stdout and "launched as --rotary-base 123457" in custom.stderr
-    assert "gives no norm-epsilon: Megatron's default (--norm-epsilon 1e-5) is launched" in " ".join(custom.stdout.split())
+    assert "gives no norm-epsilon: Megatron's default (--norm-epsilon 1e-05) is launched" in " ".join(custom.stdout.split())
 
 
 def test_a_plan_file_beside_other_flags_says_what_clashes_with_numbers(tmp_path):
@@ -138,7 +138,6 @@ def test_llama3_rope_scaling_is_launched_as_the_checkpoint_has_it(tmp_path):
 def test_a_sweep_table_reads_in_80_columns(tmp_path):
     """At 80 columns the grid values read 'lla…' and each infeasible point's reason ran 40 lines
     of 4-character fragments: the values are whole, the reasons follow the table one per line."""
-    from planner.cli.console import Console  # noqa: F401 (the CLI's console honours COLUMNS)
     r = runner.invoke(app, ["sweep", "-s", "h100-sxm", "-g", "8", "-b", "64", "--vary", "model=llama3.2-1b,llama3.1-405b",
                             "--vary", "hbm_gib=40,80", "-o", str(tmp_path / "sw")], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
@@ -283,3 +282,36 @@ def test_a_users_reference_rows_are_not_reported_as_fitted(tmp_path):
     fitted = lambda path: sum(c.fit for c in load_reference(path)[0])  # noqa: E731
     assert fitted(packaged) == fitted(copy) > 0
     assert fitted(mine) == 0
+
+
+def test_review_findings_on_routers_windows_and_rope_bands(tmp_path):
+    """DeepSeek-V2 routes by a softmax over all experts, not renormalised (norm_topk_prob false):
+    launched with --moe-router-pre-softmax beside its 16x scaling. A Gemma-3 config that leaves
+    sliding_window_pattern to its class's default (6) is not windowed on every layer, and its
+    windowed layers' own RoPE base is said. Llama 3.x scaling names Megatron's fixed bands. --cp
+    alone is a layout to `megatron` as to `estimate`."""
+    from planner.hf_config import approximation_notes
+    from planner.model import load_model
+    from pathlib import Path
+    r = runner.invoke(app, ["megatron", "-m", "deepseek-v2", "-s", "h100-sxm", "-g", "128", "-b", "256", "--tp", "2",
+                            "--pp", "4", "--ep", "16", "--etp", "1", "--recompute", "full", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    argv = json.loads(r.stdout)["argv"]
+    assert "--moe-router-pre-softmax" in argv and argv[argv.index("--moe-router-topk-scaling-factor") + 1] == "16"
+    cfg = json.loads(open("tests/fixtures/hf/gemma-3-12b/config.json").read())
+    (cfg.get("text_config") or cfg).pop("sliding_window_pattern")
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    gemma = load_model(str(tmp_path))
+    assert (gemma.attention_window, gemma.window_full_every) == (1024, 6)
+    notes = approximation_notes(Path(tmp_path / "config.json"), 4096)
+    assert any("rope_local_base_freq 10000" in n and "one --rotary-base" in n for n in notes), notes
+    scout = runner.invoke(app, ["megatron", "-m", "llama4-scout", "-s", "h100-sxm", "-g", "64", "-b", "64", "--tp", "4",
+                                "--ep", "16", "--recompute", "full", "--format", "json"])
+    assert any("fixed frequency bands" in n for n in json.loads(scout.stdout)["notes"])
+    cp = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--cp", "2"]
+    est = json.loads(runner.invoke(app, ["estimate", *cp, "--json"]).stdout)["plan"]
+    launch = runner.invoke(app, ["megatron", *cp, "--format", "json"])
+    assert launch.exit_code == 0, launch.output
+    argv = json.loads(launch.stdout)["argv"]
+    assert argv[argv.index("--context-parallel-size") + 1] == "2"
+    assert (est["tp"], est["pp"], est["cp"], est["dp"]) == (1, 1, 2, 4)

@@ -327,6 +327,9 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
             assert (cfg["moe_router_score_function"], cfg["moe_router_enable_expert_bias"],
                     cfg["moe_router_topk_scaling_factor"]) == (m.moe.router_score, m.moe.router_expert_bias,
                                                                m.moe.router_topk_scale), label
+            # softmax over all experts first: the checkpoint's (DeepSeek-V2) or Megatron's top-1 rule
+            assert cfg["moe_router_pre_softmax"] == (m.moe.router_pre_softmax or (
+                m.moe.top_k == 1 and m.moe.router_score == "softmax")), label
         if not m.biases or not (m.moe and m.moe.shared_experts > 1):
             assert back.num_params == m.num_params, label  # one shared MLP: (n-1)·h fewer biases
         # the vocabulary (unpadded where tp divides it), dropout

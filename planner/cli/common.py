@@ -56,7 +56,6 @@ TpAcrossNodesOpt = Annotated[bool, typer.Option(
 from hardware.spec import MAX_GPUS  # noqa: E402  a million GPUs: -g and a system file's num_gpus alike
 MAX_GLOBAL_BATCH = 1 << 20     # sequences per step (Llama 3 405B used 2,048 sequences of 8K)
 MAX_WORKERS = 256              # local worker processes (-j): each holds the model in memory
-MAX_TOP = 1000                 # layouts `plan --top` may return (planner.search.MAX_TOP_K)
 
 
 def check_int(flag: str, value: int | None, low: int = 1, high: int | None = None) -> None:
@@ -198,11 +197,10 @@ def check_dtype_on_system(dtype: str, system: SystemSpec) -> None:
     words for a --dtype flag and a plan file's job.dtype)."""
     allowed = training_dtypes(system)
     if dtype in training_dtypes() and dtype not in allowed:
-        from planner.megatron import gpu_arch_major
         from planner.megatron.expressible import PRECISION_MIN_ARCH
-        from planner.megatron.launch import arch_text
-        arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[dtype]
-        why = f" ({dtype} needs compute capability {need}.x or newer; it is {arch_text(system)})" if arch < need else ""
+        from planner.megatron.launch import arch_text, compute_capability
+        arch, need = compute_capability(system), PRECISION_MIN_ARCH[dtype]
+        why = f" ({dtype} needs compute capability {need:.1f} or newer; it is {arch_text(system)})" if arch < need else ""
         raise SpecError(f"dtype: {system.accelerator.name} has no {dtype} GEMM peak{why}; allowed on it: "
                         f"{', '.join(allowed)}")
 
@@ -506,6 +504,8 @@ MoeImbalanceOpt = Annotated[Optional[float], typer.Option("--moe-imbalance", hel
 MoeImbalancePlanOpt = Annotated[Optional[float], typer.Option(
     "--moe-imbalance", help=MOE_IMBALANCE_HELP + " Default: the --plan file's, else 1.0.")]
 
+# The flags that make plan flags a layout (the rest of it then tp=pp=cp=1, dp filling the GPUs)
+LAYOUT_FLAGS = ("tp", "pp", "dp", "cp")
 # Knobs a plan given by flags takes where the user sets none: what NVIDIA's Megatron recipes set
 # (sequence parallelism with tp, the distributed optimizer, overlapped DP communication), shared by
 # `planner estimate` and `planner megatron` so that the same flags cost and launch the same plan.

@@ -58,6 +58,7 @@ from planner.cli.common import (
     VppOpt,
     ZeroOpt,
     MAX_GLOBAL_BATCH,
+    LAYOUT_FLAGS,
     PERF_KNOBS,
     RECIPE_KNOB_DEFAULTS,
     CrossEntropyFusionOpt,
@@ -172,7 +173,7 @@ def estimate_command(
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         # the default example's tp 8 pp 8 only where no layout is given: --tp 2 alone is tp 2 pp 1,
         # as `planner megatron` reads the same flags
-        layout_given = any(k in knobs for k in ("tp", "pp", "dp", "cp"))
+        layout_given = any(k in knobs for k in LAYOUT_FLAGS)
         plan = plan_from_knobs(knobs, system_spec.num_gpus, global_batch or DEFAULT_BATCH,
                                RECIPE_KNOB_DEFAULTS if layout_given else ESTIMATE_DEFAULTS,
                                model_spec.seq_length, expert_biases=model_spec.moe is not None and model_spec.biases,

@@ -10,6 +10,7 @@ import typer
 from hardware.errors import SpecError, refuse_dash, shortened
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
+    LAYOUT_FLAGS,
     PERF_KNOBS,
     RECIPE_KNOB_DEFAULTS,
     CrossEntropyFusionOpt,
@@ -71,7 +72,6 @@ from planner.plan import load_plan
 
 FORMATS = ("script", "args", "json")
 GIB = 2**30
-# Plan switches only `planner megatron` takes as flags (a plan file may carry them too).
 
 MegatronReserveOpt = Annotated[Optional[float], typer.Option(
     "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation (GiB; "
@@ -122,7 +122,7 @@ def megatron_command(
     """Emit Megatron-LM `pretrain_gpt.py` arguments (hybrid Mamba stacks: `pretrain_mamba.py`)
     and a torchrun script for a plan.
 
-    The plan comes from --plan FILE, from plan flags that include --tp, --pp or --dp (unset knobs: tp=pp=cp=1, dp fills the GPUs,
+    The plan comes from --plan FILE, from plan flags that include --tp, --pp, --dp or --cp (unset knobs: tp=pp=cp=1, dp fills the GPUs,
     sequence parallelism where tp > 1, ZeRO-1 with overlapped DP communication: the plan `planner estimate` costs for the same flags),
     or, with neither, from the search: `planner plan`'s best plan for the same options (global
     batch 1536 unless -b is given). The plan must pass the rules and memory check of
@@ -191,7 +191,7 @@ def _plan_and_job(o: dict, model, system):
         refuse_plan_file_contradictions(plan, model, job, o["plan_file"])
         return plan, job
     job = _job(o, model, system)
-    if any(o[k] is not None for k in ("tp", "pp", "dp")):
+    if any(o[k] is not None for k in LAYOUT_FLAGS):
         # the knobs `planner estimate` fills for the same flags (SP where tp > 1 splits the sequence:
         # plan_from_knobs turns a default SP off where it does not; Megatron's MoE layers at tp > 1
         # need it)
@@ -200,7 +200,7 @@ def _plan_and_job(o: dict, model, system):
                                layers=model.layers), job
     if given or perf:
         first = next(iter({**given, **perf})).replace("_", "-")
-        raise SpecError(f"plan: --{first} describes a plan only beside --tp, --pp or --dp (unset: tp=pp=cp=1, "
+        raise SpecError(f"plan: --{first} describes a plan only beside --tp, --pp, --dp or --cp (unset: tp=pp=cp=1, "
                         "dp fills the GPUs); add one, or give --plan FILE, or no plan flags for `planner plan`'s best")
     from planner.recommend import recommended_plan
     plan = recommended_plan(model, system, job)

@@ -59,7 +59,6 @@ from planner.cli.common import (
     VppOpt,
     ZeroOpt,
     MAX_GLOBAL_BATCH,
-    MAX_TOP,
     EtpOpt,
     RecomputeModulesOpt,
     check_int,
@@ -69,6 +68,7 @@ from planner.cli.common import (
     make_job,
 )
 from planner.model import load_model, model_preset_names
+from planner.plan import MAX_TOP_K
 
 GIB = 2**30
 
@@ -382,7 +382,7 @@ def register(app: typer.Typer) -> None:
 
 def _plan(o: dict) -> None:
     from planner.recommend import recommend
-    check_int("top", o["top"], 1, MAX_TOP)
+    check_int("top", o["top"], 1, MAX_TOP_K)
     check_new_file("save", o["save"])
     model, system, job = _inputs(o)
     result = recommend(model, system, job, top_k=o["top"], allow_unmeasured=o["allow_unmeasured"])

@@ -17,6 +17,7 @@ from planner.analytical import kernels
 from planner.pipeline_layout import fullest_rank_layers, pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
 from planner.megatron import hybrid, te_precision
+from planner.megatron.rules import DEFAULT_NORM_EPSILON, DEFAULT_ROPE_SCALING_FACTOR, DEFAULT_ROTARY_BASE
 from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch, arch_is_assumed, gpu_arch_major
 from planner.model import ModelSpec
 from planner.plan import JobSpec, Plan
@@ -129,7 +130,9 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
         return []
     a: list[Arg] = [("--num-experts", str(moe.num_experts)), ("--moe-router-topk", str(moe.top_k)),
                     ("--moe-ffn-hidden-size", str(model.expert_ffn_hidden))]
-    if moe.top_k == 1 and moe.router_score == "softmax":
+    if moe.router_pre_softmax:  # the checkpoint's routing: softmax over all experts, not renormalised
+        a.append(("--moe-router-pre-softmax", None))
+    elif moe.top_k == 1 and moe.router_score == "softmax":
         # a softmax over the one chosen logit is 1 with zero gradient, so Megatron refuses top-1
         # softmax routing unless the softmax runs over all experts first (transformer_config.py:
         # "Please use --moe-router-pre-softmax when topk is 1"; Switch Transformer routing,
@@ -240,7 +243,7 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
             # Llama 3.x's long-context frequencies (rotary_pos_embedding.py _apply_scaling: low/high
             # frequency factors 1 and 4 over an original 8192 context, Llama 3.1's values)
             add("--use-rope-scaling")
-            add("--rope-scaling-factor", f"{model.rope_scaling_factor or 8.0:g}")
+            add("--rope-scaling-factor", f"{model.rope_scaling_factor or DEFAULT_ROPE_SCALING_FACTOR:g}")
         if model.rope_scaling == "yarn":
             # costed as Megatron-Bridge runs YaRN: unfused RoPE (kernels.UNFUSED_ROPE_BYTES); the
             # launch runs that kernel path, with plain RoPE frequencies (YaRN's are not in the spec)
@@ -449,9 +452,13 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     if arch_is_assumed(system):  # fused attention, FP8 and the flex backend follow from it
         notes.append(f"{system.accelerator.name} is no NVIDIA product name the planner reads and its file gives no "
                      f"compute_capability: {gpu_arch_major(system)}.0 was assumed (set accelerator.compute_capability)")
-    unstated = [f"--{flag} {default}" for field, flag, default in (("rope_base", "rotary-base", "10000"),
-                                                                  ("norm_epsilon", "norm-epsilon", "1e-5"))
+    unstated = [f"--{flag} {default:g}" for field, flag, default in (("rope_base", "rotary-base", DEFAULT_ROTARY_BASE),
+                                                                    ("norm_epsilon", "norm-epsilon", DEFAULT_NORM_EPSILON))
                 if getattr(model, field) is None and (field != "rope_base" or model.position_embedding == "rope")]
+    if model.rope_scaling == "llama3":  # the model spec has the factor, not the bands
+        notes.append("Llama 3.x RoPE scaling is launched with Megatron's fixed frequency bands (low 1, high 4 over "
+                     "8192 tokens: Llama 3.1's and 3.2's); a checkpoint with other bands (Llama 4 Scout's config: "
+                     "1 and 1) trains other frequencies there")
     if unstated:  # numbers the cost does not read but the trained model does
         notes.append(f"the model spec gives no {' or '.join(f.split()[0][2:] for f in unstated)}: Megatron's "
                      f"default{'s' if len(unstated) > 1 else ''} ({', '.join(unstated)}) "
@@ -479,7 +486,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                              + (f" (full attention every {model.window_full_every} layers)"
                                 if model.window_full_every else ""), model.attention_window is not None),
                             ("the learnable sinks", model.attention_sinks)) if on)
-            + " are launched but costed as full causal attention with a plain softmax: the time printed for "
+            + (" are" if model.attention_window is not None and model.attention_sinks else " is")
+            + " launched but costed as full causal attention with a plain softmax: the time printed for "
             "the attention core is an upper bound")
     if model.rope_scaling == "yarn":
         notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "

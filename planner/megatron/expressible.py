@@ -7,14 +7,14 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical.offload import offloaded_layers
 from planner.pipeline_layout import fullest_rank_layers, layout_not_expressible
-from planner.megatron.launch import arch_text, gpu_arch_major
+from planner.megatron.launch import arch_text, compute_capability
 from planner.model import ModelSpec
 from planner.plan import DEFAULT_RECOMPUTE_MODULES, JobSpec, Plan, applicable_recompute_modules
 
 # Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
 # (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
-PRECISION_MIN_ARCH: dict[str, int] = {"bf16": 8, "fp16": 7, "fp8": 9, "fp8-cs": 9, "fp8-block": 9, "mxfp8": 10,
-                                      "nvfp4": 10}
+PRECISION_MIN_ARCH: dict[str, float] = {"bf16": 8.0, "fp16": 7.0, "fp8": 8.9, "fp8-cs": 8.9, "fp8-block": 9.0,
+                                        "mxfp8": 10.0, "nvfp4": 10.0}
 # Precisions whose compute weights Megatron can keep (and gather) in FP8 (--fp8-param-gather).
 FP8_PARAM_DTYPES = ("fp8", "fp8-cs", "fp8-block", "mxfp8")
 
@@ -223,9 +223,9 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
     """Why `planner megatron` must not emit this plan for this system (empty = emit): plan-level
     rules, torchrun geometry, precision the GPU lacks, and overlap Megatron-FSDP would force."""
     reasons = not_expressible(plan, model, job) + launch_problems(plan, system)
-    arch, need = gpu_arch_major(system), PRECISION_MIN_ARCH[job.dtype]
+    arch, need = compute_capability(system), PRECISION_MIN_ARCH[job.dtype]
     if arch < need:
-        reasons.append(f"dtype: {job.dtype} needs compute capability {need}.x or newer; "
+        reasons.append(f"dtype: {job.dtype} needs compute capability {need:.1f} or newer; "
                        f"{system.accelerator.name} is {arch_text(system)}")
     # the launch keeps 16-bit parameters beside fp32 master weights whatever the costing said
     # (a plan file's job.bytes_per_param): a plan costed otherwise is not what Megatron would run

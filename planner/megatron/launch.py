@@ -84,24 +84,33 @@ NVIDIA_ARCH_BY_NAME = (
 ASSUMED_ARCH = 9
 
 
-def gpu_arch_major(system: SystemSpec) -> int:
-    """Compute-capability major of the accelerator: its `compute_capability`, else read from an
-    NVIDIA product name (V100 7, A100 8, H100/H200/GH200 9, B200/GB200/B300 10), else ASSUMED_ARCH
-    (`arch_is_assumed` says when)."""
+def _arch_from_name(name: str) -> int | None:
+    """The compute-capability major of an NVIDIA product name in `name`, or None."""
+    return next((arch for pattern, arch in NVIDIA_ARCH_BY_NAME if pattern.search(name.upper())), None)
+
+
+def compute_capability(system: SystemSpec) -> float:
+    """The accelerator's compute capability: its `compute_capability`, else read from an NVIDIA
+    product name (V100 7.0, A100 8.0, H100/H200/GH200 9.0, B200/GB200/B300 10.0), else
+    ASSUMED_ARCH (`arch_is_assumed` says when)."""
     acc = system.accelerator
     if acc.compute_capability is not None:
-        return int(acc.compute_capability)
-    name = acc.name.upper()
-    return next((arch for pattern, arch in NVIDIA_ARCH_BY_NAME if pattern.search(name)), ASSUMED_ARCH)
+        return float(acc.compute_capability)
+    return float(_arch_from_name(acc.name) or ASSUMED_ARCH)
+
+
+def gpu_arch_major(system: SystemSpec) -> int:
+    """The compute capability's major version (7 Volta, 8 Ampere, 9 Hopper, 10 Blackwell)."""
+    return int(compute_capability(system))
 
 
 def arch_is_assumed(system: SystemSpec) -> bool:
-    """No compute_capability and no NVIDIA product name: gpu_arch_major assumed ASSUMED_ARCH."""
+    """No compute_capability and no NVIDIA product name: ASSUMED_ARCH was taken."""
     acc = system.accelerator
-    return acc.compute_capability is None and not any(p.search(acc.name.upper()) for p, _ in NVIDIA_ARCH_BY_NAME)
+    return acc.compute_capability is None and _arch_from_name(acc.name) is None
 
 
 def arch_text(system: SystemSpec) -> str:
-    """The compute capability as an error message says it: "9.x", or that it was assumed."""
-    arch = gpu_arch_major(system)
-    return (f"{arch}.x, assumed: set accelerator.compute_capability" if arch_is_assumed(system) else f"{arch}.x")
+    """The compute capability as an error message says it: "9.0", or that it was assumed."""
+    cc = compute_capability(system)
+    return f"{cc:.1f}, assumed: set accelerator.compute_capability" if arch_is_assumed(system) else f"{cc:.1f}"

@@ -18,6 +18,13 @@ class _Parser(argparse.ArgumentParser):
         raise _ArgError(message)
 
 
+# Megatron-LM 0.19.2's defaults for what a launch leaves out (training/arguments.py --rotary-base,
+# --rope-scaling-factor; transformer_config.py layernorm_epsilon)
+DEFAULT_ROTARY_BASE = 10000
+DEFAULT_NORM_EPSILON = 1e-5
+DEFAULT_ROPE_SCALING_FACTOR = 8.0
+
+
 def _build_parser() -> _Parser:
     # Megatron's parser is built with allow_abbrev=False: `--fp8` is NOT `--fp8-format`.
     p = _Parser(prog=ENTRYPOINT, allow_abbrev=False, add_help=False)
@@ -95,12 +102,12 @@ def _build_parser() -> _Parser:
     p.add_argument("--moe-router-topk-scaling-factor", type=float, default=None)
     p.add_argument("--glu-linear-offset", type=float, default=0.0)
     p.add_argument("--rotary-percent", type=float, default=1.0)
-    p.add_argument("--rotary-base", type=int, default=10000)
-    p.add_argument("--rope-scaling-factor", type=float, default=8.0)
+    p.add_argument("--rotary-base", type=int, default=DEFAULT_ROTARY_BASE)
+    p.add_argument("--rope-scaling-factor", type=float, default=DEFAULT_ROPE_SCALING_FACTOR)
     p.add_argument("--window-size", default=None)  # "W,0": Megatron's tuple_type
     p.add_argument("--window-attn-skip-freq", default=None)  # an int or a Python-list pattern
     p.add_argument("--softmax-type", default="vanilla", choices=("vanilla", "off-by-one", "learnable"))
-    p.add_argument("--norm-epsilon", type=float, default=1e-5)
+    p.add_argument("--norm-epsilon", type=float, default=DEFAULT_NORM_EPSILON)
     p.add_argument("--activation-func-clamp-value", type=float, default=None)
     p.add_argument("--moe-layer-freq", default="1")  # an int or a Python-list pattern
     p.add_argument("--attention-dropout", type=float, default=0.1)
