@@ -45,7 +45,7 @@ def test_nvl72_domain_and_bandwidth():
 @pytest.mark.parametrize("dtype", ["mxfp8", "nvfp4"])
 def test_hopper_has_no_block_scaled_formats(dtype):
     model, system = load_model("llama3-8b"), load_system("h100-sxm", 8)
-    with pytest.raises(SpecError, match=f"dtype: H100-SXM5-80GB has no {dtype} peak"):
+    with pytest.raises(SpecError, match=f"dtype: H100-SXM5-80GB has no {dtype} GEMM peak; allowed on it: bf16, fp16, fp8"):
         estimate(model, system, Plan(dp=8, global_batch=8), JobSpec(dtype=dtype))
     result = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--tp", "1", "--pp", "1",
                                  "-b", "8", "--dtype", dtype])

@@ -261,6 +261,10 @@ def check_api_inputs(model, system, job=None, plan=None) -> None:
         if not isinstance(value, kind) and not (optional and value is None):
             raise SpecError(f"{name}: expected a {kind.__name__} (e.g. {how}), got {type(value).__name__} "
                             f"{shortened(str(value))!r}")
+    allowed = precision.training_dtypes(system)
+    if job is not None and job.dtype not in allowed:  # the training precisions, not the peak table's keys
+        raise SpecError(f"dtype: {system.accelerator.name} has no {job.dtype} GEMM peak; allowed on it: "
+                        f"{', '.join(allowed)}")
 
 
 def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:

@@ -112,3 +112,13 @@ def mlp_quantised_elements(hidden: int, mlp_width: float, ffn: float, rows_per_t
     mlp = w + w if fused_mlp else (w + ffn) + (mlp_width + w)
     shared = (hidden + shared_ffn) + (shared_mlp_width + hidden) if shared_ffn else 0.0
     return rows_per_token * mlp + shared
+
+
+def training_dtypes(system=None) -> list[str]:
+    """The precisions a job may name (JobSpec.dtype); with `system`, those its GPU has the peaks
+    for: the GEMMs' (fp8-cs and fp8-block run at the fp8 peak) and the 16-bit one the attention core
+    and LM head keep."""
+    if system is None:
+        return list(GEMM_PEAK_KEY)
+    peaks = system.accelerator.peak_flops
+    return [d for d, key in GEMM_PEAK_KEY.items() if key in peaks and high_precision_dtype(d) in peaks]

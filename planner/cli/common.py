@@ -11,6 +11,7 @@ import typer
 from hardware import load_system
 from hardware.errors import SpecError, refuse_dash, shortened
 from hardware.spec import SystemSpec
+from planner.analytical.precision import training_dtypes  # noqa: F401  (re-exported: cli modules use it)
 from planner.model import MAX_SEQ_LENGTH, ModelSpec, load_model
 from planner.plan import parse_recompute_modules
 
@@ -213,17 +214,6 @@ def check_module_dtypes_on_system(module_dtypes: dict | None, system: SystemSpec
             check_dtype_on_system(module_dtype, system)
         except SpecError as err:
             raise SpecError(f"{where}: {group}={module_dtype}: {str(err).removeprefix('dtype: ')}") from None
-
-
-def training_dtypes(system: SystemSpec | None = None) -> list[str]:
-    """The precisions a job may name (JobSpec.dtype); with `system`, those its GPU has the peaks
-    for: the GEMMs' (fp8-cs and fp8-block run at the fp8 peak) and the 16-bit one the attention core
-    and LM head keep."""
-    from planner.analytical.precision import GEMM_PEAK_KEY, high_precision_dtype
-    if system is None:
-        return list(GEMM_PEAK_KEY)
-    peaks = system.accelerator.peak_flops
-    return [d for d, key in GEMM_PEAK_KEY.items() if key in peaks and high_precision_dtype(d) in peaks]
 
 
 def make_job(global_batch: int | None = None, max_global_batch: int = DEFAULT_MAX_GLOBAL_BATCH, dtype: str | None = None,
