@@ -66,7 +66,7 @@ RESULT_COLUMNS = [
     "model", "system", "num_gpus", "feasible", "plan", "tp", "pp", "dp", "cp", "ep", "vpp",
     "micro_batch", "global_batch", "recompute", "zero_stage", "offload_weights",
     "offload_activations", "offload_optimizer", "step_time_s", "mfu", "tokens_per_s",
-    "hbm_used_gib", "offload_used_gib", "reason", "search_s",
+    "hbm_used_gib", "offload_used_gib", "reason", "search_s", "plan_json",
 ]
 
 
@@ -354,6 +354,9 @@ def result_row(params: dict, model: ModelSpec, system: SystemSpec, best, reason:
         "offload_activations": p.offload_activations, "offload_optimizer": p.offload_optimizer,
         "step_time_s": e.step_time_s, "mfu": e.mfu, "tokens_per_s": e.tokens_per_s,
         "hbm_used_gib": e.hbm_bytes / GIB, "offload_used_gib": e.offload_bytes / GIB, "reason": "",
+        # every field of the plan (SP, overlaps, etp, the stage layout, ...): the row reproduces as
+        # a plan file's `plan:` mapping, which the `plan` string's short form does not
+        "plan_json": p.model_dump_json(exclude_defaults=True),
     })
     return row
 

@@ -147,6 +147,18 @@ def test_a_sweep_table_reads_in_80_columns(tmp_path):
     reasons = lines[lines.index("No plan fits at:") + 1:]
     assert reasons[0].startswith("  model=llama3.1-405b, hbm_gib=40.0: memory:")
     assert len(lines) < 40
+    # a CSV row's plan_json is the whole plan: it reproduces the row's step time
+    import csv
+
+    from hardware import load_system
+    from planner import JobSpec, Plan, estimate
+    from planner.model import load_model
+    from planner.sweep import apply_params
+    row = next(r for r in csv.DictReader(open(tmp_path / "sw" / "sweep.csv")) if r["feasible"] == "True")
+    model, system, job = apply_params(load_model(row["model"]), load_system("h100-sxm", 8), JobSpec(),
+                                      {"hbm_gib": float(row["hbm_gib"])})[:3]
+    again = estimate(model, system, Plan.model_validate_json(row["plan_json"]))
+    assert f"{again.step_time_s:.6g}" == row["step_time_s"]
 
 
 def test_sliding_windows_and_sinks_are_launched_as_the_checkpoint_has_them(tmp_path):
