@@ -105,8 +105,13 @@ def window_fields(cfg: dict) -> dict:
                 return out
     elif cfg.get("model_type") == "gemma2":
         every = 2
-    elif isinstance(cfg.get("sliding_window_pattern"), int) and cfg["sliding_window_pattern"] > 1:
+    elif isinstance(cfg.get("sliding_window_pattern"), int):
         every = cfg["sliding_window_pattern"]
+        if every == 1:  # every layer keeps full attention: no window
+            return out
+    layers = cfg.get("num_hidden_layers")
+    if every and isinstance(layers, int) and every > layers:
+        every = None  # no layer reaches it: every layer windowed
     return {**out, "attention_window": int(window), **({"window_full_every": every} if every else {})}
 
 
@@ -122,6 +127,8 @@ def sliding_window_note(cfg: dict, seq_length: int) -> str:
     if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or window >= seq_length \
             or cfg.get("use_sliding_window") is False:
         return ""
+    if (kinds and not sliding) or cfg.get("sliding_window_pattern") == 1:
+        return ""  # every layer keeps full attention
     which = f"{sliding} of {len(kinds)} layers'" if sliding else "the"  # (Gemma-2 alternates, unlisted)
     launched = ("the Megatron launch sets it (--window-size)" if "attention_window" in window_fields(cfg) else
                 "the Megatron launch sets no window (a layer pattern --window-attn-skip-freq cannot say)")
@@ -212,7 +219,9 @@ AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "expert
 MAX_CONFIG_INTEGER = 1 << 40
 # The config key behind each ModelSpec field this reader fills from one key, for messages: an error
 # on `query_groups` names num_key_value_heads, the key the user wrote
-CONFIG_KEY_OF_FIELD = {"layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
+CONFIG_KEY_OF_FIELD = {"attention_window": "sliding_window", "window_full_every": "sliding_window_pattern",
+                       "rope_scaling_factor": "rope_scaling.factor", "norm_epsilon": "rms_norm_eps",
+                       "rope_base": "rope_theta", "layers": "num_hidden_layers", "hidden": "hidden_size", "heads": "num_attention_heads",
                        "query_groups": "num_key_value_heads", "head_dim": "head_dim", "ffn": "intermediate_size",
                        "vocab": "vocab_size", "mtp_layers": "num_nextn_predict_layers",
                        "moe.top_k": "num_experts_per_tok", "moe.shared_experts": "n_shared_experts",
@@ -375,13 +384,25 @@ def _check_types(cfg: dict, path: Path) -> None:
         raise bad("routed_scaling_factor", "a number from 0.001 to 1000 (the routed experts' weight)")
     if cfg.get("scoring_func") is not None and cfg["scoring_func"] not in ROUTER_SCORES:
         raise bad("scoring_func", f"one of {', '.join(ROUTER_SCORES)}")
+    pattern = cfg.get("sliding_window_pattern")
+    if pattern is not None and not (finite_number(pattern) and float(pattern).is_integer() and 1 <= pattern <= 1 << 20):
+        raise bad("sliding_window_pattern", "an integer >= 1 (every N-th layer keeps full attention)")
+    if isinstance(pattern, float):
+        cfg["sliding_window_pattern"] = int(pattern)
+    given_eps = {k: cfg[k] for k in NORM_EPS_KEYS if cfg.get(k) is not None}
+    if len(set(map(str, given_eps.values()))) > 1:
+        raise SpecError(f"model {path}: the norms' epsilon is given twice and differs "
+                        f"({', '.join(f'{k} {_shown(v)}' for k, v in given_eps.items())}); keep one")
+    if cfg.get("topk_method") == "noaux_tc" and cfg.get("scoring_func") == "softmax":
+        raise SpecError(f"model {path}: topk_method noaux_tc balances sigmoid scores (DeepSeek-V3 §2.1.2); "
+                        "scoring_func is softmax: change one of the two")
     theta = cfg.get("rope_theta")
     if theta is not None and not (finite_number(theta) and 1 <= theta <= 1e12):
         raise bad("rope_theta", "a number from 1 to 1e12 (RoPE's base frequency)")
     for key in NORM_EPS_KEYS:
         eps = cfg.get(key)
-        if eps is not None and not (finite_number(eps) and 0 < eps < 0.1):
-            raise bad(key, "a number > 0 and < 0.1 (the norms' epsilon)")
+        if eps is not None and not (finite_number(eps) and 1e-12 <= eps <= 0.1):
+            raise bad(key, "a number from 1e-12 to 0.1 (the norms' epsilon)")
     limit = cfg.get("swiglu_limit")
     if limit is not None and not (finite_number(limit) and limit > 0):  # JSON's NaN token parses
         raise bad("swiglu_limit", "a finite number > 0 (or null: no clamp)")
@@ -416,11 +437,25 @@ def _check_types(cfg: dict, path: Path) -> None:
         if not isinstance(kind, str) or not kind.strip():
             raise SpecError(f"model {path}: rope_scaling.{key} must be a name such as {', '.join(ROPE_TYPES)}, "
                             f"got {_shown(kind)}")
-        # a name transformers may add later is read as the others: only YaRN is costed apart
+        # a name transformers may add later is read as the others: only YaRN is costed apart and
+        # llama3 launched; a known name in another case is a slip transformers would refuse
+        if kind not in ROPE_TYPES and kind.lower() in ROPE_TYPES:
+            raise SpecError(f"model {path}: rope_scaling.{key} {_shown(kind)} is not a name transformers reads; "
+                            f"did you mean {kind.lower()!r}? (allowed: {', '.join(ROPE_TYPES)})")
         factor = rope.get("factor")
         if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float))
                                    or not 0 < factor < float("inf")):
             raise SpecError(f"model {path}: rope_scaling.factor must be a number > 0, got {_shown(factor)}")
+        if kind == "llama3" and factor is not None and not 1 <= factor <= 1e4:
+            raise SpecError(f"model {path}: rope_scaling.factor must be a number from 1 to 10000 for llama3 "
+                            f"scaling (Llama 3.1: 8), got {_shown(factor)}")
+        for band in MEGATRON_LLAMA3_ROPE:  # Llama 3.x's frequency bands: positive numbers, a whole context
+            value = rope.get(band)
+            whole = band == "original_max_position_embeddings"
+            if value is not None and not (finite_number(value) and value > 0
+                                          and (not whole or float(value).is_integer())):
+                raise SpecError(f"model {path}: rope_scaling.{band} must be "
+                                f"{'an integer >= 1' if whole else 'a number > 0'}, got {_shown(value)}")
 
 
 def find_config_json(ref: str, preset_names: Iterable[str] = ()) -> Path | None:

@@ -345,6 +345,21 @@ class ModelSpec(_Part):
             raise ValueError("mamba: a Mamba mixer needs hybrid_pattern (which layers are Mamba blocks)")
         return self
 
+    def uncosted_attention(self) -> str:
+        """What of the attention is launched but costed as full causal attention with a plain
+        softmax (a window shorter than the sequence, GPT-OSS's sinks), as a sentence; "" if nothing."""
+        parts = []
+        if self.attention_window is not None and self.attention_window < self.seq_length:
+            parts.append(f"the {self.attention_window}-token sliding window"
+                         + (f" (full attention every {self.window_full_every} layers)" if self.window_full_every else ""))
+        if self.attention_sinks:
+            parts.append("the learnable attention sinks")
+        if not parts:
+            return ""
+        return (" and ".join(parts) + (" is" if parts == parts[:1] and not self.attention_sinks else " are")
+                + " launched but costed as full causal attention with a plain softmax: the attention core's "
+                "time is an upper bound")
+
     def _check_no_idle_fields(self) -> None:
         """A field that changes nothing beside the others is a mistake in the file, not a no-op."""
         if self.activation_clamp is not None and self.activation != "swiglu":
@@ -361,6 +376,9 @@ class ModelSpec(_Part):
             raise ValueError("qkv_bias: biases: true has the q/k/v biases already (drop qkv_bias)")
         if self.qkv_bias and self.mla:
             raise ValueError("qkv_bias: MLA's projections are not q/k/v ones (drop qkv_bias)")
+        if self.window_full_every is not None and self.window_full_every > self.layers:
+            raise ValueError(f"window_full_every ({self.window_full_every}) is beyond the {self.layers} layers: no "
+                             "layer would keep full attention; drop it (every layer windowed) or give N <= layers")
         if self.window_full_every == 1:
             raise ValueError("window_full_every 1 gives every layer full attention, so no layer uses "
                              "attention_window; drop both, or give every N >= 2")

@@ -298,7 +298,9 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
         published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
                                        job.dtype, est.step_time_s, job.moe_load_imbalance)
         imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
-        for note in (imbalance, moe_routing_note(model, job.moe_load_imbalance, est.plan.ep),
+        attention = model.uncosted_attention()
+        for note in (f"Attention: {attention}." if attention else None, imbalance,
+                     moe_routing_note(model, job.moe_load_imbalance, est.plan.ep),
                      moe_dispatch_note(model, system, job, est), evidence_note(model, est.plan),
                      published, megatron_note(model, job, est.plan), hybrid_stage_note(model, est.plan, system, job)):
             if note:

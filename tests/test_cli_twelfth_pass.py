@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from planner.cli.app import app
@@ -327,3 +329,48 @@ def test_review_findings_on_routers_windows_and_rope_bands(tmp_path):
     argv = json.loads(launch.stdout)["argv"]
     assert argv[argv.index("--context-parallel-size") + 1] == "2"
     assert (est["tp"], est["pp"], est["cp"], est["dp"]) == (1, 1, 2, 4)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 32, "low_freq_factor": "1"}},
+     ("rope_scaling.low_freq_factor", "a number > 0")),  # was an internal error
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 32, "original_max_position_embeddings": 8192.5}},
+     ("original_max_position_embeddings", "an integer >= 1")),
+    ({"rope_scaling": {"rope_type": "Llama3", "factor": 32}}, ("did you mean 'llama3'",)),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 0.5}}, ("rope_scaling.factor", "from 1 to 10000")),
+    ({"sliding_window": 1024, "sliding_window_pattern": 0}, ("sliding_window_pattern", "an integer >= 1")),
+    ({"rms_norm_eps": 1e-5, "layer_norm_epsilon": 1e-6}, ("epsilon is given twice",)),
+    ({"rms_norm_eps": 1e-300}, ("rms_norm_eps", "from 1e-12 to 0.1")),
+    ({"sliding_window": 10**12}, ("sliding_window",)),
+])
+def test_config_json_launch_fields_are_refused_by_their_own_key(tmp_path, change, words):
+    """The fifth probe of the new launch fields: each bad value is one line naming the config key."""
+    from tests.conftest import one_line_error
+    cfg = {**json.loads(open("tests/fixtures/hf/llama-3.2-1b/config.json").read()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64"]), *words)
+
+
+def test_window_patterns_read_as_transformers_reads_them(tmp_path):
+    """sliding_window_pattern 6.0 is 6; 1 keeps every layer full (no window, no note); one beyond
+    the layers windows every layer; a contradictory DeepSeek router is refused; estimate says what
+    of the attention is not costed, as the launch does."""
+    from planner.model import load_model
+    from tests.conftest import one_line_error
+    base = json.loads(open("tests/fixtures/hf/llama-3.2-1b/config.json").read())  # 16 layers
+    for pattern, window, every in ((6.0, 1024, 6), (1, None, None), (64, 1024, None)):
+        folder = tmp_path / f"p{pattern}"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**base, "sliding_window": 1024,
+                                                        "sliding_window_pattern": pattern}))
+        m = load_model(str(folder))
+        assert (m.attention_window, m.window_full_every) == (window, every), pattern
+    r = runner.invoke(app, ["count", "-m", str(tmp_path / "p1"), "-s", "h100-sxm", "-g", "8", "-b", "64"])
+    assert r.exit_code == 0 and "sliding-window" not in r.stderr, r.output
+    ds = json.loads(open("tests/fixtures/hf/deepseek-v3/config.json").read())
+    (tmp_path / "config.json").write_text(json.dumps({**ds, "scoring_func": "softmax"}))
+    one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "8", "-b", "64"]),
+                   "noaux_tc balances sigmoid scores")
+    est = runner.invoke(app, ["estimate", "-m", "gpt-oss-20b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1",
+                              "--ep", "8"])
+    assert "Attention: the 128-token sliding window" in est.output and "sinks are launched" in " ".join(est.output.split())

@@ -480,15 +480,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "Megatron's argument check refuses it where Transformer Engine is not installed; unfused, "
                      "the unpermute's scatter-add ran at ~600 GB/s on an H100 against the ~2,000 GB/s costed "
                      "(planner/data/h100_moe_kernels.csv)")
-    if model.attention_window is not None or model.attention_sinks:
-        notes.append("attention: " + " and ".join(
-            w for w, on in ((f"the {model.attention_window}-token sliding window"
-                             + (f" (full attention every {model.window_full_every} layers)"
-                                if model.window_full_every else ""), model.attention_window is not None),
-                            ("the learnable sinks", model.attention_sinks)) if on)
-            + (" are" if model.attention_window is not None and model.attention_sinks else " is")
-            + " launched but costed as full causal attention with a plain softmax: the time printed for "
-            "the attention core is an upper bound")
+    if model.uncosted_attention():
+        notes.append(f"attention: {model.uncosted_attention()}")
     if model.rope_scaling == "yarn":
         notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "
                      "path that was costed); its frequency scaling is not part of the model spec: add "
