@@ -113,8 +113,9 @@ def fitted(prepared_reference):
     return fit_groups(prepared_reference)
 
 
-def test_calibrate_reproduces_the_presets(fitted):
-    """bench/calibrate.py's fit (planner/fit.py) gives the parameters written in the presets."""
+def test_calibrate_reproduces_the_presets(fitted, prepared_reference):
+    """bench/calibrate.py's fit (planner/fit.py) gives the parameters written in the presets, the
+    hardware fit and the torch-stack fit on top of it (check_torch_stack_presets)."""
     for group, (params, _, rows) in fitted.items():
         assert rows > 0, group
         for member in FIT_GROUPS[group]:
@@ -130,6 +131,7 @@ def test_calibrate_reproduces_the_presets(fitted):
                 assert lo <= value <= hi
                 if name in ("matmul_max", "matmul_max_fp8", "attention_max", "hbm_efficiency"):
                     assert 0 < value <= 1
+    check_torch_stack_presets(fitted, prepared_reference)
 
 
 def test_presets_lists_the_new_systems_with_sources():
@@ -143,10 +145,11 @@ def test_presets_lists_the_new_systems_with_sources():
     assert "nvfp4" in next(ln for ln in result.output.splitlines() if ln.startswith("gb300-nvl72:"))
 
 
-def test_calibrate_reproduces_the_torch_stack_presets(fitted, prepared_reference):
+def check_torch_stack_presets(fitted, prepared_reference):
     """bench/calibrate.py's torch-stack fit (planner/fit.py fit_torch_stack, on top of the hardware
     fit) gives the per-accelerator fields written in the presets, the A100's torch-era GEMM ceiling
-    among them: above the Megatron rows' ceiling, below 1."""
+    among them: above the Megatron rows' ceiling, below 1. Run by the hardware-fit test on the same
+    fit: two tests on two workers had each refitted it."""
     from hardware.load import load_accelerator
     from planner.fit import fit_torch_stack
     stack = fit_torch_stack(prepared_reference, {g: v[0] for g, v in fitted.items()})
