@@ -3,7 +3,6 @@ traceback; the documented exit codes; Ctrl-C; sweeps that keep and resume their 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
