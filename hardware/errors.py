@@ -566,8 +566,12 @@ def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> Non
         origin = typing.get_origin(leaf)
         kinds |= {type(a) for a in typing.get_args(leaf)} if origin is typing.Literal else {origin or leaf}
     if isinstance(value, bool) and bool not in kinds:
-        wanted = "a number" if kinds & {int, float} else "text (a name)" if str in kinds else "a value of the field"
-        raise SpecError(f"{where}: expected {wanted}, got {str(value).lower()}")
+        names = [a for leaf in leaves if typing.get_origin(leaf) is typing.Literal for a in typing.get_args(leaf)]
+        wanted = ("a number" if kinds & {int, float} else f"one of {', '.join(map(str, names))}" if names
+                  else "text (a name)" if str in kinds else "a value of the field")
+        # YAML 1.1 reads no/off as false: the name "none" written bare is one of those
+        hint = " (YAML 1.1 reads no, off, yes and on as true/false: quote the name)" if names else ""
+        raise SpecError(f"{where}: expected {wanted}, got {str(value).lower()}{hint}")
     float_item = not top and float in kinds and int not in kinds and _spells_float(value) \
         if isinstance(value, str) else False
     if isinstance(value, str) and str not in kinds and kinds & {int, float} and not float_item:

@@ -374,3 +374,13 @@ def test_window_patterns_read_as_transformers_reads_them(tmp_path):
     est = runner.invoke(app, ["estimate", "-m", "gpt-oss-20b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1",
                               "--ep", "8"])
     assert "Attention: the 128-token sliding window" in est.output and "sinks are launched" in " ".join(est.output.split())
+
+
+def test_a_yes_no_where_a_name_goes_lists_the_names(tmp_path):
+    """rope_scaling: no (YAML 1.1's false) said only 'expected text (a name)': the names are listed,
+    with the YAML 1.1 reason."""
+    from tests.conftest import one_line_error
+    text = open("planner/presets/llama3.1-8b.yaml").read().replace("rope_scaling: llama3", "rope_scaling: no")
+    (tmp_path / "m.yaml").write_text(text)
+    one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "m.yaml"), "-s", "h100-sxm", "-g", "8", "-b", "64"]),
+                   "rope_scaling: expected one of none, yarn, llama3, got false", "quote the name")
