@@ -184,6 +184,15 @@ class Accelerator(_Strict):
     def hbm_bandwidth_bytes_per_s(self) -> float:
         return self.hbm_bandwidth_gb_per_s * GB
 
+    @field_validator("compute_capability")
+    @classmethod
+    def _major_minor(cls, cc: float | None) -> float | None:
+        # CUDA's compute capabilities are major.minor with one minor digit (8.9, 10.3)
+        if cc is not None and abs(cc * 10 - round(cc * 10)) > 1e-9:
+            raise _inconsistent(f"must be major.minor with one minor digit (e.g. 9.0, 8.9, "
+                                f"10.3), got {cc:g}")
+        return cc
+
     @field_validator("peak_flops")
     @classmethod
     def _has_16_bit_peak(cls, peaks: dict) -> dict:

@@ -222,6 +222,12 @@ def test_a_custom_gpus_compute_capability_is_its_field_not_its_first_letter(tmp_
                                  "128", "--tp", "2", "--pp", "1", "--dtype", "fp8", "--format", "json"])
     assert launch.exit_code == 0, launch.output
     assert any("9.0 was assumed (set accelerator.compute_capability)" in n for n in json.loads(launch.stdout)["notes"])
+    from tests.conftest import one_line_error
+    odd = tmp_path / "odd.yaml"
+    odd.write_text(yaml.safe_dump({**base, "name": "custom", "num_gpus": 16,
+                                   "accelerator": {**acc, "compute_capability": 8.95}}))
+    one_line_error(runner.invoke(app, ["count", "-m", "llama3-8b", "-s", str(odd), "-b", "64"]),
+                   "accelerator.compute_capability: must be major.minor with one minor digit", "8.95")
 
 
 def test_the_default_dispatcher_is_no_moe_setting_on_a_dense_model():
