@@ -177,14 +177,21 @@ def rope_base_note(cfg: dict) -> str:
 def approximation_notes(path: Path, seq_length: int) -> list[str]:
     """What the cost of this config approximates (APPROXIMATIONS and its sliding windows), said to
     the user whenever it is read."""
-    cfg = read_config(path)
-    kind = cfg.get("model_type")
-    # read as model_fields reads it: the architecture's defaults under what the file gives
-    cfg = {**ARCHITECTURES.get(kind, ({}, ""))[0], **{k: v for k, v in cfg.items() if v is not None}} \
-        if isinstance(kind, str) else cfg
+    raw = read_config(path)
+    kind = raw.get("model_type")
+    cfg = with_defaults(raw)  # read as model_fields reads it
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
-    return [n for n in (*notes, hf_default_note(cfg), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
+    # the MLA defaults from the file as written: a null q_lora_rank is "no query compression", not absent
+    return [n for n in (*notes, hf_default_note(raw), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
                               llama3_rope_note(cfg)) if n]
+
+
+def with_defaults(cfg: dict, extra: dict | None = None) -> dict:
+    """A config as model_fields reads it: the architecture's defaults (ARCHITECTURES), then `extra`,
+    under what the file gives (a null is left out)."""
+    kind = cfg.get("model_type")
+    arch = ARCHITECTURES.get(kind, ({}, ""))[0] if isinstance(kind, str) else {}
+    return {**arch, **(extra or {}), **{k: v for k, v in cfg.items() if v is not None}}
 # Architectures whose MLPs (experts) carry biases when attention_bias is set (GPT-OSS's
 # gate_up_proj_bias / down_proj_bias); elsewhere a config's `mlp_bias` says so.
 MLP_BIAS_TYPES = ("gpt_oss",)
@@ -600,8 +607,7 @@ def model_fields(path: Path) -> dict:
     model_type = cfg.get("model_type")
     # a DeepSeek config's left-out MLA sizes are HF's defaults (said in approximation_notes)
     mla_defaulted = hf_mla_defaults(cfg)
-    defaults = {**ARCHITECTURES.get(model_type, ({}, ""))[0], **mla_defaulted}
-    cfg = {**defaults, **{k: v for k, v in cfg.items() if v is not None}}
+    cfg = with_defaults(cfg, mla_defaulted)
     missing = [f for f in REQUIRED if f not in cfg]
     moe_keys = _count_keys(cfg, EXPERT_COUNT_KEYS, "routed-expert", path)
     unread = sorted(k for k, v in cfg.items() if UNREAD_EXPERT_KEY.search(k) and v and k not in EXPERT_COUNT_KEYS)

@@ -64,6 +64,9 @@ def test_deepseek_v2_without_q_lora_rank_is_hfs_default_and_null_is_no_query_com
     assert _same_model(absent, load_model(str(FIXTURES / "deepseek-v2")))
     lite = load_model(str(FIXTURES / "deepseek-v2-lite"))
     assert lite.mla is not None and lite.mla.q_lora_rank is None
+    # ...and is not told it was defaulted (the note read the config with its nulls dropped)
+    from planner.hf_config import approximation_notes
+    assert not [n for n in approximation_notes(FIXTURES / "deepseek-v2-lite" / "config.json", 4096) if "q_lora_rank" in n]
     res = _count(_hf(tmp_path, "deepseek-v2", drop=("q_lora_rank",)))
     assert res.exit_code == 0 and "q_lora_rank 1536: absent from config.json" in res.stderr, res.output
 
