@@ -85,53 +85,67 @@ def refuse_encoders(cfg: dict, path: Path) -> None:
 FULL_ATTENTION_KINDS = ("full_attention", "global", "attention")
 
 
-def window_fields(cfg: dict) -> dict:
-    """ModelSpec's attention_window / window_full_every / attention_sinks of a config ({} where it
-    has no window, or one whose layer pattern Megatron's integer --window-attn-skip-freq cannot
-    say: then launched and costed without it, as sliding_window_note says)."""
-    out = {"attention_sinks": True} if cfg.get("model_type") == "gpt_oss" else {}  # GptOssAttention.sinks
+UNSAYABLE = "unsayable"  # a layer pattern Megatron's integer --window-attn-skip-freq cannot say
+
+
+def _window_layout(cfg: dict) -> tuple[int, int | None] | str | None:
+    """(window, N: every N-th layer keeps full attention, None: every layer windowed) of a config's
+    sliding windows; None where no layer is windowed; UNSAYABLE where the full layers are no
+    integer frequency."""
     window = cfg.get("sliding_window")
     if not window or cfg.get("use_sliding_window") is False:
-        return out
+        return None
     every = None
     kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else None
     if kinds:
         full = [i + 1 for i, k in enumerate(kinds) if k in FULL_ATTENTION_KINDS]
         if len(full) == len(kinds):
-            return out
+            return None
         if full:
             every = full[0]
             if full != list(range(every, len(kinds) + 1, every)):
-                return out
+                return UNSAYABLE
     elif cfg.get("model_type") == "gemma2":
         every = 2
     elif isinstance(cfg.get("sliding_window_pattern"), int):
         every = cfg["sliding_window_pattern"]
         if every == 1:  # every layer keeps full attention: no window
-            return out
+            return None
     layers = cfg.get("num_hidden_layers")
     if every and isinstance(layers, int) and every > layers:
         every = None  # no layer reaches it: every layer windowed
-    return {**out, "attention_window": int(window), **({"window_full_every": every} if every else {})}
+    return int(window), every
+
+
+def window_fields(cfg: dict) -> dict:
+    """ModelSpec's attention_window / window_full_every / attention_sinks of a config (no window
+    where none is, or where its layer pattern is UNSAYABLE: then launched and costed without it,
+    as sliding_window_note says)."""
+    out = {"attention_sinks": True} if cfg.get("model_type") == "gpt_oss" else {}  # GptOssAttention.sinks
+    layout = _window_layout(cfg)
+    if isinstance(layout, tuple):
+        window, every = layout
+        out["attention_window"] = window
+        if every:
+            out["window_full_every"] = every
+    return out
 
 
 def sliding_window_note(cfg: dict, seq_length: int) -> str:
     """What a config's sliding-window attention becomes in the cost: full causal attention, an
     overcount of the attention core wherever the window is shorter than the sequence; and whether
-    the launch sets it. "" where the config has none, or a window no shorter than the sequence."""
+    the launch sets it. "" where no layer is windowed, or the window is no shorter than the sequence."""
     window = cfg.get("sliding_window")
     if isinstance(window, float) and window.is_integer():
         window = int(window)  # 4096.0 is 4096, as _check_types reads it
+    layout = _window_layout(cfg)
+    if layout is None or not isinstance(window, int) or isinstance(window, bool) or window >= seq_length:
+        return ""
     kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
     sliding = sum(1 for k in kinds if k == "sliding_attention")
-    if not isinstance(window, int) or isinstance(window, bool) or window <= 0 or window >= seq_length \
-            or cfg.get("use_sliding_window") is False:
-        return ""
-    if (kinds and not sliding) or cfg.get("sliding_window_pattern") == 1:
-        return ""  # every layer keeps full attention
     which = f"{sliding} of {len(kinds)} layers'" if sliding else "the"  # (Gemma-2 alternates, unlisted)
-    launched = ("the Megatron launch sets it (--window-size)" if "attention_window" in window_fields(cfg) else
-                "the Megatron launch sets no window (a layer pattern --window-attn-skip-freq cannot say)")
+    launched = ("the Megatron launch sets no window (a layer pattern --window-attn-skip-freq cannot say)"
+                if layout == UNSAYABLE else "the Megatron launch sets it (--window-size)")
     return (f"{which} sliding-window attention (window {window} < sequence {seq_length}) is costed as full "
             f"causal attention (slower than the run); {launched}")
 
@@ -146,11 +160,17 @@ NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_e
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
+def rope_type(cfg: dict) -> str | None:
+    """rope_scaling's rope_type (older configs: type), None where the config has no mapping."""
+    rope = cfg.get("rope_scaling")
+    return (rope.get("rope_type") or rope.get("type")) if isinstance(rope, dict) else None
+
+
 def llama3_rope_note(cfg: dict) -> str:
     """A Llama 3.x RoPE scaling whose frequency bands are not Megatron's fixed ones; "" otherwise."""
-    rope = cfg.get("rope_scaling")
-    if not isinstance(rope, dict) or (rope.get("rope_type") or rope.get("type")) != "llama3":
+    if rope_type(cfg) != "llama3":
         return ""
+    rope = cfg["rope_scaling"]
     other = {k: rope[k] for k, v in MEGATRON_LLAMA3_ROPE.items() if rope.get(k) is not None and rope[k] != v}
     if not other:
         return ""
@@ -165,7 +185,7 @@ def rope_base_note(cfg: dict) -> str:
     cannot give them; "" otherwise."""
     theta = cfg.get("rope_theta")
     local = cfg.get("rope_local_base_freq")
-    if finite_number(local) and local != theta and "attention_window" in window_fields(cfg):
+    if finite_number(local) and local != theta and isinstance(_window_layout(cfg), tuple):
         return (f"the windowed layers' RoPE base (rope_local_base_freq {local:g}) is not the global layers' "
                 f"(rope_theta {theta if theta is None else format(theta, 'g')}): Megatron takes one "
                 "--rotary-base, so every layer is launched with rope_theta's (not costed either way)")
@@ -319,9 +339,8 @@ def refuse_unread_keys(cfg: dict, path: Path) -> None:
         raise SpecError(f"model {path}: {key} {_shown(cfg[key])} ({what}) is not read for model_type "
                         f"{_shown(model_type)} (Hugging Face's config for it has no such field; read for: "
                         f"{_readers(readers)}); remove it{also}")
-    rope = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
     for key, given in (("partial_rotary_factor", (cfg.get("partial_rotary_factor") or 1) < 1),
-                       ("rope_scaling", (rope.get("rope_type") or rope.get("type") or "default") != "default")):
+                       ("rope_scaling", (rope_type(cfg) or "default") != "default")):
         if model_type == "nemotron_h" and given:  # NemotronHConfig has neither field
             raise SpecError(f"model {path}: {key} {_shown(cfg[key])}: nemotron_h has no RoPE (its attention layers "
                             "use no position embedding); remove it")
@@ -686,14 +705,12 @@ def model_fields(path: Path) -> dict:
     # YaRN RoPE and a clamped gated activation (GPT-OSS: rope_scaling.rope_type "yarn",
     # swiglu_limit 7.0) change what Megatron runs (time.py: unfused RoPE, eager clamp); MLA's
     # decoupled RoPE (DeepSeek-V3's yarn) is not costed apart, so it is left out there
-    rope = cfg.get("rope_scaling")
-    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "yarn" and not cfg.get("kv_lora_rank"):
-        fields["rope_scaling"] = "yarn"
-    if isinstance(rope, dict) and (rope.get("rope_type") or rope.get("type")) == "llama3" and not cfg.get("kv_lora_rank"):
-        # Llama 3.1/3.2's long-context frequencies: launched (--use-rope-scaling), not costed apart
-        fields["rope_scaling"] = "llama3"
-        if rope.get("factor") is not None:
-            fields["rope_scaling_factor"] = float(rope["factor"])
+    scaling = rope_type(cfg)
+    if scaling in ("yarn", "llama3") and not cfg.get("kv_lora_rank"):
+        # llama3: Llama 3.1/3.2's long-context frequencies, launched (--use-rope-scaling), not costed apart
+        fields["rope_scaling"] = scaling
+        if scaling == "llama3" and cfg["rope_scaling"].get("factor") is not None:
+            fields["rope_scaling_factor"] = float(cfg["rope_scaling"]["factor"])
     if isinstance(cfg.get("swiglu_limit"), (int, float)) and not isinstance(cfg["swiglu_limit"], bool) \
             and cfg["swiglu_limit"] > 0:
         fields["activation_clamp"] = float(cfg["swiglu_limit"])
