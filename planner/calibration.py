@@ -8,8 +8,8 @@ import numpy as np
 
 from hardware.spec import SystemSpec
 from hardware.errors import SpecError
-from planner.analytical import RULES, PlanArrays, estimate_many, violated_rules
-from planner.analytical.estimate import rule_numbers
+from planner.analytical import PlanArrays, estimate_many, violated_rules
+from planner.analytical.estimate import rule_text
 from planner.analytical.layer_kinds import dense_layer_spec
 from planner.reference import (DEFAULT_REFERENCES, FITTED_FRAMEWORKS, REFERENCE_DIR, RefCase, Skipped,
                                load_reference, untuned_software)
@@ -46,8 +46,8 @@ def accuracy_rows(cases: list[RefCase], systems: dict[str, SystemSpec] | None = 
             raise SpecError(f"reference {case.id}: {e}") from None
         structural = [rule for rule in violated_rules(pred["violations"]) if rule not in FIT_RULES]
         if structural:  # a layout Megatron would not launch: the record is mistyped, not the model wrong
-            raise SpecError(f"reference {case.id}: {structural[0]}: {RULES[structural[0]]}"
-                            f"{rule_numbers(structural[0], case.model, case.plan)} (its layout: {case.plan.short()})")
+            raise SpecError(f"reference {case.id}: {rule_text(structural[0], case.model, case.plan)} "
+                            f"(its layout: {case.plan.short()})")
         err = pred["step_time_s"] / case.measured_step_s - 1.0
         rows.append({"id": case.id, "source": case.source, "framework": case.framework, "family": case.family,
                      "kind": case.kind,

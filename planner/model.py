@@ -356,7 +356,7 @@ class ModelSpec(_Part):
             parts.append("the learnable attention sinks")
         if not parts:
             return ""
-        return (" and ".join(parts) + (" is" if parts == parts[:1] and not self.attention_sinks else " are")
+        return (" and ".join(parts) + (" are" if self.attention_sinks else " is")  # the sinks are plural
                 + " launched but costed as full causal attention with a plain softmax: the attention core's "
                 "time is an upper bound")
 

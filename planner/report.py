@@ -274,7 +274,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     console.print(Text.assemble((model.name, "bold"), f" ({model.num_params / 1e9:.1f} B params, seq "
                                 f"{model.seq_length:,}) on ", (f"{system.num_gpus}× {system.accelerator.name}", "bold"),
                                 f" ({system.name})" + (f" · {precision_text(job)}" if job is not None else "")
-                                + (f" · {kernel_text(job)}" if job is not None and kernel_text(job) else "")))
+                                + (f" · {kernels}" if job is not None and (kernels := kernel_text(job)) else "")))
     console.print(fold_at_separators(describe_plan(est, model.layers), console.width))
     for table in estimate_tables(est, title):
         console.print(table)

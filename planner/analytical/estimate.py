@@ -62,6 +62,11 @@ def rule_numbers(rule: str, model: ModelSpec, plan: Plan) -> str:
     return f" ({numbers})" if numbers else ""
 
 
+def rule_text(rule: str, model: ModelSpec, plan: Plan) -> str:
+    """A broken rule as one line: its name, its words and the numbers it compares."""
+    return f"{rule}: {RULES[rule]}{rule_numbers(rule, model, plan)}"
+
+
 def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays, mem: dict) -> np.ndarray:
     t, p, dp, c, v = P.tp, P.pp, P.dp, P.cp, P.vpp
     gpus = t * p * dp * c

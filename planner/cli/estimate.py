@@ -197,10 +197,9 @@ def estimate_command(
     est = estimate(model_spec, system_spec, plan, job)
     structural = [rule for rule in est.violations if rule not in ("hbm", "offload_capacity")]
     if structural:  # a plan no layout rule allows: an input error, from flags as from a plan file
-        from planner.analytical.estimate import RULES, rule_numbers  # noqa: PLC0415
+        from planner.analytical.estimate import rule_text  # noqa: PLC0415
         where = f"plan {plan_file}" if plan_file else f"plan {plan.short()}"
-        raise SpecError(f"{where}: {structural[0]}: {RULES[structural[0]]}"
-                        f"{rule_numbers(structural[0], model_spec, plan)}")
+        raise SpecError(f"{where}: {rule_text(structural[0], model_spec, plan)}")
     if plan.uses_offload and system_spec.offload is None:
         raise SpecError(f"offload: {system_spec.name} has no offload tier to offload to; leave the offload "
                         "fractions at 0, or pick a system with one (`planner presets`: e.g. gb200-nvl72, "

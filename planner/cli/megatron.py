@@ -212,7 +212,7 @@ def _plan_and_job(o: dict, model, system):
 
 def fit_problems(est, system, model) -> list[str]:
     """`planner estimate`'s verdict as one-line reasons, with the amounts."""
-    from planner.analytical.estimate import RULES, rule_numbers
+    from planner.analytical.estimate import rule_text
     out = []
     for rule in est.violations:
         if rule == "hbm":
@@ -226,7 +226,7 @@ def fit_problems(est, system, model) -> list[str]:
             out.append(f"offload: the plan offloads {est.offload_bytes / GIB:.2f} GiB per GPU but the tier holds "
                        f"{est.offload_capacity_bytes / GIB:.2f} GiB")
         else:
-            out.append(f"{rule}: {RULES[rule]}{rule_numbers(rule, model, est.plan)}")
+            out.append(rule_text(rule, model, est.plan))
     return out
 
 

@@ -452,16 +452,17 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     if arch_is_assumed(system):  # fused attention, FP8 and the flex backend follow from it
         notes.append(f"{system.accelerator.name} is no NVIDIA product name the planner reads and its file gives no "
                      f"compute_capability: {gpu_arch_major(system)}.0 was assumed (set accelerator.compute_capability)")
-    unstated = [f"--{flag} {default:g}" for field, flag, default in (("rope_base", "rotary-base", DEFAULT_ROTARY_BASE),
-                                                                    ("norm_epsilon", "norm-epsilon", DEFAULT_NORM_EPSILON))
+    unstated = [(flag, default) for field, flag, default in (("rope_base", "rotary-base", DEFAULT_ROTARY_BASE),
+                                                             ("norm_epsilon", "norm-epsilon", DEFAULT_NORM_EPSILON))
                 if getattr(model, field) is None and (field != "rope_base" or model.position_embedding == "rope")]
     if model.rope_scaling == "llama3":  # the model spec has the factor, not the bands
         notes.append("Llama 3.x RoPE scaling is launched with Megatron's fixed frequency bands (low 1, high 4 over "
                      "8192 tokens: Llama 3.1's and 3.2's); a checkpoint with other bands (Llama 4 Scout's config: "
                      "1 and 1) trains other frequencies there")
     if unstated:  # numbers the cost does not read but the trained model does
-        notes.append(f"the model spec gives no {' or '.join(f.split()[0][2:] for f in unstated)}: Megatron's "
-                     f"default{'s' if len(unstated) > 1 else ''} ({', '.join(unstated)}) "
+        notes.append(f"the model spec gives no {' or '.join(flag for flag, _ in unstated)}: Megatron's "
+                     f"default{'s' if len(unstated) > 1 else ''} "
+                     f"({', '.join(f'--{flag} {default:g}' for flag, default in unstated)}) "
                      f"{'are' if len(unstated) > 1 else 'is'} launched; a checkpoint trained with others needs "
                      "them (rope_base / norm_epsilon in a model file; config.json's rope_theta / rms_norm_eps)")
     if plan.offload_weights > 0:
@@ -480,8 +481,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "Megatron's argument check refuses it where Transformer Engine is not installed; unfused, "
                      "the unpermute's scatter-add ran at ~600 GB/s on an H100 against the ~2,000 GB/s costed "
                      "(planner/data/h100_moe_kernels.csv)")
-    if model.uncosted_attention():
-        notes.append(f"attention: {model.uncosted_attention()}")
+    if attention := model.uncosted_attention():
+        notes.append(f"attention: {attention}")
     if model.rope_scaling == "yarn":
         notes.append("YaRN RoPE is launched as plain RoPE without the fused kernel (--no-rope-fusion, the unfused "
                      "path that was costed); its frequency scaling is not part of the model spec: add "
