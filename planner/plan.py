@@ -451,6 +451,18 @@ class JobSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
+    def _cap_follows_fixed_batch(cls, data):
+        """The cap bounds a free batch only: JobSpec(global_batch=4096) asks for 4096, as `planner
+        plan -b 4096` does; a cap given beside the batch is still checked against it."""
+        if isinstance(data, dict) and "max_global_batch" not in data:
+            batch = data.get("global_batch")
+            cap = cls.model_fields["max_global_batch"].default
+            if isinstance(batch, int) and not isinstance(batch, bool) and batch > cap:
+                data = {**data, "max_global_batch": batch}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
     def _moments_bytes(cls, data):
         """bf16 moments set the optimizer bytes, unless bytes_per_param says otherwise; fp32
         moments given beside other optimizer bytes contradict them (the launch keeps fp32 moments)."""

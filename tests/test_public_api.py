@@ -42,3 +42,17 @@ def test_import_planner_loads_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_a_fixed_batch_above_the_free_batch_cap_is_taken_as_asked():
+    """JobSpec(global_batch=4096) is what `planner plan -b 4096` asks; the 3072 default caps only a
+    free batch. A cap the caller gives below the batch is still a contradiction."""
+    import pytest
+    from pydantic import ValidationError
+
+    from planner import JobSpec
+    assert JobSpec(global_batch=4096).max_global_batch == 4096
+    assert JobSpec(global_batch=64).max_global_batch == 3072
+    assert JobSpec().max_global_batch == 3072
+    with pytest.raises(ValidationError, match="exceeds max_global_batch"):
+        JobSpec(global_batch=4096, max_global_batch=2048)
