@@ -38,9 +38,13 @@ given HBM / offload capacities:
    rest ("1c" in `tabulate`), so the table is the one without this step.
 Full recompute without a pipeline or offload is costed at the fewest recomputed layers that fit
 (`fewest_recompute_layers`), a row's own choice like its batch; the all-to-all overlap rule of
-step 0 leaves those rows alone, since freeing memory can lower the count.
+step 0 leaves those rows alone, since freeing memory can lower the count. Likewise activation
+offload without a pipeline is costed at the fewest offloaded layers that fit
+(`fewest_offloaded_layers`), within the layers between its grid fraction and the next one down;
+step 0's offload dominance then leaves a row that offloads activations alone where the pair below
+it offloads the same fraction, since that pair's other offload frees memory for fewer layers.
 The brute-force oracle (`planner.bruteforce`) enumerates the full space with none of this (every
-block count included), and the regret tests compare the two.
+block and offloaded-layer count included), and the regret tests compare the two.
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_bat
 from planner.analytical import PlanArrays, estimate_many
 from planner.analytical.estimate import RULE_BITS
 from planner.analytical.layer_kinds import dense_layer_spec
+from planner.analytical.offload import fraction_of_layers, offloaded_layers
 from planner.plan import MOE_DISPATCHER_CODES, RECOMPUTE_CODES
 from planner.threads import map_in_order
 
@@ -88,18 +93,23 @@ def plan_arrays(space: Space, rows: dict[str, np.ndarray]) -> PlanArrays:
 
 
 def evaluate(space: Space, rows: dict[str, np.ndarray], keep=KEEP_RESULTS,
-             fewest_recompute: bool = True) -> dict[str, np.ndarray]:
-    """Exact model on every row (in chunks); adds `objective` and `recompute_layers`, the block
-    recompute count each row is costed at (0: all layers; rows that carry the column keep theirs).
-    `fewest_recompute`: full recompute without a pipeline or offload is costed at the fewest layers
-    that fit (`fewest_recompute_layers`); the brute-force oracle turns it off and enumerates every
-    count."""
+             fewest_counts: bool = True) -> dict[str, np.ndarray]:
+    """Exact model on every row (in chunks); adds `objective`, `recompute_layers`, the block
+    recompute count each row is costed at (0: all layers; rows that carry the column keep theirs),
+    and `offload_activations`, the fraction each row is costed at. `fewest_counts`: full recompute
+    without a pipeline or offload is costed at the fewest layers that fit
+    (`fewest_recompute_layers`), activation offload without a pipeline at the fewest offloaded
+    layers that fit (`fewest_offloaded_layers`); the brute-force oracle turns it off and
+    enumerates every count."""
     keep = tuple(keep) + tuple(k for k in ("violations", "step_time_s") if k not in keep)
     res = _estimate(space, rows, keep)
     given = rows.get("recompute_layers")
     res["recompute_layers"] = np.zeros(len(rows["tp"])) if given is None else np.asarray(given, dtype=np.float64)
-    if fewest_recompute and given is None:
+    res["offload_activations"] = np.asarray(rows["offload_activations"], dtype=np.float64).copy()
+    if fewest_counts and given is None:
         fewest_recompute_layers(space, rows, res)
+    if fewest_counts:
+        fewest_offloaded_layers(space, rows, res)
     res["objective"] = objective(space, rows, res["step_time_s"])
     return res
 
@@ -159,10 +169,68 @@ def fewest_recompute_layers(space: Space, rows: dict[str, np.ndarray], res: dict
         return
     at = {k: v[fewer] for k, v in sub.items()}
     at["recompute_layers"] = hi[fewer]
-    again = _estimate(space, at, tuple(res.keys() - {"recompute_layers", "objective"}))
+    again = _estimate(space, at, tuple(res.keys() - {"recompute_layers", "offload_activations", "objective"}))
     for k, v in again.items():
         res[k][idx[fewer]] = v
     res["recompute_layers"][idx[fewer]] = hi[fewer]
+
+
+def offloaded_layer_range(space: Space, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) per row: the activation-offload layer counts it stands for, lo < N <= hi. A row
+    without a pipeline that offloads activations at a grid fraction f (the fraction not pinned)
+    stands for every whole-layer count above the next grid fraction's and up to f's own. As a
+    layer more is offloaded, HBM never rises (it keeps L - N layers beside a fixed two-layer
+    buffer), host memory never falls and time never falls (offload.py: the copies' exposure grows
+    with N), so the row's best count is the fewest whose HBM fits, and if the host cannot take
+    that one, no count fits. Every other row: lo = hi (its own count)."""
+    L = space.model.layers
+    f = np.asarray(rows["offload_activations"], dtype=np.float64)
+    hi = offloaded_layers(f, np.full(len(f), float(L)))
+    if "offload_activations" in space.job.pins or L < 2:
+        return hi.copy(), hi
+    grid = np.asarray(sorted({0.0, *space.domains["offload_activations"]}))
+    below = grid[np.maximum(np.searchsorted(grid, f, side="left") - 1, 0)]
+    ranged = (f > 0) & (np.asarray(rows["pp"]) == 1)
+    return np.where(ranged, offloaded_layers(below, np.full(len(f), float(L))), hi), hi
+
+
+def hbm_fits(violations: np.ndarray) -> np.ndarray:
+    """Rows that break no rule but, at most, the offload tier's capacity."""
+    return (violations & ~RULE_BITS["offload_capacity"]) == 0
+
+
+def fewest_offloaded_layers(space: Space, rows: dict[str, np.ndarray], res: dict[str, np.ndarray]) -> None:
+    """In `res`, the rows that offload activations over a range of layer counts
+    (`offloaded_layer_range`) and whose HBM fits at the most of them, re-costed at the fewest
+    whose HBM fits, found by bisection; `res["offload_activations"]` is the fraction each row is
+    costed at."""
+    lo, hi = offloaded_layer_range(space, rows)
+    idx = np.flatnonzero((hi - lo > 1) & hbm_fits(res["violations"]))
+    if not len(idx):
+        return
+    L = space.model.layers
+    sub = {k: v[idx] for k, v in rows.items()}
+    lo, hi = lo[idx], hi[idx].copy()  # lo: HBM does not fit (or the next row's count), hi: fits
+    while True:
+        active = np.flatnonzero(hi - lo > 1)
+        if not len(active):
+            break
+        mid = np.floor((lo[active] + hi[active]) / 2)
+        probe = {k: v[active] for k, v in sub.items()}
+        probe["offload_activations"] = fraction_of_layers(mid, L)
+        fits = hbm_fits(_estimate(space, probe, ("violations",))["violations"])
+        hi[active[fits]] = mid[fits]
+        lo[active[~fits]] = mid[~fits]
+    fraction = fraction_of_layers(hi, L)
+    fewer = np.flatnonzero(fraction < sub["offload_activations"])
+    if not len(fewer):
+        return
+    at = {k: v[fewer] for k, v in sub.items()}
+    at["offload_activations"] = fraction[fewer]
+    again = _estimate(space, at, tuple(res.keys() - {"recompute_layers", "offload_activations", "objective"}))
+    for k, v in again.items():
+        res[k][idx[fewer]] = v
+    res["offload_activations"][idx[fewer]] = fraction[fewer]
 
 
 def objective(space: Space, rows: dict[str, np.ndarray], step_time: np.ndarray) -> np.ndarray:
@@ -307,7 +375,8 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
             group = np.concatenate([group, L])
             rows, res, group = _early_rules(rows, res, group, n_groups, relax_memory, top_k, tie_rel_tol)
 
-    # 2. rank, then per-layout pruning
+    # 2. rank, then per-layout pruning (each row as costed: its fewest offloaded layers)
+    rows["offload_activations"] = res["offload_activations"]
     order = order_rows(rows, res["objective"])
     rows, res, group = _take(rows, order), _take(res, order), group[order]
     n = len(group)
@@ -443,6 +512,9 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
                           for c in ("offload_weights", "offload_optimizer"))
         twin_of = np.asarray([other(i, None) for i in range(n_opt)], dtype=np.int64)
     equal_ranks = space.model.layers % lay["pp"] == 0   # every rank holds layers/pp layers
+    # layouts whose activation-offload rows are costed at their fewest fitting layers
+    act_ranged = ((lay["pp"] == 1) & ("offload_activations" not in space.job.pins) & (space.model.layers >= 2)
+                  if n_lay else np.zeros(0, dtype=bool))
     # Block-recompute pairs (`block_recompute_rows`) are costed at the fewest layers that fit, so
     # a pair that frees memory (no all-to-all overlap) may recompute fewer layers and be the
     # faster one: rule C does not order them. (They offload nothing; the offload rules still hold
@@ -472,8 +544,9 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
                 for nb, same_act in ((act_zero[cols], False), (down_w[cols], True), (down_o[cols], True)):
                     has = nb >= 0
                     hit = covered[:, np.maximum(nb, 0)] & has[None, :]
-                    if same_act:  # u offloads the same activations as v: only where rank loads are equal
-                        hit &= ~offloads_act[None, :] | equal_ranks[:, None]
+                    if same_act:  # u offloads the same activations as v: only where rank loads are equal,
+                        # and not where each is costed at its fewest fitting layers (v may need fewer)
+                        hit &= ~offloads_act[None, :] | (equal_ranks & ~act_ranged)[:, None]
                     dominated |= hit
                 if lv > 0:  # the lower bound from the no-offload twin (rules 2 and 3)
                     bound = np.minimum(best_fit, _kth(best_fit, top_k) * (1.0 + tie_rel_tol))

@@ -18,7 +18,9 @@ from typing import Callable
 import numpy as np
 
 from constraints.space import build_space, cross, expand_batches, layouts, options
-from constraints.cost_table import MEMORY_BITS, block_recompute_rows, evaluate, order_rows, plan_arrays
+from constraints.cost_table import (MEMORY_BITS, block_recompute_rows, evaluate, hbm_fits, offloaded_layer_range,
+                                   order_rows, plan_arrays)
+from planner.analytical.offload import fraction_of_layers
 from hardware.spec import SystemSpec
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
@@ -50,7 +52,8 @@ def brute_force(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None
         raise ValueError(f"brute force: {n} rows is more than max_rows={max_rows}")
     if n == 0:
         return BruteForce([], [], 0, 0, {"seconds": time.perf_counter() - t0})
-    res = evaluate(space, rows, fewest_recompute=False)
+    res = evaluate(space, rows, fewest_counts=False)
+    rows, res = with_every_offloaded_layer_count(space, rows, res)
     structural = int(np.count_nonzero(res["violations"] & ~MEMORY_BITS))
     ok = np.nonzero(res["violations"] == 0)[0]
     # The walk below visits feasible rows in the search's order and stops after the K best
@@ -96,6 +99,25 @@ def with_every_recompute_count(rows: dict[str, np.ndarray], layers: int) -> dict
     start = np.repeat(np.cumsum(reps) - reps, reps)
     out["recompute_layers"] = np.where(np.repeat(block, reps), np.arange(len(start)) - start + 1, 0).astype(np.float64)
     return out
+
+
+def with_every_offloaded_layer_count(space, rows: dict[str, np.ndarray], res: dict[str, np.ndarray]):
+    """Rows and results with every activation-offload layer count a row stands for
+    (`cost_table.offloaded_layer_range`: the search costs such a row at the fewest whose HBM fits,
+    the oracle tries them all). Only counts below a row whose HBM fits are added: HBM never falls
+    as fewer layers are offloaded, so below a row whose HBM does not fit none fits."""
+    lo, hi = offloaded_layer_range(space, rows)
+    src = np.flatnonzero((hi - lo > 1) & hbm_fits(res["violations"]))
+    if not len(src):
+        return rows, res
+    counts = (hi - lo - 1)[src].astype(np.int64)  # lo < k < hi: hi is the row itself
+    idx = np.repeat(src, counts)
+    k = np.repeat(lo[src], counts) + 1 + (np.arange(len(idx)) - np.repeat(np.cumsum(counts) - counts, counts))
+    extra = {name: v[idx] for name, v in rows.items()}
+    extra["offload_activations"] = fraction_of_layers(k, space.model.layers)
+    res_x = evaluate(space, extra, fewest_counts=False)
+    return ({name: np.concatenate([v, extra[name]]) for name, v in rows.items()},
+            {name: np.concatenate([v, res_x[name]]) for name, v in res.items()})
 
 
 def _walk(space, rows: dict[str, np.ndarray], objective: np.ndarray, idx: np.ndarray, model: ModelSpec,

@@ -29,12 +29,14 @@ from constraints.space import (LAYOUT_CLASS_SP, N_LAYOUT_CLASSES, OPTION_KEYS, a
                                layout_exists_at_some_batch, megatron_pin_conflicts,
                                layouts, options,
                                options_allowed, pair_mask, take_pairs)
-from constraints.cost_table import MEMORY_BITS, chunk_rows, OFFLOAD_COLUMNS, Table, plan_arrays, tabulate
+from constraints.cost_table import (MEMORY_BITS, chunk_rows, OFFLOAD_COLUMNS, Table, offloaded_layer_range,
+                                   plan_arrays, tabulate)
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
 from planner.analytical.estimate import check_api_inputs, rule_violations
 from planner.analytical.memory import memory_breakdown
+from planner.analytical.offload import fraction_of_layers
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.pipeline_layout import plan_layout
@@ -330,27 +332,35 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
     off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
     best = {"hbm": (math.inf, None), "within": (math.inf, None), "offload": (math.inf, None)}
 
-    def cost(L: np.ndarray, O: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(HBM, offload bytes) of the pairs at their smallest batch; folds them into `best`."""
-        hbm_all, off_all = [], []
+    def pair_rows(L: np.ndarray, O: np.ndarray, act: np.ndarray | None) -> dict[str, np.ndarray]:
+        rows = at_batch(take_pairs(lay, opt, L, O), lay["m_min"][L])
+        if act is not None:  # a whole-layer activation-offload count of the pair's range
+            rows["offload_activations"] = act
+        return rows
+
+    def footprint(L: np.ndarray, O: np.ndarray, act: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(HBM, offload bytes) of the pairs at their smallest batch (inf: a structural rule broken)."""
+        hbm_all, off_all = [np.zeros(0)], [np.zeros(0)]
         size = chunk_rows(space)
         for lo in range(0, len(L), size):
-            li, oi = L[lo:lo + size], O[lo:lo + size]
-            rows = at_batch(take_pairs(lay, opt, li, oi), lay["m_min"][li])
-            P = plan_arrays(space, rows)
+            P = plan_arrays(space, pair_rows(L[lo:lo + size], O[lo:lo + size], None if act is None else act[lo:lo + size]))
             mem = memory_breakdown(space.model, space.system, space.job, P)
             structural = (rule_violations(space.model, space.system, space.job, P, mem) & ~MEMORY_BITS) != 0
-            hbm = np.where(structural, np.inf, mem["hbm_bytes"])
-            off = np.where(structural, np.inf, mem["offload_bytes"])
-            candidates = {"hbm": hbm, "within": np.where(off <= off_cap * (1 + 1e-12), hbm, np.inf),
-                          "offload": np.where(hbm <= cap, off, np.inf)}
-            for key, values in candidates.items():
+            hbm_all.append(np.where(structural, np.inf, mem["hbm_bytes"]))
+            off_all.append(np.where(structural, np.inf, mem["offload_bytes"]))
+        return np.concatenate(hbm_all), np.concatenate(off_all)
+
+    def cost(L: np.ndarray, O: np.ndarray, act: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """`footprint`, folded into `best`."""
+        hbm, off = footprint(L, O, act)
+        candidates = {"hbm": hbm, "within": np.where(off <= off_cap * (1 + 1e-12), hbm, np.inf),
+                      "offload": np.where(hbm <= cap, off, np.inf)}
+        for key, values in candidates.items():
+            if len(values):
                 i = int(np.argmin(values))
                 if values[i] < best[key][0]:
-                    best[key] = (float(values[i]), (int(li[i]), int(oi[i])))
-            hbm_all.append(hbm)
-            off_all.append(off)
-        return np.concatenate(hbm_all), np.concatenate(off_all)
+                    best[key] = (float(values[i]), (int(L[i]), int(O[i]), None if act is None else float(act[i])))
+        return hbm, off
 
     steps = np.stack([np.rint(opt[c] * 2) for c in OFFLOAD_COLUMNS], axis=1)  # fractions in halves
     if not steps.any():
@@ -391,17 +401,68 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
         ml, mo = np.concatenate(more_L), np.concatenate(more_O)
         if len(ml):
             cost(ml, mo)
+        _offloaded_layer_counts(space, lay, opt, mask, cap, off_cap, footprint, cost)
 
     def plan_at(pair) -> Plan | None:
         if pair is None:
             return None
         li, oi = np.asarray([pair[0]]), np.asarray([pair[1]])
-        return plan_arrays(space, at_batch(take_pairs(lay, opt, li, oi), lay["m_min"][li])).row(0)
+        act = None if pair[2] is None else np.asarray([pair[2]])
+        return plan_arrays(space, pair_rows(li, oi, act)).row(0)
 
     pick = best["within"] if best["within"][1] is not None else best["hbm"]
     offload = best["offload"] if offload_min else (math.inf, None)
     return Floor(hbm_min_bytes=best["hbm"][0], plan=plan_at(pick[1]), hbm_bytes=pick[0], usable_hbm_bytes=cap,
                  offload_plan=plan_at(offload[1]), offload_min_bytes=offload[0])
+
+
+def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, footprint, cost) -> None:
+    """The floor over the activation-offload layer counts a row stands for beyond its grid
+    fraction (constraints.cost_table.offloaded_layer_range: HBM never rises and host bytes never
+    fall as a layer more is offloaded). Per pair, two counts can set a floor number: the most
+    whose offload fits the tier (the smallest HBM among plans that fit it; whether anything fits)
+    and the fewest whose HBM fits (the fewest offloaded bytes among plans that fit HBM). Each is
+    found by bisection and `cost`-ed."""
+    L_all, O_all = np.nonzero(mask & (opt["offload_activations"] > 0)[None, :] & (lay["pp"] == 1)[:, None])
+    if not len(L_all):
+        return
+    rows = at_batch(take_pairs(lay, opt, L_all, O_all), lay["m_min"][L_all])
+    lo, hi = offloaded_layer_range(space, rows)
+    ranged = np.flatnonzero(hi - lo > 1)
+    if not len(ranged):
+        return
+    L, O, lo, hi = L_all[ranged], O_all[ranged], lo[ranged], hi[ranged]
+    layers = space.model.layers
+
+    def bisect(a: np.ndarray, b: np.ndarray, ok) -> np.ndarray:
+        """Per pair, the boundary between a (ok(a) False, exclusive) and b (ok(b) True): ok's
+        count nearest a."""
+        a, b = a.copy(), b.copy()
+        while True:
+            active = np.flatnonzero(np.abs(b - a) > 1)
+            if not len(active):
+                return b
+            mid = np.floor((a[active] + b[active]) / 2)
+            good = ok(active, mid)
+            b[active[good]] = mid[good]
+            a[active[~good]] = mid[~good]
+
+    def fits_hbm(i, n):
+        return footprint(L[i], O[i], fraction_of_layers(n, layers))[0] <= cap
+
+    def fits_tier(i, n):
+        return footprint(L[i], O[i], fraction_of_layers(n, layers))[1] <= off_cap * (1 + 1e-12)
+
+    hbm_hi, _ = footprint(L, O, fraction_of_layers(hi, layers))
+    _, off_lo = footprint(L, O, fraction_of_layers(lo + 1, layers))
+    h = np.flatnonzero(hbm_hi <= cap)  # some count fits HBM: the fewest that does
+    if len(h):
+        n = bisect(lo[h], hi[h], lambda i, m: fits_hbm(h[i], m))
+        cost(L[h], O[h], fraction_of_layers(n, layers))
+    s = np.flatnonzero(off_lo <= off_cap * (1 + 1e-12))  # some count fits the tier: the most that does
+    if len(s):
+        n = bisect(hi[s] + 1, lo[s] + 1, lambda i, m: fits_tier(s[i], m))
+        cost(L[s], O[s], fraction_of_layers(n, layers))
 
 
 def _min_footprint(space) -> tuple[float, float, Plan | None, float]:

@@ -4,11 +4,11 @@ count (planner.bruteforce.with_every_recompute_count)."""
 import numpy as np
 import pytest
 
-from constraints.cost_table import block_recompute_rows, evaluate
+from constraints.cost_table import evaluate
 from constraints.space import at_batch, build_space, cross, layouts, options
 from hardware.load import load_system
 from planner.analytical import estimate
-from planner.bruteforce import brute_force, with_every_recompute_count
+from planner.bruteforce import brute_force, with_every_offloaded_layer_count, with_every_recompute_count
 from planner.model import load_model
 from planner.plan import JobSpec
 from planner.search import plan
@@ -52,7 +52,8 @@ def test_with_offload_every_layer_is_recomputed_and_the_search_still_matches_the
 def test_cost_table_count_is_the_oracles_fastest_fitting_count_on_every_row(system_name, gpus, reserve_gib):
     """Row by row over a whole space (every layout and option at its largest batch): the count
     the cost table costs each block-recompute row at equals the oracle's fastest fitting one; on
-    GH200 the offloading rows keep every layer (count 0), as the oracle enumerates them."""
+    GH200 the offloading rows keep every layer (count 0), as the oracle enumerates them, and are
+    costed at their fewest offloaded layers, which the oracle enumerates too."""
     model, system = load_model("llama3-8b"), load_system(system_name, gpus)
     job = JobSpec(global_batch=64, hbm_reserve_gib=reserve_gib, framework="any", pins={"pp": 1, "recompute": "full"})
     space = build_space(model, system, job)
@@ -60,9 +61,10 @@ def test_cost_table_count_is_the_oracles_fastest_fitting_count_on_every_row(syst
     rows = cross(space, lay, options(space))
     rows = at_batch(rows, rows["m_max"])
     table = evaluate(space, rows)
+    rows["row_id"] = np.arange(len(rows["tp"]), dtype=np.float64)
     every = with_every_recompute_count(rows, model.layers)
-    res = evaluate(space, every, fewest_recompute=False)
-    source = np.repeat(np.arange(len(rows["tp"])), np.where(block_recompute_rows(rows), model.layers, 1))
+    every, res = with_every_offloaded_layer_count(space, every, evaluate(space, every, fewest_counts=False))
+    source = every["row_id"].astype(np.int64)
     checked = 0
     for i in np.flatnonzero(table["violations"] == 0):
         mine = np.flatnonzero((source == i) & (res["violations"] == 0))

@@ -12,6 +12,7 @@ from hardware.spec import MemoryTier
 from planner.analytical import estimate
 from planner.analytical.memory import memory_breakdown
 from planner.model import ModelSpec, MoESpec, load_model
+from planner.bruteforce import with_every_offloaded_layer_count
 from planner.plan import JobSpec
 from planner.search import MEMORY_NEUTRAL_KNOBS, _min_footprint, check, memory_floor, plan
 
@@ -77,7 +78,8 @@ def test_memory_floor_equals_brute_force(case):
     space = build_space(model, system, job)
     floor = memory_floor(space)
     rows = enumerate_rows(space)
-    res = evaluate(space, rows)
+    # every activation-offload layer count a row stands for (the search's costing picks among them)
+    rows, res = with_every_offloaded_layer_count(space, rows, evaluate(space, rows, fewest_counts=False))
     valid = (res["violations"] & ~MEMORY_BITS) == 0
     assert valid.all()
     assert floor.fits == bool((res["violations"] == 0).any())

@@ -182,19 +182,24 @@ def _plan_cli(*args: str) -> tuple[str, dict]:
 
 def test_plan_offloads_only_where_it_pays_and_says_so():
     """Llama-3 70B on 64 GB200, batch 256, FP8 (the Bridge recipe's job): the search picks the
-    recipe's family, tp 1 with half the layers' activations on Grace, and the output names the
-    offload, its exposed time and the best plan without it, whose step time --no-offload gives
-    again; Llama-3 8B in bf16 ties exactly with and without offload (ZeRO-1 with half the
-    activations offloaded, ZeRO-2 without) and then keeps its activations."""
+    recipe's family, tp 1 with about half the layers' activations on Grace (the fewest whole
+    layers whose HBM fits: 38 of 80, where one layer fewer does not fit; the recipe offloads 40),
+    and the output names the offload, its exposed time and the best plan without it, whose step
+    time --no-offload gives again; Llama-3 8B in bf16 ties exactly with and without offload
+    (ZeRO-1 with half the activations offloaded, ZeRO-2 without) and then keeps its activations."""
     text, data = _plan_cli()
     best = data["plans"][0]
-    assert (best["plan"]["tp"], best["plan"]["offload_activations"]) == (1, 0.5)
+    assert (best["plan"]["tp"], best["plan"]["offload_activations"]) == (1, 38 / 80)
+    model70, gb200_64 = load_model("llama3-70b"), load_system("gb200-nvl72", 64)
+    job70 = JobSpec(global_batch=256, dtype="fp8")
+    one_fewer = Plan(**{**best["plan"], "offload_activations": 37 / 80})
+    assert not estimate(model70, gb200_64, one_fewer, job70).feasible
     gain = data["stats"]["offload_gain"]
     _, alone = _plan_cli("--no-offload")
     assert gain["step_time_s"] == pytest.approx(alone["plans"][0]["step_time_s"], rel=1e-12)
     assert gain["advantage"] == pytest.approx(1 - best["step_time_s"] / gain["step_time_s"]) and gain["advantage"] > 0
     flat = " ".join(text.split())
-    assert "Offload: 40 of 80 layers' activations to grace-lpddr5x-c2c-shared" in flat and "It pays" in flat
+    assert "Offload: 38 of 80 layers' activations to grace-lpddr5x-c2c-shared" in flat and "It pays" in flat
     from planner.search import plan as search
     model8, gb200, job8 = load_model("llama3-8b"), load_system("gb200-nvl72", 64), JobSpec(global_batch=256)
     small = search(model8, gb200, job8, top_k=1).best

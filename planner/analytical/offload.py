@@ -38,6 +38,13 @@ def offloaded_layers(fraction: np.ndarray, layers: np.ndarray) -> np.ndarray:
     return np.where(fraction > 0, np.clip(whole, 1.0, np.maximum(layers - 1.0, 0.0)), 0.0)
 
 
+def fraction_of_layers(k: np.ndarray, layers) -> np.ndarray:
+    """The fraction that offloads k whole layers of `layers` (inverse of `offloaded_layers`; the
+    most, all but the last, as 1.0, the fraction a Megatron launch of it runs)."""
+    k = np.asarray(k, dtype=np.float64)
+    return np.where(k >= np.asarray(layers) - 1, 1.0, k / np.asarray(layers, dtype=np.float64))
+
+
 def schedule_exposed_s(n_offloaded: np.ndarray, layers: np.ndarray, copy_per_layer_s: np.ndarray,
                        compute_per_layer_s: np.ndarray) -> np.ndarray:
     """Seconds one direction's copies add to one microbatch's forward (or backward) pass under

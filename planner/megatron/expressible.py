@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.spec import SystemSpec
-from planner.analytical.offload import offloaded_layers
+from planner.analytical.offload import fraction_of_layers, offloaded_layers
 from planner.pipeline_layout import fullest_rank_layers, layout_not_expressible
 from planner.megatron.launch import arch_text, compute_capability
 from planner.model import ModelSpec
@@ -42,7 +42,7 @@ def megatron_offload_fraction(fraction: float, layers: int) -> float:
 def offload_fraction_of_layers(k: int, layers: int) -> float:
     """The activation-offload fraction a launch with k offloaded layers runs (inverse of
     cpu_offload_layers on the fractions Megatron can express)."""
-    return 1.0 if k == layers - 1 else k / layers
+    return float(fraction_of_layers(k, layers))
 
 
 def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
