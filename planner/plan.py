@@ -550,6 +550,29 @@ def check_plan_file_fields(data: dict, path: str | Path) -> None:
         raise SpecError(f"plan ({path}): step_time_s: expected a finite non-negative number of seconds, got {value!r}")
     if data.get("objective") not in (None, *SAVED_OBJECTIVES):
         raise SpecError(f"plan ({path}): objective: unknown {data['objective']!r}; allowed: {', '.join(SAVED_OBJECTIVES)}")
+    if "job" in data:
+        _refuse_cut_saved_file(data, path)
+
+
+# job fields a saved file may lack: saved files written before the field existed mean its default
+SAVED_JOB_FIELDS_LATER = ("moe_load_imbalance",)
+
+
+def _refuse_cut_saved_file(data: dict, path: str | Path) -> None:
+    """A file with a `job:` is one `planner plan --save` wrote, and that writes every plan field
+    and every job setting: one without some was cut short (or edited), and filling the gap with
+    defaults would cost and launch another job (an FP8 plan cut before its dtype launched in
+    bf16). The top-level keys come before `job:` and have their own messages."""
+    from planner.planfile import SAVED_JOB_FIELDS  # noqa: PLC0415 (planfile imports this module)
+    plan, job = data.get("plan"), data.get("job")
+    gaps = [f"plan.{f}" for f in Plan.model_fields if f not in plan] if isinstance(plan, dict) else []
+    if job is None or isinstance(job, dict):
+        gaps += [f"job.{f}" for f in SAVED_JOB_FIELDS if f not in (job or {}) and f not in SAVED_JOB_FIELDS_LATER]
+    if gaps:
+        shown = ", ".join(gaps[:4]) + (f" and {len(gaps) - 4} more" if len(gaps) > 4 else "")
+        raise SpecError(f"plan ({path}): missing {shown}: a file `planner plan --save` wrote has every field "
+                        "(was it cut short?); save the plan again, or remove `job:` to estimate it as a bare plan "
+                        "under the command line's settings")
 
 
 PLAN_FILE_REQUIRED = ("tp", "pp", "dp", "global_batch")

@@ -390,3 +390,29 @@ def test_a_yes_no_where_a_name_goes_lists_the_names(tmp_path):
     (tmp_path / "m.yaml").write_text(text)
     one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "m.yaml"), "-s", "h100-sxm", "-g", "8", "-b", "64"]),
                    "rope_scaling: expected one of none, yarn, llama3, got false", "quote the name")
+
+
+# ---- a saved plan file cut short (fuzz audit 2026-11-28) -----------------------------------------
+
+@pytest.mark.parametrize("lines_kept", [34, 40, 49])
+def test_a_saved_plan_file_cut_short_is_refused_not_filled_with_defaults(tmp_path, lines_kept):
+    """`head -n N plan.yaml` of an MXFP8 plan with bf16 Adam moments and bf16 edge layers had
+    launched in bf16 without them (exit 0); a file with `job:` must carry every setting."""
+    import yaml as _yaml
+
+    from tests.conftest import one_line_error
+    run = lambda args: runner.invoke(app, args)  # noqa: E731
+    saved = tmp_path / "full.yaml"
+    r = run(["plan", "-m", "llama3.1-8b", "-s", "b200", "-g", "64", "-b", "512", "--dtype", "mxfp8",
+             "--adam-moments", "bf16", "--bf16-layers", "1,1", "--save", str(saved)])
+    assert r.exit_code == 0, r.output
+    lines = saved.read_text().splitlines(keepends=True)
+    assert lines[33].startswith("job:") and len(lines) > 49
+    cut = tmp_path / "cut.yaml"
+    cut.write_text("".join(lines[:lines_kept]))
+    kept = _yaml.safe_load(cut.read_text()).get("job") or {}
+    assert any(f not in kept for f in ("dtype", "adam_moments", "bf16_layers"))
+    for command in (["megatron", "--plan", str(cut), "--format", "args"], ["estimate", "--plan", str(cut)]):
+        line = one_line_error(run(command))
+        assert "missing job." in line and "cut short" in line, line
+    assert run(["megatron", "--plan", str(saved), "--format", "args"]).exit_code == 0
