@@ -23,7 +23,8 @@ SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_pa
                     "adam_moments", "bf16_layers", "module_dtypes", "moe_load_imbalance")
 
 
-def _is_preset(ref: str, what: str) -> bool:
+def is_preset(ref: str, what: str) -> bool:
+    """Whether `ref` names a built-in preset (a bare preset name always means the preset)."""
     from hardware.load import PRESET_DIR as SYSTEM_PRESETS
     from planner.model import PRESET_DIR as MODEL_PRESETS
     return ((MODEL_PRESETS if what == "model" else SYSTEM_PRESETS) / f"{ref}.yaml").is_file()
@@ -33,14 +34,14 @@ def reference(ref: str, what: str) -> str:
     """A model/system reference as it must be saved: a preset name as is (a bare preset name
     always means the preset), anything else (YAML, config.json, model directory) as its absolute
     path (a relative one breaks `--plan` from another directory)."""
-    return ref if _is_preset(ref, what) else str(Path(ref).resolve())
+    return ref if is_preset(ref, what) else str(Path(ref).resolve())
 
 
 def saved_reference(ref: str, what: str, plan_path: str | Path) -> str:
     """A model/system reference read from a plan file: a preset name as is; a relative path taken
     from the plan file's folder (`reference` saves absolute ones; a hand-written relative one
     means the file beside the plan, not one in whatever folder the command runs from)."""
-    if not ref.strip() or _is_preset(ref, what) or Path(ref).is_absolute():
+    if not ref.strip() or is_preset(ref, what) or Path(ref).is_absolute():
         return ref
     beside = Path(plan_path).parent / ref
     if not beside.exists() and "/" not in ref and "\\" not in ref and Path(ref).suffix not in (".yaml", ".yml", ".json"):

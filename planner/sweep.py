@@ -557,7 +557,9 @@ class PointLog:
                 lines.append(last)
                 self._unterminated = True
             except ValueError:
-                if not last.startswith("{"):
+                # a record cut by a kill mid-write starts as one; with no line before it, only as
+                # this sweep's header does (anything else there is someone's file, not a log)
+                if not last.startswith("{") or (not lines and not json.dumps(self.header).startswith(last)):
                     raise self._malformed(len(lines) + 1, "not JSON") from None
                 # a record cut by a kill mid-write: dropped (that point runs again)
                 self._cut_at = len(text.encode("utf-8")) - len(last.encode("utf-8"))
@@ -654,6 +656,18 @@ def point_key(params: dict) -> str:
 def output_paths(out_dir: str | Path, name: str = "sweep") -> dict[str, Path]:
     out = Path(out_dir)
     return {ext: out / f"{name}.{ext}" for ext in ("csv", "png", "svg")}
+
+
+def refuse_inputs_as_outputs(outputs: list[Path], inputs: dict[str, list[str]]) -> None:
+    """An output path that is one of the sweep's input files (`--force` overwrites outputs, never
+    the model or system it reads): {flag: references} of the inputs, presets left out."""
+    from planner.planfile import is_preset
+    written = {p.resolve() for p in outputs}
+    for flag, refs in inputs.items():
+        for ref in refs:
+            if ref and not is_preset(ref, "system" if flag == "--system" else "model") and Path(ref).resolve() in written:
+                raise SpecError(f"out: {Path(ref)} is the {flag} input and would be overwritten; choose another "
+                                "--out or --name")
 
 
 def refuse_overwrite(paths: dict[str, Path], force: bool) -> None:

@@ -71,6 +71,9 @@ def test_a_malformed_line_is_one_line_error_and_the_log_is_kept(tmp_path, monkey
 
 @pytest.mark.parametrize("content,words", [
     ("this is not a point log\n", "line 1: not JSON"),  # was "holds the points of a different sweep"
+    # a lone partial JSON line that is not the start of this sweep's header: someone's file, not a
+    # log cut by a kill (it had been emptied, then deleted at the end of the sweep)
+    ('{"run": "my notes from the last experiment', "line 1: not JSON"),
     ("[1, 2]\n", 'line 1: not the header {"sweep": ...}'),
     (b"\xff\xfe\n", "line 1: not UTF-8 text"),
 ])
@@ -165,3 +168,28 @@ def test_a_system_file_edited_between_the_runs_is_another_sweep(tmp_path, monkey
     system.write_text(yaml.safe_dump(spec))
     monkeypatch.setattr(sweep_mod, "evaluate_point", REAL_EVALUATE)
     one_line_error(CliRunner().invoke(app, args), "holds the points of a different sweep")
+
+
+def test_a_header_cut_by_a_kill_is_a_fresh_log(tmp_path, monkeypatch):
+    log = interrupted_log(tmp_path, monkeypatch, points=0)
+    header = log.read_text().splitlines()[0]
+    log.write_text(header[:25])  # killed while writing its own header
+    result, calls = sweep(tmp_path, monkeypatch)
+    assert result.exit_code == 0, result.output
+    assert calls == [{"gpus": 8}, {"gpus": 16}, {"gpus": 32}]
+
+
+@pytest.mark.parametrize("flag", ["-m", "-s"])
+def test_force_never_overwrites_the_model_or_system_it_reads(tmp_path, flag):
+    """`--force` overwrites outputs; an output path that is the sweep's own input file is refused."""
+    from pathlib import Path as _Path
+    source = _Path(__file__).resolve().parents[1] / ("examples/custom_model.yaml" if flag == "-m"
+                                                     else "hardware/presets/h100-sxm.yaml")
+    target = tmp_path / "sweep.csv"
+    target.write_text(source.read_text())
+    args = {"-m": str(target) if flag == "-m" else "llama3-8b", "-s": str(target) if flag == "-s" else "h100-sxm"}
+    result = CliRunner().invoke(app, ["sweep", "-m", args["-m"], "-s", args["-s"], "-g", "8", "-b", "8",
+                                      "--no-explain", "--vary", "hbm_gib=80", "--out", str(tmp_path), "--force"])
+    message = one_line_error(result, "would be overwritten")
+    assert ("--model" if flag == "-m" else "--system") in message
+    assert target.read_text() == source.read_text()

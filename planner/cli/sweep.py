@@ -46,6 +46,7 @@ from planner.sweep import (
     output_paths,
     plot,
     point_key,
+    refuse_inputs_as_outputs,
     refuse_overwrite,
     run_points,
     write_csv,
@@ -176,6 +177,9 @@ def register(app: typer.Typer) -> None:
                     raise SpecError(f"vary: {axis.name} is varied and {flag} fixes it ({value}); drop one of the two")
             if no_offload and axis.name.startswith("offload_"):  # every point would be the same plan
                 raise SpecError(f"vary: {axis.name} is varied and --no-offload forbids offloading; drop one of the two")
+        refuse_inputs_as_outputs([*paths.values(), log_path], {
+            "--model": [model] if model else [], "--system": [system],
+            "--vary model": [str(v) for a in axes if a.name == "model" for v in a.values]})
         max_global_batch = DEFAULT_MAX_GLOBAL_BATCH if max_global_batch is None else max_global_batch
         job = make_job(global_batch=global_batch, max_global_batch=max(max_global_batch, global_batch or 0),
                        dtype=dtype, system=load_system(system),  # the axes vary sizes, not the GPU
