@@ -416,3 +416,18 @@ def test_a_saved_plan_file_cut_short_is_refused_not_filled_with_defaults(tmp_pat
         line = one_line_error(run(command))
         assert "missing job." in line and "cut short" in line, line
     assert run(["megatron", "--plan", str(saved), "--format", "args"]).exit_code == 0
+
+
+@pytest.mark.parametrize("pins, words", [
+    (["--tp", "8", "--pp", "16"], "your pins need tp·pp = 128 GPUs; the system has 64"),
+    (["--tp", "8", "--pp", "8", "--dp", "8"], "tp·pp·dp = 512 GPUs"),
+    (["--micro-batch", "3"], "not a multiple of micro_batch·dp"),
+])
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_pins_that_contradict_each_other_are_an_input_error(command, pins, words):
+    """Each pin passed its own check; together they leave no layout of the job. That is a mistake
+    in the input (exit 2, one line, as `estimate` says it), not a box where nothing fits (exit 1)."""
+    from tests.conftest import one_line_error
+    line = one_line_error(runner.invoke(app, [command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "512",
+                                              *pins]))
+    assert line.startswith("error: pins: your pins (") and words in line, line

@@ -391,6 +391,7 @@ def _plan(o: dict) -> None:
     if result.best is None:  # the same diagnosis `planner check` prints, for the text and the JSON
         from planner.search import check
         why = check(model, system, job)
+        refuse_contradictory_pins(why)
     if o["json_out"]:
         from planner.report import kernel_json, precision_json
         out = {"model": model.name, "system": system.name, "gpus": system.num_gpus,
@@ -488,6 +489,14 @@ def _text_table(title: str, headers: tuple[str, ...], rows: list[tuple[str, ...]
     return "\n".join([title, line(headers), line(["-" * w for w in widths]), *map(line, rows)])
 
 
+def refuse_contradictory_pins(res) -> None:
+    """Pins that together leave no layout of the job (each alone passed its own check: tp 8 and
+    pp 16 on 64 GPUs) are a mistake in the input, told in one line with exit 2 as `estimate` tells
+    them, not a box where nothing fits (exit 1: memory)."""
+    if "pins" in res.binding_rules:
+        raise SpecError("; ".join(res.reasons))
+
+
 def _check(o: dict) -> int:
     from planner.recommend import recommend
     from planner.report import kernel_json, precision_json
@@ -499,6 +508,7 @@ def _check(o: dict) -> int:
         recommended.append(recommend(model, system, job, top_k=1))
         return recommended[-1]
     res = check(model, system, job, searcher=searcher, plan_command=o.get("plan_command"))
+    refuse_contradictory_pins(res)
     model_only = recommended[-1].model_only if res.feasible and recommended else []
     if o["json_out"]:
         print(json_text({"feasible": res.feasible, "model": model.name, "system": system.name,
