@@ -401,7 +401,7 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
         ml, mo = np.concatenate(more_L), np.concatenate(more_O)
         if len(ml):
             cost(ml, mo)
-        _offloaded_layer_counts(space, lay, opt, mask, cap, off_cap, footprint, cost)
+        _offloaded_layer_counts(space, lay, opt, mask, cap, off_cap, footprint, cost, offload_min)
 
     def plan_at(pair) -> Plan | None:
         if pair is None:
@@ -416,13 +416,15 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
                  offload_plan=plan_at(offload[1]), offload_min_bytes=offload[0])
 
 
-def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, footprint, cost) -> None:
+def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, footprint, cost,
+                            offload_min: bool) -> None:
     """The floor over the activation-offload layer counts a row stands for beyond its grid
     fraction (constraints.cost_table.offloaded_layer_range: HBM never rises and host bytes never
     fall as a layer more is offloaded). Per pair, two counts can set a floor number: the most
-    whose offload fits the tier (the smallest HBM among plans that fit it; whether anything fits)
-    and the fewest whose HBM fits (the fewest offloaded bytes among plans that fit HBM). Each is
-    found by bisection and `cost`-ed."""
+    whose offload fits the tier (the smallest HBM among plans that fit it; whether anything fits),
+    beyond the grid row itself only where that row's offload exceeds the tier, and, for
+    `offload_min`, the fewest whose HBM fits (the fewest offloaded bytes among plans that fit HBM).
+    Each is found by bisection and `cost`-ed."""
     L_all, O_all = np.nonzero(mask & (opt["offload_activations"] > 0)[None, :] & (lay["pp"] == 1)[:, None])
     if not len(L_all):
         return
@@ -453,14 +455,17 @@ def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, f
     def fits_tier(i, n):
         return footprint(L[i], O[i], fraction_of_layers(n, layers))[1] <= off_cap * (1 + 1e-12)
 
-    hbm_hi, _ = footprint(L, O, fraction_of_layers(hi, layers))
-    _, off_lo = footprint(L, O, fraction_of_layers(lo + 1, layers))
-    h = np.flatnonzero(hbm_hi <= cap)  # some count fits HBM: the fewest that does
-    if len(h):
+    hbm_hi, off_hi = footprint(L, O, fraction_of_layers(hi, layers))  # the grid rows, costed already
+    h = np.flatnonzero(hbm_hi <= cap) if offload_min else np.zeros(0, dtype=np.int64)
+    if len(h):  # some count fits HBM: the fewest that does
         n = bisect(lo[h], hi[h], lambda i, m: fits_hbm(h[i], m))
         cost(L[h], O[h], fraction_of_layers(n, layers))
-    s = np.flatnonzero(off_lo <= off_cap * (1 + 1e-12))  # some count fits the tier: the most that does
-    if len(s):
+    over = np.flatnonzero(off_hi > off_cap * (1 + 1e-12))
+    if not len(over):
+        return
+    _, off_lo = footprint(L[over], O[over], fraction_of_layers(lo[over] + 1, layers))
+    s = over[off_lo <= off_cap * (1 + 1e-12)]
+    if len(s):  # the tier takes fewer layers than the grid row's: the most it takes
         n = bisect(hi[s] + 1, lo[s] + 1, lambda i, m: fits_tier(s[i], m))
         cost(L[s], O[s], fraction_of_layers(n, layers))
 
