@@ -77,6 +77,14 @@ def refuse_encoders(cfg: dict, path: Path) -> None:
         what = "an encoder-decoder" if cfg.get("is_encoder_decoder") is True else "an encoder (bidirectional attention)"
         raise SpecError(f"model {path}: model_type {_shown(kind)} is {what}; the planner costs decoder-only "
                         "causal language models (GPT, Llama, Mixtral, DeepSeek, ...)")
+    if kind is None and isinstance(cfg.get("architectures"), list):
+        # no model_type to go by: the class names say it (BertForMaskedLM, RobertaModel)
+        for arch in (a for a in cfg["architectures"] if isinstance(a, str)):
+            low = arch.lower()
+            if low.endswith("formaskedlm") or (any(low.startswith(e.replace("-", "")) for e in ENCODER_TYPES)
+                                                and not low.endswith("forcausallm")):
+                raise SpecError(f"model {path}: architectures {_shown(arch)} is an encoder model (and the config "
+                                "names no model_type); the planner costs decoder-only causal language models")
 
 
 # Which layers keep full attention: a config's layer_types (GPT-OSS, newer Gemma-3 dumps), else
@@ -158,6 +166,10 @@ NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_e
 # Megatron's Llama 3.x RoPE scaling has fixed frequency bands (rotary_pos_embedding.py _apply_scaling:
 # low_freq_factor 1, high_freq_factor 4, original context 8192: Llama 3.1's); only the factor is a flag
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+# transformers modeling_rope_utils.ROPE_INIT_FUNCTIONS (and Qwen2-VL's multimodal "mrope")
+HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "mrope")
 
 
 def rope_type(cfg: dict) -> str | None:
@@ -339,6 +351,10 @@ def refuse_unread_keys(cfg: dict, path: Path) -> None:
         raise SpecError(f"model {path}: {key} {_shown(cfg[key])} ({what}) is not read for model_type "
                         f"{_shown(model_type)} (Hugging Face's config for it has no such field; read for: "
                         f"{_readers(readers)}); remove it{also}")
+    kind = rope_type(cfg)
+    if kind is not None and kind not in HF_ROPE_TYPES:
+        raise SpecError(f"model {path}: rope_scaling rope_type {_shown(kind)} is not one of Hugging Face's: "
+                        f"{', '.join(HF_ROPE_TYPES)}")
     for key, given in (("partial_rotary_factor", (cfg.get("partial_rotary_factor") or 1) < 1),
                        ("rope_scaling", (rope_type(cfg) or "default") != "default")):
         if model_type == "nemotron_h" and given:  # NemotronHConfig has neither field

@@ -394,6 +394,9 @@ class ModelSpec(_Part):
         if self.rotary_percent != 1.0 and self.position_embedding != "rope":
             raise ValueError(f"rotary_percent ({self.rotary_percent}) sizes RoPE; position_embedding is "
                              f"{self.position_embedding}")
+        if self.mtp_layers > self.layers:  # DeepSeek-V3 predicts 1 token ahead, Nemotron 3 Super 2
+            raise ValueError(f"mtp_layers ({self.mtp_layers}) exceeds the {self.layers} layers: each MTP module "
+                             "predicts one more token ahead; published models use 1 or 2")
         if self.mtp_shared_weights and not self.mtp_layers:
             raise ValueError("mtp_shared_weights needs mtp_layers > 0 (there is no MTP module to share)")
         if self.moe and self.moe.shared_expert_ffn is not None and not self.moe.shared_experts:

@@ -431,3 +431,37 @@ def test_pins_that_contradict_each_other_are_an_input_error(command, pins, words
     line = one_line_error(runner.invoke(app, [command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "512",
                                               *pins]))
     assert line.startswith("error: pins: your pins (") and words in line, line
+
+
+def _hf_copy(tmp_path, edit):
+    from pathlib import Path as _Path
+    src = _Path(__file__).resolve().parent / "fixtures" / "hf" / "llama-3.1-70b" / "config.json"
+    cfg = json.loads(src.read_text())
+    edit(cfg)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda c: c.update(rope_scaling={"rope_type": "bogus", "factor": 2.0}), 'rope_type "bogus" is not one of'),
+    (lambda c: (c.pop("model_type"), c.update(architectures=["BertForMaskedLM"])), "is an encoder model"),
+])
+def test_configs_the_planner_would_misread_are_refused(tmp_path, edit, words):
+    """Fuzz audit: an unknown RoPE type was read as plain RoPE, and a BERT config without its
+    model_type was costed as a decoder (exit 0)."""
+    from tests.conftest import one_line_error
+    one_line_error(runner.invoke(app, ["estimate", "-m", _hf_copy(tmp_path, edit), "-s", "h100-sxm", "-g", "8",
+                                       "-b", "8", "--tp", "1", "--pp", "1"]), words)
+
+
+def test_more_mtp_modules_than_layers_and_every_layer_in_bf16_are_refused(tmp_path):
+    from tests.conftest import one_line_error
+    spec = tmp_path / "m.yaml"
+    spec.write_text("name: x\nlayers: 4\nhidden: 512\nheads: 8\nffn: 2048\nseq_length: 1024\nvocab: 32000\n"
+                    "mtp_layers: 10\nmoe: {num_experts: 8, top_k: 2}\n")
+    one_line_error(runner.invoke(app, ["estimate", "-m", str(spec), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
+                   "mtp_layers (10) exceeds the 4 layers")
+    one_line_error(runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--dtype",
+                                       "fp8-cs", "--bf16-layers", "32,0"]), "keeps all 32 layers", "--dtype bf16")

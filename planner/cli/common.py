@@ -440,6 +440,9 @@ def check_bf16_layers_fit(bf16_layers: tuple[int, int], model) -> None:
     if first + last > model.layers:
         raise SpecError(f"bf16-layers: the job keeps {first} + {last} layers in bf16, which exceed "
                         f"{model.name}'s {model.layers}")
+    if first + last == model.layers:  # as --bf16-layers under bf16: the low-precision dtype would act on nothing
+        raise SpecError(f"bf16-layers: {first} + {last} keeps all {model.layers} layers of {model.name} in bf16, "
+                        "so the low-precision --dtype would run no layer; use --dtype bf16")
 
 
 def check_layout_fits_model(plan, model, plan_file: str | None = None) -> None:
