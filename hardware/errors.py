@@ -70,6 +70,23 @@ def one_line(err: ValidationError, where: str) -> SpecError:
     return SpecError(f"{where}: {msg}{tail}" if loc is None else f"{where}: {loc}: {msg}{tail}")
 
 
+# Keys that mark a file of one kind, and the flag that reads it (a file given to the wrong flag
+# failed on its first unknown key: "plan: unknown field (and 11 more problems)")
+FILE_KINDS = (("plan", ("plan",), "a plan file", "--plan"), ("plan", ("tp", "pp", "dp"), "a plan file", "--plan"),
+              ("system", ("accelerator",), "a system file", "-s"), ("model", ("layers", "hidden"), "a model file", "-m"),
+              ("hf", ("model_type",), "a Hugging Face config", "-m, named config.json (or its folder)"),
+              ("hf", ("num_hidden_layers", "hidden_size"), "a Hugging Face config", "-m, named config.json (or its folder)"))
+
+
+def other_kind_of_file(data: dict, expected: str) -> str:
+    """'' if `data` may be a file of the `expected` kind (model, system, plan); else what it is and
+    the flag that reads it, for the error that replaces the first unknown key."""
+    for kind, keys, name, flag in FILE_KINDS:
+        if kind != expected and all(k in data for k in keys):
+            return f"this is {name} ({', '.join(k + ':' for k in keys)}); pass it with {flag}"
+    return ""
+
+
 def finite_number(value) -> bool:
     """A real, finite number as YAML/JSON give it (a bool is not one, NaN and inf are not finite)."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

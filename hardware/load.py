@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hardware.errors import SpecError, one_line, read_yaml_mapping, reference_text, refuse_loose_types, resolve_preset_or_file
+from hardware.errors import (SpecError, one_line, other_kind_of_file, read_yaml_mapping, reference_text, refuse_loose_types,
+                             resolve_preset_or_file)
 from hardware.spec import MAX_GPUS, Accelerator, SystemSpec
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -98,6 +99,9 @@ def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
         refuse_loose_types(data, SystemSpec, f"system ({label})")
         system = SystemSpec.model_validate(data)
     except ValidationError as err:
+        other = other_kind_of_file(data, "system")
+        if other:
+            raise SpecError(f"system ({label}): {other}") from None
         raise one_line(err, f"system ({label})") from None
     if num_gpus is None:
         _check_gpu_cap(system.num_gpus, f"system ({label})")

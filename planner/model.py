@@ -8,8 +8,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
-from hardware.errors import (SpecError, digit_limit_error, in_range, one_line, read_yaml_mapping, reference_text,
-                             refuse_loose_types, VISIBLE_LINE_PATTERN, check_name_length, resolve_preset_or_file)
+from hardware.errors import (SpecError, digit_limit_error, in_range, one_line, other_kind_of_file, read_yaml_mapping,
+                             reference_text, refuse_loose_types, VISIBLE_LINE_PATTERN, check_name_length,
+                             resolve_preset_or_file)
 from planner import hf_config
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -718,6 +719,9 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         refuse_loose_types(data, ModelSpec, f"model ({label})")
         return ModelSpec.model_validate(data)
     except ValidationError as err:
+        other = "" if config_json is not None else other_kind_of_file(data, "model")
+        if other:
+            raise SpecError(f"model ({label}): {other}") from None
         error = one_line(err, f"model ({label})")
         if config_json is not None:  # name the config key the user wrote, not the planner's field
             for field, key in hf_config.CONFIG_KEY_OF_FIELD.items():

@@ -465,3 +465,22 @@ def test_more_mtp_modules_than_layers_and_every_layer_in_bf16_are_refused(tmp_pa
                    "mtp_layers (10) exceeds the 4 layers")
     one_line_error(runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "b200", "-g", "8", "-b", "64", "--dtype",
                                        "fp8-cs", "--bf16-layers", "32,0"]), "keeps all 32 layers", "--dtype bf16")
+
+
+def test_a_file_given_to_the_wrong_flag_says_which_flag_reads_it(tmp_path):
+    """A plan file given to -m had read "plan: unknown field (and 11 more problems)"."""
+    from pathlib import Path as _Path
+
+    from tests.conftest import one_line_error
+    root = _Path(__file__).resolve().parents[1]
+    saved = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--save",
+                               str(saved)]).exit_code == 0
+    hf = tmp_path / "llama_config.yaml"
+    hf.write_text((root / "tests/fixtures/hf/llama-3.1-70b/config.json").read_text())
+    for model, system, words in ((saved, "h100-sxm", "a plan file (plan:); pass it with --plan"),
+                                 ("llama3-8b", saved, "a plan file"),
+                                 (root / "hardware/presets/h100-sxm.yaml", "h100-sxm", "a system file"),
+                                 ("llama3-8b", root / "planner/presets/llama3-8b.yaml", "a model file (layers:, hidden:)"),
+                                 (hf, "h100-sxm", "named config.json")):
+        one_line_error(runner.invoke(app, ["plan", "-m", str(model), "-s", str(system), "-g", "8", "-b", "8"]), words)
