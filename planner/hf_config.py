@@ -191,6 +191,16 @@ def llama3_rope_note(cfg: dict) -> str:
             "launched with those (not costed either way)")
 
 
+def unknown_rope_note(cfg: dict) -> str:
+    """A rope_scaling type the planner does not know (transformers adds them): read, and said."""
+    kind = rope_type(cfg)
+    if kind is None or kind in HF_ROPE_TYPES:
+        return ""
+    return (f"rope_scaling rope_type {_shown(kind)} is not one the planner knows ({', '.join(HF_ROPE_TYPES)}): "
+            "costed as plain RoPE (its cost does not depend on the frequencies) and launched without it; "
+            "add the scaling to the launch by hand")
+
+
 def rope_base_note(cfg: dict) -> str:
     """A fractional rope_theta, launched as Megatron's integer --rotary-base, or windowed layers
     with their own RoPE base (Gemma-3's rope_local_base_freq), which Megatron's one --rotary-base
@@ -215,7 +225,7 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
     # the MLA defaults from the file as written: a null q_lora_rank is "no query compression", not absent
     return [n for n in (*notes, hf_default_note(raw), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
-                              llama3_rope_note(cfg)) if n]
+                              llama3_rope_note(cfg), unknown_rope_note(cfg)) if n]
 
 
 def with_defaults(cfg: dict, extra: dict | None = None) -> dict:
@@ -351,10 +361,6 @@ def refuse_unread_keys(cfg: dict, path: Path) -> None:
         raise SpecError(f"model {path}: {key} {_shown(cfg[key])} ({what}) is not read for model_type "
                         f"{_shown(model_type)} (Hugging Face's config for it has no such field; read for: "
                         f"{_readers(readers)}); remove it{also}")
-    kind = rope_type(cfg)
-    if kind is not None and kind not in HF_ROPE_TYPES:
-        raise SpecError(f"model {path}: rope_scaling rope_type {_shown(kind)} is not one of Hugging Face's: "
-                        f"{', '.join(HF_ROPE_TYPES)}")
     for key, given in (("partial_rotary_factor", (cfg.get("partial_rotary_factor") or 1) < 1),
                        ("rope_scaling", (rope_type(cfg) or "default") != "default")):
         if model_type == "nemotron_h" and given:  # NemotronHConfig has neither field

@@ -533,6 +533,10 @@ _PIN_KIND_WORDS = {numbers.Integral: "an integer", bool: "true or false", number
 # for the reader only (ignored on load). Any other key is refused, as in `plan:` and `job:`, so
 # that a misspelt `gpu: 16` is named instead of silently falling back to the system's count.
 PLAN_FILE_FIELDS = ("plan", "model", "system", "gpus", "seq_length", "global_batch", "job")
+# JobSpec fields a launch depends on (pins, forbids and search bounds do not): a plan file's `job:`
+SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework",
+                    "full_iteration_cuda_graph", "cuda_graph_modules", "fp8_attention", "fused_grouped_mlp",
+                    "adam_moments", "bf16_layers", "module_dtypes", "moe_load_imbalance")
 SAVED_RESULT_FIELDS = ("step_time_s", "objective")
 SAVED_OBJECTIVES = ("step time", "time per token")  # planner.search.SearchResult.objective
 
@@ -563,7 +567,6 @@ def _refuse_cut_saved_file(data: dict, path: str | Path) -> None:
     and every job setting: one without some was cut short (or edited), and filling the gap with
     defaults would cost and launch another job (an FP8 plan cut before its dtype launched in
     bf16). The top-level keys come before `job:` and have their own messages."""
-    from planner.planfile import SAVED_JOB_FIELDS  # noqa: PLC0415 (planfile imports this module)
     plan, job = data.get("plan"), data.get("job")
     gaps = [f"plan.{f}" for f in Plan.model_fields if f not in plan] if isinstance(plan, dict) else []
     if job is None or isinstance(job, dict):

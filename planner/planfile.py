@@ -15,12 +15,9 @@ from pydantic import ValidationError
 from hardware.errors import SpecError, one_line, read_yaml_mapping, refuse_loose_types
 from hardware.spec import SystemSpec
 from planner.model import ModelSpec
-from planner.plan import PLAN_FILE_FIELDS, SAVED_RESULT_FIELDS, JobSpec, Plan, check_plan_file_fields
+from planner.plan import (PLAN_FILE_FIELDS, SAVED_JOB_FIELDS, SAVED_RESULT_FIELDS, JobSpec, Plan,
+                          check_plan_file_fields)
 
-# JobSpec fields a launch depends on (pins, forbids and search bounds do not).
-SAVED_JOB_FIELDS = ("dtype", "hbm_reserve_gib", "flash_attention", "bytes_per_param", "framework",
-                    "full_iteration_cuda_graph", "cuda_graph_modules", "fp8_attention", "fused_grouped_mlp",
-                    "adam_moments", "bf16_layers", "module_dtypes", "moe_load_imbalance")
 
 
 def is_preset(ref: str, what: str) -> bool:
