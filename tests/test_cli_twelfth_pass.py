@@ -482,6 +482,8 @@ def test_a_file_given_to_the_wrong_flag_says_which_flag_reads_it(tmp_path):
                                  ("llama3-8b", root / "planner/presets/llama3-8b.yaml", "a model file (layers:, hidden:)"),
                                  (hf, "h100-sxm", "named config.json")):
         one_line_error(runner.invoke(app, ["plan", "-m", str(model), "-s", str(system), "-g", "8", "-b", "8"]), words)
+    # and a Hugging Face config given as the plan (it had printed a default-model note, then 'missing tp')
+    one_line_error(runner.invoke(app, ["estimate", "--plan", str(hf)]), "a Hugging Face config", "not with --plan")
 
 
 def test_an_unknown_rope_type_is_read_and_said(tmp_path):

@@ -136,18 +136,16 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
     if plan_file is not None:  # --plan "" is a mistake, not "no plan"
         from pathlib import Path
 
-        from hardware.errors import read_yaml_mapping
+        from hardware.errors import other_kind_of_file, read_yaml_mapping
         if not str(plan_file).strip():  # Path("") is the current folder: say what is really wrong
             raise SpecError("plan: empty name; give the path of a plan file (from `planner plan --save`)")
         refuse_dash(plan_file, "plan", "give the path of a plan file (./- for a file named '-')")
         saved = read_yaml_mapping(Path(plan_file), "plan")
         if "plan" not in saved and not {"tp", "pp", "dp"} & set(saved):
-            # a model or system file passed as the plan: say what it is before any default note
-            kind = "model" if {"layers", "hidden"} & set(saved) else \
-                "system" if {"accelerator", "num_gpus"} & set(saved) else None
-            if kind is not None:
-                raise SpecError(f"plan {plan_file}: this is a {kind} file, not a plan (from `planner plan --save`); "
-                                f"pass it with {'-m' if kind == 'model' else '-s'}")
+            # a model, system or Hugging Face file passed as the plan: say what it is before any default note
+            other = other_kind_of_file(saved, "plan")
+            if other:
+                raise SpecError(f"plan {plan_file}: {other}, not with --plan (a plan comes from `planner plan --save`)")
         saved = saved if "plan" in saved else {}
         for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
             if key in saved and (not isinstance(saved[key], kind) or isinstance(saved[key], bool)):
