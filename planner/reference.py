@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from hardware import load_system
-from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number
+from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number, one_line
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
 from planner.model import Activation, ModelSpec, MoESpec
@@ -548,7 +548,7 @@ def _model(r: _Record, fsdp_schema: bool, gpt_style: bool) -> ModelSpec | str:
     try:
         return ModelSpec.model_validate(fields)
     except ValidationError as err:
-        raise SpecError(f"reference {r.id}: model: {err.errors()[0]['msg']}") from None
+        raise one_line(err, f"reference {r.id}: model") from None  # the field named, pydantic's prefix dropped
 
 
 def _smallest_vpp(layers_per_stage: int) -> int:
@@ -732,7 +732,7 @@ def _plan(r: _Record, plan_fields: dict) -> Plan | str:
         try:
             return Plan.model_validate(plan_fields)
         except ValidationError as err:
-            return f"plan not representable: {err.errors()[0]['msg']}"
+            return f"plan not representable: {str(one_line(err, 'plan')).removeprefix('plan: ')}"
 
 
 # --- The layouts Megatron-Bridge's recipes set (the performance tables do not print them) ---------

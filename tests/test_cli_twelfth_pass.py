@@ -493,3 +493,16 @@ def test_an_unknown_rope_type_is_read_and_said(tmp_path):
     result = runner.invoke(app, ["count", "-m", model, "-s", "h100-sxm", "-g", "8", "-b", "8"])
     assert result.exit_code == 0, result.output
     assert 'rope_type "bogus" is not one the planner knows' in " ".join(result.output.split())
+
+
+def test_a_reference_records_model_errors_name_the_field_without_pydantic_words(tmp_path):
+    from tests.conftest import one_line_error
+    ref = tmp_path / "r.yaml"
+    body = ("records:\n- id: x\n  model: {{name: X, layers: 4, hidden: 2304, heads: {heads}, vocab: 32000, seq: {seq}}}\n"
+            "  system: {{gpu: H100-SXM5-80GB, gpus: 8}}\n  parallel: {{tp: 1, pp: 1, microbatch: 1, global_batch: 8}}\n"
+            "  precision: bf16\n  measured: {{iteration_time_s: 1.0}}\n")
+    ref.write_text(body.format(heads=7, seq=1024))
+    line = one_line_error(runner.invoke(app, ["validate", "--reference", str(ref)]), "must be divisible by heads (7)")
+    assert "Value error" not in line, line
+    ref.write_text(body.format(heads=8, seq=99999999))
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(ref)]), "model: seq_length: must be an integer")
