@@ -80,7 +80,8 @@ def recommended(run: dict, model: ModelSpec):
     """What `planner plan` recommends for the job with only the era's software pinned (the claim
     bar: a recommendation predicted more than 15 % faster than the measured run is a claim)."""
     system = load_system(run["system"], run["gpus"])
-    return recommend(model, system, job_of(run, dict(ERA_PINS.get(str(run.get("era", "")), {}))), top_k=1).best
+    return recommend(model, system, job_of(run, dict(ERA_PINS.get(str(run.get("era", "")), {}))), top_k=1,
+                     offload_gain=False).best
 
 
 def best_in_layout(run: dict, model: ModelSpec, extra_pins: dict | None = None):

@@ -64,7 +64,7 @@ def main() -> None:
         job = c.job.model_copy(update={"hbm_reserve_gib": 2.0, "moe_dispatcher": c.plan.moe_dispatcher})
         t0 = time.perf_counter()
         try:
-            res = recommend(c.model, c.system, job, top_k=1)  # what `planner plan` prints first
+            res = recommend(c.model, c.system, job, top_k=1, offload_gain=False)  # what `planner plan` prints first
             best = res.best
         except Exception as err:  # noqa: BLE001 - a benchmark row, reported, never hidden
             print(f"{c.id[:58]:58s} search failed: {err}")

@@ -49,15 +49,19 @@ class Recommendation(SearchResult):
 
 
 def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,
-              time_limit_s: float = 30.0, allow_unmeasured: bool = False) -> Recommendation:
-    """`planner.search.plan`'s top K, gated on evidence (module docstring)."""
+              time_limit_s: float = 30.0, allow_unmeasured: bool = False,
+              offload_gain: bool = True) -> Recommendation:
+    """`planner.search.plan`'s top K, gated on evidence (module docstring). `offload_gain`: where
+    the best plan offloads, also search the best plan without offload (stats "offload_gain", which
+    `planner plan` prints; a second search, as long as the first)."""
     job = job or JobSpec()
     res = search(model, system, job, top_k=top_k, time_limit_s=time_limit_s)
     out = Recommendation(ranked=res.ranked, objective=res.objective, stats=res.stats)
     if not allow_unmeasured and res.best is not None:
         _family_gate(model, system, job, top_k, time_limit_s, res, out)
         _job_gate(model, system, job, top_k, out)
-    _offload_gain(model, system, job, out, time_limit_s)
+    if offload_gain:
+        _offload_gain(model, system, job, out, time_limit_s)
     return out
 
 
@@ -168,7 +172,7 @@ def _offload_gain(model: ModelSpec, system: SystemSpec, job: JobSpec, out: Recom
 
 def recommended_plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None):
     """The plan `planner plan` would print first (used by `planner megatron`), or None."""
-    best = recommend(model, system, job, top_k=1).best
+    best = recommend(model, system, job, top_k=1, offload_gain=False).best
     return best.plan if best else None
 
 

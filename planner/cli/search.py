@@ -505,7 +505,7 @@ def _check(o: dict) -> int:
     recommended = []
 
     def searcher():  # the plan `planner plan` recommends (gated on published runs), not the raw best
-        recommended.append(recommend(model, system, job, top_k=1))
+        recommended.append(recommend(model, system, job, top_k=1, offload_gain=False))  # check prints no gain
         return recommended[-1]
     res = check(model, system, job, searcher=searcher, plan_command=o.get("plan_command"))
     refuse_contradictory_pins(res)
