@@ -168,6 +168,26 @@ NORM_EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps", "norm_e
 MEGATRON_LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 
 
+# MLASpec's YaRN fields from config.json's rope_scaling keys, and the YaRN settings Megatron's MLA
+# fixes (MLATransformerConfig beta_fast / beta_slow / original_max_position_embeddings: no argument
+# sets them), whose other values a note names
+MLA_YARN_KEYS = {"yarn_factor": "factor", "mscale": "mscale", "mscale_all_dim": "mscale_all_dim"}
+MEGATRON_MLA_YARN_FIXED = {"beta_fast": 32, "beta_slow": 1, "original_max_position_embeddings": 4096}
+
+
+def mla_yarn_note(cfg: dict) -> str:
+    """An MLA checkpoint's YaRN settings Megatron cannot be told; "" where it runs them."""
+    if not cfg.get("kv_lora_rank") or rope_type(cfg) != "yarn":
+        return ""
+    rope = cfg["rope_scaling"]
+    other = {k: rope[k] for k, v in MEGATRON_MLA_YARN_FIXED.items() if rope.get(k) is not None and rope[k] != v}
+    if not other:
+        return ""
+    return (f"rope_scaling yarn with {', '.join(f'{k} {v:g}' for k, v in other.items())}: Megatron's MLA fixes "
+            f"{', '.join(f'{k} {v:g}' for k, v in MEGATRON_MLA_YARN_FIXED.items())} (no argument sets them); "
+            "launched with those")
+
+
 # transformers modeling_rope_utils.ROPE_INIT_FUNCTIONS (and Qwen2-VL's multimodal "mrope")
 HF_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "mrope")
 
@@ -225,7 +245,7 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
     # the MLA defaults from the file as written: a null q_lora_rank is "no query compression", not absent
     return [n for n in (*notes, hf_default_note(raw), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
-                              llama3_rope_note(cfg), unknown_rope_note(cfg)) if n]
+                              llama3_rope_note(cfg), unknown_rope_note(cfg), mla_yarn_note(cfg)) if n]
 
 
 def with_defaults(cfg: dict, extra: dict | None = None) -> dict:
@@ -747,6 +767,9 @@ def model_fields(path: Path) -> dict:
         _require(cfg, ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"), why)
         fields["mla"] = {k: cfg.get(k) for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
                                                  "qk_rope_head_dim", "v_head_dim")}
+        if scaling == "yarn":  # the checkpoint's YaRN, launched (--rotary-scaling-factor, --mscale...)
+            rope = cfg["rope_scaling"]
+            fields["mla"].update({field: rope[key] for field, key in MLA_YARN_KEYS.items() if rope.get(key) is not None})
         fields["head_dim"] = None  # MLA's head widths live in `mla`
     return fields
 

@@ -180,6 +180,14 @@ class MLASpec(_Part):
     qk_nope_head_dim: Width
     qk_rope_head_dim: Width
     v_head_dim: Width
+    # launch-only (not costed: the decoupled RoPE part's frequencies and the softmax scale change no
+    # time or byte): the checkpoint's YaRN RoPE (config.json rope_scaling factor / mscale /
+    # mscale_all_dim; Megatron --rotary-scaling-factor / --mscale / --mscale-all-dim, whose
+    # defaults 1, 1, 0 are plain RoPE). DeepSeek-V3: 40, 1, 1, as Megatron-Bridge's recipe sets.
+    yarn_factor: RopeFactor | None = Field(default=None, description="YaRN scaling factor (None: Megatron's 1)")
+    mscale: Annotated[float, in_range(0.0, 100.0)] | None = Field(default=None, description="YaRN mscale (None: 1)")
+    mscale_all_dim: Annotated[float, in_range(0.0, 100.0)] | None = Field(
+        default=None, description="YaRN mscale_all_dim (None: Megatron's 0)")
 
     @property
     def qk_head_dim(self) -> int:

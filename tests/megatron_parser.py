@@ -258,12 +258,18 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
                               state_dim=cfg["mamba_state_dim"], groups=cfg["mamba_num_groups"])
     mla = None
     if cfg["multi_latent_attention"]:
-        # MLA runs Megatron's YaRN RoPE; at scaling factor 1 it is plain RoPE (no interpolation,
-        # mscale 1: core/models/common/embeddings/yarn_rotary_pos_embedding.py), the pre-training model's
-        assert cfg["rope_type"] == "yarn" and cfg["rotary_scaling_factor"] == 1.0, cfg["rope_type"]
+        # MLA runs Megatron's YaRN RoPE: at its argument defaults (factor 1, mscale 1, mscale_all_dim
+        # 0) plain RoPE (core/models/common/embeddings/yarn_rotary_pos_embedding.py), else the
+        # checkpoint's scaling the spec carries (MLASpec yarn_factor, mscale, mscale_all_dim)
+        assert cfg["rope_type"] == "yarn", cfg["rope_type"]
+        yarn = {field: (None if cfg[key] == default else cfg[key]) for field, key, default in (
+            ("yarn_factor", "rotary_scaling_factor", 1.0), ("mscale", "mscale", 1.0),
+            ("mscale_all_dim", "mscale_all_dim", 0.0))}
+        if yarn["yarn_factor"] is not None and yarn["mscale"] is None:
+            yarn["mscale"] = 1.0  # emitted as given: a spec's mscale 1 beside its factor
         mla = MLASpec(q_lora_rank=cfg["q_lora_rank"], kv_lora_rank=cfg["kv_lora_rank"],
                       qk_nope_head_dim=cfg["qk_head_dim"], qk_rope_head_dim=cfg["qk_pos_emb_head_dim"],
-                      v_head_dim=cfg["v_head_dim"])
+                      v_head_dim=cfg["v_head_dim"], **yarn)
     assert cfg["attention_dropout"] == cfg["hidden_dropout"]
     return ModelSpec(
         name=name, layers=cfg["num_layers"], hidden=cfg["hidden_size"], heads=cfg["num_attention_heads"],

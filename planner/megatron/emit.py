@@ -86,15 +86,20 @@ def attention_args(model: ModelSpec) -> list[Arg]:
     part (DeepSeek's qk_nope_head_dim), --qk-pos-emb-head-dim the decoupled RoPE part."""
     a: list[Arg] = []
     if model.mla is not None:
-        # Megatron's MLA uses YaRN RoPE; --rotary-scaling-factor keeps its default 1.0, at which
-        # YaRN is plain RoPE (equal interpolated and extrapolated frequencies, mscale 1:
-        # yarn_rotary_pos_embedding.py), as DeepSeek-V3 pre-trains at 4K.
+        # Megatron's MLA uses YaRN RoPE; at --rotary-scaling-factor 1 (its default) YaRN is plain
+        # RoPE (yarn_rotary_pos_embedding.py). The checkpoint's own scaling (DeepSeek-V3: factor
+        # 40, mscale 1, mscale_all_dim 1, which Megatron-Bridge's recipe sets too) is launched
+        # where the model has it: it also scales the softmax (multi_latent_attention.py).
         mla = model.mla
         a.append(("--multi-latent-attention", None))
         if mla.q_lora_rank is not None:  # Megatron's default None: queries not compressed
             a.append(("--q-lora-rank", str(mla.q_lora_rank)))
         a += [("--kv-lora-rank", str(mla.kv_lora_rank)), ("--qk-head-dim", str(mla.qk_nope_head_dim)),
               ("--qk-pos-emb-head-dim", str(mla.qk_rope_head_dim)), ("--v-head-dim", str(mla.v_head_dim))]
+        for flag, value in (("--rotary-scaling-factor", mla.yarn_factor), ("--mscale", mla.mscale),
+                            ("--mscale-all-dim", mla.mscale_all_dim)):
+            if value is not None:
+                a.append((flag, f"{value:g}"))
         # DeepSeek's MLA normalises its compressed query and KV latents (q_a_layernorm,
         # kv_a_layernorm); Megatron builds those norms only with --qk-layernorm
         # (gpt_layer_specs.py: the up-projections become LayerNormLinear)

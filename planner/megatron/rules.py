@@ -104,6 +104,9 @@ def _build_parser() -> _Parser:
     p.add_argument("--rotary-percent", type=float, default=1.0)
     p.add_argument("--rotary-base", type=int, default=DEFAULT_ROTARY_BASE)
     p.add_argument("--rope-scaling-factor", type=float, default=DEFAULT_ROPE_SCALING_FACTOR)
+    p.add_argument("--rotary-scaling-factor", type=float, default=1.0)  # MLA's YaRN (arguments.py _add_mla_args)
+    p.add_argument("--mscale", type=float, default=1.0)
+    p.add_argument("--mscale-all-dim", type=float, default=0.0)
     p.add_argument("--window-size", default=None)  # "W,0": Megatron's tuple_type
     p.add_argument("--window-attn-skip-freq", default=None)  # an int or a Python-list pattern
     p.add_argument("--softmax-type", default="vanilla", choices=("vanilla", "off-by-one", "learnable"))

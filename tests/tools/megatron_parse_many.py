@@ -34,7 +34,7 @@ checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_
                                    "moe_pad_expert_input_to_capacity", "softmax_type", "window_size",
                                    "glu_linear_offset", "activation_func_clamp_value", "add_qkv_bias",
                                    "normalization", "position_embedding_type", "seq_length", "rope_type",
-                                   "rotary_scaling_factor", "original_max_position_embeddings",
+                                   "rotary_scaling_factor", "mscale", "mscale_all_dim", "original_max_position_embeddings",
                                    "overlap_moe_expert_parallel_comm", "delay_wgrad_compute",
                                    "mamba_num_heads", "mamba_head_dim", "mamba_state_dim", "mamba_num_groups",
                                    "moe_latent_size", "mtp_use_repeated_layer", "moe_router_num_groups",
