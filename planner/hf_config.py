@@ -864,7 +864,16 @@ def _router_fields(cfg: dict) -> dict:
     # Qwen2MoeConfig, Qwen3MoeConfig): softmax over all experts, the top-k not renormalised
     if not sigmoid and kind in NORM_TOPK_TYPES and not cfg.get("norm_topk_prob", False):
         out["router_pre_softmax"] = True
+    # the load-balancing loss's weight, where the config's is the one Megatron-Bridge trains with
+    # (Qwen3-MoE: qwen3_moe_bridge sets 1e-3 = router_aux_loss_coef; Mixtral, Qwen2-MoE: the same
+    # Switch-style loss); not GPT-OSS's 0.9, which only weighs Hugging Face's fine-tuning loss
+    coeff = cfg.get("router_aux_loss_coef")
+    if kind in AUX_LOSS_FROM_CONFIG_TYPES and isinstance(coeff, (int, float)) and not isinstance(coeff, bool):
+        out["router_aux_loss_coeff"] = float(coeff)
     return out
+
+
+AUX_LOSS_FROM_CONFIG_TYPES = ("qwen3_moe", "qwen2_moe", "mixtral")
 
 
 def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:

@@ -141,6 +141,11 @@ class MoESpec(_Part):
     # over the top-k logits, which renormalises (Mixtral, Qwen3-MoE, GPT-OSS)
     router_pre_softmax: bool = Field(default=False, description="softmax before the top-k, weights not "
                                      "renormalised (Megatron --moe-router-pre-softmax); not costed")
+    # the load-balancing loss's weight (config.json router_aux_loss_coef: Qwen3-MoE 1e-3, as
+    # Megatron-Bridge's Qwen3-MoE provider sets; Mixtral 8x7B 2e-2); None: the launch's default
+    # (1e-2, or 1e-4 for the sequence-wise loss beside an expert bias)
+    router_aux_loss_coeff: Annotated[float, in_range(0.0, 10.0)] | None = Field(
+        default=None, description="load-balancing aux-loss coefficient (Megatron --moe-aux-loss-coeff); not costed")
 
     @model_validator(mode="after")
     def _topk(self) -> "MoESpec":

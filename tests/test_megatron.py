@@ -623,7 +623,7 @@ def test_precision_needs_the_gpu_generation(dtype, system, refused):
 def test_a_moe_launch_trains_the_models_own_router():
     """The router the model was trained with (MoESpec.router_*; not costed) is launched: DeepSeek-V3's
     sigmoid scores, balancing bias and 2.5 scaling with its sequence-wise aux loss at 1e-4
-    (DeepSeek-V3 §2.1.2); Mixtral keeps Megatron's softmax router with the 1e-2 aux loss; Llama 4's
+    (DeepSeek-V3 §2.1.2); Mixtral keeps Megatron's softmax router with its config's 2e-2 aux loss; Llama 4's
     top-1 sigmoid needs no pre-softmax. Megatron's validator accepts each; the rules mirror refuses
     the bias beside softmax scores, as Megatron's TransformerConfig does."""
     system = load_system("h100-sxm", 64)
@@ -637,10 +637,10 @@ def test_a_moe_launch_trains_the_models_own_router():
     assert ds[ds.index("--moe-router-score-function") + 1] == "sigmoid" and "--moe-router-enable-expert-bias" in ds
     assert ds[ds.index("--moe-router-topk-scaling-factor") + 1] == "2.5"
     assert ds[ds.index("--moe-router-load-balancing-type") + 1] == "seq_aux_loss"
-    assert ds[ds.index("--moe-aux-loss-coeff") + 1] == "1e-4"
+    assert float(ds[ds.index("--moe-aux-loss-coeff") + 1]) == 1e-4
     mixtral = argv("mixtral-8x7b", Plan(tp=2, pp=4, dp=8, ep=8, micro_batch=1, global_batch=256, sequence_parallel=True))
     assert "--moe-router-score-function" not in mixtral and "--moe-router-enable-expert-bias" not in mixtral
-    assert mixtral[mixtral.index("--moe-aux-loss-coeff") + 1] == "1e-2"
+    assert float(mixtral[mixtral.index("--moe-aux-loss-coeff") + 1]) == 2e-2  # config.json router_aux_loss_coef
     scout = argv("llama4-scout", Plan(tp=4, pp=1, dp=16, ep=16, micro_batch=1, global_batch=64, sequence_parallel=True,
                                       recompute="full"))
     assert scout[scout.index("--moe-router-score-function") + 1] == "sigmoid" and "--moe-router-pre-softmax" not in scout

@@ -37,14 +37,18 @@ def test_fp8_parameters_with_optimizer_offload_need_delayed_scaling():
 
 def test_moe_launch_trains_the_router_with_a_balancing_loss():
     """Megatron's default --moe-aux-loss-coeff is 0: no load balancing at all, while the plan is
-    costed at a stated routing balance. The launch sets the aux loss at the 1e-2 Megatron's help
-    recommends, says what balance the cost assumed, and still parses."""
+    costed at a stated routing balance. The launch sets the aux loss at the model's own weight
+    (Qwen3-MoE's config.json router_aux_loss_coef 1e-3, as Megatron-Bridge trains it), else at the
+    1e-2 Megatron's help recommends, says what balance the cost assumed, and still parses."""
     model, system = load_model("qwen3-30b-a3b"), load_system("h100-sxm", 16)
     plan = Plan(tp=1, dp=16, ep=8, micro_batch=1, global_batch=128)
     launch = mg.megatron_args(plan, model, JobSpec(global_batch=128, moe_load_imbalance=1.6), system)
     argv = launch.argv()
     i = argv.index("--moe-aux-loss-coeff")
-    assert argv[i + 1] == "1e-2"
+    assert float(argv[i + 1]) == 1e-3
+    unnamed = model.model_copy(update={"moe": model.moe.model_copy(update={"router_aux_loss_coeff": None})})
+    other = mg.megatron_args(plan, unnamed, JobSpec(global_batch=128), system).argv()
+    assert float(other[other.index("--moe-aux-loss-coeff") + 1]) == 1e-2
     assert argv[argv.index("--moe-router-load-balancing-type") + 1] == "aux_loss"
     assert any("1.6x the mean token load" in n for n in launch.notes), launch.notes
     assert mg.validate_launch(launch, 9) == []

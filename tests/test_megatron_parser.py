@@ -330,6 +330,11 @@ def test_megatron_parses_every_launch_back_to_its_plan(parsed):
             # softmax over all experts first: the checkpoint's (DeepSeek-V2) or Megatron's top-1 rule
             assert cfg["moe_router_pre_softmax"] == (m.moe.router_pre_softmax or (
                 m.moe.top_k == 1 and m.moe.router_score == "softmax")), label
+            # the balancing loss's weight: the model's own (Qwen3-MoE 1e-3) where it names one
+            coeff = cfg["moe_aux_loss_coeff"]
+            coeff = coeff[0] if isinstance(coeff, (list, tuple)) else coeff
+            assert coeff == pytest.approx(m.moe.router_aux_loss_coeff if m.moe.router_aux_loss_coeff is not None
+                                          else 1e-4 if m.moe.router_expert_bias else 1e-2), label
         if not m.biases or not (m.moe and m.moe.shared_experts > 1):
             assert back.num_params == m.num_params, label  # one shared MLP: (n-1)·h fewer biases
         # the vocabulary (unpadded where tp divides it), dropout

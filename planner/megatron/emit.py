@@ -190,10 +190,17 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
     # 0.19.2); with the expert bias balancing, DeepSeek-V3's complementary sequence-wise loss at
     # α = 1e-4 (DeepSeek-V3 §2.1.2; Megatron-Bridge's DeepSeek-V3 provider). Its arithmetic is
     # negligible and not costed.
-    a += ([("--moe-router-load-balancing-type", "seq_aux_loss"), ("--moe-aux-loss-coeff", "1e-4")]
-          if moe.router_expert_bias else
-          [("--moe-router-load-balancing-type", "aux_loss"), ("--moe-aux-loss-coeff", "1e-2")])
+    # A model that names its coefficient (config.json router_aux_loss_coef) trains with it.
+    a += [("--moe-router-load-balancing-type", "seq_aux_loss" if moe.router_expert_bias else "aux_loss"),
+          ("--moe-aux-loss-coeff", f"{aux_loss_coeff(moe):g}")]
     return a
+
+
+def aux_loss_coeff(moe) -> float:
+    """The load-balancing loss coefficient a MoE launch trains with (`moe_args`)."""
+    if moe.router_aux_loss_coeff is not None:
+        return moe.router_aux_loss_coeff
+    return 1e-4 if moe.router_expert_bias else 1e-2
 
 
 def flex_backend(system: SystemSpec | None) -> str:
@@ -477,8 +484,9 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "mean token load (1 = balanced, what NVIDIA's published MoE benchmarks force with "
                      "--moe-router-force-load-balancing, a benchmarking switch that ignores the router); the "
                      "launch trains the router with "
-                     + ("its expert bias and a sequence-wise aux loss (--moe-aux-loss-coeff 1e-4)"
-                        if model.moe.router_expert_bias else "an aux loss (--moe-aux-loss-coeff 1e-2)")
+                     + (f"its expert bias and a sequence-wise aux loss (--moe-aux-loss-coeff "
+                        f"{aux_loss_coeff(model.moe):g})" if model.moe.router_expert_bias else
+                        f"an aux loss (--moe-aux-loss-coeff {aux_loss_coeff(model.moe):g})")
                      + ", so a step can run slower while routing is uneven: `planner plan --moe-imbalance 1.6` "
                      "costs that")
         notes.append("token permutation: the cost assumes Transformer Engine's fused permute/unpermute kernels; "
