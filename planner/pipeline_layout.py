@@ -197,7 +197,12 @@ def layout_not_expressible(plan, layers: int) -> list[str]:
     from planner.plan import compress_runs
     reasons = []
     if plan.stage_layers is None and layers < plan.pp * plan.vpp:
-        reasons.append(f"layers ({layers}) must be at least pp*vpp ({plan.pp}*{plan.vpp})")
+        stages = plan.pp * plan.vpp
+        # NVIDIA's Llama 3.1 405B recipe: 126 layers on 128 stages, the first holding the embedding
+        # and the last the loss alone (--account-for-embedding/loss-in-pipeline-split)
+        hint = (f"; with the first and last stages holding only the embedding and the loss, as NVIDIA's "
+                f"recipes do: --pipeline-layout 0,1x{layers},0" if stages == layers + 2 else "")
+        reasons.append(f"layers ({layers}) must be at least pp*vpp ({plan.pp}*{plan.vpp}){hint}")
     if plan.stage_layers is not None and sum(plan.stage_layers) != layers:
         reasons.append(f"stage_layers sum to {sum(plan.stage_layers)}, the model has {layers} layers")
     if plan.stage_recompute_layers:

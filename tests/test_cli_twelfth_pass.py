@@ -506,3 +506,13 @@ def test_a_reference_records_model_errors_name_the_field_without_pydantic_words(
     assert "Value error" not in line, line
     ref.write_text(body.format(heads=8, seq=99999999))
     one_line_error(runner.invoke(app, ["validate", "--reference", str(ref)]), "model: seq_length: must be an integer")
+
+
+def test_more_stages_than_layers_by_two_names_the_recipes_layout():
+    """Llama 3.1 405B at pp 16 x vpp 8 (128 stages, 126 layers) is NVIDIA's recipe with the
+    embedding and the loss on stages of their own; the refusal says how to write it."""
+    from tests.conftest import one_line_error
+    args = ["megatron", "-m", "llama3.1-405b", "-s", "gb200-nvl72", "-g", "256", "-b", "1536", "--dtype", "fp8-cs",
+            "--tp", "4", "--pp", "16", "--vpp", "8", "--format", "args"]
+    one_line_error(runner.invoke(app, args), "--pipeline-layout 0,1x126,0")
+    assert runner.invoke(app, args + ["--pipeline-layout", "0,1x126,0"]).exit_code == 0
