@@ -152,27 +152,37 @@ def fewest_recompute_layers(space: Space, rows: dict[str, np.ndarray], res: dict
     layers = space.model.layers
     if not len(idx) or layers < 2:
         return
+    # k = 0 (none) does not fit, k = layers (every layer: the row as costed) fits
+    _recost_at_fewest(space, rows, res, idx, np.zeros(len(idx)), np.full(len(idx), float(layers)),
+                      "recompute_layers", lambda k: k, lambda violations: violations == 0)
+
+
+def _recost_at_fewest(space: Space, rows: dict[str, np.ndarray], res: dict[str, np.ndarray], idx: np.ndarray,
+                      lo: np.ndarray, hi: np.ndarray, column: str, value_of, fits) -> None:
+    """Rows `idx` re-costed in `res` at the fewest count in (lo, hi] for which `fits(violations)`
+    holds, by bisection (the counts `hi` fit; fitting is monotone in the count), with
+    `rows[column] = value_of(count)`; `res[column]` records the value each row is costed at."""
     sub = {k: v[idx] for k, v in rows.items()}
-    lo, hi = np.zeros(len(idx)), np.full(len(idx), float(layers))  # lo does not fit (k = 0: none), hi fits
+    lo, hi, top = lo.astype(np.float64), hi.astype(np.float64).copy(), hi.astype(np.float64)
     while True:
         active = np.flatnonzero(hi - lo > 1)
         if not len(active):
             break
         mid = np.floor((lo[active] + hi[active]) / 2)
         probe = {k: v[active] for k, v in sub.items()}
-        probe["recompute_layers"] = mid
-        fits = _estimate(space, probe, ("violations",))["violations"] == 0
-        hi[active[fits]] = mid[fits]
-        lo[active[~fits]] = mid[~fits]
-    fewer = np.flatnonzero(hi < layers)
+        probe[column] = value_of(mid)
+        ok = fits(_estimate(space, probe, ("violations",))["violations"])
+        hi[active[ok]] = mid[ok]
+        lo[active[~ok]] = mid[~ok]
+    fewer = np.flatnonzero(hi < top)
     if not len(fewer):
         return
     at = {k: v[fewer] for k, v in sub.items()}
-    at["recompute_layers"] = hi[fewer]
+    at[column] = value_of(hi[fewer])
     again = _estimate(space, at, tuple(res.keys() - {"recompute_layers", "offload_activations", "objective"}))
     for k, v in again.items():
         res[k][idx[fewer]] = v
-    res["recompute_layers"][idx[fewer]] = hi[fewer]
+    res[column][idx[fewer]] = at[column]
 
 
 def offloaded_layer_range(space: Space, rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -206,31 +216,9 @@ def fewest_offloaded_layers(space: Space, rows: dict[str, np.ndarray], res: dict
     costed at."""
     lo, hi = offloaded_layer_range(space, rows)
     idx = np.flatnonzero((hi - lo > 1) & hbm_fits(res["violations"]))
-    if not len(idx):
-        return
-    L = space.model.layers
-    sub = {k: v[idx] for k, v in rows.items()}
-    lo, hi = lo[idx], hi[idx].copy()  # lo: HBM does not fit (or the next row's count), hi: fits
-    while True:
-        active = np.flatnonzero(hi - lo > 1)
-        if not len(active):
-            break
-        mid = np.floor((lo[active] + hi[active]) / 2)
-        probe = {k: v[active] for k, v in sub.items()}
-        probe["offload_activations"] = fraction_of_layers(mid, L)
-        fits = hbm_fits(_estimate(space, probe, ("violations",))["violations"])
-        hi[active[fits]] = mid[fits]
-        lo[active[~fits]] = mid[~fits]
-    fraction = fraction_of_layers(hi, L)
-    fewer = np.flatnonzero(fraction < sub["offload_activations"])
-    if not len(fewer):
-        return
-    at = {k: v[fewer] for k, v in sub.items()}
-    at["offload_activations"] = fraction[fewer]
-    again = _estimate(space, at, tuple(res.keys() - {"recompute_layers", "offload_activations", "objective"}))
-    for k, v in again.items():
-        res[k][idx[fewer]] = v
-    res["offload_activations"][idx[fewer]] = fraction[fewer]
+    if len(idx):  # lo: HBM does not fit (or is the next row's count), hi: fits
+        _recost_at_fewest(space, rows, res, idx, lo[idx], hi[idx], "offload_activations",
+                          lambda n: fraction_of_layers(n, space.model.layers), hbm_fits)
 
 
 def objective(space: Space, rows: dict[str, np.ndarray], step_time: np.ndarray) -> np.ndarray:

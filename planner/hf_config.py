@@ -179,13 +179,17 @@ def mla_yarn_note(cfg: dict) -> str:
     """An MLA checkpoint's YaRN settings Megatron cannot be told; "" where it runs them."""
     if not cfg.get("kv_lora_rank") or rope_type(cfg) != "yarn":
         return ""
-    rope = cfg["rope_scaling"]
-    other = {k: rope[k] for k, v in MEGATRON_MLA_YARN_FIXED.items() if rope.get(k) is not None and rope[k] != v}
+    return _fixed_rope_note(cfg["rope_scaling"], MEGATRON_MLA_YARN_FIXED, "yarn",
+                            "Megatron's MLA fixes {fixed} (no argument sets them); launched with those")
+
+
+def _fixed_rope_note(rope: dict, fixed: dict, kind: str, says: str) -> str:
+    """A note naming the rope_scaling settings that differ from the ones Megatron fixes ('' if none)."""
+    other = {k: rope[k] for k, v in fixed.items() if rope.get(k) is not None and rope[k] != v}
     if not other:
         return ""
-    return (f"rope_scaling yarn with {', '.join(f'{k} {v:g}' for k, v in other.items())}: Megatron's MLA fixes "
-            f"{', '.join(f'{k} {v:g}' for k, v in MEGATRON_MLA_YARN_FIXED.items())} (no argument sets them); "
-            "launched with those")
+    listed = lambda d: ", ".join(f"{k} {v:g}" for k, v in d.items())  # noqa: E731
+    return f"rope_scaling {kind} with {listed(other)}: " + says.format(fixed=listed(fixed))
 
 
 # transformers modeling_rope_utils.ROPE_INIT_FUNCTIONS (and Qwen2-VL's multimodal "mrope")
@@ -202,13 +206,8 @@ def llama3_rope_note(cfg: dict) -> str:
     """A Llama 3.x RoPE scaling whose frequency bands are not Megatron's fixed ones; "" otherwise."""
     if rope_type(cfg) != "llama3":
         return ""
-    rope = cfg["rope_scaling"]
-    other = {k: rope[k] for k, v in MEGATRON_LLAMA3_ROPE.items() if rope.get(k) is not None and rope[k] != v}
-    if not other:
-        return ""
-    return (f"rope_scaling llama3 with {', '.join(f'{k} {v:g}' for k, v in other.items())}: Megatron's "
-            f"--use-rope-scaling fixes {', '.join(f'{k} {v:g}' for k, v in MEGATRON_LLAMA3_ROPE.items())}; "
-            "launched with those (not costed either way)")
+    return _fixed_rope_note(cfg["rope_scaling"], MEGATRON_LLAMA3_ROPE, "llama3",
+                            "Megatron's --use-rope-scaling fixes {fixed}; launched with those (not costed either way)")
 
 
 def unknown_rope_note(cfg: dict) -> str:

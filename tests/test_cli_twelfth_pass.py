@@ -516,3 +516,26 @@ def test_more_stages_than_layers_by_two_names_the_recipes_layout():
             "--tp", "4", "--pp", "16", "--vpp", "8", "--format", "args"]
     one_line_error(runner.invoke(app, args), "--pipeline-layout 0,1x126,0")
     assert runner.invoke(app, args + ["--pipeline-layout", "0,1x126,0"]).exit_code == 0
+
+
+def test_an_mla_checkpoints_yarn_is_launched_and_what_megatron_fixes_is_said(tmp_path):
+    """DeepSeek-V3's config.json YaRN (factor 40, mscale 1, mscale_all_dim 1) is launched as
+    Megatron-Bridge's recipe sets it (Megatron's defaults run plain RoPE); a beta Megatron's MLA
+    fixes (Kimi K2 writes beta_fast 1) is said in a note."""
+    from pathlib import Path as _Path
+    src = _Path(__file__).resolve().parent / "fixtures" / "hf" / "deepseek-v3" / "config.json"
+    args = ["-s", "h100-sxm", "-g", "1024", "-b", "1024", "--tp", "2", "--pp", "16", "--ep", "64", "--etp", "1",
+            "--format", "args"]
+    out = runner.invoke(app, ["megatron", "-m", str(src.parent), *args])
+    assert out.exit_code == 0, out.output
+    argv = out.stdout.split()
+    assert [argv[argv.index(f) + 1] for f in ("--rotary-scaling-factor", "--mscale", "--mscale-all-dim")] == \
+        ["40", "1", "1"]
+    cfg = json.loads(src.read_text())
+    cfg["rope_scaling"]["beta_fast"] = 1
+    folder = tmp_path / "kimi-like"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    out = runner.invoke(app, ["megatron", "-m", str(folder), *args])
+    assert out.exit_code == 0 and "rope_scaling yarn with beta_fast 1: Megatron's MLA fixes" in " ".join(
+        out.output.split()), out.output
