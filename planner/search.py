@@ -343,7 +343,8 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
         hbm_all, off_all = [np.zeros(0)], [np.zeros(0)]
         size = chunk_rows(space)
         for lo in range(0, len(L), size):
-            P = plan_arrays(space, pair_rows(L[lo:lo + size], O[lo:lo + size], None if act is None else act[lo:lo + size]))
+            part = slice(lo, lo + size)
+            P = plan_arrays(space, pair_rows(L[part], O[part], None if act is None else act[part]))
             mem = memory_breakdown(space.model, space.system, space.job, P)
             structural = (rule_violations(space.model, space.system, space.job, P, mem) & ~MEMORY_BITS) != 0
             hbm_all.append(np.where(structural, np.inf, mem["hbm_bytes"]))
