@@ -56,6 +56,8 @@ def one_line(err: ValidationError, where: str) -> SpecError:
         msg = f"unknown field (did you mean {near[0]}?)" if near else "unknown field"
     elif first["type"] == "missing":
         msg = "required field is missing"
+    elif first["type"] in ("model_type", "dict_type"):  # pydantic names its class: say what to write
+        msg = f"expected a mapping of its fields (name: value), got {str(first.get('input'))[:40]!r}"
     elif isinstance(first.get("input"), float) and not math.isfinite(first["input"]) \
             and msg.startswith("Input should"):  # YAML .nan against pydantic's own bound: "less than 1"
         msg = f"must be a finite number, got {first['input']}"

@@ -539,3 +539,12 @@ def test_an_mla_checkpoints_yarn_is_launched_and_what_megatron_fixes_is_said(tmp
     out = runner.invoke(app, ["megatron", "-m", str(folder), *args])
     assert out.exit_code == 0 and "rope_scaling yarn with beta_fast 1: Megatron's MLA fixes" in " ".join(
         out.output.split()), out.output
+
+
+def test_a_scalar_where_a_mapping_goes_says_so_without_pydantic_class_names(tmp_path):
+    from tests.conftest import one_line_error
+    spec = tmp_path / "m.yaml"
+    spec.write_text("name: x\nlayers: 4\nhidden: 512\nheads: 8\nffn: 2048\nseq_length: 1024\nvocab: 32000\nmoe: 8\n")
+    line = one_line_error(runner.invoke(app, ["estimate", "-m", str(spec), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
+                          "moe: expected a mapping of its fields")
+    assert "MoESpec" not in line, line
