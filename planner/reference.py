@@ -215,8 +215,10 @@ RECORD_FIELDS = {
 
 def _unknown_field(r: _Record, block: str, key, fields: tuple) -> SpecError:
     import difflib
-    near = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.5)
-    hint = f"; did you mean {near[0]}?" if near else f"; the fields: {', '.join(fields)}"
+    home = [b for b, names in RECORD_FIELDS.items() if b != block and b and str(key) in names]
+    near = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
+    hint = (f"; it belongs under {home[0]}:" if home else f"; did you mean {near[0]}?" if near
+            else f"; the fields: {', '.join(fields)}")
     kind = "layout field" if block == "parallel" else "field"
     return SpecError(f"reference {r.id}: {block + '.' if block else ''}{key}: unknown {kind}{hint}")
 

@@ -548,3 +548,13 @@ def test_a_scalar_where_a_mapping_goes_says_so_without_pydantic_class_names(tmp_
     line = one_line_error(runner.invoke(app, ["estimate", "-m", str(spec), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
                           "moe: expected a mapping of its fields")
     assert "MoESpec" not in line, line
+
+
+def test_a_reference_field_in_the_wrong_block_is_told_where_it_goes(tmp_path):
+    """`gpus:` at a record's top level had been met with 'did you mean tags?'."""
+    from tests.conftest import one_line_error
+    ref = tmp_path / "r.yaml"
+    ref.write_text("records:\n- id: x\n  gpus: 8\n  model: {name: X, layers: 4, hidden: 2304, heads: 8, vocab: 32000,"
+                   " seq: 1024}\n  system: {gpu: H100-SXM5-80GB, gpus: 8}\n  parallel: {tp: 1, pp: 1, microbatch: 1,"
+                   " global_batch: 8}\n  precision: bf16\n  measured: {iteration_time_s: 1.0}\n")
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(ref)]), "gpus: unknown field; it belongs under system:")
