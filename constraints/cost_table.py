@@ -157,23 +157,35 @@ def fewest_recompute_layers(space: Space, rows: dict[str, np.ndarray], res: dict
                       "recompute_layers", lambda k: k, lambda violations: violations == 0)
 
 
+def bisect_counts(a: np.ndarray, b: np.ndarray, ok) -> np.ndarray:
+    """Per row, the count nearest `a` for which `ok(rows, counts)` holds, by bisection between `a`
+    (exclusive: ok does not hold there, or it is another row's range) and `b` (ok holds), in either
+    direction; ok is monotone between them."""
+    a, b = a.astype(np.float64), b.astype(np.float64).copy()
+    while True:
+        active = np.flatnonzero(np.abs(b - a) > 1)
+        if not len(active):
+            return b
+        mid = np.floor((a[active] + b[active]) / 2)
+        good = ok(active, mid)
+        b[active[good]] = mid[good]
+        a[active[~good]] = mid[~good]
+
+
 def _recost_at_fewest(space: Space, rows: dict[str, np.ndarray], res: dict[str, np.ndarray], idx: np.ndarray,
                       lo: np.ndarray, hi: np.ndarray, column: str, value_of, fits) -> None:
     """Rows `idx` re-costed in `res` at the fewest count in (lo, hi] for which `fits(violations)`
     holds, by bisection (the counts `hi` fit; fitting is monotone in the count), with
     `rows[column] = value_of(count)`; `res[column]` records the value each row is costed at."""
     sub = {k: v[idx] for k, v in rows.items()}
-    lo, hi, top = lo.astype(np.float64), hi.astype(np.float64).copy(), hi.astype(np.float64)
-    while True:
-        active = np.flatnonzero(hi - lo > 1)
-        if not len(active):
-            break
-        mid = np.floor((lo[active] + hi[active]) / 2)
+
+    def fits_at(active: np.ndarray, counts: np.ndarray) -> np.ndarray:
         probe = {k: v[active] for k, v in sub.items()}
-        probe[column] = value_of(mid)
-        ok = fits(_estimate(space, probe, ("violations",))["violations"])
-        hi[active[ok]] = mid[ok]
-        lo[active[~ok]] = mid[~ok]
+        probe[column] = value_of(counts)
+        return fits(_estimate(space, probe, ("violations",))["violations"])
+
+    top = hi.astype(np.float64)
+    hi = bisect_counts(lo.astype(np.float64), top, fits_at)
     fewer = np.flatnonzero(hi < top)
     if not len(fewer):
         return

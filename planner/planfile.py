@@ -19,7 +19,6 @@ from planner.plan import (PLAN_FILE_FIELDS, SAVED_JOB_FIELDS, SAVED_RESULT_FIELD
                           check_plan_file_fields)
 
 
-
 def is_preset(ref: str, what: str) -> bool:
     """Whether `ref` names a built-in preset (a bare preset name always means the preset)."""
     from hardware.load import PRESET_DIR as SYSTEM_PRESETS

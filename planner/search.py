@@ -29,8 +29,8 @@ from constraints.space import (LAYOUT_CLASS_SP, N_LAYOUT_CLASSES, OPTION_KEYS, a
                                layout_exists_at_some_batch, megatron_pin_conflicts,
                                layouts, options,
                                options_allowed, pair_mask, take_pairs)
-from constraints.cost_table import (MEMORY_BITS, chunk_rows, OFFLOAD_COLUMNS, Table, offloaded_layer_range,
-                                   plan_arrays, tabulate)
+from constraints.cost_table import (MEMORY_BITS, chunk_rows, OFFLOAD_COLUMNS, Table, bisect_counts,
+                                   offloaded_layer_range, plan_arrays, tabulate)
 from hardware.errors import SpecError
 from hardware.spec import GIB, MemoryTier, SystemSpec
 from planner.analytical import Estimate, estimate
@@ -437,19 +437,6 @@ def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, f
     L, O, lo, hi = L_all[ranged], O_all[ranged], lo[ranged], hi[ranged]
     layers = space.model.layers
 
-    def bisect(a: np.ndarray, b: np.ndarray, ok) -> np.ndarray:
-        """Per pair, the boundary between a (ok(a) False, exclusive) and b (ok(b) True): ok's
-        count nearest a."""
-        a, b = a.copy(), b.copy()
-        while True:
-            active = np.flatnonzero(np.abs(b - a) > 1)
-            if not len(active):
-                return b
-            mid = np.floor((a[active] + b[active]) / 2)
-            good = ok(active, mid)
-            b[active[good]] = mid[good]
-            a[active[~good]] = mid[~good]
-
     def fits_hbm(i, n):
         return footprint(L[i], O[i], fraction_of_layers(n, layers))[0] <= cap
 
@@ -459,7 +446,7 @@ def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, f
     hbm_hi, off_hi = footprint(L, O, fraction_of_layers(hi, layers))  # the grid rows, costed already
     h = np.flatnonzero(hbm_hi <= cap) if offload_min else np.zeros(0, dtype=np.int64)
     if len(h):  # some count fits HBM: the fewest that does
-        n = bisect(lo[h], hi[h], lambda i, m: fits_hbm(h[i], m))
+        n = bisect_counts(lo[h], hi[h], lambda i, m: fits_hbm(h[i], m))
         cost(L[h], O[h], fraction_of_layers(n, layers))
     over = np.flatnonzero(off_hi > off_cap * (1 + 1e-12))
     if not len(over):
@@ -467,7 +454,7 @@ def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, f
     _, off_lo = footprint(L[over], O[over], fraction_of_layers(lo[over] + 1, layers))
     s = over[off_lo <= off_cap * (1 + 1e-12)]
     if len(s):  # the tier takes fewer layers than the grid row's: the most it takes
-        n = bisect(hi[s] + 1, lo[s] + 1, lambda i, m: fits_tier(s[i], m))
+        n = bisect_counts(hi[s] + 1, lo[s] + 1, lambda i, m: fits_tier(s[i], m))
         cost(L[s], O[s], fraction_of_layers(n, layers))
 
 

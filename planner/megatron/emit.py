@@ -484,9 +484,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "mean token load (1 = balanced, what NVIDIA's published MoE benchmarks force with "
                      "--moe-router-force-load-balancing, a benchmarking switch that ignores the router); the "
                      "launch trains the router with "
-                     + (f"its expert bias and a sequence-wise aux loss (--moe-aux-loss-coeff "
-                        f"{aux_loss_coeff(model.moe):g})" if model.moe.router_expert_bias else
-                        f"an aux loss (--moe-aux-loss-coeff {aux_loss_coeff(model.moe):g})")
+                     + ("its expert bias and a sequence-wise aux loss" if model.moe.router_expert_bias
+                        else "an aux loss") + f" (--moe-aux-loss-coeff {aux_loss_coeff(model.moe):g})"
                      + ", so a step can run slower while routing is uneven: `planner plan --moe-imbalance 1.6` "
                      "costs that")
         notes.append("token permutation: the cost assumes Transformer Engine's fused permute/unpermute kernels; "
