@@ -11,8 +11,10 @@ one (planner.evidence.supporting_runs): a plan predicted within 15 % of it is su
 measured run. Beyond that, planner.recommend's job gate ranks measured practice first ("gated")
 and the model's own fastest plan is reported beside it (model-best, model/meas): the claim the
 model makes, shown, not recommended. "<0.85 unsupported" marks a recommendation that breaks the
-issue's bar.
-    PYTHONPATH=. python bench/recipes_vs_plan.py [--moe-only] [--heldout]
+issue's bar; below it the gap is split into the model's error on the recipe's own layout
+(pred/meas) and the recommendation's predicted gain over that layout (rec/pred), by time component
+(planner.report.time_difference; --explain splits every row).
+    PYTHONPATH=. python bench/recipes_vs_plan.py [--moe-only] [--heldout] [--explain]
 
 --heldout runs the same check on the Megatron-Bridge recipes the reference does not hold
 (bench/heldout_bridge.py: GB300, B300 and later releases): jobs no published run in the reference
@@ -27,6 +29,7 @@ from planner.calibration import predict
 from planner.evidence import CLAIM_LIMIT, supporting_runs
 from planner.reference import load_reference, untuned_ladder_step
 from planner.recommend import recommend
+from planner.report import difference_text, time_difference
 
 
 def distinct_recipes(cases, moe_only: bool):
@@ -49,6 +52,8 @@ def main() -> None:
     ap.add_argument("--moe-only", action="store_true")
     ap.add_argument("--heldout", action="store_true",
                     help="the held-out Megatron-Bridge recipes (bench/heldout_bridge.py) instead of the reference's")
+    ap.add_argument("--explain", action="store_true",
+                    help="split every row's gap, not only the unsupported ones (below each row)")
     args = ap.parse_args()
     if args.heldout:
         from heldout_bridge import read_back, records
@@ -70,7 +75,8 @@ def main() -> None:
             print(f"{c.id[:58]:58s} search failed: {err}")
             continue
         took = time.perf_counter() - t0
-        pred = predict(c)["step_time_s"]
+        prediction = predict(c)
+        pred = prediction["step_time_s"]
         if best is None:
             print(f"{c.id[:58]:58s} {c.plan.short()[:44]:44s} {c.measured_step_s:8.2f} {pred:8.2f} no plan fits")
             continue
@@ -88,6 +94,12 @@ def main() -> None:
               f"{best.plan.short()[:44]:44s} {best.estimate.step_time_s:8.2f} {ratio:8.2f} {support:9.2f} "
               f"{model_best.estimate.step_time_s:12.2f} {model_best.estimate.step_time_s / c.measured_step_s:10.2f} "
               f"{took:8.1f}{flag}")
+        if unsupported or args.explain:
+            # the gap to the measured recipe, split: the model on the recipe's own layout
+            # (pred/meas) times the recommendation over that prediction (rec/pred), by component
+            parts = time_difference(prediction, best.estimate.time_breakdown_s)
+            print(f"{'':4s}rec/meas {ratio:.2f} = model on the recipe {pred / c.measured_step_s:.2f} × plan over "
+                  f"the recipe {best.estimate.step_time_s / pred:.2f}: {difference_text(parts, pred)}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,32 @@ MEMORY_LABELS = {
     "activations_bytes": "activations", "workspace_bytes": "workspace (logits, recompute, gathers)",
 }
 
+# The step-time components two plans are compared by (`time_difference`): forward and backward
+# together, since a micro-batch or precision change moves both the same way.
+COMPARED_TIME_PARTS = {
+    "forward + backward compute": ("forward_s", "backward_s"), "recompute": ("recompute_s",),
+    "TP comm": ("tp_comm_exposed_s",), "CP/EP comm": ("cp_ep_comm_exposed_s",),
+    "pipeline bubble": ("pp_bubble_s",), "pipeline p2p": ("pp_p2p_s",), "DP comm": ("dp_comm_exposed_s",),
+    "offload": ("offload_exposed_s",), "optimizer step": ("optimizer_step_s",),
+}
+
+
+def time_difference(base: dict, other: dict) -> list[tuple[str, float]]:
+    """Where `other` spends more (+) or fewer (−) seconds per step than `base`, by component
+    (COMPARED_TIME_PARTS), largest change first; both are time breakdowns keyed as TIME_LABELS."""
+    parts = [(label, sum(other[k] - base[k] for k in keys)) for label, keys in COMPARED_TIME_PARTS.items()]
+    return sorted(parts, key=lambda x: -abs(x[1]))
+
+
+def difference_text(parts: list[tuple[str, float]], base_s: float, top: int = 3) -> str:
+    """'−0.31 s pipeline bubble (−24%), …': the `top` largest changes, as seconds and shares of
+    `base_s`, leaving out those under 0.5 % of it."""
+    shown = [(label, d) for label, d in parts[:top] if abs(d) >= 0.005 * base_s]
+    def signed(x: float, fmt: str) -> str:
+        return ("−" if x < 0 else "+") + format(abs(x), fmt)
+    return ", ".join(f"{signed(d, '.2f')} s {label} ({signed(d / base_s, '.0%')})" for label, d in shown) or "no change"
+
+
 OFFLOAD_LABELS = {"offload_weights_grads_bytes": "weights + gradients", "offload_optimizer_bytes": "optimizer state",
                   "offload_activations_bytes": "activations"}
 

@@ -129,23 +129,50 @@ SavedSystemOpt = Annotated[Optional[str], typer.Option(
     "--system", "-s", help="System preset or YAML (default: the one a --plan file names, else a100-80g).")]
 
 
+def write_plan_file(path: str, data: dict) -> None:
+    """Write a plan file (planner.planfile.plan_file_data) as the format its name says, JSON or
+    YAML (YAML reads both); never over an existing file."""
+    import json
+
+    import yaml
+    try:
+        with open(path, "x") as handle:
+            if str(path).lower().endswith(".json"):
+                json.dump(data, handle, indent=2)
+                handle.write("\n")
+            else:
+                yaml.safe_dump(data, handle, sort_keys=False)
+    except FileExistsError:
+        raise SpecError(f"save: {path} already exists; refusing to overwrite it") from None
+    except OSError as exc:
+        raise SpecError(f"save: cannot write {path} ({exc.strerror})") from None
+
+
+def read_plan_mapping(plan_file: str, flag: str) -> dict:
+    """A plan file's mapping, read for --`flag`: an empty name, '-', or a model, system or Hugging
+    Face file given as the plan is refused in one line that says what it is."""
+    from pathlib import Path
+
+    from hardware.errors import other_kind_of_file, read_yaml_mapping
+    if not str(plan_file).strip():  # Path("") is the current folder: say what is really wrong
+        raise SpecError(f"{flag}: empty name; give the path of a plan file (from `planner plan --save`)")
+    refuse_dash(plan_file, flag, "give the path of a plan file (./- for a file named '-')")
+    saved = read_yaml_mapping(Path(plan_file), flag)
+    if "plan" not in saved and not {"tp", "pp", "dp"} & set(saved):
+        # a model, system or Hugging Face file passed as the plan: say what it is before any default note
+        other = other_kind_of_file(saved, "plan")
+        if other:
+            raise SpecError(f"{flag} {plan_file}: {other}, not with --{flag} (a plan comes from "
+                            "`planner plan --save`)")
+    return saved
+
+
 def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None, seq_length: int | None,
                          plan_file) -> tuple[ModelSpec, SystemSpec]:
     """load_inputs, where a file saved by `planner plan --save` supplies what the user did not give."""
     saved: dict = {}
     if plan_file is not None:  # --plan "" is a mistake, not "no plan"
-        from pathlib import Path
-
-        from hardware.errors import other_kind_of_file, read_yaml_mapping
-        if not str(plan_file).strip():  # Path("") is the current folder: say what is really wrong
-            raise SpecError("plan: empty name; give the path of a plan file (from `planner plan --save`)")
-        refuse_dash(plan_file, "plan", "give the path of a plan file (./- for a file named '-')")
-        saved = read_yaml_mapping(Path(plan_file), "plan")
-        if "plan" not in saved and not {"tp", "pp", "dp"} & set(saved):
-            # a model, system or Hugging Face file passed as the plan: say what it is before any default note
-            other = other_kind_of_file(saved, "plan")
-            if other:
-                raise SpecError(f"plan {plan_file}: {other}, not with --plan (a plan comes from `planner plan --save`)")
+        saved = read_plan_mapping(plan_file, "plan")
         saved = saved if "plan" in saved else {}
         for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
             if key in saved and (not isinstance(saved[key], kind) or isinstance(saved[key], bool)):

@@ -8,6 +8,10 @@ import typer
 from hardware.errors import SpecError
 from planner.analytical import estimate
 from planner.cli.common import (
+    DEFAULT_MODEL,
+    DEFAULT_SYSTEM,
+    check_new_file,
+    write_plan_file,
     check_dtype_on_system,
     check_module_dtypes_on_system,
     check_job_reserve,
@@ -118,6 +122,9 @@ def estimate_command(
     bf16_layers: Bf16LayersOpt = None,
     module_dtype: ModuleDtypeOpt = None,
     json_out: JsonOpt = False,
+    save: Annotated[Optional[str], typer.Option(
+        "--save", help="Also write the plan as a plan file (YAML, or JSON by its name; never overwrites), "
+                       "e.g. your current layout for `planner plan --versus` or `planner megatron --plan`.")] = None,
 ) -> None:
     """Time and memory of ONE plan under the exact analytical model.
 
@@ -135,7 +142,11 @@ def estimate_command(
       planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
       planner estimate -m llama3.1-405b -s gb300-nvl72 -g 256 --tp 4 --pp 8 --pipeline-layout 3,4x30,3 \\
           --dtype nvfp4 -b 1536      # an uneven interleaved layout (vpp 4 from the 32 stages)
+      planner estimate -m gpt-oss-120b -s h100-sxm -g 64 -b 512 --pp 4 --ep 8 --micro-batch 4 --save mine.yaml
     """
+    if save is not None and plan_file:
+        raise SpecError(f"save: the plan is already a file ({plan_file}); --save writes a plan given by flags")
+    check_new_file("save", save)
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     options = dict(locals())
     knobs = given_knobs(options)
@@ -209,6 +220,13 @@ def estimate_command(
     else:
         from planner.cli.console import Console
         print_estimate(Console(), model_spec, system_spec, est, job=job)
+    if save is not None:  # written whether or not it fits: a baseline to compare with
+        from planner.planfile import plan_file_data
+        write_plan_file(save, plan_file_data(plan, DEFAULT_MODEL if model is None else model,
+                                             DEFAULT_SYSTEM if system is None else system, model_spec, system_spec,
+                                             job, step_time_s=est.step_time_s))
+        if not json_out:
+            print(f"wrote {save}")
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 

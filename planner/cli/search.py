@@ -148,6 +148,64 @@ def _why_lost(best, alt, seq: int, free: bool) -> str:
     return ", ".join(parts) or "ties"
 
 
+def _versus_estimate(path: str, model, system, job):
+    """The --versus plan, costed for this job: the same model, system, global batch and precision
+    (its file's own job settings are not read: the comparison is of layouts, on one job)."""
+    from planner.analytical.estimate import estimate, rule_text
+    from planner.cli.common import check_layout_fits_model, check_recompute_layers, read_plan_mapping
+    from planner.plan import load_plan
+    read_plan_mapping(path, "versus")
+    try:
+        plan = load_plan(path)
+        check_layout_fits_model(plan, model, path)
+        check_recompute_layers(plan, model)
+    except SpecError as err:  # the file's own errors, named as --versus's
+        raise SpecError(f"versus: {err}") from None
+    if job.global_batch is None:
+        raise SpecError(f"versus: compares plans at one global batch; give -b {plan.global_batch} (the plan's) "
+                        "instead of --free-batch")
+    if plan.global_batch != job.global_batch:
+        raise SpecError(f"versus: the plan {path} runs global batch {plan.global_batch}, this job {job.global_batch}; "
+                        f"give -b {plan.global_batch} to compare at the plan's batch")
+    if plan.gpus != system.num_gpus:
+        raise SpecError(f"versus: the plan {path} runs on tp·pp·dp·cp = {plan.gpus} GPUs, this job on "
+                        f"{system.num_gpus}; give -g {plan.gpus} to compare on the plan's GPUs")
+    if plan.uses_offload and system.offload is None:
+        raise SpecError(f"versus: the plan {path} offloads, and {system.name} has no offload tier")
+    est = estimate(model, system, plan, job)
+    structural = [rule for rule in est.violations if rule not in ("hbm", "offload_capacity")]
+    if structural:
+        raise SpecError(f"versus: plan {path}: {rule_text(structural[0], model, plan)}")
+    return est
+
+
+def _versus_text(path: str, base, best) -> str:
+    """One paragraph: the --versus plan's predicted time and where the best plan gains on it."""
+    from planner.report import difference_text, time_difference
+    parts = difference_text(time_difference(base.time_breakdown_s, best.time_breakdown_s), base.step_time_s)
+    ratio = best.step_time_s / base.step_time_s
+    verdict = f"the best plan is {1 - ratio:.1%} faster" if ratio <= 1 else f"the best plan is {ratio - 1:.1%} slower"
+    head = f"Versus {base.plan.short()} ({path}): "
+    if not base.feasible:
+        offload = ", and more than the offload tier holds" if "offload_capacity" in base.violations else ""
+        return (head + f"it does not fit: it needs {base.hbm_bytes / GIB:.1f} GiB of HBM of "
+                f"{base.hbm_capacity_bytes / GIB:.1f} usable{offload} (were it to fit: {base.step_time_s:.3f} s per "
+                f"step; {verdict}: {parts}).")
+    if ratio > 1:  # a plan the search's space or the evidence gates left behind the recommendation
+        verdict += " (the search left this plan out, or the evidence gates ranked it behind the recommendation)"
+    return head + f"predicted {base.step_time_s:.3f} s per step; {verdict}: {parts}."
+
+
+def _versus_json(base, best) -> dict:
+    from planner.report import time_difference
+    out = {"plan": base.plan.short(), "step_time_s": base.step_time_s, "fits": base.feasible,
+           "hbm_bytes": base.hbm_bytes, "violations": base.violations}
+    if best is not None:
+        out["best_over_versus"] = best.estimate.step_time_s / base.step_time_s
+        out["difference_s"] = dict(time_difference(base.time_breakdown_s, best.estimate.time_breakdown_s))
+    return out
+
+
 def _published_runs(model, system, job, best) -> list[dict]:
     """Published runs of the best plan's job (planner.evidence.supporting_runs), fastest first."""
     from planner.evidence import supporting_runs
@@ -232,6 +290,11 @@ def register(app: typer.Typer) -> None:
             "the recommendation).")] = False,
         json_out: JsonOpt = False,
         save: Annotated[Optional[str], Opt("--save", help="Write the best plan as YAML (never overwrites).")] = None,
+        versus: Annotated[Optional[str], Opt(
+            "--versus", metavar="PLAN",
+            help="A plan YAML/JSON to set the best plan against (your current layout or a published recipe, "
+            "e.g. from `planner estimate --tp .. --pp .. --save`): it is costed for this job (model, system, batch, "
+            "precision) and the difference is split by time component: where the gain comes from.")] = None,
     ) -> None:
         """Search for the fastest plans (CP-SAT over the exact model); default: GPT-3 175B on 1024 A100, batch 1536.
 
@@ -243,6 +306,7 @@ def register(app: typer.Typer) -> None:
           planner plan -m llama3-70b -s h100-sxm -g 512 -b 1024
           planner plan -m gpt3-175b -s h100-offload-1tib -g 1024 --free-batch --top 10 --json
           planner plan -m llama3-8b -s h100-sxm -g 64 -b 512 --save plan.yaml
+          planner plan -m llama3-8b -s h100-sxm -g 64 -b 512 --versus my_layout.yaml
         """
         _plan(dict(locals()))
 
@@ -385,6 +449,7 @@ def _plan(o: dict) -> None:
     check_int("top", o["top"], 1, MAX_TOP_K)
     check_new_file("save", o["save"])
     model, system, job = _inputs(o)
+    baseline = _versus_estimate(o["versus"], model, system, job) if o.get("versus") is not None else None
     result = recommend(model, system, job, top_k=o["top"], allow_unmeasured=o["allow_unmeasured"])
     free = job.global_batch is None
     why = None
@@ -402,6 +467,8 @@ def _plan(o: dict) -> None:
                "stats": result.stats}
         if why is not None:
             out["no_plan"] = {"reasons": why.reasons, "binding_rules": why.binding_rules, "numbers": why.numbers}
+        if baseline is not None:
+            out["versus"] = _versus_json(baseline, result.best)
         print(json_text(out))
     else:
         from planner.cli.console import Console
@@ -445,6 +512,8 @@ def _plan(o: dict) -> None:
                               why)
                 console.print(t)
             _print_gates(console, result)
+            if baseline is not None:
+                console.print(_versus_text(o["versus"], baseline, result.best.estimate))
             s = result.stats
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
@@ -460,20 +529,10 @@ def _plan(o: dict) -> None:
     if o["save"] is not None and result.best is not None:
         # everything the launch needs (planner/planfile.py), so `megatron/estimate --plan` agree
         from planner.planfile import plan_file_data
-        data = plan_file_data(result.best.plan, o["model"], o["system"], model, system, job,
-                              step_time_s=result.best.estimate.step_time_s, objective=result.objective)
-        import yaml
-        try:
-            with open(o["save"], "x") as handle:
-                if str(o["save"]).lower().endswith(".json"):  # the format its name says (YAML reads it too)
-                    json.dump(data, handle, indent=2)
-                    handle.write("\n")
-                else:
-                    yaml.safe_dump(data, handle, sort_keys=False)
-        except FileExistsError:
-            raise SpecError(f"save: {o['save']} already exists; refusing to overwrite it") from None
-        except OSError as exc:
-            raise SpecError(f"save: cannot write {o['save']} ({exc.strerror})") from None
+        from planner.cli.common import write_plan_file
+        write_plan_file(o["save"], plan_file_data(result.best.plan, o["model"], o["system"], model, system, job,
+                                                  step_time_s=result.best.estimate.step_time_s,
+                                                  objective=result.objective))
         if not o["json_out"]:
             print(f"wrote {o['save']}")
     if result.best is None:
