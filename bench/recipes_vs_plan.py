@@ -63,6 +63,7 @@ def main() -> None:
     print(f"{'recipe':58s} {'recipe plan':44s} {'meas s':>8s} {'pred s':>8s} {'recommended plan':44s} "
           f"{'rec s':>8s} {'rec/meas':>8s} {'support s':>9s} {'model-best s':>12s} {'model/meas':>10s} "
           f"{'search s':>8s}")
+    split = {"recipe": [], "overrated": [], "claim": []}  # the unsupported rows, by where the gap lies
     for c in sorted(distinct_recipes(cases, args.moe_only), key=lambda c: c.id):
         # the recipe's own token dispatcher (DeepEP/HybridEP where it ran the flex dispatcher): the
         # search then has the software the recipe had
@@ -100,6 +101,20 @@ def main() -> None:
             parts = time_difference(prediction, best.estimate.time_breakdown_s)
             print(f"{'':4s}rec/meas {ratio:.2f} = model on the recipe {pred / c.measured_step_s:.2f} × plan over "
                   f"the recipe {best.estimate.step_time_s / pred:.2f}: {difference_text(parts, pred)}")
+        if unsupported:
+            own_gain, on_recipe = best.estimate.step_time_s / pred, pred / c.measured_step_s
+            kind = "recipe" if own_gain >= 1 - CLAIM_LIMIT else "overrated" if on_recipe > 1.05 else "claim"
+            split[kind].append((on_recipe, own_gain))
+    n = sum(map(len, split.values()))
+    if n:
+        def span(rows, i):
+            return f"{min(r[i] for r in rows):.2f}-{max(r[i] for r in rows):.2f}" if rows else "-"
+        print(f"\n{n} unsupported: {len(split['recipe'])} with the plan's own predicted gain within "
+              f"{CLAIM_LIMIT:.0%} (rec/pred {span(split['recipe'], 1)}; the model on the recipe pred/meas "
+              f"{span(split['recipe'], 0)}); {len(split['overrated'])} beyond it where the model predicts the "
+              f"recipe more than 5 % slow (pred/meas {span(split['overrated'], 0)}, rec/pred "
+              f"{span(split['overrated'], 1)}); {len(split['claim'])} beyond it with the recipe predicted within "
+              f"5 % or fast (pred/meas {span(split['claim'], 0)}, rec/pred {span(split['claim'], 1)})")
 
 
 if __name__ == "__main__":
