@@ -340,16 +340,18 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
 
     def footprint(L: np.ndarray, O: np.ndarray, act: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(HBM, offload bytes) of the pairs at their smallest batch (inf: a structural rule broken)."""
-        hbm_all, off_all = [np.zeros(0)], [np.zeros(0)]
         size = chunk_rows(space)
-        for lo in range(0, len(L), size):
+
+        def chunk(lo: int) -> tuple[np.ndarray, np.ndarray]:
             part = slice(lo, lo + size)
             P = plan_arrays(space, pair_rows(L[part], O[part], None if act is None else act[part]))
             mem = memory_breakdown(space.model, space.system, space.job, P)
             structural = (rule_violations(space.model, space.system, space.job, P, mem) & ~MEMORY_BITS) != 0
-            hbm_all.append(np.where(structural, np.inf, mem["hbm_bytes"]))
-            off_all.append(np.where(structural, np.inf, mem["offload_bytes"]))
-        return np.concatenate(hbm_all), np.concatenate(off_all)
+            return np.where(structural, np.inf, mem["hbm_bytes"]), np.where(structural, np.inf, mem["offload_bytes"])
+
+        parts = map_in_order(chunk, range(0, len(L), size))  # on several threads, as the cost table's chunks
+        return (np.concatenate([np.zeros(0), *(h for h, _ in parts)]),
+                np.concatenate([np.zeros(0), *(o for _, o in parts)]))
 
     def cost(L: np.ndarray, O: np.ndarray, act: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """`footprint`, folded into `best`."""
