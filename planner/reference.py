@@ -1001,6 +1001,13 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.
         extra["bytes_per_param"] = BytesPerParam(grads=2.0, grad_reduce=2.0)
         assumptions.append("bf16 gradients (NeMo fp8 perf recipe)")
+    elif bridge and dtype == "bf16":
+        # Megatron-Bridge's performance scripts set grad_reduce_in_fp32=False for every precision,
+        # BF16 included (scripts/performance/configs/*/*_llm_pretrain.py set_*_common_configs from
+        # 25.11 on, the 25.09 YAMLs' mixed_precision block, 26.08's perf_recipes/_common.py): the
+        # gradient buffer and its reduce in the parameters' bf16.
+        extra["bytes_per_param"] = BytesPerParam(grads=2.0, grad_reduce=2.0)
+        assumptions.append("bf16 gradients (Megatron-Bridge perf scripts, every precision)")
     elif dtype == "fp16" and framework == "Megatron/NeMo":
         # Megatron with --fp16 keeps the gradient buffer in the parameters' dtype and all-reduces it
         # in fp16 unless --accumulate-allreduce-grads-in-fp32 is given (off by default; validate_args

@@ -256,3 +256,18 @@ def test_dense_recipe_full_recompute_and_fsdp_when_the_record_is_silent(tmp_path
     Plan.model_validate({**plan.model_dump(), **run.plan_update})
     held = bridge_dense_recipe(k, plan, "fp8", recompute_stated=False, fsdp_stated=True, layers=32, host_tier=False)
     assert held.plan_update == {} and any("not applied" in n for n in held.notes)
+
+
+def test_bridge_runs_reduce_bf16_gradients_at_every_precision():
+    """Megatron-Bridge's performance scripts set grad_reduce_in_fp32=False for every model and
+    precision (scripts/performance/configs/*/*_llm_pretrain.py, perf_recipes/_common.py): a BF16
+    Bridge record keeps and reduces 2-byte gradients, as its FP8 records do; a BF16 run of another
+    Megatron stack keeps Megatron's fp32 default."""
+    cases = {c.id: c for c in load_reference()[0]}
+    bridge_bf16 = cases["bridge_25.11_DeepSeekV3_DGX-GB200_BF16_256gpu_gbs4096"].job.bytes_per_param
+    assert (bridge_bf16.grads, bridge_bf16.grad_reduce) == (2.0, 2.0)
+    bridge_fp8 = cases["bridge_25.11_DeepSeekV3_DGX-GB200_FP8-MX_256gpu_gbs4096"].job.bytes_per_param
+    assert (bridge_fp8.grads, bridge_fp8.grad_reduce) == (2.0, 2.0)
+    other = [c for c in cases.values() if c.framework == "Megatron/NeMo" and c.job.dtype == "bf16"
+             and c.id.startswith("dgxc_")]
+    assert other and all(c.job.bytes_per_param.grads == 4.0 for c in other)
