@@ -1,7 +1,6 @@
 """`planner plan`, `planner check`, `planner count`, `planner presets`: the search from the CLI."""
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Annotated, Optional
 
