@@ -1,6 +1,8 @@
 """The files in examples/ load and run as their README says."""
 from pathlib import Path
 
+import pytest
+
 from hardware import load_system
 from planner import megatron as mg
 from planner.model import load_model
@@ -63,3 +65,24 @@ def test_the_maverick_example_plans_on_one_rack():
     assert (model.dense_layers, model.moe_layers) == (24, 24)
     best = plan(model, system, JobSpec(global_batch=576, dtype="mxfp8"), top_k=1).best
     assert best is not None and best.estimate.feasible and best.plan.gpus == 72
+
+
+def test_the_versus_example_compares_with_the_recipe(tmp_path):
+    """examples/README.md: NVIDIA's 26.02 H100 gpt-oss-120b recipe kept by `estimate --save`, then
+    `plan --versus` it: the recipe is costed as `estimate` costs it, and the split adds up."""
+    import json
+    from typer.testing import CliRunner
+    from planner.cli.app import app
+    job = ["-m", "gpt-oss-120b", "-s", "h100-sxm", "-g", "64", "-b", "1280"]
+    recipe = tmp_path / "recipe.yaml"
+    est = CliRunner().invoke(app, ["estimate", *job, "--pp", "4", "--ep", "8", "--micro-batch", "1",
+                                   "--recompute", "selective", "--recompute-modules", "layernorm,moe_act",
+                                   "--save", str(recipe), "--json"])
+    assert est.exit_code == 0, est.output
+    res = CliRunner().invoke(app, ["plan", *job, "--versus", str(recipe), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    versus, best_s = out["versus"], out["plans"][0]["step_time_s"]
+    assert versus["plan"] == "tp1 pp4 dp16 ep8 mb1 rc-selective[layernorm+moe_act] zero1" and versus["fits"]
+    assert versus["step_time_s"] == json.loads(est.stdout)["step_time_s"]
+    assert sum(versus["difference_s"].values()) == pytest.approx(best_s - versus["step_time_s"])
