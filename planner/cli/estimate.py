@@ -142,7 +142,7 @@ def estimate_command(
       planner estimate -m gpt3-175b -s a100-80g -g 1024 --tp 8 --pp 8 -b 1536
       planner estimate -m llama3.1-405b -s gb300-nvl72 -g 256 --tp 4 --pp 8 --pipeline-layout 3,4x30,3 \\
           --dtype nvfp4 -b 1536      # an uneven interleaved layout (vpp 4 from the 32 stages)
-      planner estimate -m gpt-oss-120b -s h100-sxm -g 64 -b 512 --pp 4 --ep 8 --micro-batch 4 --save mine.yaml
+      planner estimate -m llama3-70b -s h100-sxm -g 64 -b 512 --tp 8 --pp 4 --save mine.yaml
     """
     if save is not None and plan_file:
         raise SpecError(f"save: the plan is already a file ({plan_file}); --save writes a plan given by flags")
