@@ -131,3 +131,16 @@ def test_estimate_save_writes_the_plan_that_versus_and_megatron_read(tmp_path):
     beside = runner.invoke(app, ["estimate", "--plan", str(saved), "--save", str(tmp_path / "copy.yaml")])
     assert beside.exit_code == 2 and "save: the plan is already a file" in beside.output
     assert not (tmp_path / "copy.yaml").exists()
+
+
+def test_versus_where_no_plan_fits_gives_its_own_verdict(tmp_path):
+    """Llama-3 70B on 8 H100 fits no plan; the --versus layout is costed all the same and said not
+    to fit, with its GiB (a layout outside the search's rules may fit where the search found none)."""
+    path = _write(tmp_path, {"tp": 8, "pp": 1, "dp": 1, "micro_batch": 1, "global_batch": 16, "recompute": "full"})
+    res = runner.invoke(app, ["plan", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "8", "-b", "16", "--versus", path],
+                        env={"COLUMNS": "1000"})
+    assert res.exit_code == 1
+    own = estimate(load_model("llama3-70b"), load_system("h100-sxm", 8),
+                   Plan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=16, recompute="full"), JobSpec(global_batch=16))
+    assert not own.feasible
+    assert f"it does not fit either: it needs {own.hbm_bytes / 2**30:.1f} GiB of HBM" in res.output

@@ -195,6 +195,16 @@ def _versus_text(path: str, base, best) -> str:
     return head + f"predicted {base.step_time_s:.3f} s per step; {verdict}: {parts}."
 
 
+def _versus_alone_text(path: str, base) -> str:
+    """The --versus plan's own verdict where the search found no plan to set it against."""
+    head = f"Versus {base.plan.short()} ({path}): "
+    if base.feasible:
+        return head + (f"it fits, {base.step_time_s:.3f} s per step, outside what the search may choose "
+                       "(see `planner check` for the rules that bind)")
+    return head + (f"it does not fit either: it needs {base.hbm_bytes / GIB:.1f} GiB of HBM of "
+                   f"{base.hbm_capacity_bytes / GIB:.1f} usable")
+
+
 def _versus_json(base, best) -> dict:
     from planner.report import time_difference
     out = {"plan": base.plan.short(), "step_time_s": base.step_time_s, "fits": base.feasible,
@@ -479,6 +489,8 @@ def _plan(o: dict) -> None:
         if why is not None:
             console.print(Text.assemble(("No plan fits.", "bold red"), " " + ("; ".join(why.reasons[:2]) if why.reasons
                                         else "Run `planner check` with the same options to see why.")))
+            if baseline is not None:  # a layout outside the search's rules (e.g. TP across nodes) may still fit
+                console.print(_versus_alone_text(o["versus"], baseline))
         else:
             best = result.best.estimate
             print_estimate(console, model, system, best, title="Best plan: step time", job=job)
