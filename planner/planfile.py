@@ -109,8 +109,8 @@ def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
             continue  # a file saved before the skew was: it says nothing, the flag applies
         if value is not None and value != getattr(saved, name):
             flag = FLAG_OF_JOB_FIELD.get(name, name.replace("_", "-"))
-            raise SpecError(f"{flag}: {_setting_text(value)} differs from the plan file's "
-                            f"({_setting_text(getattr(saved, name))})")
+            raise SpecError(f"{flag}: {setting_text(value)} differs from the plan file's "
+                            f"({setting_text(getattr(saved, name))})")
     return saved
 
 
@@ -119,11 +119,13 @@ FLAG_OF_JOB_FIELD = {"cuda_graph_modules": "cuda-graph", "full_iteration_cuda_gr
                      "module_dtypes": "module-dtype", "moe_load_imbalance": "moe-imbalance"}
 
 
-def _setting_text(value) -> str:
+def setting_text(value) -> str:
     """A job setting as a user writes it: a list comma-separated ('none' when empty), a mapping as
     MODULE=DTYPE pairs, a flag true/false."""
     if isinstance(value, bool):
         return str(value).lower()
+    if hasattr(value, "model_dump"):  # a settings block (bytes_per_param)
+        value = value.model_dump()
     if isinstance(value, dict):
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
     if isinstance(value, (tuple, list)):
@@ -132,4 +134,4 @@ def _setting_text(value) -> str:
 
 
 __all__ = ["SAVED_JOB_FIELDS", "PLAN_FILE_FIELDS", "SAVED_RESULT_FIELDS", "reference", "plan_file_data",
-           "check_plan_file_fields", "saved_job", "job_for_plan_file"]
+           "check_plan_file_fields", "saved_job", "job_for_plan_file", "setting_text"]

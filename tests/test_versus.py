@@ -144,3 +144,20 @@ def test_versus_where_no_plan_fits_gives_its_own_verdict(tmp_path):
                    Plan(tp=8, pp=1, dp=1, micro_batch=1, global_batch=16, recompute="full"), JobSpec(global_batch=16))
     assert not own.feasible
     assert f"it does not fit either: it needs {own.hbm_bytes / 2**30:.1f} GiB of HBM" in res.output
+
+
+def test_versus_names_the_job_settings_its_file_was_saved_for(tmp_path):
+    """A plan file saved for FP8, compared in a bf16 job: both plans are costed for this job (the
+    comparison is of layouts), and the note says what the file was saved for."""
+    saved = tmp_path / "fp8.yaml"
+    flags = [*JOB, "--pp", "4", "--dp", "4", "--micro-batch", "1"]
+    assert runner.invoke(app, ["estimate", *flags, "--dtype", "fp8", "--save", str(saved)]).exit_code == 0
+    out = json.loads(runner.invoke(app, ["plan", *JOB, "--versus", str(saved), "--json"]).stdout)["versus"]
+    assert out["file_job_differs"] == {"dtype": ["fp8", "bf16"]}
+    bf16 = estimate(load_model("llama3-8b"), load_system("h100-sxm", 16), Plan(**BASELINE), JobSpec(global_batch=16))
+    assert out["step_time_s"] == pytest.approx(bf16.step_time_s, rel=1e-12)  # costed in bf16, as the job
+    line = " ".join(runner.invoke(app, ["plan", *JOB, "--versus", str(saved)], env={"COLUMNS": "1000"}).output.split())
+    assert "Note: the file was saved for dtype fp8; both plans are costed here for this command's job (dtype bf16)." \
+        in line
+    same = json.loads(runner.invoke(app, ["plan", *JOB, "--dtype", "fp8", "--versus", str(saved), "--json"]).stdout)
+    assert same["versus"]["file_job_differs"] == {}

@@ -153,9 +153,11 @@ def _versus_estimate(path: str, model, system, job):
     from planner.analytical.estimate import estimate, rule_text
     from planner.cli.common import check_layout_fits_model, check_recompute_layers, read_plan_mapping
     from planner.plan import load_plan
+    from planner.planfile import saved_job
     read_plan_mapping(path, "versus")
     try:
         plan = load_plan(path)
+        saved = saved_job(path, plan)
         check_layout_fits_model(plan, model, path)
         check_recompute_layers(plan, model)
     except SpecError as err:  # the file's own errors, named as --versus's
@@ -175,7 +177,28 @@ def _versus_estimate(path: str, model, system, job):
     structural = [rule for rule in est.violations if rule not in ("hbm", "offload_capacity")]
     if structural:
         raise SpecError(f"versus: plan {path}: {rule_text(structural[0], model, plan)}")
-    return est
+    # what the file was saved for and this job is not (both plans are costed for this job)
+    differs = {} if saved is None else {
+        name: (getattr(saved, name), getattr(job, name)) for name in VERSUS_JOB_FIELDS
+        if getattr(saved, name) != getattr(job, name)}
+    return est, differs
+
+
+# The job settings a saved plan file carries that change its cost; --versus names those in which
+# the file differs from the plan command's job.
+VERSUS_JOB_FIELDS = ("dtype", "moe_load_imbalance", "hbm_reserve_gib", "bytes_per_param", "full_iteration_cuda_graph",
+                     "cuda_graph_modules", "fp8_attention", "fused_grouped_mlp", "adam_moments", "bf16_layers",
+                     "module_dtypes")
+
+
+def _versus_differs_text(differs: dict) -> str:
+    """' Note: the file was saved for dtype mxfp8; …' where the --versus file's job differs."""
+    from planner.planfile import setting_text
+    if not differs:
+        return ""
+    return (" Note: the file was saved for " + "; ".join(f"{k} {setting_text(v[0])}" for k, v in differs.items())
+            + "; both plans are costed here for this command's job ("
+            + "; ".join(f"{k} {setting_text(v[1])}" for k, v in differs.items()) + ").")
 
 
 def _versus_text(path: str, base, best) -> str:
@@ -458,7 +481,8 @@ def _plan(o: dict) -> None:
     check_int("top", o["top"], 1, MAX_TOP_K)
     check_new_file("save", o["save"])
     model, system, job = _inputs(o)
-    baseline = _versus_estimate(o["versus"], model, system, job) if o.get("versus") is not None else None
+    baseline, differs = _versus_estimate(o["versus"], model, system, job) if o.get("versus") is not None \
+        else (None, {})
     result = recommend(model, system, job, top_k=o["top"], allow_unmeasured=o["allow_unmeasured"])
     free = job.global_batch is None
     why = None
@@ -477,7 +501,9 @@ def _plan(o: dict) -> None:
         if why is not None:
             out["no_plan"] = {"reasons": why.reasons, "binding_rules": why.binding_rules, "numbers": why.numbers}
         if baseline is not None:
-            out["versus"] = _versus_json(baseline, result.best)
+            out["versus"] = {**_versus_json(baseline, result.best),
+                             "file_job_differs": {k: [getattr(v, "model_dump", lambda v=v: v)() for v in pair]
+                                                  for k, pair in differs.items()}}
         print(json_text(out))
     else:
         from planner.cli.console import Console
@@ -490,7 +516,7 @@ def _plan(o: dict) -> None:
             console.print(Text.assemble(("No plan fits.", "bold red"), " " + ("; ".join(why.reasons[:2]) if why.reasons
                                         else "Run `planner check` with the same options to see why.")))
             if baseline is not None:  # a layout outside the search's rules (e.g. TP across nodes) may still fit
-                console.print(_versus_alone_text(o["versus"], baseline))
+                console.print(_versus_alone_text(o["versus"], baseline) + _versus_differs_text(differs))
         else:
             best = result.best.estimate
             print_estimate(console, model, system, best, title="Best plan: step time", job=job)
@@ -524,7 +550,7 @@ def _plan(o: dict) -> None:
                 console.print(t)
             _print_gates(console, result)
             if baseline is not None:
-                console.print(_versus_text(o["versus"], baseline, result.best.estimate))
+                console.print(_versus_text(o["versus"], baseline, result.best.estimate) + _versus_differs_text(differs))
             s = result.stats
             console.print(f"searched {s['space_size']:,} mappings ({s['layouts']:,} layouts; {s['evaluated']:,} "
                           f"evaluated exactly, {s['table_rows']:,} given to CP-SAT) in {s['total_s']:.2f} s")
