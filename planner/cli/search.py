@@ -149,11 +149,12 @@ def _why_lost(best, alt, seq: int, free: bool) -> str:
 
 def _versus_estimate(path: str, model, system, job):
     """The --versus plan, costed for this job: the same model, system, global batch and precision
-    (its file's own job settings are not read: the comparison is of layouts, on one job)."""
+    (the comparison is of layouts, on one job), and the saved job settings in which its file
+    differs from this job ({field: (file's, this job's)}), for the note that says so."""
     from planner.analytical.estimate import estimate, rule_text
     from planner.cli.common import check_layout_fits_model, check_recompute_layers, read_plan_mapping
     from planner.plan import load_plan
-    from planner.planfile import saved_job
+    from planner.planfile import SAVED_JOB_FIELDS, saved_job
     read_plan_mapping(path, "versus")
     try:
         plan = load_plan(path)
@@ -179,16 +180,9 @@ def _versus_estimate(path: str, model, system, job):
         raise SpecError(f"versus: plan {path}: {rule_text(structural[0], model, plan)}")
     # what the file was saved for and this job is not (both plans are costed for this job)
     differs = {} if saved is None else {
-        name: (getattr(saved, name), getattr(job, name)) for name in VERSUS_JOB_FIELDS
+        name: (getattr(saved, name), getattr(job, name)) for name in SAVED_JOB_FIELDS
         if getattr(saved, name) != getattr(job, name)}
     return est, differs
-
-
-# The job settings a saved plan file carries that change its cost; --versus names those in which
-# the file differs from the plan command's job.
-VERSUS_JOB_FIELDS = ("dtype", "moe_load_imbalance", "hbm_reserve_gib", "bytes_per_param", "full_iteration_cuda_graph",
-                     "cuda_graph_modules", "fp8_attention", "fused_grouped_mlp", "adam_moments", "bf16_layers",
-                     "module_dtypes")
 
 
 def _versus_differs_text(differs: dict) -> str:
