@@ -231,8 +231,10 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "sequence_parallel": (0, 1), "tp_comm_overlap": (0, 1), "dp_comm_overlap": (0, 1),
         "zero_stage": ZERO_STAGES,
         "offload_weights": (0.0,) if mega else off,
-        # Megatron offloads whole layers: the fractions it runs (0.5 of 61 layers is 31, 0.508)
-        "offload_activations": tuple(sorted({megatron_offload_fraction(f, model.layers) for f in off}))
+        # Megatron offloads whole layers: the fractions it runs (0.5 of 61 layers is 31, 0.508);
+        # its hybrid (Mamba) stack offloads none (planner.megatron.expressible)
+        "offload_activations": (0.0,) if mega and model.hybrid_pattern else
+        tuple(sorted({megatron_offload_fraction(f, model.layers) for f in off}))
         if mega and model.layers > 1 else off,
         "offload_optimizer": off,
         "moe_a2a_overlap": (0, 1) if a2a_overlap_model(model) else (0,),

@@ -18,6 +18,7 @@ from planner.analytical import estimate, flops
 from planner import megatron as mg
 from planner.cli import app
 from planner.model import ModelSpec, load_model
+from planner import search
 from planner.plan import JobSpec, Plan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -123,6 +124,20 @@ def test_search_space_of_a_hybrid_stack():
     assert d["cp"] == (1,) and d["moe_a2a_overlap"] == (0,)
     assert all(64 % t == 0 and 8 % t == 0 for t in d["tp"]) and 8 in d["tp"]
 
+
+
+def test_megatron_hybrid_stacks_offload_no_activations_in_the_search():
+    """Megatron's hybrid stack has no layer-wise CPU offload (expressible.py refuses it), so the
+    space leaves it out under Megatron, and keeps it for `--framework any`. With it in, the cost
+    table's best rows on a Grace box were offloading ones that the launch check then dropped:
+    Nemotron 3 Nano on 4 GB200 found no plan at all, and Nemotron 3 Super on 256 GB300 (nvfp4,
+    batch 1024) said "no plan fits" while tp1 pp1 dp256 ep32 fits in 154 GiB."""
+    box = load_system("gb200-nvl72", 4)
+    assert knob_domains(NANO, box, JobSpec(global_batch=64))["offload_activations"] == (0.0,)
+    assert len(knob_domains(NANO, box, JobSpec(global_batch=64, framework="any"))["offload_activations"]) > 1
+    found = search.plan(NANO, box, JobSpec(global_batch=64), top_k=1)
+    assert found.best is not None and found.stats["not_expressible_dropped"] == 0
+    assert found.best.plan.offload_activations == 0 and not mg.not_expressible(found.best.plan, NANO, JobSpec())
 
 @pytest.mark.parametrize("update,message", [
     ({"hybrid_pattern": "MEX*"}, "'X' is not a block"),
