@@ -59,3 +59,20 @@ def test_every_layout_keeps_its_best_row(job):
     assert any(k[1] == 4 for k in want)  # uneven layouts (30 layers on pp 4) are among them
     for key, value in want.items():
         assert math.isclose(got[key], value, rel_tol=1e-12), key
+
+
+@pytest.mark.parametrize("preset,system,gpus", [("nemotron-h-56b", "gb200-nvl72", 8),
+                                                ("nemotron-3-super", "gh200", 16),
+                                                ("glm-4.5-air", "gb200-nvl72", 8),
+                                                ("gpt-oss-120b", "gh200", 16)])
+def test_the_megatron_space_holds_only_plans_megatron_can_launch(preset, system, gpus):
+    """On boxes with an offload tier, where memory is tight enough that offload is chosen, none of
+    the solver's picks is dropped by the launch check (`planner.megatron.not_expressible`): the
+    space encodes the same rules, so a plan dropped there is one the search wrongly offered (hybrid
+    stacks' activation offload was, and left Nemotron-H 56B on 8 GB200 with no plan)."""
+    from planner.megatron import not_expressible
+    from planner.model import load_model
+    model, job = load_model(preset), JobSpec(global_batch=64)
+    found = plan(model, load_system(system, gpus), job, top_k=5)
+    assert found.ranked and found.stats["not_expressible_dropped"] == 0
+    assert all(not not_expressible(r.plan, model, job) for r in found.ranked)
