@@ -737,53 +737,58 @@ def plot(rows: list[dict], spec: SweepSpec, stem: str | Path) -> tuple[Path, Pat
     for r in rows:
         by_point[(key(r[xname]), key(r[lname]) if lname else None)] = r
 
-    fig, (ax_mfu, ax_t) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
-    infeasible = 0
-    markers = "osD^v<>p*h"
-    for li, lv in enumerate(lines):
-        mfu, st = [], []
-        for xv in xvals:
-            r = by_point.get((key(xv), key(lv) if lname else None))
-            ok = r is not None and r["feasible"]
-            infeasible += 0 if ok else 1
-            mfu.append(100 * r["mfu"] if ok else math.nan)
-            st.append(r["step_time_s"] if ok else math.nan)
-        label = _label(lname, lv) if lname else None
-        m = markers[li % len(markers)]
-        ax_mfu.plot(positions, mfu, marker=m, label=label)
-        ax_t.plot(positions, st, marker=m, label=label)
-        for x, y in zip(positions, mfu):
-            if not math.isnan(y) and len(lines) <= 1:  # values on the line; with several lines they overlap
-                ax_mfu.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 6),
-                                ha="center", fontsize=7)
-    ax_mfu.set_ylabel("MFU (%)")
-    ax_mfu.set_ylim(bottom=0, top=max(100, ax_mfu.get_ylim()[1]))
-    ax_t.set_ylabel("step time (s)")
-    ax_t.set_xlabel(PARAMETERS[xname])
-    if not categorical and len(positions) > 1 and min(positions) > 0 and max(positions) / min(positions) >= 4:
-        ax_t.set_xscale("log", base=2)
-    ax_t.set_xticks(positions)
-    ax_t.set_xticklabels([_fmt(v) if not (isinstance(v, float) and math.isinf(v)) else "∞" for v in xvals],
-                         rotation=30 if categorical and xname == "model" else 0)
-    ax_t.minorticks_off()
-    times = [r["step_time_s"] for r in rows if r["feasible"]]
-    if times and min(times) > 0 and max(times) / min(times) > 20:
-        ax_t.set_yscale("log")  # step times spanning decades (model-size sweeps)
-    for ax in (ax_mfu, ax_t):
-        ax.grid(True, alpha=0.3)
-    if lname:
-        ax_mfu.legend(title=PARAMETERS[lname], fontsize=8, title_fontsize=8)
-    title = _title(spec, rows)
-    if infeasible:
-        title += f"\n{infeasible} grid point{'s' if infeasible > 1 else ''} with no feasible plan (not drawn)"
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    stem = Path(stem)
-    png, svg = stem.with_suffix(".png"), stem.with_suffix(".svg")
-    fig.savefig(png, dpi=120)
-    fig.savefig(svg)
-    plt.close(fig)
-    return png, svg
+    # names are the user's text (a model called "run_$1_$2"): no $...$ mathtext in any label,
+    # tick labels included (made when the figure is drawn, so the whole drawing is inside)
+    with plt.rc_context({"text.parse_math": False}):
+        fig, (ax_mfu, ax_t) = plt.subplots(2, 1, figsize=(8, 7.5), sharex=True)
+        infeasible = 0
+        markers = "osD^v<>p*h"
+        for li, lv in enumerate(lines):
+            mfu, st = [], []
+            for xv in xvals:
+                r = by_point.get((key(xv), key(lv) if lname else None))
+                ok = r is not None and r["feasible"]
+                infeasible += 0 if ok else 1
+                mfu.append(100 * r["mfu"] if ok else math.nan)
+                st.append(r["step_time_s"] if ok else math.nan)
+            label = _label(lname, lv) if lname else None
+            m = markers[li % len(markers)]
+            ax_mfu.plot(positions, mfu, marker=m, label=label)
+            ax_t.plot(positions, st, marker=m, label=label)
+            for x, y in zip(positions, mfu):
+                if not math.isnan(y) and len(lines) <= 1:  # values on the line; with several lines they overlap
+                    ax_mfu.annotate(f"{y:.0f}", (x, y), textcoords="offset points", xytext=(0, 6),
+                                    ha="center", fontsize=7)
+        ax_mfu.set_ylabel("MFU (%)")
+        ax_mfu.set_ylim(bottom=0, top=max(100, ax_mfu.get_ylim()[1]))
+        ax_t.set_ylabel("step time (s)")
+        ax_t.set_xlabel(PARAMETERS[xname])
+        if not categorical and len(positions) > 1 and min(positions) > 0 and max(positions) / min(positions) >= 4:
+            ax_t.set_xscale("log", base=2)
+        ax_t.set_xticks(positions)
+        ax_t.set_xticklabels([_fmt(v) if not (isinstance(v, float) and math.isinf(v)) else "∞" for v in xvals],
+                             rotation=30 if categorical and xname == "model" else 0)
+        ax_t.minorticks_off()
+        times = [r["step_time_s"] for r in rows if r["feasible"]]
+        if times and min(times) > 0 and max(times) / min(times) > 20:
+            ax_t.set_yscale("log")  # step times spanning decades (model-size sweeps)
+        for ax in (ax_mfu, ax_t):
+            ax.grid(True, alpha=0.3)
+        if lname:
+            ax_mfu.legend(title=PARAMETERS[lname], fontsize=8, title_fontsize=8)
+        title = _title(spec, rows)
+        if infeasible:
+            title += f"\n{infeasible} grid point{'s' if infeasible > 1 else ''} with no feasible plan (not drawn)"
+        fig.suptitle(title, fontsize=10)
+        fig.tight_layout()
+        # NAME.png exactly (output_paths, whose files the overwrite check guards): with_suffix would
+        # cut a dotted name ("run.v1") and write over run.png
+        stem = Path(stem)
+        png, svg = stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.svg"
+        fig.savefig(png, dpi=120)
+        fig.savefig(svg)
+        plt.close(fig)
+        return png, svg
 
 
 __all__ = ["PARAMETERS", "Axis", "SweepSpec", "Point", "apply_params", "build_points", "evaluate_point",
