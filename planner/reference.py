@@ -301,15 +301,39 @@ def _measured_step(r: _Record) -> tuple[float | None, str | None]:
     return (step, "measured.step_time_s") if step is not None else (None, None)
 
 
+# A measurement below this share of the GPU's highest peak is a unit slip, not a slow run (the
+# slowest reference rows run at a few % of it)
+MIN_PEAK_SHARE = 1e-3
+
+
 def _check_below_peak(r: _Record, how: str, step_s: float, step_flops: float, system) -> None:
     """A measurement no GPU of the record's kind can reach: its model FLOPs per GPU per second
-    above the accelerator's highest datasheet peak (a TFLOP/s or tokens/s typed 10x too high)."""
+    above the accelerator's highest datasheet peak (a TFLOP/s or tokens/s typed 10x too high), or
+    so far below it (MIN_PEAK_SHARE) that units were mixed up; a step time that is not a positive
+    number at all (a throughput of 1e300)."""
+    check = "check the measurement's units and digits"
+    if not 0.0 < step_s < float("inf"):
+        raise SpecError(f"reference {r.id}: the measured {how} implies a step time of {step_s:g} s; {check}")
     rate = step_flops / (step_s * system.num_gpus)
     peak = max(system.accelerator.peak_flops.values())
     if rate > peak:
         raise SpecError(f"reference {r.id}: the measured {how} implies {rate / 1e12:,.0f} model TFLOP/s per GPU, "
-                        f"above the {system.accelerator.name} peak ({peak / 1e12:,.0f}); check the measurement's "
-                        "units and digits")
+                        f"above the {system.accelerator.name} peak ({peak / 1e12:,.0f}); {check}")
+    if rate < MIN_PEAK_SHARE * peak:
+        raise SpecError(f"reference {r.id}: the measured {how} implies {rate / 1e12:.3g} model TFLOP/s per GPU, "
+                        f"below {MIN_PEAK_SHARE:.1%} of the {system.accelerator.name} peak ({peak / 1e12:,.0f}); "
+                        f"{check}")
+
+
+def _check_vpp(rid: str, vpp: int, pp: int, layers: int) -> None:
+    """parallel.vpp: every virtual stage holds a layer, or is the embedding's or the loss's own
+    (Megatron's --account-for-embedding/loss-in-pipeline-split: DGX Cloud's 30-layer 405B proxy
+    runs pp 4 vpp 8 as layers[0,1x30,0])."""
+    most = (layers + 2) // pp
+    if not 1 <= vpp <= most:
+        raise SpecError(f"reference {rid}: parallel.vpp: must be an integer from 1 to (layers + 2)/pp "
+                        f"(({layers} + 2)/{pp} = {most}: each virtual stage a layer, the embedding or the loss), "
+                        f"got {vpp}")
 
 
 def _check_record(r: _Record) -> None:
@@ -929,6 +953,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                                                          if pp_overlap else ""))
     else:
         vpp = int(vpp_raw) if isinstance(vpp_raw, str) else (r.int("parallel.vpp") or vpp_raw or 1)
+    _check_vpp(rid, vpp, pp, model.layers)
     recipe = bridge_recipe_layout(str(r.get("model.name") or ""), model.layers, pp, vpp, rid) if bridge else None
     stage_layers = _stage_layers(model, pp, vpp, None, assumptions, recipe)
     if isinstance(stage_layers, str):
@@ -1272,6 +1297,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
         return Skipped(rid, "GPU count not published")
     dp = _data_parallel(rid, gpus, tp * pp * cp, r.int("parallel.dp"))
     vpp = r.int("parallel.vpp", 1)
+    _check_vpp(rid, vpp, pp, model.layers)
     interleaved = "interleaved" in str(r.get("parallel.pp_schedule") or "").lower()
     layout_text = str(r.get("parallel.pp_layout") or "") or None
     if framework == "torchtitan FSDP2" and pp > 1 and vpp == 1 and layout_text is None:

@@ -78,6 +78,24 @@ def test_a_nonfinite_derived_step_time_is_refused(tmp_path):
     one_line_error(_validate(_write(tmp_path / "one.yaml", [rec])), TFLOPS_RID, "derived.iteration_time_s")
 
 
+@pytest.mark.parametrize("value,words", [(1e300, "step time of 0 s"), (1e-300, "below 0.1%")], ids=str)
+def test_a_throughput_no_gpu_runs_at_is_refused(tmp_path, value, words):
+    """A TFLOP/s of 1e300 gives a step time of 0 (it was a ZeroDivisionError); 1e-300 gives 1e302 s
+    and a -100 % row in the summary's means: both are unit slips, refused by name."""
+    rid = "narayanan2021_t1_1.7B"  # its step time is derived from its TFLOP/s (eq. 3)
+    rec = _record(rid)
+    del rec["derived"]
+    rec["measured"]["tflops_per_gpu"] = value
+    one_line_error(_validate(_write(tmp_path / "one.yaml", [rec])), rid, words, "units")
+
+
+@pytest.mark.parametrize("vpp", [27, 10**8])  # 24 layers, pp 1: at most 26
+def test_a_vpp_beyond_the_layers_is_refused_at_once(tmp_path, vpp):
+    """vpp 1e8 built a layout of 1e8 virtual stages (validate hung); one more than a layer, the
+    embedding or the loss per virtual stage is refused as the --vpp flag is."""
+    one_line_error(_validate(_mutated(tmp_path, "parallel", "vpp", vpp)), RID, "parallel.vpp", "from 1 to")
+
+
 def test_a_nonfinite_fsdp_throughput_is_refused(tmp_path):
     fsdp = (SOURCE.parent / "fsdp_moe_runs.yaml")
     doc = copy.deepcopy(reference_yaml(fsdp))
