@@ -456,6 +456,13 @@ def _check_types(cfg: dict, path: Path) -> None:
         raise bad("sliding_window_pattern", "an integer >= 1 (every N-th layer keeps full attention)")
     if isinstance(pattern, float):
         cfg["sliding_window_pattern"] = int(pattern)
+    kinds = cfg.get("layer_types") if isinstance(cfg.get("layer_types"), list) else []
+    if "sliding_attention" in kinds and cfg.get("use_sliding_window") is not False and not cfg.get("sliding_window"):
+        # the layers say windowed, the window says none: costed and launched as full attention,
+        # it would train another model than the checkpoint's
+        raise SpecError(f"model {path}: layer_types names sliding_attention layers but sliding_window is "
+                        f"{_shown(cfg.get('sliding_window'))}; give the window (gpt-oss: 128), or make those "
+                        "layers full_attention")
     given_eps = {k: cfg[k] for k in NORM_EPS_KEYS if cfg.get(k) is not None}
     if len(set(map(str, given_eps.values()))) > 1:
         raise SpecError(f"model {path}: the norms' epsilon is given twice and differs "

@@ -58,6 +58,10 @@ def count(tmp_path, config: dict):
     # the top-k named by the config's key, not the planner's moe.top_k
     ({"num_local_experts": 8, "num_experts_per_tok": 0}, "num_experts_per_tok must be an integer from 1 to"),
     ({"num_local_experts": 8}, "num_experts_per_tok (or experts_per_token) must be"),
+    # windowed layers without a window (audit): costed and launched as full attention, another model
+    ({"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": 0},
+     "layer_types names sliding_attention layers but sliding_window is 0"),
+    ({"layer_types": ["sliding_attention", "full_attention"] * 2}, "give the window"),
 ])
 def test_bad_config_values_are_one_line_errors_naming_the_key(tmp_path, edit, words):
     line = one_line_error(count(tmp_path, {**BASE, **edit}))

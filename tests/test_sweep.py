@@ -201,6 +201,17 @@ def test_a_dotted_name_writes_its_own_plots_and_keeps_the_users(tiny, tmp_path):
     assert (tmp_path / "run.v2.svg").read_text() == "mine"
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_bad_thread_count_is_refused_before_any_output(tiny, tmp_path, workers):
+    """-j 2's workers set their own count, so PARPLAN_THREADS=abc went unread there and was refused
+    only after an empty output folder was made with -j 1."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", "-m", tiny, "-s", "h100-sxm", "--vary", "gpus=4,8", "-j", workers,
+                                 "--out", str(out)], env={"PARPLAN_THREADS": "abc"})
+    one_line_error(result, "PARPLAN_THREADS", "from 1 to")
+    assert not out.exists()
+
+
 def test_dollar_signs_in_a_models_name_are_drawn_as_text(tmp_path):
     """matplotlib reads $...$ as mathtext; a name like run_$1_$2 made the plot an internal error
     after the whole grid had been solved."""

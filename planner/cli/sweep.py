@@ -188,6 +188,9 @@ def register(app: typer.Typer) -> None:
         spec = SweepSpec.build(model=model, system=system, gpus=gpus, seq_length=seq_length, job=job,
                                axes=axes, time_limit_s=time_limit_s, explain=explain)
         points = build_points(spec)  # the inputs first: a bad --vary value is named before the outputs
+        # and a bad PARPLAN_THREADS too, whichever -j runs the points (workers set their own)
+        from planner.threads import thread_count
+        thread_count()
         if not resuming:
             refuse_overwrite(paths, force)
         try:
