@@ -571,6 +571,10 @@ def _refuse_cut_saved_file(data: dict, path: str | Path) -> None:
     gaps = [f"plan.{f}" for f in Plan.model_fields if f not in plan] if isinstance(plan, dict) else []
     if job is None or isinstance(job, dict):
         gaps += [f"job.{f}" for f in SAVED_JOB_FIELDS if f not in (job or {}) and f not in SAVED_JOB_FIELDS_LATER]
+        # a settings block is written whole too (bytes_per_param: all five byte counts)
+        block = (job or {}).get("bytes_per_param")
+        if isinstance(block, dict):
+            gaps += [f"job.bytes_per_param.{f}" for f in BytesPerParam.model_fields if f not in block]
     if gaps:
         shown = ", ".join(gaps[:4]) + (f" and {len(gaps) - 4} more" if len(gaps) > 4 else "")
         raise SpecError(f"plan ({path}): missing {shown}: a file `planner plan --save` wrote has every field "

@@ -109,8 +109,9 @@ def job_for_plan_file(path: str | Path, plan: Plan, **given) -> JobSpec | None:
             continue  # a file saved before the skew was: it says nothing, the flag applies
         if value is not None and value != getattr(saved, name):
             flag = FLAG_OF_JOB_FIELD.get(name, name.replace("_", "-"))
-            raise SpecError(f"{flag}: {setting_text(value)} differs from the plan file's "
-                            f"({setting_text(getattr(saved, name))})")
+            shown = (lambda v: "full-iteration" if v else "none") if name == "full_iteration_cuda_graph" \
+                else setting_text  # as --cuda-graph takes it, not the field's true/false
+            raise SpecError(f"{flag}: {shown(value)} differs from the plan file's ({shown(getattr(saved, name))})")
     return saved
 
 

@@ -212,6 +212,9 @@ def test_megatron_takes_cuda_graph_as_plan_does(tmp_path):
     one_line_error(run(["megatron", "--plan", str(saved), "--cuda-graph", "layers"]), "cuda-graph",
                    "differs from the plan file's")
     assert run(["megatron", "--plan", str(saved), "--cuda-graph", "none", "--format", "args"]).exit_code == 0
+    # in the flag's own words, not the field's true/false (input audit)
+    one_line_error(run(["megatron", "--plan", str(saved), "--cuda-graph", "full-iteration"]),
+                   "cuda-graph: full-iteration differs from the plan file's (none)")
 
 
 def test_a_long_unknown_option_or_command_is_echoed_cut_short():

@@ -418,6 +418,23 @@ def test_a_saved_plan_file_cut_short_is_refused_not_filled_with_defaults(tmp_pat
     assert run(["megatron", "--plan", str(saved), "--format", "args"]).exit_code == 0
 
 
+def test_a_saved_bytes_per_param_block_cut_short_is_refused(tmp_path):
+    """A saved file's bytes_per_param without `weights` had been filled with the default 2 bytes
+    (input audit); the block is written whole, so a gap is a cut or an edit."""
+    import yaml as _yaml
+
+    from tests.conftest import one_line_error
+    saved = tmp_path / "full.yaml"
+    assert runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1",
+                               "--save", str(saved)]).exit_code == 0
+    data = _yaml.safe_load(saved.read_text())
+    del data["job"]["bytes_per_param"]["weights"]
+    cut = tmp_path / "cut.yaml"
+    cut.write_text(_yaml.safe_dump(data))
+    line = one_line_error(runner.invoke(app, ["estimate", "--plan", str(cut)]))
+    assert "missing job.bytes_per_param.weights" in line and "cut short" in line, line
+
+
 @pytest.mark.parametrize("pins, words", [
     (["--tp", "8", "--pp", "16"], "your pins need tp·pp = 128 GPUs; the system has 64"),
     (["--tp", "8", "--pp", "8", "--dp", "8"], "tp·pp·dp = 512 GPUs"),

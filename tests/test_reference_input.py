@@ -219,3 +219,9 @@ def test_activation_synonyms_are_read(tmp_path, value, activation):
 def test_no_recompute_may_carry_a_note(tmp_path, value):
     cases, _ = load_reference(_mutated(tmp_path, "parallel", "recompute", value))
     assert cases[0].plan.recompute == "none"
+
+
+@pytest.mark.parametrize("name", ["", "  "])
+def test_an_empty_reference_name_is_named_as_such(name):
+    """--reference '' had said 'reference .: is a folder' (Path('') is the current folder)."""
+    one_line_error(_validate(name), "reference: empty name")

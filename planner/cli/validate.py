@@ -36,6 +36,9 @@ def _load_checked(references: list[str] | None):
     from hardware.errors import SpecError, read_yaml_mapping, refuse_dash
     for ref in references or ():
         refuse_dash(ref, "reference", "give the path of a reference YAML file (./- for a file named '-')")
+        if not ref.strip():  # Path('') is '.', the folder: say what was given
+            raise SpecError("reference: empty name; give the path of a reference YAML file, or leave --reference "
+                            "out for the packaged files")
         path = Path(ref)
         if path.exists():
             data = read_yaml_mapping(path, "reference", aliases=True)  # the packaged FSDP file shares sources
