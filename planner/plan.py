@@ -198,6 +198,11 @@ class Plan(BaseModel):
         if isinstance(data, dict):
             recompute = data.get("recompute", "none")
             modules = data.get("recompute_modules")
+            if modules not in (None, (), []):
+                try:  # an unknown name first: "needs recompute: selective" would hide it
+                    parse_recompute_modules(modules)
+                except ValueError as err:
+                    raise ValueError(f"recompute_modules: {err}") from None
             if modules not in (None, (), []) and recompute != "selective":
                 shown = modules if isinstance(modules, str) else " ".join(map(str, modules))
                 raise ValueError(f"recompute_modules ({shown}) needs recompute: selective (got {recompute})")

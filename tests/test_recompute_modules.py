@@ -144,6 +144,8 @@ def test_plan_field_validation():
     assert p.recompute_modules == ("layernorm", "moe_act")
     for bad, words in ((dict(recompute="selective", recompute_modules=["attn"]), "allowed: core_attn, moe_act"),
                        (dict(recompute="full", recompute_modules=["mlp"]), "needs recompute: selective"),
+                       # an unknown name is named first, whatever the recompute (input audit)
+                       (dict(recompute="none", recompute_modules=["nope"]), "unknown 'nope'; allowed: core_attn"),
                        (dict(recompute="selective", recompute_modules=[]), "allowed: core_attn")):
         with pytest.raises(ValueError, match=words):
             Plan(**bad)
