@@ -77,7 +77,9 @@ def one_line(err: ValidationError, where: str) -> SpecError:
 FILE_KINDS = (("plan", ("plan",), "a plan file", "--plan"), ("plan", ("tp", "pp", "dp"), "a plan file", "--plan"),
               ("system", ("accelerator",), "a system file", "-s"), ("model", ("layers", "hidden"), "a model file", "-m"),
               ("hf", ("model_type",), "a Hugging Face config", "-m, named config.json (or its folder)"),
-              ("hf", ("num_hidden_layers", "hidden_size"), "a Hugging Face config", "-m, named config.json (or its folder)"))
+              ("hf", ("num_hidden_layers", "hidden_size"), "a Hugging Face config", "-m, named config.json (or its folder)"),
+              ("accelerator", ("peak_flops", "hbm_capacity_gib"), "an accelerator file",
+               "`accelerator:` in a system file (its path or preset name; see hardware/presets/*.yaml)"))
 
 
 def other_kind_of_file(data: dict, expected: str) -> str:

@@ -184,3 +184,10 @@ def test_the_python_api_refuses_pins_of_the_wrong_kind_and_a_reserve_beyond_the_
     with pytest.raises(SpecError, match="hbm_reserve_gib: the reserve"):
         estimate(load_model("llama3-8b"), load_system("h100-sxm", 8), Plan(tp=1, dp=8, micro_batch=1, global_batch=64),
                  JobSpec(hbm_reserve_gib=500))
+
+
+def test_an_accelerator_file_given_as_the_system_is_named_so():
+    """-s with an accelerator file had said 'peak_flops: unknown field (and 7 more problems)'
+    (input audit): it is named, with where an accelerator goes."""
+    one_line_error(run(["plan", "-s", "hardware/presets/accelerators/h100-sxm5-80gb.yaml", "-g", "8"]),
+                   "this is an accelerator file", "`accelerator:` in a system file")
