@@ -21,8 +21,11 @@ INCONSISTENT = "inconsistent"
 
 
 # A name the output shows (a system's, a model's): one line with some visible text, no control
-# characters (C0, DEL, C1) or Unicode line separators, which would garble the header it is printed in
-VISIBLE_LINE_PATTERN = r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*[^\s\x00-\x1f\x7f-\x9f\u2028\u2029][^\x00-\x1f\x7f-\x9f\u2028\u2029]*$"
+# characters (C0, DEL, C1), Unicode line separators or bidirectional overrides and isolates
+# (U+202A-E, U+2066-9: a right-to-left override printed the name reversed), which would garble
+# the header it is printed in
+_HIDDEN = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069"
+VISIBLE_LINE_PATTERN = rf"^[^{_HIDDEN}]*[^\s{_HIDDEN}][^{_HIDDEN}]*$"
 
 
 def shortened(text, limit: int = 60) -> str:

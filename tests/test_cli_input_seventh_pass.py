@@ -104,7 +104,8 @@ def test_a_config_name_of_a_slash_or_control_characters_still_gives_a_header(tmp
 
 # ---- names and paths -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["", "   ", "evil\nname", "\x1b[31mred", "c1\x9bcontrol", "line\u2028break"])
+@pytest.mark.parametrize("name", ["", "   ", "evil\nname", "\x1b[31mred", "c1\x9bcontrol", "line\u2028break",
+                                  "abc\u202egpt", "iso\u2066late"])  # bidi overrides print the name reversed
 def test_a_model_name_is_one_line_of_visible_text(tmp_path, name):
     model = yaml.safe_load(Path("planner/presets/llama3-8b.yaml").read_text())
     path = tmp_path / "m.yaml"
