@@ -62,8 +62,6 @@ def test_every_layout_keeps_its_best_row(job):
 
 
 @pytest.mark.parametrize("preset,system,gpus", [("nemotron-h-56b", "gb200-nvl72", 8),
-                                                ("nemotron-3-super", "gh200", 16),
-                                                ("glm-4.5-air", "gb200-nvl72", 8),
                                                 ("gpt-oss-120b", "gh200", 16)])
 def test_the_megatron_space_holds_only_plans_megatron_can_launch(preset, system, gpus):
     """On boxes with an offload tier, where memory is tight enough that offload is chosen, none of
