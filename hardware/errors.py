@@ -357,7 +357,9 @@ def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""
-        detail = "" if mark is not None else f" ({exc})"
+        problem = getattr(exc, "problem", None)  # what the parser found there, e.g. an unhashable key
+        detail = f": {' '.join(str(problem).split())}" if mark is not None and problem else \
+            "" if mark is not None else f" ({exc})"
         raise SpecError(f"{what} {path}: malformed YAML{at}{detail}") from None
     except OSError as exc:
         raise SpecError(f"{what} {path}: cannot read ({exc.strerror})") from None
@@ -365,7 +367,33 @@ def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
         raise SpecError(f"{what} {path}: the file is empty; expected a YAML mapping of fields")
     if not isinstance(data, dict):
         raise SpecError(f"{what} {path}: expected a YAML mapping of fields, got {type(data).__name__}")
+    bad = _first_non_string_key(data)
+    if bad is not None:
+        where, key = bad
+        written = "null" if key is None else str(key).lower() if isinstance(key, bool) else key  # (1 == True)
+        kind = {type(None): "null", bool: "a boolean", int: "a number", float: "a number"}.get(type(key),
+                                                                                             type(key).__name__)
+        raise SpecError(f"{what} {path}: key {where}{written}: YAML reads it as {kind}, not as a field name; "
+                        "quote it or use the field's name")
     return data
+
+
+def _first_non_string_key(node, where: str = ""):
+    """(path of its mapping, key) of the first key YAML did not read as a string (null:, 3:,
+    true:), depth first; None where every key is a name."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if not isinstance(key, str):
+                return where, key
+            found = _first_non_string_key(value, f"{where}{key}.")
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            found = _first_non_string_key(item, f"{where}[{i}].")
+            if found is not None:
+                return found
+    return None
 
 
 MAX_NAME_BYTES = 255  # a file name's limit on Linux and macOS file systems (NAME_MAX)

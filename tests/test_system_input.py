@@ -322,3 +322,19 @@ def test_every_system_preset_loads(name):
 def test_example_system_loads():
     assert load_system(str(CUSTOM)).num_gpus == 256
 
+
+
+@pytest.mark.parametrize("key,words", [("null", "key null: YAML reads it as null"), ("3", "key 3: YAML reads it as a number"),
+                                       ("moe:\n  true", "key moe.true: YAML reads it as a boolean")])
+def test_a_key_yaml_does_not_read_as_a_name_is_named_as_written(tmp_path, key, words):
+    """`null: 2` had said 'None: Keys should be strings' (input audit): the key as the user wrote it."""
+    path = tmp_path / "m.yaml"
+    path.write_text(f"name: x\nlayers: 2\nhidden: 256\nheads: 4\nseq_length: 512\nvocab: 1000\n{key}: 2\n")
+    one_line_error(CliRunner().invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]), words, "quote it")
+
+
+def test_malformed_yaml_says_what_the_parser_found(tmp_path):
+    path = tmp_path / "m.yaml"
+    path.write_text("? [a, b]\n: 1\n")
+    one_line_error(CliRunner().invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]),
+                   "malformed YAML at line 1: found unhashable key")
