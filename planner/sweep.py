@@ -190,6 +190,11 @@ class Axis(BaseModel):
             raise _bad(f"{name}: more than {MAX_POINTS} values")
         if len(set(map(str, values))) != len(values):
             raise _bad(f"{name}: a value is repeated in {shortened(text)!r}")
+        if name == "model":  # one file named two ways (m.yaml, ./m.yaml) is one model, swept once
+            from planner.planfile import is_preset
+            files = [Path(v).resolve() for v in values if not is_preset(v, "model") and Path(v).is_file()]
+            if len(set(files)) != len(files):
+                raise _bad(f"model: a file is named twice in {shortened(text)!r} (the same file by two paths)")
         return cls(name=name, values=values)
 
     @classmethod

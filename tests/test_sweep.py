@@ -271,3 +271,11 @@ def test_ray_local_cluster(tiny):  # pragma: no cover - only where ray is instal
         assert [{k: r[k] for k in COMPARED} for r in local] == [{k: r[k] for k in COMPARED} for r in remote]
     finally:
         ray.shutdown()
+
+
+def test_one_model_file_named_two_ways_is_swept_once(tiny, tmp_path, monkeypatch):
+    """m.yaml and ./m.yaml were two points of the model axis with the same rows (input audit)."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error(runner.invoke(app, ["sweep", "-s", "h100-sxm", "-g", "8", "--vary", f"model={tiny},./tiny.yaml",
+                                       "--out", str(tmp_path / "out")]), "named twice", "two paths")
+    assert not (tmp_path / "out").exists()
