@@ -575,3 +575,12 @@ def test_a_reference_field_in_the_wrong_block_is_told_where_it_goes(tmp_path):
                    " seq: 1024}\n  system: {gpu: H100-SXM5-80GB, gpus: 8}\n  parallel: {tp: 1, pp: 1, microbatch: 1,"
                    " global_batch: 8}\n  precision: bf16\n  measured: {iteration_time_s: 1.0}\n")
     one_line_error(runner.invoke(app, ["validate", "--reference", str(ref)]), "gpus: unknown field; it belongs under system:")
+
+
+def test_a_json_word_that_is_an_options_value_asks_for_no_json():
+    """`count -m --json` took --json as the model and answered its error in JSON (input audit)."""
+    result = runner.invoke(app, ["count", "-m", "--json"])
+    assert result.exit_code == 2 and "unknown preset '--json'" in result.output
+    assert not result.stdout.lstrip().startswith("{")
+    as_json = runner.invoke(app, ["count", "-m", "nope", "--json"])
+    assert as_json.exit_code == 2 and json.loads(as_json.stdout)["error"].startswith("model: unknown preset 'nope'")

@@ -89,6 +89,16 @@ class _LazyOneLineGroup(TyperGroup):
                 raise RuntimeError(f"BrokenPipeError on a pipe other than stdout: {err}") from err
             raise  # stdout's: click exits 1, which main() turns into EXIT_PIPE_CLOSED
 
+    def _value_options(self, name: str) -> set[str]:
+        """The option names of command `name` that take a value (none for an unknown command)."""
+        from typer.core import TyperOption
+        try:
+            cmd = self.get_command(click.core.Context(self), name)
+        except Exception:  # noqa: BLE001 - a command that fails to load is reported by main() itself
+            return set()
+        return {opt for p in getattr(cmd, "params", ()) if isinstance(p, TyperOption) and not p.is_flag
+                and not p.count for opt in (*p.opts, *p.secondary_opts)}
+
     def format_commands(self, ctx, formatter) -> None:
         # the one-line summaries without importing every command
         with formatter.section("Commands"):
@@ -103,9 +113,12 @@ class _LazyOneLineGroup(TyperGroup):
             if hasattr(stream, "reconfigure"):
                 stream.reconfigure(errors="backslashreplace")
         argv = list(sys.argv[1:] if args is None else args)
-        # errors as JSON where the output is: --json, or megatron's --format json
-        as_json = "--json" in argv or any(a == "--format" and [w.lower() for w in argv[i + 1:i + 2]] == ["json"]
-                                          or a.lower() == "--format=json" for i, a in enumerate(argv))
+        # errors as JSON where the output is: --json, or megatron's --format json; a `--json` that
+        # is the value of the option before it (`count -m --json`) asks for nothing
+        takes_value = self._value_options(argv[0]) if argv else set()
+        as_json = any(a == "--json" and (i == 0 or argv[i - 1] not in takes_value) for i, a in enumerate(argv)) \
+            or any(a == "--format" and [w.lower() for w in argv[i + 1:i + 2]] == ["json"]
+                   or a.lower() == "--format=json" for i, a in enumerate(argv))
         try:
             try:
                 code = super().main(args=argv, prog_name=prog_name, complete_var=complete_var,
