@@ -526,7 +526,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
         # fewer GPUs than the box has may fit where its own count does not divide (405B on 100 H100:
         # no layout of 100 fits, one of 96 does)
         idle = _fitting_example(model, system, job.model_copy(update={"allow_idle_gpus": True}))
-        used = None if idle is None else idle.plan.tp * idle.plan.pp * idle.plan.dp * idle.plan.cp
+        used = None if idle is None else idle.plan.gpus
         if used is not None and used < system.num_gpus:  # (all of them in use is not "the others idle")
             reasons.append(f"GPUs: it fits on {used} of the {system.num_gpus} GPUs, the others idle "
                            f"(--allow-idle-gpus), e.g. {idle.plan.short()}, {_gib(idle.estimate.hbm_bytes)} per GPU")

@@ -195,6 +195,11 @@ def _versus_differs_text(differs: dict) -> str:
             + "; ".join(f"{k} {setting_text(v[1])}" for k, v in differs.items()) + ").")
 
 
+def _needs_hbm_text(base) -> str:
+    """'it needs 91.2 GiB of HBM of 77.6 usable': a --versus plan that does not fit."""
+    return f"it needs {base.hbm_bytes / GIB:.1f} GiB of HBM of {base.hbm_capacity_bytes / GIB:.1f} usable"
+
+
 def _versus_text(path: str, base, best) -> str:
     """One paragraph: the --versus plan's predicted time and where the best plan gains on it."""
     from planner.report import difference_text, time_difference
@@ -204,9 +209,8 @@ def _versus_text(path: str, base, best) -> str:
     head = f"Versus {base.plan.short()} ({path}): "
     if not base.feasible:
         offload = ", and more than the offload tier holds" if "offload_capacity" in base.violations else ""
-        return (head + f"it does not fit: it needs {base.hbm_bytes / GIB:.1f} GiB of HBM of "
-                f"{base.hbm_capacity_bytes / GIB:.1f} usable{offload} (were it to fit: {base.step_time_s:.3f} s per "
-                f"step; {verdict}: {parts}).")
+        return (head + f"it does not fit: {_needs_hbm_text(base)}{offload} (were it to fit: {base.step_time_s:.3f} s "
+                f"per step; {verdict}: {parts}).")
     if ratio > 1:  # a plan the search's space or the evidence gates left behind the recommendation
         verdict += " (the search left this plan out, or the evidence gates ranked it behind the recommendation)"
     return head + f"predicted {base.step_time_s:.3f} s per step; {verdict}: {parts}."
@@ -218,8 +222,7 @@ def _versus_alone_text(path: str, base) -> str:
     if base.feasible:
         return head + (f"it fits, {base.step_time_s:.3f} s per step, outside what the search may choose "
                        "(see `planner check` for the rules that bind)")
-    return head + (f"it does not fit either: it needs {base.hbm_bytes / GIB:.1f} GiB of HBM of "
-                   f"{base.hbm_capacity_bytes / GIB:.1f} usable")
+    return head + f"it does not fit either: {_needs_hbm_text(base)}"
 
 
 def _versus_json(base, best) -> dict:
