@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from hardware.errors import SpecError
+from hardware.errors import SpecError, safe_load_packaged
 
 KNOBS_FILE = Path(__file__).resolve().parent / "data" / "bridge_recipe_knobs.yaml"
 MODELZOO_KNOBS_FILE = KNOBS_FILE.parent / "modelzoo_command_knobs.yaml"
@@ -128,7 +128,7 @@ def _entry(rid: str, raw: Any, path: Path) -> RecipeKnobs:
 def load_recipe_knobs(path: Path = KNOBS_FILE) -> dict[str, RecipeKnobs]:
     """Every entry of the knobs table, by record id (a malformed entry is a one-line SpecError)."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
+        doc = safe_load_packaged(Path(path).read_text())
     except (OSError, yaml.YAMLError) as err:
         raise SpecError(f"{Path(path).name}: cannot read: {str(err).splitlines()[0]}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("records"), dict):
@@ -170,7 +170,7 @@ def launch_knobs(record_id: str) -> RecipeKnobs | None:
 
 def release_commits(path: Path = KNOBS_FILE) -> dict[str, tuple[str, str]]:
     """{release: (Bridge tag, commit)} the table was read at."""
-    doc = yaml.safe_load(Path(path).read_text())
+    doc = safe_load_packaged(Path(path).read_text())
     return {str(rel): (str(v["tag"]), str(v["commit"])) for rel, v in doc["releases"].items()}
 
 

@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from hardware import load_system
-from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number, one_line
+from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number, one_line, safe_load_packaged
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
 from planner.model import Activation, ModelSpec, MoESpec
@@ -1428,8 +1428,7 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
     if not path.is_file():
         raise SpecError(f"reference: {path} not found (pass --reference PATH to a measured_runs-style YAML)")
     try:
-        # the C loader when PyYAML has it: the three files are 1 MB of YAML
-        data = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        data = safe_load_packaged(path.read_text())  # the three files are 1 MB of YAML
     except yaml.YAMLError:
         raise SpecError(f"reference {path}: malformed YAML") from None
     except ValueError as err:  # an integer past Python's digit limit (the CLI's strict pre-read names its key)
