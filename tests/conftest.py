@@ -1,3 +1,4 @@
+import copy
 import functools
 from pathlib import Path
 
@@ -35,6 +36,12 @@ def reference_yaml(path: Path) -> dict:
     them). A new top-level mapping each call; the records inside are shared: deep-copy one
     before changing it."""
     return dict(_parsed_yaml(str(Path(path).resolve())))
+
+
+def reference_copy(path: Path) -> dict:
+    """A reference file's YAML document as `reference_yaml` reads it, deep-copied: the caller may
+    change any record (a test building its own reference file from the packaged one)."""
+    return copy.deepcopy(_parsed_yaml(str(Path(path).resolve())))
 
 
 @functools.lru_cache(maxsize=None)

@@ -8,6 +8,7 @@ import yaml
 from hardware.errors import SpecError
 from planner.bridge_recipes import KNOBS_FILE, load_recipe_knobs, recipe_knobs, release_commits
 from planner.reference import REFERENCE_DIR, load_reference
+from tests.conftest import reference_copy
 
 QWEN_2606_GB200 = "bridge_26.06_Qwen3_235B_a22B_DGX-GB200_MXFP8_256gpu_gbs8192"
 QWEN_2604_GB200 = "bridge_26.04_Qwen3_235B_a22B_DGX-GB200_MXFP8_256gpu_gbs8192"
@@ -77,7 +78,7 @@ def test_qwen3_h100_26_04_runs_alltoall_without_tp_overlap():
 def test_table_covers_exactly_the_bridge_records():
     """One entry per record of bridge_runs.yaml (36 DeepSeek-V3 / Qwen3-235B, 50 Llama-3 / 3.1),
     its release the id's, its commit the release's, every knob with a where."""
-    doc = yaml.safe_load((REFERENCE_DIR / "bridge_runs.yaml").read_text())
+    doc = reference_copy(REFERENCE_DIR / "bridge_runs.yaml")
     moe_ids = {r["id"] for r in doc["records"] if r["model"].get("moe")}
     llama_ids = {r["id"] for r in doc["records"] if r["model"]["name"].startswith("LLAMA3")}
     table = load_recipe_knobs()

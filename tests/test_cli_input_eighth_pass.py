@@ -16,7 +16,7 @@ from hardware import load_system
 from planner.cli.app import app
 from planner.model import load_model
 from planner.plan import JobSpec, Plan
-from tests.conftest import one_line_error
+from tests.conftest import one_line_error, reference_copy
 
 runner = CliRunner()
 ESTIMATE = ["-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1", "--pp", "1"]
@@ -212,7 +212,7 @@ def test_a_very_deep_hybrid_stack_is_priced_at_its_mean_block_per_stage():
 
 def _reference(tmp_path, edit) -> str:
     from planner.reference import REFERENCE_DIR
-    data = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())
+    data = reference_copy(REFERENCE_DIR / "measured_runs.yaml")
     record = data["records"][0]
     edit(record)
     return _yaml(tmp_path, "ref.yaml", {**data, "records": [record]})
@@ -362,7 +362,7 @@ def test_any_mamba_key_marks_a_stack_the_reader_refuses(tmp_path):
 def test_a_measurement_above_the_gpus_peak_is_refused(tmp_path):
     """1370 TFLOP/s per A100 (a digit too many) was read as a 0.35 s step: a +985 % "error", exit 0."""
     from planner.reference import REFERENCE_DIR
-    data = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())
+    data = reference_copy(REFERENCE_DIR / "measured_runs.yaml")
     record = next(r for r in data["records"] if r["id"] == "narayanan2021_t1_1.7B")
     record["measured"]["tflops_per_gpu"] = record["measured"]["tflops_per_gpu"] * 10
     path = _yaml(tmp_path, "ref.yaml", {**data, "records": [record]})

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from planner.cli.app import app
 from planner.reference import REFERENCE_DIR, load_reference
-from tests.conftest import one_line_error
+from tests.conftest import one_line_error, reference_copy
 
 runner = CliRunner()
 
@@ -123,7 +123,7 @@ def test_worker_counts_and_an_empty_source_are_checked(tmp_path):
 
 def _reference_with(tmp_path, edit) -> str:
     """One measured_runs.yaml record (NeMo 24.07 GPT-3 5B, tp 1), edited, as its own reference file."""
-    data = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())
+    data = reference_copy(REFERENCE_DIR / "measured_runs.yaml")
     record = copy.deepcopy(next(r for r in data["records"] if r["id"] == "nemo2407_GPT3-5B_64gpu_gbs2048"))
     record["parallel"].update(tp=4, dp=16)
     edit(record)
@@ -310,7 +310,7 @@ def test_estimate_json_has_the_per_rank_table_the_text_prints():
 
 def _fsdp_record(**parallel) -> dict:
     """A torchtitan FSDP2 record in the FSDP/MoE schema (fsdp_moe_runs.yaml's header)."""
-    data = yaml.safe_load((REFERENCE_DIR / "fsdp_moe_runs.yaml").read_text())
+    data = reference_copy(REFERENCE_DIR / "fsdp_moe_runs.yaml")
     record = copy.deepcopy(next(r for r in data["records"] if r["parallel"].get("framework", "").startswith("torchtitan")
                                 and r["model"].get("layers")))
     record["id"] = "mine_fsdp"
@@ -322,7 +322,7 @@ def test_a_users_reference_file_is_read_as_written_or_refused(tmp_path):
     """A user's own runs (validate --reference): one FSDP-schema record had switched the whole file
     to that schema (a Megatron FP8 record beside it read as bf16 ZeRO-3), a top-level precision in
     an FSDP record was ignored, and a MoE record without its expert width took the dense one."""
-    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    meg = reference_copy(REFERENCE_DIR / "measured_runs.yaml")["records"][0]
     path = tmp_path / "mixed.yaml"
     path.write_text(yaml.safe_dump({"records": [meg, _fsdp_record()]}))
     one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]),
@@ -349,7 +349,7 @@ def test_a_users_reference_file_is_read_as_written_or_refused(tmp_path):
 
 def test_validate_flags_a_row_whose_units_look_wrong(tmp_path):
     """A step time written in milliseconds had printed -99.9 % without a word."""
-    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    meg = reference_copy(REFERENCE_DIR / "measured_runs.yaml")["records"][0]
     rec = copy.deepcopy(meg)
     rec["measured"] = {"iteration_time_s": 1000 * _measured_s(meg)}
     rec.pop("derived", None)
@@ -367,7 +367,7 @@ def _measured_s(record: dict) -> float:
 
 def test_a_megatron_record_with_a_throughput_alone_is_compared(tmp_path):
     """It had been skipped as having 'no step time or throughput'."""
-    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    meg = reference_copy(REFERENCE_DIR / "measured_runs.yaml")["records"][0]
     rec = copy.deepcopy(meg)
     rec.pop("derived", None)
     rec["measured"] = {"tokens_per_sec_per_gpu": 5000}
@@ -396,7 +396,7 @@ def test_the_readme_reference_record_is_compared_as_it_says(tmp_path):
 def test_a_record_naming_its_model_as_people_write_it_takes_the_preset(tmp_path):
     """`Llama-3 8B` (the README's spelling) or a Hugging Face repo id had been skipped as having no
     dimensions; the skip message now says how to give them."""
-    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    meg = reference_copy(REFERENCE_DIR / "measured_runs.yaml")["records"][0]
     for i, name in enumerate(("Llama-3 8B", "meta-llama/llama3-8b")):
         rec = copy.deepcopy(meg)
         rec["id"] = f"byname{i}"
@@ -416,7 +416,7 @@ def test_a_record_naming_its_model_as_people_write_it_takes_the_preset(tmp_path)
 
 def test_a_misspelt_layout_field_is_refused_with_the_near_name(tmp_path):
     """`micro_batch_size` had been ignored and micro-batch 1 assumed without a word."""
-    meg = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"][0]
+    meg = reference_copy(REFERENCE_DIR / "measured_runs.yaml")["records"][0]
     rec = copy.deepcopy(meg)
     rec["parallel"]["micro_batch_size"] = 4
     path = tmp_path / "typo.yaml"

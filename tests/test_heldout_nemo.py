@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from planner.reference import REFERENCE_DIR, load_reference
 
@@ -16,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import heldout_bridge  # noqa: E402
 import heldout_nemo  # noqa: E402
 from tests.test_heldout_bridge import assert_read_back_as_written  # noqa: E402
+from tests.conftest import reference_copy
 
 
 def _rows():
@@ -40,7 +40,7 @@ def test_every_row_has_its_source_and_becomes_a_record_or_says_why():
 
 def test_no_row_is_a_reference_record():
     """A 24.07 row with a nemo2407 record's configuration and numbers is in the reference, not held out."""
-    ref = yaml.safe_load((REFERENCE_DIR / "measured_runs.yaml").read_text())["records"]
+    ref = reference_copy(REFERENCE_DIR / "measured_runs.yaml")["records"]
     published = {(r["model"]["name"], r["system"]["gpus"], r["parallel"]["global_batch"],
                   float(r["measured"]["tokens_per_sec_per_gpu"])) for r in ref if r["id"].startswith("nemo2407")}
     assert len(published) == 12

@@ -6,12 +6,12 @@ here by hand."""
 from __future__ import annotations
 
 import pytest
-import yaml
 
 from planner.analytical import time as T
 from planner.analytical.estimate import estimate
 from planner.bridge_recipes import MODELZOO_KNOBS_FILE, launch_knobs, load_recipe_knobs, recipe_knobs
 from planner.reference import REFERENCE_DIR, load_reference
+from tests.conftest import reference_copy
 
 GB300 = "mcore-modelzoo_qwen3-235b_64gpu_gb300_mxfp8_tp1_pp1_ep64_cp1_seq4096"
 GB200_BF16 = "mcore-modelzoo_qwen3-235b_256gpu_gb200_bf16_tp1_pp8_ep8_cp1_seq4096"
@@ -29,7 +29,7 @@ def zoo():
 def test_table_covers_the_rows_with_a_published_command():
     """The GB200/GB300 rows (each has a command under its row at 798dfb5); the H100 rows have none.
     Every entry's layout is its record's, its commit the records' source commit."""
-    doc = yaml.safe_load((REFERENCE_DIR / "fsdp_moe_runs.yaml").read_text())
+    doc = reference_copy(REFERENCE_DIR / "fsdp_moe_runs.yaml")
     zoo = {r["id"]: r for r in doc["records"] if r["id"].startswith("mcore-modelzoo")}
     with_command = {rid for rid, r in zoo.items() if r["system"]["gpu"] in ("GB200", "GB300")}
     table = load_recipe_knobs(MODELZOO_KNOBS_FILE)
