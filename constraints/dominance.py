@@ -82,17 +82,18 @@ def _selective_with(opt: dict[str, np.ndarray], modules: tuple[str, ...]) -> np.
 def rule_holds(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], knob: str) -> np.ndarray:
     """(layouts x options) where switching `knob` on is never slower (rules A-C above; for C
     the fit of the twin is checked by the caller)."""
-    shape = (len(lay["tp"]), len(opt["recompute"]))
+    # built as (options x layouts) and transposed: stored column by column, as pair_mask
+    shape = (len(opt["recompute"]), len(lay["tp"]))
     if knob == "dp_comm_overlap":
-        return np.ones(shape, dtype=bool)
-    fixed = slowest_rank_fixed(space, lay)[:, None]
+        return np.ones(shape, dtype=bool).T
+    fixed = slowest_rank_fixed(space, lay)[None, :]
     if knob == "tp_comm_overlap":
-        return np.broadcast_to(fixed & ~_selective_with(opt, ("mlp", "moe"))[None, :], shape)
+        return (~_selective_with(opt, ("mlp", "moe"))[:, None] & fixed).T
     if knob == "moe_a2a_overlap":
-        no_act_offload = (lay["pp"] == 1)[:, None] | (opt["offload_activations"] == 0)[None, :]
+        no_act_offload = (opt["offload_activations"] == 0)[:, None] | (lay["pp"] == 1)[None, :]
         hides = ~a2a_in_nccl_copy_kernels(space.system, MOE_DISPATCHER_CODES[space.job.moe_dispatcher],
-                                          lay["ep"], lay["etp"])[:, None]
-        return np.broadcast_to(fixed & hides & ~_selective_with(opt, ("moe",))[None, :], shape) & no_act_offload
+                                          lay["ep"], lay["etp"])[None, :]
+        return (~_selective_with(opt, ("moe",))[:, None] & (fixed & hides) & no_act_offload).T
     raise ValueError(knob)
 
 
@@ -109,7 +110,7 @@ class Twins:
     def neutral_shadow(self) -> np.ndarray:
         """(layouts x options) pairs not costed by rules A and B: the switch off, the twin with it
         on allowed for the layout, and the rule holding there."""
-        shadow = np.zeros_like(self.mask)
+        shadow = np.zeros_like(self.mask)  # stored as the mask is, column by column
         for knob in MEMORY_NEUTRAL:
             cols = np.flatnonzero(self.up[knob] >= 0)  # rows with the switch off and a twin
             shadow[:, cols] |= self.dominated_by_twin(knob, self.mask, cols)
