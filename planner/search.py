@@ -15,6 +15,7 @@ See constraints/space.py, cost_table.py, encode.py and solve.py for the pieces.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import time
@@ -144,6 +145,11 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     t_stages = time.perf_counter()
     ranked = refine_stages(model, system, job, ranked, space.free_batch, top_k)[:asked]
     stats = dict(table.stats)
+    if not ranked:  # nothing fits at the default stage splits: an uneven one may (UNEVEN_MARGIN)
+        near = memory_floor(space, offload_min=False, pipelined=UNEVEN_CANDIDATES).near_pipelined
+        ranked = uneven_split_plans(model, system, job, space, near)[:asked]
+        if ranked:
+            stats["uneven_split_note"] = uneven_split_note(len(near))
     stats.update(sols.stats)
     stats["stages_s"] = time.perf_counter() - t_stages
     stats.update({"status": sols.status, "rescore_s": time.perf_counter() - t1,
@@ -285,6 +291,15 @@ def _gib_down(x: float) -> str:
 # Knobs that change no byte of memory (time only): the memory floor evaluates one option row per
 # combination of the others (tests/test_check_bound.py checks that the model agrees).
 MEMORY_NEUTRAL_KNOBS = ("tp_comm_overlap", "dp_comm_overlap")
+# The floor and the cost table price a pipelined layout at Megatron's default stage split. An
+# uneven split (fewer layers on the early ranks, which hold more microbatches in flight) can fit
+# where that one does not: DeepSeek-V3 on 160 H100, batch 256, tp8 pp5 cp4 ep4 takes 79.8 GiB at
+# [12,13,12,12,12] and 75.5 GiB at [14,12,12,12,11] (77.6 usable). So where nothing fits, the
+# per-stage model (constraints.stages) is asked for a split that fits on the pipelined plans
+# nearest to fitting: the UNEVEN_CANDIDATES smallest footprints of distinct layouts within
+# UNEVEN_MARGIN of usable HBM (not every layout: each is a CP-SAT solve).
+UNEVEN_MARGIN = 0.15
+UNEVEN_CANDIDATES = 4
 
 
 @dataclass
@@ -298,6 +313,9 @@ class Floor:
     usable_hbm_bytes: float
     offload_plan: Plan | None     # among plans that fit HBM, the one offloading the fewest bytes
     offload_min_bytes: float      # its offload bytes (inf: no plan fits HBM)
+    # pipelined plans (distinct layouts) over HBM by at most UNEVEN_MARGIN at their default stage
+    # split, smallest first, whose offload fits the tier (only with memory_floor's `pipelined`)
+    near_pipelined: tuple[Plan, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -305,7 +323,7 @@ class Floor:
         return self.plan is not None and self.hbm_bytes <= self.usable_hbm_bytes
 
 
-def memory_floor(space, offload_min: bool = True) -> Floor:
+def memory_floor(space, offload_min: bool = True, pipelined: int = 0) -> Floor:
     """Floor of `space` from the exact memory model only (no step time, no search), over the
     layouts × memory-relevant options, in bounded chunks. `offload_min=False` leaves
     `offload_plan`/`offload_min_bytes` out (then much of the offload grid need not be costed).
@@ -316,7 +334,8 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
     the "corner") has the group's smallest HBM. The corners are costed first; the other rows of
     a group are costed only where they can matter: the corner's offload exceeds the tier (a row
     offloading less may fit the tier: the smallest footprint among rows that fit it), or, for
-    `offload_min`, the corner fits HBM (a row offloading less may also fit HBM)."""
+    `offload_min`, the corner fits HBM (a row offloading less may also fit HBM). `pipelined`: also
+    keep that many pipelined plans nearest to fitting (`Floor.near_pipelined`; UNEVEN_MARGIN)."""
     cap = space.system.accelerator.hbm_capacity_bytes - space.job.hbm_reserve_gib * GIB
     none = Floor(math.inf, None, math.inf, cap, None, math.inf)
     lay = layouts(space)
@@ -331,6 +350,7 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
         return none
     off_cap = space.system.offload.capacity_bytes if space.system.offload else 0.0
     best = {"hbm": (math.inf, None), "within": (math.inf, None), "offload": (math.inf, None)}
+    near: dict[int, tuple[float, tuple]] = {}  # layout row -> (HBM, pair) of its nearest pipelined pair
 
     def pair_rows(L: np.ndarray, O: np.ndarray, act: np.ndarray | None) -> dict[str, np.ndarray]:
         rows = at_batch(take_pairs(lay, opt, L, O), lay["m_min"][L])
@@ -363,6 +383,14 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
                 i = int(np.argmin(values))
                 if values[i] < best[key][0]:
                     best[key] = (float(values[i]), (int(L[i]), int(O[i]), None if act is None else float(act[i])))
+        if pipelined:
+            close = np.flatnonzero((lay["pp"][L] > 1) & (hbm > cap) & (hbm <= cap * (1 + UNEVEN_MARGIN))
+                                   & (off <= off_cap * (1 + 1e-12)))
+            close = close[np.argsort(hbm[close], kind="stable")]
+            first = np.sort(np.unique(L[close], return_index=True)[1])[:pipelined]  # each layout's smallest
+            for i in close[first]:
+                if int(L[i]) not in near or hbm[i] < near[int(L[i])][0]:
+                    near[int(L[i])] = (float(hbm[i]), (int(L[i]), int(O[i]), None))
         return hbm, off
 
     steps = np.stack([np.rint(opt[c] * 2) for c in OFFLOAD_COLUMNS], axis=1)  # fractions in halves
@@ -415,8 +443,43 @@ def memory_floor(space, offload_min: bool = True) -> Floor:
 
     pick = best["within"] if best["within"][1] is not None else best["hbm"]
     offload = best["offload"] if offload_min else (math.inf, None)
+    nearest = sorted(near.values(), key=lambda x: (x[0], x[1]))[:pipelined]
     return Floor(hbm_min_bytes=best["hbm"][0], plan=plan_at(pick[1]), hbm_bytes=pick[0], usable_hbm_bytes=cap,
-                 offload_plan=plan_at(offload[1]), offload_min_bytes=offload[0])
+                 offload_plan=plan_at(offload[1]), offload_min_bytes=offload[0],
+                 near_pipelined=tuple(plan_at(pair) for _, pair in nearest))
+
+
+def uneven_split_note(tried: int) -> str:
+    """What a plan found by `uneven_split_plans` is, in words (`plan` and `check` print it)."""
+    return (f"fits only with an uneven pipeline split: no plan fits at Megatron's default stage splits, and the "
+            f"per-stage model found splits that do for the {tried} pipelined layout{'s' if tried != 1 else ''} "
+            f"nearest to fitting (within {UNEVEN_MARGIN:.0%} of usable HBM); other layouts were not split so, "
+            f"a faster plan may exist")
+
+
+def uneven_split_plans(model: ModelSpec, system: SystemSpec, job: JobSpec, space, candidates) -> list[Ranked]:
+    """The candidates (pipelined plans that miss HBM at the default stage split) that fit with the
+    per-stage model's split (constraints.stages.best_stages: layers per stage and block recompute
+    under each rank's memory), each with the fastest setting of the memory-neutral overlaps the
+    space allows (the floor keeps one per combination of the rest), fastest first."""
+    out = []
+    for candidate in candidates:
+        split, _ = best_stages(model, system, job, candidate)
+        if split is None:
+            continue
+        fastest = None
+        for values in itertools.product(*(space.domains[k] for k in MEMORY_NEUTRAL_KNOBS)):
+            p = split.model_copy(update={k: bool(v) for k, v in zip(MEMORY_NEUTRAL_KNOBS, values)})
+            est = estimate(model, system, p, job)
+            if not est.feasible or (job.framework == "megatron" and not_expressible(p, model, job)):
+                continue
+            r = Ranked(plan=p, estimate=est, objective=_objective(est, model.seq_length, space.free_batch))
+            if fastest is None or r.objective < fastest.objective:
+                fastest = r
+        if fastest is not None:
+            out.append(fastest)
+    out.sort(key=lambda r: r.objective)
+    return out
 
 
 def _offloaded_layer_counts(space, lay, opt, mask, cap: float, off_cap: float, footprint, cost,
@@ -471,9 +534,10 @@ def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Rank
     some plan fits iff this one does); None when nothing fits. The what-ifs of `check` ask
     "would it fit", for which a search for the fastest plan is not needed."""
     space = build_space(model, system, job)
-    floor = memory_floor(space, offload_min=False)
-    if not floor.fits:
-        return None
+    floor = memory_floor(space, offload_min=False, pipelined=1)
+    if not floor.fits:  # the nearest pipelined plan may fit with an uneven split (UNEVEN_MARGIN)
+        uneven = uneven_split_plans(model, system, job, space, floor.near_pipelined)
+        return uneven[0] if uneven else None
     est = estimate(model, system, floor.plan, job)
     return Ranked(plan=floor.plan, estimate=est, objective=_objective(est, model.seq_length, space.free_batch))
 
@@ -494,10 +558,14 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
     lay = layouts(space)
     if not len(lay["tp"]):
         return _structural(model, system, job, space)
-    floor = memory_floor(space)
+    floor = memory_floor(space, pipelined=UNEVEN_CANDIDATES)
     hbm_min, small_plan, cap = floor.hbm_bytes, floor.plan, floor.usable_hbm_bytes
     if small_plan is None:  # layouts exist, but no option combination goes with any of them
         return _structural(model, system, job, space, lay)
+    if hbm_min > cap:  # none fits at the default stage splits: an uneven one may (UNEVEN_MARGIN)
+        uneven = uneven_split_plans(model, system, job, space, floor.near_pipelined)
+        if uneven:
+            return CheckResult(feasible=True, best=uneven[0], reasons=[uneven_split_note(len(floor.near_pipelined))])
     if hbm_min <= cap:  # the memory bound does not rule everything out: search
         result = searcher() if searcher is not None else plan(model, system, job, top_k=1)
         if result.best is not None:

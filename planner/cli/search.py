@@ -517,6 +517,8 @@ def _plan(o: dict) -> None:
         else:
             best = result.best.estimate
             print_estimate(console, model, system, best, title="Best plan: step time", job=job)
+            if "uneven_split_note" in result.stats:
+                console.print(f"Note: it {result.stats['uneven_split_note']}")
             if "offload_gain" in result.stats:
                 console.print(offload_note(model, system, result.best.plan, best, result.stats["offload_gain"]))
             if len(result.ranked) > 1:
@@ -622,6 +624,8 @@ def _check(o: dict) -> int:
         e = res.best.estimate
         console.print(f"{e.step_time_s:.3f} s per step · MFU {e.mfu:.1%} · {e.hbm_bytes / GIB:.1f} of "
                       f"{e.hbm_capacity_bytes / GIB:.1f} GiB HBM per GPU")
+        for line in res.reasons:  # how the plan was found, where that qualifies it
+            console.print(f"Note: it {line}")
         if model_only:
             fast = model_only[0]
             console.print(f"(the model alone predicts {fast.estimate.step_time_s:.3f} s with {fast.plan.short()}, "
