@@ -449,6 +449,17 @@ def memory_floor(space, offload_min: bool = True, pipelined: int = 0) -> Floor:
                  near_pipelined=tuple(plan_at(pair) for _, pair in nearest))
 
 
+def _split_words(floor: Floor) -> str:
+    """How far `check`'s footprint holds for pipelined plans: at Megatron's default stage splits,
+    and for the nearest ones (UNEVEN_MARGIN) at the splits the per-stage model tried."""
+    n = len(floor.near_pipelined)
+    if not n:
+        return (f"; that is at Megatron's default pipeline splits, and no pipelined plan comes within "
+                f"{UNEVEN_MARGIN:.0%} of fitting there")
+    return (f"; that is at Megatron's default pipeline splits, and the per-stage model found no uneven split "
+            f"that fits for the {n} pipelined layout{'s' if n != 1 else ''} within {UNEVEN_MARGIN:.0%} of fitting")
+
+
 def uneven_split_note(tried: int) -> str:
     """What a plan found by `uneven_split_plans` is, in words (`plan` and `check` print it)."""
     return (f"fits only with an uneven pipeline split: no plan fits at Megatron's default stage splits, and the "
@@ -589,7 +600,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
                        f"{_gib_up(hbm_min)} ({small_plan.short()}), but only {_gib_down(cap)} of "
                        f"{hbm_gib:g} GiB HBM is usable ({job.hbm_reserve_gib:g} GiB reserve): needs >= "
                        f"{math.ceil(factor_needed * 100 - 1e-9) / 100:.2f}x HBM "
-                       f"({_gib_up(hbm_min + job.hbm_reserve_gib * GIB)} per GPU)")
+                       f"({_gib_up(hbm_min + job.hbm_reserve_gib * GIB)} per GPU)" + _split_words(floor))
     if not job.allow_idle_gpus:
         # fewer GPUs than the box has may fit where its own count does not divide (405B on 100 H100:
         # no layout of 100 fits, one of 96 does)
