@@ -113,7 +113,7 @@ def test_overlap_outside_its_rule_is_still_costed_both_ways(knob, case):
     space = build_space(_model(name), load_system(system_name, gpus), job)
     lay, opt, twins = _twins(space)
     up = twins.up[knob]
-    outside = twins.mask & (up >= 0)[None, :] & twins.mask[:, np.maximum(up, 0)] & ~twins.holds[knob]
+    outside = twins.mask & (up >= 0)[None, :] & twins.mask[:, np.maximum(up, 0)] & ~twins.holds(knob)
     L, V = _sample(*np.nonzero(outside), size=4 * SAMPLE)
     assert len(L) > 0  # pairs outside the rule exist: both twins stay in the table
     pairs = list(_both_batches(space, lay, opt, L, up[V], V))
