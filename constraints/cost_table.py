@@ -521,8 +521,9 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     # a pair that frees memory (no all-to-all overlap) may recompute fewer layers and be the
     # faster one: rule C does not order them. (They offload nothing; the offload rules still hold
     # above them: a fitting block pair u is no slower at its count than at every layer.)
-    block = block_recompute_rows({"recompute": opt["recompute"][:, None], "pp": lay["pp"][None, :],
-                                  **{c: opt[c][:, None] for c in OFFLOAD_COLUMNS}}).T
+    def block(cols: np.ndarray) -> np.ndarray:  # (layouts x cols): built for the columns asked only
+        return block_recompute_rows({"recompute": opt["recompute"][cols][:, None], "pp": lay["pp"][None, :],
+                                     **{c: opt[c][cols][:, None] for c in OFFLOAD_COLUMNS}}).T
 
     covered = np.zeros((n_lay, n_opt), dtype=bool, order="F")     # fits, or a pair below it fits
     fits_m = np.zeros((n_lay, n_opt), dtype=bool, order="F")      # evaluated and fits at its largest batch
@@ -563,7 +564,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
             if twins is not None and not with_a2a:
                 # rule C: the twin with the overlap fits, so this pair fits too (less memory) and is
                 # no faster; its objective bounds this one's from below for the offload passes
-                skip = twins.dominated_by_twin("moe_a2a_overlap", fits_m, cols) & ~dominated & ~block[:, cols]
+                skip = twins.dominated_by_twin("moe_a2a_overlap", fits_m, cols) & ~dominated & ~block(cols)
                 if skip.any():
                     up = np.maximum(twins.up["moe_a2a_overlap"][cols], 0)
                     shadow[:, cols] |= skip
