@@ -654,10 +654,15 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
                     msg += " (and without --no-offload)"
         reasons.append(msg)
     if job.tp_within_nvlink and "gpus_needed" not in numbers:
-        wide = _fitting_example(model, system, job.model_copy(update={"tp_within_nvlink": False}))
+        wide_job = job.model_copy(update={"tp_within_nvlink": False})
+        wide = _fitting_example(model, system, wide_job)
+        beyond = f"with TP beyond the {system.nvlink_domain_gpus}-GPU NVLink domain (--tp-across-nodes)"
         if wide is not None:
-            reasons.append(f"tensor parallelism: with TP beyond the {system.nvlink_domain_gpus}-GPU NVLink "
-                           f"domain (--tp-across-nodes) it fits, e.g. {wide.plan.short()}")
+            reasons.append(f"tensor parallelism: {beyond} it fits, e.g. {wide.plan.short()}")
+        else:  # more GPUs alone do not fit either (pins that fix dp, say): both together may
+            more, wide_gpus = _fewest_gpus(model, system, wide_job, None)
+            if wide_gpus is not None:
+                reasons.append(f"tensor parallelism: {beyond} and more GPUs: " + more.removeprefix("GPUs: "))
     if job.pins:
         r = _fitting_example(model, system, job.model_copy(update={"pins": {}}))
         if r is not None:

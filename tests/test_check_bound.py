@@ -227,3 +227,19 @@ def test_check_suggests_a_plan_command_with_the_users_own_flags():
     p = best["plan"]
     assert (p["tp"], p["zero_stage"], p["sequence_parallel"]) == (1, 1, False)
     assert p["tp"] * p["pp"] * p["dp"] * p["cp"] == gpus
+
+
+def test_tp_across_nodes_with_more_gpus_is_offered_where_neither_alone_fits():
+    """Llama-3 70B on 8 H100 with dp, pp and cp pinned to 1 and no ZeRO: more GPUs alone cannot
+    help (tp stops at the 8-GPU NVLink domain) and TP across nodes alone has no more GPUs to use;
+    the answer had only said "no plan fits even on 512 GPUs". Both together fit on 16 (tp 16),
+    which the exact model confirms."""
+    model, system = load_model("llama3-70b"), load_system("h100-sxm", 8)
+    job = JobSpec(global_batch=64, pins={"pp": 1, "dp": 1, "cp": 1, "zero_stage": 0})
+    res = check(model, system, job)
+    assert not res.feasible
+    line = next(r for r in res.reasons if r.startswith("tensor parallelism:"))
+    assert "--tp-across-nodes) and more GPUs: it fits on 16 GPUs" in line
+    wide = job.model_copy(update={"tp_within_nvlink": False})
+    assert check(model, load_system("h100-sxm", 16), wide).feasible
+    assert not check(model, load_system("h100-sxm", 16), job).feasible
