@@ -541,9 +541,10 @@ def _min_footprint(space) -> tuple[float, float, Plan | None, float]:
 
 
 def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Ranked | None:
-    """A plan that fits (the smallest HBM footprint), decided by the memory floor alone (exact:
-    some plan fits iff this one does); None when nothing fits. The what-ifs of `check` ask
-    "would it fit", for which a search for the fastest plan is not needed."""
+    """A plan that fits (the smallest HBM footprint), decided by the memory floor (exact at the
+    default stage splits: some plan fits there iff this one does), else the nearest pipelined plan
+    with the uneven split the per-stage model finds; None when neither fits. The what-ifs of
+    `check` ask "would it fit", for which a search for the fastest plan is not needed."""
     space = build_space(model, system, job)
     floor = memory_floor(space, offload_min=False, pipelined=1)
     if not floor.fits:  # the nearest pipelined plan may fit with an uneven split (UNEVEN_MARGIN)
