@@ -570,7 +570,9 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
     lay = layouts(space)
     if not len(lay["tp"]):
         return _structural(model, system, job, space)
-    floor = memory_floor(space, pipelined=UNEVEN_CANDIDATES)
+    # (the fewest offloaded bytes are the offload what-if's, from its own floor below: not costed here,
+    # which on a large offload grid was most of a `check`: Kimi K2 on 1,024 GB200, --framework any)
+    floor = memory_floor(space, offload_min=False, pipelined=UNEVEN_CANDIDATES)
     hbm_min, small_plan, cap = floor.hbm_bytes, floor.plan, floor.usable_hbm_bytes
     if small_plan is None:  # layouts exist, but no option combination goes with any of them
         return _structural(model, system, job, space, lay)
