@@ -282,8 +282,9 @@ app = typer.Typer(
     help="Plan tensor/pipeline/data parallelism, batch, recompute and offload for LLM training.\n\n"
          "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`. "
          "-m/-s take a preset name or a path to a YAML file: a bare preset name always means the "
-         "preset (write ./NAME.yaml for a file of that name). Exit codes: 0 done, 1 no plan fits, "
-         "2 input error, 74 output not written (disk full), 130 interrupted, 141 output pipe closed. "
+         "preset (write ./NAME for a file of that name). Exit codes: 0 done, 1 no plan fits, "
+         "2 input error, 70 internal error (a bug in planner), 74 output not written (disk full), "
+         "130 interrupted, 141 output pipe closed. "
          "PARPLAN_THREADS=N sets the threads a search uses "
          "(default: the usable CPUs, at most 8; same plans on any count).")
 
