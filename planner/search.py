@@ -183,17 +183,23 @@ def refine_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, ranked: li
                 "recompute_layers_per_stage": sol.recompute_layers, "kept": False,
                 **({"window_layers": sol.window} if sol.window is not None else {})}
         best = Ranked(plan=r.plan, estimate=r.estimate, objective=r.objective, stages=info)
-        if cand is not None:
-            est = estimate(model, system, cand, job)
-            obj = _objective(est, model.seq_length, free)
-            ok = est.feasible and not (job.framework == "megatron" and not_expressible(cand, model, job))
-            if ok and obj < r.objective * (1 - 1e-12):
-                info["kept"] = True
-                best = Ranked(plan=cand, estimate=est, objective=obj, stages=info)
+        valid = _valid_ranked(model, system, job, cand, free) if cand is not None else None
+        if valid is not None and valid.objective < r.objective * (1 - 1e-12):
+            info["kept"] = True
+            best = Ranked(plan=cand, estimate=valid.estimate, objective=valid.objective, stages=info)
         out.append(best)
     out += ranked[STAGE_REFINE_TOP:]
     out.sort(key=lambda r: r.objective)  # stable: equal objectives keep the search's order
     return [out[i] for i in rank_with_ties([r.objective for r in out], [r.plan for r in out], top_k)]
+
+
+def _valid_ranked(model: ModelSpec, system: SystemSpec, job: JobSpec, p: Plan, free: bool) -> Ranked | None:
+    """`p` re-scored by the exact model, or None where it does not fit or (Megatron) cannot be
+    launched: what a plan made outside the search (per-stage splits) must pass to be returned."""
+    est = estimate(model, system, p, job)
+    if not est.feasible or (job.framework == "megatron" and not_expressible(p, model, job)):
+        return None
+    return Ranked(plan=p, estimate=est, objective=_objective(est, model.seq_length, free))
 
 
 def fewest_uniform_recompute(model: ModelSpec, system: SystemSpec, job: JobSpec, r: Ranked,
@@ -478,17 +484,11 @@ def uneven_split_plans(model: ModelSpec, system: SystemSpec, job: JobSpec, space
         split, _ = best_stages(model, system, job, candidate)
         if split is None:
             continue
-        fastest = None
-        for values in itertools.product(*(space.domains[k] for k in MEMORY_NEUTRAL_KNOBS)):
-            p = split.model_copy(update={k: bool(v) for k, v in zip(MEMORY_NEUTRAL_KNOBS, values)})
-            est = estimate(model, system, p, job)
-            if not est.feasible or (job.framework == "megatron" and not_expressible(p, model, job)):
-                continue
-            r = Ranked(plan=p, estimate=est, objective=_objective(est, model.seq_length, space.free_batch))
-            if fastest is None or r.objective < fastest.objective:
-                fastest = r
-        if fastest is not None:
-            out.append(fastest)
+        variants = (split.model_copy(update={k: bool(v) for k, v in zip(MEMORY_NEUTRAL_KNOBS, values)})
+                    for values in itertools.product(*(space.domains[k] for k in MEMORY_NEUTRAL_KNOBS)))
+        valid = [r for p in variants if (r := _valid_ranked(model, system, job, p, space.free_batch)) is not None]
+        if valid:
+            out.append(min(valid, key=lambda r: r.objective))  # the first of equal ones, as before
     out.sort(key=lambda r: r.objective)
     return out
 
