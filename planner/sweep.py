@@ -786,10 +786,11 @@ def plot(rows: list[dict], spec: SweepSpec, stem: str | Path) -> tuple[Path, Pat
             title += f"\n{infeasible} grid point{'s' if infeasible > 1 else ''} with no feasible plan (not drawn)"
         fig.suptitle(title, fontsize=10)
         fig.tight_layout()
-        # NAME.png exactly (output_paths, whose files the overwrite check guards): with_suffix would
-        # cut a dotted name ("run.v1") and write over run.png
+        # NAME.png exactly, the files the overwrite check guards: with_suffix would cut a dotted
+        # name ("run.v1") and write over run.png
         stem = Path(stem)
-        png, svg = stem.parent / f"{stem.name}.png", stem.parent / f"{stem.name}.svg"
+        paths = output_paths(stem.parent, stem.name)
+        png, svg = paths["png"], paths["svg"]
         fig.savefig(png, dpi=120)
         fig.savefig(svg)
         plt.close(fig)

@@ -3,9 +3,9 @@ import functools
 from pathlib import Path
 
 import pytest
-import yaml
 
 from hardware import load_system
+from hardware.errors import safe_load_packaged
 from planner.model import load_model
 
 from planner.reference import REFERENCE_DIR
@@ -46,7 +46,7 @@ def reference_copy(path: Path) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _parsed_yaml(path: str) -> dict:
-    return yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+    return safe_load_packaged(Path(path).read_text())
 
 
 @pytest.fixture(scope="session")
