@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.dominance import Twins
+from constraints.no_offload import NoOffloadBounds, kth_best
 from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, layouts, options, pair_mask,
                                take_pairs)
 from planner.analytical import PlanArrays, estimate_many
@@ -269,6 +270,8 @@ class Table:
     rows: dict[str, np.ndarray]            # ROW_KEYS + m, group (layout id)
     res: dict[str, np.ndarray]             # step_time_s, hbm_bytes, offload_bytes, violations, objective
     stats: dict = field(default_factory=dict)
+    # what this search tells a search of the same job without offload (constraints.no_offload)
+    no_offload: NoOffloadBounds | None = None
 
     def __len__(self) -> int:
         return len(self.rows["tp"])
@@ -297,21 +300,25 @@ def _group_min(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarr
     return out
 
 
-def _kth(values: np.ndarray, k: int | None) -> float:
-    finite = np.sort(values[np.isfinite(values)])
-    if k is None or len(finite) < k:
-        return np.inf
-    return float(finite[k - 1])
+_kth = kth_best
 
 
 def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
-             tie_rel_tol: float = 0.0) -> Table:
+             tie_rel_tol: float = 0.0, no_offload_bounds: NoOffloadBounds | None = None) -> Table:
     """The pruned exact cost table (see the module docstring). `relax_memory`: treat every row as
     fitting while pruning (used to explain infeasible boxes: what would the best plan need).
     `tie_rel_tol`: rule 3 keeps every layout within this relative distance of the K-th best
-    (planner.ties re-ranks near-equal layouts, so all of them must reach the solver)."""
+    (planner.ties re-ranks near-equal layouts, so all of them must reach the solver).
+    `no_offload_bounds`: for a space without offload, what a search of the same job with offload
+    found (`Table.no_offload`): the layouts it shows cannot reach this table are not costed."""
     t0 = time.perf_counter()
     lay = layouts(space)
+    bounded_out = 0
+    needed = (no_offload_bounds.needed(space, lay, top_k, tie_rel_tol)
+              if no_offload_bounds is not None and not relax_memory else None)
+    if needed is not None:
+        bounded_out = int((~needed).sum())
+        lay = _take(lay, needed)
     n_groups = len(lay["tp"])
     found = _largest_batch_pass(space, lay, relax_memory, top_k, tie_rel_tol)
     pairs, rows_m, res_m, full_size, evaluated = found.pairs, found.rows_m, found.res_m, found.full_size, found.evaluated
@@ -421,7 +428,9 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
              "table_rows": len(group), "structural_rejects": int(structural.sum()),
              "overlap_twins_skipped": int(found.shadow.sum()),
              "build_s": time.perf_counter() - t0}
-    return Table(space=space, rows=rows, res=res, stats=stats)
+    if no_offload_bounds is not None:
+        stats["layouts_bounded_out"] = bounded_out
+    return Table(space=space, rows=rows, res=res, stats=stats, no_offload=found.no_offload)
 
 
 OFFLOAD_COLUMNS = ("offload_weights", "offload_activations", "offload_optimizer")
@@ -448,6 +457,7 @@ class Found:
     opt: dict[str, np.ndarray]
     twins: Twins | None
     shadow: np.ndarray   # (layouts x options) pairs skipped by the overlap rules (constraints.dominance)
+    no_offload: NoOffloadBounds | None = None
 
 
 def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: bool, top_k: int | None,
@@ -487,6 +497,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     acc = system.accelerator
     steps = {c: np.rint(opt[c] * 2).astype(np.int64) for c in OFFLOAD_COLUMNS}  # fractions in halves
     level = steps["offload_weights"] + steps["offload_activations"] + steps["offload_optimizer"]
+    no_offload = level == 0  # (before `level` may be flattened into one pass below)
     monotone = (system.offload is not None and system.offload.bandwidth_bytes_per_s
                 <= acc.hbm_bandwidth_bytes_per_s * acc.efficiency.hbm_efficiency)
     offload_rules = not relax_memory and monotone and n_lay > 0 and bool((level[mask.any(axis=0)] > 0).any())
@@ -606,8 +617,12 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     keep = np.flatnonzero(res_m["objective"] <= np.minimum(best_fit[li], threshold))
     keep = keep[np.argsort(li[keep] * n_opt + oi[keep], kind="stable")]  # back to the order of `cross`
     pairs = _pairs(lay, opt, li[keep], oi[keep])
+    # every no-offload pair was costed above or skipped as a twin no faster than a costed one
+    # (no bound prunes a pass's first level): what a search without offload can start from
+    bounds = (NoOffloadBounds.from_pass(lay, opt, no_offload, li, oi, res_m["objective"], res_m["violations"] == 0)
+              if not relax_memory and n_lay and no_offload.any() else None)
     found = Found(pairs, at_batch(pairs, pairs["m_max"]), _take(res_m, keep), full_size, evaluated,
-                  lay, opt, twins, shadow)
+                  lay, opt, twins, shadow, bounds)
     return found
 
 

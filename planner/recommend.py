@@ -61,7 +61,7 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
         _family_gate(model, system, job, top_k, time_limit_s, res, out)
         _job_gate(model, system, job, top_k, out)
     if offload_gain:
-        _offload_gain(model, system, job, out, time_limit_s)
+        _offload_gain(model, system, job, out, time_limit_s, res)
     return out
 
 
@@ -155,16 +155,18 @@ def published_layouts(model: ModelSpec, system: SystemSpec, job: JobSpec, runs: 
 
 
 def _offload_gain(model: ModelSpec, system: SystemSpec, job: JobSpec, out: Recommendation,
-                  time_limit_s: float) -> None:
+                  time_limit_s: float, first: SearchResult | None = None) -> None:
     """Where the best plan offloads, what it buys: the best plan without offload (stats
     "offload_gain"; None where nothing fits without it). Exact ties already go to less offload
-    (constraints.cost_table.order_rows), so a plan that offloads is strictly faster or the only fit."""
+    (constraints.cost_table.order_rows), so a plan that offloads is strictly faster or the only fit.
+    `first`: the search of this job that found the plan; it bounds the search without offload
+    (constraints.no_offload), which then costs only the layouts that can win it."""
     if out.best is None or not out.best.plan.uses_offload:
         return
     # without offload: the user's offload pins go too (kept, they would leave no plan at all)
     pins = {k: v for k, v in job.pins.items() if not k.startswith("offload_")}
     alone = search(model, system, job.model_copy(update={"allow_offload": False, "pins": pins}), top_k=1,
-                   time_limit_s=time_limit_s).best
+                   time_limit_s=time_limit_s, no_offload_bounds=first.no_offload if first else None).best
     out.stats["offload_gain"] = None if alone is None else {
         "plan_without_offload": alone.plan.short(), "step_time_s": alone.estimate.step_time_s,
         "objective": alone.objective, "advantage": 1 - out.best.objective / alone.objective}

@@ -24,6 +24,7 @@ from typing import Callable
 
 import numpy as np
 
+from constraints.no_offload import NoOffloadBounds
 from constraints.solve import explain, solve_top_k, stopping_solves
 from constraints.stages import best_stages
 from constraints.space import (LAYOUT_CLASS_SP, N_LAYOUT_CLASSES, OPTION_KEYS, at_batch, build_space, layout_class,
@@ -71,6 +72,8 @@ class SearchResult:
     ranked: list[Ranked]
     objective: str            # "time per token" | "step time"
     stats: dict = field(default_factory=dict)
+    # what this search tells a search of the same job without offload (constraints.no_offload)
+    no_offload: NoOffloadBounds | None = None
 
     @property
     def best(self) -> Ranked | None:
@@ -96,11 +99,12 @@ def _row_plan(table: Table, i: int) -> Plan:
 
 
 def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,
-         time_limit_s: float = 30.0, restrict: dict[str, Callable[[float], bool]] | None = None
-         ) -> SearchResult:
+         time_limit_s: float = 30.0, restrict: dict[str, Callable[[float], bool]] | None = None,
+         no_offload_bounds: NoOffloadBounds | None = None) -> SearchResult:
     """The K best distinct layouts under the exact model, best first. `restrict` keeps, per knob,
     only the domain values its predicate accepts (a plan family: planner.recommend); a knob left
-    with no value leaves no plan."""
+    with no value leaves no plan. `no_offload_bounds`: for a job without offload, the
+    `SearchResult.no_offload` of a search of the same job with it (the same answer, sooner)."""
     check_api_inputs(model, system, job)
     if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
         raise SpecError(f"top_k: must be an integer from 1 to {MAX_TOP_K:,}, got {top_k!r}")
@@ -126,7 +130,8 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     # many are searched and refined, and the first top_k returned (`--top 1` and `planner
     # megatron`'s own search give the plan `planner plan` prints first)
     asked, top_k = top_k, max(top_k, STAGE_REFINE_TOP)
-    table = tabulate(space, top_k=top_k, tie_rel_tol=TIE_REL_TOL)
+    table = tabulate(space, top_k=top_k, tie_rel_tol=TIE_REL_TOL,
+                     no_offload_bounds=no_offload_bounds if restrict is None else None)
     sols = solve_top_k(table, table_layouts(table), time_limit_s)
     objectives = [float(table.res["objective"][i]) for i in sols.indices]
     t1 = time.perf_counter()
@@ -155,7 +160,7 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     stats.update({"status": sols.status, "rescore_s": time.perf_counter() - t1,
                   "rescore_mismatches": mismatches, "not_expressible_dropped": dropped,
                   "total_s": time.perf_counter() - t0, "free_batch": space.free_batch})
-    return SearchResult(ranked=ranked, objective=objective, stats=stats)
+    return SearchResult(ranked=ranked, objective=objective, stats=stats, no_offload=table.no_offload)
 
 
 def table_layouts(table: Table) -> int:
