@@ -47,11 +47,11 @@ def kth_best(values: np.ndarray, k: int | None) -> float:
 
 @dataclass(frozen=True)
 class NoOffloadBounds:
-    """Per layout of a search with offload allowed: `lower`, a lower bound on every no-offload
-    row's objective, and `best_fit`, the best fitting no-offload row costed (inf: none);
-    `option_ids`, that search's no-offload option rows."""
+    """Per layout of a search with offload allowed (`layouts`): `lower`, a lower bound on every
+    no-offload row's objective, and `best_fit`, the best fitting no-offload row costed (inf:
+    none); `option_ids`, that search's no-offload option rows."""
 
-    layout_index: dict[tuple, int]
+    layouts: dict[str, np.ndarray]   # LAYOUT_ID_KEYS columns of that search's layouts
     lower: np.ndarray
     best_fit: np.ndarray
     option_ids: frozenset
@@ -67,8 +67,7 @@ class NoOffloadBounds:
         lower, best_fit = np.full(n, np.inf), np.full(n, np.inf)
         np.minimum.at(lower, li[mine], objective[mine])
         np.minimum.at(best_fit, li[mine & fits], objective[mine & fits])
-        index = {key: i for i, key in enumerate(layout_ids(lay))}
-        return cls(index, lower, best_fit, option_ids(opt, np.flatnonzero(no_offload)))
+        return cls({k: lay[k] for k in LAYOUT_ID_KEYS}, lower, best_fit, option_ids(opt, np.flatnonzero(no_offload)))
 
     def needed(self, space: Space, lay: dict[str, np.ndarray], top_k: int | None,
                tie_rel_tol: float) -> np.ndarray | None:
@@ -80,7 +79,8 @@ class NoOffloadBounds:
         bound = kth_best(self.best_fit, top_k) * (1.0 + tie_rel_tol) * (1.0 + BOUND_SLACK)
         if not np.isfinite(bound):
             return None
-        idx = np.asarray([self.layout_index.get(key, -1) for key in layout_ids(lay)], dtype=np.int64)
+        index = {key: i for i, key in enumerate(layout_ids(self.layouts))}  # (built only when asked)
+        idx = np.asarray([index.get(key, -1) for key in layout_ids(lay)], dtype=np.int64)
         # a layout the first search did not have is not bounded: kept
         lower = np.where(idx >= 0, self.lower[np.maximum(idx, 0)], -np.inf) if len(idx) else np.zeros(0)
         return lower <= bound
