@@ -614,7 +614,16 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     else:
         li, oi = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         res_m = evaluate(space, at_batch(_pairs(lay, opt, li, oi), np.zeros(0)))
-    keep = np.flatnonzero(res_m["objective"] <= np.minimum(best_fit[li], threshold))
+    kept = res_m["objective"] <= np.minimum(best_fit[li], threshold)
+    if not relax_memory:
+        # a layout none of whose pairs fits at its largest batch gets no fitting row in `tabulate`
+        # unless a smaller batch may fit (its bisection, step 1b; the overlap twins need as much
+        # memory as their rows): its pairs are not kept (where nothing fits, all of them were)
+        has_fit = np.zeros(n_lay, dtype=bool)
+        has_fit[li[res_m["violations"] == 0]] = True
+        bisectable = (lay["pp"] > 1) & (lay["m_step"] == 1) & (lay["m_min"] == 1) & (lay["m_max"] > 1)
+        kept &= (has_fit | bisectable)[li]
+    keep = np.flatnonzero(kept)
     keep = keep[np.argsort(li[keep] * n_opt + oi[keep], kind="stable")]  # back to the order of `cross`
     pairs = _pairs(lay, opt, li[keep], oi[keep])
     # every no-offload pair was costed above or skipped as a twin no faster than a costed one
@@ -628,11 +637,17 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
 
 def _early_rules(rows, res, group, n_groups: int, relax_memory: bool, top_k: int | None, tie_rel_tol: float):
     """Structural rejects out, and rules 2 and 3 early, by objective value alone (ties kept), so
-    that only few rows get sorted."""
+    that only few rows get sorted. Rows of a layout with no fitting row go too (rule 2's last
+    clause): the overlap twins costed after this (step 1c) need as much memory as their rows, or
+    exist only where their own twin fits, so they cannot give such a layout a fit."""
     keep = (res["violations"] & ~MEMORY_BITS) == 0
     fit0 = (res["violations"] == 0) | relax_memory
     bf = _group_min(group[fit0 & keep], res["objective"][fit0 & keep], n_groups)
     keep &= res["objective"] <= np.minimum(bf[group], _kth(bf, top_k) * (1.0 + tie_rel_tol))
+    if not relax_memory:
+        has_fit = np.zeros(n_groups, dtype=bool)
+        has_fit[group[fit0 & keep]] = True
+        keep &= has_fit[group]
     return _take(rows, keep), _take(res, keep), group[keep]
 
 
