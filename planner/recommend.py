@@ -53,7 +53,8 @@ def recommend(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, 
               offload_gain: bool = True) -> Recommendation:
     """`planner.search.plan`'s top K, gated on evidence (module docstring). `offload_gain`: where
     the best plan offloads, also search the best plan without offload (stats "offload_gain", which
-    `planner plan` prints; a second search, over only the layouts the first one leaves in reach: constraints.no_offload)."""
+    `planner plan` prints; a second search, over only the layouts the first one leaves in reach:
+    constraints.no_offload)."""
     job = job or JobSpec()
     res = search(model, system, job, top_k=top_k, time_limit_s=time_limit_s)
     out = Recommendation(ranked=res.ranked, objective=res.objective, stats=res.stats)
