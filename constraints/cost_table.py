@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from constraints.dominance import Twins
-from constraints.no_offload import NoOffloadBounds, kth_best
+from constraints.no_offload import LAYOUT_ID_KEYS, NoOffloadBounds, kth_best, option_ids
 from constraints.space import (LAYOUT_KEYS, OPTION_KEYS, ROW_KEYS, Space, at_batch, layouts, options, pair_mask,
                                take_pairs)
 from planner.analytical import PlanArrays, estimate_many
@@ -300,7 +300,12 @@ def _group_min(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarr
     return out
 
 
-_kth = kth_best
+def _group_any(group: np.ndarray, flags: np.ndarray, n_groups: int) -> np.ndarray:
+    """Per group, whether any of its entries is flagged."""
+    out = np.zeros(n_groups, dtype=bool)
+    out[group[flags]] = True
+    return out
+
 
 
 def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
@@ -330,7 +335,7 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     fit_m = (res_m["violations"] == 0) | (relax_memory & ~structural)
     obj_m = res_m["objective"]
     best_fit = _group_min(group_all[fit_m], obj_m[fit_m], n_groups)
-    threshold = _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
+    threshold = kth_best(best_fit, top_k) * (1.0 + tie_rel_tol)
 
     # 1b. bisection for the largest fitting m < pp where the largest m does not fit
     parts = [(rows_m, res_m, group_all)]
@@ -420,7 +425,7 @@ def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
     keep &= fit | ~dominated
     # 3. top-K threshold on the final ranking
     best_fit = _group_min(group[fit & keep], res["objective"][fit & keep], n_groups)
-    keep &= res["objective"] <= _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
+    keep &= res["objective"] <= kth_best(best_fit, top_k) * (1.0 + tie_rel_tol)
     rows, res, group = _take(rows, keep), _take(res, keep), group[keep]
     rows["group"] = group
     rows["recompute_layers"] = res["recompute_layers"]  # the plan each row was costed as
@@ -567,7 +572,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
                         hit &= ~offloads_act[None, :] | (equal_ranks & ~act_ranged)[:, None]
                     dominated |= hit
                 if lv > 0:  # the lower bound from the no-offload twin (rules 2 and 3)
-                    bound = np.minimum(best_fit, _kth(best_fit, top_k) * (1.0 + tie_rel_tol))
+                    bound = np.minimum(best_fit, kth_best(best_fit, top_k) * (1.0 + tie_rel_tol))
                     tw = twin_of[cols]
                     lb = np.where(tw[None, :] >= 0, twin_obj[:, zero_col[np.maximum(tw, 0)]], -np.inf)
                     dominated |= lb > bound[:, None]
@@ -607,7 +612,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     # neither kept nor bisected by `tabulate` (smaller batches are slower per token, and the rows
     # found later only lower both bounds). On spaces where most pairs need offload this keeps
     # millions of evaluated pairs out of memory.
-    threshold = _kth(best_fit, top_k) * (1.0 + tie_rel_tol)
+    threshold = kth_best(best_fit, top_k) * (1.0 + tie_rel_tol)
     if parts:
         li, oi = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         res_m = _cat([p[2] for p in parts])
@@ -619,8 +624,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
         # a layout none of whose pairs fits at its largest batch gets no fitting row in `tabulate`
         # unless a smaller batch may fit (its bisection, step 1b; the overlap twins need as much
         # memory as their rows): its pairs are not kept (where nothing fits, all of them were)
-        has_fit = np.zeros(n_lay, dtype=bool)
-        has_fit[li[res_m["violations"] == 0]] = True
+        has_fit = _group_any(li, res_m["violations"] == 0, n_lay)
         bisectable = (lay["pp"] > 1) & (lay["m_step"] == 1) & (lay["m_min"] == 1) & (lay["m_max"] > 1)
         kept &= (has_fit | bisectable)[li]
     keep = np.flatnonzero(kept)
@@ -628,8 +632,13 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     pairs = _pairs(lay, opt, li[keep], oi[keep])
     # every no-offload pair was costed above or skipped as a twin no faster than a costed one
     # (no bound prunes a pass's first level): what a search without offload can start from
-    bounds = (NoOffloadBounds.from_pass(lay, opt, no_offload, li, oi, res_m["objective"], res_m["violations"] == 0)
-              if not relax_memory and n_lay and no_offload.any() else None)
+    bounds = None
+    if not relax_memory and n_lay and no_offload.any():
+        mine, fits = no_offload[oi], res_m["violations"] == 0
+        bounds = NoOffloadBounds({k: lay[k] for k in LAYOUT_ID_KEYS},
+                                 lower=_group_min(li[mine], res_m["objective"][mine], n_lay),
+                                 best_fit=_group_min(li[mine & fits], res_m["objective"][mine & fits], n_lay),
+                                 option_ids=option_ids(opt, np.flatnonzero(no_offload)))
     found = Found(pairs, at_batch(pairs, pairs["m_max"]), _take(res_m, keep), full_size, evaluated,
                   lay, opt, twins, shadow, bounds)
     return found
@@ -643,11 +652,9 @@ def _early_rules(rows, res, group, n_groups: int, relax_memory: bool, top_k: int
     keep = (res["violations"] & ~MEMORY_BITS) == 0
     fit0 = (res["violations"] == 0) | relax_memory
     bf = _group_min(group[fit0 & keep], res["objective"][fit0 & keep], n_groups)
-    keep &= res["objective"] <= np.minimum(bf[group], _kth(bf, top_k) * (1.0 + tie_rel_tol))
+    keep &= res["objective"] <= np.minimum(bf[group], kth_best(bf, top_k) * (1.0 + tie_rel_tol))
     if not relax_memory:
-        has_fit = np.zeros(n_groups, dtype=bool)
-        has_fit[group[fit0 & keep]] = True
-        keep &= has_fit[group]
+        keep &= _group_any(group, fit0 & keep, n_groups)[group]
     return _take(rows, keep), _take(res, keep), group[keep]
 
 

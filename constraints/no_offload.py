@@ -49,25 +49,13 @@ def kth_best(values: np.ndarray, k: int | None) -> float:
 class NoOffloadBounds:
     """Per layout of a search with offload allowed (`layouts`): `lower`, a lower bound on every
     no-offload row's objective, and `best_fit`, the best fitting no-offload row costed (inf:
-    none); `option_ids`, that search's no-offload option rows."""
+    none); `option_ids`, that search's no-offload option rows. Made by the search's cost table
+    (`constraints.cost_table._largest_batch_pass`) from the pairs it costed."""
 
     layouts: dict[str, np.ndarray]   # LAYOUT_ID_KEYS columns of that search's layouts
     lower: np.ndarray
     best_fit: np.ndarray
     option_ids: frozenset
-
-    @classmethod
-    def from_pass(cls, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], no_offload: np.ndarray,
-                  li: np.ndarray, oi: np.ndarray, objective: np.ndarray, fits: np.ndarray) -> NoOffloadBounds:
-        """From the costed pairs (layout rows `li`, option rows `oi`, at their largest batch) of a
-        pass that costed every no-offload pair it did not skip as a twin; `no_offload`: which
-        option rows offload nothing."""
-        n = len(lay["tp"])
-        mine = no_offload[oi]
-        lower, best_fit = np.full(n, np.inf), np.full(n, np.inf)
-        np.minimum.at(lower, li[mine], objective[mine])
-        np.minimum.at(best_fit, li[mine & fits], objective[mine & fits])
-        return cls({k: lay[k] for k in LAYOUT_ID_KEYS}, lower, best_fit, option_ids(opt, np.flatnonzero(no_offload)))
 
     def needed(self, space: Space, lay: dict[str, np.ndarray], top_k: int | None,
                tie_rel_tol: float) -> np.ndarray | None:
@@ -86,4 +74,4 @@ class NoOffloadBounds:
         return lower <= bound
 
 
-__all__ = ["NoOffloadBounds", "kth_best", "layout_ids", "option_ids"]
+__all__ = ["NoOffloadBounds", "LAYOUT_ID_KEYS", "kth_best", "layout_ids", "option_ids"]

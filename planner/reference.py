@@ -22,7 +22,8 @@ import yaml
 from pydantic import ValidationError
 
 from hardware import load_system
-from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number, one_line, safe_load_packaged
+from hardware.errors import (VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number, one_line,
+                             safe_load_packaged)
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
 from planner.model import Activation, ModelSpec, MoESpec

@@ -485,7 +485,7 @@ def _plan(o: dict) -> None:
     why = None
     if result.best is None:  # the same diagnosis `planner check` prints, for the text and the JSON
         from planner.search import check
-        why = check(model, system, job)
+        why = check(model, system, job, searcher=lambda: result)  # (the search just run found nothing)
         refuse_contradictory_pins(why)
     if o["json_out"]:
         from planner.report import kernel_json, precision_json
