@@ -242,9 +242,23 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
     kind = raw.get("model_type")
     cfg = with_defaults(raw)  # read as model_fields reads it
     notes = [APPROXIMATIONS.get(kind, "")] if isinstance(kind, str) else []
+    if kind == "glm4_moe" and not cfg.get("partial_rotary_factor", 1) < 1:
+        notes = []  # its note is the partial RoPE's, which this config does not set
     # the MLA defaults from the file as written: a null q_lora_rank is "no query compression", not absent
     return [n for n in (*notes, hf_default_note(raw), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
-                              llama3_rope_note(cfg), unknown_rope_note(cfg), mla_yarn_note(cfg)) if n]
+                              llama3_rope_note(cfg), unknown_rope_note(cfg), mla_yarn_note(cfg),
+                              sparse_attention_note(cfg, seq_length)) if n]
+
+
+def sparse_attention_note(cfg: dict, seq_length: int) -> str:
+    """DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5: a lightning indexer picks index_topk keys
+    per query) is costed as the dense MLA it trains from, without the indexer: said."""
+    topk = cfg.get("index_topk")
+    if not topk:
+        return ""
+    return (f"DeepSeek Sparse Attention (index_topk {_shown(topk)}) is costed and launched as dense MLA: the "
+            f"same attention up to {_shown(topk)} tokens (every key is selected), dense beyond (this run: "
+            f"{seq_length:,}); its indexer's own compute is left out")
 
 
 def with_defaults(cfg: dict, extra: dict | None = None) -> dict:
@@ -260,7 +274,7 @@ MLP_BIAS_TYPES = ("gpt_oss",)
 # Qwen2Attention and Qwen2MoeAttention: bias=True on q_proj, k_proj, v_proj)
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 # Architectures that normalise each query and key head (HF modeling code: q_norm / k_norm).
-QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text")
+QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text")
 
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 # Where a config gives its routed-expert count; any other field naming experts (a count spelt
@@ -279,7 +293,7 @@ INTEGER_KEYS = (
     "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", *SHARED_EXPERT_COUNT_KEYS,
     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size",
-    "sliding_window")
+    "sliding_window", "rotary_dim")
 # Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
 # to at least one expert); every other integer key may be 0 (no MTP, no shared or dense layers)
 AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "experts_per_token", "moe_layer_freq",
@@ -429,6 +443,8 @@ def _check_types(cfg: dict, path: Path) -> None:
     def bad(key: str, allowed: str) -> SpecError:
         return SpecError(f"model {path}: {key} must be {allowed}, got {_shown(cfg[key])}")
 
+    if isinstance(cfg.get("moe_layer_freq"), list):
+        raise bad("moe_layer_freq", "an integer (every k-th layer is MoE); a per-layer list (MiMo-V2) is not read")
     for key in INTEGER_KEYS:
         v = cfg.get(key)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))
@@ -597,11 +613,45 @@ def read_config(path: Path) -> dict:
     if data.get("text_config") is not None and not isinstance(data["text_config"], dict):
         raise SpecError(f"model {path}: text_config must be a mapping (the language model's fields) or null, "
                         f"got {_shown(data['text_config'])}")
-    # multimodal wrappers (Gemma-3, Llama-4, Qwen-VL) keep the language model under text_config
+    # multimodal wrappers (Gemma-3, Llama-4, Qwen-VL) keep the language model under text_config;
+    # one that does not name its own model_type is the wrapper's text tower (transformers' composite
+    # configs: Gemma3Config.text_config is a Gemma3TextConfig), not the wrapper's type
     if isinstance(data.get("text_config"), dict):
-        data = {**data, **data["text_config"], "model_type": data["text_config"].get("model_type",
-                                                                                     data.get("model_type"))}
-    return data
+        wrapper = data.get("model_type")
+        tower = data["text_config"].get("model_type", TEXT_TOWER_TYPES.get(wrapper, wrapper)
+                                        if isinstance(wrapper, str) else wrapper)
+        data = {**data, **data["text_config"], "model_type": tower}
+    return _with_rope_parameters(data, path)
+
+
+# model_type of a multimodal wrapper -> its text tower's (transformers configuration_*.py)
+TEXT_TOWER_TYPES = {"gemma3": "gemma3_text", "gemma4": "gemma4_text", "llama4": "llama4_text",
+                    "qwen3_vl": "qwen3_vl_text", "qwen3_vl_moe": "qwen3_vl_moe_text"}
+
+
+def _with_rope_parameters(cfg: dict, path: Path) -> dict:
+    """transformers 5 writes RoPE's base and scaling as one `rope_parameters` mapping
+    ({"rope_type": "yarn", "rope_theta": 1e6, "factor": 32, ...}; GLM-5, Gemma 4) where older
+    configs wrote rope_theta and rope_scaling: read as those where the config has neither. A
+    mapping per layer kind (Gemma 4: full_attention / sliding_attention) is left to the
+    architecture's own reader."""
+    params = cfg.get("rope_parameters")
+    if params is None:
+        return cfg
+    if not isinstance(params, dict):
+        raise SpecError(f"model {path}: rope_parameters must be a mapping (e.g. "
+                        f'{{"rope_type": "default", "rope_theta": 1000000}}) or null, got {_shown(params)}')
+    if any(isinstance(v, dict) for v in params.values()):
+        return cfg
+    out = dict(cfg)
+    if out.get("rope_theta") is None and params.get("rope_theta") is not None:
+        out["rope_theta"] = params["rope_theta"]
+    scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if out.get("rope_scaling") is None and scaling.get("rope_type", "default") != "default":
+        out["rope_scaling"] = scaling
+    if out.get("partial_rotary_factor") is None and params.get("partial_rotary_factor") is not None:
+        out["partial_rotary_factor"] = params["partial_rotary_factor"]
+    return out
 
 
 def _name(cfg: dict, path: Path) -> str:
@@ -611,7 +661,9 @@ def _name(cfg: dict, path: Path) -> str:
     # a repo path's last part, shown in the header: visible text only, cut to a header's length
     def clean(text: str) -> str:
         return "".join(c for c in text if c.isprintable()).strip()[:MAX_MODEL_NAME_CHARS]
-    return clean(name) or clean(path.parent.name) or "hf-model"
+    # a config saved under its own name (org--model.json) is named by it; config.json by its folder
+    own = path.stem if path.name != "config.json" else path.parent.name
+    return clean(name) or clean(own) or "hf-model"
 
 
 # Layer kinds a config may list per layer (layer_types: Gemma-3, GPT-OSS, Qwen3-Next;
@@ -664,12 +716,49 @@ def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
                         "nemotron_h) are modelled")
 
 
+# Config keys that, set, build layers this reader does not cost: (what they build). Reading
+# such a config without them would cost another model (Gemma 4 31B read as a 23 B model).
+UNMODELLED_KEYS = {
+    "global_head_dim": "the full-attention layers' own head width (Gemma 4)",
+    "num_global_key_value_heads": "the full-attention layers' own KV heads (Gemma 4)",
+    "attention_k_eq_v": "keys reused as values (Gemma 4)",
+    "enable_moe_block": "a dense MLP beside the experts in every layer (Gemma 4)",
+    "use_double_wide_mlp": "MLPs of twice the width on some layers (Gemma 4)",
+    "num_kv_shared_layers": "layers that reuse an earlier layer's keys and values (Gemma 3n / 4)",
+    "hidden_size_per_layer_input": "per-layer input embeddings (Gemma 3n / 4)",
+    "altup_num_inputs": "alternating updates (Gemma 3n AltUp)",
+    "laurel_rank": "learned augmented residual layers (Gemma 3n)",
+    "block_configs": "per-layer blocks of their own FFN width, some without attention (NAS-pruned "
+                     "Llama-Nemotron, DeciLM)",
+    "ff_intermediate_size": "Phi-3-small's GeGeLU MLP beside block-sparse attention",
+    "blocksparse_block_size": "block-sparse attention (Phi-3-small)",
+}
+
+
+def refuse_unmodelled(cfg: dict, path: Path) -> None:
+    """A config that builds layers this reader does not cost (UNMODELLED_KEYS) is refused by the
+    key that builds them, not read as a plainer model."""
+    model_type = cfg.get("model_type")
+    for key, what in UNMODELLED_KEYS.items():
+        value = cfg.get(key)
+        if value in (None, False, 0, [], {}, ""):
+            continue
+        if (key, value) in (("global_head_dim", cfg.get("head_dim")),
+                            ("num_global_key_value_heads", cfg.get("num_key_value_heads"))):
+            continue  # the same shape as every other layer's
+        shown = "[...]" if isinstance(value, list) else "{...}" if isinstance(value, dict) else _shown(value)
+        raise SpecError(f"model {path} (model_type {model_type!r}): {key} = {shown} builds {what}, which the "
+                        "planner does not model (one attention shape and one MLP per layer kind); write the "
+                        "model as a YAML file (fields: planner/presets/*.yaml) to cost an approximation")
+
+
 def model_fields(path: Path) -> dict:
     """config.json -> the fields of a ModelSpec (validated by the caller)."""
     cfg = read_config(path)
     _check_types(cfg, path)
     refuse_encoders(cfg, path)
     refuse_non_attention_mixers(cfg, path)
+    refuse_unmodelled(cfg, path)
     refuse_unread_keys(cfg, path)
     model_type = cfg.get("model_type")
     # a DeepSeek config's left-out MLA sizes are HF's defaults (said in approximation_notes)
@@ -705,7 +794,8 @@ def model_fields(path: Path) -> dict:
                         f"{', '.join(HF_ACTIVATIONS)}")
     act = act.lower()
     # every architecture read here has a gated MLP (gate, up, down); for others SiLU implies it
-    gated = model_type in ARCHITECTURES or act in ("silu", "swish")
+    gated = model_type in ARCHITECTURES or act in ("silu", "swish") \
+        or (isinstance(model_type, str) and model_type.startswith("gemma"))  # GeGLU in every Gemma
     max_pos = cfg.get("max_position_embeddings")
     # _check_types made it an integer >= 1 (2048.0 included) or left it out
     seq = HF_DEFAULT_SEQ_LENGTH if max_pos is None else min(HF_DEFAULT_SEQ_LENGTH, int(max_pos))
@@ -742,6 +832,14 @@ def model_fields(path: Path) -> dict:
         fields["norm_epsilon"] = float(eps)
     if cfg.get("partial_rotary_factor", 1) < 1 and not cfg.get("kv_lora_rank"):
         fields["rotary_percent"] = float(cfg["partial_rotary_factor"])  # GLM-4.5: RoPE on half of each head
+    elif cfg.get("rotary_dim") and cfg.get("partial_rotary_factor") is None and not cfg.get("kv_lora_rank"):
+        # MiniMax-M2: RoPE on rotary_dim of each head's head_dim channels
+        width = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        if cfg["rotary_dim"] > width:
+            raise SpecError(f"model {path}: rotary_dim {cfg['rotary_dim']} is wider than a head ({width}); "
+                            "it must be at most head_dim")
+        if cfg["rotary_dim"] < width:
+            fields["rotary_percent"] = cfg["rotary_dim"] / width
     if model_type == "llama4_text" and cfg.get("intermediate_size_mlp"):
         # the dense layers' width; intermediate_size is the experts' (Llama4TextMLP vs experts)
         fields["ffn"] = cfg["intermediate_size_mlp"]

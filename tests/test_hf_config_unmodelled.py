@@ -1,0 +1,115 @@
+"""Hugging Face configs an independent audit (2026-11-28, tenth session) found misread: a wrapper
+whose text_config names no model_type, transformers 5's rope_parameters, partial RoPE given as
+rotary_dim, Qwen3-VL's q/k norms, and layer kinds the planner does not model (Gemma 4, NAS-pruned
+Llama-Nemotron, Phi-3-small), which must be refused by name, not read as a plainer model."""
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware.errors import SpecError
+from planner.cli import app
+from planner.hf_config import approximation_notes
+from planner.model import load_model
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+def _fixture(name: str) -> dict:
+    return json.loads((HF / name / "config.json").read_text())
+
+
+def _write(tmp_path: Path, cfg: dict, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_text_config_without_its_model_type_is_the_wrappers_text_tower(tmp_path):
+    """Gemma 3 12B with text_config.model_type left out reads as Gemma3TextConfig (gated GeGLU,
+    q/k norms), the same model as the published file: it had read as an unlisted GELU model,
+    23 % short of the parameters."""
+    cfg = _fixture("gemma-3-12b")
+    published = load_model(str(_write(tmp_path, cfg)))
+    del cfg["text_config"]["model_type"]
+    bare = load_model(str(_write(tmp_path, cfg, "bare.json")))
+    assert bare.num_params == published.num_params
+    assert bare.activation == "swiglu" and bare.qk_norm and published.qk_norm
+
+
+def test_qwen3_vl_text_towers_keep_their_qk_norm(tmp_path):
+    cfg = {"model_type": "qwen3_vl_moe", "text_config": _fixture("qwen3-30b-a3b")}
+    del cfg["text_config"]["model_type"]
+    assert load_model(str(_write(tmp_path, cfg))).qk_norm
+
+
+def test_rope_parameters_read_as_rope_theta_and_rope_scaling(tmp_path):
+    """transformers 5 writes {rope_type, rope_theta, factor, ...} as one rope_parameters mapping:
+    read as the older keys (GLM-5 had launched --rotary-base 10000 for its 1,000,000)."""
+    old = _fixture("llama-3.1-70b")
+    new = {k: v for k, v in old.items() if k not in ("rope_theta", "rope_scaling")}
+    new["rope_parameters"] = {"rope_theta": old["rope_theta"], **old["rope_scaling"]}
+    a, b = load_model(str(_write(tmp_path, old))), load_model(str(_write(tmp_path, new, "new.json")))
+    assert (b.rope_base, b.rope_scaling, b.rope_scaling_factor) == (a.rope_base, a.rope_scaling, a.rope_scaling_factor)
+    assert b.rope_base == 500_000 and b.rope_scaling == "llama3"
+    plain = dict(new, rope_parameters={"rope_theta": 1_000_000, "rope_type": "default"})
+    assert load_model(str(_write(tmp_path, plain, "plain.json"))).rope_base == 1_000_000
+    with pytest.raises(SpecError, match="rope_parameters must be a mapping"):
+        load_model(str(_write(tmp_path, dict(new, rope_parameters=[1, 2]), "bad.json")))
+
+
+def test_rotary_dim_is_partial_rope(tmp_path):
+    """MiniMax-M2 ropes 64 of each head's 128 channels (rotary_dim)."""
+    cfg = dict(_fixture("qwen3-4b"), head_dim=128, rotary_dim=64)
+    assert load_model(str(_write(tmp_path, cfg))).rotary_percent == 0.5
+    with pytest.raises(SpecError, match="rotary_dim 256 is wider than a head"):
+        load_model(str(_write(tmp_path, dict(cfg, rotary_dim=256), "wide.json")))
+
+
+GEMMA4_31B = {  # google/gemma-4-31B's text tower, as NVIDIA's NVFP4 checkpoint prints it
+    "model_type": "gemma4_text", "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 60,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 256, "global_head_dim": 512,
+    "num_global_key_value_heads": 4, "attention_k_eq_v": True, "hidden_activation": "gelu_pytorch_tanh",
+    "sliding_window": 1024, "vocab_size": 262144, "tie_word_embeddings": True, "enable_moe_block": False}
+
+
+@pytest.mark.parametrize("cfg,key", [
+    (GEMMA4_31B, "global_head_dim"),
+    ({k: v for k, v in GEMMA4_31B.items() if k not in ("global_head_dim", "num_global_key_value_heads")},
+     "attention_k_eq_v"),
+    (dict(_fixture("llama-3.1-70b"), model_type="nemotron-nas", block_configs=[{"ffn": {"ffn_mult": 2.0}}]),
+     "block_configs"),
+    (dict(_fixture("qwen3-4b"), model_type="phi3small", ff_intermediate_size=14336), "ff_intermediate_size"),
+])
+def test_layers_the_planner_does_not_model_are_refused_by_their_key(tmp_path, cfg, key):
+    """Gemma 4 31B had read as a 23 B model without a word (no gate, one head shape)."""
+    path = _write(tmp_path, cfg)
+    with pytest.raises(SpecError, match=f"{key} = .* builds .*does not model"):
+        load_model(str(path))
+    out = CliRunner().invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"])
+    assert out.exit_code == 2 and "Traceback" not in out.output
+    assert len([line for line in out.output.splitlines() if line.strip()]) == 1
+
+
+def test_a_global_head_shape_equal_to_the_others_is_read(tmp_path):
+    cfg = dict(_fixture("qwen3-4b"), global_head_dim=_fixture("qwen3-4b")["head_dim"])
+    assert load_model(str(_write(tmp_path, cfg))).num_params == load_model(str(HF / "qwen3-4b")).num_params
+
+
+def test_a_per_layer_moe_list_is_named_as_such(tmp_path):
+    cfg = dict(_fixture("deepseek-v3"), moe_layer_freq=[0, 1, 1])
+    with pytest.raises(SpecError, match="moe_layer_freq must be an integer .*a per-layer list .* is not read"):
+        load_model(str(_write(tmp_path, cfg)))
+
+
+def test_deepseek_sparse_attention_is_said_to_be_costed_dense(tmp_path):
+    path = _write(tmp_path, dict(_fixture("deepseek-v3"), index_topk=2048, index_n_heads=64, index_head_dim=128))
+    notes = approximation_notes(path, 4096)
+    assert any("DeepSeek Sparse Attention (index_topk 2048)" in n for n in notes)
+    assert not any("Sparse Attention" in n for n in approximation_notes(HF / "deepseek-v3" / "config.json", 4096))
+
+
+def test_a_config_saved_under_its_own_name_is_named_by_it(tmp_path):
+    cfg = {k: v for k, v in _fixture("qwen3-4b").items() if k != "_name_or_path"}
+    assert load_model(str(_write(tmp_path, cfg, "Qwen--Qwen3-4B.json"))).name == "Qwen--Qwen3-4B"
