@@ -113,3 +113,15 @@ def test_deepseek_sparse_attention_is_said_to_be_costed_dense(tmp_path):
 def test_a_config_saved_under_its_own_name_is_named_by_it(tmp_path):
     cfg = {k: v for k, v in _fixture("qwen3-4b").items() if k != "_name_or_path"}
     assert load_model(str(_write(tmp_path, cfg, "Qwen--Qwen3-4B.json"))).name == "Qwen--Qwen3-4B"
+
+
+def test_an_mla_model_whose_hidden_is_not_a_multiple_of_its_heads_is_launched(tmp_path):
+    """GLM-4.7-Flash (MLA, hidden 2048 over 20 heads): Megatron's validate_args asserts hidden %
+    heads unless --kv-channels is given, which MLA does not read; the launch had been refused."""
+    cfg = dict(_fixture("deepseek-v2-lite"), num_attention_heads=20, num_key_value_heads=20)
+    _write(tmp_path, cfg)
+    out = CliRunner().invoke(app, ["megatron", "-m", str(tmp_path), "-s", "h100-sxm", "-g", "16", "-b", "64",
+                                   "--tp", "1", "--ep", "8", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    argv = json.loads(out.stdout)["argv"]
+    assert argv[argv.index("--kv-channels") + 1] == str(cfg["v_head_dim"])

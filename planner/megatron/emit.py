@@ -104,6 +104,11 @@ def attention_args(model: ModelSpec) -> list[Arg]:
         # kv_a_layernorm); Megatron builds those norms only with --qk-layernorm
         # (gpt_layer_specs.py: the up-projections become LayerNormLinear)
         a.append(("--qk-layernorm", None))
+        if model.hidden % model.heads:
+            # validate_args asserts hidden % heads without --kv-channels; MLA's projections read
+            # their own widths, so the value only stands for the per-head output (GLM-4.7-Flash:
+            # hidden 2048 over 20 heads)
+            a.append(("--kv-channels", str(mla.v_head_dim)))
     elif model.hidden % model.heads or model.head_dim != model.hidden // model.heads:
         # Megatron's default kv_channels is hidden // heads (arguments.py validate_args)
         a.append(("--kv-channels", str(model.head_dim)))
