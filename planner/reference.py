@@ -158,8 +158,12 @@ class _Record:
         value = self.get(path)
         if value is None:
             return default
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
-            raise SpecError(f"reference {self.id}: {path}: expected an integer >= {minimum}, got {value!r}")
+        # (finite first: int() of an infinity is an OverflowError, of a NaN a ValueError; beyond
+        # MAX_RECORD_INTEGER no count of a training run is meant, and products of such overflow)
+        if isinstance(value, bool) or not finite_number(value) or value != int(value) \
+                or not minimum <= value <= MAX_RECORD_INTEGER:
+            raise SpecError(f"reference {self.id}: {path}: expected an integer from {minimum} to "
+                            f"{MAX_RECORD_INTEGER:,}, got {value!r}")
         return int(value)
 
     def flag(self, path: str, notes: tuple[str, ...] = ()) -> bool | str | None:
@@ -181,6 +185,9 @@ class _Record:
         if not (finite_number(value) and value > 0):
             raise SpecError(f"reference {self.id}: {path}: expected a finite number > 0, got {value!r}")
         return float(value)
+
+
+MAX_RECORD_INTEGER = 1 << 40
 
 
 # The layout fields a record may give (the three packaged files' union): another name is a

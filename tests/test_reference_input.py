@@ -225,3 +225,13 @@ def test_no_recompute_may_carry_a_note(tmp_path, value):
 def test_an_empty_reference_name_is_named_as_such(name):
     """--reference '' had said 'reference .: is a folder' (Path('') is the current folder)."""
     one_line_error(_validate(name), "reference: empty name")
+
+
+@pytest.mark.parametrize("section,field", [("parallel", "tp"), ("parallel", "global_batch"), ("model", "layers"),
+                                           ("system", "gpus")])
+@pytest.mark.parametrize("value", [float("inf"), -float("inf"), float("nan"), 1e308], ids=str)
+def test_an_integer_field_that_is_not_a_finite_count_is_refused_by_name(tmp_path, section, field, value):
+    """(2026-11-28, tenth session: an infinity was an internal error, exit 70; a NaN named
+    neither record nor field; 1e308 overflowed a float later.)"""
+    one_line_error(_validate(_mutated(tmp_path, section, field, value)), RID, f"{section}.{field}",
+                   "expected an integer from")
