@@ -2,6 +2,7 @@
 else or not at all, and one whose dtype error named no record. Each test failed on the code before."""
 from __future__ import annotations
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -191,3 +192,15 @@ def test_a_hybrid_record_under_context_parallelism_is_compared(tmp_path):
     path.write_text(yaml.safe_dump({"records": [record]}))
     res = runner.invoke(app, ["validate", "--reference", str(path)])
     assert res.exit_code == 0 and "probe_hybrid_cp" in res.output, res.output
+
+
+@pytest.mark.parametrize("columns", ["0", "-5", "3"])
+def test_a_terminal_width_of_nothing_still_prints_the_plan(columns):
+    """COLUMNS=0 made rich print nothing: `plan` exited 0 with no plan, and 1 ("no plan fits")
+    without its reason (2026-11-28, tenth session)."""
+    out = runner.invoke(app, ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64"],
+                        env={"COLUMNS": columns})
+    assert out.exit_code == 0 and "TP 1" in out.stdout and "global batch 64" in " ".join(out.stdout.split())
+    none = runner.invoke(app, ["plan", "-m", "gpt3-175b", "-s", "a100-80g", "-g", "8", "-b", "64"],
+                         env={"COLUMNS": columns})
+    assert none.exit_code == 1 and "No plan fits" in none.stdout

@@ -7,6 +7,17 @@ import os
 from rich.console import Console as _RichConsole
 
 
+MIN_WIDTH = 40  # columns: below this the tables and plan lines are not readable
+
+
+def _columns() -> int | None:
+    """The terminal width the environment asks for (COLUMNS, as rich reads it), None if unset or not a number."""
+    try:
+        return int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return None
+
+
 class Console(_RichConsole):
     """rich with markup off: a plan's text such as `rc-selective[mlp]` is printed as written (rich
     markup took `[mlp]` for a style tag and dropped it, so `planner check` named a plan that does
@@ -16,6 +27,10 @@ class Console(_RichConsole):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("markup", False)
+        if "width" not in kwargs and _columns() is not None and _columns() < MIN_WIDTH:
+            # COLUMNS=0 made rich print nothing at all (a plan's exit code and no plan); a
+            # narrower request wraps every word on its own line
+            kwargs["width"] = MIN_WIDTH
         super().__init__(*args, **kwargs)
 
     def on_broken_pipe(self) -> None:
