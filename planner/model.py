@@ -506,6 +506,13 @@ class ModelSpec(_Part):
         return self.blocks("*") if self.hybrid_pattern else self.layers
 
     @property
+    def ssd_chunk_tokens(self) -> int:
+        """The SSD chunk a sequence is scanned in: mamba.chunk_size, or the whole sequence where it
+        is shorter (mamba_ssm's chunk kernels stop at the sequence's end; a chunk_size beyond it
+        had been costed as if the chunk were filled)."""
+        return min(self.mamba.chunk_size, self.seq_length)
+
+    @property
     def mamba_block_params(self) -> int:
         """One Mamba-2 block: in_proj h×in_proj_width, the conv1d (weights and bias per channel),
         dt bias, A and D per head, the gated RMSNorm over d_inner, out_proj d_inner×h, the pre-norm

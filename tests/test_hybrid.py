@@ -435,3 +435,20 @@ def test_plan_says_when_a_hybrids_stages_were_searched_near_the_mean_block_split
     text = " ".join(result.output.split())
     assert "within 3 layers of the mean-block split" in text
     assert "proven optimal" not in text.split("per-stage CP-SAT")[1]
+
+
+def test_an_ssd_chunk_longer_than_the_sequence_is_scanned_as_the_sequence():
+    """A chunk_size beyond the sequence was costed as if the chunk were filled: 10x the sequence
+    made a step 5.6x slower (2026-11-28, tenth session). mamba_ssm's chunk kernels stop at the
+    sequence's end, so a chunk of the whole sequence and a longer one are the same scan, and the
+    SSD FLOPs per token are the chunked algorithm's at Q = the sequence (Dao & Gu 2024, §6)."""
+    seq = NANO.seq_length
+    whole, beyond, usual = (NANO.model_copy(update={"mamba": NANO.mamba.model_copy(update={"chunk_size": q})})
+                            for q in (seq, 10 * seq, 128))
+    m = NANO.mamba
+    assert flops.ssd_flops_per_token(beyond) == flops.ssd_flops_per_token(whole) \
+        == m.groups * seq * m.state_dim + m.num_heads * (seq * m.head_dim + 4 * m.state_dim * m.head_dim)
+    system, plan = load_system("h100-sxm", 8), Plan(tp=1, pp=1, dp=8, global_batch=16)
+    t = {name: estimate(model, system, plan).step_time_s for name, model in
+         (("whole", whole), ("beyond", beyond), ("usual", usual))}
+    assert t["beyond"] == t["whole"] and t["usual"] < t["whole"]

@@ -101,7 +101,7 @@ def ssd_flops_per_token(model: ModelSpec) -> float:
     m = model.mamba
     if m is None:
         return 0.0
-    q, n, p = m.chunk_size, m.state_dim, m.head_dim
+    q, n, p = model.ssd_chunk_tokens, m.state_dim, m.head_dim
     return float(m.groups * q * n + m.num_heads * (q * p + 4 * n * p))
 
 

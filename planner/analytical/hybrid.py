@@ -78,10 +78,10 @@ def ssd_scan_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanAr
     stream = acc.hbm_bandwidth_bytes_per_s * kernels.STREAMING_HBM_EFFICIENCY
     tokens = P.micro_batch * model.seq_length / P.cp
     dtype = precision.high_precision_dtype(job.dtype)
-    matmul = tm._gemm_time(flops.ssd_flops_per_token(model) * tokens / t, float(min(m.chunk_size, m.head_dim, m.state_dim)),
+    matmul = tm._gemm_time(flops.ssd_flops_per_token(model) * tokens / t, float(min(model.ssd_chunk_tokens, m.head_dim, m.state_dim)),
                            acc.peak(dtype), acc.efficiency, dtype)
     ssd_bytes = 2.0 * (m.conv_channels + m.num_heads) + 2.0 * m.d_inner \
-        + 2 * SSD_STATE_BYTES * m.num_heads * m.head_dim * m.state_dim / m.chunk_size
+        + 2 * SSD_STATE_BYTES * m.num_heads * m.head_dim * m.state_dim / model.ssd_chunk_tokens
     measured = SSD_FWD_VS_MODEL * (1 + SSD_BACKWARD_FACTOR) / (1 + tm.BACKWARD_FACTOR)
     return measured * matmul, measured * tokens * ssd_bytes / t / stream
 
