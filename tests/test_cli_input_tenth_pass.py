@@ -204,3 +204,18 @@ def test_a_terminal_width_of_nothing_still_prints_the_plan(columns):
     none = runner.invoke(app, ["plan", "-m", "gpt3-175b", "-s", "a100-80g", "-g", "8", "-b", "64"],
                          env={"COLUMNS": columns})
     assert none.exit_code == 1 and "No plan fits" in none.stdout
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_fp8_weights_under_a_16_bit_dtype_are_refused(tmp_path, dtype):
+    """--fp8-param-gather under bf16 was costed with 1-byte weights (3.5 GB less HBM), exit 0."""
+    args = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64", "--tp", "2", "--dtype", dtype]
+    one_line_error(runner.invoke(app, ["estimate", *args, "--fp8-param-gather"]), "fp8_param_gather", dtype,
+                   "fp8, fp8-cs")
+    saved = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["estimate", *args, "--save", str(saved)]).exit_code == 0
+    doc = yaml.safe_load(saved.read_text())
+    doc["plan"]["fp8_param_gather"] = True
+    saved.write_text(yaml.safe_dump(doc))
+    one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved)]), "fp8_param_gather", dtype)
+    assert runner.invoke(app, ["estimate", *args[:-1], "fp8", "--fp8-param-gather"]).exit_code == 0

@@ -281,6 +281,10 @@ def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | No
         raise SpecError(f"global_batch: the job's ({job.global_batch}) differs from the plan's "
                         f"({plan.global_batch}); give the plan the job's batch, or leave the job's unset")
     check_recompute_modules(plan, model)
+    if plan.fp8_param_gather and job.dtype in ("bf16", "fp16"):
+        # (the plan and the job meet only here; fp8_attention is refused in JobSpec itself)
+        raise SpecError(f"fp8_param_gather (--fp8-param-gather) keeps the weights in FP8, which needs a "
+                        f"low-precision dtype (--dtype fp8, fp8-cs, fp8-block, mxfp8 or nvfp4), got {job.dtype}")
     check_hbm_reserve(job, system, "hbm_reserve_gib")  # a reserve beyond the HBM left a negative capacity
     result = estimate_many(model, system, job, PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model)))
     return estimate_from_row(result, 0, plan)
