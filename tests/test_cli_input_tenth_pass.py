@@ -219,3 +219,20 @@ def test_fp8_weights_under_a_16_bit_dtype_are_refused(tmp_path, dtype):
     saved.write_text(yaml.safe_dump(doc))
     one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved)]), "fp8_param_gather", dtype)
     assert runner.invoke(app, ["estimate", *args[:-1], "fp8", "--fp8-param-gather"]).exit_code == 0
+
+
+def test_a_versus_file_is_checked_as_estimate_checks_it_and_named_in_its_errors(tmp_path):
+    """--versus compared a file whose gpus: contradicts its layout (`estimate --plan` refuses it),
+    and the plan's own errors against this model named no file."""
+    job = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64"]
+    saved = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["plan", *job, "--save", str(saved)]).exit_code == 0
+    doc = yaml.safe_load(saved.read_text())
+    doc["gpus"] = 32
+    saved.write_text(yaml.safe_dump(doc))
+    one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved)]), "gpus: 32")
+    one_line_error(runner.invoke(app, ["plan", *job, "--versus", str(saved)]), "versus:", str(saved), "gpus: 32")
+    moe = tmp_path / "m.yaml"
+    assert runner.invoke(app, ["plan", "-m", "mixtral-8x7b", *job[2:], "--save", str(moe)]).exit_code == 0
+    assert "layernorm" in yaml.safe_load(moe.read_text())["plan"]["recompute_modules"]
+    one_line_error(runner.invoke(app, ["plan", *job, "--versus", str(moe)]), "versus:", str(moe), "recompute_modules")

@@ -155,6 +155,9 @@ def _versus_estimate(path: str, model, system, job):
     from planner.cli.common import check_layout_fits_model, check_recompute_layers, read_plan_mapping
     from planner.plan import load_plan
     from planner.planfile import SAVED_JOB_FIELDS, saved_job
+    from pathlib import Path
+
+    from hardware.errors import read_yaml_mapping
     read_plan_mapping(path, "versus")
     try:
         plan = load_plan(path)
@@ -163,6 +166,10 @@ def _versus_estimate(path: str, model, system, job):
         check_recompute_layers(plan, model)
     except SpecError as err:  # the file's own errors, named as --versus's
         raise SpecError(f"versus: {err}") from None
+    said = read_yaml_mapping(Path(path), "plan").get("gpus")
+    if said is not None and said != plan.gpus:  # (as `estimate --plan` refuses the same file)
+        raise SpecError(f"versus: plan {path}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: {said}; "
+                        "change one of them")
     if job.global_batch is None:
         raise SpecError(f"versus: compares plans at one global batch; give -b {plan.global_batch} (the plan's) "
                         "instead of --free-batch")
@@ -174,7 +181,10 @@ def _versus_estimate(path: str, model, system, job):
                         f"{system.num_gpus}; give -g {plan.gpus} to compare on the plan's GPUs")
     if plan.uses_offload and system.offload is None:
         raise SpecError(f"versus: the plan {path} offloads, and {system.name} has no offload tier")
-    est = estimate(model, system, plan, job)
+    try:
+        est = estimate(model, system, plan, job)
+    except SpecError as err:  # the plan against this job's model (its recompute modules, its FP8 weights)
+        raise SpecError(f"versus: plan {path}: {err}") from None
     structural = [rule for rule in est.violations if rule not in ("hbm", "offload_capacity")]
     if structural:
         raise SpecError(f"versus: plan {path}: {rule_text(structural[0], model, plan)}")
