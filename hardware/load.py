@@ -83,10 +83,25 @@ def _check_gpu_cap(num_gpus: int, where: str) -> None:
         raise SpecError(f"{where}: num_gpus: must be an integer from 1 to {MAX_GPUS:,} (as --gpus), got {num_gpus:,}")
 
 
+def _accelerator_ref(ref: str, system_path: Path, label: str) -> str:
+    """A system file's `accelerator:` as load_accelerator takes it: a relative path is read from
+    the system file's folder, as a plan file's model: and system: paths are (planner.planfile),
+    and from the current folder where nothing is there (what it meant before)."""
+    if not (ref.strip() and ("/" in ref or "\\" in ref or ref.endswith((".yaml", ".yml")))) or Path(ref).is_absolute():
+        return ref  # a preset name, or a path that means one file wherever the planner runs
+    beside = system_path.parent / ref
+    if beside.is_file():
+        return str(beside)
+    if not Path(ref).exists():
+        raise SpecError(f"system ({label}): accelerator: file {ref} does not exist beside the system file "
+                        f"({beside}) or in the current folder")
+    return ref
+
+
 def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     data = _read_spec(path, "system")
     if isinstance(data.get("accelerator"), str):
-        data["accelerator"] = load_accelerator(data["accelerator"]).model_dump()
+        data["accelerator"] = load_accelerator(_accelerator_ref(data["accelerator"], path, label)).model_dump()
     if num_gpus is not None:
         if num_gpus < 1:
             raise SpecError(f"gpus: must be a positive integer, got {num_gpus}")

@@ -2,6 +2,8 @@
 else or not at all, and one whose dtype error named no record. Each test failed on the code before."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -236,3 +238,28 @@ def test_a_versus_file_is_checked_as_estimate_checks_it_and_named_in_its_errors(
     assert runner.invoke(app, ["plan", "-m", "mixtral-8x7b", *job[2:], "--save", str(moe)]).exit_code == 0
     assert "layernorm" in yaml.safe_load(moe.read_text())["plan"]["recompute_modules"]
     one_line_error(runner.invoke(app, ["plan", *job, "--versus", str(moe)]), "versus:", str(moe), "recompute_modules")
+
+
+def test_a_system_files_relative_accelerator_is_read_beside_it(tmp_path, monkeypatch):
+    """`accelerator: ./acc.yaml` was read from the current folder, so the same system file worked
+    from its own folder only (plan files read their model:/system: paths beside themselves)."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    system = yaml.safe_load((root / "examples" / "custom_system.yaml").read_text())
+    system["accelerator"] = "./acc.yaml"
+    (sub / "s.yaml").write_text(yaml.safe_dump(system))
+    (sub / "acc.yaml").write_text((root / "hardware/presets/accelerators/h100-sxm5-80gb.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+    args = ["estimate", "-m", "llama3-8b", "-g", "8", "-b", "16", "--tp", "2", "--json"]
+    from_here = runner.invoke(app, [*args, "-s", "sub/s.yaml"])
+    assert from_here.exit_code == 0, from_here.output
+    monkeypatch.chdir(sub)
+    from_there = runner.invoke(app, [*args, "-s", "s.yaml"])
+    assert from_there.exit_code == 0, from_there.output
+    here, there = (json.loads(r.stdout) for r in (from_here, from_there))
+    assert here["step_time_s"] == there["step_time_s"] and here["hbm_bytes"] == there["hbm_bytes"]
+    system["accelerator"] = "./nope.yaml"
+    (sub / "s.yaml").write_text(yaml.safe_dump(system))
+    one_line_error(runner.invoke(app, [*args[:-1], "-s", "s.yaml"]), "accelerator: file ./nope.yaml does not exist")
