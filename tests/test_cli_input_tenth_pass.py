@@ -263,3 +263,25 @@ def test_a_system_files_relative_accelerator_is_read_beside_it(tmp_path, monkeyp
     system["accelerator"] = "./nope.yaml"
     (sub / "s.yaml").write_text(yaml.safe_dump(system))
     one_line_error(runner.invoke(app, [*args[:-1], "-s", "s.yaml"]), "accelerator: file ./nope.yaml does not exist")
+
+
+def test_a_plan_file_with_its_layout_beside_model_and_system_says_so(tmp_path):
+    """A file with model:/system: beside tp/pp/dp (or a saved file whose `plan:` line was lost)
+    printed a note that it "names no model and no system" and then "model: unknown field"."""
+    job = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64"]
+    saved = tmp_path / "p.yaml"
+    assert runner.invoke(app, ["plan", *job, "--save", str(saved)]).exit_code == 0
+    doc = yaml.safe_load(saved.read_text())
+    flat = {k: v for k, v in doc.items() if k != "plan"} | doc["plan"]
+    saved.write_text(yaml.safe_dump(flat))
+    line = one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved)]), "model, seq_length, system",
+                          "under plan:")
+    assert "names no model" not in line
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump({"tp": 2, "pp": 1, "dp": 8, "global_batch": 64}))
+    # a bare layout has no gpus: field to add: the fix it is told is the flag
+    line = one_line_error(runner.invoke(app, ["estimate", "--plan", str(bare), "-m", "llama3-8b", "-s", "h100-sxm"]),
+                          "pass --gpus 16")
+    assert "add gpus" not in line
+    assert runner.invoke(app, ["estimate", "--plan", str(bare), "-m", "llama3-8b", "-s", "h100-sxm",
+                               "-g", "16"]).exit_code == 0

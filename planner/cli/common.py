@@ -148,6 +148,12 @@ def write_plan_file(path: str, data: dict) -> None:
         raise SpecError(f"save: cannot write {path} ({exc.strerror})") from None
 
 
+def _saved_file_keys() -> tuple[str, ...]:
+    """The keys a saved plan file has beside `plan:` that no layout has (global_batch is both)."""
+    from planner.plan import PLAN_FILE_FIELDS, Plan
+    return tuple(k for k in PLAN_FILE_FIELDS if k != "plan" and k not in Plan.model_fields)
+
+
 def read_plan_mapping(plan_file: str, flag: str) -> dict:
     """A plan file's mapping, read for --`flag`: an empty name, '-', or a model, system or Hugging
     Face file given as the plan is refused in one line that says what it is."""
@@ -164,6 +170,13 @@ def read_plan_mapping(plan_file: str, flag: str) -> dict:
         if other:
             raise SpecError(f"{flag} {plan_file}: {other}, not with --{flag} (a plan comes from "
                             "`planner plan --save`)")
+    beside = sorted(set(saved) & set(_saved_file_keys())) if "plan" not in saved else []
+    if beside:
+        # a saved plan file whose `plan:` line was lost, or a bare layout given a model: it would be
+        # read as a bare layout, with a note that it names no model and an "unknown field" error
+        raise SpecError(f"{flag} {plan_file}: {', '.join(beside)} beside the layout's own fields: a plan file keeps "
+                        "the layout (tp, pp, dp, ...) under plan: and model:, system:, gpus:, job: beside it, as "
+                        "`planner plan --save` writes it; put the layout under plan:, or give only the layout")
     return saved
 
 
@@ -769,12 +782,14 @@ def gpu_count_mismatch(plan, system: SystemSpec, plan_file: str | None, gpus_fla
     file's own numbers, --gpus beside a plan file (whose dp fixes the count), or the flags."""
     if plan_file and gpus_flag is None:  # the file's own numbers disagree: no flag to blame
         from hardware.errors import read_yaml_mapping
-        if "gpus" in read_yaml_mapping(Path(plan_file), "plan"):
+        saved = read_yaml_mapping(Path(plan_file), "plan")
+        if "gpus" in saved:
             return (f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: {system.num_gpus}; "
                     "change one of them")
+        # (a bare layout has no gpus: field; a saved plan file, with its layout under plan:, has)
+        where = f"add gpus: {plan.gpus} to the file or pass" if "plan" in saved else "pass"
         return (f"plan {plan_file}: tp·pp·dp·cp = {plan.gpus}, and the file gives no gpus: the system "
-                f"({system.name}) has {system.num_gpus} by default; add gpus: {plan.gpus} to the file or pass "
-                f"--gpus {plan.gpus}")
+                f"({system.name}) has {system.num_gpus} by default; {where} --gpus {plan.gpus}")
     if plan_file:
         return (f"gpus: the plan {plan_file} runs on tp·pp·dp·cp = {plan.gpus} GPUs, not --gpus {system.num_gpus} "
                 f"(a plan file fixes its layout, dp included); give -g {plan.gpus}, or plan for "
