@@ -21,11 +21,14 @@ INCONSISTENT = "inconsistent"
 
 
 # A name the output shows (a system's, a model's): one line with some visible text, no control
-# characters (C0, DEL, C1), Unicode line separators or bidirectional overrides and isolates
-# (U+202A-E, U+2066-9: a right-to-left override printed the name reversed), which would garble
-# the header it is printed in
-_HIDDEN = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069"
-VISIBLE_LINE_PATTERN = rf"^[^{_HIDDEN}]*[^\s{_HIDDEN}][^{_HIDDEN}]*$"
+# characters (C0, DEL, C1), Unicode line separators or bidirectional controls (overrides and
+# isolates U+202A-E, U+2066-9: a right-to-left override printed the name reversed; the marks
+# U+200E-F and U+061C), which would garble the header it is printed in. Zero-width characters
+# (U+200B-D, U+2060, U+FEFF) may join visible ones but are not text of their own: a name of only
+# them printed as nothing.
+_HIDDEN = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\u202a-\\u202e\\u2066-\\u2069\\u200e\\u200f\\u061c"
+_ZERO_WIDTH = "\\u200b-\\u200d\\u2060\\ufeff"
+VISIBLE_LINE_PATTERN = rf"^[^{_HIDDEN}]*[^\s{_HIDDEN}{_ZERO_WIDTH}][^{_HIDDEN}]*$"
 
 
 def shortened(text, limit: int = 60) -> str:

@@ -285,3 +285,19 @@ def test_a_plan_file_with_its_layout_beside_model_and_system_says_so(tmp_path):
     assert "add gpus" not in line
     assert runner.invoke(app, ["estimate", "--plan", str(bare), "-m", "llama3-8b", "-s", "h100-sxm",
                                "-g", "16"]).exit_code == 0
+
+
+@pytest.mark.parametrize("name", ["\u200b", "\u200b\u2060", "a\u200fb", "a\u200eb", "x\u061cy"], ids=ascii)
+def test_a_name_of_only_zero_width_text_or_with_a_bidi_mark_is_refused(tmp_path, name):
+    """A zero-width space passed as a model's name (the header printed nothing); a right-to-left
+    mark passed where the overrides were refused."""
+    from pathlib import Path
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "planner/presets/llama3-8b.yaml").read_text())
+    doc["name"] = name
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(doc, allow_unicode=False))
+    one_line_error(runner.invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]),
+                   "name", "one line of visible text")
+    doc["name"] = "llama\u200bjoined"  # a zero-width character between visible ones is text
+    path.write_text(yaml.safe_dump(doc, allow_unicode=False))
+    assert runner.invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]).exit_code == 0
