@@ -252,7 +252,7 @@ class SystemSpec(_Strict):
     source: str = Field(default="", description="datasheet / product page the figures come from")
     accelerator: Accelerator
     num_gpus: PositiveInt
-    gpus_per_node: PositiveInt
+    gpus_per_node: Annotated[int, in_range(1, MAX_GPUS, integer=True)]  # (as many as --gpus allows at most)
     network: list[NetworkTier] = Field(min_length=1, description="innermost (NVLink) tier first")
     offload: MemoryTier | None = None
 

@@ -301,3 +301,15 @@ def test_a_name_of_only_zero_width_text_or_with_a_bidi_mark_is_refused(tmp_path,
     doc["name"] = "llama\u200bjoined"  # a zero-width character between visible ones is text
     path.write_text(yaml.safe_dump(doc, allow_unicode=False))
     assert runner.invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]).exit_code == 0
+
+
+@pytest.mark.parametrize("value", [0, 2 ** 20 + 1, 10 ** 30])
+def test_gpus_per_node_is_bounded_as_the_gpu_count_is(tmp_path, value):
+    """gpus_per_node 1e30 was accepted, and `checkpoint` called 8 GPUs "part of one node"."""
+    from pathlib import Path
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples/custom_system.yaml").read_text())
+    doc["gpus_per_node"] = value
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    one_line_error(runner.invoke(app, ["count", "-m", "llama3-8b", "-s", str(path), "-g", "8"]),
+                   "gpus_per_node", "from 1 to 1,048,576")
