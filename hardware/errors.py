@@ -64,9 +64,14 @@ def one_line(err: ValidationError, where: str) -> SpecError:
         msg = "required field is missing"
     elif first["type"] in ("model_type", "dict_type"):  # pydantic names its class: say what to write
         msg = f"expected a mapping of its fields (name: value), got {str(first.get('input'))[:40]!r}"
+    elif first["type"] in ("literal_error", "enum"):  # a choice: the choices, whatever was written
+        msg = f"{msg.replace('Input should be', 'must be', 1)}, got {shortened(repr(first.get('input')), 40)}"
     elif isinstance(first.get("input"), float) and not math.isfinite(first["input"]) \
             and msg.startswith("Input should"):  # YAML .nan against pydantic's own bound: "less than 1"
         msg = f"must be a finite number, got {first['input']}"
+    elif first["type"] == "int_parsing_size":  # an integral float too large to be an int (1e300)
+        value = first.get("input")
+        msg = f"must be an integer in its range; {format(value, 'g') if finite_number(value) else value} is far beyond it"
     elif first["type"] == "string_pattern_mismatch":  # VISIBLE_LINE_PATTERN, the only pattern of a spec
         msg = f"must be one line of visible text, got {str(first.get('input'))[:40]!r}"
     elif first["type"] in (INCONSISTENT, "value_error") and not first["loc"]:

@@ -197,6 +197,8 @@ class Plan(BaseModel):
         written (Megatron's default list, core_attn, would otherwise vanish into None unseen)."""
         if isinstance(data, dict):
             recompute = data.get("recompute", "none")
+            if recompute not in RECOMPUTE_CODES:  # the field's own error names the choices
+                return data
             modules = data.get("recompute_modules")
             if modules not in (None, (), []):
                 try:  # an unknown name first: "needs recompute: selective" would hide it

@@ -313,3 +313,31 @@ def test_gpus_per_node_is_bounded_as_the_gpu_count_is(tmp_path, value):
     path.write_text(yaml.safe_dump(doc))
     one_line_error(runner.invoke(app, ["count", "-m", "llama3-8b", "-s", str(path), "-g", "8"]),
                    "gpus_per_node", "from 1 to 1,048,576")
+
+
+@pytest.mark.parametrize("field,value,words", [
+    ("position_embedding", float("inf"), ("position_embedding: must be 'learned', 'rope' or 'none', got inf",)),
+    ("activation", 5, ("activation: must be 'gelu', 'swiglu' or 'squared_relu', got 5",)),
+    ("seq_length", 1e300, ("seq_length: must be an integer in its range", "1e+300")),
+])
+def test_a_choice_or_a_huge_integer_is_named_as_what_it_is(tmp_path, field, value, words):
+    """A choice given a number was told "must be a finite number"; an integral 1e300 got pydantic's
+    "Unable to parse input string as an integer"."""
+    from pathlib import Path
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "planner/presets/llama3-8b.yaml").read_text())
+    doc[field] = value
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    one_line_error(runner.invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]), *words)
+
+
+def test_an_unknown_recompute_in_a_plan_file_is_named_before_its_modules(tmp_path):
+    saved = tmp_path / "p.yaml"
+    args = ["-m", "mixtral-8x7b", "-s", "h100-sxm", "-g", "16", "-b", "64"]
+    assert runner.invoke(app, ["plan", *args, "--save", str(saved)]).exit_code == 0
+    doc = yaml.safe_load(saved.read_text())
+    doc["plan"].update(recompute="selective", recompute_modules=["moe_act"])
+    doc["plan"]["recompute"] = "fulll"
+    saved.write_text(yaml.safe_dump(doc))
+    one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved)]),
+                   "recompute: must be 'none', 'selective' or 'full', got 'fulll'")
