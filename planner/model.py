@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware.errors import (SpecError, digit_limit_error, in_range, one_line, other_kind_of_file, read_yaml_mapping,
                              reference_text, refuse_loose_types, VISIBLE_LINE_PATTERN, check_name_length,
@@ -51,16 +51,16 @@ SeqLength = Annotated[int, in_range(1, MAX_SEQ_LENGTH, integer=True)]
 # Finite, generous ranges for the two real-valued fields (an .inf reached Megatron's command line):
 # capacity factors in use are 1-2 (GShard §2.2, Switch Transformer §2.2: 1.0-1.25), and above
 # experts/top_k an expert's capacity holds every token anyway; GPT-OSS clamps at 7.0.
-CapacityFactor = Annotated[PositiveFloat, in_range(0.01, 1000.0)]
-ActivationClamp = Annotated[PositiveFloat, in_range(1e-3, 1e6)]
+CapacityFactor = Annotated[float, in_range(0.01, 1000.0)]
+ActivationClamp = Annotated[float, in_range(1e-3, 1e6)]
 # routed_scaling_factor: 1 to 16 in published configs (DeepSeek-V2 16, V3 2.5, Kimi K2 2.827)
-RouterScale = Annotated[PositiveFloat, in_range(1e-3, 1e3)]
+RouterScale = Annotated[float, in_range(1e-3, 1e3)]
 # Llama 3.x RoPE scaling factors: 8 (3.1) and 32 (3.2)
-RopeFactor = Annotated[PositiveFloat, in_range(1.0, 1e4)]
+RopeFactor = Annotated[float, in_range(1.0, 1e4)]
 # RoPE bases in use run from 10,000 (Llama 2, DeepSeek) to 10^7 (Qwen3-Coder); Megatron reads an int
 RopeBase = Annotated[int, in_range(1, 10**12, integer=True)]
 # norm epsilons in use are 1e-6 (Qwen3, DeepSeek) to 1e-5 (Llama, Megatron's default)
-NormEpsilon = Annotated[PositiveFloat, in_range(1e-12, 0.1)]
+NormEpsilon = Annotated[float, in_range(1e-12, 0.1)]
 
 
 def _whole(value) -> int | None:

@@ -341,3 +341,15 @@ def test_an_unknown_recompute_in_a_plan_file_is_named_before_its_modules(tmp_pat
     saved.write_text(yaml.safe_dump(doc))
     one_line_error(runner.invoke(app, ["estimate", "--plan", str(saved)]),
                    "recompute: must be 'none', 'selective' or 'full', got 'fulll'")
+
+
+@pytest.mark.parametrize("value", [-1, 0, 0.5])
+def test_a_yarn_factor_below_one_is_told_its_range(tmp_path, value):
+    """-1 was told pydantic's "greater than 0", while the field takes 1 to 10,000."""
+    from pathlib import Path
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "planner/presets/deepseek-v3.yaml").read_text())
+    doc["mla"]["yarn_factor"] = value
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    one_line_error(runner.invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]),
+                   "yarn_factor", "from 1 to 10000")
