@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numbers
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
-from hardware.errors import finite_number, refuse_loose_types, SpecError, one_line, read_yaml_mapping, shortened
+from hardware.errors import finite_number, in_range, refuse_loose_types, SpecError, one_line, read_yaml_mapping, shortened
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
@@ -340,12 +340,13 @@ class BytesPerParam(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     # finite and physical: no format stores a parameter, gradient or Adam state in more than fp32
-    # (fp64 moments, 16 B, at most); a weight or a gradient on the wire takes some bytes
-    weights: float = Field(default=2.0, gt=0, le=8, allow_inf_nan=False)      # bf16/fp16 parameters
+    # (fp64 moments, 16 B, at most); a weight or a gradient on the wire takes at least a bit (1e-300
+    # bytes had been costed as free)
+    weights: Annotated[float, in_range(0.125, 8)] = 2.0                       # bf16/fp16 parameters
     grads: float = Field(default=4.0, ge=0, le=8, allow_inf_nan=False)        # fp32 main gradients
     master: float = Field(default=4.0, ge=0, le=8, allow_inf_nan=False)       # fp32 master weights
     optimizer: float = Field(default=8.0, ge=0, le=16, allow_inf_nan=False)   # Adam m and v in fp32
-    grad_reduce: float = Field(default=4.0, gt=0, le=8, allow_inf_nan=False)  # bytes per gradient element on the wire
+    grad_reduce: Annotated[float, in_range(0.125, 8)] = 4.0                   # bytes per gradient element on the wire
 
     @property
     def optimizer_total(self) -> float:

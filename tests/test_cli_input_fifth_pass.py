@@ -33,9 +33,10 @@ def _edited(tmp_path, saved: dict, edit) -> str:
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("weights", float("inf"), ("bytes_per_param.weights", "finite")),
+    ("weights", float("inf"), ("bytes_per_param.weights", "from 0.125 to 8, got inf")),
     ("grad_reduce", 1e300, ("bytes_per_param.grad_reduce", "8")),
-    ("weights", 0, ("bytes_per_param.weights", "greater than 0")),
+    ("weights", 0, ("bytes_per_param.weights", "from 0.125 to 8, got 0")),
+    ("weights", 1e-300, ("bytes_per_param.weights", "from 0.125 to 8")),  # (costed as free before)
     ("optimizer", 4, ("adam_moments fp32", "optimizer 4")),  # fp32 moments are 8 B, as launched
 ])
 def test_a_plan_files_bytes_per_param_is_finite_physical_and_agrees_with_adam(tmp_path, saved_plan, field, value,
