@@ -150,9 +150,11 @@ def supporting_runs(model: ModelSpec, accelerator: str, gpus: int, global_batch:
 
 
 def published_job_note(model: ModelSpec, accelerator: str, gpus: int, global_batch: int | None, dtype: str,
-                       step_time_s: float, moe_load_imbalance: float = 1.0) -> str:
+                       step_time_s: float, moe_load_imbalance: float = 1.0, moe_dispatcher: str = "alltoall") -> str:
     """The fastest published run of the same job (`supporting_runs`), set against this plan's
-    predicted time; '' when the reference data has none."""
+    predicted time; '' when the reference data has none. Where the run is faster and ran a MoE
+    dispatcher this job was not given (a job setting: the search costs every plan with the one
+    given), say how to search with it."""
     runs = supporting_runs(model, accelerator, gpus, global_batch, dtype, moe_load_imbalance)
     if not runs:
         return ""
@@ -160,6 +162,10 @@ def published_job_note(model: ModelSpec, accelerator: str, gpus: int, global_bat
     ratio = step_time_s / r["measured_s"]
     claim = (f" More than {CLAIM_LIMIT:.0%} faster than measured practice: a model claim until a run of this plan "
              "measures it." if ratio < 1 - CLAIM_LIMIT else "")
+    theirs = r["plan_fields"].get("moe_dispatcher", "alltoall")
+    if ratio > 1 and theirs != moe_dispatcher:
+        claim += (f" That run uses the {theirs} MoE dispatcher, which this search was not given (it costs every "
+                  f"plan with {moe_dispatcher}): add --moe-dispatcher {theirs} to search with it.")
     precision = "" if r["dtype"] == dtype else f", in {r['dtype']}"
     return (f"Published run of this job: {r['id']} ({r['plan']}{precision}) measured {r['measured_s']:.3f} s per "
             f"step (the model predicts it at {r['predicted_s']:.3f} s); this plan is predicted at "

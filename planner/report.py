@@ -322,7 +322,7 @@ def print_estimate(console: Console, model: ModelSpec, system: SystemSpec, est: 
     if job is not None:
         from planner.evidence import evidence_note, published_job_note
         published = published_job_note(model, system.accelerator.name, system.num_gpus, est.plan.global_batch,
-                                       job.dtype, est.step_time_s, job.moe_load_imbalance)
+                                       job.dtype, est.step_time_s, job.moe_load_imbalance, job.moe_dispatcher)
         imbalance = pipeline_imbalance_note(rank_rows, est.plan) if rank_rows else None
         attention = model.uncosted_attention()
         for note in (f"Attention: {attention}." if attention else None, imbalance,

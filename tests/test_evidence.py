@@ -82,3 +82,15 @@ def test_published_job_note_flags_a_claim_beyond_the_limit():
     assert "a model claim" not in published_job_note(*args, (1 - CLAIM_LIMIT) * measured * 1.001)
     assert "a model claim" in published_job_note(*args, (1 - CLAIM_LIMIT) * measured * 0.999)
     assert published_job_note(model, "GB200-186GB", 256, 4096, "mxfp8", 10.0) == ""  # no run of that batch
+
+
+def test_a_faster_published_run_on_a_dispatcher_not_searched_says_how_to_search_it():
+    """`planner plan` on Qwen3-235B / 256 GB200 recommended a plan 1.17x the published run's time
+    without saying why: that run uses DeepEP (deepep), a job setting the search had not been given."""
+    from planner.evidence import published_job_note
+    model = load_model("qwen3-235b-a22b")
+    args = (model, "GB200-186GB", 256, 8192, "mxfp8")
+    slower = published_job_note(*args, 20.8, 1.0, "alltoall")
+    assert "uses the deepep MoE dispatcher" in slower and "add --moe-dispatcher deepep" in slower
+    assert "--moe-dispatcher" not in published_job_note(*args, 20.8, 1.0, "deepep")  # given: nothing to add
+    assert "--moe-dispatcher" not in published_job_note(*args, 17.0, 1.0, "alltoall")  # faster already
