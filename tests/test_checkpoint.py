@@ -54,19 +54,17 @@ def test_size_independent_of_gpus_and_plan(gpt3):
 
 
 # ---- who writes ------------------------------------------------------------------------------
-def test_writers_plain_dp_one_replica(gpt3):
-    p = plan(8, 8, 16, zero_stage=0)
-    assert ck.writer_ranks(p) == ck.checkpoint_files(p) == 64  # one file per model-parallel rank
-    assert ck.model_parallel_shards(p) == 64  # 8 DGX nodes hold one copy of the model
-    assert ck.bytes_per_writer(gpt3, p) == pytest.approx(GPT3_PARAMS * 14 / 64)  # ~38.2 GB
-
-
-def test_writers_distributed_optimizer_every_rank(gpt3):
-    p = plan(8, 8, 16, zero_stage=1)
-    assert ck.writer_ranks(p) == 1024
-    assert ck.bytes_per_writer(gpt3, p) == pytest.approx(GPT3_PARAMS * 14 / 1024)
-    # weights-only: the sharded optimizer is not saved, one replica writes again
-    assert ck.writer_ranks(p, include_optimizer=False) == 64
+def test_writers_every_rank_under_torch_dist_fully_parallel_save(gpt3):
+    """Megatron's default torch_dist format saves fully parallel over the dp·cp group (megatron-core
+    0.19 training_config.py fully_parallel_save True), with or without the distributed optimizer:
+    every rank writes an even share. (An audit, 2026-11-28, found the legacy format's one replica
+    counted for ZeRO 0 and weights-only checkpoints.)"""
+    for zero in (0, 1, 3):
+        p = plan(8, 8, 16, zero_stage=zero)
+        assert ck.writer_ranks(p) == ck.checkpoint_files(p) == 1024
+        assert ck.writer_ranks(p, include_optimizer=False) == 1024
+        assert ck.bytes_per_writer(gpt3, p) == pytest.approx(GPT3_PARAMS * 14 / 1024)
+    assert ck.model_parallel_shards(plan(8, 8, 16)) == 64  # 8 DGX nodes hold one copy of the model
 
 
 def test_restore_read_bytes(gpt3):
@@ -113,21 +111,31 @@ def test_daly_interval_hand_case():
     assert ck.daly_interval_s(1000, 400) == 400  # C >= 2M: checkpoint every MTBF
 
 
-def test_goodput_first_order():
-    # tau 1000, C 10, M 1e5, R 100: 1 - 0.01 - ((1000 + 10)/2 + 100)/1e5 = 0.98395 (Daly 2006)
-    assert ck.goodput_fraction(1000, 10, 1e5, 100) == pytest.approx(0.98395)
-    young = ck.young_interval_s(10, 1e5)
-    best = ck.goodput_fraction(young, 10, 1e5)
-    assert best >= ck.goodput_fraction(0.8 * young, 10, 1e5)
-    assert best >= ck.goodput_fraction(1.25 * young, 10, 1e5)
-    assert ck.goodput_fraction(1e9, 10, 1e5) == 0.0  # clamped
+def test_goodput_is_dalys_complete_model():
+    """Daly (2006): T_w = M e^(R/M) (e^((tau+C)/M) - 1) T_s / tau under exponential failures."""
+    # tau 1000, C 10, M 1e5, R 100, by hand: 1000 / (1e5 · 1.0010005 · 0.0101512) = 0.984123
+    assert ck.goodput_fraction(1000, 10, 1e5, 100) == pytest.approx(
+        1000 / (1e5 * math.exp(0.001) * (math.exp(0.0101) - 1)), rel=1e-12)
+    assert ck.goodput_fraction(1000, 10, 1e5, 100) == pytest.approx(0.984123, abs=1e-6)
+    # where tau, C, R << M it agrees with the first-order 1 - C/tau - ((tau + C)/2 + R)/M = 0.98395
+    assert ck.goodput_fraction(1000, 10, 1e5, 100) == pytest.approx(0.98395, abs=3e-4)
+    # Daly's interval is the optimum of this model, not Young's
+    for c, m, r in ((10, 1e5, 100), (48.89, 3515.6, 905.6), (300, 2000, 600)):
+        daly = ck.daly_interval_s(c, m)
+        best = ck.goodput_fraction(daly, c, m, r)
+        assert best >= ck.goodput_fraction(ck.young_interval_s(c, m), c, m, r)
+        assert best >= ck.goodput_fraction(0.95 * daly, c, m, r) and best >= ck.goodput_fraction(1.05 * daly, c, m, r)
+    # the audit's case (GPT-3 175B on 4,096 A100, 500 h node MTBF): 65.09 % at Young, 65.11 % at Daly;
+    # the first-order form had said 56.87 / 56.84 %
+    assert ck.goodput_fraction(586.3, 48.89, 3515.6, 905.6) == pytest.approx(0.6509, abs=2e-4)
+    assert ck.goodput_fraction(1e9, 10, 1e5) == 0.0  # no progress, no overflow
 
 
 def test_report_gpt3_1024(gpt3):
     system = load_system("a100-80g", 1024)
     r = ck.checkpoint_report(gpt3, system, plan(8, 8, 16, zero_stage=0), write_gb_per_s=100,
                              read_gb_per_s=200, target_write_s=30, gpu_mtbf_hours=50_000, restart_s=300)
-    assert r.model_copy_gpus == 64 and r.model_copy_nodes == 8 and r.files == 64
+    assert r.model_copy_gpus == 64 and r.model_copy_nodes == 8 and r.files == 1024
     assert r.write_s == pytest.approx(GPT3_PARAMS * 14 / 100e9)
     assert r.write_gb_per_s_needed == pytest.approx(GPT3_PARAMS * 14 / 30e9)
     assert r.restore_s == pytest.approx(16 * GPT3_PARAMS * 14 / 200e9)
@@ -214,3 +222,15 @@ def test_checkpoint_says_when_its_layout_cannot_train_or_cannot_keep_up():
     r = runner.invoke(app, ["checkpoint", "-m", "llama3-70b", "-s", "h100-sxm", "-g", "256", "--zero-stage", "0",
                             "--weights-only", "--json"])
     assert json.loads(r.stdout)["assumptions"][0].startswith("checkpoint = weights only")
+
+
+def test_bf16_adam_moments_make_a_smaller_checkpoint_and_the_default_mtbf_is_its_source():
+    """A plan with bf16 moments (DeepSeek-V3's recipe) saves 2 + 4 + 4 = 10 B/param, not 14: the
+    command had no --adam-moments. The default per-GPU MTBF is the Llama 3 paper's numbers."""
+    assert ck.DEFAULT_GPU_MTBF_HOURS == pytest.approx(54 * 24 * 16_384 / 419)  # 50,677 h
+    base = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--json"]
+    fp32 = json.loads(invoke(*base).stdout)
+    bf16 = json.loads(invoke(*base, "--adam-moments", "bf16").stdout)
+    assert fp32["checkpoint_bytes_per_param"] == 14 and bf16["checkpoint_bytes_per_param"] == 10
+    assert bf16["checkpoint_bytes"] == pytest.approx(fp32["checkpoint_bytes"] * 10 / 14)
+    assert "adam-moments" in invoke(*base, "--adam-moments", "fp8").output

@@ -2,18 +2,17 @@
 optimal checkpoint interval (Young 1974 / Daly 2006) for one model, system and plan layout."""
 from __future__ import annotations
 
-import math
 from typing import Annotated, Optional
 
 import typer
 
 from hardware.errors import SpecError
 from planner.jsonout import json_text
-from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report
+from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report, duration_text
 from planner.cli.common import (
-    DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, GpusOpt, JsonOpt, ModelOpt, SystemOpt, check_float, check_int,
-    load_inputs, refuse_moe_flags_on_dense)
-from planner.plan import make_plan
+    DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, AdamMomentsOpt, GpusOpt, JsonOpt, ModelOpt, SystemOpt,
+    adam_moments_setting, check_float, check_int, load_inputs, refuse_moe_flags_on_dense)
+from planner.plan import ADAM_MOMENT_BYTES, BytesPerParam, make_plan
 
 # Assumption (no single source): an aggregate parallel-file-system write bandwidth of the order
 # of a large Lustre/GPFS installation. Pass your storage's measured figure.
@@ -120,18 +119,6 @@ def _hours(hours: float) -> str:
     return f"{hours:,.0f}" if hours >= 10 else f"{hours:.3g}"
 
 
-def _duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "inf"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    if seconds < 2 * 3600:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.2f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
 def _bytes(n: float) -> str:
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
         if n >= scale:
@@ -158,21 +145,19 @@ def render(report: CheckpointReport) -> None:
         ("checkpoint size", _bytes(r.checkpoint_bytes),
          f"weights {_bytes(r.weights_bytes)} + optimizer {_bytes(r.optimizer_bytes)}"),
         ("one model copy", _copy_extent(r), "tp*pp*ep shards"),
-        ("writing ranks = files", f"{r.writer_ranks:,}",
-         "every rank (distributed optimizer)" if r.writer_ranks > r.model_copy_gpus
-         else "one data-parallel replica"),
+        ("writing ranks = files", f"{r.writer_ranks:,}", "every rank (torch_dist fully parallel save)"),
         ("bytes per writing rank", _bytes(r.bytes_per_writer), "size / writers"),
-        ("write time", _duration(r.write_s), f"at {r.write_gb_per_s:g} GB/s aggregate"),
+        ("write time", duration_text(r.write_s), f"at {r.write_gb_per_s:g} GB/s aggregate"),
         ("write bandwidth needed", f"{r.write_gb_per_s_needed:,.1f} GB/s",
          f"to write in {r.target_write_s:g} s"),
         ("restore reads", _bytes(r.read_bytes), "every rank reads what it holds"),
-        ("restore time", _duration(r.restore_s), f"at {r.read_gb_per_s:g} GB/s aggregate"),
-        ("job MTBF", _duration(r.job_mtbf_s), mtbf_src),
-        ("recovery per failure", _duration(r.recovery_s),
-         f"restart {_duration(r.restart_s)} + restore"),
-        ("interval (Young 1974)", _duration(r.young_interval_s), "sqrt(2 C M)"),
-        ("interval (Daly 2006)", _duration(r.daly_interval_s), "higher-order"),
-        ("goodput at Young", f"{100 * r.goodput_young:.2f} %", "1 - C/t - ((t + C)/2 + R)/M"),
+        ("restore time", duration_text(r.restore_s), f"at {r.read_gb_per_s:g} GB/s aggregate"),
+        ("job MTBF", duration_text(r.job_mtbf_s), mtbf_src),
+        ("recovery per failure", duration_text(r.recovery_s),
+         f"restart {duration_text(r.restart_s)} + restore"),
+        ("interval (Young 1974)", duration_text(r.young_interval_s), "sqrt(2 C M)"),
+        ("interval (Daly 2006)", duration_text(r.daly_interval_s), "higher-order"),
+        ("goodput at Young", f"{100 * r.goodput_young:.2f} %", "t / (M e^(R/M) (e^((t+C)/M) - 1))"),
         ("goodput at Daly", f"{100 * r.goodput_daly:.2f} %", "the same, at the Daly interval"),
     ]
     for row in rows:
@@ -198,7 +183,7 @@ def register(app: typer.Typer) -> None:
         ep: Annotated[_Int, typer.Option("--ep", help="Expert parallel size (MoE; default: the largest that "
                                                        "divides the experts and dp*cp).")] = None,
         zero_stage: Annotated[int, typer.Option(
-            "--zero-stage", help="0 plain DP, 1 distributed optimizer (every rank writes its shard), 2, 3.")] = 1,
+            "--zero-stage", help="0 plain DP, 1 distributed optimizer, 2, 3 (restore reads depend on it).")] = 1,
         write_gb_per_s: Annotated[float, typer.Option(
             "--write-gb-per-s", help="Aggregate storage write bandwidth, GB/s (1e9 B/s). Default is an assumption.")
         ] = DEFAULT_WRITE_GB_PER_S,
@@ -219,6 +204,7 @@ def register(app: typer.Typer) -> None:
                                 "(default is an assumption).")] = DEFAULT_RESTART_S,
         weights_only: Annotated[bool, typer.Option(
             "--weights-only", help="Checkpoint the weights only (no optimizer state).")] = False,
+        adam_moments: AdamMomentsOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Checkpoint size, who writes it, storage bandwidth and the optimal checkpoint interval.
@@ -241,8 +227,10 @@ def register(app: typer.Typer) -> None:
         plan = make_plan(tp=t, pp=p, dp=d, cp=c, ep=default_ep(spec, d, c) if ep is None else ep,
                          zero_stage=zero_stage, global_batch=d)
         notes = layout_notes(spec, sysspec, plan)
+        moments = adam_moments_setting(adam_moments).get("adam_moments", "fp32")
         report = checkpoint_report(
             spec, sysspec, plan, write_gb_per_s=write_gb_per_s,
+            bytes_per_param=BytesPerParam(optimizer=ADAM_MOMENT_BYTES[moments]),
             read_gb_per_s=write_gb_per_s if read_gb_per_s is None else read_gb_per_s,
             target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
             node_mtbf_hours=node_mtbf_hours, restart_s=restart_s,
