@@ -287,7 +287,7 @@ def _validated_system(base: SystemSpec, changes: dict, where: str) -> SystemSpec
 def apply_params(model: ModelSpec | None, system: SystemSpec, job: JobSpec, params: dict,
                  seq_length: int | None = None) -> tuple[ModelSpec, SystemSpec, JobSpec]:
     """The (model, system, job) variant of one grid point, re-validated."""
-    where = "vary " + ", ".join(f"{k}={v}" for k, v in params.items())
+    where = "vary " + ", ".join(f"{k}={sweep_value_text(v)}" for k, v in params.items())
     if "model" in params:
         model = load_model(str(params["model"]), {"seq_length": seq_length})
     assert model is not None
@@ -471,7 +471,8 @@ def columns(spec: SweepSpec) -> list[str]:
     return [n for n in spec.names if n != "model"] + RESULT_COLUMNS
 
 
-def _fmt(v) -> str:
+def sweep_value_text(v) -> str:
+    """A grid or result value as the outputs print it: 6 significant digits, 40 not 40.0, inf."""
     if isinstance(v, float):
         if math.isinf(v):
             return "inf"
@@ -486,7 +487,7 @@ def write_csv(rows: list[dict], spec: SweepSpec, path: str | Path) -> Path:
         w = csv.writer(fh)
         w.writerow(cols)
         for r in rows:
-            w.writerow([_fmt(r.get(c, "")) for c in cols])
+            w.writerow([sweep_value_text(r.get(c, "")) for c in cols])
     return path
 
 
@@ -702,7 +703,7 @@ def _label(name: str, v) -> str:
         return "∞ GB/s"
     unit = {"hbm_gib": " GiB", "offload_gib": " GiB", "offload_gb_per_s": " GB/s", "gpus": " GPUs",
             "nvlink_domain": "-GPU NVLink", "max_batch": " max batch"}.get(name, "")
-    return f"{_fmt(v)}{unit}"
+    return f"{sweep_value_text(v)}{unit}"
 
 
 def _title(spec: SweepSpec, rows: list[dict]) -> str:
@@ -736,7 +737,7 @@ def plot(rows: list[dict], spec: SweepSpec, stem: str | Path) -> tuple[Path, Pat
     lname = spec.axes[1].name if len(spec.axes) == 2 else None
 
     def key(v):
-        return _fmt(v) if not isinstance(v, str) else v
+        return sweep_value_text(v) if not isinstance(v, str) else v
 
     by_point = {}
     for r in rows:
@@ -771,7 +772,7 @@ def plot(rows: list[dict], spec: SweepSpec, stem: str | Path) -> tuple[Path, Pat
         if not categorical and len(positions) > 1 and min(positions) > 0 and max(positions) / min(positions) >= 4:
             ax_t.set_xscale("log", base=2)
         ax_t.set_xticks(positions)
-        ax_t.set_xticklabels([_fmt(v) if not (isinstance(v, float) and math.isinf(v)) else "∞" for v in xvals],
+        ax_t.set_xticklabels([sweep_value_text(v) if not (isinstance(v, float) and math.isinf(v)) else "∞" for v in xvals],
                              rotation=30 if categorical and xname == "model" else 0)
         ax_t.minorticks_off()
         times = [r["step_time_s"] for r in rows if r["feasible"]]

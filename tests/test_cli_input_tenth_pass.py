@@ -353,3 +353,13 @@ def test_a_yarn_factor_below_one_is_told_its_range(tmp_path, value):
     path.write_text(yaml.safe_dump(doc))
     one_line_error(runner.invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"]),
                    "yarn_factor", "from 1 to 10000")
+
+
+def test_a_sweeps_console_table_prints_grid_values_as_its_csv_does(tmp_path):
+    """The console printed hbm_gib 40.0 where the CSV wrote 40 (an audit, 2026-11-28)."""
+    out = runner.invoke(app, ["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "64",
+                              "--vary", "hbm_gib=40,80", "-o", str(tmp_path / "sw")], env={"COLUMNS": "120"})
+    assert out.exit_code == 0, out.output
+    first = [line.split("│")[0].strip() for line in out.stdout.splitlines() if "│" in line][:1]
+    csv_first = (tmp_path / "sw" / "sweep.csv").read_text().splitlines()[1].split(",")[0]
+    assert first == [csv_first] == ["40"]

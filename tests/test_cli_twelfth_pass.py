@@ -147,7 +147,7 @@ def test_a_sweep_table_reads_in_80_columns(tmp_path):
     assert all(len(line) <= 80 for line in lines)
     assert sum("llama3.1-405b" in line for line in lines) >= 4  # 2 table rows + 2 reasons
     reasons = lines[lines.index("No plan fits at:") + 1:]
-    assert reasons[0].startswith("  model=llama3.1-405b, hbm_gib=40.0: memory:")
+    assert reasons[0].startswith("  model=llama3.1-405b, hbm_gib=40: memory:")
     assert len(lines) < 40
     # a CSV row's plan_json is the whole plan: it reproduces the row's step time
     import csv

@@ -34,6 +34,7 @@ from planner.cli.common import (
     make_job,
 )
 from planner.sweep import (
+    sweep_value_text,
     ALLOWED,
     DEFAULT_OFFLOAD_GB_PER_S,
     DEFAULT_OFFLOAD_GIB,
@@ -70,7 +71,7 @@ def _summary_table(rows: list[dict], spec: SweepSpec) -> Table:
     for col, _, _ in numbers:
         table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
     for r in rows:
-        vals = [("inf" if isinstance(r[n], float) and math.isinf(r[n]) else f"{r[n]}") for n in names]
+        vals = [sweep_value_text(r[n]) for n in names]  # as the CSV writes it (40, not 40.0)
         if r["feasible"]:
             table.add_row(*vals, r["plan"], *(fmt.format(r[key]) for _, key, fmt in numbers))
         else:  # the reason below the table, at the terminal's width (in a narrow column it ran 40 lines)
@@ -80,7 +81,7 @@ def _summary_table(rows: list[dict], spec: SweepSpec) -> Table:
 
 def _infeasible_lines(rows: list[dict], spec: SweepSpec) -> list[str]:
     """Why no plan fits, one line per such grid point (its first reason), for under the table."""
-    return [f"{', '.join(f'{n}={r[n]}' for n in spec.names)}: {r['reason'].split(' | ')[0]}"
+    return [f"{', '.join(f'{n}={sweep_value_text(r[n])}' for n in spec.names)}: {r['reason'].split(' | ')[0]}"
             for r in rows if not r["feasible"]]
 
 
@@ -222,7 +223,7 @@ def register(app: typer.Typer) -> None:
             def tick(row: dict) -> None:
                 log.add(row, params_of[row["_index"]])  # on disk as soon as it is done
                 finished.append(row["_index"])
-                point = ", ".join(f"{n}={row[n]}" for n in spec.names)
+                point = ", ".join(f"{n}={sweep_value_text(row[n])}" for n in spec.names)
                 progress.update(task, advance=1, description=point)
 
             try:
