@@ -115,13 +115,32 @@ def test_job_gate_keeps_the_models_plans_within_the_bar():
     with pytest.MonkeyPatch.context() as mp:
         _published(mp, measured_s=bar / (1 - recommend_mod.UNMEASURED_ADVANTAGE_LIMIT))
         res = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
-        # the model's plans within the bar lead; the published layout is not needed
-        assert [r.plan for r in res.ranked] == [r.plan for r in raw.ranked[1:]]
+        # the model's plans within the bar lead; the published layout follows at its measured time
+        assert [r.plan for r in res.ranked] == [r.plan for r in raw.ranked[1:]] + [SLOW]
         assert [r.plan for r in res.model_only] == [raw.ranked[0].plan]
         assert res.stats["job_gate"]["recommended_from"] == "search"
         _published(mp, measured_s=0.99 * first / (1 - recommend_mod.UNMEASURED_ADVANTAGE_LIMIT))
         same = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
         assert [r.plan for r in same.ranked] == [r.plan for r in raw.ranked] and not same.model_only
+
+
+def test_job_gate_orders_a_published_layout_by_its_measured_time_among_the_models_plans():
+    """The gate had recommended the model's plans within the bar even where the published layout
+    was measured faster than they are predicted (Qwen3-235B on 256 GB200 in BF16: a plan predicted
+    at 30.98 s over the recipe measured at 26.66 s): it now ranks among them at its measurement."""
+    raw = recommend(TINY_MOE, SYSTEM, JOB, top_k=12)
+    objectives = [r.objective for r in raw.ranked]
+    measured = (objectives[9] + objectives[10]) / 2
+    assert (1 - recommend_mod.UNMEASURED_ADVANTAGE_LIMIT) * measured > objectives[0]  # the gate acts
+    with pytest.MonkeyPatch.context() as mp:
+        _published(mp, measured_s=measured)
+        res = recommend(TINY_MOE, SYSTEM, JOB, top_k=12)
+        bar = (1 - recommend_mod.UNMEASURED_ADVANTAGE_LIMIT) * measured
+        within = [r.plan for r in raw.ranked if r.objective >= bar]
+        faster = sum(r.objective <= measured for r in raw.ranked if r.objective >= bar)
+        assert 0 < faster < len(within)  # the published layout goes between the model's plans
+        assert [r.plan for r in res.ranked] == (within[:faster] + [SLOW] + within[faster:])[:12]
+        assert [r.plan for r in res.model_only] == [r.plan for r in raw.ranked if r.objective < bar]
 
 
 def test_job_gate_needs_a_run_at_a_precision_at_least_as_wide():
