@@ -107,9 +107,9 @@ def _job_gate(model, system, job, top_k, out: Recommendation) -> None:
     # what measurement supports: the model's plans within the bar, and the published layouts of
     # the job themselves, each at its measured time (evidence, not the model, orders them: ranking
     # them by the model would favour the one it overrates most). A published layout measured
-    # faster than the model's plans within the bar comes first: the gate had recommended a plan
-    # the model itself predicts 20 % slower than the recipe it stood in for (Qwen3-235B on 256
-    # GB200 in BF16: 30.98 s against the recipe's 26.66 s measured, 25.77 s predicted)
+    # faster than a model plan within the bar is put before it: the layouts had been consulted
+    # only where no model plan was within the bar, so a plan predicted slower than a layout
+    # already measured could lead
     within = [r for r in out.ranked if r.objective >= bar]
     shown = {r.plan for r in within}
     published = [p for p in published_layouts(model, system, job, runs) if p.plan not in shown]
