@@ -633,17 +633,23 @@ def _with_rope_parameters(cfg: dict, path: Path) -> dict:
     """transformers 5 writes RoPE's base and scaling as one `rope_parameters` mapping
     ({"rope_type": "yarn", "rope_theta": 1e6, "factor": 32, ...}; GLM-5, Gemma 4) where older
     configs wrote rope_theta and rope_scaling: read as those where the config has neither. A
-    mapping per layer kind (Gemma 4: full_attention / sliding_attention) is left to the
-    architecture's own reader."""
+    mapping per layer kind (Gemma 3/4 in transformers 5: full_attention / sliding_attention) gives
+    the full-attention layers' as the model's and the sliding layers' base as
+    rope_local_base_freq, as Gemma 3's older configs wrote it."""
     params = cfg.get("rope_parameters")
     if params is None:
         return cfg
     if not isinstance(params, dict):
         raise SpecError(f"model {path}: rope_parameters must be a mapping (e.g. "
                         f'{{"rope_type": "default", "rope_theta": 1000000}}) or null, got {_shown(params)}')
-    if any(isinstance(v, dict) for v in params.values()):
-        return cfg
     out = dict(cfg)
+    if any(isinstance(v, dict) for v in params.values()):
+        local = params.get("sliding_attention")
+        if isinstance(local, dict) and out.get("rope_local_base_freq") is None and local.get("rope_theta") is not None:
+            out["rope_local_base_freq"] = local["rope_theta"]
+        params = params.get("full_attention")
+        if not isinstance(params, dict):
+            return out
     if out.get("rope_theta") is None and params.get("rope_theta") is not None:
         out["rope_theta"] = params["rope_theta"]
     scaling = {k: v for k, v in params.items() if k != "rope_theta"}

@@ -59,6 +59,23 @@ def test_rope_parameters_read_as_rope_theta_and_rope_scaling(tmp_path):
         load_model(str(_write(tmp_path, dict(new, rope_parameters=[1, 2]), "bad.json")))
 
 
+def test_rope_parameters_per_layer_kind_read_as_gemma_3_wrote_them(tmp_path):
+    """transformers 5 writes Gemma 3's bases per layer kind: the full-attention layers' is the
+    model's (--rotary-base), the sliding layers' its rope_local_base_freq (said in the notes)."""
+    cfg = _fixture("gemma-3-12b")
+    old = _write(tmp_path, cfg, "old.json")
+    text = cfg["text_config"]
+    theta, local, scaling = text.pop("rope_theta"), text.pop("rope_local_base_freq"), text.pop("rope_scaling")
+    text["rope_parameters"] = {"full_attention": {"rope_theta": theta, **scaling},
+                               "sliding_attention": {"rope_theta": local, "rope_type": "default"}}
+    new = _write(tmp_path, cfg, "new.json")
+    a, b = load_model(str(old)), load_model(str(new))
+    assert (b.rope_base, b.rope_scaling, b.num_params) == (a.rope_base, a.rope_scaling, a.num_params) == \
+        (1_000_000, a.rope_scaling, a.num_params)
+    notes = approximation_notes(new, 4096)
+    assert notes == approximation_notes(old, 4096) and any("rope_local_base_freq 10000" in n for n in notes)
+
+
 def test_rotary_dim_is_partial_rope(tmp_path):
     """MiniMax-M2 ropes 64 of each head's 128 channels (rotary_dim)."""
     cfg = dict(_fixture("qwen3-4b"), head_dim=128, rotary_dim=64)
