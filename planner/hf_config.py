@@ -324,7 +324,8 @@ POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_
 # Architectures whose experts are sized by moe_intermediate_size (transformers' Qwen2/3-MoE,
 # Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
 EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")
-BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "use_sliding_window", "norm_topk_prob")
+BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "use_sliding_window", "norm_topk_prob",
+             "use_routing_bias")
 # transformers' activation table (activations.py ACT2CLS: every name a config may give), each one
 # element-wise pass; a gate comes from the architecture or SiLU (Apertus's xielu is a plain MLP)
 HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
@@ -963,7 +964,9 @@ NORM_TOPK_TYPES = ("deepseek_v2", "qwen2_moe", "qwen3_moe")
 def _router_fields(cfg: dict) -> dict:
     """MoESpec router fields of a config: score function, balancing bias, routed scaling."""
     kind = cfg.get("model_type")
-    bias = kind in SIGMOID_BIAS_ROUTER_TYPES or cfg.get("topk_method") == "noaux_tc"
+    # MiniMax-M2 says it with use_routing_bias (its router's e_score_correction_bias)
+    bias = kind in SIGMOID_BIAS_ROUTER_TYPES or cfg.get("topk_method") == "noaux_tc" \
+        or cfg.get("use_routing_bias") is True
     sigmoid = bias or kind in SIGMOID_ROUTER_TYPES or cfg.get("scoring_func") == "sigmoid"
     out: dict = {"router_score": "sigmoid"} if sigmoid else {}
     if bias:

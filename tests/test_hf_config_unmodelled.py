@@ -142,3 +142,14 @@ def test_an_mla_model_whose_hidden_is_not_a_multiple_of_its_heads_is_launched(tm
     assert out.exit_code == 0, out.output
     argv = json.loads(out.stdout)["argv"]
     assert argv[argv.index("--kv-channels") + 1] == str(cfg["v_head_dim"])
+
+
+def test_use_routing_bias_is_the_expert_bias_of_a_sigmoid_router(tmp_path):
+    """MiniMax-M2 writes its router's selection bias (e_score_correction_bias) as use_routing_bias,
+    which had been dropped: the launch lacked --moe-router-enable-expert-bias."""
+    cfg = dict(_fixture("qwen3-30b-a3b"), scoring_func="sigmoid", use_routing_bias=True)
+    moe = load_model(str(_write(tmp_path, cfg))).moe
+    assert (moe.router_score, moe.router_expert_bias) == ("sigmoid", True)
+    assert not load_model(str(_write(tmp_path, dict(cfg, use_routing_bias=False), "off.json"))).moe.router_expert_bias
+    with pytest.raises(SpecError, match="use_routing_bias must be true or false"):
+        load_model(str(_write(tmp_path, dict(cfg, use_routing_bias="yes"), "bad.json")))
