@@ -196,7 +196,14 @@ def test_a_hybrid_record_under_context_parallelism_is_compared(tmp_path):
     assert res.exit_code == 0 and "probe_hybrid_cp" in res.output, res.output
 
 
-@pytest.mark.parametrize("columns", ["0", "-5"])
+@pytest.mark.parametrize("columns", ["-5", "0", "39"])
+def test_a_narrow_terminal_width_is_read_as_40(monkeypatch, columns):
+    from planner.cli.console import MIN_WIDTH, Console
+    monkeypatch.setenv("COLUMNS", columns)
+    assert Console().width == MIN_WIDTH
+
+
+@pytest.mark.parametrize("columns", ["0"])
 def test_a_terminal_width_of_nothing_still_prints_the_plan(columns):
     """COLUMNS=0 made rich print nothing: `plan` exited 0 with no plan, and 1 ("no plan fits")
     without its reason (2026-11-28, tenth session)."""
