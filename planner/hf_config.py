@@ -293,7 +293,7 @@ INTEGER_KEYS = (
     "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", *SHARED_EXPERT_COUNT_KEYS,
     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size",
-    "sliding_window", "rotary_dim")
+    "sliding_window", "rotary_dim", "num_mtp_modules", "mtp_transformer_layers")
 # Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
 # to at least one expert); every other integer key may be 0 (no MTP, no shared or dense layers)
 AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "experts_per_token", "moe_layer_freq",
@@ -325,7 +325,7 @@ POSITIVE_IF_GIVEN = ("moe_intermediate_size", "kv_lora_rank", "q_lora_rank", "n_
 # Qwen3-Next, DeepSeek-V2/V3, GLM-4-MoE configs), not by intermediate_size as Mixtral's
 EXPERT_FFN_KEY_TYPES = ("qwen2_moe", "qwen3_moe", "qwen3_next", "deepseek_v2", "deepseek_v3", "glm4_moe")
 BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_qk_norm", "use_sliding_window", "norm_topk_prob",
-             "use_routing_bias")
+             "use_routing_bias", "use_mtp")
 # transformers' activation table (activations.py ACT2CLS: every name a config may give), each one
 # element-wise pass; a gate comes from the architecture or SiLU (Apertus's xielu is a plain MLP)
 HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "gelu_python", "gelu_python_tanh",
@@ -853,6 +853,13 @@ def model_fields(path: Path) -> dict:
     fields.update(_moe_fields(cfg, path, moe_keys))
     if cfg.get("num_nextn_predict_layers"):
         fields["mtp_layers"] = cfg["num_nextn_predict_layers"]  # before Nemotron-H's MTP pattern check
+    elif cfg.get("use_mtp") is True and cfg.get("num_mtp_modules"):
+        # MiniMax-M2: num_mtp_modules modules of mtp_transformer_layers layers each (3 of 1), the
+        # DeepSeek-V3 MTP depth Megatron's --mtp-num-layers counts; they had been dropped unread
+        if cfg.get("mtp_transformer_layers", 1) != 1:
+            raise SpecError(f"model {path}: mtp_transformer_layers {_shown(cfg['mtp_transformer_layers'])}: an MTP "
+                            "module of more than one layer is not modelled (one layer each, as DeepSeek-V3's)")
+        fields["mtp_layers"] = cfg["num_mtp_modules"]
     if model_type == "nemotron_h":
         fields.update(_nemotron_h_fields(cfg, fields))
     # YaRN RoPE and a clamped gated activation (GPT-OSS: rope_scaling.rope_type "yarn",

@@ -153,3 +153,28 @@ def test_use_routing_bias_is_the_expert_bias_of_a_sigmoid_router(tmp_path):
     assert not load_model(str(_write(tmp_path, dict(cfg, use_routing_bias=False), "off.json"))).moe.router_expert_bias
     with pytest.raises(SpecError, match="use_routing_bias must be true or false"):
         load_model(str(_write(tmp_path, dict(cfg, use_routing_bias="yes"), "bad.json")))
+
+
+def test_minimax_m2_5_reads_to_its_card_with_its_mtp_modules_and_router_bias(tmp_path):
+    """MiniMax-M2.5 (model card: 230B total, 10B active): partial RoPE (rotary_dim 64 of 128), a
+    sigmoid router with its selection bias (use_routing_bias), q/k norms, and 3 MTP modules
+    (use_mtp, num_mtp_modules: they had been dropped unread), counted apart from the model."""
+    m = load_model(str(HF / "minimax-m2.5"))
+    assert (m.num_params - m.mtp_params) / 1e9 == pytest.approx(230, rel=0.01)
+    assert (m.active_params - m.embedding_params - m.output_params) / 1e9 == pytest.approx(10, rel=0.03)
+    assert (m.mtp_layers, m.rotary_percent, m.moe.router_score, m.moe.router_expert_bias, m.qk_norm) == \
+        (3, 0.5, "sigmoid", True, True)
+    cfg = dict(_fixture("minimax-m2.5"), mtp_transformer_layers=2)
+    with pytest.raises(SpecError, match="mtp_transformer_layers 2: an MTP module of more than one layer"):
+        load_model(str(_write(tmp_path, cfg)))
+
+
+def test_glm_5_reads_to_its_card_with_its_rope_parameters_and_says_its_sparse_attention():
+    """GLM-5 (model card: 744B total, 40B active; MLA with DeepSeek Sparse Attention): its RoPE
+    base is in transformers 5's rope_parameters (1,000,000), and the notes say DSA is costed dense."""
+    m = load_model(str(HF / "glm-5"))
+    assert (m.num_params - m.mtp_params) / 1e9 == pytest.approx(744, rel=0.01)
+    assert (m.active_params - m.embedding_params - m.output_params) / 1e9 == pytest.approx(40, rel=0.03)
+    assert m.rope_base == 1_000_000 and m.mla is not None and m.mtp_layers == 1
+    assert any("DeepSeek Sparse Attention (index_topk 2048)" in n
+               for n in approximation_notes(HF / "glm-5" / "config.json", 4096))
