@@ -281,6 +281,7 @@ REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_si
 # otherwise) is refused rather than read as a dense model.
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts")
+UNREAD_MTP_KEY = re.compile(r"(^|_)(mtp|nextn)(_|$)")
 UNREAD_EXPERT_KEY = re.compile(r"(^|_)(num_)?experts?(_|$)|^moe_num_|^moe_k$")
 
 # The JSON type of every config key read here: a wrong one (a list where a number belongs, the
@@ -293,7 +294,7 @@ INTEGER_KEYS = (
     "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", *SHARED_EXPERT_COUNT_KEYS,
     "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size",
-    "sliding_window", "rotary_dim", "num_mtp_modules", "mtp_transformer_layers")
+    "sliding_window", "rotary_dim", "num_mtp_modules", "mtp_transformer_layers", "mtp_num_hidden_layers")
 # Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
 # to at least one expert); every other integer key may be 0 (no MTP, no shared or dense layers)
 AT_LEAST_ONE = (*REQUIRED, "num_key_value_heads", "num_experts_per_tok", "experts_per_token", "moe_layer_freq",
@@ -779,6 +780,13 @@ def model_fields(path: Path) -> dict:
         # (a negative count never gets here: _check_types ranges every integer key)
         if cfg.get(key) == 0 and unread:
             raise SpecError(f"model {path}: {key} must be >= 1 (the routed-expert count), got {cfg[key]}")
+    mtp_read = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "mtp_transformer_layers")
+    mtp_unread = sorted(k for k, v in cfg.items() if UNREAD_MTP_KEY.search(k) and k not in mtp_read
+                        and isinstance(v, int) and not isinstance(v, bool) and v > 0)
+    if mtp_unread:
+        # an MTP depth spelt otherwise would silently cost the model without its MTP layers
+        raise SpecError(f"model {path} (model_type {model_type!r}): {', '.join(mtp_unread)} names MTP layers this "
+                        f"reader does not map (it reads {', '.join(mtp_read[:3])}, the last with use_mtp)")
     if unread and not moe_keys:
         # a MoE config spelling its experts differently (ERNIE-4.5 moe_num_experts, DBRX
         # ffn_config) would otherwise be read as the dense model it is not
@@ -853,6 +861,8 @@ def model_fields(path: Path) -> dict:
     fields.update(_moe_fields(cfg, path, moe_keys))
     if cfg.get("num_nextn_predict_layers"):
         fields["mtp_layers"] = cfg["num_nextn_predict_layers"]  # before Nemotron-H's MTP pattern check
+    elif cfg.get("mtp_num_hidden_layers"):
+        fields["mtp_layers"] = cfg["mtp_num_hidden_layers"]  # Qwen3-Next / Qwen3.5's spelling
     elif cfg.get("use_mtp") is True and cfg.get("num_mtp_modules"):
         # MiniMax-M2: num_mtp_modules modules of mtp_transformer_layers layers each (3 of 1), the
         # DeepSeek-V3 MTP depth Megatron's --mtp-num-layers counts; they had been dropped unread

@@ -178,3 +178,15 @@ def test_glm_5_reads_to_its_card_with_its_rope_parameters_and_says_its_sparse_at
     assert m.rope_base == 1_000_000 and m.mla is not None and m.mtp_layers == 1
     assert any("DeepSeek Sparse Attention (index_topk 2048)" in n
                for n in approximation_notes(HF / "glm-5" / "config.json", 4096))
+
+
+@pytest.mark.parametrize("extra,mtp", [({"mtp_num_hidden_layers": 2}, 2), ({"mtp_loss_scaling_factor": 0.3}, 0),
+                                       ({"use_mtp": False, "num_mtp_modules": 3}, 0)])
+def test_mtp_depth_is_read_by_each_spelling_that_means_it(tmp_path, extra, mtp):
+    """Qwen3-Next / Qwen3.5 spell the MTP depth mtp_num_hidden_layers; a loss weight is no depth."""
+    assert load_model(str(_write(tmp_path, dict(_fixture("qwen3-4b"), **extra)))).mtp_layers == mtp
+
+
+def test_an_mtp_depth_spelt_otherwise_is_refused_not_dropped(tmp_path):
+    with pytest.raises(SpecError, match="num_mtp_layers names MTP layers this reader does not map"):
+        load_model(str(_write(tmp_path, dict(_fixture("qwen3-4b"), num_mtp_layers=2))))
