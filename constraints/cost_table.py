@@ -307,7 +307,6 @@ def _group_any(group: np.ndarray, flags: np.ndarray, n_groups: int) -> np.ndarra
     return out
 
 
-
 def tabulate(space: Space, top_k: int | None = None, relax_memory: bool = False,
              tie_rel_tol: float = 0.0, no_offload_bounds: NoOffloadBounds | None = None) -> Table:
     """The pruned exact cost table (see the module docstring). `relax_memory`: treat every row as

@@ -282,6 +282,9 @@ REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_si
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 SHARED_EXPERT_COUNT_KEYS = ("n_shared_experts", "num_shared_experts")
 UNREAD_MTP_KEY = re.compile(r"(^|_)(mtp|nextn)(_|$)")
+# Where a config gives its MTP depth (the last with use_mtp: MiniMax-M2), and the key read beside it
+MTP_DEPTH_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules")
+MTP_READ_KEYS = (*MTP_DEPTH_KEYS, "mtp_transformer_layers")
 UNREAD_EXPERT_KEY = re.compile(r"(^|_)(num_)?experts?(_|$)|^moe_num_|^moe_k$")
 
 # The JSON type of every config key read here: a wrong one (a list where a number belongs, the
@@ -780,13 +783,12 @@ def model_fields(path: Path) -> dict:
         # (a negative count never gets here: _check_types ranges every integer key)
         if cfg.get(key) == 0 and unread:
             raise SpecError(f"model {path}: {key} must be >= 1 (the routed-expert count), got {cfg[key]}")
-    mtp_read = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_modules", "mtp_transformer_layers")
-    mtp_unread = sorted(k for k, v in cfg.items() if UNREAD_MTP_KEY.search(k) and k not in mtp_read
+    mtp_unread = sorted(k for k, v in cfg.items() if UNREAD_MTP_KEY.search(k) and k not in MTP_READ_KEYS
                         and isinstance(v, int) and not isinstance(v, bool) and v > 0)
     if mtp_unread:
         # an MTP depth spelt otherwise would silently cost the model without its MTP layers
         raise SpecError(f"model {path} (model_type {model_type!r}): {', '.join(mtp_unread)} names MTP layers this "
-                        f"reader does not map (it reads {', '.join(mtp_read[:3])}, the last with use_mtp)")
+                        f"reader does not map (it reads {', '.join(MTP_DEPTH_KEYS)}, the last with use_mtp)")
     if unread and not moe_keys:
         # a MoE config spelling its experts differently (ERNIE-4.5 moe_num_experts, DBRX
         # ffn_config) would otherwise be read as the dense model it is not

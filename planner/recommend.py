@@ -113,13 +113,14 @@ def _job_gate(model, system, job, top_k, out: Recommendation) -> None:
     within = [r for r in out.ranked if r.objective >= bar]
     shown = {r.plan for r in within}
     published = [p for p in published_layouts(model, system, job, runs) if p.plan not in shown]
-    candidates = list(within)  # in the search's order (near-ties simplest first, planner.ties)
-    for p in sorted(published, key=lambda r: r.measured_s):
-        slower = [i for i, r in enumerate(candidates) if not isinstance(r, PublishedLayout) and r.objective > p.measured_s]
-        at = slower[0] if slower else len(candidates)
-        at = max([at] + [i + 1 for i, r in enumerate(candidates) if isinstance(r, PublishedLayout)])  # measured order
-        candidates.insert(at, p)
-    candidates = candidates[:top_k]
+    # merged: the model's plans in the search's order (near-ties simplest first, planner.ties),
+    # each published layout, fastest measured first, before the first plan predicted slower
+    candidates, waiting = [], sorted(published, key=lambda r: r.measured_s)
+    for r in within:
+        while waiting and waiting[0].measured_s < r.objective:
+            candidates.append(waiting.pop(0))
+        candidates.append(r)
+    candidates = (candidates + waiting)[:top_k]
     if not candidates:
         # no published layout is a valid plan of the job as asked (pins, memory reserve): the
         # model's own fastest plans within the bar

@@ -27,7 +27,8 @@ class Console(_RichConsole):
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("markup", False)
-        if "width" not in kwargs and _columns() is not None and _columns() < MIN_WIDTH:
+        columns = _columns()
+        if "width" not in kwargs and columns is not None and columns < MIN_WIDTH:
             # COLUMNS=0 made rich print nothing at all (a plan's exit code and no plan); a
             # narrower request wraps every word on its own line
             kwargs["width"] = MIN_WIDTH

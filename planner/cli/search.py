@@ -155,10 +155,7 @@ def _versus_estimate(path: str, model, system, job):
     from planner.cli.common import check_layout_fits_model, check_recompute_layers, read_plan_mapping
     from planner.plan import load_plan
     from planner.planfile import SAVED_JOB_FIELDS, saved_job
-    from pathlib import Path
-
-    from hardware.errors import read_yaml_mapping
-    read_plan_mapping(path, "versus")
+    saved_mapping = read_plan_mapping(path, "versus")
     try:
         plan = load_plan(path)
         saved = saved_job(path, plan)
@@ -166,7 +163,7 @@ def _versus_estimate(path: str, model, system, job):
         check_recompute_layers(plan, model)
     except SpecError as err:  # the file's own errors, named as --versus's
         raise SpecError(f"versus: {err}") from None
-    said = read_yaml_mapping(Path(path), "plan").get("gpus")
+    said = saved_mapping.get("gpus")
     if said is not None and said != plan.gpus:  # (as `estimate --plan` refuses the same file)
         raise SpecError(f"versus: plan {path}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: {said}; "
                         "change one of them")

@@ -34,7 +34,6 @@ from planner.cli.common import (
     make_job,
 )
 from planner.sweep import (
-    sweep_value_text,
     ALLOWED,
     DEFAULT_OFFLOAD_GB_PER_S,
     DEFAULT_OFFLOAD_GIB,
@@ -50,6 +49,7 @@ from planner.sweep import (
     refuse_inputs_as_outputs,
     refuse_overwrite,
     run_points,
+    sweep_value_text,
     write_csv,
 )
 
