@@ -379,6 +379,22 @@ _PRECISIONS = (("nvfp4", "nvfp4"), ("mxfp8", "mxfp8"), ("fp8-mx", "mxfp8"), ("fp
                ("fp8", "fp8"), ("fp16", "fp16"), ("bf16", "bf16"))
 
 
+# A Megatron-Bridge table's plain "FP8" from release 25.11 on is per-tensor current scaling: the
+# performance scripts' --compute_dtype offers bf16, fp8_cs, fp8_mx, fp8_sc (and nvfp4 from 26.02),
+# no delayed scaling (scripts/performance/argument_parser.py from 4830138a4, 2025-11-12, to
+# 067f987df), and the 25.11 table names the same runs FP8-CS. The 25.09 scripts took
+# --compute_dtype fp8 with --fp8_recipe ds|cs|mx|ss, delayed (ds) by default (8cec56d38).
+BRIDGE_ONLY_CURRENT_SCALING_FROM = (25, 11)
+BRIDGE_FP8_IS_CURRENT_SCALING = ("fp8-cs: Megatron-Bridge's performance scripts from 25.11 on run FP8 only as "
+                                 "current scaling (--compute_dtype bf16/fp8_cs/fp8_mx/fp8_sc/nvfp4)")
+
+
+def bridge_release(rid: str) -> tuple[int, ...]:
+    """The release of a Megatron-Bridge record id (bridge_<release>_..., e.g. (26, 2, 1)); () if none."""
+    match = re.match(r"bridge_(\d+(?:\.\d+)*)_", rid)
+    return tuple(int(x) for x in match.group(1).split(".")) if match else ()
+
+
 def parse_precision(text: str, rid: str, path: str = "precision") -> tuple[str, str]:
     """Case-insensitive precision name -> (dtype, assumption or '')."""
     low = text.strip().lower()
@@ -1020,6 +1036,9 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     if bridge and str(prec).strip().lower() == "na":
         dtype = "fp8"  # bridge_runs.yaml notes: "na" = not stated; the 25.09 tables are fp8 recipes
         assumptions[-1] = "fp8 (25.09 tables are fp8 recipes)"
+    elif bridge and dtype == "fp8" and bridge_release(rid) >= BRIDGE_ONLY_CURRENT_SCALING_FROM:
+        dtype = "fp8-cs"
+        assumptions.append(BRIDGE_FP8_IS_CURRENT_SCALING)
     extra = {}
     if dtype != "bf16" and dtype != "fp16" and not era_2021:
         # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.

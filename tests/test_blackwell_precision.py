@@ -67,6 +67,42 @@ def test_fp8_current_scaling_costs_one_more_read_pass():
     assert ew["fp8"] - ew["bf16"] == pytest.approx(QUANTISE_BYTES_PER_ELEMENT["fp8"] * per_pass_s, rel=1e-9)
 
 
+@pytest.mark.parametrize("preset", ["gb200-nvl72", "b200", "b300", "gb300-nvl72"])
+def test_per_tensor_fp8_on_blackwell_writes_no_transposed_copy(preset):
+    """On Blackwell (FP8 GEMMs in any layout) Transformer Engine's per-tensor casts write one 8-bit
+    copy, not a row-wise one and its transpose (quantizer.cpp: no transpose where
+    is_non_tn_fp8_gemm_supported): fp8 delayed 2 + 1 B, fp8-cs 2 + 2 + 1 B per quantised element,
+    against mxfp8's 2 + 1 + 1 + 2/32 B (its scales run along one direction: both copies stay).
+    Hand count for Llama-3 8B, tp 2, micro-batch 1."""
+    model, system = load_model("llama3-8b"), load_system(preset, 8)
+    P = PlanArrays.from_plans([Plan(tp=2, dp=4, global_batch=4, sequence_parallel=True)], model.layers)
+    ew = {d: float(layer_compute_fwd_s(model, system, JobSpec(dtype=d), P)["elementwise"][0])
+          for d in ("bf16", "fp8", "fp8-cs", "mxfp8")}
+    h, kv, ffn = 4096, 1024, 14336
+    elements = (h + h) + (h + 2 * kv + h) + (h + ffn) + (2 * ffn + h)
+    hbm = system.accelerator.hbm_bandwidth_bytes_per_s * system.accelerator.efficiency.hbm_efficiency
+    per_byte_s = model.seq_length / 2 * elements / 3 / hbm
+    assert ew["fp8"] - ew["bf16"] == pytest.approx((2 + 1) * per_byte_s, rel=1e-9)
+    assert ew["fp8-cs"] - ew["bf16"] == pytest.approx((2 + 2 + 1) * per_byte_s, rel=1e-9)
+    assert ew["mxfp8"] - ew["bf16"] == pytest.approx((2 + 1 + 1 + 2 / 32) * per_byte_s, rel=1e-9)
+
+
+def test_which_gpus_take_fp8_gemms_in_any_layout():
+    """Transformer Engine's is_non_tn_fp8_gemm_supported: compute capability 10.x-11.x or 13.0 up;
+    Hopper and Ampere are TN-only, and so is a GPU the name does not tell (assumed Hopper)."""
+    from hardware.arch import non_tn_fp8_gemm
+    acc = load_system("h100-sxm").accelerator
+    assert not non_tn_fp8_gemm(acc)
+    assert [non_tn_fp8_gemm(load_system(p).accelerator) for p in ("b200", "gb200-nvl72", "b300", "gb300-nvl72")] \
+        == [True] * 4
+    assert not non_tn_fp8_gemm(load_system("a100-80g").accelerator)
+    for cc, takes_any in ((10.0, True), (10.3, True), (11.0, True), (12.0, False), (12.1, False), (13.0, True)):
+        assert non_tn_fp8_gemm(acc.model_copy(update={"compute_capability": cc})) is takes_any
+    named = acc.model_copy(update={"compute_capability": None})
+    assert non_tn_fp8_gemm(named.model_copy(update={"name": "B200-custom"}))
+    assert not non_tn_fp8_gemm(named.model_copy(update={"name": "my-accelerator"}))
+
+
 def test_fp8_block_scaling_costs_its_tile_scales():
     """fp8-block (DeepSeek-V3 1x128 tiles) minus fp8 delayed = a 4-byte fp32 scale per 128 elements,
     row- and column-wise: 8/128 B per quantised element, hand count for Llama-3 8B on Hopper; its

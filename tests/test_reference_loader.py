@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from hardware.errors import SpecError
 from planner.cli import app
-from planner.reference import (REFERENCE_DIR, REFERENCE_FILES, Skipped, family_of, load_reference, parse_precision,
-                               system_preset_for)
+from planner.reference import (BRIDGE_FP8_IS_CURRENT_SCALING, REFERENCE_DIR, REFERENCE_FILES, Skipped, bridge_release,
+                               family_of, load_reference, parse_precision, system_preset_for)
 from tests.conftest import SHARED_REFERENCE_DIR, one_line_error, reference_yaml
 
 runner = CliRunner()
@@ -57,11 +57,21 @@ def test_unknown_precision_is_a_one_line_error_naming_record_and_field():
 
 
 def test_upper_case_fp8_bridge_record_is_fp8_not_bf16(loaded, records):
-    # issue 9: `precision: FP8` (as Megatron-Bridge publishes) was read as bf16.
+    # issue 9: `precision: FP8` (as Megatron-Bridge publishes) was read as bf16. From release 25.11
+    # on, Bridge's performance scripts run FP8 only as current scaling (their --compute_dtype has
+    # fp8_cs, fp8_mx, fp8_sc, no delayed scaling; the 25.11 table names the same runs FP8-CS); the
+    # 25.09 scripts defaulted to delayed scaling (--fp8_recipe ds).
     cases, _ = loaded
     by_id = {c.id: c for c in cases}
     fp8_ids = [r["id"] for r in records["bridge_runs.yaml"] if r["precision"] == "FP8" and r["id"] in by_id]
-    assert fp8_ids and all(by_id[i].job.dtype == "fp8" for i in fp8_ids)
+    assert fp8_ids and all(bridge_release(i) >= (26, 2) for i in fp8_ids)
+    assert all(by_id[i].job.dtype == "fp8-cs" for i in fp8_ids)
+    assert all(BRIDGE_FP8_IS_CURRENT_SCALING in by_id[i].assumptions for i in fp8_ids)
+    cs = [r["id"] for r in records["bridge_runs.yaml"] if r["precision"] == "FP8-CS" and r["id"] in by_id]
+    assert cs and all(by_id[i].job.dtype == "fp8-cs" for i in cs)
+    not_stated = [r["id"] for r in records["bridge_runs.yaml"] if r["precision"].startswith("not stated") and r["id"] in by_id]
+    assert all(bridge_release(i) == (25, 9) for i in not_stated)
+    assert not_stated and all(by_id[i].job.dtype == "fp8" for i in not_stated)
     mx = [r["id"] for r in records["bridge_runs.yaml"] if r["precision"] in ("MXFP8", "FP8-MX") and r["id"] in by_id]
     assert mx and all(by_id[i].job.dtype == "mxfp8" for i in mx)
 

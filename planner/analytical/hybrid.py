@@ -126,7 +126,7 @@ def block_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
         return hidden_s + (0.0 if kernels.block_launches_captured(kind, job) else eff.layer_overhead_us * 1e-6 / 2)
     norm_s = tokens * tm.LAYERNORM_PASSES * h / np.where(sp, t, 1.0) / hbm
     def quant_s(group=None):  # seconds per quantised element, in the module group's dtype
-        return tm.quantise_s_per_element(job, group, tokens, t, hbm)
+        return tm.quantise_s_per_element(system, job, group, tokens, t, hbm)
     quant_per_element = quant_s()
     out: dict[str, dict] = {}
     if model.blocks("*"):

@@ -212,15 +212,17 @@ def fused_loss_bytes(loss_kernel: str) -> tuple[float, float] | None:
     return None
 
 
-def quantise_bytes_per_element(dtype: str, kernels: str) -> float:
+def quantise_bytes_per_element(dtype: str, kernels: str, non_tn_fp8_gemm: bool = False) -> float:
     """Bytes moved per quantised element (precision.QUANTISE_BYTES_PER_ELEMENT). Under
     torch.compile, torchao's per-tensor current scaling (Float8Linear, tensorwise) computes the
     amax inside the kernel that produces the tensor (Inductor fuses the reduction into it), so
     the separate 2-byte amax read of Transformer Engine's current scaling disappears and the
-    cast costs what delayed scaling's does."""
+    cast costs what delayed scaling's does. Transformer Engine's per-tensor casts skip the
+    transposed copy where FP8 GEMMs take any layout (`non_tn_fp8_gemm`: precision.quantise_bytes);
+    torchao's are taken as they are on Hopper (no source here says otherwise)."""
     if kernels == "torch-compile" and dtype == "fp8-cs":
         return precision.QUANTISE_BYTES_PER_ELEMENT["fp8"]
-    return precision.QUANTISE_BYTES_PER_ELEMENT[dtype]
+    return precision.quantise_bytes(dtype, non_tn_fp8_gemm and kernels == "te")
 
 
 # The static modules of each layer kind that per-layer CUDA graphs can capture (Megatron-Core

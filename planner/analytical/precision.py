@@ -25,6 +25,13 @@ Bytes per quantised element, from the recipes' definitions:
   transformed before it is quantised (same paper, §4: RHT on the Wgrad inputs; TE's NVFP4 recipe),
   so its per-tensor amax is of the transformed tensor: one more 2-byte read of the input.
 Weight casts happen once per step (TE caches them across microbatches) and are not charged.
+
+The column-wise copy of a per-tensor-scaled tensor (fp8, fp8-cs) is its transpose, which only a
+GPU whose FP8 GEMMs are TN-only (Hopper) needs. On Blackwell the GEMM reads the row-wise data in
+either layout, and TE's Float8Quantizer / Float8CurrentScalingQuantizer write no transpose
+(transformer_engine/pytorch/csrc/quantizer.cpp @ d0067d0: `with_transpose = columnwise_usage &&
+!is_non_tn_fp8_gemm_supported`; hardware.arch.non_tn_fp8_gemm): one 1-byte write fewer. Block
+scales are along one direction, so MXFP8, NVFP4 and fp8-block keep both copies everywhere.
 """
 from __future__ import annotations
 
@@ -41,6 +48,18 @@ QUANTISE_BYTES_PER_ELEMENT = {
     "mxfp8": 2.0 + 1.0 + 1.0 + 2 * 1.0 / 32,
     "nvfp4": 2.0 + 2.0 + 2.0 + 0.5 + 0.5 + 2 * 1.0 / 16,  # amax, RHT'd amax, cast reads; two 4-bit copies
 }
+
+# The transposed copy that TN-only FP8 GEMMs need of a per-tensor-scaled tensor (in
+# QUANTISE_BYTES_PER_ELEMENT above, which is Hopper's), left out where any layout is taken.
+PER_TENSOR_TRANSPOSE_BYTES = {"fp8": 1.0, "fp8-cs": 1.0}
+
+
+def quantise_bytes(dtype: str, non_tn_fp8_gemm: bool) -> float:
+    """Bytes moved per quantised element by Transformer Engine's casts of `dtype`, on a GPU whose
+    FP8 GEMMs take any layout (`non_tn_fp8_gemm`) or only TN."""
+    transpose = PER_TENSOR_TRANSPOSE_BYTES.get(dtype, 0.0) if non_tn_fp8_gemm else 0.0
+    return QUANTISE_BYTES_PER_ELEMENT[dtype] - transpose
+
 
 # Bytes per GEMM operand element as the kernel reads it (the quantised copy; block scales
 # included: MX one E8M0 per 32, NVFP4 one E4M3 per 16, as above).

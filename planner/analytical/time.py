@@ -12,6 +12,7 @@ import types
 
 import numpy as np
 
+from hardware import arch
 from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, memory, named, precision
 from planner.analytical.memory import RANK_DP_PREFIX, at_rank
@@ -119,13 +120,13 @@ def layer_mlp_quantised_elements(model: ModelSpec, job: JobSpec) -> float:
                                             model.moe.latent_size if model.moe else None)
 
 
-def quantise_s_per_element(job: JobSpec, group: str | None, tokens, t, hbm_bytes_per_s):
+def quantise_s_per_element(system: SystemSpec, job: JobSpec, group: str | None, tokens, t, hbm_bytes_per_s):
     """Seconds per quantised element per token of one layer's scaling passes (precision.py), in
     the module group's dtype (None: the job's), charged as a third to the forward so that
     forward + BACKWARD_FACTOR·forward carries all of it."""
     dtype = precision.module_dtype(job, group) if group else job.dtype
-    return kernels.quantise_bytes_per_element(dtype, job.kernels) * tokens / t / (1 + BACKWARD_FACTOR) \
-        / hbm_bytes_per_s
+    per_element = kernels.quantise_bytes_per_element(dtype, job.kernels, arch.non_tn_fp8_gemm(system.accelerator))
+    return per_element * tokens / t / (1 + BACKWARD_FACTOR) / hbm_bytes_per_s
 
 
 def attention_core_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays) -> np.ndarray:
@@ -225,10 +226,10 @@ def layer_compute_fwd_s(model: ModelSpec, system: SystemSpec, job: JobSpec, P: P
     rope_s = tokens * kernels.unfused_rope_extra_bytes_per_token(model, job.kernels) / t / stream
     # Low-precision scaling passes (precision.py), forward + backward per layer, each module
     # group in its own dtype.
-    quant_s = (quantise_s_per_element(job, None, tokens, t, hbm) * layer_mlp_quantised_elements(model, job)
-               + quantise_s_per_element(job, "attention", tokens, t, hbm)
+    quant_s = (quantise_s_per_element(system, job, None, tokens, t, hbm) * layer_mlp_quantised_elements(model, job)
+               + quantise_s_per_element(system, job, "attention", tokens, t, hbm)
                * precision.attention_quantised_elements(h, qkv_w)
-               + quantise_s_per_element(job, "latent_proj", tokens, t, hbm)
+               + quantise_s_per_element(system, job, "latent_proj", tokens, t, hbm)
                * precision.latent_quantised_elements(h, model.moe.latent_size if model.moe else None))
     # per-layer launch/host overhead, not paid when CUDA graphs capture the layer's launches
     overhead_s = 0.0 if kernels.layer_launches_captured(model.moe is not None, job) else eff.layer_overhead_us * 1e-6

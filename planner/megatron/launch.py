@@ -6,10 +6,9 @@ Flags that do NOT exist in Megatron-LM and are never emitted (shared/reference/m
 """
 from __future__ import annotations
 
-import re
-
 from dataclasses import dataclass, field
 
+from hardware import arch
 from hardware.spec import SystemSpec
 
 ENTRYPOINT = "pretrain_gpt.py"
@@ -71,32 +70,11 @@ class MegatronLaunch:
         raise KeyError(flag)
 
 
-
-# NVIDIA data-center product names and their compute-capability major (CUDA programming guide,
-# "Compute Capabilities"): Volta 7, Ampere 8, Hopper 9, Blackwell 10. Matched as a word in the
-# accelerator's name ("GB200-186GB", "H100-SXM5-80GB"), never by a first letter alone.
-NVIDIA_ARCH_BY_NAME = (
-    (re.compile(r"(?<![A-Z0-9])V100"), 7),
-    (re.compile(r"(?<![A-Z0-9])A(100|800|40|30|10)(?![0-9])"), 8),
-    (re.compile(r"(?<![A-Z0-9])G?H(100|200|800|20)(?![0-9])"), 9),
-    (re.compile(r"(?<![A-Z0-9])G?B(100|200|300)(?![0-9])"), 10),
-)
-ASSUMED_ARCH = 9
-
-
-def _arch_from_name(name: str) -> int | None:
-    """The compute-capability major of an NVIDIA product name in `name`, or None."""
-    return next((arch for pattern, arch in NVIDIA_ARCH_BY_NAME if pattern.search(name.upper())), None)
-
-
 def compute_capability(system: SystemSpec) -> float:
-    """The accelerator's compute capability: its `compute_capability`, else read from an NVIDIA
-    product name (V100 7.0, A100 8.0, H100/H200/GH200 9.0, B200/GB200/B300 10.0), else
-    ASSUMED_ARCH (`arch_is_assumed` says when)."""
-    acc = system.accelerator
-    if acc.compute_capability is not None:
-        return float(acc.compute_capability)
-    return float(_arch_from_name(acc.name) or ASSUMED_ARCH)
+    """The accelerator's compute capability (hardware.arch.compute_capability: its own, else read
+    from an NVIDIA product name, else hardware.arch.ASSUMED_ARCH; `arch_is_assumed` says
+    when)."""
+    return arch.compute_capability(system.accelerator)
 
 
 def gpu_arch_major(system: SystemSpec) -> int:
@@ -107,7 +85,7 @@ def gpu_arch_major(system: SystemSpec) -> int:
 def arch_is_assumed(system: SystemSpec) -> bool:
     """No compute_capability and no NVIDIA product name: ASSUMED_ARCH was taken."""
     acc = system.accelerator
-    return acc.compute_capability is None and _arch_from_name(acc.name) is None
+    return acc.compute_capability is None and arch.arch_from_name(acc.name) is None
 
 
 def arch_text(system: SystemSpec) -> str:
