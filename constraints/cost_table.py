@@ -90,6 +90,7 @@ def plan_arrays(space: Space, rows: dict[str, np.ndarray]) -> PlanArrays:
     cols = {k: rows[k] for k in LAYOUT_KEYS + ("global_batch",) + OPTION_KEYS + ("recompute_layers",) if k in rows}
     if space.model.moe:
         cols["moe_dispatcher"] = MOE_DISPATCHER_CODES[space.job.moe_dispatcher]
+    cols["cross_entropy_fusion"] = int(space.job.cross_entropy_fusion)
     return PlanArrays.from_columns(len(rows["tp"]), space.model.layers, dense_layer_spec(space.model), **cols)
 
 

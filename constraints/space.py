@@ -440,6 +440,7 @@ def _batchless_layouts(space: Space, dp_choices):
     (`dp_choices(tp·pp·cp)` within the dp domain), Megatron's expert folding and the pipeline's."""
     d, model = space.domains, space.model
     experts = model.moe.num_experts if model.moe else 1
+    vpp_pinned = "vpp" in space.job.pins  # a pin may ask for any interleaving depth (deep_vpp_ok)
     for tp, pp, cp in itertools.product(d["tp"], d["pp"], d["cp"]):
         used = tp * pp * cp
         for dp in dp_choices(used):
@@ -451,7 +452,8 @@ def _batchless_layouts(space: Space, dp_choices):
                 if experts % ep or world % (etp * ep * pp):
                     continue
                 for vpp in d["vpp"]:
-                    if model.layers < pp * vpp or (vpp > 1 and pp == 1) or not deep_vpp_ok(model.layers, pp, vpp):
+                    if model.layers < pp * vpp or (vpp > 1 and pp == 1) or not (
+                            vpp_pinned or deep_vpp_ok(model.layers, pp, vpp)):
                         continue
                     yield tp, pp, cp, dp, ep, etp, vpp
 

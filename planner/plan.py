@@ -393,6 +393,10 @@ class JobSpec(BaseModel):
     # once per destination node and fans it out over NVLink (DeepSeek-V3 §3.2.2; Megatron
     # --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep).
     moe_dispatcher: MoeDispatcher = "alltoall"
+    # Megatron's fused cross-entropy (--cross-entropy-loss-fusion, native kernels) in every searched
+    # plan: the same fp32 loss in fewer passes (time.CROSS_ENTROPY_FUSED_SHARE), no memory cost, and
+    # every layout launches with it, so the fastest plan has it; False searches Megatron's default.
+    cross_entropy_fusion: bool = True
     moe_load_imbalance: float = Field(
         default=1.0, ge=MOE_IMBALANCE_RANGE[0], le=MOE_IMBALANCE_RANGE[1],
         description="MoE: tokens routed to the busiest expert over the mean (1.0 = balanced routing, "

@@ -88,7 +88,8 @@ def describe_plan(est: Estimate, layers: int | None = None) -> str:
                if p.recompute == "full" and p.recompute_num_layers and not p.stage_recompute_layers else "")
             + (f" ({', '.join(p.recompute_modules)})" if p.recompute_modules else "") + f" · ZeRO-{p.zero_stage}"
             + "".join(f" · offload {w} {getattr(p, 'offload_' + w):.0%}"
-                      for w in ("weights", "activations", "optimizer") if getattr(p, "offload_" + w)))
+                      for w in ("weights", "activations", "optimizer") if getattr(p, "offload_" + w))
+            + (" · fused cross-entropy" if p.cross_entropy_fusion else ""))
 
 
 def fold_at_separators(text: str, width: int, sep: str = " · ") -> str:

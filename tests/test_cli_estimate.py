@@ -106,7 +106,8 @@ def test_estimate_plan_file_costs_the_saved_job(tmp_path):
              "--tp", str(p["tp"]), "--pp", str(p["pp"]), "--dp", str(p["dp"]), "--cp", str(p["cp"]),
              "--micro-batch", str(p["micro_batch"]), "--recompute", p["recompute"],
              "--zero-stage", str(p["zero_stage"]),
-             "--sequence-parallel" if p["sequence_parallel"] else "--no-sequence-parallel"]
+             "--sequence-parallel" if p["sequence_parallel"] else "--no-sequence-parallel",
+             "--cross-entropy-fusion" if p["cross_entropy_fusion"] else "--no-cross-entropy-fusion"]
     fp8 = json.loads(runner.invoke(app, flags + ["--dtype", "fp8", "--hbm-reserve-gib", "4"]).output)
     bf16 = json.loads(runner.invoke(app, flags).output)
     assert from_file["step_time_s"] == fp8["step_time_s"] != bf16["step_time_s"]

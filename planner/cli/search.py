@@ -75,6 +75,10 @@ BatchOpt = Annotated[Optional[int], typer.Option(
     "--global-batch", "-b", help="Global batch in sequences (fixed; default 1536). See --free-batch.")]
 FreeBatchOpt = Annotated[bool, typer.Option(
     "--free-batch", help="Let the search pick the batch (<= --max-global-batch); ranks by time per token.")]
+SearchCrossEntropyFusionOpt = Annotated[bool, typer.Option(
+    "--cross-entropy-fusion/--no-cross-entropy-fusion",
+    help="Megatron's fused cross-entropy (--cross-entropy-loss-fusion) in every plan: the same fp32 loss in "
+         "fewer passes, no memory cost; --no-cross-entropy-fusion searches Megatron's unfused default.")]
 Opt = typer.Option
 
 
@@ -103,7 +107,7 @@ def _inputs(o: dict):
                    hbm_reserve_gib=o["hbm_reserve_gib"], pins=pins, allow_offload=not o["no_offload"],
                    allow_idle_gpus=o["allow_idle_gpus"], framework=o["framework"],
                    tp_within_nvlink=not o["tp_across_nodes"], moe_load_imbalance=o.get("moe_imbalance", 1.0),
-                   moe_dispatcher=dispatcher,
+                   moe_dispatcher=dispatcher, cross_entropy_fusion=o.get("cross_entropy_fusion", True),
                    **kernel_settings(o.get("cuda_graph", "none"), o.get("fp8_attention", False),
                                      o.get("fused_grouped_mlp", False), moe=model.moe is not None,
                                      mamba=model.mamba is not None),
@@ -314,6 +318,7 @@ def register(app: typer.Typer) -> None:
         cuda_graph: CudaGraphOpt = "none",
         fp8_attention: Fp8AttentionOpt = False,
         fused_grouped_mlp: FusedGroupedMlpOpt = False,
+        cross_entropy_fusion: SearchCrossEntropyFusionOpt = True,
         no_offload: NoOffloadOpt = False,
         framework: FrameworkOpt = "megatron",
         allow_idle_gpus: IdleGpusOpt = False,
