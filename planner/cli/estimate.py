@@ -131,7 +131,9 @@ def estimate_command(
     Knobs not given default to SP (where tp > 1), no recompute (with fused attention, recomputing
     the attention core saves no memory), the distributed optimizer with overlapped DP communication,
     and tp=pp=cp=1 with dp filling the GPUs, as `planner megatron` reads the same flags; with no
-    layout flag at all, tp 8 pp 8 (the default example's Megatron layout).
+    layout flag at all, tp 8 pp 8 (the default example's Megatron layout). TP communication
+    overlap and the fused cross-entropy are Megatron's default, off, unless given (`planner plan`
+    turns both on where they pay; its --save file or its printed line gives them back).
     Exit code 0 when the plan fits, 1 when it does not (memory, offload capacity), 2 for an input
     error (a plan that breaks a layout rule, e.g. ep not dividing the experts, or offload with no tier).
     A plan Megatron-LM cannot launch as costed is still costed (exit 0 if it fits); why Megatron
