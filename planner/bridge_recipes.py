@@ -168,6 +168,11 @@ def launch_knobs(record_id: str) -> RecipeKnobs | None:
     return None
 
 
+def release_number(release: str) -> tuple[int, ...]:
+    """A release name as a comparable tuple: "26.02.01" -> (26, 2, 1)."""
+    return tuple(int(x) for x in release.split("."))
+
+
 def release_commits(path: Path = KNOBS_FILE) -> dict[str, tuple[str, str]]:
     """{release: (Bridge tag, commit)} the table was read at."""
     doc = safe_load_packaged(Path(path).read_text())
@@ -175,4 +180,4 @@ def release_commits(path: Path = KNOBS_FILE) -> dict[str, tuple[str, str]]:
 
 
 __all__ = ["HELDOUT_KNOBS_FILE", "KNOBS_FILE", "KNOB_NAMES", "MODELZOO_KNOBS_FILE", "Knob", "RecipeKnobs", "launch_knobs", "load_recipe_knobs",
-           "recipe_knobs", "release_commits"]
+           "recipe_knobs", "release_commits", "release_number"]

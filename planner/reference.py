@@ -29,7 +29,7 @@ from planner.analytical.flops import megatron_logged_flops_per_token, model_flop
 from planner.model import Activation, ModelSpec, MoESpec
 from planner.pipeline_layout import balanced_layout, even_layout, layout_from_flags, layout_from_string
 from planner.plan import BytesPerParam, JobSpec, Plan, applicable_recompute_modules, compress_runs
-from planner.bridge_recipes import launch_knobs, recipe_knobs
+from planner.bridge_recipes import launch_knobs, recipe_knobs, release_number
 from planner.reference_dense import bridge_dense_recipe
 from planner.reference_errata import ERRATA, corrected_record
 from planner.reference_launch_fields import completed_record
@@ -392,7 +392,7 @@ BRIDGE_FP8_IS_CURRENT_SCALING = ("fp8-cs: Megatron-Bridge's performance scripts 
 def bridge_release(rid: str) -> tuple[int, ...]:
     """The release of a Megatron-Bridge record id (bridge_<release>_..., e.g. (26, 2, 1)); () if none."""
     match = re.match(r"bridge_(\d+(?:\.\d+)*)_", rid)
-    return tuple(int(x) for x in match.group(1).split(".")) if match else ()
+    return release_number(match.group(1)) if match else ()
 
 
 def parse_precision(text: str, rid: str, path: str = "precision") -> tuple[str, str]:

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from typing import get_args
 
-from planner.bridge_recipes import RecipeKnobs, launch_knobs
+from planner.bridge_recipes import RecipeKnobs, launch_knobs, release_number
 from planner.megatron.expressible import a2a_overlap_refusals
 from planner.model import ModelSpec
 from planner.plan import CudaGraphModuleName, Plan, applicable_recompute_modules
@@ -154,10 +154,6 @@ def _routing_note(knobs: RecipeKnobs) -> str:
 FLEX_BY_BACKEND_FROM_RELEASE = (26, 4)
 
 
-def _release(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split("."))
-
-
 def backend_runs_flex(backend: str, gpu: str) -> bool:
     """Whether apply_flex_dispatcher_backend turns the flex dispatcher on for `backend` on `gpu`."""
     gpu_u = gpu.upper()
@@ -209,7 +205,7 @@ def bridge_recipe_plan_updates(knobs: RecipeKnobs, model: ModelSpec, plan: Plan,
         backend = knobs.value("moe_flex_dispatcher_backend")
         dispatcher = knobs.value("moe_token_dispatcher_type")
         by_backend = (dispatcher is None and backend is not None
-                      and _release(knobs.release)[:2] >= FLEX_BY_BACKEND_FROM_RELEASE)
+                      and release_number(knobs.release)[:2] >= FLEX_BY_BACKEND_FROM_RELEASE)
         flex = backend_runs_flex(backend, gpu) if by_backend else dispatcher == "flex"
         update["moe_dispatcher"] = "deepep" if flex else "alltoall"
         if by_backend:
