@@ -57,6 +57,15 @@ def nemo_model_flops_per_token(layers: int, hidden: int, heads: int, query_group
                                  + 6 * vocab / (layers * hidden))
 
 
+# NEMO2_FP8_PARAM_GATHER: the docs pages' rows (NeMo 2.x containers, 25.02 and 25.04) ran
+# scripts/performance with an FP8 precision plugin that keeps FP8 primary weights: 25.02's
+# bf16_with_fp8_mixed sets fp8_params=True (NVIDIA/NeMo v2.2.1,
+# nemo/collections/llm/recipes/precision/mixed_precision.py), 25.04's delayed and current-scaling
+# plugins fp8_param_gather=True (v2.3.0, same file), which scripts/performance/utils.py keeps except
+# under Megatron-FSDP (the FSDP rows are not built). The repository's long-sequence tables state no
+# recipe and are left as they were.
+
+
 def row_id(row: dict) -> str:
     """nemo<release digits>_<model>_<system>_<gpus>gpu_gbs<gbs>_seq<seq>_<commit[:8] or 'docs'> (the
     commit keeps revisions of one configuration apart)."""
@@ -101,6 +110,9 @@ def record(row: dict) -> dict | str:
         return "printed tp·pp·cp·dp is not the GPU count"
     if row.get("ga") and gbs != int(row["mbs"]) * gpus // (tp * pp * cp) * int(row["ga"]):
         return "printed GA is not gbs/(mbs·dp)"  # a check on the hand-typed docs rows too
+    parallel_extra = {}
+    if row["table"] == "docs pre-training" and row["precision"].upper().startswith("FP8"):
+        parallel_extra["fp8_param_gather"] = True  # NEMO2_FP8_PARAM_GATHER
     model = preset_model_block(preset, row["model"], seq)
     # as the in-sample nemo2407 records: tied embeddings stated, biases left to the loader's default
     model.pop("biases", None)
@@ -119,7 +131,7 @@ def record(row: dict) -> dict | str:
                          "vpp": vpp,
                          "microbatch": int(row["mbs"]) if row["mbs"] else None, "global_batch": gbs,
                          "sequence_parallel": "likely (NeMo default when tp>1; not stated)", "recompute": None,
-                         "distributed_optimizer": "likely (NeMo default; not stated)"},
+                         "distributed_optimizer": "likely (NeMo default; not stated)", **parallel_extra},
             "precision": f"{row['precision'].lower()} (Transformer Engine)",
             "measured": measured,
             "derived": {"iteration_time_s": round(step, 4), "how": how},

@@ -190,11 +190,12 @@ class _Record:
 MAX_RECORD_INTEGER = 1 << 40
 
 
-# The layout fields a record may give (the three packaged files' union): another name is a
-# misspelling that would silently leave its knob at the loader's default (micro_batch_size: mb 1)
+# The layout fields a record may give (the three packaged files' union, and fp8_param_gather, which
+# bench/heldout_nemo.py states): another name is a misspelling that would silently leave its knob at
+# the loader's default (micro_batch_size: mb 1)
 PARALLEL_FIELDS = ("activation_cpu_offload", "async_tp", "comm_overlap", "compile", "cp", "cpu_offload", "dispatcher",
                    "distributed_optimizer", "dp", "dp_printed", "ep", "etp", "expert_dp", "expert_fsdp_degree",
-                   "float8", "float8_recipe", "framework", "fsdp", "fsdp_or_zero3_degree", "global_batch",
+                   "float8", "float8_recipe", "fp8_param_gather", "framework", "fsdp", "fsdp_or_zero3_degree", "global_batch",
                    "grad_accum", "hsdp_replicas", "lowp_recipe", "microbatch", "model_parallel_size", "mp_mode",
                    "mxfp8", "num_microbatches", "pp", "pp_layout", "pp_microbatches", "pp_schedule", "precision",
                    "recompute", "sequence_parallel", "shard_group", "sharding", "tp", "tp_pp_split_note", "vpp")
@@ -1017,6 +1018,11 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                        stage_layers=stage_layers,
                        sequence_parallel=sp, recompute=recompute, recompute_modules=modules, zero_stage=zero,
                        dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021)
+    if r.flag("parallel.fp8_param_gather"):
+        # FP8 primary weights (--fp8-param-gather): the DP all-gather moves 1 B per weight, and no
+        # bf16 copy is kept. Stated by records whose recipe sets it (bench/heldout_nemo.py).
+        plan_fields["fp8_param_gather"] = True
+        assumptions.append("fp8 parameter all-gather (record)")
     if framework == "DeepSpeed ZeRO-3":
         # 2021 Megatron did not overlap its DP reduce; DeepSpeed ZeRO-3 did: its parameter
         # coordinator prefetches the next modules' parameters (stage3_prefetch_bucket_size) and
@@ -1039,6 +1045,9 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     elif bridge and dtype == "fp8" and bridge_release(rid) >= BRIDGE_ONLY_CURRENT_SCALING_FROM:
         dtype = "fp8-cs"
         assumptions.append(BRIDGE_FP8_IS_CURRENT_SCALING)
+    if plan.fp8_param_gather and dtype in ("bf16", "fp16"):
+        raise SpecError(f"reference {rid}: parallel.fp8_param_gather: FP8 weights need an FP8 precision; "
+                        f"the record's precision is {dtype}")
     extra = {}
     if dtype != "bf16" and dtype != "fp16" and not era_2021:
         # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.

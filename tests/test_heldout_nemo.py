@@ -79,3 +79,29 @@ def test_long_sequence_step_time_from_nemo_flop_count(tmp_path):
     (case,), _ = load_reference([path])
     assert case.measured_step_s == pytest.approx(512 * 8192 * per_token / (1671e12 * 2), rel=1e-4)
     assert case.system.accelerator.name.startswith("B200")
+
+
+def test_nemo2_docs_rows_gather_fp8_weights_and_the_older_tables_do_not(tmp_path):
+    """The docs pages' FP8 rows (NeMo 2.x scripts/performance: 25.02 bf16_with_fp8_mixed
+    fp8_params=True, 25.04 fp8_param_gather=True) are read with FP8 primary weights: the DP
+    all-gather moves 1 B per weight instead of 2 (memory.py FP8_WEIGHT_BYTES), so the same row
+    without the field weighs more per GPU. The NeMo 1 24.07 table and the long-sequence tables,
+    whose recipes are not stated, keep bf16 weights."""
+    docs = list(csv.DictReader(heldout_nemo.DOCS_DATA.open()))
+    row = next(r for r in docs if r["release"] == "25.02" and r["model"] == "LLAMA3-70B")
+    rec = heldout_nemo.record(row)
+    assert rec["parallel"]["fp8_param_gather"] is True
+    without = {**rec, "id": rec["id"] + "_bf16w", "parallel": {k: v for k, v in rec["parallel"].items()
+                                                             if k != "fp8_param_gather"}}
+    path = tmp_path / "two.yaml"
+    heldout_bridge.write_yaml(path, [rec, without])
+    cases, _ = load_reference([path])
+    fp8w, bf16w = sorted(cases, key=lambda c: c.id)
+    assert fp8w.plan.fp8_param_gather and not bf16w.plan.fp8_param_gather
+    assert "fp8 parameter all-gather (record)" in fp8w.assumptions
+    from planner.calibration import predict
+    a, b = predict(fp8w), predict(bf16w)
+    assert a["hbm_bytes"] < b["hbm_bytes"]
+    for r in _rows():  # the repository's tables: NeMo 1 summary and the long-sequence tables
+        built = heldout_nemo.record(r)
+        assert isinstance(built, str) or "fp8_param_gather" not in built["parallel"]

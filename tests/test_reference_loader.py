@@ -95,6 +95,21 @@ def test_non_numeric_layout_field_is_a_one_line_error(tmp_path):
                    "nemo2407_GPT3-5B_64gpu_gbs2048", "parallel.tp")
 
 
+def test_fp8_weights_on_a_bf16_record_are_a_one_line_error(tmp_path):
+    """parallel.fp8_param_gather keeps FP8 primary weights, which a bf16 run has not: refused by
+    record and field, as planner estimate refuses --fp8-param-gather with --dtype bf16."""
+    path = _write(tmp_path, "measured_runs.yaml", "dgxc_v24.11.1_LLAMA3-8B_bf16_8gpu",
+                  lambda r: r["parallel"].update(fp8_param_gather=True))
+    with pytest.raises(SpecError, match=r"reference dgxc_v24.11.1_LLAMA3-8B_bf16_8gpu: parallel\.fp8_param_gather"):
+        load_reference(path)
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]),
+                   "dgxc_v24.11.1_LLAMA3-8B_bf16_8gpu", "parallel.fp8_param_gather")
+    worded = _write(tmp_path, "measured_runs.yaml", "dgxc_v24.11.1_LLAMA3-8B_bf16_8gpu",
+                    lambda r: r["parallel"].update(fp8_param_gather="yes"))
+    with pytest.raises(SpecError, match=r"parallel\.fp8_param_gather: expected true, false"):
+        load_reference(worded)
+
+
 def test_malformed_fsdp_record_names_the_field(tmp_path):
     path = _write(tmp_path, "fsdp_moe_runs.yaml", "torchtitan_llama3-8b_8gpu_fsdp8",
                   lambda r: r["measured"].update(tokens_per_sec_per_gpu="fast"))
