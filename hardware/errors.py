@@ -383,6 +383,10 @@ def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
         raise SpecError(f"{what} {path}: the file is empty; expected a YAML mapping of fields")
     if not isinstance(data, dict):
         raise SpecError(f"{what} {path}: expected a YAML mapping of fields, got {type(data).__name__}")
+    cycle = _self_containing_node(data)
+    if cycle is not None:
+        raise SpecError(f"{what} {path}: {cycle}: a YAML alias (*name) inside the mapping or list it names; "
+                        "write the value out instead")
     bad = _first_non_string_key(data)
     if bad is not None:
         where, key = bad
@@ -392,6 +396,23 @@ def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
         raise SpecError(f"{what} {path}: key {where}{written}: YAML reads it as {kind}, not as a field name; "
                         "quote it or use the field's name")
     return data
+
+
+def _self_containing_node(node, where: str = "", ancestors: frozenset = frozenset()) -> str | None:
+    """Path of the first mapping or list that an alias nests inside itself (`a: &a [*a]`: YAML
+    builds a cycle, which every walk over the data would follow forever), None where there is none.
+    Shared, non-nested aliases (a source two records name) are fine."""
+    if not isinstance(node, (dict, list)):
+        return None
+    if id(node) in ancestors:
+        return where.rstrip(".")
+    inside = ancestors | {id(node)}
+    items = node.items() if isinstance(node, dict) else ((f"[{i}]", v) for i, v in enumerate(node))
+    for key, value in items:
+        found = _self_containing_node(value, f"{where}{key}.", inside)
+        if found is not None:
+            return found
+    return None
 
 
 def _first_non_string_key(node, where: str = ""):

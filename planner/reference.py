@@ -474,9 +474,18 @@ def _moe_layer_step(r: _Record, first_dense: int) -> int:
 def _mla(r: _Record) -> dict | None:
     # the attention field (bridge: "MLA (q_lora 1536, kv_lora 512)"), else the config reference
     # (ModelZoo / GB200 guide: "(MLA q_lora_rank 1536, kv_lora_rank 512, ...)")
-    text = f'{r.get("model.attention") or ""} {r.get("model.config_ref") or ""}'
+    attention = r.get("model.attention")
+    if attention is not None and not isinstance(attention, str):
+        raise SpecError(f"reference {r.id}: model.attention: expected text such as 'MLA (q_lora 1536, kv_lora 512)'; "
+                        f"got {attention!r}")
+    text = f'{attention or ""} {r.get("model.config_ref") or ""}'
     m = re.search(r"mla.*?q_lora(?:_rank)?\s*(\d+).*?kv_lora(?:_rank)?\s*(\d+)", text.lower())
     if not m:
+        if attention is not None:
+            # the only attention this field names is MLA, whose shape the ranks give: other text
+            # would leave the model on standard attention without a word
+            raise SpecError(f"reference {r.id}: model.attention: expected 'MLA (q_lora <rank>, kv_lora <rank>)' "
+                            f"(leave it out for standard attention); got {attention!r}")
         return None
     # DeepSeek-V3 config.json: qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128.
     return {"q_lora_rank": int(m.group(1)), "kv_lora_rank": int(m.group(2)), "qk_nope_head_dim": 128,
@@ -746,7 +755,8 @@ def _framework_fsdp(text: str) -> str:
         return "DeepSpeed ZeRO-3"
     if "composer" in low or "foundry" in low:
         return "llm-foundry FSDP"
-    return text
+    raise SpecError(f"parallel.framework: expected text naming the framework (Megatron-FSDP, Megatron-Core, "
+                    f"torchtitan, DeepSpeed, MosaicML Composer / llm-foundry); got {text!r}")
 
 
 def _source_measured(rid: str) -> str:
@@ -962,6 +972,9 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         # megatron/training/arguments.py @96d6abaab9 turns overlap_p2p_comm off without a virtual
         # pipeline), so a run that states PP overlap was interleaved; vpp itself is unstated.
         vpp_raw = "interleaved"
+    if isinstance(vpp_raw, str) and not vpp_raw.strip().isdigit() and "interleaved" not in vpp_raw.lower():
+        raise SpecError(f"reference {rid}: parallel.vpp: expected a whole number of virtual stages, or text "
+                        f"saying 'interleaved' where the count is not published; got {vpp_raw!r}")
     if isinstance(vpp_raw, str) and not vpp_raw.strip().isdigit():
         vpp = _smallest_vpp(model.layers // pp)
         assumptions.append(f"interleaved, vpp {vpp}" + (" (PP overlap stated: Megatron overlaps p2p only when "
@@ -1018,11 +1031,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
                        stage_layers=stage_layers,
                        sequence_parallel=sp, recompute=recompute, recompute_modules=modules, zero_stage=zero,
                        dp_comm_overlap=not era_2021, tp_comm_overlap=sp and not era_2021)
-    if r.flag("parallel.fp8_param_gather"):
-        # FP8 primary weights (--fp8-param-gather): the DP all-gather moves 1 B per weight, and no
-        # bf16 copy is kept. Stated by records whose recipe sets it (bench/heldout_nemo.py).
-        plan_fields["fp8_param_gather"] = True
-        assumptions.append("fp8 parameter all-gather (record)")
+    _stated_fp8_weights(r, plan_fields, assumptions)
     if framework == "DeepSpeed ZeRO-3":
         # 2021 Megatron did not overlap its DP reduce; DeepSpeed ZeRO-3 did: its parameter
         # coordinator prefetches the next modules' parameters (stage3_prefetch_bucket_size) and
@@ -1035,7 +1044,8 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
         return Skipped(rid, plan)
     prec = r.get("precision")
     if prec is None:
-        raise SpecError(f"reference {rid}: precision: required field is missing")
+        raise SpecError(f"reference {rid}: precision: required field is missing (a Megatron-schema record; "
+                        "an FSDP/MoE-schema record names parallel.fsdp_or_zero3_degree instead)")
     dtype, note = parse_precision(str(prec), rid)
     if note:
         assumptions.append(note)
@@ -1045,9 +1055,7 @@ def _case_measured(r: _Record, bridge: bool) -> RefCase | Skipped:
     elif bridge and dtype == "fp8" and bridge_release(rid) >= BRIDGE_ONLY_CURRENT_SCALING_FROM:
         dtype = "fp8-cs"
         assumptions.append(BRIDGE_FP8_IS_CURRENT_SCALING)
-    if plan.fp8_param_gather and dtype in ("bf16", "fp16"):
-        raise SpecError(f"reference {rid}: parallel.fp8_param_gather: FP8 weights need an FP8 precision; "
-                        f"the record's precision is {dtype}")
+    _check_stated_fp8_weights(r, plan, dtype)
     extra = {}
     if dtype != "bf16" and dtype != "fp16" and not era_2021:
         # NeMo's performance scripts set grad_reduce_in_fp32=False with fp8: bf16 main grads and reduce.
@@ -1307,13 +1315,48 @@ def _batch_the_record_implies(r: _Record, mb: int, dp: int, seq: int) -> int | N
     return implied if abs(tps * step / seq / implied - 1.0) <= 0.01 else None
 
 
+def _stated_fp8_weights(r: _Record, plan_fields: dict, assumptions: list[str]) -> None:
+    """parallel.fp8_param_gather: true where the record's recipe keeps FP8 primary weights
+    (Megatron --fp8-param-gather; bench/heldout_nemo.py states it for NeMo 2.x's FP8 plugins): the
+    DP all-gather moves 1 B per weight, and no bf16 copy is kept."""
+    if r.flag("parallel.fp8_param_gather") and not plan_fields.get("fp8_param_gather"):
+        plan_fields["fp8_param_gather"] = True
+        assumptions.append("fp8 parameter all-gather (record)")
+
+
+def _check_stated_fp8_weights(r: _Record, plan: Plan, dtype: str) -> None:
+    """FP8 weights need an FP8 precision and a sharded optimizer (Megatron refuses
+    --fp8-param-gather without --use-distributed-optimizer or FSDP: planner.megatron's rules)."""
+    if r.get("parallel.fp8_param_gather") is not True:
+        return
+    if dtype in ("bf16", "fp16"):
+        raise SpecError(f"reference {r.id}: parallel.fp8_param_gather: FP8 weights need an FP8 precision; "
+                        f"the record's precision is {dtype}")
+    if plan.zero_stage == 0:
+        raise SpecError(f"reference {r.id}: parallel.fp8_param_gather: FP8 weights are gathered by a sharded "
+                        "optimizer; the record has none (parallel.distributed_optimizer false)")
+
+
+# The FSDP/MoE schema's yes/no layout fields (each true, false or absent).
+FSDP_SWITCHES = ("float8", "mxfp8", "compile", "async_tp", "fp8_param_gather")
+
+
 def _case_fsdp(r: _Record) -> RefCase | Skipped:
     rid = r.id
     _check_record(r)
     preset, gpu_note = system_preset_for(str(r.get("system.gpu") or ""))
     if preset is None:
         return Skipped(rid, f"no preset for {r.get('system.gpu')}")
-    framework = _framework_fsdp(str(r.get("parallel.framework") or ""))
+    framework_text = r.get("parallel.framework")
+    if not isinstance(framework_text, str):
+        raise SpecError(f"reference {rid}: parallel.framework: expected text naming the framework; "
+                        f"got {framework_text!r}")
+    try:
+        framework = _framework_fsdp(framework_text)
+    except SpecError as err:
+        raise SpecError(f"reference {rid}: {err}") from None
+    for switch in FSDP_SWITCHES:  # yes/no fields: "true" or 1 would otherwise read as false
+        r.flag(f"parallel.{switch}")
     model = _model(r, True, gpt_style=framework == "DeepSpeed ZeRO-3" or framework == "llm-foundry FSDP")
     if isinstance(model, str):
         return Skipped(rid, model)
@@ -1384,6 +1427,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     elif framework == "torchtitan FSDP2" and (config := _torchtitan_float8_all_gather_config(r)):
         plan_fields["fp8_param_gather"] = True
         assumptions.append(f"fp8 parameter all-gather ({config})")
+    _stated_fp8_weights(r, plan_fields, assumptions)
     if framework == "Megatron-FSDP" and zero == 3:
         # Megatron-FSDP's user guide recommends --grad-reduce-in-bf16, and its MoE example
         # (docs/discussions/megatron-fsdp-user-guide/example-scripts/sbatch_mfsdp_deepseek_v3.sh:
@@ -1394,6 +1438,7 @@ def _case_fsdp(r: _Record) -> RefCase | Skipped:
     if isinstance(plan, str):
         return Skipped(rid, plan)
     dtype = _fsdp_dtype(r, assumptions)
+    _check_stated_fp8_weights(r, plan, dtype)
     extra = {}
     if framework == "DeepSpeed ZeRO-3":
         extra["bytes_per_param"] = BytesPerParam(grad_reduce=2.0)

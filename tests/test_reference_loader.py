@@ -264,3 +264,74 @@ def test_a_record_with_fewer_moe_layers_interleaves_them(tmp_path, records):
     rec["model"]["moe"]["moe_layers"] = 48  # every layer: as before
     path.write_text(yaml.safe_dump({"records": [rec]}))
     assert load_reference(path)[0][0].model.moe.layer_step == 1
+
+
+# --- malformed records found by an independent audit (2026-11-29): each is refused in one line ---
+
+def _refused(path, *words):
+    one_line_error(runner.invoke(app, ["validate", "--reference", str(path), "--summary"]), *words)
+
+
+def test_an_alias_inside_what_it_names_is_refused_not_followed(tmp_path):
+    """`a: &a [*a]` builds a list holding itself; every walk over it recursed until Python gave up
+    (an internal error, exit 70). Shared aliases (a source two records name) stay allowed."""
+    for text, where in (("a: &a [*a]\nrecords: []\n", "a.[0]"), ("records:\n- &r {id: x, model: *r}\n",
+                                                                   "records.[0].model"),
+                        ("records: &l [*l]\n", "records.[0]")):
+        path = tmp_path / "cycle.yaml"
+        path.write_text(text)
+        _refused(path, str(path), where, "alias")
+
+
+FSDP_BF16, FSDP_FP8 = "torchtitan_llama3-8b_8gpu_fsdp8", "torchtitan_llama3-8b_8gpu_fsdp8_compile_fp8"
+
+
+@pytest.mark.parametrize("field", ["float8", "mxfp8", "compile", "async_tp", "fp8_param_gather"])
+@pytest.mark.parametrize("value", ["true", 1])
+def test_fsdp_schema_switches_are_true_or_false(tmp_path, field, value):
+    """`float8: "true"` had read as false (bf16, exit 0): the yes/no fields take true or false."""
+    path = _write(tmp_path, "fsdp_moe_runs.yaml", FSDP_BF16, lambda r: r["parallel"].update({field: value}))
+    _refused(path, FSDP_BF16, f"parallel.{field}", "expected true, false")
+
+
+def test_fsdp_schema_reads_fp8_weights_and_refuses_them_in_bf16(tmp_path):
+    on_fp8 = _write(tmp_path, "fsdp_moe_runs.yaml", FSDP_FP8, lambda r: r["parallel"].update(fp8_param_gather=True))
+    (case,), _ = load_reference(on_fp8)
+    assert case.plan.fp8_param_gather and case.job.dtype != "bf16"
+    on_bf16 = _write(tmp_path, "fsdp_moe_runs.yaml", FSDP_BF16, lambda r: r["parallel"].update(fp8_param_gather=True))
+    _refused(on_bf16, FSDP_BF16, "parallel.fp8_param_gather", "FP8 precision")
+
+
+def test_fp8_weights_without_a_sharded_optimizer_are_refused(tmp_path):
+    """Megatron refuses --fp8-param-gather without the distributed optimizer (planner.megatron.rules)."""
+    rid = "nemo2407_GPT3-5B_64gpu_gbs2048"
+    path = _write(tmp_path, "measured_runs.yaml", rid,
+                  lambda r: r["parallel"].update(fp8_param_gather=True, distributed_optimizer=False))
+    _refused(path, rid, "parallel.fp8_param_gather", "sharded optimizer")
+
+
+@pytest.mark.parametrize("value", ["torchtitn FSDP2", "abc", [1, 2]])
+def test_an_fsdp_framework_the_loader_does_not_know_is_refused(tmp_path, value):
+    """A misspelt framework had been kept as text: no torch-FSDP2 sharding, 1.77 s instead of 2.95."""
+    path = _write(tmp_path, "fsdp_moe_runs.yaml", FSDP_BF16, lambda r: r["parallel"].update(framework=value))
+    _refused(path, FSDP_BF16, "parallel.framework")
+
+
+@pytest.mark.parametrize("value", ["MLA", "MLA (q_lora 1536)", "abc", [1, 2]])
+def test_attention_text_without_mla_ranks_is_refused(tmp_path, value):
+    """The field names MLA with its ranks; other text had silently left DeepSeek-V3 on standard attention."""
+    rid = "bridge_25.11_DeepSeekV3_DGX-GB200_BF16_256gpu_gbs4096"
+    path = _write(tmp_path, "bridge_runs.yaml", rid, lambda r: r["model"].update(attention=value))
+    _refused(path, rid, "model.attention")
+
+
+@pytest.mark.parametrize("value", ["abc", "nan"])
+def test_vpp_text_must_say_interleaved(tmp_path, value):
+    rid = "bridge_26.06_LLAMA3.1_405B_DGX-GB200_FP8_256gpu_gbs1536"
+    path = _write(tmp_path, "bridge_runs.yaml", rid, lambda r: r["parallel"].update(vpp=value))
+    _refused(path, rid, "parallel.vpp", "interleaved")
+
+
+def test_a_record_missing_its_fsdp_degree_is_told_which_schema_it_was_read_as(tmp_path):
+    path = _write(tmp_path, "fsdp_moe_runs.yaml", FSDP_BF16, lambda r: r["parallel"].pop("fsdp_or_zero3_degree"))
+    _refused(path, FSDP_BF16, "precision", "fsdp_or_zero3_degree")
