@@ -47,6 +47,14 @@ SCHEMA_VERSION = 1
 MEASUREMENT_FIELDS = ("measured.iteration_time_s", "measured.step_time_s", "derived.iteration_time_s",
                       "measured.tokens_per_sec", "measured.tokens_per_sec_per_gpu", "measured.tflops_per_gpu",
                       "measured.model_tflops_per_gpu")
+# Numbers a record may print beside them, which the loader reports but does not use: checked
+# alike, so that a table's typo is named rather than carried along (finite numbers >= 0; counts).
+PRINTED_NUMBERS = ("measured.aggregate_pflops", "measured.alt_model_tflops_per_gpu",
+                   "measured.alt_tokens_per_sec_per_gpu", "measured.est_training_days_300B_tokens", "measured.hfu",
+                   "measured.memory_gib", "measured.mfu", "measured.pct_of_peak", "measured.samples_per_sec")
+PRINTED_COUNTS = ("parallel.grad_accum", "parallel.dp_printed", "parallel.num_microbatches",
+                  "parallel.model_parallel_size", "parallel.expert_dp", "parallel.expert_fsdp_degree",
+                  "parallel.hsdp_replicas", "parallel.shard_group")
 
 # Frameworks whose runs the per-accelerator efficiency parameters are fitted on (bench/calibrate.py):
 # the Megatron-Core stack, whose kernels (Transformer Engine) and overlaps the model describes.
@@ -342,6 +350,12 @@ def _check_record(r: _Record) -> None:
     names of its layout fields."""
     for path in MEASUREMENT_FIELDS:
         r.float(path)
+    for path in PRINTED_NUMBERS:  # a table may print 0 where it rounds (MPT-13B at 32K: 0 samples/s)
+        value = r.get(path)
+        if value is not None and not (finite_number(value) and value >= 0):
+            raise SpecError(f"reference {r.id}: {path}: expected a finite number >= 0, got {value!r}")
+    for path in PRINTED_COUNTS:
+        r.int(path)
     _activation(r)
     _recompute(r.get("parallel.recompute"), [], "none", "", r.id)
     if not re.match(VISIBLE_LINE_PATTERN, r.id):

@@ -335,3 +335,17 @@ def test_vpp_text_must_say_interleaved(tmp_path, value):
 def test_a_record_missing_its_fsdp_degree_is_told_which_schema_it_was_read_as(tmp_path):
     path = _write(tmp_path, "fsdp_moe_runs.yaml", FSDP_BF16, lambda r: r["parallel"].pop("fsdp_or_zero3_degree"))
     _refused(path, FSDP_BF16, "precision", "fsdp_or_zero3_degree")
+
+
+@pytest.mark.parametrize("base_file,rid,block,field,value", [
+    ("measured_runs.yaml", "nemo2407_GPT3-5B_64gpu_gbs2048", "parallel", "grad_accum", "abc"),
+    ("measured_runs.yaml", "nemo2407_GPT3-5B_64gpu_gbs2048", "parallel", "grad_accum", 0),
+    ("measured_runs.yaml", "dgxc_v24.11.1_LLAMA3-8B_bf16_8gpu", "measured", "mfu", -5),
+    ("measured_runs.yaml", "dgxc_v24.11.1_LLAMA3-8B_bf16_8gpu", "measured", "mfu", "abc"),
+    ("fsdp_moe_runs.yaml", FSDP_BF16, "measured", "memory_gib", "lots"),
+])
+def test_printed_numbers_the_loader_does_not_use_are_still_numbers(tmp_path, base_file, rid, block, field, value):
+    """A table's other numbers (MFU, accumulation steps, memory) are reported, not used; a typo in
+    one is named rather than carried along."""
+    path = _write(tmp_path, base_file, rid, lambda r: r.setdefault(block, {}).update({field: value}))
+    _refused(path, rid, f"{block}.{field}")
