@@ -203,10 +203,11 @@ MAX_RECORD_INTEGER = 1 << 40
 # the loader's default (micro_batch_size: mb 1)
 PARALLEL_FIELDS = ("activation_cpu_offload", "async_tp", "comm_overlap", "compile", "cp", "cpu_offload", "dispatcher",
                    "distributed_optimizer", "dp", "dp_printed", "ep", "etp", "expert_dp", "expert_fsdp_degree",
-                   "float8", "float8_recipe", "fp8_param_gather", "framework", "fsdp", "fsdp_or_zero3_degree", "global_batch",
-                   "grad_accum", "hsdp_replicas", "lowp_recipe", "microbatch", "model_parallel_size", "mp_mode",
-                   "mxfp8", "num_microbatches", "pp", "pp_layout", "pp_microbatches", "pp_schedule", "precision",
-                   "recompute", "sequence_parallel", "shard_group", "sharding", "tp", "tp_pp_split_note", "vpp")
+                   "float8", "float8_recipe", "fp8_param_gather", "framework", "fsdp", "fsdp_or_zero3_degree",
+                   "global_batch", "grad_accum", "hsdp_replicas", "lowp_recipe", "microbatch", "model_parallel_size",
+                   "mp_mode", "mxfp8", "num_microbatches", "pp", "pp_layout", "pp_microbatches", "pp_schedule",
+                   "precision", "recompute", "sequence_parallel", "shard_group", "sharding", "tp", "tp_pp_split_note",
+                   "vpp")
 
 
 # The fields of a record's other blocks (the three packaged files' union and what the loader reads
