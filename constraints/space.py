@@ -72,7 +72,7 @@ from planner.analytical.estimate import check_hbm_reserve  # the rule estimate()
 from planner.analytical.layer_kinds import lead_layer_model, lead_layers
 from planner.analytical.memory import selective_freed_coefficients
 from planner.megatron.expressible import (FP8_DELAYED_NO_RECOMPUTE, a2a_overlap_model, graph_job_refusals,
-                                          graph_option_refusals, megatron_offload_fraction)
+                                          graph_option_refusals, grouped_gemm, megatron_offload_fraction)
 
 CP_CAP = 8
 # Finer context splits are searched only for long sequences: the published long-context layouts
@@ -119,9 +119,10 @@ SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
     ("moe_act",), ("layernorm",), ("mla_up_proj", "moe_act"))
 
 
-def recompute_module_masks(model: ModelSpec, job: JobSpec) -> tuple[int, ...]:
+def recompute_module_masks(model: ModelSpec, job: JobSpec, system: SystemSpec) -> tuple[int, ...]:
     """Bit masks of the SELECTIVE_MODULE_SETS that apply to `model` (and, for Megatron, to the
-    precision: FP8 delayed scaling recomputes neither moe_act nor layernorm) and free memory: a
+    precision: FP8 delayed scaling recomputes neither moe_act nor layernorm; and to the GPU: moe_act
+    needs the grouped expert GEMM, Ampere and later) and free memory: a
     set that stores what no recompute stores (core_attn under fused attention: its checkpoint keeps
     Q, K, V and the projection keeps the output) only adds time, so it is not searched (it can
     still be estimated and emitted)."""
@@ -131,6 +132,8 @@ def recompute_module_masks(model: ModelSpec, job: JobSpec) -> tuple[int, ...]:
         if any(why[name] is not None for name in modules):
             continue
         if job.framework == "megatron" and job.dtype == "fp8" and set(modules) & set(FP8_DELAYED_NO_RECOMPUTE):
+            continue
+        if job.framework == "megatron" and "moe_act" in modules and not grouped_gemm(system):
             continue
         mask = recompute_modules_mask(modules)
         # what it frees in the repeated layer or, for a MoE model, in its leading dense layers
@@ -227,7 +230,7 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
                              if m <= cap),
         "global_batch": (job.global_batch,) if job.global_batch else tuple(range(1, cap + 1)),
         "recompute": tuple(RECOMPUTE_CODES.values()),
-        "recompute_modules": (0,) + recompute_module_masks(model, job),
+        "recompute_modules": (0,) + recompute_module_masks(model, job, system),
         "sequence_parallel": (0, 1), "tp_comm_overlap": (0, 1), "dp_comm_overlap": (0, 1),
         "zero_stage": ZERO_STAGES,
         "offload_weights": (0.0,) if mega else off,

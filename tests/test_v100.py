@@ -56,24 +56,63 @@ def test_volta_defaults_to_fp16_and_unfused_attention():
     one_line_error(result, "dtype", "has no bf16 GEMM peak", "compute capability 8.0 or newer; it is 7.0", "allowed on it: fp16")
 
 
-@checker_batch("v100")
-def _checker_cases(tmp_path_factory):
-    """`planner megatron` on the DGX-2, as a user runs it."""
-    result = runner.invoke(app, ["megatron", "-m", "gpt3-5b", "-s", "dgx2-v100", "-g", "16", "-b", "64",
-                                 "--tp", "2", "--pp", "1", "--dp", "8"])
+def _v100_launch(args: list[str]) -> tuple[list[str], dict]:
+    result = runner.invoke(app, ["megatron", "-s", "dgx2-v100", *args])
     assert result.exit_code == 0, result.output
     env, argv, torchrun = mg.parse_script(result.output)
     at = argv.index("--data-path")
-    argv = [PLACEHOLDERS.get(word, word) for word in argv[:at] + ["--mock-data"] + argv[at + 2:]]
-    return argv, [{"argv": argv, "world_size": 16, "env": env, "arch": 7}]
+    return [PLACEHOLDERS.get(word, word) for word in argv[:at] + ["--mock-data"] + argv[at + 2:]], env
+
+
+@checker_batch("v100")
+def _checker_cases(tmp_path_factory):
+    """`planner megatron` on the DGX-2, as a user runs it: a dense model, and a MoE model (the
+    search's best plan for Qwen3-30B-A3B on 64 V100s)."""
+    dense, env = _v100_launch(["-m", "gpt3-5b", "-g", "16", "-b", "64", "--tp", "2", "--pp", "1", "--dp", "8"])
+    moe, moe_env = _v100_launch(["-m", "qwen3-30b-a3b", "-g", "64", "-b", "256"])
+    return (dense, moe), [{"argv": dense, "world_size": 16, "env": env, "arch": 7},
+                          {"argv": moe, "world_size": 64, "env": moe_env, "arch": 7}]
 
 
 def test_megatron_accepts_the_v100_launch(megatron_checked):
-    argv, (res,) = megatron_checked.get("v100")
+    (argv, _), (res, _) = megatron_checked.get("v100")
     assert "--fp16" in argv and "--bf16" not in argv
     assert argv[argv.index("--attention-backend") + 1] == "unfused"
     assert res["ok"], res.get("error")
     assert res["ns"]["fp16"] is True and res["ns"]["tensor_model_parallel_size"] == 2 and res["dp"] == 8
+
+
+def test_megatron_accepts_a_v100_moe_launch_without_grouped_gemm(megatron_checked):
+    """Megatron's GroupedGEMM kernels need compute capability 8 (validate_args asserts it): on a
+    V100 the experts run one GEMM each, so the launch leaves --moe-grouped-gemm out, and the
+    search recomputes no moe_act, which needs it."""
+    (_, argv), (_, res) = megatron_checked.get("v100")
+    assert "--num-experts" in argv and "--moe-grouped-gemm" not in argv
+    assert res["ok"], res.get("error")
+    assert res["ns"]["moe_grouped_gemm"] is False and res["ns"]["expert_model_parallel_size"] > 1
+
+
+def test_grouped_gemm_before_ampere_is_refused_by_our_rules_too():
+    from planner.megatron.rules import MSG_GROUPED_GEMM_ARCH
+    args = {"--num-layers": "4", "--hidden-size": "256", "--num-attention-heads": "4", "--seq-length": "512",
+            "--max-position-embeddings": "512", "--micro-batch-size": "1", "--global-batch-size": "8",
+            "--num-experts": "4", "--moe-grouped-gemm": None, "--fp16": None}
+    assert MSG_GROUPED_GEMM_ARCH in mg.validate_megatron_args(args, 8, gpu_arch_major=7)
+    assert MSG_GROUPED_GEMM_ARCH not in mg.validate_megatron_args(args, 8, gpu_arch_major=8)
+
+
+def test_v100_search_and_launch_leave_moe_act_out():
+    from planner.search import plan as search
+    model, system = load_model("qwen3-30b-a3b"), load_system("dgx2-v100", 64)
+    job = JobSpec(global_batch=256, **gpu_job_defaults(system))
+    pinned = search(model, system, job.model_copy(update={"pins": {"recompute": "selective"}}), top_k=5)
+    assert pinned.ranked and all("moe_act" not in (r.plan.recompute_modules or ()) for r in pinned.ranked)
+    on_a100 = search(model, load_system("a100-80g", 64), JobSpec(global_batch=256, pins={"recompute": "selective"}),
+                     top_k=5)
+    assert any("moe_act" in (r.plan.recompute_modules or ()) for r in on_a100.ranked)  # the rule binds only here
+    act = pinned.ranked[0].plan.model_copy(update={"recompute_modules": ("moe_act",)})
+    refusals = mg.launch_refusals(act, model, job, system)
+    assert any("moe_act needs the grouped expert GEMM" in r for r in refusals), refusals
 
 
 def test_the_readme_2020_v100_runs_are_compared_not_skipped():

@@ -15,7 +15,8 @@ from typing import Callable
 from hardware.spec import SystemSpec
 from planner.analytical import kernels
 from planner.pipeline_layout import fullest_rank_layers, pipeline_args, plan_layout, recompute_per_chunk
-from planner.megatron.expressible import cpu_offload_layers, has_dense_mlp_layers, offload_fraction_of_layers
+from planner.megatron.expressible import (cpu_offload_layers, grouped_gemm, has_dense_mlp_layers,
+                                          offload_fraction_of_layers)
 from planner.megatron import hybrid, te_precision
 from planner.megatron.rules import DEFAULT_NORM_EPSILON, DEFAULT_ROPE_SCALING_FACTOR, DEFAULT_ROTARY_BASE
 from planner.megatron.launch import ENTRYPOINT, Arg, MegatronLaunch, arch_is_assumed, gpu_arch_major
@@ -187,8 +188,9 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
     # (planner/data/h100_moe_kernels.csv), so the launch fuses it (TE >= 2.6 at run time, the
     # TE 2.10 the launches target), as NVIDIA's recipes do (bridge_recipe_knobs.yaml
     # moe_router_fusion); fp32 router logits as they do too.
-    a += [("--moe-grouped-gemm", None),
-          ("--moe-router-dtype", "fp32"), ("--moe-router-fusion", None)]
+    if system is None or grouped_gemm(system):  # before Ampere: one GEMM per expert
+        a.append(("--moe-grouped-gemm", None))
+    a += [("--moe-router-dtype", "fp32"), ("--moe-router-fusion", None)]
     # A load-balancing loss: Megatron's default aux-loss coefficient is 0, i.e. no balancing, and
     # learned routing then drifts from the balance the cost assumes (JobSpec.moe_load_imbalance).
     # 1e-2, the starting value Megatron's own --moe-aux-loss-coeff help recommends (arguments.py

@@ -8,6 +8,7 @@ from hardware.spec import SystemSpec
 from planner.analytical.offload import fraction_of_layers, offloaded_layers
 from planner.pipeline_layout import fullest_rank_layers, layout_not_expressible
 from planner.megatron.launch import arch_text, compute_capability
+from planner.megatron.rules import GROUPED_GEMM_MIN_ARCH
 from planner.model import ModelSpec
 from planner.plan import DEFAULT_RECOMPUTE_MODULES, JobSpec, Plan, applicable_recompute_modules
 
@@ -227,6 +228,9 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
     if arch < need:
         reasons.append(f"dtype: {job.dtype} needs compute capability {need:.1f} or newer; "
                        f"{system.accelerator.name} is {arch_text(system)}")
+    if plan.recompute == "selective" and "moe_act" in (plan.recompute_modules or ()) and not grouped_gemm(system):
+        reasons.append(f"recompute_modules: moe_act needs the grouped expert GEMM, which needs compute capability "
+                       f"{GROUPED_GEMM_MIN_ARCH}.0 or newer; {system.accelerator.name} is {arch_text(system)}")
     # the launch keeps 16-bit parameters beside fp32 master weights whatever the costing said
     # (a plan file's job.bytes_per_param): a plan costed otherwise is not what Megatron would run
     for field, runs in (("weights", 2.0), ("master", 4.0)):
@@ -240,6 +244,12 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
                        "reduce-scatter and parameter gather, while the plan costs them exposed; drop "
                        "--no-dp-comm-overlap")
     return reasons
+
+
+def grouped_gemm(system: SystemSpec) -> bool:
+    """Whether Megatron runs the experts as grouped GEMMs on this GPU (--moe-grouped-gemm: Ampere
+    and later); before, one GEMM per expert, and no moe_act recompute (rules.MSG_MOE_ACT_GROUPED)."""
+    return int(compute_capability(system)) >= GROUPED_GEMM_MIN_ARCH
 
 
 def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:

@@ -193,6 +193,10 @@ MSG_DELAY_WGRAD = "overlap_moe_expert_parallel_comm must be enabled when enablin
 RECOMPUTE_MODULES_ALLOWED = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts",
                              "gdn_norm_out")
 MSG_MOE_ACT_GROUPED = "moe_act in recompute_modules is only supported with moe_grouped_gemm."
+# GroupedGEMM kernels need Ampere or later (validate_args, megatron-core 0.19.2 arguments.py:
+# `assert dc[0] >= 8`): before it the experts run one GEMM each (SequentialMLP).
+GROUPED_GEMM_MIN_ARCH = 8
+MSG_GROUPED_GEMM_ARCH = "Unsupported compute capability for GroupedGEMM kernels."
 MSG_MLA_UP_PROJ = "mla_up_proj in recompute_modules is only supported with multi_latent_attention."
 MSG_SHARED_EXPERTS_OVERLAP = "shared_experts recompute cannot work with --moe-shared-expert-overlap."
 MSG_FP8_DELAYED_MODULES = "Delayed scaling does not support moe_act and layernorm recompute for fp8."
@@ -409,6 +413,8 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
     if a.tp_comm_overlap and not sequence_parallel:
         err(MSG_TP_COMM_OVERLAP)
 
+    if a.moe_grouped_gemm and gpu_arch_major < GROUPED_GEMM_MIN_ARCH:
+        err(MSG_GROUPED_GEMM_ARCH)
     # MA 2a: CUDA_DEVICE_MAX_CONNECTIONS before Blackwell, unless FSDP.
     # (arguments.py: with --overlap-moe-expert-parallel-comm it only warns)
     if (tp > 1 or cp > 1) and gpu_arch_major < 10 and not (a.use_megatron_fsdp or a.use_torch_fsdp2) \
