@@ -186,12 +186,13 @@ class _Record:
         allowed = "true, false" + "".join(f", a note containing {n!r}" for n in notes)
         raise SpecError(f"reference {self.id}: {path}: expected {allowed}; got {value!r}")
 
-    def float(self, path: str) -> float | None:
+    def float(self, path: str, zero_ok: bool = False) -> float | None:
         value = self.get(path)
         if value is None:
             return None
-        if not (finite_number(value) and value > 0):
-            raise SpecError(f"reference {self.id}: {path}: expected a finite number > 0, got {value!r}")
+        if not (finite_number(value) and (value >= 0 if zero_ok else value > 0)):
+            raise SpecError(f"reference {self.id}: {path}: expected a finite number {'>=' if zero_ok else '>'} 0, "
+                            f"got {value!r}")
         return float(value)
 
 
@@ -352,9 +353,7 @@ def _check_record(r: _Record) -> None:
     for path in MEASUREMENT_FIELDS:
         r.float(path)
     for path in PRINTED_NUMBERS:  # a table may print 0 where it rounds (MPT-13B at 32K: 0 samples/s)
-        value = r.get(path)
-        if value is not None and not (finite_number(value) and value >= 0):
-            raise SpecError(f"reference {r.id}: {path}: expected a finite number >= 0, got {value!r}")
+        r.float(path, zero_ok=True)
     for path in PRINTED_COUNTS:
         r.int(path)
     _activation(r)

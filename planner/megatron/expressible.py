@@ -7,7 +7,7 @@ import numpy as np
 from hardware.spec import SystemSpec
 from planner.analytical.offload import fraction_of_layers, offloaded_layers
 from planner.pipeline_layout import fullest_rank_layers, layout_not_expressible
-from planner.megatron.launch import arch_text, compute_capability
+from planner.megatron.launch import arch_text, compute_capability, gpu_arch_major
 from planner.megatron.rules import GROUPED_GEMM_MIN_ARCH
 from planner.model import ModelSpec
 from planner.plan import DEFAULT_RECOMPUTE_MODULES, JobSpec, Plan, applicable_recompute_modules
@@ -249,7 +249,7 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
 def grouped_gemm(system: SystemSpec) -> bool:
     """Whether Megatron runs the experts as grouped GEMMs on this GPU (--moe-grouped-gemm: Ampere
     and later); before, one GEMM per expert, and no moe_act recompute (rules.MSG_MOE_ACT_GROUPED)."""
-    return int(compute_capability(system)) >= GROUPED_GEMM_MIN_ARCH
+    return gpu_arch_major(system) >= GROUPED_GEMM_MIN_ARCH
 
 
 def launch_problems(plan: Plan, system: SystemSpec) -> list[str]:
