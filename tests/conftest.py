@@ -1,5 +1,6 @@
 import copy
 import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,11 @@ def pytest_configure(config):
     module again, as they would where PYTHONDONTWRITEBYTECODE is set (about 15 s of a run on 2
     cores). __pycache__ is ignored by git; a tree that cannot be written is left as it is."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller has done it
+        # The workers already fill the CPUs, as `planner sweep`'s do (planner.threads): extra
+        # search threads only contend with the other worker (the oracle cases took 13 % longer).
+        # tests/test_threads.py sets the variable itself where it tests the threads.
+        from planner.threads import THREADS_ENV  # noqa: PLC0415
+        os.environ.setdefault(THREADS_ENV, "1")
         return
     import compileall  # noqa: PLC0415
     root = Path(__file__).resolve().parents[1]

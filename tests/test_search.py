@@ -40,7 +40,8 @@ CASES = [
     # free batch on 128 GPUs. Was batch <= 256 (1.8 M oracle rows), then <= 128; <= 64 has the
     # same best layout (tp 8 pp 4 dp 4, vpp 12 and 24, zero 1/2) at a third of the time
     ("gpt3-175b", "a100-80g", 128, JobSpec(max_global_batch=64)),
-    ("llama3-8b", "h100-sxm", 16, JobSpec(max_global_batch=64)),
+    # batch <= 32: the same five layouts as <= 64 (ZeRO 1-3, cp 2, block recompute) in half the time
+    ("llama3-8b", "h100-sxm", 16, JobSpec(max_global_batch=32)),
     ("llama3-8b", "h100-sxm", 8, JobSpec(global_batch=64)),
     ("llama3-70b", "h100-sxm", 64, JobSpec(global_batch=128)),
     ("mixtral-8x7b", "h100-sxm", 16, JobSpec(global_batch=64)),
@@ -51,10 +52,13 @@ CASES = [
     # unpipelined MoE plans are the cases beside it
     ("mixtral-8x7b", "h100-sxm", 16, JobSpec(max_global_batch=32, pins={"pp": 2})),
     ("llama3-8b", "gh200", 24, JobSpec(max_global_batch=48)),
-    ("llama3-8b", "gh200", 24, JobSpec(global_batch=48, framework="any")),
-    # batch <= 16 keeps what <= 32 ranked first (pp 2 and 4 with vpp 16-64 beside pp 1), in half the time
+    # every framework's options on 24 Grace Hoppers, unpipelined (the same five layouts as with pp
+    # free, in a third of the time; case llama3-8b-h200-8 holds framework "any" with pipelines)
+    ("llama3-8b", "gh200", 24, JobSpec(global_batch=48, framework="any", pins={"pp": 1})),
+    # batch <= 16 keeps what <= 32 ranked first (pp 2 and 4 with vpp 16-64 beside pp 1), in half the
+    # time; for 254 blocks <= 8 ranks pp 2 with vpp 127 (254 = 2 x 127) among its five, in half again
     (TINY256, "h100-sxm", 16, JobSpec(max_global_batch=16)),
-    (TINY254, "h100-sxm", 16, JobSpec(max_global_batch=16)),
+    (TINY254, "h100-sxm", 16, JobSpec(max_global_batch=8)),
     ("seed-1t-256blocks", "h100-offload-1tib", 256, JobSpec(global_batch=256)),
     ("seed-1t-254blocks", "h100-offload-1tib", 256, JobSpec(global_batch=256)),
     ("gpt3-175b", "h100-offload-1tib", 32, JobSpec(global_batch=64)),
@@ -68,8 +72,9 @@ CASES = [
     ("mixtral-8x7b", "h100-sxm", 16, JobSpec(global_batch=64, pins={"etp": 1, "recompute": "selective",
                                                                     "recompute_modules": "layernorm,moe_act"})),
     ("llama3-8b", "h100-sxm", 12, JobSpec(global_batch=64, allow_idle_gpus=True)),
-    # B200 (free batch <= 64: the layouts of <= 128, tp 1-4 with cp 2, in half the time)
-    ("megatron-22b", "b200", 32, JobSpec(max_global_batch=64)),
+    # B200, free batch <= 32 (<= 64 ranked only unpipelined layouts, in twice the time): pp 2 with
+    # vpp 7-12, one of them with per-stage layer layouts
+    ("megatron-22b", "b200", 32, JobSpec(max_global_batch=32)),
     ("llama3-8b", "h200", 8, JobSpec(global_batch=32, framework="any")),
     # MoE on Grace Hopper (4-GPU nodes, 32-GPU NVLink domain, offload tier), free batch. Was 16
     # GPUs (2.7 M oracle rows); 8 GPUs (2 nodes) keeps the cross-node groups, and its top 5 has
