@@ -25,17 +25,21 @@ assumptions with where it was read.
 
 Rows still off after their own settings are applied, for reasons the model cannot express (numbers
 from `planner validate`; no per-row factor is applied to any of them):
-- ModelZoo GB200 BF16 tp1 pp8 ep8 (+29 %, 33.5 s predicted against 25.9 s): the model charges 16 local
+- ModelZoo GB200 BF16 tp1 pp8 ep8 (+20.7 %, 31.3 s predicted against 25.9 s): the model charges 16 local
   experts x 2 GEMMs x EXPERT_GEMM_HOST_US (50 us) = 1.6 ms of host issue per MoE layer forward
   against 0.87 ms of expert GPU time: 0.73 ms exposed, 6.7 s of the step with the backward. The
-  row needs <= 41 us per expert GEMM to come within 20 % (28 us to match; with no host cost at all
-  it is +4.6 %), while the x86 hosts' rows with the same 16 local experts need the fitted value
-  (H100 BF16 tp4 pp8 ep8: -5.4 % at 50 us, -15 % at 40 us; Bridge B200 ep8 25.09 / 26.02: +2.3 % /
-  -3.5 %). So it is not the dtype (the H100 rows are BF16 too): this run's host issued expert
-  GEMMs about twice as fast, a Grace CPU with this command's per-layer CUDA graphs (attn,
-  moe_router, moe_preprocess) and HybridEP, against x86 hosts on older code. One host constant per
-  CPU would be fitted on this single row (the other GB200/GB300 rows have <= 4 local experts and
-  are not host-bound), i.e. a per-row factor.
+  row is within 20 % at <= 49 us per expert GEMM (31 us to match; with no host cost at all it is
+  -3.8 %), while the x86 hosts' rows with the same 16 local experts need the fitted value
+  (H100 BF16 tp4 pp8 ep8: -7.6 % at 50 us, -17 % at 40 us; Bridge B200 ep8 25.09 / 26.02: +1.3 % /
+  -3.5 % at 50 us, -7.4 / -11.5 % at 40). Not the CPU: Grace spends more host time per linear
+  layer than a DGX H100's Xeon (NVIDIA/TransformerEngine issue #2053, GB200 vs H100 DGX: torch
+  Linear 37 vs 13 us of CPU per forward). Not the dtype or the TE release alone either: the H100 rows are BF16 on the ModelZoo's
+  July-2025 image (TE 07afda9), the Bridge B200 26.02 row is MXFP8 on a TE with "Reduce CPU
+  overheads" (#2377; TE 5671fd3), and both need the fitted value. This row is the only one with both:
+  BF16 (GroupedLinear quantises nothing per expert) on the ModelZoo's Blackwell image (TE 99df881,
+  release_v2.9 with #2377), plus per-layer CUDA graphs of attn, moe_router and moe_preprocess and
+  HybridEP. A host constant for that combination would be fitted on this single row (the other
+  GB200/GB300 rows have <= 4 local experts and are not host-bound), i.e. a per-row factor.
 - Bridge 25.11 DGX-B200 Qwen3-235B (-18 %) and DeepSeek-V3 (-17 %): both ran 16-25 % slower per
   microbatch than the same layouts on the same GPUs in the neighbouring releases, which the model
   predicts within 5 %: Qwen3 tp1 pp8 ep8, 156.6 ms per microbatch (25.11) against 124.8 (25.09,
