@@ -353,6 +353,19 @@ def _load_strict(yaml, text: str, aliases: bool = False):
     return yaml.load(text, Loader=_strict_loader(fast or yaml.SafeLoader, aliases))  # noqa: S506 (safe loader)
 
 
+def kind_text(value) -> str:
+    """What a YAML or JSON value is, in the file's own words (null, not NoneType)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the text {shortened(value)!r}"
+    return {list: "a list", tuple: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
 def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
     """A YAML file's top-level mapping, or a one-line SpecError; `aliases`: allow `&a`/`*a`
     (reference files share a source between records), within MAX_EXPANDED_NODES."""
@@ -376,13 +389,15 @@ def read_yaml_mapping(path: Path, what: str, aliases: bool = False) -> dict:
         problem = getattr(exc, "problem", None)  # what the parser found there, e.g. an unhashable key
         detail = f": {' '.join(str(problem).split())}" if mark is not None and problem else \
             "" if mark is not None else f" ({exc})"
+        if "tag:yaml.org,2002:merge" in detail:  # the loader takes no `<<` merge keys: say so in words
+            detail = ": a YAML merge key (<<) is not supported; write the keys out"
         raise SpecError(f"{what} {path}: malformed YAML{at}{detail}") from None
     except OSError as exc:
         raise SpecError(f"{what} {path}: cannot read ({exc.strerror})") from None
     if data is None:
         raise SpecError(f"{what} {path}: the file is empty; expected a YAML mapping of fields")
     if not isinstance(data, dict):
-        raise SpecError(f"{what} {path}: expected a YAML mapping of fields, got {type(data).__name__}")
+        raise SpecError(f"{what} {path}: expected a YAML mapping of fields, got {kind_text(data)}")
     cycle = _self_containing_node(data)
     if cycle is not None:
         raise SpecError(f"{what} {path}: {cycle}: a YAML alias (*name) inside the mapping or list it names; "

@@ -98,6 +98,21 @@ def _accelerator_ref(ref: str, system_path: Path, label: str) -> str:
     return ref
 
 
+def accelerator_file_of(system_ref: str) -> Path | None:
+    """The accelerator file a system file names (`accelerator: ./my-gpu.yaml`), where it is a file
+    and the system file reads: None for a preset, an inline accelerator or an unreadable file (the
+    loader says what is wrong with those)."""
+    try:
+        path, label = resolve_preset_or_file(system_ref, PRESET_DIR, "system")
+        ref = _read_spec(path, "system").get("accelerator")
+        if not isinstance(ref, str):
+            return None
+        found, _ = resolve_preset_or_file(_accelerator_ref(ref, path, label), ACCELERATOR_DIR, "accelerator")
+    except SpecError:
+        return None
+    return None if Path(found).resolve().is_relative_to(ACCELERATOR_DIR.resolve()) else Path(found)
+
+
 def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     data = _read_spec(path, "system")
     if isinstance(data.get("accelerator"), str):

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from hardware.errors import MAX_YAML_BYTES, SpecError, finite_number
+from hardware.errors import MAX_YAML_BYTES, SpecError, finite_number, kind_text
 
 # Training runs pre-train at 4k–8k tokens and extend the context later; max_position_embeddings
 # (often 128k) is the inference limit, so it is only an upper bound here.
@@ -610,11 +610,14 @@ def read_config(path: Path) -> dict:
         raise SpecError(f"model {path}: key {exc.args[0]!r} appears twice in one object; keep one") from None
     except RecursionError:
         raise SpecError(f"model {path}: not a JSON config (nested too deep)") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        where = f" at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else ""
-        raise SpecError(f"model {path}: not a JSON config{where}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"model {path}: not a text (UTF-8) JSON file") from None
+    except json.JSONDecodeError as exc:
+        if not exc.doc.strip():
+            raise SpecError(f"model {path}: the file is empty; expected a JSON object of config fields") from None
+        raise SpecError(f"model {path}: not a JSON config at line {exc.lineno} ({exc.msg})") from None
     if not isinstance(data, dict):
-        raise SpecError(f"model {path}: expected a JSON object of fields, got {type(data).__name__}")
+        raise SpecError(f"model {path}: expected a JSON object of fields, got {kind_text(data)}")
     if data.get("text_config") is not None and not isinstance(data["text_config"], dict):
         raise SpecError(f"model {path}: text_config must be a mapping (the language model's fields) or null, "
                         f"got {_shown(data['text_config'])}")
@@ -792,6 +795,10 @@ def model_fields(path: Path) -> dict:
     if unread and not moe_keys:
         # a MoE config spelling its experts differently (ERNIE-4.5 moe_num_experts, DBRX
         # ffn_config) would otherwise be read as the dense model it is not
+        if set(unread) <= {"num_experts_per_tok", "experts_per_token", "moe_intermediate_size"}:
+            # keys this reader does read, beside a missing count (a Mixtral without num_local_experts)
+            raise SpecError(f"model {path} (model_type {model_type!r}): {', '.join(unread)} names experts, and "
+                            f"the expert count is missing (it is read from {', '.join(EXPERT_COUNT_KEYS)})")
         raise SpecError(f"model {path} (model_type {model_type!r}): {', '.join(unread)} names experts this "
                         f"reader does not map (it reads the expert count from {', '.join(EXPERT_COUNT_KEYS)})")
     if not moe_keys and "intermediate_size" not in cfg:
@@ -1017,8 +1024,10 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     expert_ffn = cfg.get("moe_intermediate_size") or cfg.get("intermediate_size")
     top_k = cfg.get("num_experts_per_tok") or cfg.get("experts_per_token")
     if not top_k:  # named by the config's key, not the planner's moe.top_k
+        given = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
+        got = "it is missing" if given is None else f"got {given!r}"
         raise SpecError(f"model {path}: num_experts_per_tok (or experts_per_token) must be an integer >= 1 "
-                        f"for a MoE config ({moe_keys[0]} {experts}), got {cfg.get('num_experts_per_tok')!r}")
+                        f"for a MoE config ({moe_keys[0]} {experts}); {got}")
     moe = {"num_experts": experts, "top_k": top_k, "expert_ffn": expert_ffn}
     for key in DENSE_LAYER_KEYS_NOT_READ.get(cfg.get("model_type"), ()):
         if cfg.get(key):

@@ -8,7 +8,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
-from hardware.errors import finite_number, in_range, refuse_loose_types, SpecError, one_line, read_yaml_mapping, shortened
+from hardware.errors import finite_number, in_range, kind_text, refuse_loose_types, SpecError, one_line, read_yaml_mapping, shortened
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
@@ -603,7 +603,7 @@ def load_plan(path: str | Path) -> Plan:
         check_plan_file_fields(data, path)
     data = data.get("plan", data)  # accept a bare plan mapping too
     if not isinstance(data, dict):
-        raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {type(data).__name__}")
+        raise SpecError(f"plan ({path}): plan: expected a mapping of plan fields, got {kind_text(data)}")
     # the layout and batch have defaults for the CLI's flags, not for a file: a file without them
     # was estimated as dp 1, batch 1, and the flag that disagreed was blamed
     missing = [f for f in PLAN_FILE_REQUIRED if f not in data]

@@ -666,14 +666,22 @@ def output_paths(out_dir: str | Path, name: str = "sweep") -> dict[str, Path]:
 
 def refuse_inputs_as_outputs(outputs: list[Path], inputs: dict[str, list[str]]) -> None:
     """An output path that is one of the sweep's input files (`--force` overwrites outputs, never
-    the model or system it reads): {flag: references} of the inputs, presets left out."""
+    the model or system it reads, nor the accelerator file a system file names): {flag:
+    references} of the inputs, presets left out."""
+    from hardware.load import accelerator_file_of
     from planner.planfile import is_preset
     written = {p.resolve() for p in outputs}
     for flag, refs in inputs.items():
         for ref in refs:
-            if ref and not is_preset(ref, "system" if flag == "--system" else "model") and Path(ref).resolve() in written:
-                raise SpecError(f"out: {Path(ref)} is the {flag} input and would be overwritten; choose another "
-                                "--out or --name")
+            if not ref or is_preset(ref, "system" if flag == "--system" else "model"):
+                continue
+            named = [(Path(ref), f"the {flag} input")]
+            if flag == "--system":
+                accelerator = accelerator_file_of(ref)
+                named += [(accelerator, f"the accelerator file of --system {ref}")] if accelerator else []
+            for path, what in named:
+                if path.resolve() in written:
+                    raise SpecError(f"out: {path} is {what} and would be overwritten; choose another --out or --name")
 
 
 def refuse_overwrite(paths: dict[str, Path], force: bool) -> None:

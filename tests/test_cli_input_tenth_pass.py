@@ -243,8 +243,11 @@ def test_a_versus_file_is_checked_as_estimate_checks_it_and_named_in_its_errors(
     one_line_error(runner.invoke(app, ["plan", *job, "--versus", str(saved)]), "versus:", str(saved), "gpus: 32")
     moe = tmp_path / "m.yaml"
     assert runner.invoke(app, ["plan", "-m", "mixtral-8x7b", *job[2:], "--save", str(moe)]).exit_code == 0
-    assert "layernorm" in yaml.safe_load(moe.read_text())["plan"]["recompute_modules"]
-    one_line_error(runner.invoke(app, ["plan", *job, "--versus", str(moe)]), "versus:", str(moe), "recompute_modules")
+    moe_plan = yaml.safe_load(moe.read_text())["plan"]
+    assert "layernorm" in moe_plan["recompute_modules"] and moe_plan["ep"] > 1
+    # said as `estimate --plan` says it: the layout is a MoE model's (its expert parallelism first)
+    one_line_error(runner.invoke(app, ["plan", *job, "--versus", str(moe)]), "versus:", str(moe),
+                   "ep: applies to MoE models only; llama3-8b has no experts")
 
 
 def test_a_system_files_relative_accelerator_is_read_beside_it(tmp_path, monkeypatch):

@@ -129,12 +129,28 @@ SavedSystemOpt = Annotated[Optional[str], typer.Option(
     "--system", "-s", help="System preset or YAML (default: the one a --plan file names, else a100-80g).")]
 
 
+def check_utf8_text(flag: str, value, kept_in: str) -> None:
+    """A name or path the planner writes into a file (`kept_in`) must be UTF-8 text: a file name
+    with other bytes reaches Python as lone surrogates, which neither JSON nor YAML can store (the
+    file would be written unreadable, or the write would fail half-way)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            import os
+            shown = repr(os.fsencode(value))[2:-1]  # the bytes as the file system has them: \xff
+            raise SpecError(f"{flag}: '{shown}' is not valid UTF-8 (a file name with other bytes) and cannot be "
+                            f"kept in {kept_in}; rename the file") from None
+
+
 def write_plan_file(path: str, data: dict) -> None:
     """Write a plan file (planner.planfile.plan_file_data) as the format its name says, JSON or
     YAML (YAML reads both); never over an existing file."""
     import json
 
     import yaml
+    for key in ("model", "system"):
+        check_utf8_text(f"save: {key}", data.get(key), "a plan file")
     try:
         with open(path, "x") as handle:
             if str(path).lower().endswith(".json"):
@@ -180,6 +196,17 @@ def read_plan_mapping(plan_file: str, flag: str) -> dict:
     return saved
 
 
+def check_plan_file_header(saved: dict, plan_file: str, check_gpus: bool = True, check_seq: bool = True) -> None:
+    """A saved plan file's fields beside its layout (model, system, gpus, seq_length) of the right
+    kind, its numbers in range, checked as the file's (not as flags the user never gave): the
+    same for every command that reads a plan file."""
+    for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
+        if key in saved and (not isinstance(saved[key], kind) or isinstance(saved[key], bool)):
+            raise SpecError(f"plan {plan_file}: {key}: expected {kind.__name__}, got {saved[key]!r}")
+    check_int(f"plan {plan_file}: gpus", saved.get("gpus") if check_gpus else None, 1, MAX_GPUS)
+    check_int(f"plan {plan_file}: seq_length", saved.get("seq_length") if check_seq else None, 1, MAX_SEQ_LENGTH)
+
+
 def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None, seq_length: int | None,
                          plan_file) -> tuple[ModelSpec, SystemSpec]:
     """load_inputs, where a file saved by `planner plan --save` supplies what the user did not give."""
@@ -187,13 +214,7 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
     if plan_file is not None:  # --plan "" is a mistake, not "no plan"
         saved = read_plan_mapping(plan_file, "plan")
         saved = saved if "plan" in saved else {}
-        for key, kind in (("model", str), ("system", str), ("gpus", int), ("seq_length", int)):
-            if key in saved and (not isinstance(saved[key], kind) or isinstance(saved[key], bool)):
-                raise SpecError(f"plan {plan_file}: {key}: expected {kind.__name__}, got {saved[key]!r}")
-        # the file's own numbers are checked as the file's (not as flags the user never gave)
-        check_int(f"plan {plan_file}: gpus", saved.get("gpus") if gpus is None else None, 1, MAX_GPUS)
-        check_int(f"plan {plan_file}: seq_length", saved.get("seq_length") if seq_length is None else None, 1,
-                  MAX_SEQ_LENGTH)
+        check_plan_file_header(saved, plan_file, check_gpus=gpus is None, check_seq=seq_length is None)
 
     def given(flag, key):  # a flag the user gave (0 included: it is refused, never replaced)
         if flag is None and key in ("model", "system") and isinstance(saved.get(key), str):
@@ -210,6 +231,12 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
             typer.echo(f"note: plan {plan_file} names no {' and no '.join(unnamed)}; using "
                        + ", ".join(f"{defaults[k]} ({'-m' if k == 'model' else '-s'} to choose another)"
                                    for k in unnamed), err=True)
+        if "job" not in saved and {"seq_length", "global_batch"} <= saved.keys():
+            # a saved file (`plan --save` writes seq_length and global_batch beside the layout, then
+            # job) cut short: what it ran (precision, kernels) is gone; a hand-written layout is not noted
+            typer.echo(f"note: plan {plan_file} looks cut short: it has no job: block, which `plan --save` writes "
+                       "last; costing it with this command's settings (--dtype and the other job flags, else their "
+                       "defaults)", err=True)
     try:
         return load_inputs(DEFAULT_MODEL if model_ref is None else model_ref,
                            DEFAULT_SYSTEM if system_ref is None else system_ref,

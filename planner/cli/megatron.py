@@ -288,13 +288,12 @@ def _run(o: dict) -> None:
     check_recompute_layers(plan, model)
     _refuse_unemitted_kernels(job, model)
 
+    if plan.gpus != system.num_gpus:  # blamed on what set each count: the file, --gpus or the flags
+        raise SpecError(gpu_count_mismatch(plan, system, o["plan_file"], o["gpus"]))
     problems = mg.launch_refusals(plan, model, job, system)
     if not problems:
-        if plan.gpus != system.num_gpus:
-            problems = [gpu_count_mismatch(plan, system, o["plan_file"], o["gpus"])]
-        else:
-            est = estimate(model, system, plan, job)
-            problems = fit_problems(est, system, model)
+        est = estimate(model, system, plan, job)
+        problems = fit_problems(est, system, model)
     if problems:
         raise SpecError("; ".join(problems))
     checkpoint_warnings: list[str] = []

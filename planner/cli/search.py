@@ -11,6 +11,7 @@ from planner.jsonout import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
     check_new_file,
+    check_utf8_text,
     given_flags,
     CudaGraphOpt,
     Fp8AttentionOpt,
@@ -156,17 +157,25 @@ def _versus_estimate(path: str, model, system, job):
     (the comparison is of layouts, on one job), and the saved job settings in which its file
     differs from this job ({field: (file's, this job's)}), for the note that says so."""
     from planner.analytical.estimate import estimate, rule_text
-    from planner.cli.common import check_layout_fits_model, check_recompute_layers, read_plan_mapping
+    from planner.cli.common import (check_layout_fits_model, check_plan_file_header, check_recompute_layers,
+                                    read_plan_mapping, refuse_plan_file_contradictions)
+    from planner.model import load_model
     from planner.plan import load_plan
-    from planner.planfile import SAVED_JOB_FIELDS, saved_job
+    from planner.planfile import SAVED_JOB_FIELDS, saved_job, saved_reference
     saved_mapping = read_plan_mapping(path, "versus")
     try:
+        if "plan" in saved_mapping:  # a saved plan file: its other fields as `estimate --plan` checks them
+            check_plan_file_header(saved_mapping, path)
+            if "model" in saved_mapping:  # the model it was saved for must exist (a layout is one model's)
+                saved_model = load_model(saved_reference(saved_mapping["model"], "model", path))
         plan = load_plan(path)
         saved = saved_job(path, plan)
         check_layout_fits_model(plan, model, path)
+        refuse_plan_file_contradictions(plan, model, saved, path)
         check_recompute_layers(plan, model)
     except SpecError as err:  # the file's own errors, named as --versus's
-        raise SpecError(f"versus: {err}") from None
+        text = str(err)
+        raise SpecError(f"versus: {text if text.startswith('plan ') else f'plan {path}: {text}'}") from None
     said = saved_mapping.get("gpus")
     if said is not None and said != plan.gpus:  # (as `estimate --plan` refuses the same file)
         raise SpecError(f"versus: plan {path}: tp·pp·dp·cp = {plan.gpus} but the file says gpus: {said}; "
@@ -193,6 +202,8 @@ def _versus_estimate(path: str, model, system, job):
     differs = {} if saved is None else {
         name: (getattr(saved, name), getattr(job, name)) for name in SAVED_JOB_FIELDS
         if getattr(saved, name) != getattr(job, name)}
+    if "plan" in saved_mapping and "model" in saved_mapping and saved_model.name != model.name:
+        differs = {"model": (saved_model.name, model.name), **differs}
     return est, differs
 
 
@@ -489,6 +500,9 @@ def _plan(o: dict) -> None:
     from planner.recommend import recommend
     check_int("top", o["top"], 1, MAX_TOP_K)
     check_new_file("save", o["save"])
+    if o["save"] is not None:  # what the file will name: said before the search, not after
+        for key in ("model", "system"):
+            check_utf8_text(f"save: {key}", o.get(key), "a plan file")
     model, system, job = _inputs(o)
     baseline, differs = _versus_estimate(o["versus"], model, system, job) if o.get("versus") is not None \
         else (None, {})

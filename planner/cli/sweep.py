@@ -23,6 +23,7 @@ from planner.cli.common import (
     DtypeOpt,
     check_float,
     check_int,
+    check_utf8_text,
     FrameworkOpt,
     GpusOpt,
     JsonOpt,
@@ -169,6 +170,10 @@ def register(app: typer.Typer) -> None:
             from planner.sweep import import_ray
             import_ray()
         axes = [Axis.from_cli(v) for v in vary]
+        for flag, refs in (("model", [model]), ("system", [system]),
+                           ("vary model", [v for a in axes if a.name == "model" for v in a.values])):
+            for ref in refs:
+                check_utf8_text(flag, ref, "the sweep's point log")
         # a flag that fixes what an axis varies: the axis would silently win
         fixed = {"gpus": [("-g/--gpus", gpus)],
                  "max_batch": [("-b/--global-batch", global_batch), ("--max-global-batch", max_global_batch)]}

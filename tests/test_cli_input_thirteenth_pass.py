@@ -1,0 +1,157 @@
+"""A thirteenth pass over malformed input (about 590 probes of model, system and Hugging Face
+files, saved plans, sweeps and the environment, by an independent audit): a file name that is not
+UTF-8 ended a sweep in "internal error" and was saved into a plan file no command could read back,
+--versus compared files that `estimate --plan` refuses, `sweep --force` overwrote the accelerator
+file a system file names, a saved plan cut short lost its precision in silence, and messages that
+named the wrong culprit or Python's types."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from planner.cli.app import app
+from tests.conftest import one_line_error
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "16", "-b", "32"]
+
+
+def run(args: list[str]):
+    return runner.invoke(app, args)
+
+
+def _saved(tmp_path) -> Path:
+    path = tmp_path / "base.yaml"
+    assert run(["plan", *JOB, "-k", "1", "--save", str(path)]).exit_code == 0
+    return path
+
+
+def _edited(tmp_path, base: Path, name: str, **top) -> str:
+    doc = yaml.safe_load(base.read_text())
+    plan = top.pop("plan", {})
+    doc.update(top)
+    doc["plan"].update(plan)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+def test_a_file_name_that_is_not_utf8_is_refused_where_it_would_be_written(tmp_path):
+    """A name with a 0xff byte reaches Python as a lone surrogate, which neither the sweep's JSON
+    point log nor a YAML plan file can hold: the sweep ended in "internal error" (exit 70) and left
+    an empty output folder; `plan --save` wrote a file its readers refused. Both are refused up
+    front, in one line that shows the byte; commands that write nothing still read the file."""
+    model = tmp_path / os.fsdecode(b"m\xff.yaml")
+    shutil.copy(ROOT / "examples" / "custom_model.yaml", model)
+    out = tmp_path / "out"
+    line = one_line_error(run(["sweep", "-m", str(model), "-s", "h100-sxm", "-b", "8", "--vary", "gpus=8",
+                               "-o", str(out), "-j", "1"]), "model:", "m\\xff.yaml", "not valid UTF-8")
+    assert "point log" in line and not out.exists()
+    saved = tmp_path / "p.yaml"
+    one_line_error(run(["plan", "-m", str(model), "-s", "h100-sxm", "-g", "8", "-b", "8", "-k", "1",
+                        "--save", str(saved)]), "save: model:", "not valid UTF-8", "plan file")
+    one_line_error(run(["estimate", "-m", str(model), "-s", "h100-sxm", "-g", "8", "-b", "8", "--tp", "1",
+                        "--save", str(saved)]), "save: model:", "not valid UTF-8")
+    assert not saved.exists()
+    costed = run(["estimate", "-m", str(model), "-s", "h100-sxm", "-g", "8", "-b", "8", "--tp", "1"])
+    assert costed.exit_code in (0, 1) and "error:" not in costed.output, costed.output  # 1: does not fit
+
+
+def test_versus_checks_a_saved_file_as_estimate_does(tmp_path):
+    """--versus compared files that `estimate --plan` refuses (exit 0): a pipeline rank without a
+    layer, a file naming no model that exists or a model of the wrong kind, numbers written as
+    text or out of range (a negative gpus was said as a GPU-count mismatch)."""
+    base = _saved(tmp_path)
+    cases = [
+        (dict(plan={"pp": 2, "dp": 8, "stage_layers": [0, 32]}), "every pipeline rank needs a layer"),
+        (dict(model=5), "model: expected str, got 5"),
+        (dict(model="llama9"), "model: unknown preset 'llama9'"),
+        (dict(model="missing_model.yaml"), "model: file"),
+        (dict(seq_length=0), "seq_length: must be an integer from 1"),
+        (dict(seq_length="8192"), "seq_length: expected int, got '8192'"),
+        (dict(gpus="16"), "gpus: expected int, got '16'"),
+        (dict(gpus=-16), "gpus: must be an integer from 1"),
+    ]
+    for i, (edit, words) in enumerate(cases):
+        path = _edited(tmp_path, base, f"v{i}.yaml", **edit)
+        one_line_error(run(["estimate", "--plan", path]), words)
+        one_line_error(run(["plan", *JOB, "-k", "1", "--versus", path]), "versus:", f"plan {path}", words)
+
+
+def test_versus_notes_a_file_saved_for_another_model(tmp_path):
+    path = _edited(tmp_path, _saved(tmp_path), "other.yaml", model="llama3-70b")
+    result = run(["plan", *JOB, "-k", "1", "--versus", path])
+    assert result.exit_code == 0, result.output
+    assert "saved for model llama3-70b" in " ".join(result.output.split())
+
+
+def test_megatron_blames_the_plan_files_gpus_not_the_system(tmp_path):
+    """`megatron --plan` said "the plan needs 16 GPUs but the system has 8", where the 8 was the
+    file's own gpus: (h100-sxm has 1,024); `estimate --plan` names the file."""
+    path = _edited(tmp_path, _saved(tmp_path), "g.yaml", gpus=8)
+    for command in ("estimate", "megatron"):
+        one_line_error(run([command, "--plan", path]), f"plan {path}: tp·pp·dp·cp = 16 but the file says gpus: 8")
+    one_line_error(run(["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--tp", "2", "--pp", "2",
+                        "--dp", "4", "-b", "32"]), "tp·pp·dp·cp = 16 but the system has 8 GPUs")
+
+
+def test_a_saved_plan_cut_short_before_its_job_says_so(tmp_path):
+    """A saved fp8 plan cut before `job:` was costed in bf16 without a word; a hand-written layout
+    (model and system beside the plan, no job) stays quiet."""
+    fp8 = tmp_path / "fp8.yaml"
+    assert run(["plan", *JOB, "--dtype", "fp8", "-k", "1", "--save", str(fp8)]).exit_code == 0
+    text = fp8.read_text()
+    cut = tmp_path / "cut.yaml"
+    cut.write_text(text[:text.index("\njob:") + 1])
+    result = run(["estimate", "--plan", str(cut)])
+    assert f"note: plan {cut} looks cut short: it has no job: block" in " ".join(result.output.split())
+    example = str(ROOT / "examples" / "megatron_gpt3_175b.yaml")
+    assert "cut short" not in run(["megatron", "--plan", example]).output
+
+
+def test_sweep_force_never_overwrites_the_accelerator_file_a_system_names(tmp_path):
+    (tmp_path / "sweep.csv").write_text((ROOT / "hardware/presets/accelerators/h100-sxm5-80gb.yaml").read_text())
+    system = yaml.safe_load((ROOT / "hardware/presets/h100-sxm.yaml").read_text())
+    system["accelerator"] = "./sweep.csv"
+    (tmp_path / "sys.yaml").write_text(yaml.safe_dump(system))
+    before = (tmp_path / "sweep.csv").read_text()
+    one_line_error(run(["sweep", "-m", "llama3-8b", "-s", str(tmp_path / "sys.yaml"), "-b", "16", "--vary", "gpus=8",
+                        "-o", str(tmp_path), "--force"]), "is the accelerator file of --system", "would be overwritten")
+    assert (tmp_path / "sweep.csv").read_text() == before
+
+
+def test_messages_say_what_the_file_holds_in_its_own_words(tmp_path):
+    """null, not NoneType; a merge key, not a constructor tag; an empty or non-UTF-8 config.json,
+    not "not a JSON config"; a missing expert count or top-k named as missing."""
+    (tmp_path / "merge.yaml").write_text("<<: {layers: 40, hidden: 5120}\nname: x\n")
+    one_line_error(run(["estimate", "-m", str(tmp_path / "merge.yaml"), "-s", "h100-sxm", "-g", "8"]),
+                   "a YAML merge key (<<) is not supported")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    one_line_error(run(["estimate", "-m", str(tmp_path / "list.yaml"), "-s", "h100-sxm", "-g", "8"]),
+                   "expected a YAML mapping of fields, got a list")
+    config = tmp_path / "config.json"
+    for content, words in ((b"null", "expected a JSON object of fields, got null"),
+                           (b"", "the file is empty"), (b"\xff\xfe{}", "not a text (UTF-8) JSON file"),
+                           (b'{"a":\n', "not a JSON config at line 2")):
+        config.write_bytes(content)
+        one_line_error(run(["estimate", "-m", str(config), "-s", "h100-sxm", "-g", "8"]), words)
+    mixtral = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+               "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+               "max_position_embeddings": 32768}
+    import json
+    config.write_text(json.dumps({**mixtral, "num_experts_per_tok": 2}))
+    one_line_error(run(["estimate", "-m", str(config), "-s", "h100-sxm", "-g", "8"]),
+                   "num_experts_per_tok names experts, and the expert count is missing")
+    config.write_text(json.dumps({**mixtral, "num_local_experts": 8}))
+    one_line_error(run(["estimate", "-m", str(config), "-s", "h100-sxm", "-g", "8"]),
+                   "num_experts_per_tok (or experts_per_token) must be an integer >= 1", "it is missing")
+    plan = _saved(tmp_path)
+    doc = yaml.safe_load(plan.read_text())
+    doc["plan"] = None
+    plan.write_text(yaml.safe_dump(doc))
+    one_line_error(run(["estimate", "--plan", str(plan)]), "expected a mapping of plan fields, got null")
