@@ -45,6 +45,24 @@ def refuse_dash(ref, what: str, instead: str, stream: str = "standard input") ->
         raise SpecError(f"{what}: '-' ({stream}) is not supported; {instead}")
 
 
+# pydantic error types in the project's words ("tp: must be > 0, got the number -1" for pydantic's
+# "Input should be greater than 0"); `got` is what the file held, said by kind_text
+PYDANTIC_WORDS = {
+    "greater_than": "must be > {gt}, got {got}",
+    "greater_than_equal": "must be >= {ge}, got {got}",
+    "less_than": "must be < {lt}, got {got}",
+    "less_than_equal": "must be <= {le}, got {got}",
+    "int_type": "expected an integer, got {got}",
+    "int_from_float": "expected an integer (a whole number), got {got}",
+    "float_type": "expected a number, got {got}",
+    "string_type": "expected text, got {got}",
+    "tuple_type": "expected a list such as [16, 16], got {got}",
+    "list_type": "expected a list, got {got}",
+    "too_short": "expected at least {min_length} item(s), got {actual_length}",
+    "string_too_long": "must be at most {max_length} characters long",
+}
+
+
 def one_line(err: ValidationError, where: str) -> SpecError:
     """First pydantic error as `where: field.path: message`; an unknown key before the rest (a typo
     of a required key also reads as that key missing: the typo is what the user wrote), with the
@@ -74,6 +92,8 @@ def one_line(err: ValidationError, where: str) -> SpecError:
         msg = f"must be an integer in its range; {format(value, 'g') if finite_number(value) else value} is far beyond it"
     elif first["type"] == "string_pattern_mismatch":  # VISIBLE_LINE_PATTERN, the only pattern of a spec
         msg = f"must be one line of visible text, got {str(first.get('input'))[:40]!r}"
+    elif first["type"] in PYDANTIC_WORDS:  # pydantic's wording, said in ours with what was written
+        msg = PYDANTIC_WORDS[first["type"]].format(**first.get("ctx", {}), got=kind_text(first.get("input")))
     elif first["type"] in (INCONSISTENT, "value_error") and not first["loc"]:
         loc = None  # a model's own check: its message names the fields itself
     if first["type"] == "value_error":

@@ -155,3 +155,18 @@ def test_messages_say_what_the_file_holds_in_its_own_words(tmp_path):
     doc["plan"] = None
     plan.write_text(yaml.safe_dump(doc))
     one_line_error(run(["estimate", "--plan", str(plan)]), "expected a mapping of plan fields, got null")
+
+
+def test_pydantics_bounds_and_types_are_said_with_what_was_written(tmp_path):
+    """"tp: Input should be greater than 0" named the field but not the value or the kind wanted."""
+    base = _saved(tmp_path)
+    cases = [(dict(plan={"tp": -1}), "tp: must be > 0, got the number -1"),
+             (dict(plan={"stage_layers": "16,16"}), "stage_layers: expected a list such as [16, 16], got the text '16,16'"),
+             (dict(plan={"micro_batch": 1.5}), "micro_batch: expected an integer (a whole number), got the number 1.5"),
+             (dict(plan={"tp": [1]}), "tp: expected an integer, got a list")]
+    for i, (edit, words) in enumerate(cases):
+        one_line_error(run(["estimate", "--plan", _edited(tmp_path, base, f"b{i}.yaml", **edit)]), words)
+    doc = yaml.safe_load(base.read_text())
+    doc["job"]["hbm_reserve_gib"] = 5000
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
+    one_line_error(run(["estimate", "--plan", str(tmp_path / "r.yaml")]), "hbm_reserve_gib: must be <= 1024")
