@@ -67,6 +67,13 @@ ENCODER_TYPES = ("albert", "bert", "camembert", "deberta", "deberta-v2", "distil
                  "modernbert", "mpnet", "roberta", "xlm-roberta", "xlm-roberta-xl",
                  "bart", "mbart", "pegasus", "t5", "mt5", "umt5", "longt5", "switch_transformers", "whisper")
 
+# Recurrent and state-space stacks with no attention layers (transformers' Mamba, Mamba-2, RWKV,
+# xLSTM, RecurrentGemma is hybrid but its recurrent blocks are not Mamba-2): costed from llama-style
+# fields they would be an attention model they are not. Hybrid Mamba-2 stacks are read as
+# nemotron_h (hybrid_override_pattern); Jamba's layer kinds are refused where its fields name them.
+RECURRENT_TYPES = ("mamba", "mamba2", "falcon_mamba", "rwkv", "rwkv5", "rwkv6", "rwkv7", "xlstm",
+                   "recurrent_gemma")
+
 
 def refuse_encoders(cfg: dict, path: Path) -> None:
     """A one-line error for an encoder or encoder-decoder config (the planner costs causal
@@ -85,6 +92,10 @@ def refuse_encoders(cfg: dict, path: Path) -> None:
                                                 and not low.endswith("forcausallm")):
                 raise SpecError(f"model {path}: architectures {_shown(arch)} is an encoder model (and the config "
                                 "names no model_type); the planner costs decoder-only causal language models")
+    if kind in RECURRENT_TYPES:
+        raise SpecError(f"model {path}: model_type {_shown(kind)} is a recurrent (state-space or RNN) stack with no "
+                        "attention layers; the planner costs transformers and hybrid Mamba-2 stacks written as "
+                        "nemotron_h (hybrid_override_pattern)")
 
 
 # Which layers keep full attention: a config's layer_types (GPT-OSS, newer Gemma-3 dumps), else

@@ -113,8 +113,11 @@ def test_short_context_models_keep_their_max_position(tmp_path):
 
 
 @pytest.mark.parametrize("edit,message", [
-    ({"model_type": "rwkv", "num_hidden_layers": None, "hidden_size": None},
-     "model_type 'rwkv'): missing num_hidden_layers, hidden_size"),
+    ({"model_type": "some_new_arch", "num_hidden_layers": None, "hidden_size": None},
+     "model_type 'some_new_arch'): missing num_hidden_layers, hidden_size"),
+    # a recurrent stack written with llama-style fields is not costed as the transformer it is not
+    ({"model_type": "rwkv"}, 'model_type "rwkv" is a recurrent'),
+    ({"model_type": "mamba"}, 'model_type "mamba" is a recurrent'),
     ({"moe_layer_freq": 2, "n_routed_experts": 8, "num_experts_per_tok": 2}, "moe_layer_freq 2 is not supported"),
     ({"mlp_only_layers": [3, 7], "num_experts": 8, "num_experts_per_tok": 2}, "mlp_only_layers [3, 7]"),
     # ERNIE-4.5's MoE fields: an expert count spelt otherwise is refused, not read as a dense model
