@@ -504,6 +504,26 @@ def resolved_inputs(spec: SweepSpec) -> dict:
             "system": json.loads(load_system(spec.system, spec.gpus).model_dump_json())}
 
 
+def _first_difference(logged, now, path: str = "") -> str:
+    """Where a point log's header and this sweep's inputs first differ, as 'sweep.time_limit_s 5 ->
+    6' (the log's value, then this run's); 'other inputs' where no one field says it."""
+    import json
+    if isinstance(logged, dict) and isinstance(now, dict):
+        for key in [*logged, *(k for k in now if k not in logged)]:
+            if logged.get(key) != now.get(key):
+                return _first_difference(logged.get(key), now.get(key), f"{path}.{key}" if path else str(key))
+    if isinstance(logged, list) and isinstance(now, list) and len(logged) == len(now):
+        for i, (a, b) in enumerate(zip(logged, now)):
+            if a != b:
+                return _first_difference(a, b, f"{path}[{i}]")
+    if not path:
+        return "other inputs"
+    def shown(v) -> str:
+        text = "(none)" if v is None else json.dumps(v)
+        return text if len(text) <= 40 else text[:37] + "..."
+    return f"{path}: {shown(logged)} in the log, {shown(now)} now"
+
+
 class PointLog:
     """Finished points, one JSON line each, appended as they complete (`NAME.points.jsonl`).
 
@@ -581,7 +601,7 @@ class PointLog:
         if not (isinstance(header, dict) and "sweep" in header):
             raise self._malformed(1, 'not the header {"sweep": ...} that records the sweep\'s inputs')
         if header != self.header:
-            raise SpecError(f"out: {self.path} holds the points of a different sweep (other inputs); "
+            raise SpecError(f"out: {self.path} holds the points of a different sweep ({_first_difference(header, self.header)}); "
                             "pass --force to start over, or another --name")
         grid = {point_key(params) for params in self.spec.grid()}
         for number, record in enumerate(records[1:], start=2):

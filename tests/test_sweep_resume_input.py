@@ -164,10 +164,12 @@ def test_a_system_file_edited_between_the_runs_is_another_sweep(tmp_path, monkey
     args = ["sweep", "-m", "llama3-8b", "-s", str(system), "-b", "1024", "-j", "1", "--no-explain",
             "--vary", "gpus=8,16,32", "--out", str(tmp_path / "out")]
     assert CliRunner().invoke(app, args).exit_code == 130
+    logged_gib = float(spec["accelerator"]["hbm_capacity_gib"])
     spec["accelerator"]["hbm_capacity_gib"] = 16
     system.write_text(yaml.safe_dump(spec))
     monkeypatch.setattr(sweep_mod, "evaluate_point", REAL_EVALUATE)
-    one_line_error(CliRunner().invoke(app, args), "holds the points of a different sweep")
+    one_line_error(CliRunner().invoke(app, args), "holds the points of a different sweep",
+                   f"inputs.system.accelerator.hbm_capacity_gib: {logged_gib} in the log, 16.0 now")
 
 
 def test_a_header_cut_by_a_kill_is_a_fresh_log(tmp_path, monkeypatch):
