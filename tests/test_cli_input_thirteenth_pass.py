@@ -170,3 +170,13 @@ def test_pydantics_bounds_and_types_are_said_with_what_was_written(tmp_path):
     doc["job"]["hbm_reserve_gib"] = 5000
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(doc))
     one_line_error(run(["estimate", "--plan", str(tmp_path / "r.yaml")]), "hbm_reserve_gib: must be <= 1024")
+
+
+def test_megatron_names_the_file_whose_layout_is_another_models(tmp_path):
+    """`megatron --plan FILE -m llama3-70b` said "stage_layers sum to 32, the model has 80 layers"
+    naming no file; `estimate --plan` says whose layout it is."""
+    path = tmp_path / "pp2.yaml"
+    assert run(["plan", *JOB, "-k", "1", "--pp", "2", "--save", str(path)]).exit_code == 0
+    for command in ("estimate", "megatron"):
+        one_line_error(run([command, "--plan", str(path), "-m", "llama3-70b"]),
+                       f"plan {path}: its stage_layers hold 32 layers, but llama3-70b has 80")

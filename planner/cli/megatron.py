@@ -22,6 +22,7 @@ from planner.cli.common import (
     check_dtype_on_system,
     check_module_dtypes_on_system,
     check_job_reserve,
+    check_layout_fits_model,
     check_recompute_layers,
     refuse_plan_file_contradictions,
     check_new_file,
@@ -187,6 +188,7 @@ def _plan_and_job(o: dict, model, system):
         if o["global_batch"] is not None and o["global_batch"] != plan.global_batch:
             raise SpecError(f"global-batch: {o['global_batch']} differs from the plan's "
                             f"global_batch ({plan.global_batch})")
+        check_layout_fits_model(plan, model, o["plan_file"])  # a layout is one model's: say so, naming the file
         job = _job(o, model, system, plan)
         refuse_plan_file_contradictions(plan, model, job, o["plan_file"])
         return plan, job
