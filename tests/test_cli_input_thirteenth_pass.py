@@ -180,3 +180,14 @@ def test_megatron_names_the_file_whose_layout_is_another_models(tmp_path):
     for command in ("estimate", "megatron"):
         one_line_error(run([command, "--plan", str(path), "-m", "llama3-70b"]),
                        f"plan {path}: its stage_layers hold 32 layers, but llama3-70b has 80")
+
+
+def test_a_closed_standard_output_exits_74_as_a_full_disk_does():
+    """Started with fd 1 closed (`>&-`), Python drops every print: `plan` exited 0 with its answer
+    lost; a full disk (/dev/full) already gave 74."""
+    import subprocess
+    import sys
+    done = subprocess.run(["bash", "-c", f'"{sys.executable}" -m planner.cli presets >&-'], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 74, (done.returncode, done.stderr)
+    assert done.stderr.strip() == "error: cannot write the output (standard output is closed)"

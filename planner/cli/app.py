@@ -107,6 +107,12 @@ class _LazyOneLineGroup(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         from hardware.errors import SpecError
 
+        if sys.stdout is None:  # started with fd 1 closed (`>&-`): Python drops every print in silence
+            _error("cannot write the output (standard output is closed)", False)
+            if standalone_mode:
+                sys.exit(EXIT_IO)
+            return EXIT_IO
+
         # a message or a table may hold what the terminal's encoding cannot show (a file name that
         # is not UTF-8, an ASCII locale): escape it rather than fail on the way out
         for stream in (sys.stdout, sys.stderr):
@@ -283,8 +289,8 @@ app = typer.Typer(
          "Start with `planner plan` (GPT-3 175B on 1024 A100, batch 1536) or `planner presets`. "
          "-m/-s take a preset name or a path to a YAML file: a bare preset name always means the "
          "preset (write ./NAME for a file of that name). Exit codes: 0 done, 1 no plan fits, "
-         "2 input error, 70 internal error (a bug in planner), 74 output not written (disk full), "
-         "130 interrupted, 141 output pipe closed. "
+         "2 input error, 70 internal error (a bug in planner), 74 output not written (disk full, "
+         "standard output closed), 130 interrupted, 141 output pipe closed. "
          "PARPLAN_THREADS=N sets the threads a search uses "
          "(default: the usable CPUs, at most 8; same plans on any count).")
 
