@@ -39,6 +39,9 @@ def load_accelerator(ref: str) -> Accelerator:
         refuse_loose_types(data, Accelerator, f"accelerator ({label})")
         return Accelerator.model_validate(data)
     except ValidationError as err:
+        other = other_kind_of_file(data, "accelerator")  # a system or model file named as the accelerator
+        if other:
+            raise SpecError(f"accelerator ({label}): {other}") from None
         raise one_line(err, f"accelerator ({label})") from None
 
 
@@ -116,7 +119,11 @@ def accelerator_file_of(system_ref: str) -> Path | None:
 def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
     data = _read_spec(path, "system")
     if isinstance(data.get("accelerator"), str):
-        data["accelerator"] = load_accelerator(_accelerator_ref(data["accelerator"], path, label)).model_dump()
+        try:
+            data["accelerator"] = load_accelerator(_accelerator_ref(data["accelerator"], path, label)).model_dump()
+        except SpecError as err:  # said as the system file's field: which file named it
+            text = str(err)
+            raise SpecError(text if text.startswith("system (") else f"system ({label}): {text}") from None
     if num_gpus is not None:
         if num_gpus < 1:
             raise SpecError(f"gpus: must be a positive integer, got {num_gpus}")

@@ -191,3 +191,16 @@ def test_a_closed_standard_output_exits_74_as_a_full_disk_does():
                           text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 74, (done.returncode, done.stderr)
     assert done.stderr.strip() == "error: cannot write the output (standard output is closed)"
+
+
+def test_a_system_files_accelerator_errors_name_the_system_file(tmp_path):
+    """An `accelerator:` naming a system file failed on its first unknown key ("num_gpus: unknown
+    field (and 8 more problems)"), and an unknown preset name did not say which system file named
+    it."""
+    system = yaml.safe_load((ROOT / "hardware/presets/h100-sxm.yaml").read_text())
+    shutil.copy(ROOT / "hardware/presets/h100-sxm.yaml", tmp_path / "x.yaml")
+    for name, accelerator, words in (("s1.yaml", "./x.yaml", "this is a system file (accelerator:); pass it with -s"),
+                                     ("s2.yaml", "h900", "accelerator: unknown preset 'h900'")):
+        (tmp_path / name).write_text(yaml.safe_dump({**system, "accelerator": accelerator}))
+        one_line_error(run(["estimate", "-m", "llama3-8b", "-s", str(tmp_path / name), "-g", "8"]),
+                       f"system ({tmp_path / name})", words)
