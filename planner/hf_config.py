@@ -258,7 +258,66 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
     # the MLA defaults from the file as written: a null q_lora_rank is "no query compression", not absent
     return [n for n in (*notes, hf_default_note(raw), sliding_window_note(cfg, seq_length), rope_base_note(cfg),
                               llama3_rope_note(cfg), unknown_rope_note(cfg), mla_yarn_note(cfg),
-                              sparse_attention_note(cfg, seq_length)) if n]
+                              sparse_attention_note(cfg, seq_length), *launch_gap_notes(cfg)) if n]
+
+
+# rope_scaling types transformers knows and `planner megatron` does not launch (llama3 and yarn it
+# does): linear has a Megatron flag to add by hand, the others have none in Megatron 0.19
+ROPE_TYPES_NOT_LAUNCHED = {
+    "linear": "add Megatron's --rotary-seq-len-interpolation-factor {factor} by hand",
+    "dynamic": "Megatron has no dynamic NTK scaling",
+    "longrope": "Megatron has no LongRoPE",
+    "mrope": "Megatron's GPT model has no multimodal RoPE",
+}
+
+
+def launch_gap_notes(cfg: dict) -> list[str]:
+    """What the config's model does that `planner megatron` does not launch, none of which changes
+    the cost (a frequency table, a gate of one h x 1 projection, a norm's offset): said, so that a
+    launch that trains another model is not a silent one."""
+    kind = cfg.get("model_type")
+    notes = []
+    rope = rope_type(cfg)
+    if rope in ROPE_TYPES_NOT_LAUNCHED:
+        factor = cfg["rope_scaling"].get("factor")
+        shown = f"{factor:g}" if isinstance(factor, (int, float)) and not isinstance(factor, bool) else _shown(factor)
+        hint = ROPE_TYPES_NOT_LAUNCHED[rope].format(factor=shown)
+        said = f" (factor {shown})" if factor is not None else ""
+        notes.append(f"rope_scaling rope_type {_shown(rope)}{said} is launched as plain RoPE ({hint}); costed alike")
+    if kind == "qwen2_moe" and cfg.get("shared_expert_intermediate_size"):
+        notes.append("the shared expert's sigmoid gate (Qwen2-MoE shared_expert_gate) is not launched: add "
+                     "Megatron's --moe-shared-expert-gate by hand (its h x 1 projection is not costed)")
+    if kind == "llama4_text":
+        layers = cfg.get("no_rope_layers")
+        if isinstance(layers, list) and 0 in layers:
+            period = next((k for k in range(1, len(layers) + 1) if all(
+                (v == 0) == ((i + 1) % k == 0) for i, v in enumerate(layers))), None)
+            how = f"add Megatron's --no-rope-freq {period} by hand" if period else "Megatron's --no-rope-freq takes a pattern"
+            notes.append(f"RoPE is launched on every layer, where the config's no_rope_layers leave it out of "
+                         f"{layers.count(0)} ({how})")
+        notes.append("the router's score scales each expert's input in Llama 4, its output in the launch: add "
+                     "Megatron's --moe-apply-probs-on-input by hand (top-1 routing; the cost is the same)")
+    if isinstance(kind, str) and kind.startswith("gemma"):
+        gaps = ["its gelu-tanh GLU is launched as SwiGLU (Megatron has no flag for it)",
+                "its (1 + w) RMSNorm as a plain one (Megatron's --apply-layernorm-1p)"]
+        caps = [k for k in ("attn_logit_softcapping", "final_logit_softcapping") if cfg.get(k)]
+        if caps:
+            gaps.append(f"{' and '.join(caps)} not at all (Megatron has no soft-capping)")
+        head_dim = cfg.get("head_dim")
+        if cfg.get("query_pre_attn_scalar") and head_dim and cfg["query_pre_attn_scalar"] != head_dim:
+            gaps.append(f"query_pre_attn_scalar {_shown(cfg['query_pre_attn_scalar'])} as head_dim {head_dim} "
+                        "(Megatron's launch flags cannot set the softmax scale)")
+        notes.append(f"a Gemma launch trains another model: {'; '.join(gaps)}; the embedding scale by sqrt(hidden) "
+                     "and the post-attention/post-MLP norms are not launched either")
+    if cfg.get("topk_method") == "group_limited_greedy":
+        notes.append("topk_method group_limited_greedy (DeepSeek-V2) scores a group by its best expert; Megatron's "
+                     "group-limited routing (--moe-router-group-topk), which the launch uses, by the sum of its "
+                     "top experts")
+    if isinstance(kind, str) and kind not in ARCHITECTURES and kind not in HF_MLA_DEFAULTS:
+        notes.append(f"model_type {_shown(kind)} is not one the planner lists: read as a Llama-style decoder from its "
+                     "fields (RMSNorm under RoPE, linear biases only from attention_bias/mlp_bias, the activation "
+                     "from hidden_act); check the launch's normalization, bias and activation flags against the model")
+    return notes
 
 
 def sparse_attention_note(cfg: dict, seq_length: int) -> str:

@@ -1,0 +1,61 @@
+"""What a Hugging Face config's model does that `planner megatron` does not launch is said in a
+note (an audit of 87 launches from 29 configs through Megatron's parser found seven such features
+dropped in silence): linear/LongRoPE scaling, Qwen2-MoE's shared-expert gate, Llama 4's NoPE
+layers and input-side router scores, Gemma's activation, norm, soft-capping and softmax scale,
+DeepSeek-V2's group scoring, and a model_type the planner does not list."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.hf_config import approximation_notes
+
+LLAMA = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+         "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
+         "rms_norm_eps": 1e-5, "hidden_act": "silu"}
+QWEN2_MOE = {**LLAMA, "model_type": "qwen2_moe", "moe_intermediate_size": 1408, "num_experts": 60,
+             "num_experts_per_tok": 4, "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1}
+GEMMA2 = {"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+          "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+          "query_pre_attn_scalar": 224, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+          "hidden_activation": "gelu_pytorch_tanh"}
+
+
+def notes(tmp_path, cfg: dict) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    return " | ".join(approximation_notes(path, 4096))
+
+
+@pytest.mark.parametrize("cfg,words", [
+    ({**LLAMA, "rope_scaling": {"type": "linear", "factor": 4.0}},
+     ['rope_type "linear" (factor 4) is launched as plain RoPE', "--rotary-seq-len-interpolation-factor 4"]),
+    ({**LLAMA, "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
+     ['rope_type "longrope" is launched as plain RoPE', "no LongRoPE"]),
+    (QWEN2_MOE, ["shared expert's sigmoid gate", "--moe-shared-expert-gate"]),
+    ({"model_type": "llama4", "text_config": {**LLAMA, "model_type": "llama4_text", "num_local_experts": 16,
+                                              "num_experts_per_tok": 1, "intermediate_size_mlp": 16384,
+                                              "interleave_moe_layer_step": 1, "head_dim": 128,
+                                              "no_rope_layers": [1, 1, 1, 0] * 8}},
+     ["leave it out of 8", "--no-rope-freq 4", "--moe-apply-probs-on-input"]),
+    (GEMMA2, ["gelu-tanh GLU is launched as SwiGLU", "--apply-layernorm-1p",
+              "attn_logit_softcapping and final_logit_softcapping", "query_pre_attn_scalar 224 as head_dim 256"]),
+    ({**LLAMA, "model_type": "starcoder2", "use_bias": True}, ['model_type "starcoder2" is not one the planner lists']),
+    ({**LLAMA, "model_type": "deepseek_v2", "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+      "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 160, "num_experts_per_tok": 6,
+      "moe_intermediate_size": 1536, "n_shared_experts": 2, "first_k_dense_replace": 1, "n_group": 8,
+      "topk_group": 3, "topk_method": "group_limited_greedy", "scoring_func": "softmax"},
+     ["group_limited_greedy", "by the sum of its top experts"]),
+])
+def test_what_the_launch_leaves_out_is_said(tmp_path, cfg, words):
+    said = notes(tmp_path, cfg)
+    for w in words:
+        assert w in said, said
+
+
+def test_a_listed_model_with_nothing_left_out_gets_no_such_note(tmp_path):
+    said = notes(tmp_path, LLAMA)
+    for w in ("launched as plain RoPE", "by hand", "not one the planner lists", "launch trains another model"):
+        assert w not in said, said
+    assert "gate" not in notes(tmp_path, {**QWEN2_MOE, "shared_expert_intermediate_size": 0})
