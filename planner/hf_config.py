@@ -271,6 +271,23 @@ ROPE_TYPES_NOT_LAUNCHED = {
 }
 
 
+def nope_period(cfg: dict) -> int | None:
+    """n where a config's no_rope_layers (1 = RoPE, 0 = none) leaves out exactly every n-th layer
+    (Llama 4: [1, 1, 1, 0] repeated, n = 4: Megatron --no-rope-freq n); None otherwise. A Llama 4
+    config without the list takes transformers' default, every no_rope_layer_interval-th layer (4;
+    Llama4TextConfig), as Llama-4-Maverick's config.json does."""
+    layers = cfg.get("no_rope_layers")
+    if layers is None and cfg.get("model_type") == "llama4_text":
+        interval = cfg.get("no_rope_layer_interval", 4)
+        return interval if isinstance(interval, int) and interval >= 2 and cfg["num_hidden_layers"] % interval == 0 \
+            else None
+    if not (isinstance(layers, list) and layers and 0 in layers):
+        return None
+    n = layers.index(0) + 1
+    periodic = n >= 2 and len(layers) % n == 0 and all((v == 0) == ((i + 1) % n == 0) for i, v in enumerate(layers))
+    return n if periodic else None
+
+
 def launch_gap_notes(cfg: dict) -> list[str]:
     """What the config's model does that `planner megatron` does not launch, none of which changes
     the cost (a frequency table, a gate of one h x 1 projection, a norm's offset): said, so that a
@@ -287,16 +304,11 @@ def launch_gap_notes(cfg: dict) -> list[str]:
     if kind == "qwen2_moe" and cfg.get("shared_expert_intermediate_size"):
         notes.append("the shared expert's sigmoid gate (Qwen2-MoE shared_expert_gate) is not launched: add "
                      "Megatron's --moe-shared-expert-gate by hand (its h x 1 projection is not costed)")
-    if kind == "llama4_text":
-        layers = cfg.get("no_rope_layers")
-        if isinstance(layers, list) and 0 in layers:
-            period = next((k for k in range(1, len(layers) + 1) if all(
-                (v == 0) == ((i + 1) % k == 0) for i, v in enumerate(layers))), None)
-            how = f"add Megatron's --no-rope-freq {period} by hand" if period else "Megatron's --no-rope-freq takes a pattern"
-            notes.append(f"RoPE is launched on every layer, where the config's no_rope_layers leave it out of "
-                         f"{layers.count(0)} ({how})")
-        notes.append("the router's score scales each expert's input in Llama 4, its output in the launch: add "
-                     "Megatron's --moe-apply-probs-on-input by hand (top-1 routing; the cost is the same)")
+    layers = cfg.get("no_rope_layers")
+    if kind == "llama4_text" and isinstance(layers, list) and 0 in layers and nope_period(cfg) is None:
+        notes.append(f"RoPE is launched on every layer, where the config's no_rope_layers leave it out of "
+                     f"{layers.count(0)} in no fixed period (Megatron's --no-rope-freq also takes a per-layer list; "
+                     "add it by hand)")
     if isinstance(kind, str) and kind.startswith("gemma"):
         gaps = ["its gelu-tanh GLU is launched as SwiGLU (Megatron has no flag for it)",
                 "its (1 + w) RMSNorm as a plain one (Megatron's --apply-layernorm-1p)"]
@@ -917,6 +929,8 @@ def model_fields(path: Path) -> dict:
         "qk_norm": model_type in QK_NORM_TYPES or (cfg.get("use_qk_norm") is True and model_type != "llama4_text"),
         "qk_l2_norm": model_type == "llama4_text" and cfg.get("use_qk_norm") is True,
     }
+    if model_type == "llama4_text" and nope_period(cfg) is not None:
+        fields["no_rope_every"] = nope_period(cfg)
     fields.update(window_fields(cfg))
     # numbers the launch needs and the cost does not read; Megatron's --rotary-base is an integer
     if cfg.get("rope_theta") is not None and model_type != "nemotron_h":
@@ -1099,6 +1113,8 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
         raise SpecError(f"model {path}: num_experts_per_tok (or experts_per_token) must be an integer >= 1 "
                         f"for a MoE config ({moe_keys[0]} {experts}); {got}")
     moe = {"num_experts": experts, "top_k": top_k, "expert_ffn": expert_ffn}
+    if cfg.get("model_type") == "llama4_text" and top_k == 1:
+        moe["apply_probs_on_input"] = True  # Llama4TextMoe scales the routed rows before the experts
     for key in DENSE_LAYER_KEYS_NOT_READ.get(cfg.get("model_type"), ()):
         if cfg.get(key):
             raise SpecError(f"model {path}: {key} {_shown(cfg[key])} is not read for model_type "

@@ -146,6 +146,11 @@ class MoESpec(_Part):
     # (1e-2, or 1e-4 for the sequence-wise loss beside an expert bias)
     router_aux_loss_coeff: Annotated[float, in_range(0.0, 10.0)] | None = Field(
         default=None, description="load-balancing aux-loss coefficient (Megatron --moe-aux-loss-coeff); not costed")
+    # Llama 4 scales each routed row by its router score before the experts, not after
+    # (transformers modeling_llama4.py Llama4TextMoe: routed_in = hidden_states * router_scores)
+    apply_probs_on_input: bool = Field(default=False, description="the router score scales the expert's input, "
+                                       "not its output (Llama 4; Megatron --moe-apply-probs-on-input, top-1 "
+                                       "only); same cost")
 
     @model_validator(mode="after")
     def _topk(self) -> "MoESpec":
@@ -155,6 +160,9 @@ class MoESpec(_Part):
             raise ValueError("router_groups and router_group_topk: give both or neither")
         if self.router_pre_softmax and self.router_score != "softmax":
             raise ValueError("router_pre_softmax: orders a softmax router's steps; router_score is sigmoid")
+        if self.apply_probs_on_input and self.top_k != 1:
+            raise ValueError(f"apply_probs_on_input: scales the one chosen expert's input; top_k is {self.top_k} "
+                             "(Megatron: --moe-apply-probs-on-input only with top-1 routing)")
         if self.router_expert_bias and self.router_score != "sigmoid":
             raise ValueError("router_expert_bias: the balancing bias needs router_score sigmoid (Megatron: expert "
                              "bias for aux-loss-free routing only supports sigmoid scores)")
@@ -299,6 +307,11 @@ class ModelSpec(_Part):
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     qk_l2_norm: bool = Field(default=False, description="Llama 4's weightless L2 norm over each query and "
                              "key head (Megatron --qk-l2-norm): no parameters, unlike qk_norm")
+    # Llama 4's interleaved NoPE: every n-th layer attends without rotary position embedding
+    # (config.json no_rope_layers [1, 1, 1, 0] repeated: Megatron --no-rope-freq 4)
+    no_rope_every: Annotated[int, Field(ge=2, le=1024)] | None = Field(
+        default=None, description="every n-th layer without RoPE (Llama 4: 4; Megatron --no-rope-freq); its "
+        "RoPE pass, a few memory-bound passes, is still costed on every layer")
     qk_norm: bool = Field(default=False, description="a norm over each query and key head before "
                           "attention (Qwen3, Gemma-3; Megatron --qk-layernorm)")
     moe: MoESpec | None = None
@@ -382,6 +395,12 @@ class ModelSpec(_Part):
         if self.rope_scaling != "none" and self.position_embedding != "rope":
             raise ValueError(f"rope_scaling ({self.rope_scaling}) scales RoPE; position_embedding is "
                              f"{self.position_embedding}")
+        if self.no_rope_every is not None and self.position_embedding != "rope":
+            raise ValueError(f"no_rope_every ({self.no_rope_every}) leaves RoPE out of some layers; "
+                             f"position_embedding is {self.position_embedding}")
+        if self.no_rope_every is not None and self.layers % self.no_rope_every:
+            raise ValueError(f"no_rope_every ({self.no_rope_every}) must divide layers ({self.layers}) "
+                             "(Megatron repeats the pattern over the whole stack)")
         if self.qk_l2_norm and self.qk_norm:
             raise ValueError("qk_l2_norm and qk_norm: a query/key head takes one norm; keep one")
         if self.qk_l2_norm and self.mla:

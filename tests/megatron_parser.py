@@ -248,7 +248,8 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
                       expert_ffn=cfg["moe_ffn_hidden_size"], shared_experts=1 if shared else 0,
                       shared_expert_ffn=shared, first_dense_layers=first_dense, layer_step=step,
                       capacity_factor=cfg["moe_expert_capacity_factor"], latent_size=cfg["moe_latent_size"],
-                      router_groups=cfg["moe_router_num_groups"], router_group_topk=cfg["moe_router_group_topk"])
+                      router_groups=cfg["moe_router_num_groups"], router_group_topk=cfg["moe_router_group_topk"],
+                      apply_probs_on_input=bool(cfg.get("moe_apply_probs_on_input")))
     mamba, main = None, None
     if hybrid:
         main = hybrid.split("/")[0].replace("|", "")
@@ -278,12 +279,24 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         tied_embeddings=not ns["untie_embeddings_and_output_weights"],
         position_embedding={"rope": "rope", "none": "none"}.get(ns["position_embedding_type"], "learned"),
         biases=cfg["add_bias_linear"], dropout=cfg["attention_dropout"] > 0, qk_norm=cfg["qk_layernorm"] and not cfg["multi_latent_attention"],
-        qk_l2_norm=cfg["qk_l2_norm"],
+        qk_l2_norm=cfg["qk_l2_norm"], no_rope_every=_nope_period(cfg.get("no_rope_freq")),
         qkv_bias=bool(cfg["add_qkv_bias"]) and not cfg["add_bias_linear"], rotary_percent=ns["rotary_percent"],
         moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0,
         activation_clamp=cfg.get("activation_func_clamp_value"),
         mtp_shared_weights=bool(cfg["mtp_num_layers"] and cfg["mtp_use_repeated_layer"]),
         hybrid_pattern=main, mamba=mamba)
+
+
+def _nope_period(pattern) -> int | None:
+    """n from the per-layer list Megatron expands --no-rope-freq n into ([0, ..., 0, 1] repeated,
+    1 = no RoPE; transformer_config.py __post_init__); None for no NoPE layers."""
+    if not pattern:
+        return None
+    if isinstance(pattern, int):
+        return pattern
+    n = pattern.index(1) + 1
+    assert pattern == ([0] * (n - 1) + [1]) * (len(pattern) // n), pattern
+    return n
 
 
 def model_shape(m: ModelSpec) -> dict:
@@ -305,6 +318,7 @@ def model_shape(m: ModelSpec) -> dict:
         "hybrid_pattern": m.hybrid_pattern, "mamba": m.mamba.model_dump() if m.mamba else None,
         "latent_size": moe and moe.latent_size, "mtp_shared_weights": m.mtp_shared_weights,
         "router_groups": moe and (moe.router_groups, moe.router_group_topk),
+        "no_rope_every": m.no_rope_every, "apply_probs_on_input": moe and moe.apply_probs_on_input,
     }
 
 

@@ -37,8 +37,8 @@ def notes(tmp_path, cfg: dict) -> str:
     ({"model_type": "llama4", "text_config": {**LLAMA, "model_type": "llama4_text", "num_local_experts": 16,
                                               "num_experts_per_tok": 1, "intermediate_size_mlp": 16384,
                                               "interleave_moe_layer_step": 1, "head_dim": 128,
-                                              "no_rope_layers": [1, 1, 1, 0] * 8}},
-     ["leave it out of 8", "--no-rope-freq 4", "--moe-apply-probs-on-input"]),
+                                              "no_rope_layers": [1, 1, 1, 0] * 4 + [1, 0, 1, 0] * 4}},
+     ["leave it out of 12 in no fixed period", "--no-rope-freq"]),
     (GEMMA2, ["gelu-tanh GLU is launched as SwiGLU", "--apply-layernorm-1p",
               "attn_logit_softcapping and final_logit_softcapping", "query_pre_attn_scalar 224 as head_dim 256"]),
     ({**LLAMA, "model_type": "starcoder2", "use_bias": True}, ['model_type "starcoder2" is not one the planner lists']),
@@ -59,3 +59,25 @@ def test_a_listed_model_with_nothing_left_out_gets_no_such_note(tmp_path):
     for w in ("launched as plain RoPE", "by hand", "not one the planner lists", "launch trains another model"):
         assert w not in said, said
     assert "gate" not in notes(tmp_path, {**QWEN2_MOE, "shared_expert_intermediate_size": 0})
+
+
+def test_llama4s_nope_layers_and_input_side_scores_are_read_and_launched():
+    """Both Llama 4 configs leave RoPE out of every 4th layer (Scout lists no_rope_layers,
+    Maverick takes transformers' default interval 4) and scale the expert's input by the router
+    score: read into the model, launched as --no-rope-freq 4 and --moe-apply-probs-on-input (the
+    Megatron parser round trip in tests/test_megatron_parser.py checks what Megatron builds)."""
+    from pathlib import Path
+
+    from hardware import load_system
+    from planner import megatron as mg
+    from planner.model import load_model
+    from planner.plan import JobSpec, Plan
+    fixtures = Path(__file__).resolve().parent / "fixtures" / "hf"
+    for name in ("llama-4-scout", "llama-4-maverick"):
+        model = load_model(str(fixtures / name))
+        assert model.no_rope_every == 4 and model.moe.apply_probs_on_input, name
+        assert model == load_model(name.replace("llama-4-", "llama4-")).model_copy(
+            update={"name": model.name, "seq_length": model.seq_length}), name
+        launch = mg.megatron_args(Plan(tp=1, pp=1, dp=16, ep=16, micro_batch=1, global_batch=16), model,
+                                  JobSpec(), load_system("gb200-nvl72", 16))
+        assert ("--no-rope-freq", "4") in launch.args and ("--moe-apply-probs-on-input", None) in launch.args, name

@@ -115,6 +115,8 @@ def attention_args(model: ModelSpec) -> list[Arg]:
         a.append(("--kv-channels", str(model.head_dim)))
     if model.qk_l2_norm:
         a.append(("--qk-l2-norm", None))  # Llama 4: weightless L2 norm of each query and key head
+    if model.no_rope_every is not None:
+        a.append(("--no-rope-freq", str(model.no_rope_every)))  # Llama 4: every n-th layer NoPE
     if model.qk_norm and model.mla is None:
         a.append(("--qk-layernorm", None))  # Megatron applies --normalization to q and k heads
     return a
@@ -149,6 +151,8 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
         # "Please use --moe-router-pre-softmax when topk is 1"; Switch Transformer routing,
         # Fedus et al. 2021 §2.1). The router's arithmetic is not costed either way.
         a.append(("--moe-router-pre-softmax", None))
+    if moe.apply_probs_on_input:  # Llama 4: the router score scales the expert's input
+        a.append(("--moe-apply-probs-on-input", None))
     if model.dense_layers:
         a.append(("--moe-layer-freq", moe_layer_pattern(model)))
     if moe.shared_experts:

@@ -42,7 +42,7 @@ def _build_parser() -> _Parser:
                  "--moe-router-enable-expert-bias", "--use-rope-scaling",
                  "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
                  "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias",
-                 "--qk-l2-norm", "--reuse-grad-buf-for-mxfp8-param-ag"):
+                 "--qk-l2-norm", "--reuse-grad-buf-for-mxfp8-param-ag", "--moe-apply-probs-on-input"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")
@@ -52,7 +52,7 @@ def _build_parser() -> _Parser:
     ints = {"--num-layers": None, "--hidden-size": None, "--ffn-hidden-size": None,
             "--num-attention-heads": None, "--num-query-groups": 1, "--kv-channels": None,
             "--seq-length": None, "--max-position-embeddings": None, "--num-experts": None,
-            "--moe-router-topk": 2, "--moe-ffn-hidden-size": None, "--expert-model-parallel-size": 1,
+            "--moe-router-topk": 2, "--moe-ffn-hidden-size": None, "--no-rope-freq": None, "--expert-model-parallel-size": 1,
             "--expert-tensor-parallel-size": None, "--tensor-model-parallel-size": 1,
             "--pipeline-model-parallel-size": 1, "--num-layers-per-virtual-pipeline-stage": None,
             "--num-virtual-stages-per-pipeline-rank": None,
@@ -439,6 +439,11 @@ def validate_megatron_args(args, world_size: int, env: Mapping[str, str] | None 
         err(MSG_TOP1_PRE_SOFTMAX)
     if a.moe_router_enable_expert_bias and a.moe_router_score_function not in ("sigmoid", "sqrtsoftplus"):
         err(MSG_EXPERT_BIAS_SCORE)
+    # transformer_config.py __post_init__ (0.19.2) and moe/experts.py
+    if a.no_rope_freq and a.num_layers and a.num_layers % a.no_rope_freq:
+        err(f"no_rope_freq={a.no_rope_freq} should be divisible by num_layers={a.num_layers}.")
+    if a.moe_apply_probs_on_input and a.num_experts and a.moe_router_topk != 1:
+        err("`moe_apply_probs_on_input` only works with `moe_router_topk`=1.")
 
     # core/transformer/transformer_config.py __post_init__ (0.19.2), under FP8 only: bf16 layers
     # are refused with delayed scaling and each count is capped at the layers per stage.

@@ -41,7 +41,8 @@ checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_
                                    "moe_router_group_topk", "moe_router_fusion", "qk_l2_norm", "layernorm_epsilon",
                                    "moe_router_score_function", "moe_router_enable_expert_bias",
                                    "moe_router_topk_scaling_factor", "window_attn_skip_freq",
-                                   "moe_router_pre_softmax", "moe_aux_loss_coeff")
+                                   "moe_router_pre_softmax", "moe_aux_loss_coeff", "no_rope_freq",
+                                   "moe_apply_probs_on_input")
                        if f not in checker.CFG_FIELDS]
 
 
