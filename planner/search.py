@@ -47,7 +47,6 @@ from planner.threads import map_in_order
 from planner.ties import TIE_REL_TOL, rank_with_ties
 
 HYPOTHETICAL_OFFLOAD_GIB = 4096.0
-MIN_OFFLOAD_GIB = 64.0
 HYPOTHETICAL_OFFLOAD_GB_S = 100.0
 MAX_GPU_FACTOR = 64
 # The fewest GPUs that fit are looked for between the last power-of-two multiple of -g that does
@@ -629,10 +628,9 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
     hypo_job = job.model_copy(update={"allow_offload": True})
     off = memory_floor(build_space(model, hypo, hypo_job))
     if off.offload_plan is not None and off.offload_min_bytes <= HYPOTHETICAL_OFFLOAD_GIB * GIB * (1 + 1e-12):
-        # the smallest power-of-two tier (GiB per GPU) that still fits, halving from the maximum
-        tier_gib = HYPOTHETICAL_OFFLOAD_GIB
-        while tier_gib / 2 >= MIN_OFFLOAD_GIB and off.offload_min_bytes <= tier_gib / 2 * GIB * (1 + 1e-12):
-            tier_gib /= 2
+        # the least tier that fits: the fewest offloaded bytes, rounded up to 0.1 GiB (a tier of the
+        # printed size must fit; rounded to nearest, "35.6 GiB" did not hold 35.63)
+        tier_gib = max(math.ceil(off.offload_min_bytes / GIB * 10 - 1e-9) / 10, 0.1)
         smallest = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib})
         est = estimate(model, smallest, off.offload_plan, hypo_job)
         numbers["offload_tier_needed_gib"] = tier_gib
@@ -640,10 +638,9 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
         have = (f"the system has {system.offload.capacity_gib:g} GiB" if system.offload
                 else "the system has no offload tier")
         off_note = "" if job.allow_offload else ", but offload is off for this job (--no-offload)"
-        smaller = f" (not with {tier_gib / 2:g} GiB)" if tier_gib / 2 >= MIN_OFFLOAD_GIB else ""
-        reasons.append(f"offload: it fits with a {tier_gib:g} GiB offload tier per GPU at {bw:g} GB/s"
-                       f"{smaller}; {have}{off_note}. The plan that offloads the least: {off.offload_plan.short()}, "
-                       f"{_gib(est.offload_bytes)} offloaded per GPU; `planner plan` on such a system finds the fastest")
+        reasons.append(f"offload: it fits with an offload tier of at least {tier_gib:.1f} GiB per GPU at {bw:g} GB/s; "
+                       f"{have}{off_note}. The plan that offloads the least: {off.offload_plan.short()}, "
+                       f"{_gib_up(est.offload_bytes)} offloaded per GPU; `planner plan` on such a system finds the fastest")
     else:
         msg = (f"offload: no {job.framework}-expressible plan fits even with "
                f"{HYPOTHETICAL_OFFLOAD_GIB:g} GiB of offload memory per GPU at {bw:g} GB/s")

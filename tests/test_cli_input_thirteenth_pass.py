@@ -204,3 +204,21 @@ def test_a_system_files_accelerator_errors_name_the_system_file(tmp_path):
         (tmp_path / name).write_text(yaml.safe_dump({**system, "accelerator": accelerator}))
         one_line_error(run(["estimate", "-m", "llama3-8b", "-s", str(tmp_path / name), "-g", "8"]),
                        f"system ({tmp_path / name})", words)
+
+
+def test_checks_offload_need_is_the_least_tier_that_fits_rounded_up(tmp_path):
+    """`check` named a power-of-two tier ("128 GiB (not with 64)") where 98.7 GiB fits, and printed
+    the least plan's offload rounded to nearest, so a tier of the printed size did not fit (35.6
+    against 35.63 GiB). The need is now the least tier, rounded up: it fits, 0.2 GiB less does not."""
+    import json
+    job = ["-m", "llama3-70b", "-g", "8", "-b", "64"]
+    result = run(["check", *job, "-s", "h100-sxm", "--json"])
+    assert result.exit_code == 1, result.output
+    need = json.loads(result.output)["numbers"]["offload_tier_needed_gib"]
+    assert need == int(need * 10 + 0.999) / 10 and 50 < need < 128  # tenths, far below the old 128
+    system = yaml.safe_load((ROOT / "hardware/presets/h100-sxm.yaml").read_text())
+    for capacity, fits in ((need, 0), (round(need - 0.2, 1), 1)):
+        path = tmp_path / f"box{capacity}.yaml"
+        path.write_text(yaml.safe_dump({**system, "offload": {"name": "pool", "capacity_gib": capacity,
+                                                              "bandwidth_gb_per_s": 100}}))
+        assert run(["check", *job, "-s", str(path)]).exit_code == fits, capacity
