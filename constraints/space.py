@@ -198,7 +198,7 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         return job.allow_idle_gpus or n % size == 0
 
     tp = [d for d in divisors(model.heads) if tp_splits(model, d) and d <= n
-          and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink) and fills(d)]
+          and (system.inside_nvlink(d) or not job.tp_within_nvlink) and fills(d)]
     uneven = {d for d in range(1, model.layers + 1) if n % d == 0} if not job.allow_idle_gpus \
         else set(_pow2_upto(model.layers))
     pp = sorted(d for d in set(divisors(model.layers)) | uneven if d <= n and fills(d))
@@ -212,7 +212,7 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
     ep = divisors(model.moe.num_experts) if model.moe else [1]
     # (etp divides the GPUs it folds over: world % (etp·ep·pp) == 0)
     etp = [d for d in divisors(model.expert_ffn_hidden) if d <= n and (job.allow_idle_gpus or n % d == 0)
-           and (d <= system.nvlink_domain_gpus or not job.tp_within_nvlink)] if model.moe else tp
+           and (system.inside_nvlink(d) or not job.tp_within_nvlink)] if model.moe else tp
     if model.moe and model.biases and job.framework == "megatron":
         etp = [1]  # Megatron: "Bias in Moe is only supported when ETP==1" (planner.megatron.expressible)
     # beyond VPP_CAP, the interleavings whose virtual stages hold equal whole layers at some pp
@@ -393,9 +393,14 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
                             f"allowed: {_fmt(knob, allowed)}")
         if not any(v == value for v in allowed):
             hint = ""
-            if knob == "tp" and job.tp_within_nvlink and value > system.nvlink_domain_gpus:
-                hint = (f" (tensor parallelism stays inside the {system.nvlink_domain_gpus}-GPU NVLink domain; "
-                        "--tp-across-nodes lifts that)")
+            wide_tp = () if knob != "tp" or not job.tp_within_nvlink else \
+                knob_domains(model, system, job.model_copy(update={"tp_within_nvlink": False}))["tp"]
+            if knob == "tp" and job.tp_within_nvlink and not system.inside_nvlink(value) \
+                    and (value > system.nvlink_domain_gpus or value in wide_tp):
+                hint = (f" (tensor parallelism stays inside the {system.nvlink_domain_gpus}-GPU NVLink domain"
+                        + ("" if value > system.nvlink_domain_gpus else
+                           f", whose node each tp group must divide: tp {value:g} puts a group across two nodes")
+                        + "; --tp-across-nodes lifts that)")
             elif knob.startswith("offload_") and tuple(allowed) == (0.0,):
                 hint = (f" ({system.name} has no offload memory tier)" if system.offload is None else
                         " (--no-offload was given)" if not job.allow_offload else

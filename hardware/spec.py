@@ -306,6 +306,15 @@ class SystemSpec(_Strict):
     def nvlink_domain_gpus(self) -> int:
         return self.network[0].domain_gpus
 
+    def inside_nvlink(self, span: int) -> bool:
+        """Whether every group of `span` consecutive ranks stays inside one NVLink domain: at most
+        the domain's size and, where the domain is one node's own fabric (a DGX's 8 GPUs), a
+        divisor of it: ranks fill nodes in order, so tp 6 groups the ranks 6-11 across two nodes.
+        A domain of several nodes (NVL72's 18 trays of 4) is allocated in node segments that a
+        group can align with (SLURM --segment, as NVIDIA's NVL72 benchmark launches set it)."""
+        d = self.nvlink_domain_gpus
+        return span <= d and (d > self.gpus_per_node or d % span == 0)
+
     def tier_for_span(self, span_gpus: int) -> NetworkTier:
         """Slowest tier a group spanning `span_gpus` consecutive ranks must cross."""
         for tier in self.network:

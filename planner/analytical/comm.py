@@ -30,9 +30,27 @@ def group_link(system: SystemSpec, size, stride) -> tuple[np.ndarray, np.ndarray
     for prev, tier in zip(system.network[:-1], system.network[1:]):
         crosses = span > prev.domain_gpus
         members_inside = np.minimum(np.maximum(prev.domain_gpus / stride, 1.0), size)
+        if prev.domain_gpus <= system.gpus_per_node:
+            # a node's own fabric: groups tile the ranks from 0, so a span that does not divide the
+            # domain puts some group across two (tp 6 in 8-GPU nodes: ranks 6-11); its smallest
+            # piece in one domain is gcd(domain, span) ranks (SystemSpec.inside_nvlink)
+            whole = np.maximum(np.rint(span), 1.0).astype(np.int64)
+            misaligned = (span <= prev.domain_gpus) & (prev.domain_gpus % whole != 0)
+            piece = np.gcd(prev.domain_gpus, whole) / stride
+            members_inside = np.where(misaligned, np.minimum(np.maximum(piece, 1.0), size), members_inside)
+            crosses = crosses | misaligned
         bw = np.where(crosses, np.minimum(bw, members_inside * tier.bandwidth_bytes_per_s), bw)
         lat = np.where(crosses, tier.latency_s, lat)
     return bw, lat
+
+
+def group_link_crosses_nvlink(system: SystemSpec, size) -> np.ndarray:
+    """Whether a group of `size` consecutive ranks leaves the NVLink domain for some of its
+    members (SystemSpec.inside_nvlink, vectorised)."""
+    size = np.asarray(size, dtype=np.float64)
+    d, node = system.nvlink_domain_gpus, system.gpus_per_node
+    whole = np.maximum(np.rint(size), 1.0).astype(np.int64)
+    return (size > d) | ((d <= node) & (d % whole != 0))
 
 
 def all_reduce_s(nbytes, n, bw, lat):

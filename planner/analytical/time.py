@@ -673,7 +673,7 @@ def per_layer_terms(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     ar = comm.all_reduce_s(tokens * h * act_bytes, t, tp_bw, tp_lat)
     # GEMM/communication overlap (TE userbuffers) works through NVLink peer memory: a TP group
     # that leaves the NVLink domain gets no overlap from it.
-    overlap = (P.tp_comm_overlap > 0) & (t <= system.nvlink_domain_gpus)
+    overlap = (P.tp_comm_overlap > 0) & ~comm.group_link_crosses_nvlink(system, t)
     # one collective per block: a hybrid stack's layer is a single block
     blocks = 1.0 if model.hybrid_pattern else 2.0
     tp_fwd = blocks * ar * np.where(overlap, TP_EXPOSED_WITH_OVERLAP, TP_EXPOSED_FWD)
