@@ -301,9 +301,6 @@ def launch_gap_notes(cfg: dict) -> list[str]:
         hint = ROPE_TYPES_NOT_LAUNCHED[rope].format(factor=shown)
         said = f" (factor {shown})" if factor is not None else ""
         notes.append(f"rope_scaling rope_type {_shown(rope)}{said} is launched as plain RoPE ({hint}); costed alike")
-    if kind == "qwen2_moe" and cfg.get("shared_expert_intermediate_size"):
-        notes.append("the shared expert's sigmoid gate (Qwen2-MoE shared_expert_gate) is not launched: add "
-                     "Megatron's --moe-shared-expert-gate by hand (its h x 1 projection is not costed)")
     layers = cfg.get("no_rope_layers")
     if kind == "llama4_text" and isinstance(layers, list) and 0 in layers and nope_period(cfg) is None:
         notes.append(f"RoPE is launched on every layer, where the config's no_rope_layers leave it out of "
@@ -1113,6 +1110,8 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
         raise SpecError(f"model {path}: num_experts_per_tok (or experts_per_token) must be an integer >= 1 "
                         f"for a MoE config ({moe_keys[0]} {experts}); {got}")
     moe = {"num_experts": experts, "top_k": top_k, "expert_ffn": expert_ffn}
+    if cfg.get("model_type") == "qwen2_moe" and cfg.get("shared_expert_intermediate_size"):
+        moe["shared_expert_gate"] = True  # Qwen2MoeSparseMoeBlock: sigmoid(shared_expert_gate(x))
     if cfg.get("model_type") == "llama4_text" and top_k == 1:
         moe["apply_probs_on_input"] = True  # Llama4TextMoe scales the routed rows before the experts
     for key in DENSE_LAYER_KEYS_NOT_READ.get(cfg.get("model_type"), ()):

@@ -148,6 +148,11 @@ class MoESpec(_Part):
         default=None, description="load-balancing aux-loss coefficient (Megatron --moe-aux-loss-coeff); not costed")
     # Llama 4 scales each routed row by its router score before the experts, not after
     # (transformers modeling_llama4.py Llama4TextMoe: routed_in = hidden_states * router_scores)
+    # Qwen2-MoE multiplies the shared expert's output by sigmoid(shared_expert_gate(x)), an h x 1
+    # projection (transformers modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock)
+    shared_expert_gate: bool = Field(default=False, description="a sigmoid gate on the shared experts' output "
+                                     "(Qwen2-MoE; Megatron --moe-shared-expert-gate); its h x 1 projection is "
+                                     "not costed")
     apply_probs_on_input: bool = Field(default=False, description="the router score scales the expert's input, "
                                        "not its output (Llama 4; Megatron --moe-apply-probs-on-input, top-1 "
                                        "only); same cost")
@@ -160,6 +165,8 @@ class MoESpec(_Part):
             raise ValueError("router_groups and router_group_topk: give both or neither")
         if self.router_pre_softmax and self.router_score != "softmax":
             raise ValueError("router_pre_softmax: orders a softmax router's steps; router_score is sigmoid")
+        if self.shared_expert_gate and not self.shared_experts:
+            raise ValueError("shared_expert_gate: gates the shared experts; shared_experts is 0")
         if self.apply_probs_on_input and self.top_k != 1:
             raise ValueError(f"apply_probs_on_input: scales the one chosen expert's input; top_k is {self.top_k} "
                              "(Megatron: --moe-apply-probs-on-input only with top-1 routing)")

@@ -249,7 +249,8 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
                       shared_expert_ffn=shared, first_dense_layers=first_dense, layer_step=step,
                       capacity_factor=cfg["moe_expert_capacity_factor"], latent_size=cfg["moe_latent_size"],
                       router_groups=cfg["moe_router_num_groups"], router_group_topk=cfg["moe_router_group_topk"],
-                      apply_probs_on_input=bool(cfg.get("moe_apply_probs_on_input")))
+                      apply_probs_on_input=bool(cfg.get("moe_apply_probs_on_input")),
+                      shared_expert_gate=bool(cfg.get("moe_shared_expert_gate")))
     mamba, main = None, None
     if hybrid:
         main = hybrid.split("/")[0].replace("|", "")
@@ -319,6 +320,7 @@ def model_shape(m: ModelSpec) -> dict:
         "latent_size": moe and moe.latent_size, "mtp_shared_weights": m.mtp_shared_weights,
         "router_groups": moe and (moe.router_groups, moe.router_group_topk),
         "no_rope_every": m.no_rope_every, "apply_probs_on_input": moe and moe.apply_probs_on_input,
+        "shared_expert_gate": moe and moe.shared_expert_gate,
     }
 
 

@@ -8,8 +8,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from typer.testing import CliRunner
 
+from planner import megatron as mg
+from planner.cli import app
 from planner.hf_config import approximation_notes
+from tests.megatron_parser import checker_batch
+from tests.test_megatron_parser import PLACEHOLDERS
 
 LLAMA = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
          "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000, "max_position_embeddings": 4096,
@@ -33,7 +38,6 @@ def notes(tmp_path, cfg: dict) -> str:
      ['rope_type "linear" (factor 4) is launched as plain RoPE', "--rotary-seq-len-interpolation-factor 4"]),
     ({**LLAMA, "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
      ['rope_type "longrope" is launched as plain RoPE', "no LongRoPE"]),
-    (QWEN2_MOE, ["shared expert's sigmoid gate", "--moe-shared-expert-gate"]),
     ({"model_type": "llama4", "text_config": {**LLAMA, "model_type": "llama4_text", "num_local_experts": 16,
                                               "num_experts_per_tok": 1, "intermediate_size_mlp": 16384,
                                               "interleave_moe_layer_step": 1, "head_dim": 128,
@@ -58,7 +62,7 @@ def test_a_listed_model_with_nothing_left_out_gets_no_such_note(tmp_path):
     said = notes(tmp_path, LLAMA)
     for w in ("launched as plain RoPE", "by hand", "not one the planner lists", "launch trains another model"):
         assert w not in said, said
-    assert "gate" not in notes(tmp_path, {**QWEN2_MOE, "shared_expert_intermediate_size": 0})
+    assert "gate" not in notes(tmp_path, QWEN2_MOE)  # launched now: nothing left to say
 
 
 def test_llama4s_nope_layers_and_input_side_scores_are_read_and_launched():
@@ -81,3 +85,26 @@ def test_llama4s_nope_layers_and_input_side_scores_are_read_and_launched():
         launch = mg.megatron_args(Plan(tp=1, pp=1, dp=16, ep=16, micro_batch=1, global_batch=16), model,
                                   JobSpec(), load_system("gb200-nvl72", 16))
         assert ("--no-rope-freq", "4") in launch.args and ("--moe-apply-probs-on-input", None) in launch.args, name
+
+
+@checker_batch("hf_qwen2_moe")
+def _qwen2_moe_launch(tmp_path_factory):
+    """`planner megatron` on a Qwen2-MoE config.json, as a user runs it."""
+    folder = tmp_path_factory.mktemp("qwen2_moe")
+    (folder / "config.json").write_text(json.dumps({**QWEN2_MOE, "num_hidden_layers": 8}))
+    result = CliRunner().invoke(app, ["megatron", "-m", str(folder), "-s", "h100-sxm", "-g", "16", "-b", "64",
+                                      "--tp", "1", "--ep", "4"])
+    assert result.exit_code == 0, result.output
+    env, argv, _ = mg.parse_script(result.output)
+    at = argv.index("--data-path")
+    argv = [PLACEHOLDERS.get(word, word) for word in argv[:at] + ["--mock-data"] + argv[at + 2:]]
+    return argv, [{"argv": argv, "world_size": 16, "env": env}]
+
+
+def test_qwen2_moes_shared_expert_gate_is_launched_and_megatron_builds_it(megatron_checked):
+    """Qwen2-MoE scales its shared expert by sigmoid(shared_expert_gate(x)): the launch had no
+    --moe-shared-expert-gate, so Megatron built the shared expert ungated (found by the audit)."""
+    argv, (res,) = megatron_checked.get("hf_qwen2_moe")
+    assert "--moe-shared-expert-gate" in argv
+    assert res["ok"], res.get("error")
+    assert res["cfg"]["moe_shared_expert_gate"] is True and res["cfg"]["moe_shared_expert_intermediate_size"] == 5632

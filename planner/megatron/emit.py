@@ -160,6 +160,8 @@ def moe_args(model: ModelSpec, dispatcher: str = "alltoall", system: SystemSpec 
         # moe_shared_expert_intermediate_size); same weights and FLOPs as n MLPs of width w.
         a.append(("--moe-shared-expert-intermediate-size",
                   str(moe.shared_experts * model.shared_expert_ffn_hidden)))
+        if moe.shared_expert_gate:  # Qwen2-MoE: sigmoid gate on the shared expert's output
+            a.append(("--moe-shared-expert-gate", None))
     if moe.latent_size:
         # LatentMoE (Nemotron 3 Super): routed rows projected h -> latent and back (time.py)
         a.append(("--moe-latent-size", str(moe.latent_size)))

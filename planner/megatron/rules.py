@@ -42,7 +42,8 @@ def _build_parser() -> _Parser:
                  "--moe-router-enable-expert-bias", "--use-rope-scaling",
                  "--first-last-layers-bf16", "--mtp-use-repeated-layer", "--moe-router-fusion",
                  "--accumulate-allreduce-grads-in-fp32", "--quick-geglu", "--add-qkv-bias",
-                 "--qk-l2-norm", "--reuse-grad-buf-for-mxfp8-param-ag", "--moe-apply-probs-on-input"):
+                 "--qk-l2-norm", "--reuse-grad-buf-for-mxfp8-param-ag", "--moe-apply-probs-on-input",
+                 "--moe-shared-expert-gate"):
         flag(name)
     p.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false")
     p.add_argument("--no-rope-fusion", dest="apply_rope_fusion", action="store_false")

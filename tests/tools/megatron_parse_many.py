@@ -42,7 +42,7 @@ checker.CFG_FIELDS += [f for f in ("multi_latent_attention", "q_lora_rank", "kv_
                                    "moe_router_score_function", "moe_router_enable_expert_bias",
                                    "moe_router_topk_scaling_factor", "window_attn_skip_freq",
                                    "moe_router_pre_softmax", "moe_aux_loss_coeff", "no_rope_freq",
-                                   "moe_apply_probs_on_input")
+                                   "moe_apply_probs_on_input", "moe_shared_expert_gate")
                        if f not in checker.CFG_FIELDS]
 
 
