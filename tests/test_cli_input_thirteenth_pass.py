@@ -222,3 +222,12 @@ def test_checks_offload_need_is_the_least_tier_that_fits_rounded_up(tmp_path):
         path.write_text(yaml.safe_dump({**system, "offload": {"name": "pool", "capacity_gib": capacity,
                                                               "bandwidth_gb_per_s": 100}}))
         assert run(["check", *job, "-s", str(path)]).exit_code == fits, capacity
+
+
+def test_a_sweeps_progress_line_says_how_long_is_left(tmp_path):
+    """A 10,000-point grid (about 3.5 days at 30 s a point) started without a word on its length:
+    the progress line now carries rich's remaining-time estimate beside the elapsed time."""
+    result = run(["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "16", "--vary", "gpus=8,16", "-o",
+                  str(tmp_path / "out"), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    assert any(line.startswith("sweep") and " left " in line for line in result.output.splitlines()), result.output

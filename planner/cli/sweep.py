@@ -8,7 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 from planner.cli.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 from rich.text import Text
 
@@ -219,8 +220,11 @@ def register(app: typer.Typer) -> None:
         if len(todo) < len(points):
             err.print(f"resuming: {len(points) - len(todo)} of {len(points)} points already done ({log.path})")
         params_of = {p.index: p.params for p in todo}
+        # elapsed and remaining (rich's estimate from the points done so far): a grid of thousands
+        # of points says early that it will run for days
         with Progress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TextColumn("{task.description}"), console=err, transient=False) as progress:
+                      TextColumn("left"), TimeRemainingColumn(), TextColumn("{task.description}"), console=err,
+                      transient=False) as progress:
             task = progress.add_task("", total=len(points), completed=len(points) - len(todo))
 
             finished = []
