@@ -264,11 +264,18 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
 # rope_scaling types transformers knows and `planner megatron` does not launch (llama3 and yarn it
 # does): linear has a Megatron flag to add by hand, the others have none in Megatron 0.19
 ROPE_TYPES_NOT_LAUNCHED = {
-    "linear": "add Megatron's --rotary-seq-len-interpolation-factor {factor} by hand",
+    "linear": "Megatron's --rotary-seq-len-interpolation-factor takes whole factors only",
     "dynamic": "Megatron has no dynamic NTK scaling",
     "longrope": "Megatron has no LongRoPE",
     "mrope": "Megatron's GPT model has no multimodal RoPE",
 }
+
+
+def linear_rope_launchable(cfg: dict) -> bool:
+    """Linear RoPE scaling by a whole factor >= 1: what Megatron's integer
+    --rotary-seq-len-interpolation-factor launches (a fractional one stays a note)."""
+    factor = cfg["rope_scaling"].get("factor")
+    return finite_number(factor) and factor >= 1 and float(factor).is_integer() and not cfg.get("kv_lora_rank")
 
 
 def nope_period(cfg: dict) -> int | None:
@@ -295,7 +302,7 @@ def launch_gap_notes(cfg: dict) -> list[str]:
     kind = cfg.get("model_type")
     notes = []
     rope = rope_type(cfg)
-    if rope in ROPE_TYPES_NOT_LAUNCHED:
+    if rope in ROPE_TYPES_NOT_LAUNCHED and not (rope == "linear" and linear_rope_launchable(cfg)):
         factor = cfg["rope_scaling"].get("factor")
         shown = f"{factor:g}" if isinstance(factor, (int, float)) and not isinstance(factor, bool) else _shown(factor)
         hint = ROPE_TYPES_NOT_LAUNCHED[rope].format(factor=shown)
@@ -971,6 +978,9 @@ def model_fields(path: Path) -> dict:
         fields["rope_scaling"] = scaling
         if scaling == "llama3" and cfg["rope_scaling"].get("factor") is not None:
             fields["rope_scaling_factor"] = float(cfg["rope_scaling"]["factor"])
+    if scaling == "linear" and linear_rope_launchable(cfg):
+        # position interpolation by a whole factor: launched (--rotary-seq-len-interpolation-factor)
+        fields["rope_scaling"], fields["rope_scaling_factor"] = "linear", float(cfg["rope_scaling"]["factor"])
     if isinstance(cfg.get("swiglu_limit"), (int, float)) and not isinstance(cfg["swiglu_limit"], bool) \
             and cfg["swiglu_limit"] > 0:
         fields["activation_clamp"] = float(cfg["swiglu_limit"])

@@ -279,13 +279,15 @@ class ModelSpec(_Part):
     position_embedding: Literal["learned", "rope", "none"] = Field(
         default="learned", description="'learned' absolute positions (GPT), 'rope', or 'none' "
         "(Nemotron-H / Nemotron 3: the Mamba blocks carry position)")
-    rope_scaling: Literal["none", "yarn", "llama3"] = Field(
+    rope_scaling: Literal["none", "yarn", "llama3", "linear"] = Field(
         default="none", description="RoPE frequency scaling: 'yarn' (GPT-OSS; Megatron applies a "
-        "YaRN RoPE unfused: time.py unfused_rope_extra_bytes_per_token) or 'llama3' (Llama 3.1/3.2's "
-        "long-context frequencies, Megatron --use-rope-scaling; fused, not costed apart)")
+        "YaRN RoPE unfused: time.py unfused_rope_extra_bytes_per_token), 'llama3' (Llama 3.1/3.2's "
+        "long-context frequencies, Megatron --use-rope-scaling; fused, not costed apart) or 'linear' "
+        "(positions divided by rope_scaling_factor, Megatron --rotary-seq-len-interpolation-factor; "
+        "not costed apart)")
     rope_scaling_factor: RopeFactor | None = Field(
-        default=None, description="Llama 3.x RoPE scaling factor (Megatron --rope-scaling-factor, "
-        "default 8; Llama 3.1: 8, Llama 3.2: 32); only with rope_scaling llama3")
+        default=None, description="RoPE scaling factor: llama3's (Megatron --rope-scaling-factor, default 8; "
+        "Llama 3.1: 8, Llama 3.2: 32) or linear's (a whole number, required)")
     activation_clamp: ActivationClamp | None = Field(
         default=None, description="clamp limit of the gated MLP's inputs (GPT-OSS 7.0: gate at most "
         "+limit, linear half within ±limit); costed on the routed experts (moe_mlp_fwd_s)")
@@ -425,9 +427,13 @@ class ModelSpec(_Part):
         if self.window_full_every is not None and self.attention_window is None:
             raise ValueError(f"window_full_every ({self.window_full_every}) places full-attention layers among "
                              "windowed ones; attention_window is not set")
-        if self.rope_scaling_factor is not None and self.rope_scaling != "llama3":
-            raise ValueError(f"rope_scaling_factor ({self.rope_scaling_factor:g}) sizes Llama 3.x RoPE scaling; "
-                             f"rope_scaling is {self.rope_scaling} (use rope_scaling: llama3 or drop it)")
+        if self.rope_scaling_factor is not None and self.rope_scaling not in ("llama3", "linear"):
+            raise ValueError(f"rope_scaling_factor ({self.rope_scaling_factor:g}) sizes llama3 or linear RoPE scaling; "
+                             f"rope_scaling is {self.rope_scaling} (use rope_scaling: llama3 or linear, or drop it)")
+        if self.rope_scaling == "linear" and (self.rope_scaling_factor is None
+                                              or not float(self.rope_scaling_factor).is_integer()):
+            raise ValueError("rope_scaling linear: give rope_scaling_factor as a whole number (Megatron's "
+                             f"--rotary-seq-len-interpolation-factor is an integer), got {self.rope_scaling_factor}")
         if self.rope_base is not None and self.position_embedding != "rope":
             raise ValueError(f"rope_base ({self.rope_base}) is RoPE's base; position_embedding is "
                              f"{self.position_embedding}")

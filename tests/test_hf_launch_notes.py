@@ -34,8 +34,8 @@ def notes(tmp_path, cfg: dict) -> str:
 
 
 @pytest.mark.parametrize("cfg,words", [
-    ({**LLAMA, "rope_scaling": {"type": "linear", "factor": 4.0}},
-     ['rope_type "linear" (factor 4) is launched as plain RoPE', "--rotary-seq-len-interpolation-factor 4"]),
+    ({**LLAMA, "rope_scaling": {"type": "linear", "factor": 2.5}},
+     ['rope_type "linear" (factor 2.5) is launched as plain RoPE', "takes whole factors only"]),
     ({**LLAMA, "rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}},
      ['rope_type "longrope" is launched as plain RoPE', "no LongRoPE"]),
     ({"model_type": "llama4", "text_config": {**LLAMA, "model_type": "llama4_text", "num_local_experts": 16,
@@ -63,6 +63,7 @@ def test_a_listed_model_with_nothing_left_out_gets_no_such_note(tmp_path):
     for w in ("launched as plain RoPE", "by hand", "not one the planner lists", "launch trains another model"):
         assert w not in said, said
     assert "gate" not in notes(tmp_path, QWEN2_MOE)  # launched now: nothing left to say
+    assert "RoPE" not in notes(tmp_path, {**LLAMA, "rope_scaling": {"type": "linear", "factor": 4.0}})
 
 
 def test_llama4s_nope_layers_and_input_side_scores_are_read_and_launched():
@@ -108,3 +109,27 @@ def test_qwen2_moes_shared_expert_gate_is_launched_and_megatron_builds_it(megatr
     assert "--moe-shared-expert-gate" in argv
     assert res["ok"], res.get("error")
     assert res["cfg"]["moe_shared_expert_gate"] is True and res["cfg"]["moe_shared_expert_intermediate_size"] == 5632
+
+
+@checker_batch("hf_linear_rope")
+def _linear_rope_launch(tmp_path_factory):
+    """`planner megatron` on a Llama config with linear RoPE scaling by 4 (position interpolation)."""
+    folder = tmp_path_factory.mktemp("linear_rope")
+    (folder / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 4,
+                                                    "rope_scaling": {"type": "linear", "factor": 4.0}}))
+    result = CliRunner().invoke(app, ["megatron", "-m", str(folder), "-s", "h100-sxm", "-g", "8", "-b", "16",
+                                      "--tp", "1"])
+    assert result.exit_code == 0, result.output
+    env, argv, _ = mg.parse_script(result.output)
+    at = argv.index("--data-path")
+    argv = [PLACEHOLDERS.get(word, word) for word in argv[:at] + ["--mock-data"] + argv[at + 2:]]
+    return argv, [{"argv": argv, "world_size": 8, "env": env}]
+
+
+def test_linear_rope_scaling_is_launched_and_megatron_builds_it(megatron_checked):
+    """A config's linear RoPE scaling (transformers rope_type "linear") was launched as plain RoPE
+    in silence (found by the audit): a whole factor is now Megatron's position interpolation."""
+    argv, (res,) = megatron_checked.get("hf_linear_rope")
+    assert argv[argv.index("--rotary-seq-len-interpolation-factor") + 1] == "4"
+    assert res["ok"], res.get("error")
+    assert res["ns"]["rotary_seq_len_interpolation_factor"] == 4  # a GPTModel argument, not a config field

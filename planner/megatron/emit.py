@@ -269,6 +269,8 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
             # frequency factors 1 and 4 over an original 8192 context, Llama 3.1's values)
             add("--use-rope-scaling")
             add("--rope-scaling-factor", f"{model.rope_scaling_factor or DEFAULT_ROPE_SCALING_FACTOR:g}")
+        if model.rope_scaling == "linear":  # positions divided by the factor (position interpolation)
+            add("--rotary-seq-len-interpolation-factor", int(model.rope_scaling_factor))
         if model.rope_scaling == "yarn":
             # costed as Megatron-Bridge runs YaRN: unfused RoPE (kernels.UNFUSED_ROPE_BYTES); the
             # launch runs that kernel path, with plain RoPE frequencies (YaRN's are not in the spec)

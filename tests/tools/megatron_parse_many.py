@@ -23,7 +23,7 @@ checker.NS_FIELDS += [f for f in ("fp4", "fp4_recipe", "optimizer_offload_fracti
                                   "hybrid_layer_pattern", "megatron_fsdp_main_grads_dtype",
                                   "accumulate_allreduce_grads_in_fp32", "rotary_percent",
                                   "reuse_grad_buf_for_mxfp8_param_ag", "rotary_base", "use_rope_scaling",
-                                  "rope_scaling_factor")
+                                  "rope_scaling_factor", "rotary_seq_len_interpolation_factor")
                    if f not in checker.NS_FIELDS]
 # TransformerConfig fields of the model's shape beyond the checker's list (MLA, q/k norms,
 # shared experts, dense/MoE layer pattern, MTP, capacity) and what GPT-OSS would need.
