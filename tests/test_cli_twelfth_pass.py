@@ -389,7 +389,7 @@ def test_a_yes_no_where_a_name_goes_lists_the_names(tmp_path):
     text = open("planner/presets/llama3.1-8b.yaml").read().replace("rope_scaling: llama3", "rope_scaling: no")
     (tmp_path / "m.yaml").write_text(text)
     one_line_error(runner.invoke(app, ["count", "-m", str(tmp_path / "m.yaml"), "-s", "h100-sxm", "-g", "8", "-b", "64"]),
-                   "rope_scaling: expected one of none, yarn, llama3, got false", "quote the name")
+                   "rope_scaling: expected one of none, yarn, llama3, linear, got false", "quote the name")
 
 
 # ---- a saved plan file cut short (fuzz audit 2026-11-28) -----------------------------------------
