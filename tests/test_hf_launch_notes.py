@@ -88,18 +88,23 @@ def test_llama4s_nope_layers_and_input_side_scores_are_read_and_launched():
         assert ("--no-rope-freq", "4") in launch.args and ("--moe-apply-probs-on-input", None) in launch.args, name
 
 
-@checker_batch("hf_qwen2_moe")
-def _qwen2_moe_launch(tmp_path_factory):
-    """`planner megatron` on a Qwen2-MoE config.json, as a user runs it."""
-    folder = tmp_path_factory.mktemp("qwen2_moe")
-    (folder / "config.json").write_text(json.dumps({**QWEN2_MOE, "num_hidden_layers": 8}))
-    result = CliRunner().invoke(app, ["megatron", "-m", str(folder), "-s", "h100-sxm", "-g", "16", "-b", "64",
-                                      "--tp", "1", "--ep", "4"])
+def _config_launch(tmp_path_factory, name: str, config: dict, gpus: int, *flags: str) -> tuple:
+    """`planner megatron` on a config.json, as a user runs it: the argv (data path as mock data)
+    and the checker case for it."""
+    folder = tmp_path_factory.mktemp(name)
+    (folder / "config.json").write_text(json.dumps(config))
+    result = CliRunner().invoke(app, ["megatron", "-m", str(folder), "-s", "h100-sxm", "-g", str(gpus), *flags])
     assert result.exit_code == 0, result.output
     env, argv, _ = mg.parse_script(result.output)
     at = argv.index("--data-path")
     argv = [PLACEHOLDERS.get(word, word) for word in argv[:at] + ["--mock-data"] + argv[at + 2:]]
-    return argv, [{"argv": argv, "world_size": 16, "env": env}]
+    return argv, [{"argv": argv, "world_size": gpus, "env": env}]
+
+
+@checker_batch("hf_qwen2_moe")
+def _qwen2_moe_launch(tmp_path_factory):
+    return _config_launch(tmp_path_factory, "qwen2_moe", {**QWEN2_MOE, "num_hidden_layers": 8}, 16,
+                          "-b", "64", "--tp", "1", "--ep", "4")
 
 
 def test_qwen2_moes_shared_expert_gate_is_launched_and_megatron_builds_it(megatron_checked):
@@ -113,17 +118,8 @@ def test_qwen2_moes_shared_expert_gate_is_launched_and_megatron_builds_it(megatr
 
 @checker_batch("hf_linear_rope")
 def _linear_rope_launch(tmp_path_factory):
-    """`planner megatron` on a Llama config with linear RoPE scaling by 4 (position interpolation)."""
-    folder = tmp_path_factory.mktemp("linear_rope")
-    (folder / "config.json").write_text(json.dumps({**LLAMA, "num_hidden_layers": 4,
-                                                    "rope_scaling": {"type": "linear", "factor": 4.0}}))
-    result = CliRunner().invoke(app, ["megatron", "-m", str(folder), "-s", "h100-sxm", "-g", "8", "-b", "16",
-                                      "--tp", "1"])
-    assert result.exit_code == 0, result.output
-    env, argv, _ = mg.parse_script(result.output)
-    at = argv.index("--data-path")
-    argv = [PLACEHOLDERS.get(word, word) for word in argv[:at] + ["--mock-data"] + argv[at + 2:]]
-    return argv, [{"argv": argv, "world_size": 8, "env": env}]
+    config = {**LLAMA, "num_hidden_layers": 4, "rope_scaling": {"type": "linear", "factor": 4.0}}
+    return _config_launch(tmp_path_factory, "linear_rope", config, 8, "-b", "16", "--tp", "1")
 
 
 def test_linear_rope_scaling_is_launched_and_megatron_builds_it(megatron_checked):
