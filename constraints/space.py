@@ -393,14 +393,14 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
                             f"allowed: {_fmt(knob, allowed)}")
         if not any(v == value for v in allowed):
             hint = ""
-            wide_tp = () if knob != "tp" or not job.tp_within_nvlink else \
-                knob_domains(model, system, job.model_copy(update={"tp_within_nvlink": False}))["tp"]
-            if knob == "tp" and job.tp_within_nvlink and not system.inside_nvlink(value) \
-                    and (value > system.nvlink_domain_gpus or value in wide_tp):
-                hint = (f" (tensor parallelism stays inside the {system.nvlink_domain_gpus}-GPU NVLink domain"
-                        + ("" if value > system.nvlink_domain_gpus else
-                           f", whose node each tp group must divide: tp {value:g} puts a group across two nodes")
-                        + "; --tp-across-nodes lifts that)")
+            if knob == "tp" and job.tp_within_nvlink and not system.inside_nvlink(value):
+                beyond = value > system.nvlink_domain_gpus
+                # a tp within the domain's size is named only where the node rule alone refuses it
+                if beyond or value in knob_domains(model, system, job.model_copy(update={"tp_within_nvlink": False}))["tp"]:
+                    hint = (f" (tensor parallelism stays inside the {system.nvlink_domain_gpus}-GPU NVLink domain"
+                            + ("" if beyond else
+                               f", whose node each tp group must divide: tp {value:g} puts a group across two nodes")
+                            + "; --tp-across-nodes lifts that)")
             elif knob.startswith("offload_") and tuple(allowed) == (0.0,):
                 hint = (f" ({system.name} has no offload memory tier)" if system.offload is None else
                         " (--no-offload was given)" if not job.allow_offload else

@@ -261,8 +261,8 @@ def approximation_notes(path: Path, seq_length: int) -> list[str]:
                               sparse_attention_note(cfg, seq_length), *launch_gap_notes(cfg)) if n]
 
 
-# rope_scaling types transformers knows and `planner megatron` does not launch (llama3 and yarn it
-# does): linear has a Megatron flag to add by hand, the others have none in Megatron 0.19
+# rope_scaling types transformers knows and `planner megatron` does not launch (llama3, yarn and
+# linear by a whole factor it does), and why: Megatron 0.19 has no flag for them
 ROPE_TYPES_NOT_LAUNCHED = {
     "linear": "Megatron's --rotary-seq-len-interpolation-factor takes whole factors only",
     "dynamic": "Megatron has no dynamic NTK scaling",
@@ -305,9 +305,9 @@ def launch_gap_notes(cfg: dict) -> list[str]:
     if rope in ROPE_TYPES_NOT_LAUNCHED and not (rope == "linear" and linear_rope_launchable(cfg)):
         factor = cfg["rope_scaling"].get("factor")
         shown = f"{factor:g}" if isinstance(factor, (int, float)) and not isinstance(factor, bool) else _shown(factor)
-        hint = ROPE_TYPES_NOT_LAUNCHED[rope].format(factor=shown)
         said = f" (factor {shown})" if factor is not None else ""
-        notes.append(f"rope_scaling rope_type {_shown(rope)}{said} is launched as plain RoPE ({hint}); costed alike")
+        notes.append(f"rope_scaling rope_type {_shown(rope)}{said} is launched as plain RoPE "
+                     f"({ROPE_TYPES_NOT_LAUNCHED[rope]}); costed alike")
     layers = cfg.get("no_rope_layers")
     if kind == "llama4_text" and isinstance(layers, list) and 0 in layers and nope_period(cfg) is None:
         notes.append(f"RoPE is launched on every layer, where the config's no_rope_layers leave it out of "
@@ -933,8 +933,8 @@ def model_fields(path: Path) -> dict:
         "qk_norm": model_type in QK_NORM_TYPES or (cfg.get("use_qk_norm") is True and model_type != "llama4_text"),
         "qk_l2_norm": model_type == "llama4_text" and cfg.get("use_qk_norm") is True,
     }
-    if model_type == "llama4_text" and nope_period(cfg) is not None:
-        fields["no_rope_every"] = nope_period(cfg)
+    if model_type == "llama4_text" and (period := nope_period(cfg)) is not None:
+        fields["no_rope_every"] = period
     fields.update(window_fields(cfg))
     # numbers the launch needs and the cost does not read; Megatron's --rotary-base is an integer
     if cfg.get("rope_theta") is not None and model_type != "nemotron_h":

@@ -146,13 +146,13 @@ class MoESpec(_Part):
     # (1e-2, or 1e-4 for the sequence-wise loss beside an expert bias)
     router_aux_loss_coeff: Annotated[float, in_range(0.0, 10.0)] | None = Field(
         default=None, description="load-balancing aux-loss coefficient (Megatron --moe-aux-loss-coeff); not costed")
-    # Llama 4 scales each routed row by its router score before the experts, not after
-    # (transformers modeling_llama4.py Llama4TextMoe: routed_in = hidden_states * router_scores)
     # Qwen2-MoE multiplies the shared expert's output by sigmoid(shared_expert_gate(x)), an h x 1
     # projection (transformers modeling_qwen2_moe.py Qwen2MoeSparseMoeBlock)
     shared_expert_gate: bool = Field(default=False, description="a sigmoid gate on the shared experts' output "
                                      "(Qwen2-MoE; Megatron --moe-shared-expert-gate); its h x 1 projection is "
                                      "not costed")
+    # Llama 4 scales each routed row by its router score before the experts, not after
+    # (transformers modeling_llama4.py Llama4TextMoe: routed_in = hidden_states * router_scores)
     apply_probs_on_input: bool = Field(default=False, description="the router score scales the expert's input, "
                                        "not its output (Llama 4; Megatron --moe-apply-probs-on-input, top-1 "
                                        "only); same cost")

@@ -286,10 +286,15 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
 
+def _gib_ceil(x: float) -> float:
+    """Bytes as GiB rounded up to 0.1: that much always suffices (rounded to nearest, 110.42 read
+    110.4, and a GPU of 110.4 GiB did not fit)."""
+    return math.ceil(x / GIB * 10 - 1e-9) / 10
+
+
 def _gib_up(x: float) -> str:
-    """A need, rounded up to 0.1 GiB: that much always suffices (printed :.1f, 110.42 read 110.4,
-    and a GPU of 110.4 GiB did not fit)."""
-    return f"{math.ceil(x / GIB * 10 - 1e-9) / 10:.1f} GiB"
+    """A need, rounded up to 0.1 GiB (_gib_ceil)."""
+    return f"{_gib_ceil(x):.1f} GiB"
 
 
 def _gib_down(x: float) -> str:
@@ -630,7 +635,7 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
     if off.offload_plan is not None and off.offload_min_bytes <= HYPOTHETICAL_OFFLOAD_GIB * GIB * (1 + 1e-12):
         # the least tier that fits: the fewest offloaded bytes, rounded up to 0.1 GiB (a tier of the
         # printed size must fit; rounded to nearest, "35.6 GiB" did not hold 35.63)
-        tier_gib = max(math.ceil(off.offload_min_bytes / GIB * 10 - 1e-9) / 10, 0.1)
+        tier_gib = max(_gib_ceil(off.offload_min_bytes), 0.1)
         smallest = system.with_changes(offload={**tier.model_dump(), "capacity_gib": tier_gib})
         est = estimate(model, smallest, off.offload_plan, hypo_job)
         numbers["offload_tier_needed_gib"] = tier_gib

@@ -30,12 +30,9 @@ def group_link(system: SystemSpec, size, stride) -> tuple[np.ndarray, np.ndarray
     for prev, tier in zip(system.network[:-1], system.network[1:]):
         crosses = span > prev.domain_gpus
         members_inside = np.minimum(np.maximum(prev.domain_gpus / stride, 1.0), size)
-        if prev.domain_gpus <= system.gpus_per_node:
-            # a node's own fabric: groups tile the ranks from 0, so a span that does not divide the
-            # domain puts some group across two (tp 6 in 8-GPU nodes: ranks 6-11); its smallest
-            # piece in one domain is gcd(domain, span) ranks (SystemSpec.inside_nvlink)
-            whole = np.maximum(np.rint(span), 1.0).astype(np.int64)
-            misaligned = (span <= prev.domain_gpus) & (prev.domain_gpus % whole != 0)
+        misaligned, whole = _straddles_node_fabric(system, prev.domain_gpus, span)
+        if misaligned.any():
+            # the worst straddling group's smallest piece in one domain: gcd(domain, span) ranks
             piece = np.gcd(prev.domain_gpus, whole) / stride
             members_inside = np.where(misaligned, np.minimum(np.maximum(piece, 1.0), size), members_inside)
             crosses = crosses | misaligned
@@ -44,13 +41,24 @@ def group_link(system: SystemSpec, size, stride) -> tuple[np.ndarray, np.ndarray
     return bw, lat
 
 
+def _straddles_node_fabric(system: SystemSpec, domain_gpus: int, span) -> tuple[np.ndarray, np.ndarray | None]:
+    """(whether some group of `span` consecutive ranks straddles two domains of `domain_gpus`
+    although it fits in one, the spans as integers or None where no group can). Only a node's own
+    fabric (a domain of at most one node): groups tile the ranks from 0, so a span that does not
+    divide it puts a group across two (tp 6 in 8-GPU nodes: ranks 6-11). Multi-node domains (NVL72)
+    are allocated in node segments a group aligns with (SystemSpec.inside_nvlink, the scalar rule)."""
+    span = np.asarray(span, dtype=np.float64)
+    if domain_gpus > system.gpus_per_node:
+        return np.zeros(span.shape, dtype=bool), None
+    whole = np.maximum(np.rint(span), 1.0).astype(np.int64)
+    return (span <= domain_gpus) & (domain_gpus % whole != 0), whole
+
+
 def group_link_crosses_nvlink(system: SystemSpec, size) -> np.ndarray:
     """Whether a group of `size` consecutive ranks leaves the NVLink domain for some of its
     members (SystemSpec.inside_nvlink, vectorised)."""
     size = np.asarray(size, dtype=np.float64)
-    d, node = system.nvlink_domain_gpus, system.gpus_per_node
-    whole = np.maximum(np.rint(size), 1.0).astype(np.int64)
-    return (size > d) | ((d <= node) & (d % whole != 0))
+    return (size > system.nvlink_domain_gpus) | _straddles_node_fabric(system, system.nvlink_domain_gpus, size)[0]
 
 
 def all_reduce_s(nbytes, n, bw, lat):

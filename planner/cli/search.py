@@ -163,6 +163,7 @@ def _versus_estimate(path: str, model, system, job):
     from planner.plan import load_plan
     from planner.planfile import SAVED_JOB_FIELDS, saved_job, saved_reference
     saved_mapping = read_plan_mapping(path, "versus")
+    saved_model = None
     try:
         if "plan" in saved_mapping:  # a saved plan file: its other fields as `estimate --plan` checks them
             check_plan_file_header(saved_mapping, path)
@@ -202,7 +203,7 @@ def _versus_estimate(path: str, model, system, job):
     differs = {} if saved is None else {
         name: (getattr(saved, name), getattr(job, name)) for name in SAVED_JOB_FIELDS
         if getattr(saved, name) != getattr(job, name)}
-    if "plan" in saved_mapping and "model" in saved_mapping and saved_model.name != model.name:
+    if saved_model is not None and saved_model.name != model.name:
         differs = {"model": (saved_model.name, model.name), **differs}
     return est, differs
 
