@@ -37,7 +37,7 @@ SeqOpt = Annotated[Optional[int], typer.Option(
     "--seq-length", help="Override the model's sequence length (tokens). A Hugging Face config.json "
     "defaults to 4096 (or its max_position_embeddings if smaller), not its full context.")]
 BatchOpt = Annotated[Optional[int], typer.Option(
-    "--global-batch", "-b", help="Global batch in sequences (fixed).")]
+    "--global-batch", "-b", help="Global batch in sequences (fixed; default: the --plan file's, else 1536).")]
 MaxBatchOpt = Annotated[Optional[int], typer.Option(
     "--max-global-batch", help="With --free-batch: the largest global batch the search may pick (default 3072).")]
 DtypeOpt = Annotated[Optional[str], typer.Option("--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), mxfp8 or nvfp4 (Blackwell only). Default: bf16, or fp16 on a GPU without bf16 (V100).")]
@@ -429,7 +429,7 @@ AdamMomentsOpt = Annotated[Optional[str], typer.Option(
     "--adam-moments", help="Dtype of Adam's two moments: fp32 (Megatron's default, 8 B/param) or bf16 "
     "(4 B/param; Megatron's precision-aware optimizer, --use-precision-aware-optimizer --exp-avg-dtype bf16 "
     "--exp-avg-sq-dtype bf16, as DeepSeek-V3 and NVIDIA's DeepSeek/Qwen3 recipes train; needs the distributed "
-    "optimizer, ZeRO-1). Default: the plan file's, else fp32.")]
+    "optimizer, ZeRO-1). Default: fp32 (with --plan: the plan file's).")]
 ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 
 

@@ -94,7 +94,8 @@ def estimate_command(
     global_batch: BatchOpt = None,
     dtype: Annotated[Optional[str], typer.Option(
         "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), "
-                        "mxfp8 or nvfp4 (Blackwell only); default: the plan file's, else bf16.")] = None,
+                        "mxfp8 or nvfp4 (Blackwell only); default: the plan file's, else bf16, or fp16 on a GPU "
+                        "without bf16 (V100).")] = None,
     hbm_reserve_gib: Annotated[Optional[float], typer.Option(
         "--hbm-reserve-gib", help="HBM per GPU kept free for CUDA context, NCCL and fragmentation "
                                   "(GiB; default: the plan file's, else 2).")] = None,

@@ -79,7 +79,8 @@ MegatronReserveOpt = Annotated[Optional[float], typer.Option(
                               "default: the plan file's, else 2).")]
 MegatronDtypeOpt = Annotated[Optional[str], typer.Option(
     "--dtype", help="Compute precision: bf16, fp16, fp8 (delayed scaling), fp8-cs (current scaling), fp8-block (DeepSeek-V3 block scales), "
-                    "mxfp8 or nvfp4 (Blackwell). Default: the plan file's, else bf16.")]
+                    "mxfp8 or nvfp4 (Blackwell). Default: the plan file's, else bf16, or fp16 on a GPU without "
+                    "bf16 (V100).")]
 
 
 def megatron_command(
