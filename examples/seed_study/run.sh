@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate every seed-study sweep (CSV, PNG, SVG, table.txt) in place. ~41 minutes on 2 cores (a: 19.5, e: 19).
+# Regenerate every seed-study sweep (CSV, PNG, SVG, table.txt) in place. ~10 minutes on 2 cores (a: 4, b: 2, e: 4).
 # Usage: examples/seed_study/run.sh [a|b|c|d|e ...]   (default: all). --force: the outputs are ours.
 set -euo pipefail
 cd "$(dirname "$0")"
