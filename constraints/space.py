@@ -262,6 +262,11 @@ KNOB_RULES = (
      "the expert all-to-all overlap (--overlap-moe-expert-parallel-comm) runs only without full recompute"),
     (("zero_stage",), lambda o, job: job.adam_moments == "bf16" and o["zero_stage"] != 1, True, "zero_stage",
      "bf16 Adam moments (the precision-aware optimizer) need the distributed optimizer (zero_stage 1)"),
+    # Megatron-FSDP always overlaps its reduce-scatter and gather (expressible.not_expressible, which
+    # refuses the exposed costing only with DP traffic, dp·cp > 1; left out at any dp here)
+    (("zero_stage", "dp_comm_overlap"), lambda o, job: o["zero_stage"] >= 2 and not o["dp_comm_overlap"], True,
+     "zero_stage", "sharded data parallelism (zero_stage 2, 3: Megatron-FSDP) always overlaps its DP communication "
+     "(dp_comm_overlap)"),
 )
 
 

@@ -662,3 +662,22 @@ def test_a_launch_without_a_checkpoint_interval_saves_no_checkpoints():
     assert validate_megatron_args(launch.argv() + ["--save", "ckpt"], 8, launch.env) == []  # interval 500 set
     bare = megatron_args(plan, model, JobSpec(), system)
     assert any("--save-interval" in e for e in validate_megatron_args(bare.argv() + ["--save", "ckpt"], 8, bare.env))
+
+
+def test_plan_never_ranks_an_fsdp_plan_that_megatron_refuses(tmp_path):
+    """`planner plan --no-dp-comm-overlap` searched Megatron-FSDP (ZeRO-2/3) without the overlap,
+    which `planner megatron` refuses (Megatron-FSDP always overlaps): its best plan for Llama 3.2
+    3B on 16 H100 was ZeRO-2 with exposed DP communication, and `planner megatron --plan` exited 2.
+    The rule is a plan-level one: the search leaves it out and `estimate --json` names it."""
+    saved = tmp_path / "plan.yaml"
+    job = ["-m", "llama3.2-3b", "-s", "h100-grand-teton", "-g", "16", "-b", "128", "--dtype", "fp8-cs"]
+    found = runner.invoke(app, ["plan", *job, "--no-dp-comm-overlap", "--top", "5", "--json", "--save", str(saved)])
+    assert found.exit_code == 0, found.output
+    plans = [Plan(**r["plan"]) for r in json.loads(found.stdout[found.stdout.index("{"):])["plans"]]
+    m, s = load_model("llama3.2-3b"), load_system("h100-grand-teton", 16)
+    assert plans and all(mg.launch_refusals(p, m, JobSpec(dtype="fp8-cs"), s) == [] for p in plans)
+    launched = runner.invoke(app, ["megatron", "--plan", str(saved), "--format", "json"])
+    assert launched.exit_code == 0, launched.output
+    est = runner.invoke(app, ["estimate", *job, "--dp", "16", "--zero-stage", "3", "--no-dp-comm-overlap", "--json"])
+    assert est.exit_code == 0, est.output
+    assert any("always overlaps" in r for r in json.loads(est.stdout)["megatron_refusals"])

@@ -231,6 +231,8 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
                     continue  # Megatron's MoE layers with tp > 1 need SP
                 if oa and (pp > 1 or rc != 0) or oo and z != 1:
                     continue
+                if z >= 2 and not dpo:
+                    continue  # Megatron-FSDP always overlaps its DP communication
                 if a2a and (ep == 1 or (pp > 1 and vpp == 1) or rc in (1, 3)):
                     continue
                 total += 1

@@ -170,6 +170,14 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     if plan.grad_reduce_in_bf16 and job.dtype == "fp16":
         reasons.append("grad_reduce_in_bf16: Megatron applies --grad-reduce-in-bf16 only to bf16-based "
                        "training, not fp16")
+    if plan.zero_stage >= 2 and not plan.dp_comm_overlap and plan.dp * plan.cp > 1:
+        # megatron_fsdp.py forces overlap_grad_reduce (and overlap_param_gather for ZeRO-3) on. A
+        # plan-level rule (no system in it): the search (constraints.space.KNOB_RULES) and
+        # `planner estimate`'s megatron_refusals must know it as `planner megatron` does
+        impl = "PyTorch FSDP2" if plan.dp_impl == "torch-fsdp2" else "Megatron-FSDP"
+        reasons.append(f"dp_comm_overlap: {impl} (zero_stage {plan.zero_stage}) always overlaps the gradient "
+                       "reduce-scatter and parameter gather, while the plan costs them exposed; drop "
+                       "--no-dp-comm-overlap")
     return reasons
 
 
@@ -237,12 +245,6 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
         if getattr(job.bytes_per_param, field) != runs:
             reasons.append(f"bytes_per_param.{field}: the plan was costed with {getattr(job.bytes_per_param, field):g} "
                            f"B per parameter; Megatron's launch keeps {runs:g} ({'bf16/fp16 parameters' if runs == 2 else 'fp32 master weights'})")
-    if plan.zero_stage >= 2 and not plan.dp_comm_overlap and plan.dp * plan.cp > 1:
-        # megatron_fsdp.py forces overlap_grad_reduce (and overlap_param_gather for ZeRO-3) on.
-        impl = "PyTorch FSDP2" if plan.dp_impl == "torch-fsdp2" else "Megatron-FSDP"
-        reasons.append(f"dp_comm_overlap: {impl} (zero_stage {plan.zero_stage}) always overlaps the gradient "
-                       "reduce-scatter and parameter gather, while the plan costs them exposed; drop "
-                       "--no-dp-comm-overlap")
     return reasons
 
 
