@@ -115,3 +115,25 @@ def test_mxfp8_parameters_reuse_the_gradient_buffer_for_their_gather():
     bf16_params = mg.megatron_args(Plan(tp=1, dp=16, micro_batch=1, global_batch=128, zero_stage=1), model,
                                    JobSpec(global_batch=128, dtype="mxfp8"), system)
     assert flag not in bf16_params.argv()
+
+
+def test_torch_fsdp2_plan_must_cost_the_bf16_gradients_megatron_reduces():
+    """Megatron 0.19.2's --use-torch-fsdp2 calls fully_shard over the bf16 parameters with no
+    mixed-precision policy (core/distributed/torch_fully_sharded_data_parallel.py; its DDP config
+    is built without grad_reduce_in_fp32), so gradients are kept and reduce-scattered in bf16
+    whatever --grad-reduce-in-bf16 says. A plan costing fp32 gradients was launched as is
+    (`planner megatron --dp-impl torch-fsdp2`): refused now, and launched with the bf16 reduce."""
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+    model, system, job = load_model("llama3-8b"), load_system("h100-sxm", 8), JobSpec(global_batch=64)
+    fp32 = Plan(dp=8, micro_batch=1, global_batch=64, zero_stage=3, dp_impl="torch-fsdp2")
+    assert any("--use-torch-fsdp2 keeps and reduce-scatters gradients" in r
+               for r in mg.launch_refusals(fp32, model, job, system))
+    assert mg.launch_refusals(fp32.model_copy(update={"grad_reduce_in_bf16": True}), model, job, system) == []
+    flags = ["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--dp", "8",
+             "--dp-impl", "torch-fsdp2", "--format", "args"]
+    refused = CliRunner().invoke(app, flags)
+    assert refused.exit_code == 2 and "grad_reduce_in_bf16" in refused.output
+    launched = CliRunner().invoke(app, flags + ["--grad-reduce-in-bf16"])
+    assert launched.exit_code == 0 and "--grad-reduce-in-bf16" in launched.stdout, launched.output

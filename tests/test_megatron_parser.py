@@ -155,10 +155,12 @@ CASES = [
     # PyTorch FSDP2 inside Megatron (--use-torch-fsdp2): no Megatron DDP overlap flags (FSDP2
     # prefetches on its own; --overlap-param-gather is refused without the distributed optimizer),
     # no fused wgrad accumulation, and with tp > 1 on Hopper no CUDA_DEVICE_MAX_CONNECTIONS=1
+    # (bf16 gradients: FSDP2 reduces in the parameters' dtype, expressible.not_expressible)
     ("llama3-8b", "h100-sxm", 8, "bf16", dict(dp=8, micro_batch=1, global_batch=64, zero_stage=3,
-                                               dp_impl="torch-fsdp2")),
+                                               dp_impl="torch-fsdp2", grad_reduce_in_bf16=True)),
     ("llama3-8b", "h100-sxm", 8, "bf16", dict(tp=2, dp=4, micro_batch=1, global_batch=64, zero_stage=3,
-                                               sequence_parallel=True, dp_impl="torch-fsdp2")),
+                                               sequence_parallel=True, dp_impl="torch-fsdp2",
+                                               grad_reduce_in_bf16=True)),
     # block recompute without a pipeline: ZeRO-3 (the search's fewest fitting layers), and a
     # count given beside a whole optimizer offload
     ("gpt3-20b", "h100-sxm", 64, "bf16", dict(dp=64, micro_batch=4, global_batch=512, zero_stage=3,

@@ -126,6 +126,14 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("dp_impl: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
         if job.dtype == "fp16":
             reasons.append("dtype: --use-torch-fsdp2 is not supported with fp16 (use bf16)")
+        elif not plan.grad_reduce_in_bf16 and (job.bytes_per_param.grads, job.bytes_per_param.grad_reduce) != (2, 2):
+            # core/distributed/torch_fully_sharded_data_parallel.py (0.19.2): fully_shard over the
+            # bf16 parameters (Float16Module) with no mixed-precision policy, so FSDP2 keeps and
+            # reduce-scatters the gradients in bf16 whatever --grad-reduce-in-bf16 or
+            # --accumulate-allreduce-grads-in-fp32 say (its DDP config is built without them)
+            reasons.append("grad_reduce_in_bf16: Megatron's --use-torch-fsdp2 keeps and reduce-scatters gradients in "
+                           "the parameters' bf16 (no fp32 reduce policy), while the plan costs fp32 gradients; add "
+                           "--grad-reduce-in-bf16")
     if plan.moe_dispatcher == "deepep" and model.moe is None:
         reasons.append("moe_dispatcher: deepep needs a MoE model")
     if plan.moe_a2a_overlap:
