@@ -1,13 +1,17 @@
-"""Held-out check: training runs published in papers (bench/data/paper_runs.yaml: MT-NLG 530B,
-Nemotron-4 340B, Llama 3 405B, DeepSeek-V3, and Korthikanti et al.'s full-vs-selective recompute
-ratio). None is in ../shared/reference and nothing is fitted to them.
+"""Held-out check: training runs published in papers and project reports
+(bench/data/paper_runs.yaml: MT-NLG 530B, BLOOM-176B, Nemotron-4 340B and 15B, Llama 3 405B,
+DeepSeek-V3, IBM/PyTorch's FSDP benchmarks of Llama-2-shaped models, and Korthikanti et al.'s
+full-vs-selective recompute ratio). None is in ../shared/reference and nothing is fitted to them.
 
 Each run pins what its paper states (tp, pp, cp, ep, batch, precision; the era's software where it
 predates FlashAttention and sequence parallelism) and lets `planner.plan` choose what the paper
 leaves out (micro-batch, virtual stages, recompute, optimizer sharding): the prediction is the
 planner's best plan inside the published layout, which is what a tuned run of it should approach.
 A published time is compared as is; a published throughput is turned into a step time with the
-FLOPs convention the row names (see the data file).
+FLOPs convention the row names, or directly from tokens/s per GPU (see the data file). A row may
+name its system as a file under bench/data/systems/ (a cluster whose network the presets do not
+describe), extra JobSpec fields (`job`: the kernel stack of a PyTorch run), and plan fields the
+search does not choose (`plan_fields`: PyTorch FSDP's dp_impl, its 16-bit gradient reduce).
 
     PYTHONPATH=. python bench/heldout_papers.py [--json PATH]
 """
@@ -63,6 +67,8 @@ def measured_step_s(run: dict, model: ModelSpec) -> tuple[float, str]:
     if "step_time_s" in run:
         return float(run["step_time_s"]), "published iteration time"
     tokens = run["global_batch"] * model.seq_length
+    if "tokens_per_s_per_gpu" in run:
+        return tokens / (run["tokens_per_s_per_gpu"] * run["gpus"]), "global batch x seq / (tokens/s per GPU x GPUs)"
     if "gpu_hours_per_trillion_tokens" in run:
         return (tokens * run["gpu_hours_per_trillion_tokens"] * 3600.0 / 1e12 / run["gpus"],
                 "tokens x GPU-hours per trillion tokens / GPUs")
@@ -73,30 +79,44 @@ def measured_step_s(run: dict, model: ModelSpec) -> tuple[float, str]:
 def job_of(run: dict, pins: dict) -> JobSpec:
     return JobSpec(global_batch=run["global_batch"], max_global_batch=max(3072, run["global_batch"]),
                    dtype=run["dtype"], adam_moments=run.get("adam_moments", "fp32"), pins=pins,
-                   moe_dispatcher=run.get("moe_dispatcher", "alltoall"), flash_attention=not run.get("era"))
+                   moe_dispatcher=run.get("moe_dispatcher", "alltoall"), flash_attention=not run.get("era"),
+                   **run.get("job", {}))
+
+
+def system_of(run: dict):
+    """The run's system: a preset name, or a system file next to the data file (bench/data/systems/)."""
+    ref = run["system"]
+    return load_system(str(DATA.parent / ref) if ref.endswith(".yaml") else ref, run["gpus"])
 
 
 def recommended(run: dict, model: ModelSpec):
     """What `planner plan` recommends for the job with only the era's software pinned (the claim
     bar: a recommendation predicted more than 15 % faster than the measured run is a claim)."""
-    system = load_system(run["system"], run["gpus"])
+    system = system_of(run)
     return recommend(model, system, job_of(run, dict(ERA_PINS.get(str(run.get("era", "")), {}))), top_k=1,
                      offload_gain=False).best
 
 
 def best_in_layout(run: dict, model: ModelSpec, extra_pins: dict | None = None):
     """The estimate of the planner's fastest plan inside the run's published layout (None if none fits)."""
-    system = load_system(run["system"], run["gpus"])
+    system = system_of(run)
     pins = {**run.get("pinned", {}), **ERA_PINS.get(str(run.get("era", "")), {}), **(extra_pins or {})}
     job = job_of(run, pins)
     restrict = {"vpp": lambda v: v > 1} if run.get("interleaved") else None
     best = plan(model, system, job, top_k=1, restrict=restrict).best
-    if best is None or best.plan.recompute != "full" or not run.get("era"):
-        return best and best.estimate
-    # before Korthikanti et al. 2022, full recompute meant every layer (Megatron
-    # --checkpoint-activations, DeepSpeed activation checkpointing): the search may keep some
-    every_layer = best.plan.model_copy(update={"recompute_num_layers": None, "stage_recompute_layers": None})
-    return estimate(model, system, every_layer, job)
+    if best is None:
+        return None
+    # plan fields the search does not choose, as the run states them (a PyTorch FSDP run's
+    # dp_impl, its 16-bit gradient reduce): set on the best plan inside the layout and re-costed
+    update = dict(run.get("plan_fields", {}))
+    if best.plan.recompute == "full" and (run.get("era") or run.get("recompute_every_layer")):
+        # before Korthikanti et al. 2022, full recompute meant every layer (Megatron
+        # --checkpoint-activations, DeepSpeed activation checkpointing), as a run that says it
+        # checkpoints every block does: the search may keep some
+        update.update(recompute_num_layers=None, stage_recompute_layers=None)
+    if not update:
+        return best.estimate
+    return estimate(model, system, best.plan.model_copy(update=update), job)
 
 
 def main() -> None:
@@ -141,7 +161,7 @@ def main() -> None:
                      "error": pred / measured - 1.0})
     timed = [r for r in rows if r.get("predicted_s")]
     kept = [r for r in timed if not r["excluded"]]
-    for label, group in (("all step-time rows", timed), ("without the 128K and DualPipe rows", kept)):
+    for label, group in (("all step-time rows", timed), ("without the 128K, DualPipe and HSDP rows", kept)):
         print(f"{label}: mean |error| {statistics.mean(abs(r['error']) for r in group):.1%} over {len(group)}, "
               f"signed mean {statistics.mean(r['error'] for r in group):+.1%}")
     if args.json:
