@@ -234,3 +234,23 @@ def test_bf16_adam_moments_make_a_smaller_checkpoint_and_the_default_mtbf_is_its
     assert fp32["checkpoint_bytes_per_param"] == 14 and bf16["checkpoint_bytes_per_param"] == 10
     assert bf16["checkpoint_bytes"] == pytest.approx(fp32["checkpoint_bytes"] * 10 / 14)
     assert "adam-moments" in invoke(*base, "--adam-moments", "fp8").output
+
+
+@pytest.mark.parametrize("zero", ["0", "2", "3"])
+def test_bf16_adam_moments_need_the_distributed_optimizer(zero):
+    """The precision-aware optimizer (bf16 moments) runs on the distributed optimizer only, as
+    `planner estimate` and `planner megatron` say: a 10 B/param checkpoint at ZeRO-0/2/3 had been
+    sized for a run Megatron refuses to launch."""
+    r = invoke("-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--zero-stage", zero, "--adam-moments", "bf16")
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert "bf16 moments need Megatron's precision-aware optimizer" in r.output
+    assert f"got --zero-stage {zero}" in r.output
+
+
+def test_checkpoint_help_names_no_plan_file():
+    """`planner checkpoint` reads no plan file: its --adam-moments help said '(with --plan: the plan
+    file's)', an option the command does not have."""
+    r = invoke("--help")
+    assert r.exit_code == 0
+    assert "--plan" not in r.output

@@ -10,7 +10,7 @@ from hardware.errors import SpecError
 from planner.jsonout import json_text
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report, duration_text
 from planner.cli.common import (
-    DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, AdamMomentsOpt, GpusOpt, JsonOpt, ModelOpt, SystemOpt,
+    DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, GpusOpt, JsonOpt, ModelOpt, SystemOpt,
     adam_moments_setting, check_float, check_int, load_inputs, refuse_moe_flags_on_dense)
 from planner.plan import ADAM_MOMENT_BYTES, BytesPerParam, make_plan
 
@@ -20,6 +20,14 @@ DEFAULT_WRITE_GB_PER_S = 100.0
 DEFAULT_TARGET_WRITE_S = 60.0
 
 _Int = Optional[int]
+
+# --adam-moments as the other commands take it, less their "(with --plan: the plan file's)": this
+# command reads no plan file
+AdamMomentsOpt = Annotated[Optional[str], typer.Option(
+    "--adam-moments", help="Dtype of Adam's two moments: fp32 (Megatron's default, 8 B/param) or bf16 "
+    "(4 B/param; Megatron's precision-aware optimizer, --use-precision-aware-optimizer --exp-avg-dtype bf16 "
+    "--exp-avg-sq-dtype bf16, as DeepSeek-V3 and NVIDIA's DeepSeek/Qwen3 recipes train; needs the distributed "
+    "optimizer, --zero-stage 1). Default: fp32.")]
 
 # Generous physical ranges of the checkpoint flags (finite: an MTBF of 1e300 h gave a 150-digit
 # --save-interval): bandwidths up to an exabyte per second, MTBFs up to ~100,000 years, times up to
@@ -220,6 +228,13 @@ def register(app: typer.Typer) -> None:
             raise SpecError("mtbf: give either --gpu-mtbf-hours or --node-mtbf-hours, not both")
         if zero_stage not in (0, 1, 2, 3):
             raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
+        moments = adam_moments_setting(adam_moments).get("adam_moments", "fp32")
+        if moments == "bf16" and zero_stage != 1:
+            # as `planner estimate` and `planner megatron` refuse it (megatron/expressible.py): the
+            # precision-aware optimizer runs on the distributed optimizer only, so no run saves such
+            # a checkpoint
+            raise SpecError("adam-moments: bf16 moments need Megatron's precision-aware optimizer, which runs on the "
+                            f"distributed optimizer (--zero-stage 1), got --zero-stage {zero_stage}")
         spec, sysspec = load_inputs(model, system, gpus)
         t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp, spec)
         check_int("ep", ep, 1, MAX_GPUS)
@@ -227,7 +242,6 @@ def register(app: typer.Typer) -> None:
         plan = make_plan(tp=t, pp=p, dp=d, cp=c, ep=default_ep(spec, d, c) if ep is None else ep,
                          zero_stage=zero_stage, global_batch=d)
         notes = layout_notes(spec, sysspec, plan)
-        moments = adam_moments_setting(adam_moments).get("adam_moments", "fp32")
         report = checkpoint_report(
             spec, sysspec, plan, write_gb_per_s=write_gb_per_s,
             bytes_per_param=BytesPerParam(optimizer=ADAM_MOMENT_BYTES[moments]),
