@@ -279,3 +279,29 @@ def test_one_model_file_named_two_ways_is_swept_once(tiny, tmp_path, monkeypatch
     one_line_error(runner.invoke(app, ["sweep", "-s", "h100-sxm", "-g", "8", "--vary", f"model={tiny},./tiny.yaml",
                                        "--out", str(tmp_path / "out")]), "named twice", "two paths")
     assert not (tmp_path / "out").exists()
+
+
+def test_csv_results_keep_every_digit(tiny, tmp_path):
+    """The CSV wrote results at 6 significant digits: a point's step time no longer matched its
+    `planner plan` (31.2462 for 31.24617142850488) and 1,610,810 tokens/s read 1.61081e+06. Each
+    result now reads back as the float `--json` and search.plan give; grid values stay 40, not 40.0."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", "-m", tiny, "-s", "h100-sxm", "--max-global-batch", "256",
+                                 "--vary", "gpus=4,16", "--vary", "hbm_gib=40,80", "-j", "1",
+                                 "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["rows"]
+    with (out / "sweep.csv").open() as fh:
+        table = list(csv.DictReader(fh))
+    assert [(r["gpus"], r["hbm_gib"]) for r in table] == [("4", "40"), ("16", "40"), ("4", "80"), ("16", "80")]
+    model, base = load_model(tiny), load_system("h100-sxm")
+    for r, c in zip(rows, table):
+        assert r["feasible"] and c["feasible"] == "True"
+        for col in ("step_time_s", "mfu", "tokens_per_s", "hbm_used_gib"):
+            assert float(c[col]) == r[col], col
+            assert "e" not in c[col].lower(), (col, c[col])
+        system = base.with_changes(num_gpus=r["gpus"], accelerator={
+            **base.accelerator.model_dump(), "hbm_capacity_gib": r["hbm_gib"]})
+        best = search.plan(model, system, JobSpec(max_global_batch=256), top_k=1).best
+        assert float(c["step_time_s"]) == best.estimate.step_time_s
+        assert float(c["tokens_per_s"]) == best.estimate.tokens_per_s
