@@ -10,7 +10,7 @@ from hardware.errors import SpecError
 from planner.jsonout import json_text
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report, duration_text
 from planner.cli.common import (
-    DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, GpusOpt, JsonOpt, ModelOpt, SystemOpt,
+    DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, AdamMomentsNoPlanOpt, GpusOpt, JsonOpt, ModelOpt, SystemOpt,
     adam_moments_setting, check_float, check_int, load_inputs, refuse_moe_flags_on_dense)
 from planner.plan import ADAM_MOMENT_BYTES, BytesPerParam, make_plan
 
@@ -20,14 +20,6 @@ DEFAULT_WRITE_GB_PER_S = 100.0
 DEFAULT_TARGET_WRITE_S = 60.0
 
 _Int = Optional[int]
-
-# --adam-moments as the other commands take it, less their "(with --plan: the plan file's)": this
-# command reads no plan file
-AdamMomentsOpt = Annotated[Optional[str], typer.Option(
-    "--adam-moments", help="Dtype of Adam's two moments: fp32 (Megatron's default, 8 B/param) or bf16 "
-    "(4 B/param; Megatron's precision-aware optimizer, --use-precision-aware-optimizer --exp-avg-dtype bf16 "
-    "--exp-avg-sq-dtype bf16, as DeepSeek-V3 and NVIDIA's DeepSeek/Qwen3 recipes train; needs the distributed "
-    "optimizer, --zero-stage 1). Default: fp32.")]
 
 # Generous physical ranges of the checkpoint flags (finite: an MTBF of 1e300 h gave a 150-digit
 # --save-interval): bandwidths up to an exabyte per second, MTBFs up to ~100,000 years, times up to
@@ -212,7 +204,7 @@ def register(app: typer.Typer) -> None:
                                 "(default is an assumption).")] = DEFAULT_RESTART_S,
         weights_only: Annotated[bool, typer.Option(
             "--weights-only", help="Checkpoint the weights only (no optimizer state).")] = False,
-        adam_moments: AdamMomentsOpt = None,
+        adam_moments: AdamMomentsNoPlanOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
         """Checkpoint size, who writes it, storage bandwidth and the optimal checkpoint interval.

@@ -425,11 +425,16 @@ def kernel_settings(cuda_graph: str = "none", fp8_attention: bool = False, fused
             "fp8_attention": fp8_attention, "fused_grouped_mlp": fused_grouped_mlp}
 
 
+_ADAM_MOMENTS_HELP = (
+    "Dtype of Adam's two moments: fp32 (Megatron's default, 8 B/param) or bf16 (4 B/param; Megatron's "
+    "precision-aware optimizer, --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16, "
+    "as DeepSeek-V3 and NVIDIA's DeepSeek/Qwen3 recipes train; needs the distributed optimizer, ZeRO-1). "
+    "Default: fp32")
+# estimate and megatron, which read a --plan file
 AdamMomentsOpt = Annotated[Optional[str], typer.Option(
-    "--adam-moments", help="Dtype of Adam's two moments: fp32 (Megatron's default, 8 B/param) or bf16 "
-    "(4 B/param; Megatron's precision-aware optimizer, --use-precision-aware-optimizer --exp-avg-dtype bf16 "
-    "--exp-avg-sq-dtype bf16, as DeepSeek-V3 and NVIDIA's DeepSeek/Qwen3 recipes train; needs the distributed "
-    "optimizer, ZeRO-1). Default: fp32 (with --plan: the plan file's).")]
+    "--adam-moments", help=_ADAM_MOMENTS_HELP + " (with --plan: the plan file's).")]
+# plan, check and checkpoint, which read none
+AdamMomentsNoPlanOpt = Annotated[Optional[str], typer.Option("--adam-moments", help=_ADAM_MOMENTS_HELP + ".")]
 ADAM_MOMENT_DTYPES = ("fp32", "bf16")
 
 
