@@ -31,14 +31,14 @@ LOW_PRECISION = ("fp8", "fp8-cs", "fp8-block", "mxfp8", "nvfp4")
 # 1e6 GiB), offload_gib (up to 1e9 GiB) and offload_gb_per_s (up to its "infinite" 1e6 GB/s,
 # planner/sweep.py MAX_VALUE, INFINITE_GB_PER_S); the infeasibility diagnosis adds a 4096 GiB tier.
 # For scale, the presets span: peaks 1.57e13 (V100 fp32) to 1.5e16 (GB300 NVFP4) FLOP/s; HBM 32 to
-# 279 GiB at 900 to 8000 GB/s; network tiers 6.25 to 900 GB/s at 3 to 8 us; offload 223.5 to 1024
+# 277.5 GiB at 900 to 8000 GB/s; network tiers 6.25 to 900 GB/s at 3 to 8 us; offload 223.5 to 1024
 # GiB at 100 to 450 GB/s; GEMM half-dims 140 to 170, attention half-seq 0 to 1110, layer overhead
 # 4 to 194 us.
 
 # Dense peak FLOP/s per GPU and dtype: 1 GFLOP/s is below any accelerator (V100 fp32, the slowest
 # preset peak, is 1.57e13); 1e18 is ~67x the largest today (GB300 NVFP4 dense, 1.5e16).
 PeakFlops = Annotated[float, in_range(1e9, 1e18)]
-# HBM per GPU: 1e-3 GiB (~1 MiB) is below any GPU's memory; 1e6 GiB (~1 PiB, 3,600x B300's 279 GiB) is the
+# HBM per GPU: 1e-3 GiB (~1 MiB) is below any GPU's memory; 1e6 GiB (~1 PiB, 3,600x GB300's 277.5 GiB) is the
 # largest hbm_gib `planner sweep` accepts (sweep.MAX_VALUE), so a what-if HBM stays a valid spec.
 HbmGib = Annotated[float, in_range(1e-3, 1e6)]
 # HBM bandwidth per GPU: 1 GB/s is below one DDR channel (V100's 900 GB/s is the slowest preset);

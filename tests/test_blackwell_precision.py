@@ -33,7 +33,7 @@ def test_datasheet_peaks(preset, dtype, flops):
 
 
 def test_nvl72_domain_and_bandwidth():
-    for preset, hbm_gib in (("gb200-nvl72", 184.0), ("gb300-nvl72", 279.0)):
+    for preset, hbm_gib in (("gb200-nvl72", 184.0), ("gb300-nvl72", 277.5)):
         s = load_system(preset)
         assert s.nvlink_domain_gpus == 72
         assert s.network[0].bandwidth_gb_per_s == 1800 / 2      # 1.8 TB/s per GPU, both directions
