@@ -221,12 +221,10 @@ def register(app: typer.Typer) -> None:
         if zero_stage not in (0, 1, 2, 3):
             raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
         moments = adam_moments_setting(adam_moments).get("adam_moments", "fp32")
-        if moments == "bf16" and zero_stage != 1:
-            # as `planner estimate` and `planner megatron` refuse it (megatron/expressible.py): the
-            # precision-aware optimizer runs on the distributed optimizer only, so no run saves such
-            # a checkpoint
-            raise SpecError("adam-moments: bf16 moments need Megatron's precision-aware optimizer, which runs on the "
-                            f"distributed optimizer (--zero-stage 1), got --zero-stage {zero_stage}")
+        from planner.megatron.expressible import bf16_moments_refusal
+        refused = bf16_moments_refusal(moments, zero_stage, "--zero-stage")  # as estimate and megatron refuse it
+        if refused:  # no run saves such a checkpoint
+            raise SpecError(f"adam-moments: {refused}")
         spec, sysspec = load_inputs(model, system, gpus)
         t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp, spec)
         check_int("ep", ep, 1, MAX_GPUS)

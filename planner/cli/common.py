@@ -143,14 +143,20 @@ def check_utf8_text(flag: str, value, kept_in: str) -> None:
                             f"kept in {kept_in}; rename the file") from None
 
 
+def check_plan_file_names(model, system) -> None:
+    """The model and system a plan file will name, as UTF-8 text (check_utf8_text): said before a
+    search by the commands that --save, and again by write_plan_file, the guard of every writer."""
+    for key, ref in (("model", model), ("system", system)):
+        check_utf8_text(f"save: {key}", ref, "a plan file")
+
+
 def write_plan_file(path: str, data: dict) -> None:
     """Write a plan file (planner.planfile.plan_file_data) as the format its name says, JSON or
     YAML (YAML reads both); never over an existing file."""
     import json
 
     import yaml
-    for key in ("model", "system"):
-        check_utf8_text(f"save: {key}", data.get(key), "a plan file")
+    check_plan_file_names(data.get("model"), data.get("system"))
     try:
         with open(path, "x") as handle:
             if str(path).lower().endswith(".json"):

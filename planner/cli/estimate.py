@@ -11,7 +11,7 @@ from planner.cli.common import (
     DEFAULT_MODEL,
     DEFAULT_SYSTEM,
     check_new_file,
-    check_utf8_text,
+    check_plan_file_names,
     write_plan_file,
     check_dtype_on_system,
     check_module_dtypes_on_system,
@@ -152,8 +152,7 @@ def estimate_command(
         raise SpecError(f"save: the plan is already a file ({plan_file}); --save writes a plan given by flags")
     check_new_file("save", save)
     if save is not None:
-        for key, ref in (("model", model), ("system", system)):
-            check_utf8_text(f"save: {key}", ref, "a plan file")
+        check_plan_file_names(model, system)
     model_spec, system_spec = load_inputs_for_plan(model, system, gpus, seq_length, plan_file)
     options = dict(locals())
     knobs = given_knobs(options)

@@ -11,7 +11,7 @@ from planner.jsonout import json_text
 from hardware.load import load_system, system_preset_names
 from planner.cli.common import (
     check_new_file,
-    check_utf8_text,
+    check_plan_file_names,
     given_flags,
     CudaGraphOpt,
     Fp8AttentionOpt,
@@ -502,8 +502,7 @@ def _plan(o: dict) -> None:
     check_int("top", o["top"], 1, MAX_TOP_K)
     check_new_file("save", o["save"])
     if o["save"] is not None:  # what the file will name: said before the search, not after
-        for key in ("model", "system"):
-            check_utf8_text(f"save: {key}", o.get(key), "a plan file")
+        check_plan_file_names(o.get("model"), o.get("system"))
     model, system, job = _inputs(o)
     baseline, differs = _versus_estimate(o["versus"], model, system, job) if o.get("versus") is not None \
         else (None, {})

@@ -46,6 +46,18 @@ def offload_fraction_of_layers(k: int, layers: int) -> float:
     return float(fraction_of_layers(k, layers))
 
 
+def bf16_moments_refusal(adam_moments: str, zero_stage: int, stage: str = "zero_stage") -> str | None:
+    """Why Adam moments of `adam_moments` cannot run at `zero_stage` (None: they can), the stage
+    named as `stage` (a plan field, or the flag that set it). core/optimizer/optimizer_config.py:
+    the precision-aware optimizer needs the distributed optimizer; Megatron-Bridge turns it off
+    under Megatron-FSDP ("cannot work with FSDP together", scripts/performance/utils/helpers.py
+    @v0.2.0), so ZeRO-1 only."""
+    if adam_moments == "bf16" and zero_stage != 1:
+        return ("bf16 moments need Megatron's precision-aware optimizer, which runs on the distributed optimizer "
+                f"({stage} 1), got {stage} {zero_stage}")
+    return None
+
+
 def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     """Reasons this plan cannot be launched with Megatron-LM (empty = expressible). Cheap: the
     search calls it on many plans. Batch divisibility is already a Plan invariant."""
@@ -72,12 +84,9 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         # MA 3: --optimizer-cpu-offload goes with the distributed optimizer.
         reasons.append("offload_optimizer: --optimizer-cpu-offload needs the distributed optimizer "
                        f"(zero_stage 1), got zero_stage {plan.zero_stage}")
-    if job.adam_moments == "bf16" and plan.zero_stage != 1:
-        # core/optimizer/optimizer_config.py: the precision-aware optimizer needs the distributed
-        # optimizer; Megatron-Bridge turns it off under Megatron-FSDP ("cannot work with FSDP
-        # together", scripts/performance/utils/helpers.py @v0.2.0), so ZeRO-1 only
-        reasons.append("adam_moments: bf16 moments need Megatron's precision-aware optimizer, which runs on the "
-                       f"distributed optimizer (zero_stage 1), got zero_stage {plan.zero_stage}")
+    moments = bf16_moments_refusal(job.adam_moments, plan.zero_stage)
+    if moments:
+        reasons.append(f"adam_moments: {moments}")
     if plan.vpp > 1:
         # MA 2a: interleaving needs pp > 1; MA 2c: microbatches >= pp (a group size N != pp,
         # emitted, covers an m that pp does not divide: pipeline_layout.vp_microbatch_group).
