@@ -471,24 +471,16 @@ def columns(spec: SweepSpec) -> list[str]:
     return [n for n in spec.names if n != "model"] + RESULT_COLUMNS
 
 
-def sweep_value_text(v) -> str:
-    """A grid or result value as the outputs print it: 6 significant digits, 40 not 40.0, inf."""
+def sweep_value_text(v, every_digit: bool = False) -> str:
+    """A grid or result value as the outputs print it: 6 significant digits (`every_digit`: the
+    shortest text that reads back as the same float, as `--json` and `planner plan` give it),
+    40 not 40.0, inf."""
     if isinstance(v, float):
         if math.isinf(v):
             return "inf"
-        return f"{v:.6g}"
-    return str(v)
-
-
-def csv_value_text(v) -> str:
-    """A result value as the CSV writes it: every digit (the shortest text that reads back as the
-    same float, as `--json` and `planner plan` give it), 40 not 40.0, inf."""
-    if isinstance(v, float):
-        if math.isinf(v):
-            return "inf"
-        if v.is_integer() and abs(v) < 1e15:
-            return str(int(v))
-        return repr(v)
+        if not every_digit:
+            return f"{v:.6g}"
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
     return str(v)
 
 
@@ -502,7 +494,7 @@ def write_csv(rows: list[dict], spec: SweepSpec, path: str | Path) -> Path:
         w = csv.writer(fh)
         w.writerow(cols)
         for r in rows:
-            w.writerow([(sweep_value_text if c in grid else csv_value_text)(r.get(c, "")) for c in cols])
+            w.writerow([sweep_value_text(r.get(c, ""), every_digit=c not in grid) for c in cols])
     return path
 
 
