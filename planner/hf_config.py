@@ -52,6 +52,9 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                    "a hybrid stack: each layer costed as the pattern's mean block (exact without "
                    "pipelining); attention without position embedding costed with RoPE's fused pass"),
     "glm4_moe": ({"tie_word_embeddings": False}, "partial RoPE (partial_rotary_factor) not costed apart"),
+    # the original Qwen (Qwen-1.8B/7B/14B/72B, remote code; configuration_qwen.py QWenConfig:
+    # tie_word_embeddings False): its MLP width is half its intermediate_size (HALVED_FFN_TYPES)
+    "qwen": ({"tie_word_embeddings": False}, ""),
     # Llama 4 (the text tower of Llama4ForConditionalGeneration): every MoE layer also runs one
     # shared expert as wide as a routed one (transformers modeling_llama4.py Llama4TextMoe)
     "llama4_text": ({"tie_word_embeddings": False},
@@ -60,6 +63,11 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
                     "every layer (Megatron --qk-l2-norm)"),
 }
 APPROXIMATIONS = {k: v[1] for k, v in ARCHITECTURES.items()}
+# Architectures whose config's intermediate_size is the gated MLP's two input projections together:
+# the original Qwen's QWenMLP builds w1 and w2 of intermediate_size // 2 each and c_proj from that
+# width (Qwen/Qwen-7B modeling_qwen.py; vLLM qwen.py QWenBlock: QWenMLP(hidden, intermediate_size // 2)).
+# Read as written, Qwen-1.8B cost 2.65 B parameters for its 1.84 B.
+HALVED_FFN_TYPES = ("qwen",)
 # Models whose attention is not causal-decoder attention (encoders see the whole sequence; an
 # encoder-decoder has a second stack and cross-attention): costed as a decoder they would be
 # silently wrong, and Megatron's GPT launch would train another model
@@ -358,7 +366,7 @@ def with_defaults(cfg: dict, extra: dict | None = None) -> dict:
 MLP_BIAS_TYPES = ("gpt_oss",)
 # Architectures whose q/k/v projections carry biases whatever attention_bias says (transformers'
 # Qwen2Attention and Qwen2MoeAttention: bias=True on q_proj, k_proj, v_proj)
-QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
+QKV_BIAS_TYPES = ("qwen2", "qwen2_moe", "qwen")  # the original Qwen's fused c_attn: nn.Linear, bias on
 # Architectures that normalise each query and key head (HF modeling code: q_norm / k_norm).
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "gemma3_text", "qwen3_vl_text", "qwen3_vl_moe_text")
 
@@ -917,7 +925,7 @@ def model_fields(path: Path) -> dict:
         "heads": cfg["num_attention_heads"],
         "query_groups": cfg.get("num_key_value_heads"),
         "head_dim": cfg.get("head_dim"),
-        "ffn": cfg.get("intermediate_size"),
+        "ffn": _dense_ffn(cfg, path),
         "seq_length": seq,
         "vocab": cfg["vocab_size"],
         "activation": "swiglu" if gated else "gelu",
@@ -1000,6 +1008,18 @@ def model_fields(path: Path) -> dict:
             fields["mla"].update({field: rope[key] for field, key in MLA_YARN_KEYS.items() if rope.get(key) is not None})
         fields["head_dim"] = None  # MLA's head widths live in `mla`
     return fields
+
+
+def _dense_ffn(cfg: dict, path: Path) -> int | None:
+    """The dense MLP's width: intermediate_size, halved where the config gives both gated halves
+    together (HALVED_FFN_TYPES)."""
+    width = cfg.get("intermediate_size")
+    if width is None or cfg.get("model_type") not in HALVED_FFN_TYPES:
+        return width
+    if width % 2:
+        raise SpecError(f"model {path}: intermediate_size {width} must be even for model_type "
+                        f"{_shown(cfg['model_type'])} (it is the two gated MLP projections together)")
+    return width // 2
 
 
 def _require(cfg: dict, keys: tuple[str, ...], why: str) -> None:

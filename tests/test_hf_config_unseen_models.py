@@ -1,0 +1,55 @@
+"""Hugging Face configs of models without a preset, found misread by an audit (2026-11-29): the
+original Qwen's MLP width."""
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware.errors import SpecError
+from planner.cli import app
+from planner.model import load_model
+
+HF = Path(__file__).parent / "fixtures" / "hf"
+
+
+def _fixture(name: str) -> dict:
+    return json.loads((HF / name / "config.json").read_text())
+
+
+def _write(tmp_path: Path, cfg: dict, name: str = "config.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def _argv(model: str) -> list[str]:
+    out = CliRunner().invoke(app, ["megatron", "-m", model, "-s", "h100-sxm", "-g", "64", "-b", "256",
+                                   "--tp", "2", "--pp", "2", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.stdout)["argv"]
+
+
+def test_original_qwen_mlp_is_half_its_intermediate_size():
+    """Qwen-1.8B (model card: 1.8B; arXiv:2309.16609 Table 1) by hand, from its config.json and
+    modeling_qwen.py: w1, w2 are intermediate_size // 2 = 5504 wide, c_attn has q/k/v biases,
+    c_proj and the MLP none (no_bias), untied head:
+      embedding + head   2 · 151,936 · 2,048                                   =   622,329,856
+      per layer          2,048 · 6,144 + 6,144 (c_attn) + 2,048² (c_proj)
+                         + 3 · 2,048 · 5,504 (w1, w2, c_proj) + 2 · 2,048 (ln)  =    50,604,032
+      24 layers + ln_f   24 · 50,604,032 + 2,048                               = 1,214,498,816
+      total                                                                     = 1,836,828,672
+    Read as written (MLP 11,008 wide, no biases) it was 2.65 B, 44 % over."""
+    m = load_model(str(HF / "qwen-1.8b"))
+    assert m.num_params == 1_836_828_672
+    assert (m.ffn, m.activation, m.qkv_bias, m.biases, m.tied_embeddings) == (5504, "swiglu", True, False, False)
+    argv = _argv(str(HF / "qwen-1.8b"))
+    assert argv[argv.index("--ffn-hidden-size") + 1] == "5504" and "--add-qkv-bias" in argv
+
+
+def test_an_odd_original_qwen_intermediate_size_is_one_line(tmp_path):
+    path = _write(tmp_path, dict(_fixture("qwen-1.8b"), intermediate_size=11007))
+    with pytest.raises(SpecError, match="intermediate_size 11007 must be even for model_type \"qwen\""):
+        load_model(str(path))
+    out = CliRunner().invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"])
+    assert out.exit_code == 2 and "Traceback" not in out.output
