@@ -558,9 +558,10 @@ def _check_types(cfg: dict, path: Path) -> None:
             raise bad(key, allowed)
         if kinds is str and isinstance(cfg.get(key), str) and not cfg[key].strip():
             raise bad(key, "a non-empty string (leave the key out where the model has none)")  # "" is not silu
-    rotary = cfg.get("partial_rotary_factor")
-    if rotary is not None and (isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1):
-        raise bad("partial_rotary_factor", "a number in (0, 1]")
+    for key in ("rotary_pct", "partial_rotary_factor"):  # the first: GPT-NeoX's and Qwen's name for it
+        rotary = cfg.get(key)
+        if rotary is not None and (isinstance(rotary, bool) or not isinstance(rotary, (int, float)) or not 0 < rotary <= 1):
+            raise bad(key, "a number in (0, 1]")
     scale = cfg.get("routed_scaling_factor")
     if scale is not None and not (finite_number(scale) and 1e-3 <= scale <= 1e3):
         raise bad("routed_scaling_factor", "a number from 0.001 to 1000 (the routed experts' weight)")
@@ -585,9 +586,10 @@ def _check_types(cfg: dict, path: Path) -> None:
     if cfg.get("topk_method") == "noaux_tc" and cfg.get("scoring_func") == "softmax":
         raise SpecError(f"model {path}: topk_method noaux_tc balances sigmoid scores (DeepSeek-V3 §2.1.2); "
                         "scoring_func is softmax: change one of the two")
-    theta = cfg.get("rope_theta")
-    if theta is not None and not (finite_number(theta) and 1 <= theta <= 1e12):
-        raise bad("rope_theta", "a number from 1 to 1e12 (RoPE's base frequency)")
+    for key in ("rotary_emb_base", "rope_theta"):
+        theta = cfg.get(key)
+        if theta is not None and not (finite_number(theta) and 1 <= theta <= 1e12):
+            raise bad(key, "a number from 1 to 1e12 (RoPE's base frequency)")
     for key in NORM_EPS_KEYS:
         eps = cfg.get(key)
         if eps is not None and not (finite_number(eps) and 1e-12 <= eps <= 0.1):
@@ -723,7 +725,21 @@ def read_config(path: Path) -> dict:
         tower = data["text_config"].get("model_type", TEXT_TOWER_TYPES.get(wrapper, wrapper)
                                         if isinstance(wrapper, str) else wrapper)
         data = {**data, **data["text_config"], "model_type": tower}
-    return _with_rope_parameters(data, path)
+    return _with_legacy_rope_keys(_with_rope_parameters(data, path))
+
+
+# RoPE's base and rotated fraction as GPT-NeoX (GPTNeoXConfig) and the original Qwen (QWenConfig)
+# write them, read as the names the others use; dropped, a Pythia config (rotary_pct 0.25) was
+# launched with RoPE on every channel and Qwen-72B with base 10000 for its 1,000,000
+LEGACY_ROPE_KEYS = {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}
+
+
+def _with_legacy_rope_keys(cfg: dict) -> dict:
+    """A config's rotary_emb_base / rotary_pct as rope_theta / partial_rotary_factor where it does
+    not give those (validated under either name by _check_types)."""
+    aliases = {new: cfg[old] for old, new in LEGACY_ROPE_KEYS.items()
+               if cfg.get(old) is not None and cfg.get(new) is None}
+    return {**cfg, **aliases} if aliases else cfg
 
 
 # model_type of a multimodal wrapper -> its text tower's (transformers configuration_*.py)

@@ -1,5 +1,5 @@
 """Hugging Face configs of models without a preset, found misread by an audit (2026-11-29): the
-original Qwen's MLP width."""
+original Qwen's MLP width, GPT-NeoX's and Qwen's RoPE keys."""
 import json
 from pathlib import Path
 
@@ -45,6 +45,7 @@ def test_original_qwen_mlp_is_half_its_intermediate_size():
     assert (m.ffn, m.activation, m.qkv_bias, m.biases, m.tied_embeddings) == (5504, "swiglu", True, False, False)
     argv = _argv(str(HF / "qwen-1.8b"))
     assert argv[argv.index("--ffn-hidden-size") + 1] == "5504" and "--add-qkv-bias" in argv
+    assert argv[argv.index("--rotary-base") + 1] == "10000"  # rotary_emb_base
 
 
 def test_an_odd_original_qwen_intermediate_size_is_one_line(tmp_path):
@@ -53,3 +54,21 @@ def test_an_odd_original_qwen_intermediate_size_is_one_line(tmp_path):
         load_model(str(path))
     out = CliRunner().invoke(app, ["count", "-m", str(path), "-s", "h100-sxm", "-g", "8"])
     assert out.exit_code == 2 and "Traceback" not in out.output
+
+
+def test_gpt_neox_and_qwen_rope_keys_are_read(tmp_path):
+    """GPTNeoXConfig and QWenConfig write RoPE's fraction and base as rotary_pct / rotary_emb_base
+    (Pythia: rotary_pct 0.25; Qwen-72B: rotary_emb_base 1,000,000): read as partial_rotary_factor
+    and rope_theta, and launched; they had been dropped (RoPE on every channel, base 10000)."""
+    path = _write(tmp_path, dict(_fixture("qwen-1.8b"), rotary_pct=0.25, rotary_emb_base=1_000_000))
+    m = load_model(str(path))
+    assert (m.rotary_percent, m.rope_base) == (0.25, 1_000_000)
+    argv = _argv(str(path))
+    assert argv[argv.index("--rotary-percent") + 1] == "0.25"
+    assert argv[argv.index("--rotary-base") + 1] == "1000000"
+    # the newer key wins where a config gives both
+    both = _write(tmp_path, dict(_fixture("qwen-1.8b"), rotary_pct=0.25, partial_rotary_factor=0.5), "both.json")
+    assert load_model(str(both)).rotary_percent == 0.5
+    for key, value in (("rotary_pct", 0), ("rotary_emb_base", 0.5)):
+        with pytest.raises(SpecError, match=f"{key} must be a number"):
+            load_model(str(_write(tmp_path, dict(_fixture("qwen-1.8b"), **{key: value}), f"{key}.json")))
