@@ -37,6 +37,8 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "qwen2_moe": ({"tie_word_embeddings": False}, ""),
     "qwen3": ({"tie_word_embeddings": True}, ""),
     "qwen3_moe": ({"tie_word_embeddings": False}, ""),
+    # transformers' DeepseekV2Config defaults tie_word_embeddings to False, as DeepseekV3Config
+    "deepseek_v2": ({"tie_word_embeddings": False}, ""),
     "deepseek_v3": ({"tie_word_embeddings": False}, ""),
     "gpt_oss": ({"tie_word_embeddings": False, "attention_bias": True},
                 "attention sinks launched (--softmax-type learnable) but not costed; clamped quick-GeGLU "

@@ -1,5 +1,6 @@
 """Hugging Face configs of models without a preset, found misread by an audit (2026-11-29): the
-original Qwen's MLP width, GPT-NeoX's and Qwen's RoPE keys."""
+original Qwen's MLP width, GPT-NeoX's and Qwen's RoPE keys, and a DeepSeek-V2 config that leaves
+its untied head to Hugging Face's default."""
 import json
 from pathlib import Path
 
@@ -72,3 +73,15 @@ def test_gpt_neox_and_qwen_rope_keys_are_read(tmp_path):
     for key, value in (("rotary_pct", 0), ("rotary_emb_base", 0.5)):
         with pytest.raises(SpecError, match=f"{key} must be a number"):
             load_model(str(_write(tmp_path, dict(_fixture("qwen-1.8b"), **{key: value}), f"{key}.json")))
+
+
+def test_deepseek_v2_without_tie_word_embeddings_keeps_its_own_head(tmp_path):
+    """transformers' DeepseekV2Config defaults tie_word_embeddings to False: a DeepSeek-V2-Lite
+    config without the key (as mlc-llm's copy of it) is the same 15.7 B model (model card), not
+    one 0.21 B (102,400 · 2,048) smaller with a tied head."""
+    cfg = _fixture("deepseek-v2-lite")
+    del cfg["tie_word_embeddings"]
+    written = load_model(str(HF / "deepseek-v2-lite"))
+    left_out = load_model(str(_write(tmp_path, cfg)))
+    assert not left_out.tied_embeddings and left_out.num_params == written.num_params
+    assert written.num_params / 1e9 == pytest.approx(15.7, rel=0.01)
