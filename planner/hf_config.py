@@ -433,7 +433,7 @@ HF_ACTIVATIONS = ("gelu", "gelu_10", "gelu_accurate", "gelu_fast", "gelu_new", "
                   "relu", "relu2", "relu6", "sigmoid", "silu", "sqrtsoftplus", "swish", "tanh", "xielu")
 STRING_KEYS = ("model_type", "hidden_act", "hidden_activation", "mlp_hidden_act", "hybrid_override_pattern",
                "mtp_hybrid_override_pattern", "scoring_func", "topk_method")
-LIST_KEYS = ("layer_types", "layers_block_type", "block_types", "moe_layers")
+LIST_KEYS = ("layer_types", "layers_block_type", "mtp_layers_block_type", "block_types", "moe_layers")
 # rope_scaling's rope_type (older configs: type) as transformers names them (modeling_rope_utils;
 # "su" is LongRoPE's old name, "mrope" Qwen-VL's); only YaRN is costed apart
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "su", "mrope")
@@ -882,6 +882,7 @@ def model_fields(path: Path) -> dict:
     """config.json -> the fields of a ModelSpec (validated by the caller)."""
     cfg = read_config(path)
     _check_types(cfg, path)
+    cfg = _nemotron_h_block_lists(cfg, path)
     refuse_encoders(cfg, path)
     refuse_non_attention_mixers(cfg, path)
     refuse_unmodelled(cfg, path)
@@ -1045,6 +1046,38 @@ def _require(cfg: dict, keys: tuple[str, ...], why: str) -> None:
     missing = [k for k in keys if cfg.get(k) is None]
     if missing:
         raise SpecError(f"model: missing {', '.join(missing)}; {why}")
+
+
+# transformers 5's NemotronHConfig gives the blocks as layers_block_type (and the MTP module's as
+# mtp_layers_block_type, default ["attention", "moe"]), one name per layer, and derives
+# num_hidden_layers from it; hybrid_override_pattern is its legacy spelling (configuration_nemotron_h.py)
+NEMOTRON_H_BLOCKS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _nemotron_h_block_lists(cfg: dict, path: Path) -> dict:
+    """A nemotron_h config's layers_block_type / mtp_layers_block_type as the block patterns
+    (hybrid_override_pattern / mtp_hybrid_override_pattern) and layer count it means; the config
+    unchanged where it writes the patterns (Nemotron-H, Nemotron 3 Nano and Super) or is not nemotron_h."""
+    if cfg.get("model_type") != "nemotron_h" or cfg.get("hybrid_override_pattern") is not None:
+        return cfg
+    out = dict(cfg)
+    for key, pattern_key in (("layers_block_type", "hybrid_override_pattern"),
+                             ("mtp_layers_block_type", "mtp_hybrid_override_pattern")):
+        blocks = cfg.get(key)
+        if blocks is None:
+            continue
+        other = sorted({str(b) for b in blocks} - set(NEMOTRON_H_BLOCKS))
+        if other or not blocks:
+            raise SpecError(f"model {path}: {key} names {', '.join(other) or 'no layers'}; allowed block "
+                            f"names: {', '.join(NEMOTRON_H_BLOCKS)}")
+        out[pattern_key] = "".join(NEMOTRON_H_BLOCKS[b] for b in blocks)
+    blocks = cfg.get("layers_block_type")
+    if blocks is not None:
+        if cfg.get("num_hidden_layers") not in (None, len(blocks)):
+            raise SpecError(f"model {path}: layers_block_type lists {len(blocks)} layers, num_hidden_layers is "
+                            f"{cfg['num_hidden_layers']}; one entry per layer")
+        out["num_hidden_layers"] = len(blocks)
+    return out
 
 
 def _nemotron_h_fields(cfg: dict, fields: dict) -> dict:

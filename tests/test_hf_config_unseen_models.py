@@ -85,3 +85,24 @@ def test_deepseek_v2_without_tie_word_embeddings_keeps_its_own_head(tmp_path):
     left_out = load_model(str(_write(tmp_path, cfg)))
     assert not left_out.tied_embeddings and left_out.num_params == written.num_params
     assert written.num_params / 1e9 == pytest.approx(15.7, rel=0.01)
+
+
+def test_nemotron_h_layers_block_type_is_its_block_pattern(tmp_path):
+    """transformers 5's NemotronHConfig lists the blocks as layers_block_type and derives
+    num_hidden_layers from it (Nemotron 3 Ultra, Nemotron 3.5 Lightning): it had been refused as
+    "missing num_hidden_layers". Nemotron 3 Ultra 550B-A55B: 48 Mamba-2, 12 attention and 48
+    LatentMoE blocks, one MTP module of attention + MoE; 550 B without the MTP module and 55 B
+    active without the embedding (the model's name)."""
+    m = load_model(str(HF / "nemotron-3-ultra"))
+    assert m.layers == 108 and (m.hybrid_pattern.count("M"), m.hybrid_pattern.count("*"),
+                                m.hybrid_pattern.count("E")) == (48, 12, 48)
+    assert m.hybrid_pattern.startswith("MEMEMEM*E") and m.mtp_layers == 1 and m.moe.latent_size == 2048
+    assert (m.num_params - m.mtp_params) / 1e9 == pytest.approx(550, rel=0.01)
+    assert (m.active_params - m.embedding_params) / 1e9 == pytest.approx(55, rel=0.01)
+    cfg = _fixture("nemotron-3-ultra")
+    for edit, message in (({"num_hidden_layers": 100}, "layers_block_type lists 108 layers, num_hidden_layers is 100"),
+                          ({"layers_block_type": ["mamba", "linear_attention"]}, "layers_block_type names linear_attention"),
+                          ({"mtp_layers_block_type": ["attention", "mlp"]}, "mtp_hybrid_override_pattern '\\*-'")):
+        path = _write(tmp_path, dict(cfg, **edit))
+        with pytest.raises(SpecError, match=message):
+            load_model(str(path))
