@@ -834,12 +834,21 @@ def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
                                 "one entry per layer")
     # any mamba_* / ssm_* key marks a Mamba mixer, whichever of them a config writes (Falcon-H1
     # mamba_n_heads / mamba_d_head / mamba_d_conv, Zamba, Jamba)
-    field = next((k for k in NON_ATTENTION_MIXER_FIELDS if cfg.get(k) is not None), None) or \
+    field = next((k for k in NON_ATTENTION_MIXER_FIELDS if cfg.get(k) is not None and not _softmax_only(cfg, k)), None) or \
         next((k for k in sorted(cfg) if re.match(r"(mamba|ssm)_", k) and cfg[k] is not None), None)
     if field is not None:
         raise SpecError(f"model {path} (model_type {model_type!r}): {field} marks a Mamba or linear-attention "
                         "mixer; only attention + MLP/MoE layers and Nemotron-H's Mamba-2 stacks (model_type "
                         "nemotron_h) are modelled")
+
+
+def _softmax_only(cfg: dict, key: str) -> bool:
+    """MiniMax's attn_type_list of only 1s: every layer softmax attention (0 is lightning, linear,
+    attention: vLLM / FastDeploy minimax_m1 MiniMaxM1DecoderLayer), as NVIDIA's MiniMax-M2.5
+    checkpoints write it, where the base model's config.json has no such list."""
+    kinds = cfg.get(key)
+    return key == "attn_type_list" and isinstance(kinds, list) and bool(kinds) and all(
+        k == 1 and not isinstance(k, bool) for k in kinds)
 
 
 # Config keys that, set, build layers this reader does not cost: (what they build). Reading

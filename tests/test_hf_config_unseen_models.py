@@ -106,3 +106,16 @@ def test_nemotron_h_layers_block_type_is_its_block_pattern(tmp_path):
         path = _write(tmp_path, dict(cfg, **edit))
         with pytest.raises(SpecError, match=message):
             load_model(str(path))
+
+
+def test_minimax_attn_type_list_of_softmax_layers_is_read(tmp_path):
+    """NVIDIA's MiniMax-M2.5 / M2.7 checkpoints write attn_type_list, 1 (softmax attention) for each
+    of the 62 layers, where MiniMaxAI's config.json has none (ai-dynamo/aiconfigurator 095f58a51
+    model_configs): the same model, which had been refused as a linear-attention hybrid. A 0
+    (lightning attention, MiniMax-M1) is still refused by name."""
+    cfg = _fixture("minimax-m2.5")
+    plain = load_model(str(HF / "minimax-m2.5"))
+    listed = load_model(str(_write(tmp_path, dict(cfg, attn_type_list=[1] * 62))))
+    assert listed.num_params == plain.num_params and listed.active_params == plain.active_params
+    with pytest.raises(SpecError, match="attn_type_list marks a Mamba or linear-attention mixer"):
+        load_model(str(_write(tmp_path, dict(cfg, attn_type_list=[0] + [1] * 61), "m1.json")))
