@@ -391,7 +391,7 @@ INTEGER_KEYS = (
     "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", *EXPERT_COUNT_KEYS, "num_experts_per_tok",
     "experts_per_token", "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
     "decoder_sparse_step", "interleave_moe_layer_step", "n_group", "topk_group", *SHARED_EXPERT_COUNT_KEYS,
-    "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "moe_latent_size",
+    "shared_expert_intermediate_size", "moe_shared_expert_intermediate_size", "shared_intermediate_size", "moe_latent_size",
     "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups", "conv_kernel", "chunk_size",
     "sliding_window", "rotary_dim", "num_mtp_modules", "mtp_transformer_layers", "mtp_num_hidden_layers")
 # Keys that are at least 1 whenever given (a model has layers, width, heads, KV heads, and routes
@@ -459,6 +459,11 @@ HF_MLA_DEFAULTS: dict[str, tuple[str, dict]] = {"deepseek_v2": ("DeepseekV2Confi
 # HF_MLA_DEFAULTS, which is read from its own fields. (0 is how a config says "none":
 # Qwen3-Coder-480B's shared_expert_intermediate_size 0 is its model.)
 UNLISTED = object()  # no config's model_type can equal it
+# IBM Granite MoE with a shared MLP beside the experts in every layer, gated SiLU of width
+# shared_intermediate_size and no output gate (transformers modeling_granitemoeshared.py and
+# modeling_granitemoehybrid.py GraniteMoeSharedMLP / GraniteMoeHybridMLP; vLLM granitemoeshared.py);
+# with no experts (num_local_experts 0: Granite 4.0 dense) that MLP is the layer's only one
+GRANITE_SHARED_MLP_TYPES = ("granitemoeshared", "granitemoehybrid")
 KEYS_READ_BY: dict[str, tuple[str, tuple]] = {
     **{k: ("an MLA size", (*HF_MLA_DEFAULTS, UNLISTED)) for k in MLA_KEYS},
     "moe_intermediate_size": ("the routed experts' width", (*EXPERT_FFN_KEY_TYPES, "nemotron_h", UNLISTED)),
@@ -466,6 +471,7 @@ KEYS_READ_BY: dict[str, tuple[str, tuple]] = {
     "num_shared_experts": ("a shared-expert count", (UNLISTED,)),
     "shared_expert_intermediate_size": ("Qwen2-MoE's shared-expert width", ("qwen2_moe", "qwen3_next", UNLISTED)),
     "moe_shared_expert_intermediate_size": ("Nemotron-H's shared-expert width", ("nemotron_h",)),
+    "shared_intermediate_size": ("Granite's shared MLP width", GRANITE_SHARED_MLP_TYPES),
     "moe_latent_size": ("Nemotron 3's latent MoE width", ("nemotron_h",)),
     "intermediate_size_mlp": ("Llama 4's dense-layer width", ("llama4_text",)),
     "swiglu_limit": ("GPT-OSS's SwiGLU clamp", ("gpt_oss", UNLISTED)),
@@ -1040,8 +1046,11 @@ def model_fields(path: Path) -> dict:
 
 def _dense_ffn(cfg: dict, path: Path) -> int | None:
     """The dense MLP's width: intermediate_size, halved where the config gives both gated halves
-    together (HALVED_FFN_TYPES)."""
+    together (HALVED_FFN_TYPES); Granite's shared MLP width where there are no experts."""
     width = cfg.get("intermediate_size")
+    if cfg.get("model_type") in GRANITE_SHARED_MLP_TYPES and cfg.get("shared_intermediate_size") \
+            and not any(cfg.get(k) for k in EXPERT_COUNT_KEYS):
+        return cfg["shared_intermediate_size"]  # no experts: the shared MLP is the layer's MLP
     if width is None or cfg.get("model_type") not in HALVED_FFN_TYPES:
         return width
     if width % 2:
@@ -1257,6 +1266,9 @@ def _moe_fields(cfg: dict, path: Path, moe_keys: list[str]) -> dict:
     elif cfg.get("shared_expert_intermediate_size"):  # Qwen2-MoE: one shared expert of this width
         moe["shared_experts"] = 1
         moe["shared_expert_ffn"] = cfg["shared_expert_intermediate_size"]
+    elif cfg.get("model_type") in GRANITE_SHARED_MLP_TYPES and cfg.get("shared_intermediate_size"):
+        moe["shared_experts"] = 1
+        moe["shared_expert_ffn"] = cfg["shared_intermediate_size"]
     elif cfg.get("model_type") == "llama4_text":  # one shared expert, no config field names it
         moe["shared_experts"] = 1
         moe["shared_expert_ffn"] = expert_ffn

@@ -24,9 +24,9 @@ def _write(tmp_path: Path, cfg: dict, name: str = "config.json") -> Path:
     return path
 
 
-def _argv(model: str) -> list[str]:
+def _argv(model: str, *plan: str) -> list[str]:
     out = CliRunner().invoke(app, ["megatron", "-m", model, "-s", "h100-sxm", "-g", "64", "-b", "256",
-                                   "--tp", "2", "--pp", "2", "--format", "json"])
+                                   "--tp", "2", "--pp", "2", *plan, "--format", "json"])
     assert out.exit_code == 0, out.output
     return json.loads(out.stdout)["argv"]
 
@@ -119,3 +119,26 @@ def test_minimax_attn_type_list_of_softmax_layers_is_read(tmp_path):
     assert listed.num_params == plain.num_params and listed.active_params == plain.active_params
     with pytest.raises(SpecError, match="attn_type_list marks a Mamba or linear-attention mixer"):
         load_model(str(_write(tmp_path, dict(cfg, attn_type_list=[0] + [1] * 61), "m1.json")))
+
+
+def test_granite_shared_mlp_is_a_shared_expert(tmp_path):
+    """GraniteMoeShared (and Granite 4.0's GraniteMoeHybrid) run a shared MLP beside the experts in
+    every layer: gated SiLU, shared_intermediate_size wide, no output gate (transformers
+    modeling_granitemoeshared.py GraniteMoeSharedMLP: input_linear h -> 2·w, output_linear w -> h).
+    It had been dropped without a word. Mixtral-8x7B's shapes under that model_type with a
+    14,336-wide shared MLP gain 32 layers · 3 · 4,096 · 14,336 = 5,637,144,576 parameters, total
+    and active alike; with no experts the shared MLP is the layer's only MLP. Another model_type
+    that writes the key is refused by name."""
+    cfg = dict(_fixture("mixtral-8x7b"), model_type="granitemoeshared")
+    plain = load_model(str(_write(tmp_path, cfg, "plain.json")))
+    shared = load_model(str(_write(tmp_path, dict(cfg, shared_intermediate_size=14336))))
+    added = 32 * 3 * 4096 * 14336
+    assert shared.num_params - plain.num_params == added == shared.active_params - plain.active_params
+    assert (shared.moe.shared_experts, shared.moe.shared_expert_ffn) == (1, 14336)
+    argv = _argv(str(tmp_path / "config.json"), "--ep", "8")
+    assert argv[argv.index("--moe-shared-expert-intermediate-size") + 1] == "14336"
+    dense = {k: v for k, v in cfg.items() if k not in ("num_local_experts", "num_experts_per_tok")}
+    assert load_model(str(_write(tmp_path, dict(dense, model_type="granitemoehybrid", shared_intermediate_size=8192),
+                                 "dense.json"))).ffn == 8192
+    with pytest.raises(SpecError, match="shared_intermediate_size 14336 .* is not read for model_type \"mixtral\""):
+        load_model(str(_write(tmp_path, dict(cfg, model_type="mixtral", shared_intermediate_size=14336), "mx.json")))
