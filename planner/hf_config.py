@@ -335,6 +335,11 @@ def launch_gap_notes(cfg: dict) -> list[str]:
                         "(Megatron's launch flags cannot set the softmax scale)")
         notes.append(f"a Gemma launch trains another model: {'; '.join(gaps)}; the embedding scale by sqrt(hidden) "
                      "and the post-attention/post-MLP norms are not launched either")
+    parallel = parallel_block_key(cfg)
+    if parallel:
+        notes.append(f"attention and MLP run in parallel on the same input ({parallel}): costed as sequential "
+                     "blocks (the same matmuls), launched as Megatron's sequential ones (it has no parallel "
+                     "block): the launch trains another model")
     if cfg.get("topk_method") == "group_limited_greedy":
         notes.append("topk_method group_limited_greedy (DeepSeek-V2) scores a group by its best expert; Megatron's "
                      "group-limited routing (--moe-router-group-topk), which the launch uses, by the sum of its "
@@ -344,6 +349,25 @@ def launch_gap_notes(cfg: dict) -> list[str]:
                      "fields (RMSNorm under RoPE, linear biases only from attention_bias/mlp_bias, the activation "
                      "from hidden_act); check the launch's normalization, bias and activation flags against the model")
     return notes
+
+
+# Decoder layers that add attention and MLP outputs of the same input to the residual, x + attn(n(x))
+# + mlp(n'(x)) (transformers CohereDecoderLayer, Cohere2DecoderLayer, PhiDecoderLayer, GPTJBlock),
+# and the switches that say so where it is optional (GPTNeoXConfig use_parallel_residual, default
+# true; FalconConfig parallel_attn, default true)
+PARALLEL_BLOCK_TYPES = ("cohere", "cohere2", "phi", "gptj")
+PARALLEL_BLOCK_SWITCHES = {"gpt_neox": "use_parallel_residual", "falcon": "parallel_attn"}
+
+
+def parallel_block_key(cfg: dict) -> str:
+    """What makes a config's layers parallel attention + MLP blocks ("" where they are sequential)."""
+    kind = cfg.get("model_type")
+    if kind in PARALLEL_BLOCK_TYPES:
+        return f"model_type {kind}"
+    switch = PARALLEL_BLOCK_SWITCHES.get(kind) if isinstance(kind, str) else None
+    if switch and cfg.get(switch, True) is not False:
+        return f"{switch} {'true' if switch in cfg else 'absent, true by default'}"
+    return ""
 
 
 def sparse_attention_note(cfg: dict, seq_length: int) -> str:

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from hardware.errors import SpecError
 from planner.cli import app
+from planner.hf_config import approximation_notes
 from planner.model import load_model
 
 HF = Path(__file__).parent / "fixtures" / "hf"
@@ -142,3 +143,22 @@ def test_granite_shared_mlp_is_a_shared_expert(tmp_path):
                                  "dense.json"))).ffn == 8192
     with pytest.raises(SpecError, match="shared_intermediate_size 14336 .* is not read for model_type \"mixtral\""):
         load_model(str(_write(tmp_path, dict(cfg, model_type="mixtral", shared_intermediate_size=14336), "mx.json")))
+
+
+def test_parallel_attention_and_mlp_blocks_are_said(tmp_path):
+    """Cohere's layers add attention and MLP of the same normed input to the residual
+    (transformers CohereDecoderLayer), which Megatron cannot launch: said, not silent. Aya-23-8B by
+    hand (tied head, one LayerNorm per layer): 256,000 · 4,096 + 32 · (2 · 4,096² + 2 · 4,096 · 1,024
+    + 3 · 4,096 · 14,336 + 4,096) + 4,096 = 8,028,033,024 (model card: 8B); the planner counts a
+    second norm per layer, 32 · 4,096 more. GPT-NeoX says it with use_parallel_residual."""
+    m = load_model(str(HF / "aya-23-8b"))
+    assert m.num_params - 32 * 4096 == 8_028_033_024 and m.tied_embeddings
+    notes = approximation_notes(HF / "aya-23-8b" / "config.json", 4096)
+    assert any("attention and MLP run in parallel on the same input (model_type cohere)" in n for n in notes)
+    neox = {"model_type": "gpt_neox", "hidden_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8,
+            "intermediate_size": 2048, "vocab_size": 1024, "hidden_act": "gelu"}
+    for edit, said in (({}, "use_parallel_residual absent, true by default"),
+                       ({"use_parallel_residual": True}, "use_parallel_residual true"),
+                       ({"use_parallel_residual": False}, None)):
+        notes = approximation_notes(_write(tmp_path, dict(neox, **edit)), 4096)
+        assert any(said in n for n in notes) if said else not any("in parallel" in n for n in notes)
