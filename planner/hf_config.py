@@ -335,6 +335,11 @@ def launch_gap_notes(cfg: dict) -> list[str]:
                         "(Megatron's launch flags cannot set the softmax scale)")
         notes.append(f"a Gemma launch trains another model: {'; '.join(gaps)}; the embedding scale by sqrt(hidden) "
                      "and the post-attention/post-MLP norms are not launched either")
+    if kind in WHOLE_WIDTH_QK_NORM_TYPES:
+        post = " and its norms after attention and MLP (post-norm) as Megatron's pre-norm" if kind != "olmoe" else ""
+        notes.append(f"its q/k RMSNorm over all heads' width at once is neither costed (an element-wise pass over "
+                     f"q and k) nor launched (Megatron's --qk-layernorm normalises each head){post}: the launch "
+                     "trains another model")
     parallel = parallel_block_key(cfg)
     if parallel:
         notes.append(f"attention and MLP run in parallel on the same input ({parallel}): costed as sequential "
@@ -351,6 +356,11 @@ def launch_gap_notes(cfg: dict) -> list[str]:
     return notes
 
 
+# OLMo's q/k norms span every head at once, not each head as Qwen3's (transformers modeling_olmo2.py
+# Olmo2Attention: q_norm = RMSNorm(num_attention_heads * head_dim), k_norm over the KV width; OLMo 3
+# and OLMoE alike), and OLMo 2 / 3 norm each sublayer's output instead of its input
+# (Olmo2DecoderLayer: post_attention_layernorm, post_feedforward_layernorm, no input_layernorm)
+WHOLE_WIDTH_QK_NORM_TYPES = ("olmo2", "olmo3", "olmoe")
 # Decoder layers that add attention and MLP outputs of the same input to the residual, x + attn(n(x))
 # + mlp(n'(x)) (transformers CohereDecoderLayer, Cohere2DecoderLayer, PhiDecoderLayer, GPTJBlock),
 # and the switches that say so where it is optional (GPTNeoXConfig use_parallel_residual, default

@@ -162,3 +162,14 @@ def test_parallel_attention_and_mlp_blocks_are_said(tmp_path):
                        ({"use_parallel_residual": False}, None)):
         notes = approximation_notes(_write(tmp_path, dict(neox, **edit)), 4096)
         assert any(said in n for n in notes) if said else not any("in parallel" in n for n in notes)
+
+
+def test_olmo_whole_width_qk_norm_and_post_norm_are_said():
+    """OLMo 2 normalises q and k over all heads at once and each sublayer's output, not its input
+    (transformers Olmo2Attention / Olmo2DecoderLayer): Megatron launches neither, which had gone
+    unsaid. OLMo-2-1124-7B by hand: 2 · 100,352 · 4,096 + 32 · (4 · 4,096² + 3 · 4,096 · 11,008
+    + 4 · 4,096) + 4,096 = 7,298,617,344 (7.3B); the planner leaves out the q/k norms' 32 · 8,192."""
+    m = load_model(str(HF / "olmo-2-7b"))
+    assert m.num_params + 32 * 8192 == 7_298_617_344 and not m.qk_norm
+    notes = approximation_notes(HF / "olmo-2-7b" / "config.json", 4096)
+    assert any("q/k RMSNorm over all heads' width at once" in n and "post-norm" in n for n in notes)
