@@ -852,6 +852,13 @@ def _count_keys(cfg: dict, keys: tuple[str, ...], what: str, path: Path) -> list
     return given
 
 
+def _sparse_attention_kinds(cfg: dict) -> set[str]:
+    """DeepSeek Sparse Attention layers, as NVIDIA's GLM-5.2 checkpoint lists them in layer_types
+    where zai-org's config.json lists none: the MLA that index_topk (read, and said by
+    sparse_attention_note) makes sparse; none without index_topk."""
+    return {"deepseek_sparse_attention"} if cfg.get("index_topk") else set()
+
+
 def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
     """A hybrid stack (Mamba or linear-attention layers between attention layers) costed as an
     all-attention transformer would be silently wrong in time and memory: say so instead. Only
@@ -863,7 +870,7 @@ def refuse_non_attention_mixers(cfg: dict, path: Path) -> None:
     for key in ("layer_types", "layers_block_type", "block_types"):
         kinds = cfg.get(key)
         if isinstance(kinds, list):
-            other = sorted({str(k) for k in kinds} - ATTENTION_LAYER_KINDS)
+            other = sorted({str(k) for k in kinds} - ATTENTION_LAYER_KINDS - _sparse_attention_kinds(cfg))
             if other:
                 raise SpecError(f"model {path} (model_type {model_type!r}): {key} has {', '.join(other)} layers; "
                                 "only attention layers are modelled (allowed: "

@@ -173,3 +173,18 @@ def test_olmo_whole_width_qk_norm_and_post_norm_are_said():
     assert m.num_params + 32 * 8192 == 7_298_617_344 and not m.qk_norm
     notes = approximation_notes(HF / "olmo-2-7b" / "config.json", 4096)
     assert any("q/k RMSNorm over all heads' width at once" in n and "post-norm" in n for n in notes)
+
+
+def test_deepseek_sparse_attention_layer_types_are_the_dsa_model(tmp_path):
+    """NVIDIA's GLM-5.2 checkpoint lists its 78 layers as deepseek_sparse_attention in layer_types,
+    zai-org's config.json not at all (ai-dynamo/aiconfigurator 095f58a51 model_configs): the same
+    model, which had been refused as a linear-attention hybrid from the one copy. Read as the DSA
+    that index_topk gives (costed as dense MLA, and said); without index_topk still refused."""
+    cfg = _fixture("glm-5")
+    listed = load_model(str(_write(tmp_path, dict(cfg, layer_types=["deepseek_sparse_attention"] * 78))))
+    assert listed.num_params == load_model(str(HF / "glm-5")).num_params
+    notes = approximation_notes(tmp_path / "config.json", 4096)
+    assert any("DeepSeek Sparse Attention (index_topk 2048)" in n for n in notes)
+    bare = {k: v for k, v in cfg.items() if k != "index_topk"}
+    with pytest.raises(SpecError, match="layer_types has deepseek_sparse_attention layers"):
+        load_model(str(_write(tmp_path, dict(bare, layer_types=["deepseek_sparse_attention"] * 78), "bare.json")))
