@@ -46,9 +46,11 @@ ARCHITECTURES: dict[str, tuple[dict, str]] = {
     "gemma": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
     "gemma2": ({"tie_word_embeddings": True}, "GeGLU costed as SwiGLU"),
     # transformers' Gemma3TextConfig defaults, which the hub's gemma-3-4b/27b configs rely on
-    # (configuration_gemma3.py: vocab 262,208, 8 heads in 4 KV groups, head_dim 256)
+    # (configuration_gemma3.py: vocab 262,208, 8 heads in 4 KV groups, head_dim 256; RoPE base
+    # 1,000,000 on the global layers and 10,000 on the windowed ones, norm epsilon 1e-6)
     "gemma3_text": ({"tie_word_embeddings": True, "vocab_size": 262_208, "num_attention_heads": 8,
-                     "num_key_value_heads": 4, "head_dim": 256, "sliding_window_pattern": 6},
+                     "num_key_value_heads": 4, "head_dim": 256, "sliding_window_pattern": 6,
+                     "rope_theta": 1_000_000, "rope_local_base_freq": 10_000, "rms_norm_eps": 1e-6},
                     "GeGLU costed as SwiGLU"),
     "nemotron_h": ({"tie_word_embeddings": False},
                    "a hybrid stack: each layer costed as the pattern's mean block (exact without "

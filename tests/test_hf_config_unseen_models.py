@@ -188,3 +188,19 @@ def test_deepseek_sparse_attention_layer_types_are_the_dsa_model(tmp_path):
     bare = {k: v for k, v in cfg.items() if k != "index_topk"}
     with pytest.raises(SpecError, match="layer_types has deepseek_sparse_attention layers"):
         load_model(str(_write(tmp_path, dict(bare, layer_types=["deepseek_sparse_attention"] * 78), "bare.json")))
+
+
+def test_gemma3_text_configs_leave_rope_and_norm_to_their_defaults():
+    """Gemma-3-27B's config.json gives no rope_theta, rope_local_base_freq or rms_norm_eps: its
+    model is transformers' Gemma3TextConfig defaults, RoPE base 1,000,000 on the global layers
+    (10,000 on the windowed ones) and epsilon 1e-6. It had been launched with Megatron's 10000 and
+    1e-5 (the script saying the spec gave none). Its text tower is 27,009,002,240 parameters
+    (keras-hub gemma3_presets.py gemma3_27b_text, vocabulary 262,144: 64 · 5,376 fewer embedding
+    rows, and two more norms per layer, 62 · 2 · 5,376, than the planner counts)."""
+    m = load_model(str(HF / "gemma-3-27b"))
+    assert (m.rope_base, m.norm_epsilon, m.head_dim, m.query_groups, m.attention_window) == (1_000_000, 1e-6, 128, 16, 1024)
+    assert m.num_params - 64 * 5376 + 62 * 2 * 5376 == pytest.approx(27_009_002_240, rel=1e-4)
+    argv = _argv(str(HF / "gemma-3-27b"))
+    assert argv[argv.index("--rotary-base") + 1] == "1000000" and argv[argv.index("--norm-epsilon") + 1] == "1e-06"
+    notes = approximation_notes(HF / "gemma-3-27b" / "config.json", 4096)
+    assert any("rope_local_base_freq 10000" in n for n in notes)
