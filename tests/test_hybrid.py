@@ -125,6 +125,17 @@ def test_search_space_of_a_hybrid_stack():
     assert all(64 % t == 0 and 8 % t == 0 for t in d["tp"]) and 8 in d["tp"]
 
 
+def test_the_all_to_all_overlap_on_a_hybrid_stack_is_not_launched():
+    """The launch check refuses what the space leaves out: an independent brute force found
+    `estimate` calling Nano with the overlap expressible (and `planner megatron` emitting
+    --overlap-moe-expert-parallel-comm for pretrain_mamba.py), 8.5 % faster than `plan`'s best
+    (72 GB200, free batch, DeepEP)."""
+    plan = Plan(tp=1, pp=1, dp=72, ep=8, micro_batch=4, global_batch=2880, zero_stage=1,
+                moe_dispatcher="deepep", moe_a2a_overlap=True)
+    refusals = mg.not_expressible(plan, NANO, JobSpec(dtype="mxfp8", moe_dispatcher="deepep"))
+    assert any("hybrid Mamba stack" in r for r in refusals)
+
+
 
 def test_megatron_hybrid_stacks_offload_no_activations_in_the_search():
     """Megatron's hybrid stack has no layer-wise CPU offload (expressible.py refuses it), so the

@@ -211,6 +211,9 @@ def a2a_overlap_refusals(plan: Plan, model: ModelSpec) -> list[str]:
     reasons = []
     if model.moe is None or plan.ep < 2:
         reasons.append("moe_a2a_overlap: needs a MoE model with expert parallelism (ep > 1)")
+    if model.hybrid_pattern:  # the rule a2a_overlap_model gives the search space
+        reasons.append("moe_a2a_overlap: Megatron's combined 1F1B schedule (--overlap-moe-expert-parallel-comm) "
+                       "runs GPTModel only, not a hybrid Mamba stack (pretrain_mamba.py)")
     if plan.pp > 1 and plan.vpp < 2:
         reasons.append("moe_a2a_overlap: with pp > 1 Megatron needs interleaving (vpp > 1)")
     if plan.recompute == "full":
