@@ -608,11 +608,22 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
         numbers["hbm_factor_needed"] = factor_needed
         which = ("plans whose offload fits the tier" if system.offload and job.allow_offload
                  else "otherwise-valid plans")
+        need_gib = _gib_ceil(hbm_min + job.hbm_reserve_gib * GIB)
+        # (only where the smallest footprint is a pipelined plan's: elsewhere the splits' proofs
+        # cost seconds, 5 -> 49 s for Llama 3.1 405B on 100 H100, and found nothing lower)
+        uneven_gib, uneven_example = _uneven_hbm_need(model, system, job, hbm_min, need_gib) \
+            if small_plan.pp > 1 else (need_gib, None)
+        if uneven_example is not None:  # a GPU with less HBM fits once the stages need not be even
+            factor_needed = uneven_gib / hbm_gib
+            numbers["hbm_factor_needed"] = factor_needed
+            need = (f"{uneven_gib:.1f} GiB per GPU, with an uneven pipeline split such as "
+                    f"{uneven_example.plan.short()}; {need_gib:.1f} GiB at Megatron's default splits")
+        else:
+            need = f"{need_gib:.1f} GiB per GPU"
         reasons.append(f"memory: the smallest per-GPU footprint over all {which} is "
                        f"{_gib_up(hbm_min)} ({small_plan.short()}), but only {_gib_down(cap)} of "
                        f"{hbm_gib:g} GiB HBM is usable ({job.hbm_reserve_gib:g} GiB reserve): needs >= "
-                       f"{math.ceil(factor_needed * 100 - 1e-9) / 100:.2f}x HBM "
-                       f"({_gib_up(hbm_min + job.hbm_reserve_gib * GIB)} per GPU)" + _split_words(floor))
+                       f"{math.ceil(factor_needed * 100 - 1e-9) / 100:.2f}x HBM ({need})" + _split_words(floor))
     if not job.allow_idle_gpus:
         # fewer GPUs than the box has may fit where its own count does not divide (405B on 100 H100:
         # no layout of 100 fits, one of 96 does)
@@ -679,6 +690,46 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
             reasons.append(f"pins: without your pins ({_pins(job)}) it fits, e.g. {r.plan.short()}")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=list(binding),
                        numbers=numbers)
+
+
+def _uneven_hbm_need(model: ModelSpec, system: SystemSpec, job: JobSpec, hbm_min: float,
+                     need_gib: float) -> tuple[float, Ranked | None]:
+    """`check`'s HBM what-if where uneven pipeline splits count, as `plan` counts them: the least
+    HBM per GPU, in 0.1 GiB, below `need_gib` (the default splits' need, rounded up) on which the
+    per-stage model splits one of the pipelined layouts nearest to fitting so that it fits
+    (`uneven_split_plans` on `memory_floor`'s `near_pipelined`, what `plan` tries where no plan
+    fits at the default splits), with that plan; (need_gib, None) where none fits 0.1 GiB below.
+    Llama 3.1 405B on 40 H100, batch 64: 180.0 GiB at the default splits, 178.3 with an uneven
+    one. Lowering the HBM keeps the nearest layouts nearest (none fits at its default split) and
+    drops those more than UNEVEN_MARGIN over; the first layout that fits is bisected (its fit taken
+    as monotone in HBM). The others are not tried below its least: proving that none of them fits
+    took 15 s on Llama 3.1 405B on 100 H100 (93.2 -> 85.3 GiB), so another may fit a little lower."""
+    def box(tenths: int) -> SystemSpec:
+        acc = system.accelerator.model_copy(update={"hbm_capacity_gib": tenths / 10})
+        return system.model_copy(update={"accelerator": acc})
+
+    def fit(candidate: Plan, tenths: int) -> Ranked | None:
+        s = box(tenths)
+        cap = s.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * GIB
+        if estimate(model, s, candidate, job).hbm_bytes > cap * (1 + UNEVEN_MARGIN):
+            return None  # too far over for `plan` to split it
+        ranked = uneven_split_plans(model, s, job, build_space(model, s, job), [candidate])
+        return ranked[0] if ranked else None
+
+    hi = round(need_gib * 10) - 1
+    near = memory_floor(build_space(model, box(hi), job), offload_min=False,
+                        pipelined=UNEVEN_CANDIDATES).near_pipelined
+    for candidate in near:
+        example = fit(candidate, hi)
+        if example is None:
+            continue
+        lo = math.floor((hbm_min / GIB / (1 + UNEVEN_MARGIN) + job.hbm_reserve_gib) * 10)  # too far over
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            r = fit(candidate, mid)
+            lo, hi, example = (lo, mid, r) if r is not None else (mid, hi, example)
+        return hi / 10, example
+    return need_gib, None
 
 
 def _fewest_gpus(model: ModelSpec, system: SystemSpec, job: JobSpec,

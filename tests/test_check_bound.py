@@ -243,3 +243,20 @@ def test_tp_across_nodes_with_more_gpus_is_offered_where_neither_alone_fits():
     wide = job.model_copy(update={"tp_within_nvlink": False})
     assert check(model, load_system("h100-sxm", 16), wide).feasible
     assert not check(model, load_system("h100-sxm", 16), job).feasible
+
+
+def test_check_hbm_need_counts_uneven_pipeline_splits():
+    """`check`'s HBM need is the least on which `plan` finds a plan, uneven stage splits included
+    (plan splits the pipelined layouts nearest to fitting where none fits evenly). An independent
+    bisection found the need of the default splits alone overstated: Qwen3-8B on 3 A100-40GB,
+    batch 64, printed 55.2 GiB where 51.9 fits (tp1 pp3 layers[11,14,11]) and 51.8 does not."""
+    import re
+    m, job = load_model("qwen3-8b"), JobSpec(global_batch=64)
+    s = load_system("a100-40g", 3)
+    res = check(m, s, job)
+    text = "\n".join(res.reasons)
+    printed = float(re.search(r"x HBM \(([\d.]+) GiB per GPU", text).group(1))
+    assert printed == 51.9 and "55.2 GiB at Megatron's default splits" in text
+    assert abs(res.numbers["hbm_factor_needed"] * s.accelerator.hbm_capacity_gib - printed) < 1e-9
+    acc = s.accelerator.model_copy(update={"hbm_capacity_gib": printed})
+    assert plan(m, s.model_copy(update={"accelerator": acc}), job, top_k=1).best is not None
