@@ -597,6 +597,26 @@ def test_cli_checkpoints_at_planner_checkpoints_interval(storage):
     assert data["--log-throughput"] is True
 
 
+def test_bf16_adam_moments_checkpoint_at_their_own_interval():
+    """A launch with bf16 moments (--exp-avg-dtype bf16) saves 10 B/param, and `planner checkpoint
+    --adam-moments bf16` sizes it so; --save-interval had been the Daly interval of an fp32-moment
+    checkpoint (14 B/param), 17 % longer than the one its own checkpoint calls for."""
+    from planner.analytical import estimate
+    where = ["-m", "llama3-70b", "-s", "h100-sxm", "-g", "64"]
+    ckpt = runner.invoke(app, ["checkpoint", *where, "--tp", "8", "--pp", "4", "--adam-moments", "bf16", "--json"])
+    assert ckpt.exit_code == 0, ckpt.output
+    daly_s = json.loads(ckpt.stdout)["daly_interval_s"]
+    result = runner.invoke(app, ["megatron", *where, "-b", "128", "--tp", "8", "--pp", "4", "--sequence-parallel",
+                                 "--recompute", "selective", "--adam-moments", "bf16", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    plan = Plan(tp=8, pp=4, dp=2, global_batch=128, sequence_parallel=True, recompute="selective")
+    step_s = estimate(load_model("llama3-70b"), load_system("h100-sxm", 64), plan,
+                      JobSpec(adam_moments="bf16")).step_time_s
+    args = json.loads(result.stdout)["args"]
+    assert args["--exp-avg-dtype"] == "bf16"
+    assert args["--save-interval"] == str(max(1, round(daly_s / step_s)))
+
+
 @pytest.mark.parametrize("vocab, tp, divisor", [
     (51200, 8, 128),    # GPT-3 preset: 51200 = 2^11·25, already a multiple of 128·8
     (128256, 8, 32),    # Llama 3: 2^8·501, so at most 32·8 divides it

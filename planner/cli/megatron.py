@@ -234,15 +234,19 @@ def fit_problems(est, system, model) -> list[str]:
 
 
 def save_interval_iters(model, system, plan, step_time_s: float, write_gb_per_s: float | None = None,
-                        gpu_mtbf_hours: float | None = None, warnings: list[str] | None = None) -> int:
+                        gpu_mtbf_hours: float | None = None, warnings: list[str] | None = None,
+                        adam_moments: str = "fp32") -> int:
     """Iterations between checkpoints: `planner checkpoint`'s Daly interval (same storage bandwidth
-    and MTBF defaults) over the plan's step time; what `planner checkpoint` would warn of (writes
-    that cannot keep up with failures) is added to `warnings`."""
+    and MTBF defaults, the checkpoint of the launch's Adam moments: bf16 ones save 4 B/param, not
+    8) over the plan's step time; what `planner checkpoint` would warn of (writes that cannot keep
+    up with failures) is added to `warnings`."""
     from planner.checkpoint import checkpoint_report
     from planner.cli.checkpoint import DEFAULT_WRITE_GB_PER_S
+    from planner.plan import ADAM_MOMENT_BYTES, BytesPerParam
     bandwidth = DEFAULT_WRITE_GB_PER_S if write_gb_per_s is None else write_gb_per_s
     report = checkpoint_report(model, system, plan, write_gb_per_s=bandwidth, read_gb_per_s=bandwidth,
-                               gpu_mtbf_hours=gpu_mtbf_hours)
+                               gpu_mtbf_hours=gpu_mtbf_hours,
+                               bytes_per_param=BytesPerParam(optimizer=ADAM_MOMENT_BYTES[adam_moments]))
     if warnings is not None:
         warnings.extend(report.notes)
     return max(1, round(report.daly_interval_s / step_time_s))
@@ -303,7 +307,7 @@ def _run(o: dict) -> None:
     launch = mg.megatron_args(plan, model, job, system,
                               save_interval=save_interval_iters(model, system, plan, est.step_time_s,
                                                                 o["write_gb_per_s"], o["gpu_mtbf_hours"],
-                                                                checkpoint_warnings))
+                                                                checkpoint_warnings, job.adam_moments))
     for warning in checkpoint_warnings:  # in the script's notes, and said now
         launch.notes.append(f"checkpoint interval: {warning}")
         typer.echo(f"note: checkpoint interval: {warning}", err=True)
