@@ -316,8 +316,10 @@ class Plan(BaseModel):
                 parts.append(label)
         for what in ("weights", "activations", "optimizer"):
             frac = getattr(self, f"offload_{what}")
-            if frac:
-                parts.append(f"off-{what[:3]}{frac:.2g}")
+            if frac:  # every digit that counts: `estimate --offload-activations` of the printed
+                # 0.094 offloads ceil(0.094·32) = 4 layers where the plan's 0.09375 (3 of 32) offloads 3
+                text = f"{frac:g}"
+                parts.append(f"off-{what[:3]}{text if float(text) == frac else repr(frac)}")
         return " ".join(parts)
 
 

@@ -91,3 +91,15 @@ def test_a_recompute_count_covering_the_fullest_rank_launches_every_layer():
     assert recompute_layers_per_chunk(even, model) == 8
     P = PlanArrays.from_plans([even], model.layers, 0)
     assert sorted(P.rank_recompute[0][:2]) == [9, 11]  # 3 + 8 and 8 + 1, as Megatron runs it
+
+
+def test_a_printed_offload_fraction_gives_the_plan_back():
+    """The search offloads whole layers (3 of Llama-3 8B's 32: 0.09375); the plan line printed
+    `off-act0.094`, which `planner estimate --offload-activations 0.094` costs as 4 layers (HBM
+    and the Megatron launch differ)."""
+    from planner.analytical import estimate
+    model, system, job = load_model("llama3-8b"), load_system("gb300-nvl72", 8), JobSpec(global_batch=64)
+    plan = Plan(dp=8, micro_batch=8, global_batch=64, zero_stage=2, offload_activations=3 / 32)
+    printed = next(t for t in plan.short().split() if t.startswith("off-act")).removeprefix("off-act")
+    again = plan.model_copy(update={"offload_activations": float(printed)})
+    assert estimate(model, system, again, job).hbm_bytes == estimate(model, system, plan, job).hbm_bytes, printed
