@@ -85,14 +85,16 @@ def layout_label(plan: Plan) -> str:
     """The knobs that matter for checkpointing, e.g. 'tp8 pp8 dp16 zero0'."""
     cp = f" cp{plan.cp}" if plan.cp > 1 else ""
     ep = f" ep{plan.ep}" if plan.ep > 1 else ""
-    return f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{cp}{ep} zero{plan.zero_stage}"
+    etp = f" etp{plan.etp}" if plan.ep > 1 and plan.etp is not None and plan.etp != plan.tp else ""
+    return f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{cp}{ep}{etp} zero{plan.zero_stage}"
 
 
 def model_parallel_shards(plan: Plan) -> int:
     """GPUs that together hold one whole copy of the model = tp * pp (Megatron: one
-    mp_rank_XX_YYY directory each), times ep for a MoE model's experts (each of ep ranks holds
-    1/ep of them; the dense weights are repeated among them)."""
-    return plan.tp * plan.pp * plan.ep
+    mp_rank_XX_YYY directory each), or, for a MoE model's experts, the etp * ep ranks of a
+    stage that hold 1/(etp·ep) of them each (the dense weights repeated among them) where that
+    group is wider: pp * max(tp, etp·ep), i.e. tp * pp * ep at expert TP = tp."""
+    return plan.pp * max(plan.tp, plan.expert_tp * plan.ep)
 
 
 def writer_ranks(plan: Plan, include_optimizer: bool = True) -> int:
@@ -150,7 +152,8 @@ def restore_read_bytes(model: ModelSpec, plan: Plan, bytes_per_param: BytesPerPa
     weights_b = bytes_per_param.weights
     if plan.zero_stage >= 3:
         return model.num_params * per_param
-    replicas, expert_replicas = plan.dp * plan.cp, plan.dp * plan.cp / plan.ep
+    # a routed expert's shards (1/(etp·ep) each) are held by its expert-DP ranks, world/(etp·ep·pp)
+    replicas, expert_replicas = plan.dp * plan.cp, plan.tp * plan.dp * plan.cp / (plan.expert_tp * plan.ep)
     if plan.zero_stage >= 1:
         return (dense * replicas + experts * expert_replicas) * weights_b \
             + model.num_params * (per_param - weights_b)

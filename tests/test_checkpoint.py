@@ -254,3 +254,20 @@ def test_checkpoint_help_names_no_plan_file():
     r = invoke("--help")
     assert r.exit_code == 0
     assert "--plan" not in r.output
+
+
+def test_checkpoint_takes_the_expert_tp_a_plan_runs():
+    """`planner plan` runs GLM-4.5 on 256 H100 as tp4 pp8 dp8 ep16 etp1; checkpoint had no --etp,
+    took expert TP = tp (4·16·8 = 512 ranks per expert copy, on 256 GPUs) and refused the layout."""
+    r = invoke("-m", "glm-4.5", "-s", "h100-sxm", "-g", "256", "--tp", "4", "--pp", "8", "--dp", "8", "--ep", "16",
+               "--etp", "1", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["plan"] == "tp4 pp8 dp8 ep16 etp1 zero1"
+    assert data["model_copy_gpus"] == 8 * 16  # pp · etp · ep: the experts' group is wider than tp
+    # a routed expert's shards are read by its world/(etp·ep·pp) = 2 expert-DP ranks, the dense
+    # weights by every one of the 8 DP replicas; the optimizer state once
+    spec = load_model("glm-4.5")
+    experts = ck.expert_params(spec)
+    assert data["read_bytes"] == pytest.approx(((spec.num_params - experts) * 8 + experts * 2) * 2
+                                               + spec.num_params * 12)

@@ -182,6 +182,8 @@ def register(app: typer.Typer) -> None:
         cp: Annotated[_Int, typer.Option("--cp", help="Context parallel size (default 1).")] = None,
         ep: Annotated[_Int, typer.Option("--ep", help="Expert parallel size (MoE; default: the largest that "
                                                        "divides the experts and dp*cp).")] = None,
+        etp: Annotated[_Int, typer.Option("--etp", help="Expert tensor-parallel size (MoE; default tp), as "
+                                                         "`planner plan` prints it (etp1).")] = None,
         zero_stage: Annotated[int, typer.Option(
             "--zero-stage", help="0 plain DP, 1 distributed optimizer, 2, 3 (restore reads depend on it).")] = 1,
         write_gb_per_s: Annotated[float, typer.Option(
@@ -228,8 +230,9 @@ def register(app: typer.Typer) -> None:
         spec, sysspec = load_inputs(model, system, gpus)
         t, p, d, c = default_layout(sysspec.num_gpus, sysspec.gpus_per_node, tp, pp, dp, cp, spec)
         check_int("ep", ep, 1, MAX_GPUS)
-        refuse_moe_flags_on_dense(spec, None, None, ep=ep)
-        plan = make_plan(tp=t, pp=p, dp=d, cp=c, ep=default_ep(spec, d, c) if ep is None else ep,
+        check_int("etp", etp, 1, MAX_GPUS)
+        refuse_moe_flags_on_dense(spec, None, None, ep=ep, etp=etp)
+        plan = make_plan(tp=t, pp=p, dp=d, cp=c, ep=default_ep(spec, d, c) if ep is None else ep, etp=etp,
                          zero_stage=zero_stage, global_batch=d)
         notes = layout_notes(spec, sysspec, plan)
         report = checkpoint_report(
