@@ -289,7 +289,9 @@ class Plan(BaseModel):
         if self.stage_layers is not None:
             parts.append("layers[" + compress_runs(self.stage_layers) + "]")
         if self.stage_recompute_layers is not None and any(self.stage_recompute_layers):
-            parts.append(f"rc-k{max(self.stage_recompute_layers)}")
+            # per virtual stage, as --stage-recompute-layers takes them: one count (`rc-k2`, the
+            # largest) read as --recompute-num-layers 2, layers per pipeline rank, another plan
+            parts.append("rc-k[" + compress_runs(self.stage_recompute_layers) + "]")
         elif self.recompute == "full" and self.recompute_num_layers is not None:
             parts.append(f"rc-k{self.recompute_num_layers}")
         parts.append(f"mb{self.micro_batch}")

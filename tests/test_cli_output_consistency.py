@@ -103,3 +103,27 @@ def test_a_printed_offload_fraction_gives_the_plan_back():
     printed = next(t for t in plan.short().split() if t.startswith("off-act")).removeprefix("off-act")
     again = plan.model_copy(update={"offload_activations": float(printed)})
     assert estimate(model, system, again, job).hbm_bytes == estimate(model, system, plan, job).hbm_bytes, printed
+
+
+def test_a_printed_per_stage_recompute_gives_the_plan_back():
+    """The per-stage search sets the recompute count of each virtual stage (DeepSeek-V3 on 128
+    B200: 1,2x6,1,2,...); the plan line printed their largest as `rc-k2`, which estimate reads as
+    --recompute-num-layers 2, two layers per pipeline rank: another plan (it did not fit)."""
+    from planner.analytical import estimate
+    plan = Plan(tp=1, pp=2, dp=4, vpp=2, micro_batch=1, global_batch=64, recompute="full",
+                stage_layers=(9, 7, 8, 8), stage_recompute_layers=(2, 1, 2, 2))
+    flags = []
+    for token in plan.short().split():
+        if token.startswith("layers["):
+            flags += ["--pipeline-layout", token[7:-1]]
+        elif token.startswith("rc-k["):
+            flags += ["--stage-recompute-layers", token[5:-1]]
+        elif token.startswith("rc-k"):
+            flags += ["--recompute-num-layers", token[4:]]
+    out = runner.invoke(app, ["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--tp", "1",
+                              "--pp", "2", "--micro-batch", "1", "--recompute", "full", *flags, "--json"])
+    assert out.exit_code in (0, 1), out.output
+    got = json.loads(out.stdout)
+    assert got["plan"]["stage_recompute_layers"] == [2, 1, 2, 2], plan.short()
+    want = estimate(load_model("llama3-8b"), load_system("h100-sxm", 8), plan, JobSpec(global_batch=64))
+    assert got["step_time_s"] == want.step_time_s
