@@ -125,3 +125,14 @@ def test_the_readme_2020_v100_runs_are_compared_not_skipped():
     from planner.fit import prepare
     for p in prepare(v100):
         assert p.predict_s() / p.case.measured_step_s == pytest.approx(1.0, abs=0.10), p.case.id
+
+
+def test_megatron_refuses_a_volta_plan_costed_with_fused_attention(tmp_path):
+    """`estimate --flash-attention` on a V100 costs fused attention (a what-if) and saves it; the
+    launch of that file said --attention-backend fused, which no kernel runs below 8.0."""
+    saved = tmp_path / "fa.yaml"
+    result = runner.invoke(app, ["estimate", "-m", "gpt3-5b", "-s", "dgx2-v100", "-g", "16", "-b", "64", "--tp", "2",
+                                 "--flash-attention", "--save", str(saved)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["megatron", "--plan", str(saved)])
+    one_line_error(result, "flash_attention", "compute capability 8.0 or newer", "--no-flash-attention")

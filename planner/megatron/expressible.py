@@ -14,6 +14,9 @@ from planner.plan import DEFAULT_RECOMPUTE_MODULES, JobSpec, Plan, applicable_re
 
 # Lowest compute-capability major each precision runs on: FP8 tensor cores arrive with Hopper
 # (sm_90); MXFP8 and NVFP4 block scaling need Blackwell (sm_100) in Transformer Engine.
+# Transformer Engine's fused attention (cuDNN) and FlashAttention-2 run from Ampere on
+# (cli.common.gpu_job_defaults: a Volta job defaults to the unfused path)
+FUSED_ATTENTION_MIN_ARCH = 8.0
 PRECISION_MIN_ARCH: dict[str, float] = {"bf16": 8.0, "fp16": 7.0, "fp8": 8.9, "fp8-cs": 8.9, "fp8-block": 9.0,
                                         "mxfp8": 10.0, "nvfp4": 10.0}
 # Precisions whose compute weights Megatron can keep (and gather) in FP8 (--fp8-param-gather).
@@ -256,6 +259,11 @@ def launch_refusals(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSp
     if arch < need:
         reasons.append(f"dtype: {job.dtype} needs compute capability {need:.1f} or newer; "
                        f"{system.accelerator.name} is {arch_text(system)}")
+    if job.flash_attention and arch < FUSED_ATTENTION_MIN_ARCH:
+        # the launch would say --attention-backend fused, which no kernel runs there
+        reasons.append(f"flash_attention: the plan was costed with fused attention, which needs compute capability "
+                       f"{FUSED_ATTENTION_MIN_ARCH:.1f} or newer (cuDNN fused attention, FlashAttention-2); "
+                       f"{system.accelerator.name} is {arch_text(system)}: cost it with --no-flash-attention")
     if plan.recompute == "selective" and "moe_act" in (plan.recompute_modules or ()) and not grouped_gemm(system):
         reasons.append(f"recompute_modules: moe_act needs the grouped expert GEMM, which needs compute capability "
                        f"{GROUPED_GEMM_MIN_ARCH}.0 or newer; {system.accelerator.name} is {arch_text(system)}")
