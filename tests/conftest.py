@@ -73,6 +73,24 @@ def a100():
     return load_system("a100-80g")
 
 
+# Hugging Face config fixtures (tests/fixtures/hf/<name>/config.json)
+HF_FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+
+
+def hf_fixture_config(name: str) -> dict:
+    """A fixture's config.json as a dict (a new one each call: the caller may change it)."""
+    import json  # noqa: PLC0415
+    return json.loads((HF_FIXTURES / name / "config.json").read_text())
+
+
+def write_hf_config(tmp_path: Path, cfg: dict, name: str = "config.json") -> Path:
+    """`cfg` written as JSON to tmp_path/name, for `-m PATH`."""
+    import json  # noqa: PLC0415
+    path = tmp_path / name
+    path.write_text(json.dumps(cfg))
+    return path
+
+
 def one_line_error(result, *words) -> str:
     """A CLI result that is a user error: exit 2, exactly one `error:` line naming `words` (no
     traceback, no internal error, no warning beside it); the line."""
