@@ -135,6 +135,18 @@ def module_gemm_input_bytes(job: JobSpec) -> dict[str, float]:
     return {group: GEMM_OPERAND_BYTES[dtype] for group, dtype in job.module_dtypes.items()}
 
 
+def permuted_input_coefficient(model: ModelSpec, gemm_input_bytes: float = 2.0) -> float:
+    """The routed experts' permuted inputs in `activation_parts`' moe_routed, g·top_k·w (w: the
+    expert width over h), per layer of the mean layer (a hybrid stack's MoE-block share), in
+    units of s·b·h bytes: one copy per routed expert at etp 1."""
+    if not model.moe:
+        return 0.0
+    per_moe_layer = gemm_input_bytes * model.moe.top_k * model.expert_hidden / model.hidden
+    if model.hybrid_pattern:
+        return model.blocks("E") / model.layers * per_moe_layer
+    return per_moe_layer
+
+
 UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks", "mamba_input")
 SHARDED_PARTS = ("qkv", "proj_input", "dense_mlp", "moe_routed", "moe_shared", "mamba")
 
@@ -228,7 +240,15 @@ def activation_bytes_per_layer(model: ModelSpec, job: JobSpec, P: PlanArrays) ->
                                                     module_bytes)
     keeps_scores = ((P.recompute == 0) | (selective & ~module_selected(P.recompute_modules, "core_attn"))) \
         & (not job.flash_attention)
-    per_layer = sbh * (np.where(sp, (unsharded - freed_u) / t, unsharded - freed_u) + (sharded - freed_s) / t
+    # Expert tensor parallelism: the AlltoAll dispatcher all-gathers the permuted rows over the
+    # expert-TP group after the EP all-to-all (token_dispatcher.py dispatch_postprocess,
+    # gather_from_sequence_parallel_region(group=expt_tp)), so each GPU's grouped FC1 keeps
+    # etp·top_k rows of the expert width per local token, not top_k: etp − 1 more copies of the
+    # `moe_routed` permuted-input term (the FFN activations are etp× the rows at 1/etp the width,
+    # unchanged). Freed with the whole MoE MLP under `moe` recompute.
+    moe_freed = selective & module_selected(P.recompute_modules, "moe")
+    rows = (P.etp - 1.0) * np.where(moe_freed, 0.0, permuted_input_coefficient(model, g))
+    per_layer = sbh * (np.where(sp, (unsharded - freed_u) / t, unsharded - freed_u) + (sharded - freed_s + rows) / t
                        + np.where(keeps_scores, score / t, 0.0))
     if per_op_checkpointing(model, job):
         per_layer = np.where(selective, sbh * op_sac_saved_per_layer(model, P), per_layer)
