@@ -316,15 +316,16 @@ def test_pipeline_ranks_report_composition(tmp_path):
 
 def test_mtp_module_memory_on_the_last_rank_hand_derived():
     """One MTP module (DeepSeek-V3 §2.2) on the last rank: a MoE layer (non-expert 264,704, experts
-    1,572,864 over ep 2) + the 2h→h projection 2·256² = 131,072 + 3 norms of 256; its layer's
-    activations (32.25 sbh) and the 2h-wide projection input (4 sbh). Rank 0 is unchanged."""
+    1,572,864 over ep 2) + the 2h→h projection 2·256² = 131,072 + 3 norms of 256, + the MTP
+    stage's own word embedding (V·h, gpt_model.py: built where pre_process or mtp_process); its
+    layer's activations (32.25 sbh) and the 2h-wide projection input (4 sbh). Rank 0 is unchanged."""
     mtp = TINY.model_copy(update={"mtp_layers": 1})
     system = load_system("h100-sxm", 4)
     P = _arrays([PP2], mtp)
     mem = rank_memory(mtp, system, JobSpec(), P)
     base = rank_memory(TINY, system, JobSpec(), P)
     assert _rank(P, mem["params_elems"], 1) == 4 * MOE_NON_EXPERT + 4 * EXPERTS / 2 + VOCAB \
-        + MOE_NON_EXPERT + 131_072 + 768 + EXPERTS / 2
+        + MOE_NON_EXPERT + 131_072 + 768 + EXPERTS / 2 + VOCAB
     assert _rank(P, mem["params_elems"], 0) == _rank(P, base["params_elems"], 0)
     sbh = 128 * 256
     assert _rank(P, mem["activations_per_microbatch"], 1) == pytest.approx(sbh * (4 * 32.25 + 32.25 + 4), rel=1e-12)

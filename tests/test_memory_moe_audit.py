@@ -3,8 +3,9 @@ import pytest
 
 from hardware import load_system
 from planner.analytical import estimate
+from planner.analytical.ranks import pipeline_ranks
 from planner.model import load_model
-from planner.plan import Plan
+from planner.plan import JobSpec, Plan
 
 
 def test_expert_tp_keeps_etp_copies_of_the_permuted_rows():
@@ -26,3 +27,27 @@ def test_expert_tp_keeps_etp_copies_of_the_permuted_rows():
     assert act(etp=None) - act(etp=1) == pytest.approx(3 * 2 * 2 * 4096 * 1024 * 32, rel=1e-9)
     moe = dict(recompute="selective", recompute_modules=["moe"])
     assert act(etp=None, **moe) == pytest.approx(act(etp=1, **moe), rel=1e-12)
+
+
+def test_pipelined_mtp_stage_holds_its_own_embedding():
+    """DeepSeek-V3 (V 129,280, h 7168, untied, one MTP module) on 512 B200, tp 1 pp 8 cp 2
+    ep 32 etp 1, distributed optimizer, full recompute: dp = 512/(8·2) = 32, so dense state is
+    sharded over dp·cp = 64.
+
+    Megatron builds a word embedding on every stage that runs an MTP module (gpt_model.py:
+    `if self.pre_process or self.mtp_process: self.embedding = LanguageModelEmbedding(...)`), so
+    the last stage holds two V×h matrices, the MTP embedding and the LM head, each a trained
+    parameter: (2 B weight + 4 B fp32 grad + 12/64 B of optimizer) per element:
+    2 · 129,280 · 7168 · (6 + 12/64) = 11,467,652,620 B = 10.68 GiB (the model gave half,
+    5.34 GiB). That makes the last rank the fullest (56.5 GiB, not 51.1)."""
+    model = load_model("deepseek-v3")
+    system = load_system("b200", 512)
+    plan = Plan(tp=1, pp=8, cp=2, dp=32, ep=32, etp=1, micro_batch=1, global_batch=2048, recompute="full")
+    m = estimate(model, system, plan).memory_breakdown_bytes
+    rows = pipeline_ranks(model, system, JobSpec(), plan)
+    assert max(rows, key=lambda r: r.hbm_bytes).rank == 7
+    assert m["embeddings_bytes"] == pytest.approx(2 * 129280 * 7168 * (6 + 12 / 64), rel=1e-9)
+    # without a pipeline the one embedding serves the MTP module too: embedding + LM head
+    flat = estimate(model, load_system("b200", 256), Plan(tp=1, pp=1, dp=256, ep=64, etp=1, micro_batch=1,
+                                                          global_batch=256, recompute="full"))
+    assert flat.memory_breakdown_bytes["embeddings_bytes"] == pytest.approx(2 * 129280 * 7168 * (6 + 12 / 256), rel=1e-9)

@@ -310,7 +310,8 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
     representative rank, (n, R). TP shards every matrix (norms are replicated: negligible and
     ignored); EP shards the experts over etp·ep (Megatron parallel folding; etp = tp by default); the first rank holds
     the embedding and the last the LM head (Megatron keeps a copy of a tied embedding there when
-    pp > 1; with pp = 1 untied embeddings are two matrices on the one rank). `by_block`: a hybrid
+    pp > 1; with pp = 1 untied embeddings are two matrices on the one rank; a model with MTP
+    modules keeps one more, the MTP stage's own embedding, on the last rank when pp > 1). `by_block`: a hybrid
     stack's ranks hold the blocks their layout gives them (P's columns are real ranks with their
     layouts' layer counts), not their layer count of mean blocks; rank_memory's activations
     likewise. `counts`: the blocks per rank,
@@ -330,6 +331,11 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
     first = P.rank_index == 0
     last = P.rank_index == C.pp - 1
     vocab_matrices = first * 1.0 + last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
+    if model.mtp_layers:
+        # a pipelined MTP stage builds its own word embedding beside the LM head (gpt_model.py and
+        # hybrid_model.py: `if self.pre_process or self.mtp_process: self.embedding = ...`), a
+        # trained copy kept in step with the first stage's; at pp 1 the one embedding serves both
+        vocab_matrices = vocab_matrices + last * np.where(C.pp > 1, 1.0, 0.0)
     vocab = vocab_matrices * model.vocab * model.hidden / C.tp
     if model.mtp_layers:
         # the MTP modules live on the last stage with the loss (DeepSeek-V3 §2.2; Megatron's layout
