@@ -51,3 +51,29 @@ def test_pipelined_mtp_stage_holds_its_own_embedding():
     flat = estimate(model, load_system("b200", 256), Plan(tp=1, pp=1, dp=256, ep=64, etp=1, micro_batch=1,
                                                           global_batch=256, recompute="full"))
     assert flat.memory_breakdown_bytes["embeddings_bytes"] == pytest.approx(2 * 129280 * 7168 * (6 + 12 / 256), rel=1e-9)
+
+
+def test_mla_latents_are_kept_and_mla_up_proj_frees_their_normed_copies():
+    """DeepSeek-V3's MLA (h 7168, 128 heads, q_lora 1536, kv_lora 512, rope 64, nope 128, v 128).
+
+    Megatron's MLA (multi_latent_attention.py) keeps, per token of the layer's SP shard, the
+    down-projections' outputs q_compressed (1536) and kv_combined (512 + 64), 16-bit, as the
+    inputs of the up-projections' fused latent norms (TELayerNormColumnParallelLinear), and the
+    norms' outputs (1536 + 512), the up-projection GEMMs' inputs: 2·2112 + 2·2048 = 8320 B per
+    token in bf16 (1.16 s·b·h; the model kept none of it).
+
+    mla_up_proj recompute (CheckpointWithoutOutput around the norms + up-projections + RoPE)
+    keeps the latents, its inputs, and frees Q, K, V (2·(128·192 + 128·192 + 128·128) =
+    131,072 B per token, tp-sharded) and the norm outputs (4096 B per token, SP-sharded). At tp 2
+    SP, pp 1, micro-batch 1 (s·b/t = 2048 tokens per GPU for both kinds), 61 layers + the MTP
+    module's layer, one microbatch in flight: 62 · 2048 · (131,072 + 4096) = 17,163,091,968 B."""
+    from planner.analytical.memory import activation_parts
+    model = load_model("deepseek-v3")
+    assert activation_parts(model)["mla_latents"] * 7168 == pytest.approx(8320, rel=1e-12)
+    system = load_system("h100-sxm", 1024)
+    base = dict(tp=2, pp=1, dp=512, ep=64, etp=1, micro_batch=1, global_batch=512, sequence_parallel=True)
+
+    def act(**kw):
+        return estimate(model, system, Plan(**base, **kw)).memory_breakdown_bytes["activations_bytes"]
+    freed = act() - act(recompute="selective", recompute_modules=["mla_up_proj"])
+    assert freed == pytest.approx(62 * 2048 * (131072 + 4096), rel=1e-9)

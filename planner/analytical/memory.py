@@ -37,7 +37,9 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
     permuted expert inputs (one bf16 copy per routed expert, kept for FC1's weight gradient:
     2·top_k) and the router's fp32 logits and probabilities (8·E/h), `moe_shared` its shared
     experts' MLP terms (Megatron-Core moe/: token_dispatcher permute, router.py,
-    shared_experts.py). `score` is the s² attention term 5as/h (never stored by fused attention).
+    shared_experts.py). `mla_latents` (not sharded by tp): MLA's q and kv latents and their
+    normed copies (multi_latent_attention.py). `score` is the s² attention term 5as/h (never
+    stored by fused attention).
 
     Low-precision GEMMs (`gemm_input_bytes`, 2 = bf16): Transformer Engine's Linear,
     LayerNormLinear and GroupedLinear keep the input of a GEMM for its weight gradient as the
@@ -68,7 +70,18 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
         "dense_mlp": (1 - f_moe) * act * model.ffn_hidden / h,
         "moe_routed": 0.0, "moe_shared": 0.0,
         "score": 5.0 * model.heads * model.seq_length / h,
+        "mla_latents": 0.0,
     }
+    if model.mla:
+        # MLA's latents (multi_latent_attention.py): the down-projections' outputs, q_compressed
+        # and kv_combined (kv latent + the shared RoPE key), kept 16-bit as the inputs of the
+        # up-projections' fused latent norms (TELayerNormColumnParallelLinear), and those norms'
+        # outputs, the up-projection GEMMs' inputs, in the GEMM's format; sequence-sharded, as
+        # the down-projections run on the layer's SP shard
+        x = model.mla
+        ql = x.q_lora_rank or 0
+        parts["mla_latents"] = (2.0 * (ql + x.kv_lora_rank + x.qk_rope_head_dim)
+                                + g_of["attention"] * (ql + x.kv_lora_rank)) / h
     if model.moe:
         moe = model.moe
         # the permuted rows are the experts' width (LatentMoE: latent), plus, with LatentMoE, the
@@ -95,6 +108,7 @@ def _hybrid_parts(model: ModelSpec, layer: dict[str, float], g: float, act: floa
     h, m = model.hidden, model.mamba
     mamba = (2.0 * m.in_proj_width + 2.0 * m.d_inner + out_proj_g * m.d_inner) / h if m else 0.0
     return {"norm_inputs": 2.0, "dropout_masks": 1.0 if model.dropout else 0.0,
+            "mla_latents": f["*"] * layer["mla_latents"],
             "qkv_input": f["*"] * layer["qkv_input"], "qkv": f["*"] * layer["qkv"],
             "proj_input": f["*"] * layer["proj_input"], "score": f["*"] * layer["score"],
             "mlp_input": f["-"] * g + f["E"] * 2.0, "dense_mlp": f["-"] * act * model.ffn_hidden / h,
@@ -147,7 +161,7 @@ def permuted_input_coefficient(model: ModelSpec, gemm_input_bytes: float = 2.0) 
     return per_moe_layer
 
 
-UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks", "mamba_input")
+UNSHARDED_PARTS = ("norm_inputs", "qkv_input", "mlp_input", "dropout_masks", "mamba_input", "mla_latents")
 SHARDED_PARTS = ("qkv", "proj_input", "dense_mlp", "moe_routed", "moe_shared", "mamba")
 
 
@@ -175,7 +189,7 @@ def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray, gemm_inp
                       LayerNormColumnParallelLinear that keeps its own output) and the pre-MLP
                       norm of MoE layers (dense MLPs fuse it into linear_fc1): 2 each
       mla_up_proj     output-discarding: the up-projected Q, K, V (with RoPE) the attention core
-                      keeps (MLA only)
+                      keeps, and the latent norms' outputs inside the checkpoint (MLA only)
       mlp             dense (non-MoE) layers' MLP checkpointed whole: its fused norm output (2)
                       and its inner activations
       moe             MoE layers' MLP checkpointed whole: routed experts, permuted copies, router,
@@ -194,7 +208,14 @@ def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray, gemm_inp
     moe_act = f_moe * gemm_input_bytes * model.moe.top_k * model.expert_ffn_hidden / h if model.moe else 0.0
     routed = np.where(has("moe"), parts["moe_routed"], np.where(has("moe_act"), moe_act, 0.0))
     shared = np.where(has("moe") | has("shared_experts"), parts["moe_shared"], 0.0)
-    unsharded = has("layernorm") * norms + has("mlp") * (1 - f_moe) * parts["mlp_input"]
+    # mla_up_proj's checkpoint (CheckpointWithoutOutput) runs the fused latent norms + up-projections
+    # without autograd: their norm outputs (the GEMM inputs) are not kept; the latents, its inputs, are
+    up_norm_out = 0.0
+    if model.mla:
+        x = model.mla
+        up_norm_out = parts["mla_latents"] - 2.0 * ((x.q_lora_rank or 0) + x.kv_lora_rank + x.qk_rope_head_dim) / h
+    unsharded = (has("layernorm") * norms + has("mlp") * (1 - f_moe) * parts["mlp_input"]
+                 + has("mla_up_proj") * up_norm_out)
     sharded = (has("mla_up_proj") * (parts["qkv"] if model.mla else 0.0) + has("mlp") * parts["dense_mlp"]
                + routed + shared)
     return unsharded, sharded
