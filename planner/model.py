@@ -620,6 +620,40 @@ class ModelSpec(_Part):
         return self.hidden * self.moe.num_experts + self.latent_proj_params if self.moe else 0
 
     @property
+    def mla_down_proj_params(self) -> int:
+        """MLA's down-projections of one layer, h×q_lora_rank (with a query LoRA) and
+        h×(kv_lora_rank + qk_rope_head_dim); 0 without MLA."""
+        if not self.mla:
+            return 0
+        return self.hidden * ((self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank + self.mla.qk_rope_head_dim)
+
+    @property
+    def tp_replicated_params_by_block(self) -> dict[str, int]:
+        """Weights of one layer (a hybrid stack: one block of each kind) that every tensor-parallel
+        rank holds whole, norms apart: MLA's down-projections (Megatron-Core gpt_layer_specs.py
+        builds linear_q_down_proj / linear_kv_down_proj as TELinear, which
+        multi_latent_attention.py makes parallel_mode="duplicated") and a MoE layer's router
+        weight E×h (moe/router.py TopKRouter: a plain Parameter, not split over tp)."""
+        router = self.hidden * self.moe.num_experts if self.moe else 0
+        if self.hybrid_pattern:
+            return {"E": router}
+        return {"layer": self.mla_down_proj_params + router}
+
+    @property
+    def tp_replicated_params_per_layer(self) -> float:
+        """tp_replicated_params_by_block of the repeated layer (a hybrid stack's mean block)."""
+        if self.hybrid_pattern:
+            return self._hybrid_mean(self.tp_replicated_params_by_block)
+        return self.tp_replicated_params_by_block["layer"]
+
+    @property
+    def mtp_layer_tp_replicated_params(self) -> int:
+        """tp_replicated_params_by_block of one MTP module's layer (a hybrid stack's: its MoE block;
+        its attention block has none)."""
+        by_block = self.tp_replicated_params_by_block
+        return by_block["E"] if self.hybrid_pattern else by_block["layer"]
+
+    @property
     def norm_params(self) -> int:
         return 2 * (2 if self.biases else 1) * self.hidden  # two norms per layer (+bias for LayerNorm)
 

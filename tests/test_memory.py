@@ -17,8 +17,10 @@ def state_bytes(est):
 
 
 def params_per_gpu(tp, pp):
-    # hand count: 12h² + 13h per layer (Narayanan §3.2), one V×h embedding per stage, / tp
-    return (L // pp * (12 * H * H + 13 * H) + V * H) / tp
+    # hand count: 12h² + 13h per layer (Narayanan §3.2), one V×h embedding per stage, / tp, and
+    # the first stage's S×h learned positions, whole on every TP rank (Megatron's
+    # position_embeddings is a plain torch.nn.Embedding)
+    return (L // pp * (12 * H * H + 13 * H) + V * H) / tp + S * H
 
 
 def test_megatron_18_bytes_per_param_without_distributed_optimizer(a100):

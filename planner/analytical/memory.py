@@ -328,11 +328,13 @@ def rank_layer_sum(model: ModelSpec, per_layer, n, lead):
 def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
                  counts=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(transformer-block dense, vocabulary, expert) parameters held by one GPU of each
-    representative rank, (n, R). TP shards every matrix (norms are replicated: negligible and
-    ignored); EP shards the experts over etp·ep (Megatron parallel folding; etp = tp by default); the first rank holds
+    representative rank, (n, R). TP shards every matrix but those Megatron keeps whole on every
+    TP rank (ModelSpec.tp_replicated_params_by_block: MLA's down-projections, the router; norms
+    are replicated too: negligible and ignored); EP shards the experts over etp·ep (Megatron parallel folding; etp = tp by default); the first rank holds
     the embedding and the last the LM head (Megatron keeps a copy of a tied embedding there when
     pp > 1; with pp = 1 untied embeddings are two matrices on the one rank; a model with MTP
-    modules keeps one more, the MTP stage's own embedding, on the last rank when pp > 1). `by_block`: a hybrid
+    modules keeps one more, the MTP stage's own embedding, on the last rank when pp > 1); learned
+    position embeddings are whole on every TP rank of an embedding's stage. `by_block`: a hybrid
     stack's ranks hold the blocks their layout gives them (P's columns are real ranks with their
     layouts' layer counts), not their layer count of mean blocks; rank_memory's activations
     likewise. `counts`: the blocks per rank,
@@ -342,27 +344,37 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
     if by_block and layer_kinds.by_block(model):
         # a hybrid stack: the blocks each rank holds (a MoE block's experts are all the stack's)
         counts = counts or layer_kinds.rank_block_counts(model, P)
-        blocks = layer_kinds.rank_block_sum(model, P, model.non_expert_params_by_block, counts) / C.tp
+        replicated = layer_kinds.rank_block_sum(model, P, model.tp_replicated_params_by_block, counts)
+        blocks = (layer_kinds.rank_block_sum(model, P, model.non_expert_params_by_block, counts)
+                  - replicated) / C.tp + replicated
         per_moe_block = model.expert_params_per_layer * model.layers / max(model.blocks("E"), 1)
         expert = layer_kinds.rank_block_sum(model, P, {"E": per_moe_block}, counts) / (C.etp * C.ep)
     else:
         # leading dense layers: the dense layer's parameters, no experts (lead_layer_model)
-        blocks = rank_layer_sum(model, lambda m: m.non_expert_params_per_layer, n, lead) / C.tp
+        replicated = rank_layer_sum(model, lambda m: m.tp_replicated_params_per_layer, n, lead)
+        blocks = (rank_layer_sum(model, lambda m: m.non_expert_params_per_layer, n, lead) - replicated) / C.tp \
+            + replicated
         expert = rank_layer_sum(model, lambda m: m.expert_params_per_layer, n, lead) / (C.etp * C.ep)
     first = P.rank_index == 0
     last = P.rank_index == C.pp - 1
-    vocab_matrices = first * 1.0 + last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
+    heads = last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
+    embeddings = first * 1.0
     if model.mtp_layers:
         # a pipelined MTP stage builds its own word embedding beside the LM head (gpt_model.py and
         # hybrid_model.py: `if self.pre_process or self.mtp_process: self.embedding = ...`), a
         # trained copy kept in step with the first stage's; at pp 1 the one embedding serves both
-        vocab_matrices = vocab_matrices + last * np.where(C.pp > 1, 1.0, 0.0)
-    vocab = vocab_matrices * model.vocab * model.hidden / C.tp
+        embeddings = embeddings + last * np.where(C.pp > 1, 1.0, 0.0)
+    # learned positions (GPT-3): LanguageModelEmbedding's position_embeddings is a plain
+    # torch.nn.Embedding of seq_length x h, whole on every TP rank (only the word embedding is
+    # vocab-parallel); an embedding holder holds it
+    positions = model.embedding_params - model.vocab * model.hidden
+    vocab = (embeddings + heads) * model.vocab * model.hidden / C.tp + embeddings * positions
     if model.mtp_layers:
         # the MTP modules live on the last stage with the loss (DeepSeek-V3 §2.2; Megatron's layout
         # places 'm' before 'L'): each a repeated layer + the 2h→h projection + norms (mtp_params)
         mtp_experts = model.mtp_weight_modules * model.mtp_layer_expert_params
-        blocks = blocks + last * (model.mtp_params - mtp_experts) / C.tp
+        mtp_replicated = model.mtp_weight_modules * model.mtp_layer_tp_replicated_params
+        blocks = blocks + last * ((model.mtp_params - mtp_experts - mtp_replicated) / C.tp + mtp_replicated)
         expert = expert + last * mtp_experts / (C.etp * C.ep)
     return blocks, vocab, expert
 

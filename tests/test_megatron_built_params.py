@@ -1,0 +1,53 @@
+"""Parameter counts against the modules Megatron-Core 0.19.2 builds (pretrain_gpt.py's GPTModel /
+pretrain_mamba.py's HybridModel from the arguments `planner megatron --tp 1 --pp 1 --format json`
+emits, built on the meta device on CPU with ../shared/tools/megatron_check's environment and the
+local spec, TE-fused norms counted as TE builds them). The numbers below are those builds'
+named_parameters() sums, split by module and sharded as Megatron shards them (column/row-parallel
+weights over tp, experts over ep·etp, norms and the router replicated, TE's duplicated MLA
+down-projections replicated); the suite cannot rebuild the models cheaply."""
+
+import pytest
+
+from planner.analytical import PlanArrays
+from planner.analytical.layer_kinds import dense_layer_spec
+from planner.analytical.memory import stage_params
+from planner.model import load_model
+from planner.plan import Plan
+
+
+def _stage(name, tp, pp, ep):
+    model = load_model(name)
+    plan = Plan(tp=tp, pp=pp, dp=8, ep=ep, micro_batch=1, global_batch=64, sequence_parallel=tp > 1)
+    P = PlanArrays.from_plans([plan], model.layers, dense_layer_spec(model))
+    return [part[0] for part in stage_params(model, P, by_block=True)]
+
+
+def test_mtp_stage_holds_an_embedding_copy():
+    # DeepSeek-V3 at tp2 pp2 ep4: Megatron's last stage (MTP) builds output_layer.weight and
+    # embedding.word_embeddings.weight, each [129280, 7168] / tp 2 = 463,339,520 per GPU;
+    # the first stage only the embedding
+    _, vocab, _ = _stage("deepseek-v3", 2, 2, 4)
+    assert list(vocab[:2]) == [463_339_520, 926_679_040]
+
+
+# per-GPU transformer-block parameters of pipeline rank 0, as Megatron shards its built modules,
+# less the norms, which stage_params divides by tp (documented: negligible)
+@pytest.mark.parametrize("name, built, norms", [
+    # 31 layers (3 dense); MLA's down-projections h·(1536 + 512 + 64) = 15,138,816 a layer (TELinear,
+    # duplicated) and the MoE layers' router 256×7168 stay whole on each TP rank; norms
+    # 31·(2·7168 + 1536 + 512)/2
+    ("deepseek-v3", 4_397_776_896, 253_952),
+    # 47 MoE layers with a 128×4096 router each; norms 47·(2·4096 + 2·128)/2
+    ("qwen3-235b-a22b", 1_700_663_040, 198_528),
+])
+def test_weights_tensor_parallelism_does_not_split(name, built, norms):
+    blocks, _, _ = _stage(name, 2, 2, 4)
+    assert blocks[0] == built - norms
+
+
+def test_learned_positions_are_not_split_over_tensor_parallelism():
+    # GPT-3 175B at tp2 pp2: Megatron's first stage holds word_embeddings [51200, 12288] / tp 2 =
+    # 314,572,800 and position_embeddings [2048, 12288] = 25,165,824 whole; the last stage the
+    # tied LM head copy only
+    _, vocab, _ = _stage("gpt3-175b", 2, 2, 1)
+    assert list(vocab[:2]) == [339_738_624, 314_572_800]
