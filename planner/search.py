@@ -613,17 +613,20 @@ def check(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, sear
         # cost seconds, 5 -> 49 s for Llama 3.1 405B on 100 H100, and found nothing lower)
         uneven_gib, uneven_example = _uneven_hbm_need(model, system, job, hbm_min, need_gib) \
             if small_plan.pp > 1 else (need_gib, None)
+        where, tail = "", _split_words(floor)
         if uneven_example is not None:  # a GPU with less HBM fits once the stages need not be even
             factor_needed = uneven_gib / hbm_gib
             numbers["hbm_factor_needed"] = factor_needed
             need = (f"{uneven_gib:.1f} GiB per GPU, with an uneven pipeline split such as "
                     f"{uneven_example.plan.short()}; {need_gib:.1f} GiB at Megatron's default splits")
+            # the footprint is the default splits'; the need already says what an uneven one saves
+            where, tail = " at Megatron's default pipeline splits", ""
         else:
             need = f"{need_gib:.1f} GiB per GPU"
-        reasons.append(f"memory: the smallest per-GPU footprint over all {which} is "
+        reasons.append(f"memory: the smallest per-GPU footprint over all {which}{where} is "
                        f"{_gib_up(hbm_min)} ({small_plan.short()}), but only {_gib_down(cap)} of "
                        f"{hbm_gib:g} GiB HBM is usable ({job.hbm_reserve_gib:g} GiB reserve): needs >= "
-                       f"{math.ceil(factor_needed * 100 - 1e-9) / 100:.2f}x HBM ({need})" + _split_words(floor))
+                       f"{math.ceil(factor_needed * 100 - 1e-9) / 100:.2f}x HBM ({need})" + tail)
     if not job.allow_idle_gpus:
         # fewer GPUs than the box has may fit where its own count does not divide (405B on 100 H100:
         # no layout of 100 fits, one of 96 does)
