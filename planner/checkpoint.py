@@ -85,7 +85,7 @@ def layout_label(plan: Plan) -> str:
     """The knobs that matter for checkpointing, e.g. 'tp8 pp8 dp16 zero0'."""
     cp = f" cp{plan.cp}" if plan.cp > 1 else ""
     ep = f" ep{plan.ep}" if plan.ep > 1 else ""
-    etp = f" etp{plan.etp}" if plan.ep > 1 and plan.etp is not None and plan.etp != plan.tp else ""
+    etp = f" etp{plan.etp}" if plan.ep > 1 and plan.expert_tp != plan.tp else ""
     return f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{cp}{ep}{etp} zero{plan.zero_stage}"
 
 

@@ -78,16 +78,14 @@ def activation_parts(model: ModelSpec, gemm_input_bytes: float = 2.0, proj_copy_
         # up-projections' fused latent norms (TELayerNormColumnParallelLinear), and those norms'
         # outputs, the up-projection GEMMs' inputs, in the GEMM's format; sequence-sharded, as
         # the down-projections run on the layer's SP shard
-        x = model.mla
-        ql = x.q_lora_rank or 0
-        parts["mla_latents"] = (2.0 * (ql + x.kv_lora_rank + x.qk_rope_head_dim)
-                                + g_of["attention"] * (ql + x.kv_lora_rank)) / h
+        kept, normed = mla_latent_widths(model)
+        parts["mla_latents"] = (2.0 * kept + g_of["attention"] * normed) / h
     if model.moe:
         moe = model.moe
         # the permuted rows are the experts' width (LatentMoE: latent), plus, with LatentMoE, the
         # up-projection's input (the combined latent rows) in the GEMM's format
         w = model.expert_hidden / h
-        parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + g * moe.top_k * w
+        parts["moe_routed"] = f_moe * (act * moe.top_k * model.expert_ffn_hidden / h + permuted_row_bytes(model, g)
                                        + 8.0 * moe.num_experts / h + (g_of["latent_proj"] * w if moe.latent_size else 0.0))
         parts["moe_shared"] = f_moe * act * moe.shared_experts * model.shared_expert_ffn_hidden / h
     if model.hybrid_pattern:
@@ -149,13 +147,28 @@ def module_gemm_input_bytes(job: JobSpec) -> dict[str, float]:
     return {group: GEMM_OPERAND_BYTES[dtype] for group, dtype in job.module_dtypes.items()}
 
 
+def mla_latent_widths(model: ModelSpec) -> tuple[int, int]:
+    """MLA's latents a layer keeps per token (`activation_parts`' mla_latents): the widths of the
+    down-projections' outputs (q_compressed, kv_combined with the shared RoPE key) and of their
+    normed copies (q and kv latents)."""
+    x = model.mla
+    ql = x.q_lora_rank or 0
+    return ql + x.kv_lora_rank + x.qk_rope_head_dim, ql + x.kv_lora_rank
+
+
+def permuted_row_bytes(model: ModelSpec, gemm_input_bytes: float) -> float:
+    """One MoE layer's permuted expert inputs, g·top_k·w (w: the expert width over h; one copy
+    per routed expert, kept for FC1's weight gradient), in units of s·b·h bytes."""
+    return gemm_input_bytes * model.moe.top_k * (model.expert_hidden / model.hidden)
+
+
 def permuted_input_coefficient(model: ModelSpec, gemm_input_bytes: float = 2.0) -> float:
-    """The routed experts' permuted inputs in `activation_parts`' moe_routed, g·top_k·w (w: the
-    expert width over h), per layer of the mean layer (a hybrid stack's MoE-block share), in
-    units of s·b·h bytes: one copy per routed expert at etp 1."""
+    """The routed experts' permuted inputs in `activation_parts`' moe_routed (`permuted_row_bytes`)
+    per layer of the mean layer (a hybrid stack's MoE-block share): one copy per routed expert at
+    etp 1."""
     if not model.moe:
         return 0.0
-    per_moe_layer = gemm_input_bytes * model.moe.top_k * model.expert_hidden / model.hidden
+    per_moe_layer = permuted_row_bytes(model, gemm_input_bytes)
     if model.hybrid_pattern:
         return model.blocks("E") / model.layers * per_moe_layer
     return per_moe_layer
@@ -212,8 +225,7 @@ def selective_freed_coefficients(model: ModelSpec, modules: np.ndarray, gemm_inp
     # without autograd: their norm outputs (the GEMM inputs) are not kept; the latents, its inputs, are
     up_norm_out = 0.0
     if model.mla:
-        x = model.mla
-        up_norm_out = parts["mla_latents"] - 2.0 * ((x.q_lora_rank or 0) + x.kv_lora_rank + x.qk_rope_head_dim) / h
+        up_norm_out = parts["mla_latents"] - 2.0 * mla_latent_widths(model)[0] / h
     unsharded = (has("layernorm") * norms + has("mlp") * (1 - f_moe) * parts["mlp_input"]
                  + has("mla_up_proj") * up_norm_out)
     sharded = (has("mla_up_proj") * (parts["qkv"] if model.mla else 0.0) + has("mlp") * parts["dense_mlp"]
