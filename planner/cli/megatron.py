@@ -25,6 +25,7 @@ from planner.cli.common import (
     check_layout_fits_model,
     check_recompute_layers,
     refuse_plan_file_contradictions,
+    refuse_moe_flags_on_dense,
     check_new_file,
     Bf16LayersOpt,
     ModuleDtypeOpt,
@@ -42,6 +43,7 @@ from planner.cli.common import (
     EpOpt,
     EtpOpt,
     MoeA2aOverlapOpt,
+    MoeImbalancePlanOpt,
     MoeDispatcherOpt,
     GpusOpt,
     MicroBatchOpt,
@@ -105,7 +107,7 @@ def megatron_command(
     offload_weights: OffloadWeightsOpt = None, tp_comm_overlap: TpOverlapOpt = None,
     dp_comm_overlap: DpOverlapOpt = None,
     etp: EtpOpt = None, dp_impl: DpImplOpt = None, moe_dispatcher: MoeDispatcherOpt = None,
-    moe_a2a_overlap: MoeA2aOverlapOpt = None,
+    moe_a2a_overlap: MoeA2aOverlapOpt = None, moe_imbalance: MoeImbalancePlanOpt = None,
     cross_entropy_fusion: CrossEntropyFusionOpt = None, grad_reduce_in_bf16: GradReduceBf16Opt = None,
     fp8_param_gather: Fp8ParamGatherOpt = None,
     adam_moments: AdamMomentsOpt = None,
@@ -126,8 +128,9 @@ def megatron_command(
 
     The plan comes from --plan FILE, from plan flags that include --tp, --pp, --dp or --cp (unset knobs: tp=pp=cp=1, dp fills the GPUs,
     sequence parallelism where tp > 1, ZeRO-1 with overlapped DP communication: the plan `planner estimate` costs for the same flags),
-    or, with neither, from the search: `planner plan`'s best plan for the same options (global
-    batch 1536 unless -b is given). The plan must pass the rules and memory check of
+    or, with neither, from the search: `planner plan`'s best plan for the model, system, GPUs,
+    sequence, batch (1536 unless -b is given), precision and routing skew given here, with plan's
+    defaults for its other search options (for those, `planner plan ... --save FILE`, then --plan FILE). The plan must pass the rules and memory check of
     `planner estimate`; otherwise exit 2 with what breaks. The script saves checkpoints at the
     Daly interval of `planner checkpoint` and logs throughput.
 
@@ -147,10 +150,14 @@ def _job(o: dict, model, system, plan=None):
     bf16 = bf16_layers_setting(o["bf16_layers"], model)
     modules = module_dtypes_setting(o["module_dtype"], model)
     graphs = _graph_settings(o["cuda_graph"], model)
+    skew = o["moe_imbalance"]
     saved = job_for_plan_file(o["plan_file"], plan, dtype=o["dtype"], hbm_reserve_gib=o["hbm_reserve_gib"],
                               adam_moments=moments.get("adam_moments"), bf16_layers=bf16.get("bf16_layers"),
-                              module_dtypes=modules.get("module_dtypes"), **graphs) if plan is not None else None
+                              module_dtypes=modules.get("module_dtypes"), moe_load_imbalance=skew,
+                              **graphs) if plan is not None else None
     if saved is not None:
+        if skew is not None and skew != saved.moe_load_imbalance:  # a file saved before the skew was
+            saved = make_job(**{**saved.model_dump(), "moe_load_imbalance": skew})
         check_dtype_on_system(saved.dtype, system)
         check_module_dtypes_on_system(saved.module_dtypes, system, f"plan ({o['plan_file']}): job: module_dtypes")
         check_job_reserve(saved, system, o["plan_file"], o["hbm_reserve_gib"])
@@ -160,7 +167,7 @@ def _job(o: dict, model, system, plan=None):
     # the default cap bounds the search's free batches only: a given batch is taken as it is
     job = make_job(global_batch=batch, max_global_batch=max(DEFAULT_MAX_GLOBAL_BATCH, batch), dtype=o["dtype"],
                    system=system, hbm_reserve_gib=2.0 if o["hbm_reserve_gib"] is None else o["hbm_reserve_gib"],
-                   **moments, **bf16, **modules, **graphs)
+                   moe_load_imbalance=1.0 if skew is None else skew, **moments, **bf16, **modules, **graphs)
     check_job_reserve(job, system, None, o["hbm_reserve_gib"])
     return job
 
@@ -291,6 +298,7 @@ def _run(o: dict) -> None:
     from planner.cli.checkpoint import check_checkpoint_flags
     check_checkpoint_flags(write_gb_per_s=o["write_gb_per_s"], gpu_mtbf_hours=o["gpu_mtbf_hours"])
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
+    refuse_moe_flags_on_dense(model, o["moe_imbalance"], None)
     plan, job = _plan_and_job(o, model, system)
     check_recompute_layers(plan, model)
     _refuse_unemitted_kernels(job, model)
