@@ -1,5 +1,5 @@
-"""Expert weight-gradient GEMMs against the roofline with fp32 main-gradient accumulation
-(planner/analytical/time.py: expert_wgrad_memory_excess_s), by hand."""
+"""Expert weight-gradient GEMMs against the roofline with main-gradient accumulation in the
+gradient buffer's dtype (planner/analytical/time.py: expert_wgrad_memory_excess_s), by hand."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +12,9 @@ from planner.plan import JobSpec, Plan
 QWEN3 = load_model("qwen3-235b-a22b")  # h 4096, expert FFN 1536 (SwiGLU), 128 experts
 
 
-def _plan(ep: int) -> PlanArrays:
-    plan = Plan(tp=4, pp=8, dp=8, ep=ep, etp=1, micro_batch=1, global_batch=2048, sequence_parallel=True)
+def _plan(ep: int, grad_reduce_in_bf16: bool = False) -> PlanArrays:
+    plan = Plan(tp=4, pp=8, dp=8, ep=ep, etp=1, micro_batch=1, global_batch=2048, sequence_parallel=True,
+                grad_reduce_in_bf16=grad_reduce_in_bf16)
     return PlanArrays.from_plans([plan], QWEN3.layers)
 
 
@@ -24,6 +25,15 @@ def test_wgrad_bytes_by_hand():
     hbm = 1.76e12
     excess = tm.expert_wgrad_memory_excess_s(QWEN3, JobSpec(), _plan(8), 512.0, 0.5e-3, hbm)
     assert excess[0] == pytest.approx(2_625_634_304 / hbm - 0.5e-3, rel=1e-12)
+
+
+def test_bf16_gradient_buffer_halves_the_accumulation_traffic():
+    # grad_reduce_in_fp32=False: Megatron-Core's DDP allocates main_grad in the parameters' bf16,
+    # so dW is read and written at 2 + 2 B. FC1: 512·7168·2 + 4·4096·3072 = 57,671,680 B; FC2:
+    # 512·5632·2 + 4·1536·4096 = 30,932,992 B; 16 experts: 1,417,674,752 B.
+    hbm = 1.76e12
+    excess = tm.expert_wgrad_memory_excess_s(QWEN3, JobSpec(), _plan(8, grad_reduce_in_bf16=True), 512.0, 0.5e-3, hbm)
+    assert excess[0] == pytest.approx(1_417_674_752 / hbm - 0.5e-3, rel=1e-12)
 
 
 def test_compute_bound_wgrad_costs_nothing_extra():

@@ -434,9 +434,11 @@ def fused_experts(model: ModelSpec, job: JobSpec) -> bool:
 def expert_wgrad_memory_excess_s(model: ModelSpec, job: JobSpec, P: PlanArrays, rows: np.ndarray,
                                  wgrad_compute_s: np.ndarray, hbm_bytes_per_s: float) -> np.ndarray:
     """Backward time the local experts' weight-gradient GEMMs spend beyond their compute, one MoE
-    layer, one microbatch: Megatron accumulates wgrad straight into the fp32 main gradient
+    layer, one microbatch: Megatron accumulates wgrad straight into the main gradient
     (--gradient-accumulation-fusion, on by default; TE fuse_wgrad_accumulation), so each
-    expert's dW (h × FFN-width) is read and written in fp32 every microbatch, beside its operands.
+    expert's dW (h × FFN-width) is read and written every microbatch, beside its operands, in the
+    gradient buffer's dtype: fp32, or bf16 where the gradients are reduced in bf16
+    (grad_reduce_in_fp32=False: Megatron-Core DistributedDataParallel allocates main_grad in bf16).
     By the roofline (Williams, Waterman & Patterson 2009, CACM 52(4)) the GEMM takes the larger of
     its compute and its memory time; its intensity is about rows/4 FLOP/byte, below H100's ridge
     (~300 bf16) when an expert gets few hundred rows (fine-grained experts at small ep). `rows`
@@ -446,8 +448,9 @@ def expert_wgrad_memory_excess_s(model: ModelSpec, job: JobSpec, P: PlanArrays, 
     ffn, up_w = model.expert_ffn_hidden, flops.mlp_width(model)
     local_experts = E / P.ep
     b = precision.GEMM_OPERAND_BYTES[job.dtype]
-    fc1 = rows * (h + up_w / P.etp) * b + 8.0 * h * up_w / P.etp
-    fc2 = rows * (ffn / P.etp + h) * b + 8.0 * ffn / P.etp * h
+    main_grad_rw = 2.0 * memory.grad_bytes_per_elem(job, P)[0]  # read + write per element
+    fc1 = rows * (h + up_w / P.etp) * b + main_grad_rw * h * up_w / P.etp
+    fc2 = rows * (ffn / P.etp + h) * b + main_grad_rw * ffn / P.etp * h
     return np.maximum(0.0, local_experts * (fc1 + fc2) / hbm_bytes_per_s - wgrad_compute_s)
 
 
