@@ -21,16 +21,15 @@ the other held-out models away from their measurements (docs/history.md, 2026-11
   a2a at 0.74 of the link    every expert all-to-all at DeepEP's Hybrid-EP measurement on 8 B200
                              (docs/README_Hybrid-EP.md: BF16 dispatch 536, combine 531 GB/s through the
                              torch API with 16 SMs, against the 720 GB/s the NVLink tier gives)
-  wgrad into bf16 grads      the experts' wgrad accumulating into 16-bit main grads (the recipes'
-                             grad_reduce_in_fp32=False: Megatron-Core distributed_data_parallel.py
-                             grad_dtype = param.dtype) instead of fp32
+
+The audit's eighth candidate, the experts' wgrad accumulating into 16-bit main gradients (the
+recipes' grad_reduce_in_fp32=False), is in the model since 2cdfd50: the baseline has it.
 
     PYTHONPATH=.:bench python bench/gptoss_whatif.py
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
 import statistics
 import sys
 from pathlib import Path
@@ -67,15 +66,6 @@ def with_outer_bandwidth(case, gb_per_s: float, accelerator: str):
     return type(case)(**{**case.__dict__, "system": case.system.model_copy(update={"network": network})})
 
 
-def _bf16_wgrad():
-    """expert_wgrad_memory_excess_s with the dW read + write at 2 + 2 bytes, not 4 + 4."""
-    source = inspect.getsource(tm.expert_wgrad_memory_excess_s)
-    source = source.replace("8.0 * h", "4.0 * h").replace("8.0 * ffn", "4.0 * ffn")
-    namespace: dict = {}
-    exec(source, tm.__dict__, namespace)  # noqa: S102 - the model's own function, two constants changed
-    return namespace["expert_wgrad_memory_excess_s"]
-
-
 def _head_dim_measured(original):
     return lambda model, backend: 0.766 if model.head_dim == 64 and not model.mla else original(model, backend)
 
@@ -91,7 +81,6 @@ WHAT_IFS = {
         lambda c: c, lambda: patched(kernels, "attention_head_dim_factor",
                                      _head_dim_measured(kernels.attention_head_dim_factor))),
     "a2a at 0.74 of the link (Hybrid-EP, B200)": (lambda c: c, lambda: patched(tm, "A2A_BW_EFFICIENCY", 0.74)),
-    "wgrad into bf16 main grads": (lambda c: c, lambda: patched(tm, "expert_wgrad_memory_excess_s", _bf16_wgrad())),
 }
 
 
