@@ -11,9 +11,9 @@ DeepSeek's left-out MLA ranks are Hugging Face's defaults (HF_MLA_DEFAULTS), sai
 What ModelSpec cannot express is approximated, named in APPROXIMATIONS and said when a config is
 read (`approximation_notes`): sliding-window layers are costed as full attention (and launched with
 their window: `window_fields`), GeGLU as SwiGLU
-(same three matrices), Qwen2's q/k/v biases,
-Gemma's extra norms and GPT-OSS's attention sinks are not counted (each under 0.01 % of the
-parameters). Qwen3's and Gemma-3's per-head q/k norms are `qk_norm`.
+(same three matrices); Gemma's extra norms are not counted (under 0.01 % of the parameters).
+Qwen2's q/k/v biases are `qkv_bias`, Qwen3's and Gemma-3's per-head q/k norms `qk_norm`, GPT-OSS's
+attention sinks `attention_sinks` (counted, not costed).
 """
 from __future__ import annotations
 

@@ -312,7 +312,7 @@ class ModelSpec(_Part):
                                              "attention, the others the window (GPT-OSS 2, Gemma 3 6); None: "
                                              "every layer windowed")
     attention_sinks: bool = Field(default=False, description="learnable per-head softmax offsets (GPT-OSS; "
-                                  "Megatron --softmax-type learnable); not costed")
+                                  "Megatron --softmax-type learnable); counted (heads parameters a layer), not costed")
     dropout: bool = Field(default=True, description="hidden/attention dropout (GPT-3: yes; Llama: no)")
     qk_l2_norm: bool = Field(default=False, description="Llama 4's weightless L2 norm over each query and "
                              "key head (Megatron --qk-l2-norm): no parameters, unlike qk_norm")
@@ -587,9 +587,13 @@ class ModelSpec(_Part):
         qkv = self.q_hidden + 2 * self.kv_hidden
         weights = h * qkv + self.q_hidden * h  # QKV + output projection
         # q/k norms: one head_dim-wide norm each, shared by all heads (HF Qwen3Attention q_norm/k_norm)
-        qk_norm = 2 * (2 if self.biases else 1) * self.head_dim if self.qk_norm else 0
+        qk_norm = 2 * self.norm_elems_per_width * self.head_dim if self.qk_norm else 0
         bias = qkv + h if self.biases else qkv if self.qkv_bias else 0
-        return weights + bias + qk_norm
+        # attention sinks: one learnable softmax offset per head (HF GptOssAttention.sinks
+        # [num_attention_heads]; Megatron-Core dot_product_attention.py softmax_offset, built under
+        # --softmax-type learnable, [heads per TP partition]: split over tp like the heads)
+        sinks = self.heads if self.attention_sinks else 0
+        return weights + bias + qk_norm + sinks
 
     def _mlp_params(self, ffn: int, width: int | None = None) -> int:
         """One MLP of inner width `ffn` on rows `width` wide (default the hidden size)."""
@@ -617,7 +621,15 @@ class ModelSpec(_Part):
     def router_params(self) -> int:
         """The router (h×E) and, with LatentMoE, the two latent projections (non-expert weights
         every token passes)."""
-        return self.hidden * self.moe.num_experts + self.latent_proj_params if self.moe else 0
+        return self.hidden * self.moe.num_experts + self.router_bias_params + self.latent_proj_params \
+            if self.moe else 0
+
+    @property
+    def router_bias_params(self) -> int:
+        """The router's bias, one per expert, on a model with linear biases (HF GptOssTopKRouter.bias
+        [num_local_experts]; Megatron-Core moe/router.py TopKRouter builds `bias` [num_experts]
+        when add_bias_linear); 0 otherwise."""
+        return self.moe.num_experts if self.moe and self.biases else 0
 
     @property
     def mla_down_proj_params(self) -> int:
@@ -633,8 +645,8 @@ class ModelSpec(_Part):
         rank holds whole, norms apart: MLA's down-projections (Megatron-Core gpt_layer_specs.py
         builds linear_q_down_proj / linear_kv_down_proj as TELinear, which
         multi_latent_attention.py makes parallel_mode="duplicated") and a MoE layer's router
-        weight E×h (moe/router.py TopKRouter: a plain Parameter, not split over tp)."""
-        router = self.hidden * self.moe.num_experts if self.moe else 0
+        weight E×h and its bias (moe/router.py TopKRouter: plain Parameters, not split over tp)."""
+        router = self.hidden * self.moe.num_experts + self.router_bias_params if self.moe else 0
         if self.hybrid_pattern:
             return {"E": router}
         return {"layer": self.mla_down_proj_params + router}
@@ -654,8 +666,22 @@ class ModelSpec(_Part):
         return by_block["E"] if self.hybrid_pattern else by_block["layer"]
 
     @property
+    def rms_norm(self) -> bool:
+        """The norm Megatron runs (`planner megatron` launches --normalization RMSNorm): RMSNorm for
+        Llama-style models (RoPE, or none as Nemotron-H), LayerNorm for GPT-style ones (learned
+        positions)."""
+        return self.position_embedding != "learned"
+
+    @property
+    def norm_elems_per_width(self) -> int:
+        """Parameters of one norm per unit of its width: the weight, and a bias for a LayerNorm of a
+        model with linear biases (GPT-3). An RMSNorm has no bias even beside linear biases (GPT-OSS:
+        HF GptOssRMSNorm holds `weight` only; Megatron-Core's RMSNorm builds none)."""
+        return 2 if self.biases and not self.rms_norm else 1
+
+    @property
     def norm_params(self) -> int:
-        return 2 * (2 if self.biases else 1) * self.hidden  # two norms per layer (+bias for LayerNorm)
+        return 2 * self.norm_elems_per_width * self.hidden  # two norms per layer
 
     @property
     def dense_layer_params(self) -> int:
@@ -730,7 +756,7 @@ class ModelSpec(_Part):
         """DeepSeek-V3 §2.2 MTP modules: each a layer of the repeated kind, the projection
         M ∈ R^{h×2h}, and the norms of its two inputs and of its output; embedding and output
         head are shared with the main model (DeepSeek-V3 config: num_nextn_predict_layers)."""
-        norm = (2 if self.biases else 1) * self.hidden
+        norm = self.norm_elems_per_width * self.hidden
         return round(self.mtp_weight_modules * (self.mtp_layer_params + 2 * self.hidden * self.hidden + 3 * norm))
 
     @property
@@ -742,7 +768,7 @@ class ModelSpec(_Part):
     def output_params(self) -> int:
         """LM head weights that are not shared with the input embedding (+ final norm)."""
         head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return head + (2 if self.biases else 1) * self.hidden
+        return head + self.norm_elems_per_width * self.hidden
 
     @property
     def num_params(self) -> int:

@@ -284,6 +284,8 @@ def model_from_megatron(ns: dict, cfg: dict, name: str = "megatron") -> ModelSpe
         qkv_bias=bool(cfg["add_qkv_bias"]) and not cfg["add_bias_linear"], rotary_percent=ns["rotary_percent"],
         moe=moe, mla=mla, mtp_layers=cfg["mtp_num_layers"] or 0,
         activation_clamp=cfg.get("activation_func_clamp_value"),
+        # --softmax-type learnable builds a softmax offset per head (counted, ModelSpec.attention_params)
+        attention_sinks=cfg["softmax_type"] == "learnable",
         mtp_shared_weights=bool(cfg["mtp_num_layers"] and cfg["mtp_use_repeated_layer"]),
         hybrid_pattern=main, mamba=mamba)
 

@@ -51,3 +51,15 @@ def test_learned_positions_are_not_split_over_tensor_parallelism():
     # tied LM head copy only
     _, vocab, _ = _stage("gpt3-175b", 2, 2, 1)
     assert list(vocab[:2]) == [339_738_624, 314_572_800]
+
+
+def test_gpt_oss_counts_sinks_and_router_bias_and_no_rmsnorm_bias():
+    # gpt-oss-20b as Megatron builds it from `planner megatron`'s arguments (linear biases,
+    # --normalization RMSNorm, --softmax-type learnable): 20,914,757,184 parameters. A layer
+    # 823,186,976 = qkv 2880·5120 + 5120 bias, proj 4096·2880 + 2880 bias, 64 softmax offsets
+    # (sinks), router 32·2880 + 32 bias, two RMSNorm weights 2·2880 (no bias), 32 experts ×
+    # (3·2880·2880 + 2·2880 + 2880 biases); the final RMSNorm 2880
+    m = load_model("gpt-oss-20b")
+    assert m.moe_layer_params == 823_186_976
+    assert m.output_params - m.vocab * m.hidden == 2880
+    assert m.num_params == 20_914_757_184

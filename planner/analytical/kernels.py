@@ -182,8 +182,8 @@ def clamp_glu_bytes(model: ModelSpec, kernels: str, fused_mlp: bool) -> float:
 
 def rms_norm(model: ModelSpec) -> bool:
     """Llama-style models (RoPE, or none as Nemotron-H) use RMSNorm; GPT-style (learned positions)
-    LayerNorm."""
-    return model.position_embedding != "learned"
+    LayerNorm (ModelSpec.rms_norm)."""
+    return model.rms_norm
 
 
 def torch_elementwise_bytes(model: ModelSpec, kernels: str) -> tuple[float, float]:
