@@ -644,12 +644,27 @@ class ModelSpec(_Part):
         """Weights of one layer (a hybrid stack: one block of each kind) that every tensor-parallel
         rank holds whole, norms apart: MLA's down-projections (Megatron-Core gpt_layer_specs.py
         builds linear_q_down_proj / linear_kv_down_proj as TELinear, which
-        multi_latent_attention.py makes parallel_mode="duplicated") and a MoE layer's router
-        weight E×h and its bias (moe/router.py TopKRouter: plain Parameters, not split over tp)."""
+        multi_latent_attention.py makes parallel_mode="duplicated"), a MoE layer's router
+        weight E×h and its bias (moe/router.py TopKRouter: plain Parameters, not split over tp),
+        and the biases of the row-parallel linears, attention's output projection and the MLP's
+        fc2 (shared experts' included): tensor_parallel/layers.py RowParallelLinear builds its bias
+        over the whole output width on every rank, added after the reduce (TE's row-parallel
+        Linear likewise)."""
         router = self.hidden * self.moe.num_experts + self.router_bias_params if self.moe else 0
+        row_bias = self.hidden if self.biases else 0
+        shared = self.moe.shared_experts * row_bias if self.moe else 0
         if self.hybrid_pattern:
-            return {"E": router}
-        return {"layer": self.mla_down_proj_params + router}
+            return {"*": row_bias, "-": row_bias, "E": router + shared}
+        return {"layer": self.mla_down_proj_params + router + row_bias + (shared if self.moe else row_bias)}
+
+    @property
+    def expert_tp_replicated_params_per_layer(self) -> float:
+        """Routed-expert parameters of one MoE layer that every expert-tensor-parallel rank holds
+        whole: each expert's fc2 bias, h wide (moe/experts.py SequentialMLP's RowParallelLinear,
+        TEGroupedMLP's TERowParallelGroupedLinear: the whole output width on every rank; the fc1
+        bias is column-parallel, split). A hybrid stack's mean over its layers."""
+        per_block = self.moe.num_experts * self.expert_hidden if self.moe and self.biases else 0
+        return self._hybrid_mean({"E": per_block}) if self.hybrid_pattern else per_block
 
     @property
     def tp_replicated_params_per_layer(self) -> float:
@@ -660,10 +675,16 @@ class ModelSpec(_Part):
 
     @property
     def mtp_layer_tp_replicated_params(self) -> int:
-        """tp_replicated_params_by_block of one MTP module's layer (a hybrid stack's: its MoE block;
-        its attention block has none)."""
+        """tp_replicated_params_by_block of one MTP module's layer (a hybrid stack's: its attention
+        block and its MoE block)."""
         by_block = self.tp_replicated_params_by_block
-        return by_block["E"] if self.hybrid_pattern else by_block["layer"]
+        return by_block["*"] + by_block["E"] if self.hybrid_pattern else by_block["layer"]
+
+    @property
+    def mtp_layer_expert_tp_replicated_params(self) -> int:
+        """expert_tp_replicated_params_per_layer of one MTP module's layer (a hybrid stack's: one
+        MoE block's)."""
+        return self.moe.num_experts * self.expert_hidden if self.moe and self.biases else 0
 
     @property
     def rms_norm(self) -> bool:

@@ -63,3 +63,20 @@ def test_gpt_oss_counts_sinks_and_router_bias_and_no_rmsnorm_bias():
     assert m.moe_layer_params == 823_186_976
     assert m.output_params - m.vocab * m.hidden == 2880
     assert m.num_params == 20_914_757_184
+
+
+@pytest.mark.parametrize("name, ep, built, norms, experts", [
+    # GPT-3 175B at tp2 pp2, rank 0's 48 layers: 43,492,147,200 per GPU, the row-parallel biases
+    # (linear_proj.bias, linear_fc2.bias: 48·2·12288) whole on each TP rank; less half the norms
+    # (LayerNorm weight + bias: 48·4·12288/2 = 1,179,648)
+    ("gpt3-175b", 1, 43_492_147_200, 1_179_648, 0),
+    # gpt-oss-20b at tp2 pp2 ep4, rank 0's 12 layers: 160,493,568 per GPU, linear_proj.bias 2880 and
+    # the router's 32×2880 + 32 whole on each TP rank, the 64 sinks split (32 a rank); norms
+    # 12·2·2880/2. Experts 1,194,946,560: 8 local experts a layer, fc1 weight and bias split over
+    # etp 2, each fc2 bias (2880) whole: 12·8·((5760·2880 + 5760 + 2880·2880)/2 + 2880)
+    ("gpt-oss-20b", 4, 160_493_568, 34_560, 1_194_946_560),
+])
+def test_row_parallel_biases_are_not_split(name, ep, built, norms, experts):
+    blocks, _, expert = _stage(name, 2, 2, ep)
+    assert blocks[0] == built - norms
+    assert expert[0] == experts

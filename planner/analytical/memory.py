@@ -341,8 +341,10 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
                  counts=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(transformer-block dense, vocabulary, expert) parameters held by one GPU of each
     representative rank, (n, R). TP shards every matrix but those Megatron keeps whole on every
-    TP rank (ModelSpec.tp_replicated_params_by_block: MLA's down-projections, the router; norms
-    are replicated too: negligible and ignored); EP shards the experts over etp·ep (Megatron parallel folding; etp = tp by default); the first rank holds
+    TP rank (ModelSpec.tp_replicated_params_by_block: MLA's down-projections, the router, the
+    row-parallel linears' biases; norms are replicated too: negligible and ignored); EP shards the
+    experts over etp·ep (Megatron parallel folding; etp = tp by default), their fc2 biases over ep
+    only (expert_tp_replicated_params_per_layer); the first rank holds
     the embedding and the last the LM head (Megatron keeps a copy of a tied embedding there when
     pp > 1; with pp = 1 untied embeddings are two matrices on the one rank; a model with MTP
     modules keeps one more, the MTP stage's own embedding, on the last rank when pp > 1); learned
@@ -359,14 +361,19 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
         replicated = layer_kinds.rank_block_sum(model, P, model.tp_replicated_params_by_block, counts)
         blocks = (layer_kinds.rank_block_sum(model, P, model.non_expert_params_by_block, counts)
                   - replicated) / C.tp + replicated
-        per_moe_block = model.expert_params_per_layer * model.layers / max(model.blocks("E"), 1)
-        expert = layer_kinds.rank_block_sum(model, P, {"E": per_moe_block}, counts) / (C.etp * C.ep)
+        per_moe_block = model.layers / max(model.blocks("E"), 1)
+        expert_all, expert_replicated = (layer_kinds.rank_block_sum(model, P, {"E": per_moe_block * v}, counts)
+                                         for v in (model.expert_params_per_layer,
+                                                   model.expert_tp_replicated_params_per_layer))
     else:
         # leading dense layers: the dense layer's parameters, no experts (lead_layer_model)
         replicated = rank_layer_sum(model, lambda m: m.tp_replicated_params_per_layer, n, lead)
         blocks = (rank_layer_sum(model, lambda m: m.non_expert_params_per_layer, n, lead) - replicated) / C.tp \
             + replicated
-        expert = rank_layer_sum(model, lambda m: m.expert_params_per_layer, n, lead) / (C.etp * C.ep)
+        expert_all = rank_layer_sum(model, lambda m: m.expert_params_per_layer, n, lead)
+        expert_replicated = rank_layer_sum(model, lambda m: m.expert_tp_replicated_params_per_layer, n, lead)
+    # the experts' fc2 biases are whole on every expert-TP rank (expert_tp_replicated_params_per_layer)
+    expert = (expert_all - expert_replicated) / (C.etp * C.ep) + expert_replicated / C.ep
     first = P.rank_index == 0
     last = P.rank_index == C.pp - 1
     heads = last * np.where((C.pp > 1) | (not model.tied_embeddings), 1.0, 0.0)
@@ -386,8 +393,10 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
         # places 'm' before 'L'): each a repeated layer + the 2h→h projection + norms (mtp_params)
         mtp_experts = model.mtp_weight_modules * model.mtp_layer_expert_params
         mtp_replicated = model.mtp_weight_modules * model.mtp_layer_tp_replicated_params
+        mtp_expert_replicated = model.mtp_weight_modules * model.mtp_layer_expert_tp_replicated_params
         blocks = blocks + last * ((model.mtp_params - mtp_experts - mtp_replicated) / C.tp + mtp_replicated)
-        expert = expert + last * mtp_experts / (C.etp * C.ep)
+        expert = expert + last * ((mtp_experts - mtp_expert_replicated) / (C.etp * C.ep)
+                                  + mtp_expert_replicated / C.ep)
     return blocks, vocab, expert
 
 
