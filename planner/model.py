@@ -621,8 +621,14 @@ class ModelSpec(_Part):
     def router_params(self) -> int:
         """The router (h×E) and, with LatentMoE, the two latent projections (non-expert weights
         every token passes)."""
-        return self.hidden * self.moe.num_experts + self.router_bias_params + self.latent_proj_params \
-            if self.moe else 0
+        return self.router_gate_params + self.latent_proj_params
+
+    @property
+    def router_gate_params(self) -> int:
+        """The router's own parameters, its E×h weight and bias (router_bias_params), which
+        Megatron-Core's moe/router.py TopKRouter creates as plain torch Parameters: whole on every
+        TP rank and never FP8 (not a Transformer Engine module); 0 for dense models."""
+        return self.hidden * self.moe.num_experts + self.router_bias_params if self.moe else 0
 
     @property
     def router_bias_params(self) -> int:
@@ -650,7 +656,7 @@ class ModelSpec(_Part):
         fc2 (shared experts' included): tensor_parallel/layers.py RowParallelLinear builds its bias
         over the whole output width on every rank, added after the reduce (TE's row-parallel
         Linear likewise)."""
-        router = self.hidden * self.moe.num_experts + self.router_bias_params if self.moe else 0
+        router = self.router_gate_params
         row_bias = self.hidden if self.biases else 0
         shared = self.moe.shared_experts * row_bias if self.moe else 0
         if self.hybrid_pattern:

@@ -55,6 +55,21 @@ def test_fp8_param_gather_stores_and_gathers_block_weights_in_one_byte():
     assert off["param_gather_bytes"][0] == pytest.approx((blocks + vocab_elems) * 2)
 
 
+def test_fp8_param_gather_keeps_the_router_in_sixteen_bits():
+    # Mixtral 8x7B, pp 1 ep 8: 32 routers of 8×4096 (plain Parameters, moe/router.py: not FP8)
+    # stay 2-byte beside the 1-byte block weights, in the buffer and in the gather
+    model = load_model("mixtral-8x7b")
+    plan = PlanArrays.from_plans([Plan(**{**BASE, "ep": 8, "zero_stage": 1})], model.layers)
+    fp8 = PlanArrays.from_plans([Plan(**{**BASE, "ep": 8, "zero_stage": 1, "fp8_param_gather": True})],
+                                model.layers)
+    off, on = (memory_breakdown(model, SYSTEM, JobSpec(dtype="fp8"), P) for P in (plan, fp8))
+    router = 32 * 8 * 4096
+    blocks = off["params_elems"][0] - 2 * model.vocab * model.hidden  # untied embedding + LM head
+    assert off["weights_bytes"][0] == pytest.approx(2 * blocks)
+    assert on["weights_bytes"][0] == pytest.approx((blocks - router) * 1 + router * 2)
+    assert on["param_gather_bytes"][0] - off["param_gather_bytes"][0] == pytest.approx(-(blocks - router))
+
+
 def test_cross_entropy_fusion_saves_its_share_of_the_element_wise_passes():
     off, on = _est(), _est(cross_entropy_fusion=True)
     acc = SYSTEM.accelerator

@@ -400,6 +400,22 @@ def stage_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
     return blocks, vocab, expert
 
 
+def stage_router_params(model: ModelSpec, P: PlanArrays, by_block: bool = False, counts=None) -> np.ndarray:
+    """(n, R): the routers' own parameters (ModelSpec.router_gate_params, whole on every TP rank)
+    that one GPU of each representative rank holds, part of stage_params' transformer blocks;
+    `by_block`, `counts` as there."""
+    if not model.moe:
+        return np.zeros(P.rank_index.shape)
+    if by_block and layer_kinds.by_block(model):
+        router = layer_kinds.rank_block_sum(model, P, {"E": model.router_gate_params}, counts)
+    else:
+        def per_layer(m: ModelSpec) -> float:  # a hybrid stack's mean block, as stage_params
+            return m._hybrid_mean({"E": m.router_gate_params}) if m.hybrid_pattern else m.router_gate_params
+        router = rank_layer_sum(model, per_layer, P.rank_layers, P.rank_lead_layers)
+    last = P.rank_index == RankColumns(P).pp - 1
+    return router + last * model.mtp_weight_modules * model.router_gate_params
+
+
 def expert_dp(P: PlanArrays) -> np.ndarray:
     """Expert-data-parallel size: world / (etp·ep·pp) (Megatron MoE parallel folding)."""
     return P.tp * P.dp * P.cp / (P.etp * P.ep)
@@ -463,6 +479,12 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
     params = blocks + vocab + expert
     weight_elems, grad_elems, opt_elems = model_state_elems(blocks + vocab, expert, C)
     vocab_w, vocab_g, vocab_o = model_state_elems(vocab, 0.0, C)
+    # the routers keep their weights in bpp.weights under --fp8-param-gather, like the embedding:
+    # fp8_model_init quantises Transformer Engine modules' weights only, and the parameter buffer
+    # stores a non-FP8 parameter in its own dtype (param_and_grad_buffer.py: torch.uint8 only
+    # where is_float8tensor); TopKRouter's weight is a plain Parameter (moe/router.py)
+    router = stage_router_params(model, P, by_block, counts)
+    router_w = model_state_elems(router, 0.0, C)[0]
 
     layers_here = P.rank_layers
     some_layers = np.maximum(layers_here, 1.0)
@@ -481,9 +503,10 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
                        & (job.kernels != "te"))
     weight_elems = np.where(unsharded_stage, params, weight_elems)
     vocab_w = np.where(unsharded_stage, vocab, vocab_w)
+    router_w = np.where(unsharded_stage, router, router_w)
     accumulated_grad_b = np.where(unsharded_stage, FSDP2_ACCUMULATED_GRAD_BYTES, 0.0)
 
-    weights = weight_elems * block_wb + vocab_w * (bpp.weights - block_wb)
+    weights = weight_elems * block_wb + (vocab_w + router_w) * (bpp.weights - block_wb)
     grads = grad_elems * grad_b + params * accumulated_grad_b
     optimizer = opt_elems * bpp.optimizer_total
 
@@ -562,7 +585,7 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
             "activations_per_microbatch": full(act_mb), "opt_elems": full(opt_elems), "params_elems": full(params),
             "expert_params_elems": full(expert),
             "grad_reduce": full(params * grad_wire_b),
-            "param_gather": full((blocks + expert) * block_wb + vocab * bpp.weights)}
+            "param_gather": full((blocks + expert - router) * block_wb + (vocab + router) * bpp.weights)}
 
 
 RANK_DP_PREFIX = "rank_dp_"
