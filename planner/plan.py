@@ -352,6 +352,14 @@ class BytesPerParam(BaseModel):
     optimizer: float = Field(default=8.0, ge=0, le=16, allow_inf_nan=False)   # Adam m and v in fp32
     grad_reduce: Annotated[float, in_range(0.125, 8)] = 4.0                   # bytes per gradient element on the wire
 
+    @classmethod
+    def for_adam_moments(cls, moments: str) -> "BytesPerParam":
+        """The default accounting with Adam's two moments in `moments` (ADAM_MOMENT_BYTES: fp32
+        8 B, bf16 4 B per parameter), as a launch with that --exp-avg-dtype keeps them."""
+        if moments not in ADAM_MOMENT_BYTES:
+            raise ValueError(f"adam moments {moments!r}: expected one of {', '.join(ADAM_MOMENT_BYTES)}")
+        return cls(optimizer=ADAM_MOMENT_BYTES[moments])
+
     @property
     def optimizer_total(self) -> float:
         return self.master + self.optimizer

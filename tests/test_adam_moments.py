@@ -10,7 +10,7 @@ from planner.analytical import estimate
 from planner.analytical.time import optimizer_step_bytes_per_param
 from planner.cli import app
 from planner.model import load_model
-from planner.plan import JobSpec, Plan
+from planner.plan import BytesPerParam, JobSpec, Plan
 
 
 def test_bytes_per_param_hand_derived():
@@ -24,6 +24,16 @@ def test_bytes_per_param_hand_derived():
     assert JobSpec(adam_moments="bf16", bytes_per_param={"grads": 2.0}).bytes_per_param.grads == 2.0
     with pytest.raises(ValueError, match="contradicts bytes_per_param.optimizer"):
         JobSpec(adam_moments="bf16", bytes_per_param={"optimizer": 6.0})
+
+
+def test_bytes_per_param_for_adam_moments():
+    # the one mapping `planner checkpoint` and `planner megatron`'s save interval use: Megatron's
+    # 18 B/param with fp32 moments (2 + 4 + 4 + 8), 14 with bf16 ones (2 + 4 + 4 + 4), as JobSpec's
+    assert BytesPerParam.for_adam_moments("fp32").total == 18.0
+    assert BytesPerParam.for_adam_moments("bf16").total == 14.0
+    assert BytesPerParam.for_adam_moments("bf16") == JobSpec(adam_moments="bf16").bytes_per_param
+    with pytest.raises(ValueError, match="^adam moments 'fp8': expected one of fp32, bf16$"):
+        BytesPerParam.for_adam_moments("fp8")
 
 
 def test_optimizer_state_and_step_scale_by_the_bytes():

@@ -12,7 +12,7 @@ from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, Checkp
 from planner.cli.common import (
     DEFAULT_MODEL, DEFAULT_SYSTEM, MAX_GPUS, AdamMomentsNoPlanOpt, GpusOpt, JsonOpt, ModelOpt, SystemOpt,
     adam_moments_setting, check_float, check_int, load_inputs, refuse_moe_flags_on_dense)
-from planner.plan import ADAM_MOMENT_BYTES, BytesPerParam, make_plan
+from planner.plan import BytesPerParam, make_plan
 
 # Assumption (no single source): an aggregate parallel-file-system write bandwidth of the order
 # of a large Lustre/GPFS installation. Pass your storage's measured figure.
@@ -237,7 +237,7 @@ def register(app: typer.Typer) -> None:
         notes = layout_notes(spec, sysspec, plan)
         report = checkpoint_report(
             spec, sysspec, plan, write_gb_per_s=write_gb_per_s,
-            bytes_per_param=BytesPerParam(optimizer=ADAM_MOMENT_BYTES[moments]),
+            bytes_per_param=BytesPerParam.for_adam_moments(moments),
             read_gb_per_s=write_gb_per_s if read_gb_per_s is None else read_gb_per_s,
             target_write_s=target_write_s, gpu_mtbf_hours=gpu_mtbf_hours,
             node_mtbf_hours=node_mtbf_hours, restart_s=restart_s,

@@ -249,11 +249,11 @@ def save_interval_iters(model, system, plan, step_time_s: float, write_gb_per_s:
     up with failures) is added to `warnings`."""
     from planner.checkpoint import checkpoint_report
     from planner.cli.checkpoint import DEFAULT_WRITE_GB_PER_S
-    from planner.plan import ADAM_MOMENT_BYTES, BytesPerParam
+    from planner.plan import BytesPerParam
     bandwidth = DEFAULT_WRITE_GB_PER_S if write_gb_per_s is None else write_gb_per_s
     report = checkpoint_report(model, system, plan, write_gb_per_s=bandwidth, read_gb_per_s=bandwidth,
                                gpu_mtbf_hours=gpu_mtbf_hours,
-                               bytes_per_param=BytesPerParam(optimizer=ADAM_MOMENT_BYTES[adam_moments]))
+                               bytes_per_param=BytesPerParam.for_adam_moments(adam_moments))
     if warnings is not None:
         warnings.extend(report.notes)
     return max(1, round(report.daly_interval_s / step_time_s))
