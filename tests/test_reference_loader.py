@@ -2,6 +2,7 @@
 one-line errors for malformed records, and the packaged copy equal to the shared original."""
 import copy
 import filecmp
+import re
 
 import pytest
 import yaml
@@ -349,3 +350,22 @@ def test_printed_numbers_the_loader_does_not_use_are_still_numbers(tmp_path, bas
     one is named rather than carried along."""
     path = _write(tmp_path, base_file, rid, lambda r: r.setdefault(block, {}).update({field: value}))
     _refused(path, rid, f"{block}.{field}")
+
+
+def test_llm_foundry_mpt_rows_count_what_the_benchmark_trained(loaded, records):
+    """llm-foundry's benchmark table prints each MPT run's NumParams (scripts/train/benchmarking/
+    README.md, copied into the record's notes). Its pretrain YAMLs leave MPTConfig's defaults:
+    learned_pos_emb true with alibi false, no_bias false, tied embeddings; so the runs trained a
+    max_seq_len × d_model position embedding and every linear and LayerNorm bias, and the printed
+    counts move with the sequence (MPT-7b at 2048: 6,649,024,512 without positions and biases, +
+    2048·4096 positions, + 32·11·4096 biases a layer (qkv 3h, out h, fc1 4h, fc2 h, two norms 2h), +
+    4096 the final norm's = 6,658,859,008). The released MPT checkpoints use ALiBi without biases;
+    these rows are read as what the benchmark ran."""
+    published = {r["id"]: int(re.search(r"NumParams (\d+)", r["notes"]).group(1))
+                 for r in records["fsdp_moe_runs.yaml"] if r["id"].startswith("llmfoundry_mpt")}
+    mpt = {c.id: c.model for c in loaded[0] if c.id in published}
+    assert len(mpt) == len(published) == 216
+    mpt7 = next(m for i, m in mpt.items() if i.startswith("llmfoundry_mpt-7b") and m.seq_length == 2048)
+    assert (mpt7.position_embedding, mpt7.biases, mpt7.tied_embeddings) == ("learned", True, True)
+    assert mpt7.num_params == 6_658_859_008
+    assert {i: m.num_params for i, m in mpt.items()} == {i: published[i] for i in mpt}
