@@ -80,3 +80,17 @@ def test_row_parallel_biases_are_not_split(name, ep, built, norms, experts):
     blocks, _, expert = _stage(name, 2, 2, ep)
     assert blocks[0] == built - norms
     assert expert[0] == experts
+
+
+def test_mla_without_a_query_lora_counts_the_checkpoints_weights():
+    # DeepSeek-V2-Lite (q_lora_rank null): the checkpoint's attention is q_proj 2048×16·192,
+    # kv_a_proj_with_mqa 2048×(512 + 64), kv_a_layernorm 512, kv_b_proj 512×16·(128 + 128),
+    # o_proj 16·128×2048, and no query norm. Megatron-Core 0.19.2 builds 15,706,539,520 parameters
+    # from planner megatron's arguments: under --qk-layernorm without a query LoRA its
+    # QKNormConfigResolver (transformer/mla_qk_norm_config.py) fuses a hidden-wide norm into
+    # linear_q_proj, 27·2048 weights the checkpoint does not have (Megatron-Bridge's conversion
+    # tests call it a phantom parameter); parplan counts the checkpoint's
+    m = load_model("deepseek-v2-lite")
+    attention = 2048 * 16 * 192 + 2048 * (512 + 64) + 512 + 512 * 16 * (128 + 128) + 16 * 128 * 2048
+    assert m.attention_params == attention == 13_763_072
+    assert m.num_params == 15_706_539_520 - 27 * 2048
