@@ -105,6 +105,9 @@ DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
 DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
 # distinct layouts one search returns (planner.search.plan's top_k, `planner plan --top`)
 MAX_TOP_K = 1000
+# sequences per step, the cap of --global-batch and of a plan file's global_batch (README "Limits";
+# Llama 3 405B used 2,048 sequences of 8K)
+MAX_GLOBAL_BATCH = 1 << 20
 KernelStack = Literal["te", "torch-eager", "torch-compile"]
 # The loss kernel (planner/analytical/kernels.py): "fp32" softmax cross-entropy over fp32 logits
 # (Megatron's vocab-parallel loss, torch F.cross_entropy on .float() logits); "flash-attn" the
@@ -627,6 +630,9 @@ def load_plan(path: str | Path) -> Plan:
         plan = Plan.model_validate(data)
     except ValidationError as err:
         raise one_line(err, f"plan ({path})") from None
+    if plan.global_batch > MAX_GLOBAL_BATCH:  # as --global-batch: a hand-edited 10**12 was costed and launched
+        raise SpecError(f"plan ({path}): global_batch: must be an integer from 1 to {MAX_GLOBAL_BATCH:,} "
+                        f"(as --global-batch), got {plan.global_batch:,}")
     if plan.sequence_parallel and plan.tp == 1:  # as the --sequence-parallel flag with --tp 1
         raise SpecError(f"plan ({path}): sequence_parallel: needs tp > 1 (tp is 1); set it false")
     return plan
@@ -640,7 +646,7 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "MOE_IMBALANCE_RANGE", "MODULE_GROUPS", "MODULE_DTYPES", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
+__all__ = ["Plan", "JobSpec", "MAX_GLOBAL_BATCH", "MOE_IMBALANCE_RANGE", "MODULE_GROUPS", "MODULE_DTYPES", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
            "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",

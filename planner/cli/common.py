@@ -55,7 +55,7 @@ TpAcrossNodesOpt = Annotated[bool, typer.Option(
 # Upper bounds on what a flag may ask for: far beyond any real job, small enough that the search's
 # domains (one entry per batch, per GPU-count divisor) fit in memory and int64 (CP-SAT).
 from hardware.spec import MAX_GPUS  # noqa: E402  a million GPUs: -g and a system file's num_gpus alike
-MAX_GLOBAL_BATCH = 1 << 20     # sequences per step (Llama 3 405B used 2,048 sequences of 8K)
+from planner.plan import MAX_GLOBAL_BATCH  # noqa: E402  sequences per step: -b and a plan file alike
 MAX_WORKERS = 256              # local worker processes (-j): each holds the model in memory
 
 
