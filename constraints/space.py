@@ -398,7 +398,7 @@ def build_space(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Space:
                             f"allowed: {_fmt(knob, allowed)}")
         if not any(v == value for v in allowed):
             hint = ""
-            if knob == "tp" and job.tp_within_nvlink and not system.inside_nvlink(value):
+            if knob == "tp" and value >= 1 and job.tp_within_nvlink and not system.inside_nvlink(value):  # tp 0: d % 0
                 beyond = value > system.nvlink_domain_gpus
                 # a tp within the domain's size is named only where the node rule alone refuses it
                 if beyond or value in knob_domains(model, system, job.model_copy(update={"tp_within_nvlink": False}))["tp"]:

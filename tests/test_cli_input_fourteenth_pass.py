@@ -33,3 +33,17 @@ def test_a_plan_files_batch_beyond_the_flags_cap_is_refused(tmp_path, llama3_8b_
     for args in (["estimate", "--plan", str(path)], ["megatron", "--plan", str(path)],
                  ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--versus", str(path)]):
         one_line_error(run(args), "global_batch: must be an integer from 1 to 1,048,576", f"{batch:,}")
+
+
+def test_the_python_apis_missing_plan_and_zero_tp_pin_are_input_errors():
+    """`estimate(model, system, None, job)` raised AttributeError ('NoneType' object has no
+    attribute 'global_batch') where a dict there is a one-line SpecError; a pin of tp 0 raised
+    ZeroDivisionError inside the NVLink hint, where pp 0 or cp 0 are 'not a legal value here'."""
+    from hardware.errors import SpecError
+    from planner import JobSpec, check, count, estimate, load_model, load_system, plan
+    model, system = load_model("llama3-8b"), load_system("h100-sxm", 64)
+    with pytest.raises(SpecError, match=r"^plan: expected a Plan \(e\.g\. Plan\(.*got NoneType"):
+        estimate(model, system, None, JobSpec(global_batch=512))
+    for search in (plan, check, count):
+        with pytest.raises(SpecError, match=r"^pin tp: 0 is not a legal value here; allowed: 1, 2, 4, 8$"):
+            search(model, system, JobSpec(global_batch=512, pins={"tp": 0}))

@@ -255,14 +255,15 @@ def check_hbm_reserve(job: JobSpec, system: SystemSpec, field: str = "hbm-reserv
                         f"the {hbm_gib:g} GiB HBM; allowed: 0 <= reserve < {hbm_gib:g}")
 
 
-def check_api_inputs(model, system, job=None, plan=None) -> None:
+def check_api_inputs(model, system, job=None, plan=None, need_plan: bool = False) -> None:
     """The Python API's arguments are the spec objects, not names (a one-line SpecError naming the
-    argument and how to make one, instead of an AttributeError deep inside)."""
+    argument and how to make one, instead of an AttributeError deep inside); `need_plan`: the
+    plan is required (estimate), not absent (plan, check, count)."""
     for name, value, kind, optional, how in (
             ("model", model, ModelSpec, False, "load_model('llama3-8b')"),
             ("system", system, SystemSpec, False, "load_system('h100-sxm', 64)"),
             ("job", job, JobSpec, True, "JobSpec(global_batch=512)"),
-            ("plan", plan, Plan, True, "Plan(tp=2, dp=32, global_batch=512)")):
+            ("plan", plan, Plan, not need_plan, "Plan(tp=2, dp=32, global_batch=512)")):
         if not isinstance(value, kind) and not (optional and value is None):
             raise SpecError(f"{name}: expected a {kind.__name__} (e.g. {how}), got {type(value).__name__} "
                             f"{shortened(str(value))!r}")
@@ -275,7 +276,7 @@ def check_api_inputs(model, system, job=None, plan=None) -> None:
 def estimate(model: ModelSpec, system: SystemSpec, plan: Plan, job: JobSpec | None = None) -> Estimate:
     """Exact model for one plan, at the plan's own global batch; a job that names another global
     batch is refused (its max_global_batch is a search setting, not read here)."""
-    check_api_inputs(model, system, job, plan)
+    check_api_inputs(model, system, job, plan, need_plan=True)  # estimate(m, s, None) was an AttributeError
     job = job or JobSpec()
     if job.global_batch is not None and job.global_batch != plan.global_batch:
         raise SpecError(f"global_batch: the job's ({job.global_batch}) differs from the plan's "
