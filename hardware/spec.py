@@ -191,6 +191,11 @@ class Accelerator(_Strict):
         if cc is not None and abs(cc * 10 - round(cc * 10)) > 1e-9:
             raise _inconsistent(f"must be major.minor with one minor digit (e.g. 9.0, 8.9, "
                                 f"10.3), got {cc:g}")
+        # nvcc's sm_90 / compute_90 written as 90: no CUDA GPU has a major version near 20 (12.x on
+        # 2026-11-29), and 90 read as 90.0 passed every architecture check (MXFP8 launched on an H100)
+        if cc is not None and cc >= 20 and float(cc).is_integer():
+            raise _inconsistent(f"must be major.minor (e.g. 9.0, 8.9, 10.3), got {cc:g}; "
+                                f"sm_{int(cc)} is written {int(cc) // 10}.{int(cc) % 10}")
         return cc
 
     @field_validator("peak_flops")

@@ -47,3 +47,24 @@ def test_the_python_apis_missing_plan_and_zero_tp_pin_are_input_errors():
     for search in (plan, check, count):
         with pytest.raises(SpecError, match=r"^pin tp: 0 is not a legal value here; allowed: 1, 2, 4, 8$"):
             search(model, system, JobSpec(global_batch=512, pins={"tp": 0}))
+
+
+def _system_with_accelerator(tmp_path, name: str, **accelerator) -> str:
+    base = yaml.safe_load((ROOT / "hardware/presets/h100-sxm.yaml").read_text())
+    acc = yaml.safe_load((ROOT / "hardware/presets/accelerators/h100-sxm5-80gb.yaml").read_text())
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({**base, "name": "custom", "num_gpus": 16, "accelerator": {**acc, **accelerator}}))
+    return str(path)
+
+
+def test_a_compute_capability_in_its_sm_form_is_refused_with_the_dotted_form(tmp_path):
+    """`compute_capability: 90` (nvcc's sm_90) was read as 90.0, inside the 1-99 range, so an H100
+    passed every architecture check: `--dtype mxfp8` was costed and launched with --fp8-recipe
+    mxfp8, which the same file with 9.0 refuses (MXFP8 needs 10.0)."""
+    sm = _system_with_accelerator(tmp_path, "sm.yaml", compute_capability=90,
+                                  peak_flops={"bf16": 989.4e12, "fp8": 1978.9e12, "mxfp8": 1978.9e12})
+    for command in ("estimate", "megatron"):
+        one_line_error(run([command, "-m", "llama3-8b", "-s", sm, "-b", "64", "--tp", "2", "--dtype", "mxfp8"]),
+                       "compute_capability: must be major.minor", "got 90", "sm_90 is written 9.0")
+    dotted = _system_with_accelerator(tmp_path, "dotted.yaml", compute_capability=12.1)
+    assert run(["count", "-m", "llama3-8b", "-s", dotted, "-b", "64"]).exit_code == 0  # the newest real one reads
