@@ -60,13 +60,36 @@ PYDANTIC_WORDS = {
     "list_type": "expected a list, got {got}",
     "too_short": "expected at least {min_length} item(s), got {actual_length}",
     "string_too_long": "must be at most {max_length} characters long",
+    "string_too_short": "must be at least {min_length} character(s) long, got {got}",
 }
 
 
-def one_line(err: ValidationError, where: str) -> SpecError:
+def _fields_at(spec, loc) -> list[str]:
+    """The field names of the pydantic model at `loc` (a path of field names and list indices)
+    inside the model class `spec`, through nested, optional and listed models; [] if none."""
+    import typing
+
+    def model_in(annotation):
+        if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+            return annotation
+        return next((m for m in map(model_in, typing.get_args(annotation)) if m is not None), None)
+
+    cls = spec
+    for part in loc:
+        if isinstance(part, int):
+            continue  # an item of a list of models (network.0)
+        field = getattr(cls, "model_fields", {}).get(part)
+        cls = None if field is None else model_in(field.annotation)
+        if cls is None:
+            return []
+    return list(getattr(cls, "model_fields", {}))
+
+
+def one_line(err: ValidationError, where: str, spec=None) -> SpecError:
     """First pydantic error as `where: field.path: message`; an unknown key before the rest (a typo
     of a required key also reads as that key missing: the typo is what the user wrote), with the
-    missing key it is close to."""
+    missing key it is close to, else, given the model class `spec` that was validated, the field
+    of that mapping it is close to (`biasses` -> biases, which has a default and is never missing)."""
     errors = err.errors()
     unknown = [e for e in errors if e["type"] == "extra_forbidden"]
     first = unknown[0] if unknown else errors[0]
@@ -76,12 +99,24 @@ def one_line(err: ValidationError, where: str) -> SpecError:
         import difflib
         missing = [str(e["loc"][-1]) for e in errors
                    if e["type"] == "missing" and e["loc"] and tuple(e["loc"][:-1]) == tuple(first["loc"][:-1])]
-        near = difflib.get_close_matches(str(first["loc"][-1]) if first["loc"] else "", missing, n=1, cutoff=0.6)
+        written = str(first["loc"][-1]) if first["loc"] else ""
+        near = difflib.get_close_matches(written, missing, n=1, cutoff=0.6) or \
+            difflib.get_close_matches(written, _fields_at(spec, first["loc"][:-1]), n=1, cutoff=0.6)
         msg = f"unknown field (did you mean {near[0]}?)" if near else "unknown field"
     elif first["type"] == "missing":
         msg = "required field is missing"
     elif first["type"] in ("model_type", "dict_type"):  # pydantic names its class: say what to write
         msg = f"expected a mapping of its fields (name: value), got {str(first.get('input'))[:40]!r}"
+    elif first["type"] in ("literal_error", "enum") and first["loc"][-1:] == ("[key]",):
+        # a mapping's key outside its choices (peak_flops: {bfl6: ...}): pydantic's loc ends in
+        # the key and "[key]"; said at the mapping, with the choice it is close to
+        import difflib
+        written = str(first.get("input"))
+        choices = re.findall(r"'([^']*)'", first.get("ctx", {}).get("expected", ""))
+        near = difflib.get_close_matches(written, choices, n=1, cutoff=0.6)
+        loc = ".".join(str(p) for p in first["loc"][:-2]) or "(top level)"
+        msg = (f"unknown key {shortened(repr(written), 40)}{f' (did you mean {near[0]}?)' if near else ''}; "
+               f"allowed: {', '.join(choices)}")
     elif first["type"] in ("literal_error", "enum"):  # a choice: the choices, whatever was written
         msg = f"{msg.replace('Input should be', 'must be', 1)}, got {shortened(repr(first.get('input')), 40)}"
     elif isinstance(first.get("input"), float) and not math.isfinite(first["input"]) \

@@ -42,7 +42,7 @@ def load_accelerator(ref: str) -> Accelerator:
         other = other_kind_of_file(data, "accelerator")  # a system or model file named as the accelerator
         if other:
             raise SpecError(f"accelerator ({label}): {other}") from None
-        raise one_line(err, f"accelerator ({label})") from None
+        raise one_line(err, f"accelerator ({label})", Accelerator) from None
 
 
 def load_system(ref: str, num_gpus: int | None = None) -> SystemSpec:
@@ -139,7 +139,7 @@ def _build_system(path: Path, label: str, num_gpus: int | None) -> SystemSpec:
         other = other_kind_of_file(data, "system")
         if other:
             raise SpecError(f"system ({label}): {other}") from None
-        raise one_line(err, f"system ({label})") from None
+        raise one_line(err, f"system ({label})", SystemSpec) from None
     if num_gpus is None:
         _check_gpu_cap(system.num_gpus, f"system ({label})")
     # on the system as loaded, GPU override applied (not in the validator: see SystemSpec)

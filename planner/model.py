@@ -861,7 +861,7 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         other = "" if config_json is not None else other_kind_of_file(data, "model")
         if other:
             raise SpecError(f"model ({label}): {other}") from None
-        error = one_line(err, f"model ({label})")
+        error = one_line(err, f"model ({label})", ModelSpec)
         if config_json is not None:  # name the config key the user wrote, not the planner's field
             for field, key in hf_config.CONFIG_KEY_OF_FIELD.items():
                 if str(error).startswith(f"model ({label}): {field}: "):

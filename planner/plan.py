@@ -629,7 +629,7 @@ def load_plan(path: str | Path) -> Plan:
         refuse_loose_types(data, Plan, f"plan ({path})")
         plan = Plan.model_validate(data)
     except ValidationError as err:
-        raise one_line(err, f"plan ({path})") from None
+        raise one_line(err, f"plan ({path})", Plan) from None
     if plan.global_batch > MAX_GLOBAL_BATCH:  # as --global-batch: a hand-edited 10**12 was costed and launched
         raise SpecError(f"plan ({path}): global_batch: must be an integer from 1 to {MAX_GLOBAL_BATCH:,} "
                         f"(as --global-batch), got {plan.global_batch:,}")

@@ -49,10 +49,10 @@ def test_the_python_apis_missing_plan_and_zero_tp_pin_are_input_errors():
             search(model, system, JobSpec(global_batch=512, pins={"tp": 0}))
 
 
-def _system_with_accelerator(tmp_path, name: str, **accelerator) -> str:
+def _system_with_accelerator(tmp_path, filename: str, **accelerator) -> str:
     base = yaml.safe_load((ROOT / "hardware/presets/h100-sxm.yaml").read_text())
     acc = yaml.safe_load((ROOT / "hardware/presets/accelerators/h100-sxm5-80gb.yaml").read_text())
-    path = tmp_path / name
+    path = tmp_path / filename
     path.write_text(yaml.safe_dump({**base, "name": "custom", "num_gpus": 16, "accelerator": {**acc, **accelerator}}))
     return str(path)
 
@@ -68,3 +68,39 @@ def test_a_compute_capability_in_its_sm_form_is_refused_with_the_dotted_form(tmp
                        "compute_capability: must be major.minor", "got 90", "sm_90 is written 9.0")
     dotted = _system_with_accelerator(tmp_path, "dotted.yaml", compute_capability=12.1)
     assert run(["count", "-m", "llama3-8b", "-s", dotted, "-b", "64"]).exit_code == 0  # the newest real one reads
+
+
+def test_a_misspelt_optional_field_is_named_with_the_field_it_resembles(tmp_path):
+    """'did you mean' came only for a misspelt required field (pydantic also reports it missing):
+    `biasses:` in a model file, `hbm_eficiency:` in an accelerator's efficiency block or `micro_bach:`
+    in a plan file, whose fields have defaults, were a bare 'unknown field'."""
+    model = yaml.safe_load((ROOT / "planner/presets/llama3-8b.yaml").read_text())
+    model["biasses"] = model.pop("biases")
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({**model, "name": "mine"}))
+    one_line_error(run(["check", "-m", str(tmp_path / "m.yaml"), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
+                   "model (", "biasses: unknown field (did you mean biases?)")
+    acc = yaml.safe_load((ROOT / "hardware/presets/accelerators/h100-sxm5-80gb.yaml").read_text())
+    efficiency = dict(acc["efficiency"])
+    efficiency["hbm_eficiency"] = efficiency.pop("hbm_efficiency")
+    system = _system_with_accelerator(tmp_path, "s.yaml", efficiency=efficiency)
+    one_line_error(run(["count", "-m", "llama3-8b", "-s", system, "-b", "64"]),
+                   "accelerator.efficiency.hbm_eficiency: unknown field (did you mean hbm_efficiency?)")
+    plan = tmp_path / "p.yaml"
+    plan.write_text(yaml.safe_dump({"tp": 1, "pp": 1, "dp": 8, "global_batch": 8, "micro_bach": 1}))
+    one_line_error(run(["estimate", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--plan", str(plan)]),
+                   "micro_bach: unknown field (did you mean micro_batch?)")
+    one_line_error(run(["count", "-m", "llama3-8b", "-s", _system_with_accelerator(tmp_path, "z.yaml", zz=1), "-b", "64"]),
+                   "accelerator.zz: unknown field")  # nothing near: no guess
+
+
+def test_pydantic_wording_of_an_empty_name_and_a_mapping_key_is_said_in_the_projects_words(tmp_path):
+    """`name: ''` said pydantic's 'String should have at least 1 character'; a misspelt dtype key
+    of peak_flops (or of a plan file's module_dtypes) said 'peak_flops.bfl6.[key]: must be ...'."""
+    line = one_line_error(run(["count", "-m", "llama3-8b", "-s", _system_with_accelerator(tmp_path, "n.yaml", name=""),
+                               "-b", "64"]), "accelerator.name: must be at least 1 character(s) long, got the text ''")
+    assert "String should" not in line
+    peaks = {"fp32": 66.9e12, "bfl6": 989.4e12, "fp16": 989.4e12}
+    line = one_line_error(run(["count", "-m", "llama3-8b", "-s", _system_with_accelerator(tmp_path, "k.yaml", peak_flops=peaks),
+                               "-b", "64"]),
+                          "accelerator.peak_flops: unknown key 'bfl6' (did you mean bf16?); allowed: fp32, tf32, fp16, bf16")
+    assert "[key]" not in line
