@@ -93,6 +93,25 @@ def test_a_misspelt_optional_field_is_named_with_the_field_it_resembles(tmp_path
                    "accelerator.zz: unknown field")  # nothing near: no guess
 
 
+def test_a_misspelt_field_of_a_saved_plan_is_not_said_to_be_a_file_cut_short(tmp_path, llama3_8b_plan_file_text):
+    """A saved plan with `sequence_paralel:` (or `flash_atention:`, a bytes_per_param `weight:`) was
+    refused as 'missing plan.sequence_parallel: ... (was it cut short?)': the key the user wrote went
+    unnamed. The typo is named, with the field it resembles; a field really missing still reads so."""
+    for name, edit, words in (
+            ("sp.yaml", lambda d: d["plan"].__setitem__("sequence_paralel", d["plan"].pop("sequence_parallel")),
+             "plan.sequence_paralel: unknown field (did you mean sequence_parallel?)"),
+            ("fa.yaml", lambda d: d["job"].__setitem__("flash_atention", d["job"].pop("flash_attention")),
+             "job.flash_atention: unknown field (did you mean flash_attention?)"),
+            ("w.yaml", lambda d: d["job"]["bytes_per_param"].__setitem__("weight", d["job"]["bytes_per_param"].pop("weights")),
+             "job.bytes_per_param.weight: unknown field (did you mean weights?)"),
+            ("cut.yaml", lambda d: d["plan"].pop("sequence_parallel"), "missing plan.sequence_parallel")):
+        doc = yaml.safe_load(llama3_8b_plan_file_text)
+        edit(doc)
+        (tmp_path / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+        line = one_line_error(run(["estimate", "--plan", str(tmp_path / name)]), words)
+        assert ("cut short" in line) == (name == "cut.yaml"), line
+
+
 def test_pydantic_wording_of_an_empty_name_and_a_mapping_key_is_said_in_the_projects_words(tmp_path):
     """`name: ''` said pydantic's 'String should have at least 1 character'; a misspelt dtype key
     of peak_flops (or of a plan file's module_dtypes) said 'peak_flops.bfl6.[key]: must be ...'."""
