@@ -713,6 +713,10 @@ def _config_in_folder(ref: str, path: Path, preset_names: Iterable[str]) -> Path
         config = path / "config.json"
         if not config.is_file() and ref in set(preset_names):
             return None
+        if config.is_symlink() and not config.exists():  # dangling, or a loop of links
+            raise SpecError(f"model: {config} is a symbolic link that leads to no file")
+        if config.is_dir():
+            raise SpecError(f"model: {config} is a folder, expected the config.json file of {ref}")
         if not config.is_file():
             raise SpecError(f"model: directory {ref} holds no config.json (give a Hugging Face model "
                             "directory, a config.json, a model YAML or a preset)")
@@ -737,6 +741,8 @@ class DuplicateJSONKey(ValueError):
 
 def read_config(path: Path) -> dict:
     try:
+        if path.is_dir():
+            raise SpecError(f"model {path}: is a folder, expected a config.json file")
         if path.exists() and not path.is_file():
             # a FIFO would block the read, /dev/zero never end it: neither holds a config
             raise SpecError(f"model {path}: is not a regular file (a device, pipe or socket), expected a config.json")

@@ -123,3 +123,18 @@ def test_pydantic_wording_of_an_empty_name_and_a_mapping_key_is_said_in_the_proj
                                "-b", "64"]),
                           "accelerator.peak_flops: unknown key 'bfl6' (did you mean bf16?); allowed: fp32, tf32, fp16, bf16")
     assert "[key]" not in line
+
+
+def test_a_model_folders_config_json_that_is_a_folder_or_a_broken_link_is_said_so(tmp_path):
+    """A model folder whose config.json is a folder, or a link to nowhere (a loop), was said to hold
+    no config.json; `-m folder/config.json` naming a folder was 'not a regular file (a device, pipe
+    or socket)'. Each is now said as it is."""
+    (tmp_path / "a" / "config.json").mkdir(parents=True)
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").symlink_to("config.json")  # a loop of one link
+    base = ["-s", "h100-sxm", "-g", "8", "-b", "8"]
+    one_line_error(run(["check", "-m", str(tmp_path / "a"), *base]), "a/config.json is a folder, expected the config.json")
+    one_line_error(run(["check", "-m", str(tmp_path / "a" / "config.json"), *base]),
+                   "a/config.json: is a folder, expected a config.json file")
+    one_line_error(run(["check", "-m", str(tmp_path / "b"), *base]),
+                   "b/config.json is a symbolic link that leads to no file")
