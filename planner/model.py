@@ -454,8 +454,10 @@ class ModelSpec(_Part):
     def _check_hybrid(self) -> None:
         pattern = self.hybrid_pattern
         bad = sorted(set(pattern) - set(HYBRID_BLOCKS))
-        if bad:
-            raise ValueError(f"hybrid_pattern: {''.join(bad)!r} is not a block; allowed: "
+        if bad:  # each character named apart ('memem' said 'em' is not a block)
+            upper = " (blocks are upper case)" if all(c.upper() in HYBRID_BLOCKS for c in bad) else ""
+            verb = "is not a block" if len(bad) == 1 else "are not blocks"
+            raise ValueError(f"hybrid_pattern: {', '.join(map(repr, bad))} {verb}{upper}; allowed: "
                              + ", ".join(f"{k} ({v})" for k, v in HYBRID_BLOCKS.items()))
         if len(pattern) != self.layers:
             raise ValueError(f"hybrid_pattern has {len(pattern)} blocks; it must have one per layer ({self.layers})")

@@ -138,3 +138,13 @@ def test_a_model_folders_config_json_that_is_a_folder_or_a_broken_link_is_said_s
                    "a/config.json: is a folder, expected a config.json file")
     one_line_error(run(["check", "-m", str(tmp_path / "b"), *base]),
                    "b/config.json is a symbolic link that leads to no file")
+
+
+def test_a_lower_case_hybrid_pattern_names_each_character_and_the_case(tmp_path):
+    """`hybrid_pattern: memem...` said "'em' is not a block", the bad characters run together
+    into a word no pattern holds; each is named apart, and that blocks are upper case."""
+    model = yaml.safe_load((ROOT / "planner/presets/nemotron-3-nano.yaml").read_text())
+    model.update(name="mine", hybrid_pattern=model["hybrid_pattern"].lower())
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
+    one_line_error(run(["check", "-m", str(tmp_path / "m.yaml"), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
+                   "hybrid_pattern: 'e', 'm' are not blocks (blocks are upper case); allowed: M (Mamba-2 mixer)")
