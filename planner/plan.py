@@ -544,6 +544,11 @@ class JobSpec(BaseModel):
         if self.global_batch and self.global_batch > self.max_global_batch:
             raise ValueError(f"global_batch ({self.global_batch}) exceeds max_global_batch "
                              f"({self.max_global_batch})")
+        if self.global_batch is None and self.max_global_batch > MAX_GLOBAL_BATCH:
+            # as --max-global-batch: a free batch's search holds every batch up to the cap (2**40
+            # was a MemoryError inside plan/check/count); a fixed batch is one value, any size
+            raise ValueError(f"max_global_batch: must be an integer from 1 to {MAX_GLOBAL_BATCH:,} where the "
+                             f"batch is free, got {self.max_global_batch:,}")
         return self
 
 

@@ -148,3 +148,17 @@ def test_a_lower_case_hybrid_pattern_names_each_character_and_the_case(tmp_path)
     (tmp_path / "m.yaml").write_text(yaml.safe_dump(model))
     one_line_error(run(["check", "-m", str(tmp_path / "m.yaml"), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
                    "hybrid_pattern: 'e', 'm' are not blocks (blocks are upper case); allowed: M (Mamba-2 mixer)")
+
+
+def test_the_python_apis_free_batch_cap_is_the_flags():
+    """`--max-global-batch` stops at 2^20, but JobSpec(max_global_batch=2**40) reached the search,
+    whose free-batch domain holds every batch up to the cap: plan, check and count ended in a
+    MemoryError. It is refused where it is made; a fixed batch of any size still searches."""
+    from pydantic import ValidationError
+
+    from planner import JobSpec, load_model, load_system, plan
+    with pytest.raises(ValidationError, match="max_global_batch: must be an integer from 1 to 1,048,576 where the batch is free"):
+        JobSpec(max_global_batch=2 ** 40)
+    assert JobSpec(max_global_batch=2 ** 20).max_global_batch == 2 ** 20
+    result = plan(load_model("llama3-8b"), load_system("h100-sxm", 64), JobSpec(global_batch=2 ** 40), top_k=1)
+    assert result.best.plan.global_batch == 2 ** 40
