@@ -162,3 +162,13 @@ def test_the_python_apis_free_batch_cap_is_the_flags():
     assert JobSpec(max_global_batch=2 ** 20).max_global_batch == 2 ** 20
     result = plan(load_model("llama3-8b"), load_system("h100-sxm", 64), JobSpec(global_batch=2 ** 40), top_k=1)
     assert result.best.plan.global_batch == 2 ** 40
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("-g", "8.5", "'8.5' is not an integer (e.g. 1024)"), ("-g", "1e3", "'1e3' is not an integer"),
+    ("--top", "x", "'x' is not an integer"), ("--hbm-reserve-gib", "2,5", "'2,5' is not a number (e.g. 1.5)")])
+def test_a_number_flag_that_does_not_parse_says_what_was_written(flag, value, words):
+    """typer's conversion said pydantic's words for every such value ('Input should be a valid
+    integer, unable to parse string as an integer'), not what was written or what is wanted."""
+    line = one_line_error(run(["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "8", flag, value]), words)
+    assert "Input should be" not in line and "unable to parse" not in line

@@ -240,16 +240,37 @@ def _once_each(command) -> None:
 
 
 def _plain_number_value(process_value, kind):
+    from hardware.errors import shortened
+    what, example = ("an integer", "1024") if kind is int else ("a number", "1.5")
+
     def process(ctx, value):
-        for text in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(text, str) and (not text.isascii() or "_" in text):
-                from hardware.errors import shortened
-                what, example = ("an integer", "1024") if kind is int else ("a number", "1.5")
+        texts = [t for t in (value if isinstance(value, (list, tuple)) else (value,)) if isinstance(t, str)]
+        for text in texts:
+            if not text.isascii() or "_" in text:
                 raise click.exceptions.BadParameter(f"{shortened(text)!r} is not {what} in ASCII digits without "
                                                     f"'_' (e.g. {example})", ctx=ctx)
-        value = process_value(ctx, value)
+        try:
+            value = process_value(ctx, value)
+        except click.exceptions.BadParameter:
+            # typer's conversion says pydantic's words ("Input should be a valid integer, unable to
+            # parse string as an integer" for -g 8.5): say what was written and what is wanted
+            bad = next((t for t in texts if not _plain_number(t, kind)), None)
+            if bad is None:
+                raise
+            raise click.exceptions.BadParameter(f"{shortened(bad)!r} is not {what} (e.g. {example})", ctx=ctx) from None
         return 0.0 if isinstance(value, float) and value == 0 else value
     return process
+
+
+def _plain_number(text: str, kind) -> bool:
+    """Whether `text` reads as a number of `kind` (an int: optional sign and digits)."""
+    if kind is int:
+        return re.fullmatch(r"\s*[+-]?\d+\s*", text) is not None
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class _PipeClosed(Exception):
