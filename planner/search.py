@@ -97,6 +97,10 @@ def _row_plan(table: Table, i: int) -> Plan:
     return plan_arrays(table.space, sub).row(0)
 
 
+# the CP-SAT limit a search may be given: a day, as `planner sweep --time-limit`
+MAX_TIME_LIMIT_S = 86400
+
+
 def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,
          time_limit_s: float = 30.0, restrict: dict[str, Callable[[float], bool]] | None = None,
          no_offload_bounds: NoOffloadBounds | None = None) -> SearchResult:
@@ -108,6 +112,10 @@ def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k
     if not isinstance(top_k, numbers.Integral) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
         raise SpecError(f"top_k: must be an integer from 1 to {MAX_TOP_K:,}, got {top_k!r}")
     top_k = int(top_k)
+    if isinstance(time_limit_s, bool) or not isinstance(time_limit_s, numbers.Real) \
+            or not 0 < time_limit_s <= MAX_TIME_LIMIT_S:  # NaN fails too; a string reached OR-Tools' TypeError
+        raise SpecError(f"time_limit_s: must be a number of seconds > 0 and at most {MAX_TIME_LIMIT_S:,}, "
+                        f"got {time_limit_s!r}")
     t0 = time.perf_counter()
     job = job or JobSpec()
     space = build_space(model, system, job)

@@ -172,3 +172,15 @@ def test_a_number_flag_that_does_not_parse_says_what_was_written(flag, value, wo
     integer, unable to parse string as an integer'), not what was written or what is wanted."""
     line = one_line_error(run(["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "8", flag, value]), words)
     assert "Input should be" not in line and "unable to parse" not in line
+
+
+def test_the_python_apis_search_time_limit_is_checked():
+    """`plan(..., time_limit_s='5')` ended in OR-Tools' TypeError ('incompatible function
+    arguments'), and NaN, inf, 0 or -1 were handed to CP-SAT unchecked; `planner sweep --time-limit`
+    refuses them. A tiny positive limit stays allowed (the table-order fallback's test uses 1e-6)."""
+    from hardware.errors import SpecError
+    from planner import JobSpec, load_model, load_system, plan
+    model, system, job = load_model("llama3-8b"), load_system("h100-sxm", 64), JobSpec(global_batch=512)
+    for bad in ("5", float("nan"), float("inf"), 0, -1, True, 86401):
+        with pytest.raises(SpecError, match=r"^time_limit_s: must be a number of seconds > 0 and at most 86,400"):
+            plan(model, system, job, top_k=1, time_limit_s=bad)
