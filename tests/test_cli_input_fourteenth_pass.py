@@ -184,3 +184,12 @@ def test_the_python_apis_search_time_limit_is_checked():
     for bad in ("5", float("nan"), float("inf"), 0, -1, True, 86401):
         with pytest.raises(SpecError, match=r"^time_limit_s: must be a number of seconds > 0 and at most 86,400"):
             plan(model, system, job, top_k=1, time_limit_s=bad)
+
+
+def test_a_field_name_that_is_not_text_in_the_python_api_is_said_in_the_projects_words():
+    """load_model(ref, {1: 2}) said pydantic's 'Keys should be strings' (a YAML file's number key is
+    refused on reading, with its own message)."""
+    from hardware.errors import SpecError
+    from planner import load_model
+    with pytest.raises(SpecError, match=r"^model \(preset llama3-8b\): 1: a field name must be text, got the number 1$"):
+        load_model("llama3-8b", {1: 2})
