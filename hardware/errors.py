@@ -59,6 +59,7 @@ PYDANTIC_WORDS = {
     "tuple_type": "expected a list such as [16, 16], got {got}",
     "list_type": "expected a list, got {got}",
     "too_short": "expected at least {min_length} item(s), got {actual_length}",
+    "too_long": "expected at most {max_length} item(s), got {actual_length}",
     "string_too_long": "must be at most {max_length} characters long",
     "string_too_short": "must be at least {min_length} character(s) long, got {got}",
     "invalid_key": "a field name must be text, got {got}",  # load_model("x", {1: 2}); YAML refuses it on reading

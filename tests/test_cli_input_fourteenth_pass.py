@@ -193,3 +193,14 @@ def test_a_field_name_that_is_not_text_in_the_python_api_is_said_in_the_projects
     from planner import load_model
     with pytest.raises(SpecError, match=r"^model \(preset llama3-8b\): 1: a field name must be text, got the number 1$"):
         load_model("llama3-8b", {1: 2})
+
+
+def test_a_list_longer_than_its_field_takes_is_said_in_the_projects_words(tmp_path, llama3_8b_plan_file_text):
+    """A saved plan's `bf16_layers: [0, 0, 0]` said pydantic's 'Tuple should have at most 2 items
+    after validation, not 3'."""
+    doc = yaml.safe_load(llama3_8b_plan_file_text)
+    doc["job"]["bf16_layers"] = [0, 0, 0]
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    line = one_line_error(run(["estimate", "--plan", str(tmp_path / "p.yaml")]),
+                          "job: bf16_layers: expected at most 2 item(s), got 3")
+    assert "Tuple" not in line
