@@ -200,7 +200,9 @@ class Plan(BaseModel):
         written (Megatron's default list, core_attn, would otherwise vanish into None unseen)."""
         if isinstance(data, dict):
             recompute = data.get("recompute", "none")
-            if recompute not in RECOMPUTE_CODES:  # the field's own error names the choices
+            # the field's own error names the choices (a list or mapping is no key of the codes:
+            # `recompute: []` was a TypeError, exit 70)
+            if not isinstance(recompute, str) or recompute not in RECOMPUTE_CODES:
                 return data
             modules = data.get("recompute_modules")
             if modules not in (None, (), []):

@@ -204,3 +204,15 @@ def test_a_list_longer_than_its_field_takes_is_said_in_the_projects_words(tmp_pa
     line = one_line_error(run(["estimate", "--plan", str(tmp_path / "p.yaml")]),
                           "job: bf16_layers: expected at most 2 item(s), got 3")
     assert "Tuple" not in line
+
+
+def test_a_plan_files_recompute_as_a_list_is_an_input_error_not_an_internal_one(tmp_path, llama3_8b_plan_file_text):
+    """`recompute: []` (or a mapping) in a plan file reached `recompute not in RECOMPUTE_CODES` with an
+    unhashable value: 'internal error (TypeError: unhashable type: list)', exit 70."""
+    for value in ([], ["full"], {"a": 1}):
+        doc = yaml.safe_load(llama3_8b_plan_file_text)
+        doc["plan"]["recompute"] = value
+        (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        one_line_error(run(["estimate", "--plan", str(tmp_path / "p.yaml")]),
+                       "recompute: must be 'none', 'selective' or 'full', got")
+
