@@ -56,6 +56,7 @@ PYDANTIC_WORDS = {
     "int_from_float": "expected an integer (a whole number), got {got}",
     "float_type": "expected a number, got {got}",
     "string_type": "expected text, got {got}",
+    "bool_type": "expected true or false, got {got}",  # `flash_attention:` left empty (null)
     "tuple_type": "expected a list such as [16, 16], got {got}",
     "list_type": "expected a list, got {got}",
     "too_short": "expected at least {min_length} item(s), got {actual_length}",

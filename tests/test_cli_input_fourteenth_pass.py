@@ -216,3 +216,16 @@ def test_a_plan_files_recompute_as_a_list_is_an_input_error_not_an_internal_one(
         one_line_error(run(["estimate", "--plan", str(tmp_path / "p.yaml")]),
                        "recompute: must be 'none', 'selective' or 'full', got")
 
+
+def test_a_yes_no_field_left_empty_is_said_in_the_projects_words(tmp_path, llama3_8b_plan_file_text):
+    """`biases:` or a plan file's `flash_attention:` left empty (YAML null) said pydantic's 'Input
+    should be a valid boolean'."""
+    model = yaml.safe_load((ROOT / "planner/presets/llama3-8b.yaml").read_text())
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump({**model, "name": "mine", "biases": None}))
+    line = one_line_error(run(["check", "-m", str(tmp_path / "m.yaml"), "-s", "h100-sxm", "-g", "8", "-b", "8"]),
+                          "biases: expected true or false, got null")
+    assert "Input should" not in line
+    doc = yaml.safe_load(llama3_8b_plan_file_text)
+    doc["job"]["flash_attention"] = None
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    one_line_error(run(["estimate", "--plan", str(tmp_path / "p.yaml")]), "job: flash_attention: expected true or false, got null")
