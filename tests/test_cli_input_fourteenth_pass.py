@@ -229,3 +229,12 @@ def test_a_yes_no_field_left_empty_is_said_in_the_projects_words(tmp_path, llama
     doc["job"]["flash_attention"] = None
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     one_line_error(run(["estimate", "--plan", str(tmp_path / "p.yaml")]), "job: flash_attention: expected true or false, got null")
+
+
+def test_checkpoint_refuses_adam_moments_beside_a_weights_only_checkpoint():
+    """`planner checkpoint --weights-only --adam-moments bf16` printed the weights-only checkpoint
+    unchanged: a setting that changes nothing is refused (as --max-global-batch beside a fixed
+    batch), not dropped in silence."""
+    one_line_error(run(["checkpoint", "-m", "llama3-8b", "-g", "64", "--weights-only", "--adam-moments", "bf16"]),
+                   "adam-moments:", "--weights-only checkpoint holds no optimizer state", "drop one of the two")
+    assert run(["checkpoint", "-m", "llama3-8b", "-g", "64", "--adam-moments", "bf16"]).exit_code == 0

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hardware.errors import SpecError
+from hardware.errors import SpecError, shortened
 from planner.jsonout import json_text
 from planner.checkpoint import DEFAULT_GPU_MTBF_HOURS, DEFAULT_RESTART_S, CheckpointReport, checkpoint_report, duration_text
 from planner.cli.common import (
@@ -222,6 +222,9 @@ def register(app: typer.Typer) -> None:
             raise SpecError("mtbf: give either --gpu-mtbf-hours or --node-mtbf-hours, not both")
         if zero_stage not in (0, 1, 2, 3):
             raise SpecError(f"zero-stage: must be 0, 1, 2 or 3, got {zero_stage}")
+        if weights_only and adam_moments is not None:  # as --max-global-batch beside a fixed batch
+            raise SpecError(f"adam-moments: a --weights-only checkpoint holds no optimizer state, so "
+                            f"--adam-moments {shortened(adam_moments)} would change nothing; drop one of the two")
         moments = adam_moments_setting(adam_moments).get("adam_moments", "fp32")
         from planner.megatron.expressible import bf16_moments_refusal
         refused = bf16_moments_refusal(moments, zero_stage, "--zero-stage")  # as estimate and megatron refuse it
