@@ -1520,6 +1520,8 @@ def _with_erratum(rec: dict, published: RefCase) -> RefCase:
 
 def load_records(path: Path) -> tuple[list[dict], bool]:
     """Records of one reference file, and whether it uses the FSDP/MoE schema."""
+    if path.is_symlink() and not path.exists():  # dangling, or a loop of links: there, but no file
+        raise SpecError(f"reference: {path} is a symbolic link that leads to no file")
     if not path.is_file():
         raise SpecError(f"reference: {path} not found (pass --reference PATH to a measured_runs-style YAML)")
     try:

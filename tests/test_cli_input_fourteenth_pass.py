@@ -238,3 +238,12 @@ def test_checkpoint_refuses_adam_moments_beside_a_weights_only_checkpoint():
     one_line_error(run(["checkpoint", "-m", "llama3-8b", "-g", "64", "--weights-only", "--adam-moments", "bf16"]),
                    "adam-moments:", "--weights-only checkpoint holds no optimizer state", "drop one of the two")
     assert run(["checkpoint", "-m", "llama3-8b", "-g", "64", "--adam-moments", "bf16"]).exit_code == 0
+
+
+def test_a_reference_file_that_is_a_link_to_nowhere_is_said_so(tmp_path):
+    """`validate --reference loop.yaml` (a loop of links, or one to a deleted file) said the file was
+    'not found', though it is there: as -m and -s say, it is a link that leads to no file."""
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+    (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+    one_line_error(run(["validate", "--reference", str(tmp_path / "a.yaml")]),
+                   "a.yaml is a symbolic link that leads to no file")
