@@ -247,3 +247,24 @@ def test_a_reference_file_that_is_a_link_to_nowhere_is_said_so(tmp_path):
     (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
     one_line_error(run(["validate", "--reference", str(tmp_path / "a.yaml")]),
                    "a.yaml is a symbolic link that leads to no file")
+
+
+@pytest.mark.skipif(not __import__("shutil").which("planner") or __import__("sys").platform != "linux",
+                    reason="needs the installed command")
+@pytest.mark.parametrize("command", [["plan"], ["estimate", "--tp", "2"]])
+def test_a_reader_that_leaves_early_does_not_lose_the_saved_plan(tmp_path, command):
+    """`planner plan ... --save plan.yaml | head -1` ended with exit 141 and no plan.yaml: the file
+    was written after the output, whose first closed write stopped the command. It is written
+    first; the exit is still 141."""
+    import shutil
+    import subprocess
+
+    from planner.cli.app import EXIT_PIPE_CLOSED
+    saved = tmp_path / "plan.yaml"
+    proc = subprocess.Popen([shutil.which("planner"), *command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "64",
+                             "-b", "512", "--save", str(saved)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) in (EXIT_PIPE_CLOSED, 0), err  # 0 only where all of it fit the pipe first
+    assert run(["estimate", "--plan", str(saved)]).exit_code == 0

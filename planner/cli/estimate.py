@@ -221,18 +221,19 @@ def estimate_command(
         raise SpecError(f"offload: {system_spec.name} has no offload tier to offload to; leave the offload "
                         "fractions at 0, or pick a system with one (`planner presets`: e.g. gb200-nvl72, "
                         "h100-offload-1tib)")
+    if save is not None:  # written whether or not it fits: a baseline to compare with; and before the
+        # output, which a reader that leaves early (`| head`) ends with exit 141
+        from planner.planfile import plan_file_data
+        write_plan_file(save, plan_file_data(plan, DEFAULT_MODEL if model is None else model,
+                                             DEFAULT_SYSTEM if system is None else system, model_spec, system_spec,
+                                             job, step_time_s=est.step_time_s))
     if json_out:
         print(estimate_json(est, job, model_spec, system_spec))
     else:
         from planner.cli.console import Console
         print_estimate(Console(), model_spec, system_spec, est, job=job)
-    if save is not None:  # written whether or not it fits: a baseline to compare with
-        from planner.planfile import plan_file_data
-        write_plan_file(save, plan_file_data(plan, DEFAULT_MODEL if model is None else model,
-                                             DEFAULT_SYSTEM if system is None else system, model_spec, system_spec,
-                                             job, step_time_s=est.step_time_s))
-        if not json_out:
-            print(f"wrote {save}")
+    if save is not None and not json_out:
+        print(f"wrote {save}")
     if not est.feasible:
         raise typer.Exit(1)  # like `planner check`: 1 = the plan does not fit (2 is for input errors)
 

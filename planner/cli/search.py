@@ -513,6 +513,15 @@ def _plan(o: dict) -> None:
         from planner.search import check
         why = check(model, system, job, searcher=lambda: result)  # (the search just run found nothing)
         refuse_contradictory_pins(why)
+    if o["save"] is not None and result.best is not None:
+        # written before the output: a reader that leaves early (`| head`) ends the printing with
+        # exit 141, and the file asked for was lost with it.
+        # Everything the launch needs (planner/planfile.py), so `megatron/estimate --plan` agree
+        from planner.planfile import plan_file_data
+        from planner.cli.common import write_plan_file
+        write_plan_file(o["save"], plan_file_data(result.best.plan, o["model"], o["system"], model, system, job,
+                                                  step_time_s=result.best.estimate.step_time_s,
+                                                  objective=result.objective))
     if o["json_out"]:
         from planner.report import kernel_json, precision_json
         out = {"model": model.name, "system": system.name, "gpus": system.num_gpus,
@@ -588,15 +597,8 @@ def _plan(o: dict) -> None:
                 console.print(f"per-stage CP-SAT: layers per virtual stage + recompute count, "
                               f"{st['variables']} variables, {st['constraints']} constraints, {verdict} "
                               f"in {st['solve_s']:.3f} s ({what})")
-    if o["save"] is not None and result.best is not None:
-        # everything the launch needs (planner/planfile.py), so `megatron/estimate --plan` agree
-        from planner.planfile import plan_file_data
-        from planner.cli.common import write_plan_file
-        write_plan_file(o["save"], plan_file_data(result.best.plan, o["model"], o["system"], model, system, job,
-                                                  step_time_s=result.best.estimate.step_time_s,
-                                                  objective=result.objective))
-        if not o["json_out"]:
-            print(f"wrote {o['save']}")
+    if o["save"] is not None and result.best is not None and not o["json_out"]:
+        print(f"wrote {o['save']}")
     if result.best is None:
         raise typer.Exit(1)  # like `planner check`: 1 = nothing fits (2 is kept for input errors)
 
