@@ -268,3 +268,14 @@ def test_a_reader_that_leaves_early_does_not_lose_the_saved_plan(tmp_path, comma
     err = proc.stderr.read()
     assert proc.wait(timeout=300) in (EXIT_PIPE_CLOSED, 0), err  # 0 only where all of it fit the pipe first
     assert run(["estimate", "--plan", str(saved)]).exit_code == 0
+
+
+def test_a_layout_string_with_a_trailing_newline_reads_as_without_it():
+    """`--pipeline-layout $'Et*8|t*8|t*8|t*8L\\n'` (pasted with its line end) was refused as "the loss
+    'L' must come once, last in the last stage (got 'Et*8|t*8|t*8|t*8L')": the counts were read from
+    the stripped text, Megatron's check from the raw one, and the message showed the stripped one."""
+    base = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "512", "--pp", "4"]
+    plain = run(["estimate", *base, "--pipeline-layout", "Et*8|t*8|t*8|t*8L", "--json"])
+    pasted = run(["estimate", *base, "--pipeline-layout", "Et*8|t*8|t*8|t*8L\n", "--json"])
+    assert pasted.exit_code == plain.exit_code == 0, pasted.output
+    assert pasted.stdout == plain.stdout

@@ -730,7 +730,9 @@ def layout_knobs(pipeline_layout: str | None, stage_recompute: str | None, knobs
     from planner.pipeline_layout import layout_string_problems
     layout = stage_counts("pipeline-layout", pipeline_layout)
     if re.search(r"[tEmL|]", pipeline_layout):
-        problems = layout_string_problems(pipeline_layout, model.mtp_layers)
+        # as stage_counts reads it: a pasted trailing newline was "'L' must come last" beside a
+        # layout that, shown stripped, looked right
+        problems = layout_string_problems(pipeline_layout.strip(), model.mtp_layers)
         if problems:
             raise SpecError(f"pipeline-layout: as Megatron checks a layout string, {'; '.join(problems)} "
                             f"(got {shortened(pipeline_layout.strip())!r})")
