@@ -142,19 +142,22 @@ def replica_groups(system, P, f_exp, grad_bytes, weight_bytes):
             (f_exp * grad_bytes, f_exp * weight_bytes, n_edp, edp_bw, edp_lat)]
 
 
-def collective_totals_s(groups, dp_impl, per_layer: bool = True) -> dict:
+def collective_totals_s(groups, dp_impl, per_layer: bool = True, per_step: tuple[bool, bool] = (True, True)) -> dict:
     """Each DP collective's seconds summed over the replica groups (a group with nothing to
     reduce, no experts, issues none; they run one after the other on the same links, so they are
     overlapped once, as a sum): the gradient all-reduce (ZeRO-0), reduce-scatter and parameter
     all-gather (ZeRO-1/2), and ZeRO-3's per-layer ones (bandwidth part from the whole-stage
-    volume, `lat3` the latency of one call; `per_layer` False: those left at 0)."""
+    volume, `lat3` the latency of one call; `per_layer` False: those left at 0). `per_step`:
+    whether the all-reduce and the ZeRO-1/2 pair are wanted (False: left at 0, not costed)."""
     deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
     out = dict.fromkeys(("grad_ar", "grad_rs", "param_ag", "rs3", "ag3", "lat3"), 0.0)
     for grad_bytes, weight_bytes, n, bw, lat in groups:
         issues = grad_bytes + weight_bytes > 0
-        out["grad_ar"] = out["grad_ar"] + np.where(issues, comm.all_reduce_s(grad_bytes, n, bw, lat), 0.0)
-        out["grad_rs"] = out["grad_rs"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw, lat), 0.0)
-        out["param_ag"] = out["param_ag"] + np.where(issues, comm.all_gather_s(weight_bytes, n, bw, lat), 0.0)
+        if per_step[0]:
+            out["grad_ar"] = out["grad_ar"] + np.where(issues, comm.all_reduce_s(grad_bytes, n, bw, lat), 0.0)
+        if per_step[1]:
+            out["grad_rs"] = out["grad_rs"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw, lat), 0.0)
+            out["param_ag"] = out["param_ag"] + np.where(issues, comm.all_gather_s(weight_bytes, n, bw, lat), 0.0)
         if per_layer:
             bw3 = np.where(deepspeed, bw * DEEPSPEED_ZERO3_BW_EFFICIENCY, bw)
             out["rs3"] = out["rs3"] + np.where(issues, comm.reduce_scatter_s(grad_bytes, n, bw3, 0.0), 0.0)
@@ -169,13 +172,55 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     bandwidth, latency) of each replica group (dense parameters over dp·cp; expert parameters over
     expert-DP); their collectives run one after the other on the same links. `mp_fwd`/`mp_bwd`:
     a microbatch's model-parallel communication on other links than the DP collectives, which
-    ZeRO-3's per-layer prefetch also hides behind."""
+    ZeRO-3's per-layer prefetch also hides behind.
+
+    Rows of different ZeRO stages (`z` a column, (n, 1), as step_time passes it) are costed
+    apart, each with its own stage's form only: every form is elementwise, so a row's seconds are
+    the same digits, and no row pays for the three forms it does not use (the search calls this
+    on hundreds of thousands of rows of every stage)."""
+    args = (m, mb_fwd, mb_bwd, p, v, layers, hide, mp_fwd, mp_bwd)
+    rows_of = _rows_by_stage(z, dp_impl, args, groups)
+    if rows_of is None:
+        return _exposed_s(groups, z, dp_impl, *args, overlapped)
+    n = len(z)
+
+    def take(x, rows):
+        return x[rows] if np.ndim(x) == 2 and len(x) == n else x
+    parts = [(rows, _exposed_s([tuple(take(x, rows) for x in g) for g in groups], z[rows], take(dp_impl, rows),
+                               *(take(x, rows) for x in args), overlapped)) for rows in rows_of]
+    out = np.empty((n, max(np.shape(part)[1] for _, part in parts)))
+    for rows, part in parts:
+        out[rows] = part
+    return out
+
+
+def _rows_by_stage(z, dp_impl, args, groups) -> list[np.ndarray] | None:
+    """The row indices of each ZeRO stage present, where the inputs are step_time's columns
+    ((n, 1) or (n, R) arrays, or scalars) and more than one stage is present; else None (one
+    call costs them all, as before)."""
+    z = np.asarray(z)
+    if z.ndim != 2 or z.shape[1] != 1 or len(z) < 2:
+        return None
+    for x in (dp_impl, *args, *(x for g in groups for x in g)):
+        if np.ndim(x) not in (0, 2) or (np.ndim(x) == 2 and len(x) not in (1, len(z))):
+            return None
+    stage = z[:, 0]
+    present = [s for s in (0.0, 1.0, 2.0) if np.any(stage == s)]
+    other = ~np.isin(stage, present)
+    if len(present) + bool(other.any()) < 2:
+        return None
+    return [np.flatnonzero(stage == s) for s in present] + ([np.flatnonzero(other)] if other.any() else [])
+
+
+def _exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide, mp_fwd, mp_bwd, overlapped):
+    """dp_comm_exposed_s on rows of any stages: each stage's form only where some row uses it."""
     deepspeed = dp_impl == DP_IMPL_CODES["deepspeed"]
     contention = np.where(deepspeed, DEEPSPEED_ZERO3_COMPUTE_CONTENTION,
                           np.where(dp_impl == DP_IMPL_CODES["torch-fsdp2"], FSDP_COMPUTE_CONTENTION,
                                    MEGATRON_FSDP_COMPUTE_CONTENTION))
     fsdp2 = (dp_impl == DP_IMPL_CODES["torch-fsdp2"]) & (z == 2)
-    totals = collective_totals_s(groups, dp_impl, per_layer=bool(np.any(z == 3) or np.any(fsdp2)))
+    totals = collective_totals_s(groups, dp_impl, per_layer=bool(np.any(z == 3) or np.any(fsdp2)),
+                                 per_step=(bool(np.any(z == 0)), bool(np.any((z == 1) | (z == 2)))))
     grad_ar, grad_rs, param_ag = totals["grad_ar"], totals["grad_rs"], totals["param_ag"]
     rs3, ag3, lat3 = totals["rs3"], totals["ag3"], totals["lat3"]
     # each stage's form only where some row uses it (every form is costed per rank: the search
