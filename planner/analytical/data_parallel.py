@@ -184,8 +184,12 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
         return _exposed_s(groups, z, dp_impl, *args, overlapped)
     n = len(z)
 
-    def take(x, rows):
-        return x[rows] if np.ndim(x) == 2 and len(x) == n else x
+    def take(x, rows):  # np.take: ~3x faster than x[rows] on (n, R) arrays
+        if np.ndim(x) != 2 or len(x) != n:
+            return x
+        if x.shape[1] > 1 and x.strides[1] == 0:  # broadcast along the ranks: gather one column
+            return np.broadcast_to(np.take(x[:, :1], rows, axis=0), (len(rows), x.shape[1]))
+        return np.take(x, rows, axis=0)
     parts = [(rows, _exposed_s([tuple(take(x, rows) for x in g) for g in groups], z[rows], take(dp_impl, rows),
                                *(take(x, rows) for x in args), overlapped)) for rows in rows_of]
     out = np.empty((n, max(np.shape(part)[1] for _, part in parts)))
@@ -194,12 +198,17 @@ def dp_comm_exposed_s(groups, z, dp_impl, m, mb_fwd, mb_bwd, p, v, layers, hide,
     return out
 
 
+# Fewer rows than this are costed in one call: splitting a few rows (the fit's) costs more calls
+# than it saves arithmetic.
+SPLIT_ROWS = 64
+
+
 def _rows_by_stage(z, dp_impl, args, groups) -> list[np.ndarray] | None:
     """The row indices of each ZeRO stage present, where the inputs are step_time's columns
-    ((n, 1) or (n, R) arrays, or scalars) and more than one stage is present; else None (one
-    call costs them all, as before)."""
+    ((n, 1) or (n, R) arrays, or scalars), there are SPLIT_ROWS rows or more and more than one
+    stage is present; else None (one call costs them all)."""
     z = np.asarray(z)
-    if z.ndim != 2 or z.shape[1] != 1 or len(z) < 2:
+    if z.ndim != 2 or z.shape[1] != 1 or len(z) < SPLIT_ROWS:
         return None
     for x in (dp_impl, *args, *(x for g in groups for x in g)):
         if np.ndim(x) not in (0, 2) or (np.ndim(x) == 2 and len(x) not in (1, len(z))):
