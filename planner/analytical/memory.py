@@ -460,7 +460,10 @@ def grad_bytes_per_elem(job: JobSpec, P: PlanArrays) -> tuple[np.ndarray, np.nda
 
 def at_rank(values, index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     """Row i's entry in column index[i] of `values` broadcast to the (n, R) rank shape."""
-    full = np.broadcast_to(np.asarray(values, dtype=np.float64), shape)
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape == (shape[0], 1):  # one value per row, the same on every rank: no gather
+        return values[:, 0].copy()
+    full = np.broadcast_to(values, shape)
     # fancy indexing, not take_along_axis: the same elements, without its per-call index setup
     # (the fit calls this ~10^5 times on a few rows each)
     return full[np.arange(shape[0]), index]
