@@ -308,9 +308,16 @@ def vp_microbatch_group(m, pp):
     import numpy as np
     m_arr, p_arr = np.broadcast_arrays(np.asarray(m, dtype=np.float64), np.asarray(pp, dtype=np.float64))
     out = p_arr.copy()
-    odd = (m_arr >= p_arr) & (np.mod(m_arr, p_arr) != 0)
-    pairs = {(int(a), int(b)) for a, b in zip(m_arr[odd].ravel(), p_arr[odd].ravel())}
-    for mi, pi in pairs:
-        n = next((n for n in range(pi + 1, mi + 1) if mi % n == 0 or mi % n >= pi), max(pi, mi))
-        out[odd & (m_arr == mi) & (p_arr == pi)] = n
+    # (m or pp not whole: no Megatron schedule, N = pp is kept)
+    odd = np.flatnonzero((m_arr >= p_arr) & (np.mod(m_arr, p_arr) != 0)
+                         & (m_arr == np.trunc(m_arr)) & (p_arr == np.trunc(p_arr)))
+    if len(odd):
+        # each distinct (m, pp) pair searched once (packed into one integer: np.unique sorts
+        # numbers), its N written to its rows through the inverse, in one pass (a mask per pair
+        # had cost a pass over every row per pair)
+        m_odd, p_odd = m_arr.ravel()[odd].astype(np.int64), p_arr.ravel()[odd].astype(np.int64)
+        _, first, which = np.unique(m_odd * (int(p_odd.max()) + 1) + p_odd, return_index=True, return_inverse=True)
+        found = [next((n for n in range(pi + 1, mi + 1) if mi % n == 0 or mi % n >= pi), max(pi, mi))
+                 for mi, pi in ((int(m_odd[i]), int(p_odd[i])) for i in first)]
+        out.ravel()[odd] = np.asarray(found, dtype=np.float64)[np.ravel(which)]
     return out if out.shape else float(out)

@@ -33,6 +33,14 @@ def test_vectorised_matches_scalar():
     assert list(vp_microbatch_group(m, p)) == [vp_microbatch_group(a, b) for a, b in zip(m, p)] == [20, 13, 16, 5]
 
 
+def test_a_microbatch_count_that_is_not_whole_keeps_pp():
+    """A global batch that micro_batch·dp does not divide (a plan the batch rule refuses, still
+    costed) runs no schedule: N stays pp, beside whole counts in the same call (the one-pass
+    grouping by (m, pp) must not round 7.5 to 7)."""
+    m, p = np.array([7.0, 7.5, 12.0, 7.0]), np.array([3.0, 3.0, 5.0, 3.0])
+    assert list(vp_microbatch_group(m, p)) == [4.0, 3.0, 6.0, 4.0]
+
+
 def test_warm_up_holds_v_minus_one_groups():
     """Rank 0 warms up with 2(p−1) + (v−1)·N + 1 chunk-forwards, each 1/v of its layers
     (get_pp_rank_microbatches): pp 4, vpp 5, 10 microbatches -> N 5: (6 + 20 + 1)/5; 12

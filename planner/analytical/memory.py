@@ -323,9 +323,11 @@ def in_flight_microbatches(P: PlanArrays) -> np.ndarray:
     m = C.global_batch / (C.micro_batch * C.dp)
     p, v, r = C.pp, C.vpp, P.rank_index
     plain = np.minimum(p - r, m)
+    paired_layer = (C.moe_a2a_overlap > 0) / np.maximum(P.rank_layers, 1.0)  # in units of the rank
+    if not np.any(v > 1):  # no interleaved row: its form is not computed
+        return np.where(v > 1, 0.0, plain) + paired_layer
     n_group = vp_microbatch_group(m, p)
     interleaved = (2.0 * (p - r - 1.0) + (v - 1.0) * n_group + 1.0) / v * np.minimum(1.0, m / p)
-    paired_layer = (C.moe_a2a_overlap > 0) / np.maximum(P.rank_layers, 1.0)  # in units of the rank
     return np.where(v > 1, interleaved, plain) + paired_layer
 
 
@@ -550,18 +552,25 @@ def rank_memory(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArray
 
     # Offload: the fraction moved out (activations: in whole layers, below); HBM keeps at least
     # two layers' worth (one computing, one in transfer) of whatever is offloaded (DESIGN.md, Offload).
-    two_layers = 2.0 / some_layers
+    # (where no row offloads weights, or activations, their terms are the totals as they are: not
+    # computed, the search's tables mostly have no offload tier)
+    at_least_two = np.minimum(2.0 / some_layers, 1.0)
+    weights_out = bool(np.any(C.offload_weights > 0))
     def _kept(total, frac):
-        return np.where(frac > 0, total * np.maximum(1.0 - frac, np.minimum(two_layers, 1.0)), total)
+        if not weights_out:
+            return total
+        return np.where(frac > 0, total * np.maximum(1.0 - frac, at_least_two), total)
     hbm_weights = _kept(weights, C.offload_weights)
     hbm_grads = _kept(grads, C.offload_weights)
     hbm_optimizer = optimizer * (1.0 - C.offload_optimizer)
     # activations leave in whole layers: the count the offload schedule times and Megatron
     # launches (offload.offloaded_layers), not the fraction as written
-    moved_layers = offloaded_layers(C.offload_activations, layers_here)
-    hbm_activations = np.where(C.offload_activations > 0,
-                               activations * np.maximum(1.0 - moved_layers / some_layers, np.minimum(two_layers, 1.0)),
-                               activations)
+    hbm_activations = activations
+    if np.any(C.offload_activations > 0):
+        moved_layers = offloaded_layers(C.offload_activations, layers_here)
+        hbm_activations = np.where(C.offload_activations > 0,
+                                   activations * np.maximum(1.0 - moved_layers / some_layers, at_least_two),
+                                   activations)
     offloaded = {"weights_grads": (weights - hbm_weights) + (grads - hbm_grads),
                  "optimizer": optimizer - hbm_optimizer,
                  "activations": activations - hbm_activations}
