@@ -14,7 +14,8 @@ from planner.analytical.flops import attention_out_width
 from planner.analytical.kernels import per_op_checkpointing
 from planner.analytical.offload import offloaded_layers
 from planner.analytical.precision import GEMM_OPERAND_BYTES, high_precision_dtype
-from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, with_every_rank
+from planner.analytical.plans import (PlanArrays, module_selected, rank_argmax, rank_max, sequence_parallel_on,
+                                     with_every_rank)
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import DP_IMPL_CODES, JobSpec
@@ -465,6 +466,8 @@ def at_rank(values, index: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     values = np.asarray(values, dtype=np.float64)
     if values.shape == (shape[0], 1):  # one value per row, the same on every rank: no gather
         return values[:, 0].copy()
+    if values.shape == shape and values.flags.c_contiguous:  # flat indices: ~3x faster, same elements
+        return values.ravel()[np.arange(shape[0]) * shape[1] + index]
     full = np.broadcast_to(values, shape)
     # fancy indexing, not take_along_axis: the same elements, without its per-call index setup
     # (the fit calls this ~10^5 times on a few rows each)
@@ -612,7 +615,7 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
     if by_block:
         P = with_every_rank(P, model.layers)  # which blocks a rank holds: every rank costed
     r = rank_memory(model, system, job, P, by_block)
-    worst = np.argmax(r["hbm"], axis=1)
+    worst = rank_argmax(r["hbm"])
     def at(x):
         return at_rank(x, worst, r["hbm"].shape)
     capacity = system.accelerator.hbm_capacity_bytes - job.hbm_reserve_gib * 2**30
@@ -623,16 +626,16 @@ def memory_breakdown(model: ModelSpec, system: SystemSpec, job: JobSpec, P: Plan
         "workspace_bytes": at(r["workspace"]),
         **{f"offload_{k}_bytes": at(r[f"offload_{k}"]) for k in ("weights_grads", "optimizer", "activations")},
         "hbm_bytes": at(r["hbm"]), "hbm_capacity_bytes": np.full(len(P), capacity),
-        "offload_bytes": np.max(r["offload"], axis=1),
+        "offload_bytes": rank_max(r["offload"]),
         "offload_capacity_bytes": np.full(len(P), float(offload_capacity)),
         "activations_per_microbatch_bytes": at(r["activations_per_microbatch"]),
-        "opt_elems": np.max(r["opt_elems"], axis=1), "params_elems": np.max(r["params_elems"], axis=1),
-        "expert_params_elems": np.max(r["expert_params_elems"], axis=1),
+        "opt_elems": rank_max(r["opt_elems"]), "params_elems": rank_max(r["params_elems"]),
+        "expert_params_elems": rank_max(r["expert_params_elems"]),
         "memory_rank": at(P.rank_index),
         # what one DP gradient reduce / parameter all-gather moves per GPU's model copy: the rank
         # with the most parameters
-        "grad_reduce_bytes": np.max(r["grad_reduce"], axis=1),
-        "param_gather_bytes": np.max(r["param_gather"], axis=1),
+        "grad_reduce_bytes": rank_max(r["grad_reduce"]),
+        "param_gather_bytes": rank_max(r["param_gather"]),
         # per representative rank ((n, R), step_time's DP collectives: each rank reduces its own
         # parameters behind its own backward); estimate_many keeps them out of its results
         **{f"{RANK_DP_PREFIX}{k}": r[k] for k in ("grad_reduce", "param_gather", "params_elems", "expert_params_elems")},

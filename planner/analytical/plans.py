@@ -221,6 +221,40 @@ def sum_over_ranks(P: PlanArrays, values: np.ndarray) -> np.ndarray:
     return np.sum(np.where(distinct, values, 0.0), axis=1)
 
 
+# numpy's max / argmax over a short last axis (the few representative ranks) pays a per-row cost:
+# 2.2 ms / 0.9 ms on 32 k x 3 rows, against 40 us column by column, and the model takes several
+# per chunk. Max is exact and the first maximum is kept, so these give numpy's numbers.
+RANK_COLUMNS_BY_HAND = 16
+
+
+def rank_max(values: np.ndarray) -> np.ndarray:
+    """np.max(values, axis=1) of (n, R) per-rank values, computed column by column."""
+    values = np.asarray(values)
+    if values.ndim != 2 or not 0 < values.shape[1] <= RANK_COLUMNS_BY_HAND:
+        return np.max(values, axis=1)
+    out = values[:, 0].copy()
+    for j in range(1, values.shape[1]):
+        np.maximum(out, values[:, j], out=out)
+    return out
+
+
+def rank_argmax(values: np.ndarray) -> np.ndarray:
+    """np.argmax(values, axis=1) (the first maximum of each row), computed column by column; a
+    row with a NaN is left to numpy (which returns the first NaN)."""
+    values = np.asarray(values)
+    if values.ndim != 2 or not 0 < values.shape[1] <= RANK_COLUMNS_BY_HAND:
+        return np.argmax(values, axis=1)
+    best = values[:, 0].copy()
+    index = np.zeros(len(values), dtype=np.intp)
+    for j in range(1, values.shape[1]):
+        column = values[:, j]
+        index[column > best] = j
+        np.maximum(best, column, out=best)
+    if np.isnan(best).any():
+        return np.argmax(values, axis=1)
+    return index
+
+
 def sequence_parallel_on(P) -> np.ndarray:
     """Rows (of PlanArrays, or its per-rank columns) whose layers run Megatron's sequence
     parallelism: sp set and tp > 1 (with tp 1 there is no sequence to split, and no all-gather)."""

@@ -17,7 +17,8 @@ from hardware.spec import SystemSpec
 from planner.analytical import comm, data_parallel, flops, kernels, layer_kinds, memory, named, precision
 from planner.analytical.memory import RANK_DP_PREFIX, at_rank
 from planner.analytical.offload import activation_offload_exposed_s
-from planner.analytical.plans import PlanArrays, module_selected, sequence_parallel_on, sum_over_ranks, with_every_rank
+from planner.analytical.plans import (PlanArrays, module_selected, rank_argmax, rank_max, sequence_parallel_on,
+                                     sum_over_ranks, with_every_rank)
 from planner.model import ModelSpec
 from planner.pipeline_layout import vp_microbatch_group
 from planner.plan import MOE_DISPATCHER_CODES, JobSpec
@@ -912,7 +913,7 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     n_r, k_r = P.rank_layers, P.rank_recompute
     last_r = P.rank_index == _col(p) - 1
     rank_time = rank_microbatch_s(terms, P, excess)
-    slow = np.argmax(rank_time, axis=1)
+    slow = rank_argmax(rank_time)
     def at(x):
         return at_rank(_col(x), slow, rank_time.shape)
     n_slow, last_slow = at(n_r), at(last_r)
@@ -977,10 +978,10 @@ def step_time(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanArrays,
     other_links = _col((t * dp * c > domain) & (t * c <= domain) & (P.etp * P.ep <= domain))
     mp_fwd = layers_sum(terms, lambda x: x["tp_fwd"] + x["cp_fwd"] + x["ep_fwd"], n_r, P.rank_lead_layers)
     mp_all = tp_r + cpep_r
-    dp_comm = np.max(data_parallel.dp_comm_exposed_s(
+    dp_comm = rank_max(data_parallel.dp_comm_exposed_s(
         groups, _col(P.zero_stage), _col(P.dp_impl), _col(m), mb_fwd, mb_bwd, _col(p), _col(v), P.rank_layers,
         _col(P.dp_comm_overlap > 0), overlapped_collective_s, np.where(other_links, mp_fwd, 0.0),
-        np.where(other_links, mp_all - mp_fwd, 0.0)), axis=1)
+        np.where(other_links, mp_all - mp_fwd, 0.0)))
 
     # --- optimizer step, memory-bound on HBM; the offloaded share runs where its state lives.
     opt_elems = mem["opt_elems"]
