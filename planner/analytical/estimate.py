@@ -73,34 +73,44 @@ def rule_violations(model: ModelSpec, system: SystemSpec, job: JobSpec, P: PlanA
     m = P.global_batch / (P.micro_batch * dp)
     g = model.kv_groups
     E = model.moe.num_experts if model.moe else 1
+
+    def off(a, b):
+        # a % b != 0 as np.fmod: the same truth for any signs (a remainder is 0 exactly when the
+        # truncated one is), at half the cost of numpy's floored remainder
+        return np.fmod(a, b) != 0
     checks = {
         "gpus": (gpus > system.num_gpus) if job.allow_idle_gpus else (gpus != system.num_gpus),
-        "heads_tp": model.heads % t != 0,
-        "groups_tp": (g % t != 0) & (t % g != 0),
-        "hidden_tp": (model.hidden % t != 0) | (model.ffn_hidden % t != 0)
-        | ((model.expert_ffn_hidden % t != 0) if model.moe else False),
+        "heads_tp": off(model.heads, t),
+        "groups_tp": off(g, t) & off(t, g),
+        "hidden_tp": off(model.hidden, t) | off(model.ffn_hidden, t)
+        | (off(model.expert_ffn_hidden, t) if model.moe else False),
         "layers_pp": layout_breaks(model.layers, P),
-        "batch": P.global_batch % (P.micro_batch * dp) != 0,
+        "batch": off(P.global_batch, P.micro_batch * dp),
         "vpp_needs_pp": (v > 1) & (p == 1),
         "vpp_microbatches": (v > 1) & (m < p),
         # Megatron MoE parallel folding: experts get their own (etp, ep, expert-dp) grid over the
         # same GPUs; only world % (etp·ep·pp) == 0 is required (megatron/core/parallel_state.py)
-        "experts_ep": (E % P.ep != 0) | (np.mod(gpus, P.etp * P.ep * p) != 0)
-        | ((np.mod(model.expert_ffn_hidden, P.etp) != 0) if model.moe else False)
+        "experts_ep": off(E, P.ep) | off(gpus, P.etp * P.ep * p)
+        | (off(model.expert_ffn_hidden, P.etp) if model.moe else False)
         | (((P.ep > 1) | (P.etp != t)) & (model.moe is None)),
-        "cp_seq": (c > 1) & (model.seq_length % (2 * c) != 0),
+        "cp_seq": (c > 1) & off(model.seq_length, 2 * c),
         "tp_overlap_needs_sp": (P.tp_comm_overlap > 0) & ~sequence_parallel_on(P),
         "hbm": mem["hbm_bytes"] > mem["hbm_capacity_bytes"],
         "offload_capacity": mem["offload_bytes"] > mem["offload_capacity_bytes"] * (1 + 1e-12),
-        "mamba_tp": ((model.mamba.num_heads % t != 0) | (model.mamba.groups % t != 0)) if model.mamba else False,
+        "mamba_tp": (off(model.mamba.num_heads, t) | off(model.mamba.groups, t)) if model.mamba else False,
         "hybrid_cp": (c > 1) & bool(model.hybrid_pattern),
         # Megatron scatters each rank's seq/cp tokens over tp (tensor_parallel/mappings.py
         # _split_along_first_dim asserts the first dimension divides by the tp size)
-        "sp_seq": sequence_parallel_on(P) & (np.mod(model.seq_length, t * c) != 0),
+        "sp_seq": sequence_parallel_on(P) & off(model.seq_length, t * c),
     }
     bits = np.zeros(len(P), dtype=np.int64)
     for name, broken in checks.items():
-        bits |= np.where(np.broadcast_to(broken, (len(P),)), RULE_BITS[name], 0)
+        broken = np.asarray(broken)
+        if broken.ndim == 0:  # a scalar rule (the model's or the job's alone)
+            if broken:
+                bits |= RULE_BITS[name]
+        else:
+            bits[np.broadcast_to(broken, (len(P),))] |= RULE_BITS[name]
     return bits
 
 
