@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.analytical.plans import PlanArrays, has_layout, uniform_chunk_recompute
+from planner.analytical.plans import PlanArrays, has_layout, rows_by_split, uniform_chunk_recompute
 from planner.model import HYBRID_BLOCKS, ModelSpec
 from planner.plan import RECOMPUTE_CODES
 from planner.pipeline_layout import balanced_layout, rank_of_stage
@@ -61,9 +61,8 @@ def rank_block_counts(model: ModelSpec, P: PlanArrays) -> tuple[list[str], list[
     keys = np.stack([P.pp, P.vpp, k], axis=1).astype(int)
     default = np.flatnonzero(~explicit)
     if len(default):  # default splits: one group per (pp, vpp, recompute count)
-        uniq, inverse = np.unique(keys[default], axis=0, return_inverse=True)
-        for g, (pp, vpp, k_g) in enumerate(uniq):
-            groups[(int(pp), int(vpp), None, ("ranks", int(k_g)))] = default[np.ravel(inverse) == g]
+        for pp, vpp, k_g, rows in rows_by_split(keys[:, 0], keys[:, 1], keys[:, 2], default):
+            groups[(pp, vpp, None, ("ranks", k_g))] = rows
     for i in np.flatnonzero(explicit):
         layout, stage_rc = P.stage_layout[i]
         rc = ("stages", tuple(stage_rc)) if stage_rc is not None else ("ranks", int(keys[i, 2]))

@@ -450,15 +450,8 @@ def _interleaved_rank_columns(layers: int, dense: tuple[int, ...], cols: dict[st
     keys: dict[tuple, np.ndarray | list[int]] = {}
     default = np.flatnonzero(~explicit)
     if len(default):  # default splits, grouped by (pp, vpp, k) without a Python loop over rows
-        # one integer per triple (k >= -1), so that np.unique sorts numbers, not rows (axis=0
-        # sorted a structured view: ~1 s of an interleaved-MoE oracle), and each group's rows
-        # taken from one stable sort, not a pass over every row per group
-        pd, vd, kd = p[default], v[default], k[default] + 1
-        code = (pd * (int(vd.max()) + 1) + vd) * (int(kd.max()) + 1) + kd
-        uniq, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-        by_group = np.split(default[np.argsort(inverse, kind="stable")], np.cumsum(np.bincount(inverse))[:-1])
-        for i, rows in zip(first, by_group):
-            keys[(int(pd[i]), int(vd[i]), int(kd[i]) - 1, None)] = rows
+        for pp, vpp, kk, rows in rows_by_split(p, v, k, default):
+            keys[(pp, vpp, kk, None)] = rows
     for i in np.flatnonzero(explicit):
         stages, stage_rc = cols["stage_layout"][i]
         key = (int(p[i]), int(v[i]), int(k[i]), (tuple(stages), None if stage_rc is None else tuple(stage_rc)))
@@ -479,6 +472,21 @@ def _interleaved_rank_columns(layers: int, dense: tuple[int, ...], cols: dict[st
         totals["recompute_total"][rows] = rec_total
         totals["lead_recompute_total"][rows] = dense_rec_total
     return {**out, **totals, "num_layers": np.full(n, float(layers)), "lead_layers": np.full(n, float(len(dense)))}
+
+
+def rows_by_split(p: np.ndarray, v: np.ndarray, k: np.ndarray, rows: np.ndarray) -> list[tuple[int, int, int, np.ndarray]]:
+    """`rows` grouped by their (pp, vpp, full-recompute count k >= -1) as integers: [(pp, vpp, k,
+    the group's rows in ascending order)], in (pp, vpp, k) order. The triple is packed into one
+    integer so that np.unique sorts numbers, not rows (np.unique(axis=0) sorts a structured view:
+    ~1 s of an interleaved-MoE or hybrid oracle case), and each group's rows come from one stable
+    argsort, not from a pass over every row per group."""
+    pd, vd, kd = (np.asarray(x, dtype=np.int64)[rows] for x in (p, v, k))
+    kd = kd + 1
+    code = (pd * (int(vd.max()) + 1) + vd) * (int(kd.max()) + 1) + kd
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    inverse = np.ravel(inverse)
+    groups = np.split(rows[np.argsort(inverse, kind="stable")], np.cumsum(np.bincount(inverse))[:-1])
+    return [(int(pd[i]), int(vd[i]), int(kd[i]) - 1, g) for i, g in zip(first, groups)]
 
 
 @functools.lru_cache(maxsize=4096)
