@@ -180,17 +180,11 @@ def clamp_glu_bytes(model: ModelSpec, kernels: str, fused_mlp: bool) -> float:
     return CLAMP_GLU_BYTES
 
 
-def rms_norm(model: ModelSpec) -> bool:
-    """Llama-style models (RoPE, or none as Nemotron-H) use RMSNorm; GPT-style (learned positions)
-    LayerNorm (ModelSpec.rms_norm)."""
-    return model.rms_norm
-
-
 def torch_elementwise_bytes(model: ModelSpec, kernels: str) -> tuple[float, float]:
     """(bytes per token scaling with the hidden side, bytes per token per unit of MLP width) of
     one layer's forward under a torch stack ("torch-eager" or "torch-compile")."""
     eager = kernels == "torch-eager"
-    norm = EAGER_RMSNORM_BYTES if (eager and rms_norm(model)) else FUSED_NORM_BYTES
+    norm = EAGER_RMSNORM_BYTES if (eager and model.rms_norm) else FUSED_NORM_BYTES
     hidden = 2 * norm * model.hidden + 2 * RESIDUAL_ADD_BYTES * model.hidden
     if model.position_embedding == "rope":
         rope = EAGER_ROPE_BYTES if eager else FUSED_ROPE_BYTES

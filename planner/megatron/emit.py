@@ -13,7 +13,6 @@ import math
 from typing import Callable
 
 from hardware.spec import SystemSpec
-from planner.analytical import kernels
 from planner.pipeline_layout import fullest_rank_layers, pipeline_args, plan_layout, recompute_per_chunk
 from planner.megatron.expressible import (cpu_offload_layers, grouped_gemm, has_dense_mlp_layers,
                                           offload_fraction_of_layers)
@@ -288,7 +287,7 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--swiglu")
     elif model.activation == "squared_relu":
         add("--squared-relu")
-    if kernels.rms_norm(model):  # the norm the cost runs (GPT-OSS: RMSNorm beside its biases)
+    if model.rms_norm:  # the norm the cost runs (GPT-OSS: RMSNorm beside its biases)
         add("--normalization", "RMSNorm")
     if not model.biases:
         add("--disable-bias-linear")
