@@ -671,7 +671,7 @@ class ModelSpec(_Part):
         whole: each expert's fc2 bias, h wide (moe/experts.py SequentialMLP's RowParallelLinear,
         TEGroupedMLP's TERowParallelGroupedLinear: the whole output width on every rank; the fc1
         bias is column-parallel, split). A hybrid stack's mean over its layers."""
-        per_block = self.moe.num_experts * self.expert_hidden if self.moe and self.biases else 0
+        per_block = self.mtp_layer_expert_tp_replicated_params
         return self._hybrid_mean({"E": per_block}) if self.hybrid_pattern else per_block
 
     @property
@@ -690,8 +690,8 @@ class ModelSpec(_Part):
 
     @property
     def mtp_layer_expert_tp_replicated_params(self) -> int:
-        """expert_tp_replicated_params_per_layer of one MTP module's layer (a hybrid stack's: one
-        MoE block's)."""
+        """The routed experts' fc2 biases of one MoE layer (a hybrid stack's: one MoE block's), as
+        an MTP module's layer holds them: expert_tp_replicated_params_per_layer per MoE layer."""
         return self.moe.num_experts * self.expert_hidden if self.moe and self.biases else 0
 
     @property
