@@ -67,6 +67,18 @@ PYDANTIC_WORDS = {
 }
 
 
+# How alike a misspelt field or key must be to a real one to be named ("did you mean ...?"):
+# difflib's ratio, loose enough for one or two slips in a short name (micro_bach, bfl6)
+FIELD_NAME_SIMILARITY = 0.6
+
+
+def closest_name(written: str, names) -> str | None:
+    """The one of `names` that `written` (a misspelt field or key) most resembles, or None."""
+    import difflib
+    near = difflib.get_close_matches(written, list(names), n=1, cutoff=FIELD_NAME_SIMILARITY)
+    return near[0] if near else None
+
+
 def _fields_at(spec, loc) -> list[str]:
     """The field names of the pydantic model at `loc` (a path of field names and list indices)
     inside the model class `spec`, through nested, optional and listed models; [] if none."""
@@ -99,13 +111,11 @@ def one_line(err: ValidationError, where: str, spec=None) -> SpecError:
     loc = ".".join(str(p) for p in first["loc"]) or "(top level)"
     msg = first["msg"]
     if first["type"] == "extra_forbidden":
-        import difflib
         missing = [str(e["loc"][-1]) for e in errors
                    if e["type"] == "missing" and e["loc"] and tuple(e["loc"][:-1]) == tuple(first["loc"][:-1])]
         written = str(first["loc"][-1]) if first["loc"] else ""
-        near = difflib.get_close_matches(written, missing, n=1, cutoff=0.6) or \
-            difflib.get_close_matches(written, _fields_at(spec, first["loc"][:-1]), n=1, cutoff=0.6)
-        msg = f"unknown field (did you mean {near[0]}?)" if near else "unknown field"
+        near = closest_name(written, missing) or closest_name(written, _fields_at(spec, first["loc"][:-1]))
+        msg = f"unknown field (did you mean {near}?)" if near else "unknown field"
     elif first["type"] == "missing":
         msg = "required field is missing"
     elif first["type"] in ("model_type", "dict_type"):  # pydantic names its class: say what to write
@@ -113,12 +123,11 @@ def one_line(err: ValidationError, where: str, spec=None) -> SpecError:
     elif first["type"] in ("literal_error", "enum") and first["loc"][-1:] == ("[key]",):
         # a mapping's key outside its choices (peak_flops: {bfl6: ...}): pydantic's loc ends in
         # the key and "[key]"; said at the mapping, with the choice it is close to
-        import difflib
         written = str(first.get("input"))
         choices = re.findall(r"'([^']*)'", first.get("ctx", {}).get("expected", ""))
-        near = difflib.get_close_matches(written, choices, n=1, cutoff=0.6)
+        near = closest_name(written, choices)
         loc = ".".join(str(p) for p in first["loc"][:-2]) or "(top level)"
-        msg = (f"unknown key {shortened(repr(written), 40)}{f' (did you mean {near[0]}?)' if near else ''}; "
+        msg = (f"unknown key {shortened(repr(written), 40)}{f' (did you mean {near}?)' if near else ''}; "
                f"allowed: {', '.join(choices)}")
     elif first["type"] in ("literal_error", "enum"):  # a choice: the choices, whatever was written
         msg = f"{msg.replace('Input should be', 'must be', 1)}, got {shortened(repr(first.get('input')), 40)}"

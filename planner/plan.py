@@ -8,7 +8,7 @@ from typing import Annotated, Literal, get_args
 from pydantic import (BaseModel, ConfigDict, Field, NonNegativeFloat, NonNegativeInt, PositiveInt, ValidationError,
                       field_validator, model_validator)
 
-from hardware.errors import finite_number, in_range, kind_text, refuse_loose_types, SpecError, one_line, read_yaml_mapping, shortened
+from hardware.errors import closest_name, finite_number, in_range, kind_text, refuse_loose_types, SpecError, one_line, read_yaml_mapping, shortened
 
 Recompute = Literal["none", "selective", "full"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
@@ -611,7 +611,6 @@ def _refuse_cut_saved_file(data: dict, path: str | Path) -> None:
             gaps += [f"job.bytes_per_param.{f}" for f in BytesPerParam.model_fields if f not in block]
     # a misspelt field reads as that field missing: name what was written (`sequence_paralel`),
     # not a file "cut short"
-    import difflib
     block = job.get("bytes_per_param") if isinstance(job, dict) else None
     for prefix, mapping, fields in (("plan", plan, Plan.model_fields), ("job", job, SAVED_JOB_FIELDS),
                                     ("job.bytes_per_param", block, BytesPerParam.model_fields)):
@@ -619,9 +618,9 @@ def _refuse_cut_saved_file(data: dict, path: str | Path) -> None:
             continue
         missing = [g.removeprefix(f"{prefix}.") for g in gaps if g.rsplit(".", 1)[0] == prefix]
         for key in (k for k in mapping if isinstance(k, str) and k not in fields):
-            near = difflib.get_close_matches(key, missing, n=1, cutoff=0.6)
+            near = closest_name(key, missing)
             if near:
-                raise SpecError(f"plan ({path}): {prefix}.{shortened(key)}: unknown field (did you mean {near[0]}?)")
+                raise SpecError(f"plan ({path}): {prefix}.{shortened(key)}: unknown field (did you mean {near}?)")
     if gaps:
         shown = ", ".join(gaps[:4]) + (f" and {len(gaps) - 4} more" if len(gaps) > 4 else "")
         raise SpecError(f"plan ({path}): missing {shown}: a file `planner plan --save` wrote has every field "

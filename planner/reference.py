@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from hardware import load_system
-from hardware.errors import (VISIBLE_LINE_PATTERN, SpecError, digit_limit_error, finite_number, one_line,
+from hardware.errors import (VISIBLE_LINE_PATTERN, SpecError, closest_name, digit_limit_error, finite_number, one_line,
                              safe_load_packaged)
 from hardware.spec import SystemSpec
 from planner.analytical.flops import megatron_logged_flops_per_token, model_flops_per_token, narayanan_eq3_flops
@@ -233,10 +233,9 @@ RECORD_FIELDS = {
 
 
 def _unknown_field(r: _Record, block: str, key, fields: tuple) -> SpecError:
-    import difflib
     home = [b for b, names in RECORD_FIELDS.items() if b != block and b and str(key) in names]
-    near = difflib.get_close_matches(str(key), fields, n=1, cutoff=0.6)
-    hint = (f"; it belongs under {home[0]}:" if home else f"; did you mean {near[0]}?" if near
+    near = closest_name(str(key), fields)
+    hint = (f"; it belongs under {home[0]}:" if home else f"; did you mean {near}?" if near
             else f"; the fields: {', '.join(fields)}")
     kind = "layout field" if block == "parallel" else "field"
     return SpecError(f"reference {r.id}: {block + '.' if block else ''}{key}: unknown {kind}{hint}")
