@@ -105,6 +105,9 @@ DpImpl = Literal["megatron", "torch-fsdp2", "deepspeed"]
 DP_IMPL_CODES: dict[str, int] = {"megatron": 0, "torch-fsdp2": 1, "deepspeed": 2}
 # distinct layouts one search returns (planner.search.plan's top_k, `planner plan --top`)
 MAX_TOP_K = 1000
+# the CP-SAT time limit a search may be given (planner.search.plan's time_limit_s, `planner sweep
+# --time-limit` per grid point): a day
+MAX_TIME_LIMIT_S = 86400
 # sequences per step, the cap of --global-batch and of a plan file's global_batch (README "Limits";
 # Llama 3 405B used 2,048 sequences of 8K)
 MAX_GLOBAL_BATCH = 1 << 20
@@ -665,7 +668,7 @@ def make_plan(**fields) -> Plan:
         raise one_line(err, "plan") from None
 
 
-__all__ = ["Plan", "JobSpec", "MAX_GLOBAL_BATCH", "MOE_IMBALANCE_RANGE", "MODULE_GROUPS", "MODULE_DTYPES", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
+__all__ = ["Plan", "JobSpec", "MAX_GLOBAL_BATCH", "MAX_TIME_LIMIT_S", "MOE_IMBALANCE_RANGE", "MODULE_GROUPS", "MODULE_DTYPES", "BytesPerParam", "ADAM_MOMENT_BYTES", "KNOBS", "RECOMPUTE_CODES", "RECOMPUTE_MODULES",
            "RECOMPUTE_MODULE_BITS", "DEFAULT_RECOMPUTE_MODULES", "recompute_modules_mask",
            "recompute_modules_from_mask", "parse_recompute_modules", "applicable_recompute_modules",
            "check_recompute_modules", "load_plan", "make_plan", "COMPUTE_DTYPES",

@@ -42,7 +42,7 @@ from planner.analytical.offload import fraction_of_layers
 from planner.megatron import not_expressible
 from planner.model import ModelSpec
 from planner.pipeline_layout import plan_layout
-from planner.plan import MAX_TOP_K, JobSpec, Plan
+from planner.plan import MAX_TIME_LIMIT_S, MAX_TOP_K, JobSpec, Plan
 from planner.threads import map_in_order
 from planner.ties import TIE_REL_TOL, rank_with_ties
 
@@ -95,10 +95,6 @@ def _objective(est: Estimate, seq: int, free: bool) -> float:
 def _row_plan(table: Table, i: int) -> Plan:
     sub = {k: v[i:i + 1] for k, v in table.rows.items()}
     return plan_arrays(table.space, sub).row(0)
-
-
-# the CP-SAT limit a search may be given: a day, as `planner sweep --time-limit`
-MAX_TIME_LIMIT_S = 86400
 
 
 def plan(model: ModelSpec, system: SystemSpec, job: JobSpec | None = None, top_k: int = 5,

@@ -368,6 +368,14 @@ OffloadOptimizerOpt = Annotated[Optional[float], typer.Option(
     "--offload-optimizer", help="Fraction of optimizer state in the offload tier.")]
 
 
+def with_moe_imbalance(job, moe_imbalance: float | None):
+    """`job` at the routing skew --moe-imbalance gives (None: as it is); a plan file saved before
+    the skew was recorded says none, and takes the flag's."""
+    if moe_imbalance is None or moe_imbalance == job.moe_load_imbalance:
+        return job
+    return make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
+
+
 def switch(name: str, text: str):
     """An on/off plan flag (--NAME/--no-NAME), None when not given."""
     return Annotated[Optional[bool], typer.Option(f"--{name}/--no-{name}", help=text)]

@@ -75,6 +75,7 @@ from planner.cli.common import (
     layout_knobs,
     load_inputs_for_plan,
     make_job,
+    with_moe_imbalance,
     plan_from_knobs,
 )
 from planner.plan import load_plan
@@ -201,8 +202,7 @@ def estimate_command(
                        flash_attention=flash_attention,
                        **kernels, **adam_moments_setting(adam_moments),
                        **bf16_layers_setting(bf16_layers, model_spec), **module_dtypes_setting(module_dtype, model_spec))
-    if moe_imbalance is not None and moe_imbalance != job.moe_load_imbalance:
-        job = make_job(**{**job.model_dump(), "moe_load_imbalance": moe_imbalance})
+    job = with_moe_imbalance(job, moe_imbalance)
     check_job_reserve(job, system_spec, plan_file, hbm_reserve_gib)
     check_bf16_layers_fit(job.bf16_layers, model_spec)
     check_layout_fits_model(plan, model_spec, plan_file)

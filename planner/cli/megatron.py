@@ -26,6 +26,7 @@ from planner.cli.common import (
     check_recompute_layers,
     refuse_plan_file_contradictions,
     refuse_moe_flags_on_dense,
+    with_moe_imbalance,
     check_new_file,
     Bf16LayersOpt,
     ModuleDtypeOpt,
@@ -156,8 +157,7 @@ def _job(o: dict, model, system, plan=None):
                               module_dtypes=modules.get("module_dtypes"), moe_load_imbalance=skew,
                               **graphs) if plan is not None else None
     if saved is not None:
-        if skew is not None and skew != saved.moe_load_imbalance:  # a file saved before the skew was
-            saved = make_job(**{**saved.model_dump(), "moe_load_imbalance": skew})
+        saved = with_moe_imbalance(saved, skew)
         check_dtype_on_system(saved.dtype, system)
         check_module_dtypes_on_system(saved.module_dtypes, system, f"plan ({o['plan_file']}): job: module_dtypes")
         check_job_reserve(saved, system, o["plan_file"], o["hbm_reserve_gib"])

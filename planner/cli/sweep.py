@@ -16,6 +16,7 @@ from rich.text import Text
 from hardware import load_system
 from hardware.errors import VISIBLE_LINE_PATTERN, SpecError, refuse_dash, shortened
 from planner.jsonout import json_text
+from planner.plan import MAX_TIME_LIMIT_S
 from planner.cli.common import (
     DEFAULT_MAX_GLOBAL_BATCH,
     MAX_GLOBAL_BATCH,
@@ -143,7 +144,7 @@ def register(app: typer.Typer) -> None:
         Example:
           planner sweep -m megatron-1t -s h100-sxm --vary gpus=4096:16384:x2 --vary nvlink_domain=8,16 --out out/
         """
-        check_float("time-limit", time_limit_s, 0.01, 86400.0)  # seconds per grid point: a day at most
+        check_float("time-limit", time_limit_s, 0.01, MAX_TIME_LIMIT_S)  # seconds per grid point
         check_int("workers", workers, 1, MAX_WORKERS)
         check_int("global-batch", global_batch, 1, MAX_GLOBAL_BATCH)
         check_int("seq-length", seq_length, 1, MAX_SEQ_LENGTH)  # the flag's words, as the other commands say them
