@@ -282,13 +282,16 @@ A2A_BW_EFFICIENCY = 1.0
 # `a2a_overlap_exposed_s` (2026-11-28) 0.703x, and the refit keeps 0.9.
 A2A_OVERLAP_EFFICIENCY = 0.9
 # The MoE constants fitted on measured runs (bench/fsdp_moe_eval.py --fit in sample; planner.fit
-# refits them without each family for `planner validate --lofo`).
-MOE_FITTED_PARAMETERS = ("A2A_OVERLAP_EFFICIENCY", "EXPERT_GEMM_HOST_US")
+# refits them without each family for `planner validate --lofo`), and the one measured on a
+# kernel benchmark instead (EXPERT_GEMM_HOST_US: no training run sets it, in sample or LOFO).
+MOE_FITTED_PARAMETERS = ("A2A_OVERLAP_EFFICIENCY",)
+MOE_MEASURED_PARAMETERS = ("EXPERT_GEMM_HOST_US",)
 
 
 def moe_parameters(**values: float):
-    """Context: the model with some MOE_FITTED_PARAMETERS set to `values`."""
-    return named.overridden(sys.modules[__name__], MOE_FITTED_PARAMETERS, values)
+    """Context: the model with some MOE_FITTED_PARAMETERS or MOE_MEASURED_PARAMETERS (what-ifs)
+    set to `values`."""
+    return named.overridden(sys.modules[__name__], MOE_FITTED_PARAMETERS + MOE_MEASURED_PARAMETERS, values)
 
 
 # Router: fp32 logits, softmax (or sigmoid) + top-k + the aux-loss statistics: ~4 passes over
@@ -301,13 +304,15 @@ ROUTER_PASSES = 4.0
 # guide @1d9edcf8, §1 item 3). The routed experts are the part partial CUDA graphs cannot capture
 # (dynamic shapes, guide §2.3), and the device-host sync that sizes them (tokens per expert,
 # guide §3.1) drains the GPU queue first, so host time beyond the experts' GPU time is exposed:
-# the guide's "CPU overhead / host boundedness" (§2). Named; fitted by bench/fsdp_moe_eval.py.
-# 50 µs is the H100 measurement's median (49, p10-p90 26-78 µs: planner/data/h100_grouped_gemm.csv)
-# and was the grid fit's value; the fit's continuous optimum is 55 (golden section, 54.6 before
-# DeepEP's per-rank deduplication, 55.6 after, the objective 4 % lower than at 50), a valley the
-# eager x86 rows (H100, DGX B200: predicted fast when host-bound) and the one host-bound GB200 row
-# with partial CUDA graphs (ModelZoo BF16, predicted slow) pull apart. `planner validate --lofo`
-# refits it without each family.
+# the guide's "CPU overhead / host boundedness" (§2).
+# Measured, not fitted: one GEMM per expert issued in a loop on an H100 host takes a median 49 µs
+# of host time in bf16 and 52 µs in fp8 (planner/data/h100_grouped_gemm.csv, 88 shapes each,
+# p10-p90 26-78 µs; bench/gpu/moe_kernels_table.py): 50. A kernel measurement, so `planner
+# validate --lofo` keeps it for every family as it keeps the other measured kernels. Fitted end
+# to end on the MoE rows it would be 58 µs (golden section), a valley the eager x86 rows (H100, DGX
+# B200: predicted fast when host-bound) and the one host-bound GB200 row with partial CUDA graphs
+# (ModelZoo BF16, predicted slow) pull apart; refitted without Qwen3 it went to ~61 and that GB200
+# row to +32 % (docs/history.md, 2026-11-29 seventeenth session).
 EXPERT_GEMM_HOST_US = 50.0
 # Permutation and unpermutation (moe_utils.permute / unpermute): each reads and writes every
 # routed row once; unpermute also reads the probabilities (negligible). 2 ops × (read + write).
