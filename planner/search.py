@@ -558,7 +558,13 @@ def _fitting_example(model: ModelSpec, system: SystemSpec, job: JobSpec) -> Rank
     default stage splits: some plan fits there iff this one does), else the nearest pipelined plan
     with the uneven split the per-stage model finds; None when neither fits. The what-ifs of
     `check` ask "would it fit", for which a search for the fastest plan is not needed."""
-    space = build_space(model, system, job)
+    try:
+        space = build_space(model, system, job)
+    except SpecError:
+        # the job's pins are not legal on this box, a what-if GPU count (--tp 2 on 5 GPUs): no plan
+        # of this job fits it. Raised, it had ended `check` and `plan` on the user's own box with
+        # that pin's input error (Qwen3-32B on 4 A100, --tp 2: "pin tp: 2 ... allowed: 1", exit 2)
+        return None
     floor = memory_floor(space, offload_min=False, pipelined=1)
     if not floor.fits:  # the nearest pipelined plan may fit with an uneven split (UNEVEN_MARGIN)
         uneven = uneven_split_plans(model, system, job, space, floor.near_pipelined)

@@ -196,6 +196,18 @@ def test_check_does_not_ask_for_gpus_the_pins_rule_out():
         in res.reasons
 
 
+def test_check_skips_what_if_gpu_counts_where_the_pins_are_not_legal():
+    """Qwen3-32B on 4 A100, --tp 2: the GPU what-if tries 5, 6 and 7 GPUs, where tp 2 is not a legal
+    pin (5 and 7). `check` (and `plan`, which calls it where nothing fits) had stopped there with
+    "pin tp: 2 is not a legal value here; allowed: 1", an input error (exit 2) about a box the
+    user did not give; a count the pins rule out fits no plan of the job."""
+    m, job = load_model("qwen3-32b"), JobSpec(global_batch=64, pins={"tp": 2})
+    res = check(m, load_system("a100-80g", 4), job)
+    assert not res.feasible and res.numbers["gpus_needed"] == 8
+    assert plan(m, load_system("a100-80g", 8), job, top_k=1).best is not None
+    assert plan(m, load_system("a100-80g", 6), job, top_k=1).best is None
+
+
 def test_check_suggests_a_plan_command_with_the_users_own_flags():
     """The 'fits on N GPUs' answer names a `planner plan` command that repeats what the user gave
     (model, sequence, batch, pins, switches) on N GPUs, and that command plans there, pins kept."""
