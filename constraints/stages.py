@@ -812,8 +812,12 @@ def best_stages(model: ModelSpec, system: SystemSpec, job: JobSpec, plan: Plan) 
         sol, solve = _solve_blocks(problem), _solve_blocks
     else:
         sol, solve = solve_stages(problem, FREE_K_LIMIT_S if problem.recompute else TIME_LIMIT_S), solve_stages
-    if problem.recompute and not sol.proven_without_exposure and not problem.pattern:
-        # k as a variable did not prove in time (it happens even on 4 stages): enumerate k
+    if problem.recompute and not sol.proven_without_exposure and sol.status != "INFEASIBLE" \
+            and not problem.pattern:
+        # k as a variable did not prove in time (it happens even on 4 stages): enumerate k. Not
+        # where it was proven infeasible: its k ranges over every count the enumeration would fix,
+        # so each of those is infeasible too (`check`'s HBM bisection enumerated 102 k per step on
+        # Llama 3.1 405B at pp 25, each proven infeasible: ~4 s of its ~7)
         alt = solve_over_k(problem)
         better = alt if alt.stage_layers is not None and (sol.stage_layers is None or alt.objective <= sol.objective) \
             else sol
