@@ -64,6 +64,15 @@ def reference_accuracy_rows():
 
 
 @pytest.fixture(scope="session")
+def prepared_reference():
+    """planner.fit.prepare of every packaged reference case, once per test process (the
+    calibration fit's input; two modules read it). Read-only: the fits and Batched only read it."""
+    from planner.fit import prepare  # noqa: PLC0415
+    from planner.reference import load_reference  # noqa: PLC0415
+    return prepare(load_reference()[0])
+
+
+@pytest.fixture(scope="session")
 def gpt3():
     return load_model("gpt3-175b")
 

@@ -9,10 +9,9 @@ from planner.analytical import PlanArrays, estimate
 from planner.analytical.precision import QUANTISE_BYTES_PER_ELEMENT
 from planner.analytical.time import layer_compute_fwd_s
 from planner.cli import app
-from planner.fit import BOUNDS, FIT_GROUPS, fit_groups, prepare
+from planner.fit import BOUNDS, FIT_GROUPS, fit_groups
 from planner.model import load_model
 from planner.plan import JobSpec, Plan
-from planner.reference import load_reference
 from planner.search import plan as search_plan
 from tests.conftest import one_line_error
 
@@ -136,12 +135,6 @@ def test_llama3_70b_on_two_nvl72_racks_keeps_tp_inside_the_domain():
     assert search_plan(model, system, pinned, top_k=1).best is not None
     with pytest.raises(SpecError, match="8-GPU NVLink domain"):
         search_plan(model, load_system("b200", 144), pinned, top_k=1)
-
-
-@pytest.fixture(scope="module")
-def prepared_reference():
-    cases, _ = load_reference()
-    return prepare(cases)
 
 
 @pytest.fixture(scope="module")

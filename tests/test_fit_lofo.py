@@ -214,13 +214,12 @@ def test_the_v100_inherits_the_a100_set_as_mended_with_its_torch_ceiling(all_cas
         assert abs(lofo[p.case.id] / p.predict_s(borrowed) - 1) > 0.01  # not the set as borrowed
 
 
-def test_batched_scoring_predicts_every_row_as_alone():
+def test_batched_scoring_predicts_every_row_as_alone(prepared_reference):
     """The fit scores rows in batches (planner.fit.Batched: one step_time call for the rows that
     share a model, system and job but for the global batch and GPU count); each prediction equals
     the row costed alone, at efficiencies away from the presets'."""
-    from planner.calibration import load_reference
-    from planner.fit import Batched, prepare
-    rows = [p for p in prepare(load_reference()[0]) if p.group and p.case.fit]
+    from planner.fit import Batched
+    rows = [p for p in prepared_reference if p.group and p.case.fit]
     batched = Batched(rows)
     assert len(batched.groups) < len(rows)
     params = {"matmul_max": 0.61, "hbm_efficiency": 0.55, "layer_overhead_us": 120.0}
