@@ -28,13 +28,14 @@ Domains (see `knob_domains`)
   dp           GPUs / (tp*pp*cp); with `allow_idle_gpus` any dp that leaves GPUs idle but keeps
                the used count a whole number of nodes (or at most one node), limited to the
                largest dp, powers of two and divisors of the fixed batch
-  micro_batch  1, 2, 3, 4, 6, 8, 12, 16 with micro_batch*dp <= batch (non-powers of two: issue 8)
-               when the batch is fixed; 1, 2, 4, 8, 16 when it is free (search speed)
+  micro_batch  1, 2, 3, 4, 6, 8, 12, 16 with micro_batch*dp <= batch (non-powers of two: issue 8),
+               fixed or free batch alike
   global_batch job.global_batch if fixed; otherwise every multiple of micro_batch*dp up to
                job.max_global_batch ("free batch"; the objective is then time per token)
   recompute    none, selective, full (all layers of a stage)
   recompute_modules  selective recompute's module set (bit mask, planner.plan.RECOMPUTE_MODULE_BITS;
-               0 with none/full): the sets NVIDIA's recipes run and parts of them (SELECTIVE_MODULE_SETS) whose every
+               0 with none/full): the sets NVIDIA's recipes run, parts of them and their moe_act sets with
+               shared_experts (and mlp) added (SELECTIVE_MODULE_SETS) whose every
                module acts on the model (`planner.plan.applicable_recompute_modules`: moe_act / moe
                on MoE models, mla_up_proj with MLA, layernorm with MLA or MoE, mlp with dense
                layers) and free memory (not core_attn under fused attention: it frees nothing and only
@@ -81,7 +82,10 @@ CP_CAP = 8
 CP_LONG_MIN_TOKENS_PER_RANK = 8192
 VPP_CAP = 8
 MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
-FREE_BATCH_MICRO_BATCHES = (1, 2, 4, 8, 16)  # free batch: the batch adapts; keeps top-50 <= 10 s
+# free batch: the same grid. Powers of two alone (1, 2, 4, 8, 16) missed plans an independent brute
+# force found 0.5 % faster per token (2026-11-29 audit: Qwen3-14B on 8 H100, batch <= 3072: tp 2
+# dp 4 mb 3, where mb 4 does not fit and mb 2 runs smaller GEMMs; Qwen3-8B on 8 H100, mb 3)
+FREE_BATCH_MICRO_BATCHES = MICRO_BATCHES
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_GRID = (0.0, 0.5, 1.0)
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
@@ -111,12 +115,30 @@ def deep_vpp_ok(layers: int, pp: int, vpp: int) -> bool:
 # (DeepSeek-V3 recipes); mlp; moe), and the parts of those recipe sets that an independent
 # brute force over every module subset found faster where memory allows less recompute (moe_act;
 # layernorm; mla_up_proj+moe_act: 0.2-1.4 % on Qwen3-30B-A3B, Mixtral, DeepSeek-V2-Lite, gpt-oss-20b,
-# 2026-11-27). Each set is one more option row per layout, so the list stays short (not all 47
+# 2026-11-27). Each set is one more option row per layout, so the list stays short (not all 127
 # subsets of DeepSeek-V3's modules); other sets, e.g. the Bridge DeepSeek-V3 recipes'
-# [mla_up_proj] and [mla_up_proj, mlp], are estimated and emitted but not searched.
-SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
+# [mla_up_proj, mlp], are estimated and emitted but not searched.
+_BASE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
     ("core_attn",), ("layernorm", "moe_act"), ("layernorm", "mla_up_proj", "moe_act"), ("mlp",), ("moe",),
-    ("moe_act",), ("layernorm",), ("mla_up_proj", "moe_act"))
+    ("moe_act",), ("layernorm",), ("mla_up_proj", "moe_act"),
+    # the Bridge DeepSeek-V3 recipes' [mla_up_proj]: 0.5 % faster than any searched set on
+    # DeepSeek-V2-Lite's ep 4 layouts on 16 H100 (independent brute force, 2026-11-29 audit), and
+    # DeepSeek-V3 on 1,024 H100, batch 1536, runs 9 % faster with it (tp4 pp4 cp2 ep32 vpp8 mb3:
+    # 5.73 s against 6.30 s), a plan Megatron's own validator accepts
+    ("mla_up_proj",))
+# Each moe_act set also with the shared experts and/or the dense layers' mlp recomputed:
+# recomputing the routed experts' activation while keeping the shared experts' (a dense FFN beside
+# them, Megatron recompute module shared_experts) and the dense layers' MLP activations left the
+# most memory-freeing selective sets out of the space. An independent brute force over every
+# subset (2026-11-29 audit) found them up to 2.6 % faster than every searched plan on
+# DeepSeek-V2-Lite (8 and 16 B200, 8 GB200: ep 1, mb 16, ZeRO-3 instead of ep 4, mb 8), and
+# layernorm+mla_up_proj+mlp+moe_act 9 % faster than the search's best plan of the layout tp 4 mb 16
+# (8 A100, batch 32).
+# Only models with shared experts or dense layers get the extra rows; they and [mla_up_proj] cost
+# search time (DeepSeek-V3 on 1,024 H100, batch 1536: 29 -> 61 s).
+SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = _BASE_MODULE_SETS + tuple(
+    tuple(sorted(set(base) | set(extra))) for base in _BASE_MODULE_SETS if "moe_act" in base
+    for extra in (("shared_experts",), ("mlp",), ("mlp", "shared_experts")))
 
 
 def recompute_module_masks(model: ModelSpec, job: JobSpec, system: SystemSpec) -> tuple[int, ...]:

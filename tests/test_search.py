@@ -199,7 +199,7 @@ def _explicit_count(model: ModelSpec, gpus: int, job: JobSpec, offload: bool) ->
         etps = sorted({1, tp}) if model.moe else [tp]
         if model.moe and model.biases and job.framework == "megatron":
             etps = [1]  # Megatron-core transformer_config.py: "Bias in Moe is only supported when ETP==1"
-        mbs = (1, 2, 3, 4, 6, 8, 12, 16) if job.global_batch else (1, 2, 4, 8, 16)
+        mbs = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed or free batch alike
         # vpp 1..8, and beyond where every virtual stage holds the same whole number of layers
         for ep, etp, vpp, mb, gb in itertools.product(range(1, E + 1), etps, range(1, model.layers + 1), mbs, batches):
             if E % ep or gpus % (etp * ep * pp) or model.layers < pp * vpp or (vpp > 1 and pp == 1):
