@@ -35,7 +35,7 @@ Domains (see `knob_domains`)
   recompute    none, selective, full (all layers of a stage)
   recompute_modules  selective recompute's module set (bit mask, planner.plan.RECOMPUTE_MODULE_BITS;
                0 with none/full): the sets NVIDIA's recipes run, parts of them and their moe_act sets with
-               shared_experts (and mlp) added (SELECTIVE_MODULE_SETS) whose every
+               the shared experts and dense layers' mlp added (`selective_module_sets`) whose every
                module acts on the model (`planner.plan.applicable_recompute_modules`: moe_act / moe
                on MoE models, mla_up_proj with MLA, layernorm with MLA or MoE, mlp with dense
                layers) and free memory (not core_attn under fused attention: it frees nothing and only
@@ -126,23 +126,32 @@ _BASE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
     # DeepSeek-V3 on 1,024 H100, batch 1536, runs 9 % faster with it (tp4 pp4 cp2 ep32 vpp8 mb3:
     # 5.73 s against 6.30 s), a plan Megatron's own validator accepts
     ("mla_up_proj",))
-# Each moe_act set also with the shared experts and/or the dense layers' mlp recomputed:
-# recomputing the routed experts' activation while keeping the shared experts' (a dense FFN beside
-# them, Megatron recompute module shared_experts) and the dense layers' MLP activations left the
-# most memory-freeing selective sets out of the space. An independent brute force over every
-# subset (2026-11-29 audit) found them up to 2.6 % faster than every searched plan on
-# DeepSeek-V2-Lite (8 and 16 B200, 8 GB200: ep 1, mb 16, ZeRO-3 instead of ep 4, mb 8), and
-# layernorm+mla_up_proj+mlp+moe_act 9 % faster than the search's best plan of the layout tp 4 mb 16
-# (8 A100, batch 32).
-# Only models with shared experts or dense layers get the extra rows; they and [mla_up_proj] cost
-# search time (DeepSeek-V3 on 1,024 H100, batch 1536: 29 -> 61 s).
-SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = _BASE_MODULE_SETS + tuple(
-    tuple(sorted(set(base) | set(extra))) for base in _BASE_MODULE_SETS if "moe_act" in base
-    for extra in (("shared_experts",), ("mlp",), ("mlp", "shared_experts")))
+SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = _BASE_MODULE_SETS
+# Each moe_act set is also searched with every one of these that acts on the model added (one
+# more set per moe_act set, not one per subset): recomputing the routed experts' activation while
+# keeping the shared experts' (a dense FFN beside them, Megatron recompute module shared_experts)
+# and the leading dense layers' MLP activations left the most memory-freeing selective sets out
+# of the space. An independent brute force over every subset (2026-11-29 audit) found
+# layernorm+mla_up_proj+mlp+moe_act+shared_experts 2.3-2.6 % faster than every searched plan on
+# DeepSeek-V2-Lite (8 and 16 B200: ep 1, mb 16, ZeRO-3 instead of ep 4, mb 8). One set per subset
+# of the two (three per moe_act set) doubled DeepSeek-V3's search on 1,024 H100 for nothing the
+# brute force found.
+MOE_ACT_EXTRA_MODULES = ("mlp", "shared_experts")
+
+
+def selective_module_sets(model: ModelSpec) -> tuple[tuple[str, ...], ...]:
+    """SELECTIVE_MODULE_SETS, and each moe_act set with every MOE_ACT_EXTRA_MODULES module that
+    acts on `model` added (none where none does)."""
+    why = applicable_recompute_modules(model)
+    extras = {m for m in MOE_ACT_EXTRA_MODULES if why[m] is None}
+    if not extras:
+        return SELECTIVE_MODULE_SETS
+    return SELECTIVE_MODULE_SETS + tuple(tuple(sorted(set(base) | extras))
+                                         for base in SELECTIVE_MODULE_SETS if "moe_act" in base)
 
 
 def recompute_module_masks(model: ModelSpec, job: JobSpec, system: SystemSpec) -> tuple[int, ...]:
-    """Bit masks of the SELECTIVE_MODULE_SETS that apply to `model` (and, for Megatron, to the
+    """Bit masks of the `selective_module_sets` that apply to `model` (and, for Megatron, to the
     precision: FP8 delayed scaling recomputes neither moe_act nor layernorm; and to the GPU: moe_act
     needs the grouped expert GEMM, Ampere and later) and free memory: a
     set that stores what no recompute stores (core_attn under fused attention: its checkpoint keeps
@@ -150,7 +159,7 @@ def recompute_module_masks(model: ModelSpec, job: JobSpec, system: SystemSpec) -
     still be estimated and emitted)."""
     why = applicable_recompute_modules(model)
     masks = []
-    for modules in SELECTIVE_MODULE_SETS:
+    for modules in selective_module_sets(model):
         if any(why[name] is not None for name in modules):
             continue
         if job.framework == "megatron" and job.dtype == "fp8" and set(modules) & set(FP8_DELAYED_NO_RECOMPUTE):

@@ -212,10 +212,9 @@ def test_space_holds_the_module_sets_that_apply():
     names = lambda m, job=JobSpec(): {recompute_modules_from_mask(x) for x in masks(m, job) if x}  # noqa: E731
     # core_attn frees nothing under fused attention: searched only without it
     base = {("layernorm", "moe_act"), ("layernorm", "mla_up_proj", "moe_act"), ("moe_act",), ("mla_up_proj", "moe_act")}
-    # TINY has shared experts and a leading dense layer: each moe_act set also with shared_experts,
-    # mlp, and both (the most memory-freeing selective sets)
-    with_shared = {tuple(sorted(s + extra)) for s in base
-                   for extra in (("shared_experts",), ("mlp",), ("mlp", "shared_experts"))}
+    # TINY has shared experts and a leading dense layer: each moe_act set also with both added
+    # (the most memory-freeing selective sets)
+    with_shared = {tuple(sorted(s + ("mlp", "shared_experts"))) for s in base}
     assert names(TINY) == base | with_shared | {("mlp",), ("moe",), ("layernorm",), ("mla_up_proj",)}
     # no MLA, no dense layer
     assert names(SMALL_MOE) == {("layernorm", "moe_act"), ("moe",), ("moe_act",), ("layernorm",)}
