@@ -118,7 +118,7 @@ def deep_vpp_ok(layers: int, pp: int, vpp: int) -> bool:
 # 2026-11-27). Each set is one more option row per layout, so the list stays short (not all 127
 # subsets of DeepSeek-V3's modules); other sets, e.g. the Bridge DeepSeek-V3 recipes'
 # [mla_up_proj, mlp], are estimated and emitted but not searched.
-_BASE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
+SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
     ("core_attn",), ("layernorm", "moe_act"), ("layernorm", "mla_up_proj", "moe_act"), ("mlp",), ("moe",),
     ("moe_act",), ("layernorm",), ("mla_up_proj", "moe_act"),
     # the Bridge DeepSeek-V3 recipes' [mla_up_proj]: 0.5 % faster than any searched set on
@@ -126,7 +126,6 @@ _BASE_MODULE_SETS: tuple[tuple[str, ...], ...] = (
     # DeepSeek-V3 on 1,024 H100, batch 1536, runs 9 % faster with it (tp4 pp4 cp2 ep32 vpp8 mb3:
     # 5.73 s against 6.30 s), a plan Megatron's own validator accepts
     ("mla_up_proj",))
-SELECTIVE_MODULE_SETS: tuple[tuple[str, ...], ...] = _BASE_MODULE_SETS
 # Each moe_act set is also searched with every one of these that acts on the model added (one
 # more set per moe_act set, not one per subset): recomputing the routed experts' activation while
 # keeping the shared experts' (a dense FFN beside them, Megatron recompute module shared_experts)
