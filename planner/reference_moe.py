@@ -39,7 +39,10 @@ from `planner validate`; no per-row factor is applied to any of them):
   BF16 (GroupedLinear quantises nothing per expert) on the ModelZoo's Blackwell image (TE 99df881,
   release_v2.9 with #2377), plus per-layer CUDA graphs of attn, moe_router and moe_preprocess and
   HybridEP. A host constant for that combination would be fitted on this single row (the other
-  GB200/GB300 rows have <= 4 local experts and are not host-bound), i.e. a per-row factor.
+  GB200/GB300 rows have <= 4 local experts and are not host-bound), i.e. a per-row factor. Nor a
+  true grouped GEMM on that image: TE's CUTLASS grouped GEMM is Hopper-only and opt-in
+  (nvte_multi_tensor_gemm checks sm 90 and NVTE_USE_CUTLASS_GROUPED_GEMM), and its single
+  cuBLASLt grouped GEMM, which keeps the token counts on the device, needs cuBLAS 13.3 (TE docs).
 - Bridge 25.11 DGX-B200 Qwen3-235B (-18 %) and DeepSeek-V3 (-17 %): both ran 16-25 % slower per
   microbatch than the same layouts on the same GPUs in the neighbouring releases, which the model
   predicts within 5 %: Qwen3 tp1 pp8 ep8, 156.6 ms per microbatch (25.11) against 124.8 (25.09,
