@@ -81,11 +81,11 @@ CP_CAP = 8
 # 24.03 long-sequence table: cp 8/16/32 at 256K/512K/1M); at 4K-8K sequences cp > 8 only adds rows.
 CP_LONG_MIN_TOKENS_PER_RANK = 8192
 VPP_CAP = 8
-MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)  # fixed batch: not only powers of two (issue 8)
-# free batch: the same grid. Powers of two alone (1, 2, 4, 8, 16) missed plans an independent brute
-# force found 0.5 % faster per token (2026-11-29 audit: Qwen3-14B on 8 H100, batch <= 3072: tp 2
-# dp 4 mb 3, where mb 4 does not fit and mb 2 runs smaller GEMMs; Qwen3-8B on 8 H100, mb 3)
-FREE_BATCH_MICRO_BATCHES = MICRO_BATCHES
+# Not only powers of two (issue 8), with a fixed or a free batch alike: a free batch searched on
+# powers of two alone (1, 2, 4, 8, 16) missed plans an independent brute force found 0.5 % faster
+# per token (2026-11-29 audit: Qwen3-14B on 8 H100, batch <= 3072: tp 2 dp 4 mb 3, where mb 4 does
+# not fit and mb 2 runs smaller GEMMs; Qwen3-8B on 8 H100, mb 3)
+MICRO_BATCHES = (1, 2, 3, 4, 6, 8, 12, 16)
 ZERO_STAGES = (0, 1, 2, 3)
 OFFLOAD_GRID = (0.0, 0.5, 1.0)
 RECOMPUTE_NAMES = {code: name for name, code in RECOMPUTE_CODES.items()}
@@ -256,8 +256,7 @@ def knob_domains(model: ModelSpec, system: SystemSpec, job: JobSpec) -> dict[str
         "tp": tuple(tp), "pp": tuple(pp), "cp": tuple(cp), "ep": tuple(ep), "etp": tuple(etp), "vpp": tuple(vpp),
         "dp": tuple(range(1, n + 1)) if job.allow_idle_gpus else tuple(sorted({n // (a * b * c)
               for a in tp for b in pp for c in cp if n % (a * b * c) == 0})),
-        "micro_batch": tuple(m for m in (MICRO_BATCHES if job.global_batch else FREE_BATCH_MICRO_BATCHES)
-                             if m <= cap),
+        "micro_batch": tuple(m for m in MICRO_BATCHES if m <= cap),
         "global_batch": (job.global_batch,) if job.global_batch else tuple(range(1, cap + 1)),
         "recompute": tuple(RECOMPUTE_CODES.values()),
         "recompute_modules": (0,) + recompute_module_masks(model, job, system),

@@ -493,7 +493,7 @@ def _fit_constants(rows: list[Prepared], params_of, override, bounds: dict[str, 
 
 # MoE constants (planner.analytical.time.MOE_FITTED_PARAMETERS) and their physical bounds. In
 # sample they come from bench/fsdp_moe_eval.py's grid; LOFO refits them without the family. The
-# host time per expert GEMM is a kernel measurement (time.MOE_MEASURED_PARAMETERS), not refitted.
+# host time per expert GEMM (time.EXPERT_GEMM_HOST_US) is a kernel measurement, not refitted.
 MOE_FITS = (("A2A_OVERLAP_EFFICIENCY", (0.0, 1.0)),)
 
 

@@ -122,7 +122,7 @@ def test_moe_parameters_are_refitted_without_the_family(all_cases):
               for c in picked]
     base, moved = prepare(picked), prepare(slowed)
     assert fit_moe(moved) != fit_moe(base)
-    assert "EXPERT_GEMM_HOST_US" not in fit_moe(moved) and "EXPERT_GEMM_HOST_US" in tm.MOE_MEASURED_PARAMETERS
+    assert set(fit_moe(moved)) == {"A2A_OVERLAP_EFFICIENCY"}  # EXPERT_GEMM_HOST_US is measured
     saved = {n: getattr(tm, n) for n in tm.MOE_FITTED_PARAMETERS}
     lofo = lofo_predictions(base, fit_all(base), families={"Qwen3"})
     lofo_moved = lofo_predictions(moved, fit_all(moved), families={"Qwen3"})

@@ -282,16 +282,14 @@ A2A_BW_EFFICIENCY = 1.0
 # `a2a_overlap_exposed_s` (2026-11-28) 0.703x, and the refit keeps 0.9.
 A2A_OVERLAP_EFFICIENCY = 0.9
 # The MoE constants fitted on measured runs (bench/fsdp_moe_eval.py --fit in sample; planner.fit
-# refits them without each family for `planner validate --lofo`), and the one measured on a
-# kernel benchmark instead (EXPERT_GEMM_HOST_US: no training run sets it, in sample or LOFO).
+# refits them without each family for `planner validate --lofo`). EXPERT_GEMM_HOST_US is not one:
+# a kernel measurement, which no training run sets, in sample or LOFO.
 MOE_FITTED_PARAMETERS = ("A2A_OVERLAP_EFFICIENCY",)
-MOE_MEASURED_PARAMETERS = ("EXPERT_GEMM_HOST_US",)
 
 
 def moe_parameters(**values: float):
-    """Context: the model with some MOE_FITTED_PARAMETERS or MOE_MEASURED_PARAMETERS (what-ifs)
-    set to `values`."""
-    return named.overridden(sys.modules[__name__], MOE_FITTED_PARAMETERS + MOE_MEASURED_PARAMETERS, values)
+    """Context: the model with some MOE_FITTED_PARAMETERS set to `values`."""
+    return named.overridden(sys.modules[__name__], MOE_FITTED_PARAMETERS, values)
 
 
 # Router: fp32 logits, softmax (or sigmoid) + top-k + the aux-loss statistics: ~4 passes over
