@@ -675,6 +675,12 @@ class ModelSpec(_Part):
         return self._hybrid_mean({"E": per_block}) if self.hybrid_pattern else per_block
 
     @property
+    def router_params_per_layer(self) -> float:
+        """router_gate_params of the repeated layer (a hybrid stack's mean over its layers, of
+        which only the MoE blocks route)."""
+        return self._hybrid_mean({"E": self.router_gate_params}) if self.hybrid_pattern else self.router_gate_params
+
+    @property
     def tp_replicated_params_per_layer(self) -> float:
         """tp_replicated_params_by_block of the repeated layer (a hybrid stack's mean block)."""
         if self.hybrid_pattern:

@@ -412,9 +412,7 @@ def stage_router_params(model: ModelSpec, P: PlanArrays, by_block: bool = False,
     if by_block and layer_kinds.by_block(model):
         router = layer_kinds.rank_block_sum(model, P, {"E": model.router_gate_params}, counts)
     else:
-        def per_layer(m: ModelSpec) -> float:  # a hybrid stack's mean block, as stage_params
-            return m._hybrid_mean({"E": m.router_gate_params}) if m.hybrid_pattern else m.router_gate_params
-        router = rank_layer_sum(model, per_layer, P.rank_layers, P.rank_lead_layers)
+        router = rank_layer_sum(model, lambda m: m.router_params_per_layer, P.rank_layers, P.rank_lead_layers)
     last = P.rank_index == RankColumns(P).pp - 1
     return router + last * model.mtp_weight_modules * model.router_gate_params
 
