@@ -1,6 +1,7 @@
 """What a model IS: transformer shape, parameter counts, and presets."""
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from pathlib import Path
@@ -860,7 +861,27 @@ def load_model(ref: str, overrides: dict | None = None) -> ModelSpec:
         data, label = _config_fields(config_json), f"Hugging Face config {config_json}"
     else:
         path, label = resolve_preset_or_file(ref, PRESET_DIR, "model")
+        if path.resolve().parent == PRESET_DIR.resolve():
+            try:
+                key = tuple(sorted((overrides or {}).items()))
+                hash(key)
+            except TypeError:  # an override that is not a plain value: validated the long way
+                key = None
+            if key is not None:
+                return _preset_model(path.resolve(), label, key)
         data = read_yaml_mapping(path, "model")
+    return _validated_model(data, overrides, label, config_json)
+
+
+@functools.lru_cache(maxsize=256)
+def _preset_model(path: Path, label: str, overrides: tuple) -> ModelSpec:
+    """A shipped preset, parsed and validated once per process per set of overrides (a search
+    or a validation run asks for the same few presets thousands of times); ModelSpec and its
+    parts are frozen, so one instance serves every caller."""
+    return _validated_model(read_yaml_mapping(path, "model"), dict(overrides), label, None)
+
+
+def _validated_model(data: dict, overrides: dict | None, label: str, config_json: Path | None) -> ModelSpec:
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         refuse_loose_types(data, ModelSpec, f"model ({label})")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import pickle
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -1517,6 +1518,18 @@ def _with_erratum(rec: dict, published: RefCase) -> RefCase:
     return fixed
 
 
+def _parsed_reference(path: Path):
+    """The file's YAML, parsed once per process per content (the three packaged files are 1 MB of
+    YAML, read by every `validate` and every gated plan); each caller gets its own copy, since the
+    record readers fill in defaults."""
+    return pickle.loads(_pickled_reference(path.read_text()))
+
+
+@functools.lru_cache(maxsize=8)
+def _pickled_reference(text: str) -> bytes:
+    return pickle.dumps(safe_load_packaged(text))
+
+
 def load_records(path: Path) -> tuple[list[dict], bool]:
     """Records of one reference file, and whether it uses the FSDP/MoE schema."""
     if path.is_symlink() and not path.exists():  # dangling, or a loop of links: there, but no file
@@ -1524,7 +1537,7 @@ def load_records(path: Path) -> tuple[list[dict], bool]:
     if not path.is_file():
         raise SpecError(f"reference: {path} not found (pass --reference PATH to a measured_runs-style YAML)")
     try:
-        data = safe_load_packaged(path.read_text())  # the three files are 1 MB of YAML
+        data = _parsed_reference(path)
     except yaml.YAMLError:
         raise SpecError(f"reference {path}: malformed YAML") from None
     except ValueError as err:  # an integer past Python's digit limit (the CLI's strict pre-read names its key)

@@ -68,16 +68,7 @@ class _LazyOneLineGroup(TyperGroup):
         if name not in COMMANDS:
             return None
         if name not in self.commands:
-            sub = typer.Typer(add_completion=False, rich_markup_mode=None)
-            importlib.import_module(f"planner.cli.{COMMANDS[name][0]}").register(sub)
-            built = typer.main.get_command(sub)
-            found = built.commands if isinstance(built, TyperGroup) else {built.name: built}
-            for cmd_name, cmd in found.items():
-                _plain_numbers(cmd)
-                _once_each(cmd)
-                self.commands.setdefault(cmd_name, cmd)
-            if name not in found:  # a module that registers one command under a typer-made name
-                self.commands[name] = next(iter(found.values()))
+            self.commands[name] = _built_command(name)
         return self.commands[name]
 
     def invoke(self, ctx):
@@ -183,6 +174,29 @@ class _LazyOneLineGroup(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+_BUILT_COMMANDS: dict[str, click.Command] = {}
+
+
+def _built_command(name: str) -> click.Command:
+    """Command `name`, built from its module's typer registration once per process: typer reads
+    every parameter's annotations to build it (~10 ms), which a process that invokes the app many
+    times (a test runner) would otherwise pay on every call. The built command keeps no state
+    between invocations."""
+    if name not in _BUILT_COMMANDS:
+        sub = typer.Typer(add_completion=False, rich_markup_mode=None)
+        importlib.import_module(f"planner.cli.{COMMANDS[name][0]}").register(sub)
+        built = typer.main.get_command(sub)
+        found = built.commands if isinstance(built, TyperGroup) else {built.name: built}
+        for cmd_name, cmd in found.items():
+            _plain_numbers(cmd)
+            _once_each(cmd)
+            if cmd_name in COMMANDS:
+                _BUILT_COMMANDS.setdefault(cmd_name, cmd)
+        # a module that registers one command under a typer-made name serves `name` with it
+        _BUILT_COMMANDS.setdefault(name, next(iter(found.values())))
+    return _BUILT_COMMANDS[name]
 
 
 def _plain_numbers(command) -> None:
