@@ -720,24 +720,42 @@ def _leaves(annotation) -> list:
     return [annotation]
 
 
-def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> None:
-    """`top`: a spec's own field, where a number written as text is refused with a hint; inside a
-    list or mapping a float-valued item (a peak_flops table) written "989.4e12" is read as the
-    number it spells, as the packaged accelerator presets write their peaks; an integer item
-    written as text is refused like a field."""
+_ANNOTATION_SHAPES: dict[int, tuple] = {}
+
+
+def _annotation_shape(annotation) -> tuple:
+    """(leaves, kinds, Literal names, nested spec or None, containers) of a field's annotation,
+    worked out once per annotation: specs are validated ~10^5 times in a search's tests (Plan),
+    and the typing introspection was most of it. Keyed by id, the annotation kept beside it."""
     import typing
 
     from pydantic import BaseModel
 
-    if getattr(getattr(value, "dtype", None), "kind", None) == "b":  # numpy's bool is a bool here
-        value = bool(value)
+    kept = _ANNOTATION_SHAPES.get(id(annotation))
+    if kept is not None and kept[0] is annotation:
+        return kept[1]
     leaves = _leaves(annotation)
     kinds: set = set()
     for leaf in leaves:
         origin = typing.get_origin(leaf)
         kinds |= {type(a) for a in typing.get_args(leaf)} if origin is typing.Literal else {origin or leaf}
+    names = [a for leaf in leaves if typing.get_origin(leaf) is typing.Literal for a in typing.get_args(leaf)]
+    nested = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
+    containers = [(typing.get_origin(leaf), typing.get_args(leaf)) for leaf in leaves]
+    shape = (leaves, frozenset(kinds), names, nested, containers)
+    _ANNOTATION_SHAPES[id(annotation)] = (annotation, shape)
+    return shape
+
+
+def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> None:
+    """`top`: a spec's own field, where a number written as text is refused with a hint; inside a
+    list or mapping a float-valued item (a peak_flops table) written "989.4e12" is read as the
+    number it spells, as the packaged accelerator presets write their peaks; an integer item
+    written as text is refused like a field."""
+    if getattr(getattr(value, "dtype", None), "kind", None) == "b":  # numpy's bool is a bool here
+        value = bool(value)
+    leaves, kinds, names, nested, containers = _annotation_shape(annotation)
     if isinstance(value, bool) and bool not in kinds:
-        names = [a for leaf in leaves if typing.get_origin(leaf) is typing.Literal for a in typing.get_args(leaf)]
         wanted = ("a number" if kinds & {int, float} else f"one of {', '.join(map(str, names))}" if names
                   else "text (a name)" if str in kinds else "a value of the field")
         # YAML 1.1 reads no/off as false: the name "none" written bare is one of those
@@ -750,12 +768,10 @@ def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> Non
     # pydantic's lax mode reads "yes", "on", 1 as true
     if bool in kinds and not kinds & {int, float, str} and not isinstance(value, bool) and value is not None:
         raise SpecError(f"{where}: expected true or false, got {value!r}")
-    nested = [k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)]
-    if nested and isinstance(value, dict):
-        refuse_loose_types(value, nested[0], where)
+    if nested is not None and isinstance(value, dict):
+        refuse_loose_types(value, nested, where)
         return
-    for leaf in leaves:
-        origin, args = typing.get_origin(leaf), typing.get_args(leaf)
+    for origin, args in containers:
         if origin in (list, tuple, set, frozenset) and isinstance(value, (list, tuple)) and args:
             items = args[:1] if origin is not tuple or args[-1] is Ellipsis or len(args) == 1 else args
             for i, item in enumerate(value):
