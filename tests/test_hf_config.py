@@ -204,10 +204,11 @@ def test_not_json_and_empty_directory(tmp_path):
                                           ("deepseek-v3", "DeepSeek-V3")])
 def test_cli_plans_from_a_config_directory(fixture, name):
     """A Hugging Face model directory through `planner plan`. DeepSeek-V3 needs 1,024 GPUs, where
-    its free search costs ~2.4 M rows (7 s); its expert parallelism is pinned to 64 (the free
-    search's own choice there, and that of DeepSeek's recipe), which leaves the path from the
-    directory to the plan the same at a fraction of the rows."""
-    gpus, pins = {"deepseek-v3": ("1024", ["--ep", "64"])}.get(fixture, ("64", []))
+    its free search costs ~2.4 M rows (7 s); its expert parallelism is pinned to 64 and its tp and
+    pp to 4 and 2 (the free search's own choice there, the ep that of DeepSeek's recipe too), which
+    leaves the path from the directory to the plan the same at a fraction of the rows (--ep 64
+    alone: 4.7 s of search)."""
+    gpus, pins = {"deepseek-v3": ("1024", ["--ep", "64", "--tp", "4", "--pp", "2"])}.get(fixture, ("64", []))
     result = CliRunner().invoke(app, ["plan", "-m", str(HF / fixture), "-s", "h100-sxm", "-g", gpus,
                                       "-b", "1024", "--top", "1", "--json", *pins])
     assert result.exit_code == 0, result.output
