@@ -207,8 +207,10 @@ def test_cli_plans_from_a_config_directory(fixture, name):
     its free search costs ~2.4 M rows (7 s); its expert parallelism is pinned to 64 and its tp and
     pp to 4 and 2 (the free search's own choice there, the ep that of DeepSeek's recipe too), which
     leaves the path from the directory to the plan the same at a fraction of the rows (--ep 64
-    alone: 4.7 s of search)."""
-    gpus, pins = {"deepseek-v3": ("1024", ["--ep", "64", "--tp", "4", "--pp", "2"])}.get(fixture, ("64", []))
+    alone: 4.7 s of search). Qwen3-30B-A3B's layout on 64 GPUs is pinned likewise to the free
+    search's (tp 1, pp 1, ep 8: the same plan, 0.14 s of search against 2.4 s)."""
+    gpus, pins = {"deepseek-v3": ("1024", ["--ep", "64", "--tp", "4", "--pp", "2"]),
+                  "qwen3-30b-a3b": ("64", ["--tp", "1", "--pp", "1", "--ep", "8"])}.get(fixture, ("64", []))
     result = CliRunner().invoke(app, ["plan", "-m", str(HF / fixture), "-s", "h100-sxm", "-g", gpus,
                                       "-b", "1024", "--top", "1", "--json", *pins])
     assert result.exit_code == 0, result.output
