@@ -61,8 +61,11 @@ def test_estimate_costs_the_layers_megatron_offloads():
 
 
 def test_a_pinned_offload_that_costs_time_says_so():
-    """A pinned offload slower than the best plan without it: "It costs", not "It pays ... -13.9 %"."""
-    result = runner.invoke(app, ["plan", "-m", "deepseek-v2-lite", "-s", "gb200-nvl72", "-g", "64", "-b", "512",
+    """A pinned offload slower than the best plan without it: "It costs", not "It pays ... -13.9 %".
+    On 8 GB200 (batch 64; 64 GPUs and batch 512 took eight times as long) the plan is the same
+    (ep 4, micro-batch 8, one microbatch, 52 % offloaded, 0.108 s of it exposed) and the plan
+    without offload takes 13.7 % less time per token."""
+    result = runner.invoke(app, ["plan", "-m", "deepseek-v2-lite", "-s", "gb200-nvl72", "-g", "8", "-b", "64",
                                  "--offload-activations", "0.5"])
     assert result.exit_code == 0, result.output
     import re
