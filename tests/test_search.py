@@ -49,15 +49,18 @@ CASES = [
     # rows), then 16 GPUs, batch <= 32 (1.5 M rows, 11 s, the suite's slowest test); pp pinned to 2
     # keeps its pipelined half (a third of the time): ep 4 and 8 across nodes, etp 1, sp, vpp 7-16
     # with per-stage layer layouts, selective recompute of the MoE modules, ZeRO 1-3. The
-    # unpipelined MoE plans are the cases beside it
-    ("mixtral-8x7b", "h100-sxm", 16, JobSpec(max_global_batch=32, pins={"pp": 2})),
+    # unpipelined MoE plans are the cases beside it. cp pinned to 1: the same top 5 (no cp in it)
+    # in a third of the time (cp with MoE: mixtral-8x7b-gh200-8)
+    ("mixtral-8x7b", "h100-sxm", 16, JobSpec(max_global_batch=32, pins={"pp": 2, "cp": 1})),
     ("llama3-8b", "gh200", 24, JobSpec(max_global_batch=48)),
     # every framework's options on 24 Grace Hoppers, unpipelined (the same five layouts as with pp
     # free, in a third of the time; case llama3-8b-h200-8 holds framework "any" with pipelines)
     ("llama3-8b", "gh200", 24, JobSpec(global_batch=48, framework="any", pins={"pp": 1})),
     # batch <= 16 keeps what <= 32 ranked first (pp 2 and 4 with vpp 16-64 beside pp 1), in half the
-    # time; for 254 blocks <= 8 ranks pp 2 with vpp 127 (254 = 2 x 127) among its five, in half again
-    (TINY256, "h100-sxm", 16, JobSpec(max_global_batch=16)),
+    # time; for 254 blocks <= 8 ranks pp 2 with vpp 127 (254 = 2 x 127) among its five, in half again.
+    # 256 blocks with cp pinned to 1: the same top 5 (per-stage layer layouts at vpp 16 and 32 among
+    # them; batch <= 8 has none) in a quarter of the time
+    (TINY256, "h100-sxm", 16, JobSpec(max_global_batch=16, pins={"cp": 1})),
     (TINY254, "h100-sxm", 16, JobSpec(max_global_batch=8)),
     ("seed-1t-256blocks", "h100-offload-1tib", 256, JobSpec(global_batch=256)),
     ("seed-1t-254blocks", "h100-offload-1tib", 256, JobSpec(global_batch=256)),
@@ -80,8 +83,10 @@ CASES = [
     # GPUs (2.7 M oracle rows); 8 GPUs (2 nodes) keeps the cross-node groups, and its top 5 has
     # more of the paths than that one's: ep 8 with the all-to-all overlap, activation AND
     # optimizer offload (16 GPUs: activation offload only, no overlap). Batch <= 16 (0.64 M rows)
-    # has the same five layouts and options as <= 32 (1.3 M rows)
-    ("mixtral-8x7b", "gh200", 8, JobSpec(max_global_batch=16)),
+    # had the same five layouts and options as <= 32 (1.3 M rows); <= 8, in half the time, has
+    # them too (ep 8 across the two nodes with its all-to-all overlap twin tied, etp 1 with sp,
+    # cp 2, activation and optimizer offload) and ep 4 besides
+    ("mixtral-8x7b", "gh200", 8, JobSpec(max_global_batch=8)),
     # the MoE all-to-all overlap where memory binds: the overlap twins of the best plans do not
     # fit (one more layer in flight), so the table must cost the plans without it
     ("mixtral-8x7b", "a100-80g", 16, JobSpec(global_batch=64)),
@@ -89,8 +94,9 @@ CASES = [
     # the overlap: the overlap-twin rules' conditions (constraints/dominance.py)
     (TINY_MOE_LEAD, "h100-sxm", 16, JobSpec(global_batch=64, framework="any")),
     # dense and MoE layers interleaved (Llama 4 Maverick's layout, MoE every second layer): the
-    # pipeline ranks hold the dense layers their stage bounds cover; no per-stage CP-SAT layouts
-    (TINY_MOE_INTERLEAVED, "h100-sxm", 16, JobSpec(global_batch=64, framework="any")),
+    # pipeline ranks hold the dense layers their stage bounds cover; no per-stage CP-SAT layouts.
+    # cp pinned to 1: the same top 5 (ep 2-8, etp 1, no cp) in a third of the time
+    (TINY_MOE_INTERLEAVED, "h100-sxm", 16, JobSpec(global_batch=64, framework="any", pins={"cp": 1})),
     (TINY_MOE_INTERLEAVED, "h100-sxm", 16, JobSpec(global_batch=64, pins={"pp": 2, "recompute": "full"})),
     # bf16 Adam moments (precision-aware optimizer: ZeRO-1 only) with DeepSeek-V3's block FP8
     ("llama3-8b", "h800", 8, JobSpec(global_batch=64, adam_moments="bf16", dtype="fp8-block")),
