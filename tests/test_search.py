@@ -104,8 +104,10 @@ CASES = [
     # offload, no moe recompute beside the router graph (the space's and expressible.py's rules)
     ("mixtral-8x7b", "a100-80g", 16, JobSpec(global_batch=64, cuda_graph_modules=("attn", "moe_router",
                                                                                   "moe_preprocess"))),
-    # a hybrid Mamba / MoE / attention stack (one block per layer, each pipeline rank timed with its own blocks)
-    ("nemotron-3-nano", "h100-sxm", 16, JobSpec(global_batch=64)),
+    # a hybrid Mamba / MoE / attention stack (one block per layer, each pipeline rank timed with its own blocks).
+    # One node, batch 32 (the same 4 sequences per GPU as 16 GPUs at 64, in half the time): pp 1-8,
+    # and a top 5 with ep 8, etp 1 with sp, selective and partial full recompute, ZeRO 2 and 3
+    ("nemotron-3-nano", "h100-sxm", 8, JobSpec(global_batch=32)),
     # a mixed NVFP4 recipe: bf16 last layers and a per-module override (attention in bf16)
     ("llama3-8b", "b200", 16, JobSpec(global_batch=64, dtype="nvfp4", bf16_layers=(0, 4),
                                       module_dtypes={"attention": "bf16"})),
