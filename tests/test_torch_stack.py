@@ -119,6 +119,15 @@ def cases():
     return load_reference()[0]
 
 
+@pytest.fixture(scope="module")
+def a100_picked(cases):
+    """The A100 torch-stack rows the LOFO fits run on: the 8 torchtitan rows and every 16th of
+    MPT's 139 (9 rows, enough for the fit to identify MPT's Triton ceiling and the torch GEMMs';
+    every 8th, 18 rows, doubled the fits' time for the same properties)."""
+    a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
+    return [c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::16]
+
+
 def test_torchtitan_pipeline_rows_split_the_local_batch(cases):
     # Table 5: local batch 32 on pp 8: torchtitan's default of pp microbatches -> 8 of 4 sequences
     c = next(c for c in cases if c.id == "torchtitan_llama31-405b_512gpu_fsdp8_tp8_pp8_1f1b")
@@ -191,24 +200,24 @@ def test_fsdp_groups_meet_what_was_measured(reference_accuracy_rows):
     assert summarize(rows, "software")["dense, tuned"]["mean_abs_error"] <= 0.0505
 
 
-def test_torch_stack_lofo_ignores_the_familys_own_measurements(cases):
+def test_torch_stack_lofo_ignores_the_familys_own_measurements(a100_picked):
     """Refitting the torch-stack parameters without MPT: doubling MPT's measured times moves the
     in-sample A100 ceilings of MPT's Triton attention (only MPT rows ran it) and of the torch GEMMs
     (every A100 torch row fits it) but not the fit made without MPT, where the Triton ceiling falls
     back to the FlashAttention-2 one over the published A100 speed-up (Dao 2023 §4.1)."""
-    a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
-    picked = [c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::8]
+    picked = a100_picked
     assert sum(c.family != "MPT" for c in picked) >= 5 and sum(c.family == "MPT" for c in picked) >= 5
     slowed = [dataclasses.replace(c, measured_step_s=2 * c.measured_step_s) if c.family == "MPT" else c
               for c in picked]
     base, moved = prepare(picked), prepare(slowed)
     keep = lambda c: c.family != "MPT"  # noqa: E731
-    assert fit_torch_stack(base, {}, keep, iters=8) == fit_torch_stack(moved, {}, keep, iters=8)
+    fit_without = fit_torch_stack(base, {}, keep, iters=8)
+    assert fit_without == fit_torch_stack(moved, {}, keep, iters=8)
     full_base, full_moved = fit_torch_stack(base, {}, iters=8), fit_torch_stack(moved, {}, iters=8)
     a100 = "A100-SXM4-80GB"
     assert full_moved[a100]["attention_max_triton"] < full_base[a100]["attention_max_triton"]
     assert full_moved[a100]["matmul_max_torch"] < full_base[a100]["matmul_max_torch"]
-    without = fit_torch_stack(base, {}, keep, iters=8)[a100]
+    without = fit_without[a100]
     assert without["attention_max_triton"] == pytest.approx(without["attention_max_fa2"] / FA2_OVER_TRITON_A100)
     # Dao 2023 §4.1: forward 1.3-1.5x (1.4), backward about 2x, weighted by the passes' FLOPs 1 : 2.5
     assert FA2_OVER_TRITON_A100 == pytest.approx((1.4 + 2.5 * 2) / 3.5) == pytest.approx(1.829, abs=1e-3)
@@ -230,12 +239,11 @@ def test_a100_fa2_ceiling_is_bounded_by_the_kernels_own_best(cases):
     assert load_accelerator("a100-sxm4-80gb").efficiency.attention_max_fa2 < FA2_BEST_A100
 
 
-def test_a100_fa2_fallback_is_the_triton_ceiling_times_the_published_ratio(cases):
+def test_a100_fa2_fallback_is_the_triton_ceiling_times_the_published_ratio(a100_picked):
     """Without the rows that identify the A100's FlashAttention-2 ceiling (the torchtitan Llama
     rows), it takes MPT's fitted Triton ceiling times Dao 2023's 1.83, the same ratio the Triton
     fallback divides by, not the Triton ceiling one to one."""
-    a100_rows = [c for c in cases if torch_stack_row(c) and c.system.accelerator.name.startswith("A100")]
-    picked = prepare([c for c in a100_rows if c.family != "MPT"] + [c for c in a100_rows if c.family == "MPT"][::8])
+    picked = prepare(a100_picked)
     keep = lambda c: c.family == "MPT"  # noqa: E731
     without = fit_torch_stack(picked, {}, keep, iters=8)["A100-SXM4-80GB"]
     assert without["attention_max_fa2"] == pytest.approx(without["attention_max_triton"] * FA2_OVER_TRITON_A100)
