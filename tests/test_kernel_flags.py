@@ -45,7 +45,7 @@ def test_bad_kernel_flags_are_one_line_errors(flags, field):
 
 def test_saved_plan_keeps_them_and_megatron_refuses_them(tmp_path):
     saved = tmp_path / "plan.yaml"
-    r = RUN.invoke(app, ["plan", "-m", "qwen3-30b-a3b", "-s", "gb200-nvl72", "-g", "8", "-b", "64", "--dtype", "mxfp8",
+    r = RUN.invoke(app, ["plan", "-m", "qwen3-30b-a3b", "-s", "gb200-nvl72", "-g", "8", "-b", "16", "--dtype", "mxfp8",
                          "--top", "1", "--cuda-graph", "full-iteration", "--save", str(saved)])
     assert r.exit_code == 0, r.output
     again = RUN.invoke(app, ["estimate", "--plan", str(saved), "--json"])
