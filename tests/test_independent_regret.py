@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from hardware import load_system
 from planner import megatron as mg
-from planner.analytical import estimate
+from planner.analytical import PlanArrays, estimate
+from planner.analytical.estimate import estimate_many
+from planner.analytical.layer_kinds import dense_layer_spec
 from planner.model import load_model
 from planner.plan import JobSpec, Plan, applicable_recompute_modules
 from planner.search import plan
@@ -17,18 +21,20 @@ from planner.ties import TIE_REL_TOL
 
 def _best(model, system, job, plans, free=False):
     """Fastest feasible, expressible plan of `plans` (objective as the search's: time per token where
-    the batch is free)."""
-    best = None
-    for p in plans:
-        if mg.not_expressible(p, model, job):
-            continue
-        est = estimate(model, system, p, job)
-        if not est.feasible:
-            continue
-        obj = est.step_time_s / (p.global_batch * model.seq_length) if free else est.step_time_s
-        if best is None or obj < best[0]:
-            best = (obj, p)
-    return best
+    the batch is free). Scored in one `estimate_many` call over the plans, the arrays `estimate` reads
+    its one row from (the same numbers, bit for bit, at a hundredth of the time of ~900 `estimate`
+    calls); the winner is scored again with `estimate` itself."""
+    plans = [p for p in plans if not mg.not_expressible(p, model, job)]
+    res = estimate_many(model, system, job, PlanArrays.from_plans(plans, model.layers, dense_layer_spec(model)))
+    step = res["step_time_s"]
+    tokens = np.array([p.global_batch * model.seq_length for p in plans], dtype=float)
+    obj = np.where(res["violations"] == 0, step / tokens if free else step, np.inf)
+    if not np.isfinite(obj).any():
+        return None
+    i = int(np.argmin(obj))  # the first of equal objectives, as a loop keeping strict improvements
+    est = estimate(model, system, plans[i], job)
+    assert est.feasible and est.step_time_s == step[i]
+    return float(obj[i]), plans[i]
 
 
 def test_shared_expert_module_sets_are_searched():
