@@ -20,6 +20,12 @@ SYSTEM = load_system("h100-sxm", 16)
 JOB = JobSpec(global_batch=16)
 
 
+@pytest.fixture(scope="module")
+def model_best():
+    """The search's best plan of the TINY_MOE job, no gate (read-only; two tests compare with it)."""
+    return search(TINY_MOE, SYSTEM, JOB, top_k=1).best
+
+
 def _table_without(family: str) -> dict:
     """An evidence table in which every MoE family but `family` has one published run."""
     return {label: {"runs": 1, "mean_abs_error": 0.1, "mean_error": 0.0, "examples": []}
@@ -32,8 +38,8 @@ def test_restricted_search_returns_only_that_family():
             assert family_of_plan(True, r.plan) == label
 
 
-def test_gate_recommends_the_best_measured_plan_and_names_the_faster_one(monkeypatch):
-    best = search(TINY_MOE, SYSTEM, JOB, top_k=1).best
+def test_gate_recommends_the_best_measured_plan_and_names_the_faster_one(monkeypatch, model_best):
+    best = model_best
     unmeasured = family_of_plan(True, best.plan)
     monkeypatch.setattr(evidence, "load_table", lambda: _table_without(unmeasured))
     oracle = brute_force(TINY_MOE, SYSTEM, JOB, top_k=1,
@@ -54,13 +60,13 @@ def test_gate_recommends_the_best_measured_plan_and_names_the_faster_one(monkeyp
     assert kept.best.objective == pytest.approx(best.objective, rel=1e-9) and not kept.model_only
 
 
-def test_measured_best_family_is_never_gated(monkeypatch):
+def test_measured_best_family_is_never_gated(monkeypatch, model_best):
     table = {label: {"runs": 1, "mean_abs_error": 0.1, "mean_error": 0.0, "examples": []}
              for label in families(True)}
     monkeypatch.setattr(evidence, "load_table", lambda: table)
     monkeypatch.setattr(recommend_mod, "UNMEASURED_ADVANTAGE_LIMIT", 0.0)
     res = recommend(TINY_MOE, SYSTEM, JOB, top_k=2)
-    assert res.best.objective == pytest.approx(search(TINY_MOE, SYSTEM, JOB, top_k=1).best.objective, rel=1e-9)
+    assert res.best.objective == pytest.approx(model_best.objective, rel=1e-9)
     assert not res.model_only and "evidence_searches_s" not in res.stats
 
 
@@ -71,6 +77,13 @@ from planner.plan import Plan  # noqa: E402
 
 # a valid but slow layout of the TINY_MOE job (full recompute, no expert parallelism)
 SLOW = Plan(tp=1, pp=1, dp=16, micro_batch=1, global_batch=16, recompute="full", zero_stage=1)
+
+
+@pytest.fixture(scope="module")
+def raw_top3():
+    """`recommend` of the TINY_MOE job, top 3, on the real reference data (no published run of the
+    job): computed once, read by the two tests that publish a run against it."""
+    return recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
 
 
 def _run(run_id: str, measured_s: float, plan: Plan, dtype: str = "bf16", imbalance: float = 1.0) -> dict:
@@ -86,10 +99,10 @@ def _published(monkeypatch, measured_s: float, plan: Plan = SLOW, dtype: str = "
     monkeypatch.setattr(evidence, "load_jobs", lambda: jobs)
 
 
-def test_job_gate_ranks_the_published_layout_first_when_the_model_claims_more():
+def test_job_gate_ranks_the_published_layout_first_when_the_model_claims_more(raw_top3):
     """Every plan the model ranks is more than 15 % faster than the published run: the run's own
     layout, re-scored by the exact model, leads and the model's plans become model-only."""
-    raw = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
+    raw = raw_top3
     slow_est = estimate(TINY_MOE, SYSTEM, SLOW, JOB)
     assert slow_est.feasible and slow_est.step_time_s > raw.ranked[-1].objective
     with pytest.MonkeyPatch.context() as mp:
@@ -105,10 +118,10 @@ def test_job_gate_ranks_the_published_layout_first_when_the_model_claims_more():
         assert [r.plan for r in kept.ranked] == [r.plan for r in raw.ranked] and "job_gate" not in kept.stats
 
 
-def test_job_gate_keeps_the_models_plans_within_the_bar():
+def test_job_gate_keeps_the_models_plans_within_the_bar(raw_top3):
     """A bar between the model's first and second plan: the second leads, the first is
     model-only; a bar below the first changes nothing."""
-    raw = recommend(TINY_MOE, SYSTEM, JOB, top_k=3)
+    raw = raw_top3
     first, second = raw.ranked[0].objective, raw.ranked[1].objective
     assert second > first
     bar = (first + second) / 2
