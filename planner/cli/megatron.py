@@ -298,7 +298,7 @@ def _run(o: dict) -> None:
     from planner.cli.checkpoint import check_checkpoint_flags
     check_checkpoint_flags(write_gb_per_s=o["write_gb_per_s"], gpu_mtbf_hours=o["gpu_mtbf_hours"])
     model, system = load_inputs_for_plan(o["model"], o["system"], o["gpus"], o["seq_length"], o["plan_file"])
-    refuse_moe_flags_on_dense(model, o["moe_imbalance"], None)
+    refuse_moe_flags_on_dense(model, o["moe_imbalance"], None, o["moe_dispatcher"], o["ep"], o["etp"])
     plan, job = _plan_and_job(o, model, system)
     check_recompute_layers(plan, model)
     _refuse_unemitted_kernels(job, model)

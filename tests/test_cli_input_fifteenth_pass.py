@@ -1,0 +1,30 @@
+"""A fifteenth pass over malformed input (an independent audit of less-trodden flags and files):
+`planner megatron` launched an expert tensor-parallel pin on a dense model that `estimate`, `plan`
+and `check` refuse."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from planner.cli.app import app
+from tests.conftest import one_line_error
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(args: list[str]):
+    return runner.invoke(app, args)
+
+
+def test_megatron_refuses_an_expert_tp_pin_on_a_dense_model():
+    """`planner megatron -m llama3-8b --tp 2 --etp 2` exited 0 and dropped the pin without a word
+    (only an etp other than tp was refused, as 'etp: expert tensor parallelism needs a MoE model'),
+    where `planner estimate` with the same flags refuses any --etp on a model without experts."""
+    args = ["-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "64", "--tp", "2", "--etp", "2"]
+    for command in ("megatron", "estimate"):
+        one_line_error(run([command, *args]), "etp: expert parallelism needs a MoE model",
+                       "llama3-8b has no experts", "--etp 2")
+    assert run(["megatron", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "64", "-b", "64", "--tp", "2",
+                "--ep", "1"]).exit_code == 0  # ep 1 is the dense layout itself
