@@ -322,6 +322,9 @@ def apply_params(model: ModelSpec | None, system: SystemSpec, job: JobSpec, para
         if job.global_batch and job.global_batch > mb:
             raise SpecError(f"{where}: the fixed global batch {job.global_batch} exceeds max_batch {mb}")
         job = job.model_copy(update={"max_global_batch": mb})
+    if "hbm_gib" not in params:  # (a varied HBM is named above) the search would refuse it mid-sweep
+        from planner.analytical.estimate import check_hbm_reserve
+        check_hbm_reserve(job, system)
     return model, system, job
 
 
