@@ -40,3 +40,25 @@ def test_a_sweeps_hbm_reserve_beyond_the_hbm_is_refused_before_the_grid_starts(t
                    "hbm-reserve-gib: the reserve (100 GiB) leaves nothing of the 79.6 GiB HBM",
                    "allowed: 0 <= reserve < 79.6")
     assert not out.exists()
+
+
+def test_a_versus_files_system_is_checked_and_named_as_its_model_is(tmp_path):
+    """`plan --versus FILE` refused a file saved for an unknown model but took `system: nope-sys`
+    with exit 0, and said nothing when the file was saved for another real system (found by the
+    audit): the system must now exist, and the note names it as it names a model."""
+    job = ["plan", "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "64", "--top", "1"]
+    saved = tmp_path / "p.yaml"
+    assert run([*job, "--save", str(saved)]).exit_code == 0
+    text = saved.read_text()
+    assert "\nsystem: h100-sxm\n" in text
+    unknown, other = tmp_path / "unknown.yaml", tmp_path / "other.yaml"
+    unknown.write_text(text.replace("\nsystem: h100-sxm\n", "\nsystem: nope-sys\n"))
+    other.write_text(text.replace("\nsystem: h100-sxm\n", "\nsystem: h200\n"))
+    one_line_error(run([*job, "--versus", str(unknown)]), "versus:", "system: unknown preset 'nope-sys'")
+    result = run([*job, "--versus", str(other)])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "Note: the file was saved for system h200; both plans are costed here for this command's job " \
+           "(system h100-sxm)." in said
+    same = run([*job, "--versus", str(saved)])
+    assert same.exit_code == 0 and "Note: the file was saved for" not in " ".join(same.output.split())

@@ -163,12 +163,16 @@ def _versus_estimate(path: str, model, system, job):
     from planner.plan import load_plan
     from planner.planfile import SAVED_JOB_FIELDS, saved_job, saved_reference
     saved_mapping = read_plan_mapping(path, "versus")
-    saved_model = None
+    saved_model = saved_system = None
     try:
         if "plan" in saved_mapping:  # a saved plan file: its other fields as `estimate --plan` checks them
             check_plan_file_header(saved_mapping, path)
-            if "model" in saved_mapping:  # the model it was saved for must exist (a layout is one model's)
+            # the model and system it was saved for must exist (a layout is one model's, and the
+            # note below names a system the file was saved for that this job is not)
+            if "model" in saved_mapping:
                 saved_model = load_model(saved_reference(saved_mapping["model"], "model", path))
+            if "system" in saved_mapping:
+                saved_system = load_system(saved_reference(saved_mapping["system"], "system", path))
         plan = load_plan(path)
         saved = saved_job(path, plan)
         check_layout_fits_model(plan, model, path)
@@ -203,6 +207,8 @@ def _versus_estimate(path: str, model, system, job):
     differs = {} if saved is None else {
         name: (getattr(saved, name), getattr(job, name)) for name in SAVED_JOB_FIELDS
         if getattr(saved, name) != getattr(job, name)}
+    if saved_system is not None and saved_system.name != system.name:
+        differs = {"system": (saved_system.name, system.name), **differs}
     if saved_model is not None and saved_model.name != model.name:
         differs = {"model": (saved_model.name, model.name), **differs}
     return est, differs
