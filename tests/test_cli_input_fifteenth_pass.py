@@ -1,6 +1,7 @@
 """A fifteenth pass over malformed input (an independent audit of less-trodden flags and files):
 `planner megatron` launched an expert tensor-parallel pin on a dense model that `estimate`, `plan`
-and `check` refuse."""
+and `check` refuse; `sweep` checked its HBM reserve only after creating the output folder; `plan
+--versus` took a file saved for a system that does not exist."""
 from __future__ import annotations
 
 from pathlib import Path
