@@ -724,7 +724,7 @@ _ANNOTATION_SHAPES: dict[int, tuple] = {}
 
 
 def _annotation_shape(annotation) -> tuple:
-    """(leaves, kinds, Literal names, nested spec or None, containers) of a field's annotation,
+    """(kinds, Literal names, nested spec or None, containers) of a field's annotation,
     worked out once per annotation: specs are validated ~10^5 times in a search's tests (Plan),
     and the typing introspection was most of it. Keyed by id, the annotation kept beside it."""
     import typing
@@ -742,7 +742,7 @@ def _annotation_shape(annotation) -> tuple:
     names = [a for leaf in leaves if typing.get_origin(leaf) is typing.Literal for a in typing.get_args(leaf)]
     nested = next((k for k in kinds if isinstance(k, type) and issubclass(k, BaseModel)), None)
     containers = [(typing.get_origin(leaf), typing.get_args(leaf)) for leaf in leaves]
-    shape = (leaves, frozenset(kinds), names, nested, containers)
+    shape = (frozenset(kinds), names, nested, containers)
     _ANNOTATION_SHAPES[id(annotation)] = (annotation, shape)
     return shape
 
@@ -754,7 +754,7 @@ def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> Non
     written as text is refused like a field."""
     if getattr(getattr(value, "dtype", None), "kind", None) == "b":  # numpy's bool is a bool here
         value = bool(value)
-    leaves, kinds, names, nested, containers = _annotation_shape(annotation)
+    kinds, names, nested, containers = _annotation_shape(annotation)
     if isinstance(value, bool) and bool not in kinds:
         wanted = ("a number" if kinds & {int, float} else f"one of {', '.join(map(str, names))}" if names
                   else "text (a name)" if str in kinds else "a value of the field")
