@@ -331,7 +331,11 @@ def canonical(plan: Plan, layers: int) -> Plan:
     recompute of every layer, or one count covering the fullest rank, as none; the default split written out as none; over an explicit
     uneven layout, one count per stage as the per-chunk counts Megatron runs
     (uniform_chunk_recompute), and over the default split the reverse. PlanArrays costs both
-    alike."""
+    alike. A flex (deepep) dispatcher without an expert-parallel group (etp·ep = 1) is launched as
+    alltoall (emit.launched_dispatcher): nothing is dispatched across ranks either way."""
+    from planner.megatron.emit import launched_dispatcher
+    if launched_dispatcher(plan) != plan.moe_dispatcher:
+        plan = plan.model_copy(update={"moe_dispatcher": launched_dispatcher(plan)})
     if plan.stage_recompute_layers is not None and tuple(plan.stage_recompute_layers) == tuple(plan.stage_layers):
         plan = plan.model_copy(update={"stage_recompute_layers": None})  # every layer: as no count
     if plan.recompute == "full" and plan.recompute_num_layers and \

@@ -215,6 +215,16 @@ def aux_loss_coeff(moe) -> float:
     return 1e-4 if moe.router_expert_bias else 1e-2
 
 
+def launched_dispatcher(plan: Plan) -> str:
+    """The dispatcher the launch names for Plan.moe_dispatcher. Without an expert-parallel group
+    (etp·ep = 1) no token leaves its rank and the cost has no all-to-all for either dispatcher
+    (time.moe_dispatch_s), but Megatron's flex dispatcher asserts "DeepEP dispatcher requires
+    TPxEP > 1" when it builds the MoE layer (moe/token_dispatcher.py MoEFlexTokenDispatcher,
+    megatron-core 0.19.2): such a plan is launched with the alltoall dispatcher, which then only
+    permutes locally."""
+    return plan.moe_dispatcher if plan.expert_tp * plan.ep > 1 else "alltoall"
+
+
 def flex_backend(system: SystemSpec | None) -> str:
     """The flex dispatcher's backend the cost's DeepEP/HybridEP dispatch runs on: DeepEP's
     training kernels split a node's 8 NVLink GPUs from the RDMA network and do not run on 4-GPU
@@ -315,7 +325,7 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
     add("--attention-dropout", f"{dropout:g}")
     add("--hidden-dropout", f"{dropout:g}")
     a.extend(attention_args(model))
-    a.extend(moe_args(model, plan.moe_dispatcher, system))
+    a.extend(moe_args(model, launched_dispatcher(plan), system))
     if model.mtp_layers:
         add("--mtp-num-layers", model.mtp_layers)  # DeepSeek-V3 §2.2 modules, costed in flops.py
         if model.mtp_shared_weights:  # one module's weights run at every depth (ModelSpec)
@@ -507,6 +517,10 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
                      "Megatron's argument check refuses it where Transformer Engine is not installed; unfused, "
                      "the unpermute's scatter-add ran at ~600 GB/s on an H100 against the ~2,000 GB/s costed "
                      "(planner/data/h100_moe_kernels.csv)")
+    if model.moe is not None and launched_dispatcher(plan) != plan.moe_dispatcher:
+        notes.append(f"moe_dispatcher {plan.moe_dispatcher} is launched as alltoall: with expert tensor x expert "
+                     f"parallel {plan.expert_tp}x{plan.ep} no token leaves its rank, and Megatron's flex dispatcher "
+                     "refuses a group of one (DeepEP: 'requires TPxEP > 1'); the step costs the same either way")
     if attention := model.uncosted_attention():
         notes.append(f"attention: {attention}")
     if model.rope_scaling == "yarn":
