@@ -580,7 +580,8 @@ def options(space: Space) -> dict[str, np.ndarray]:
                 continue
             if space.job.cuda_graph_modules and graph_option_refusals(
                     RECOMPUTE_NAMES[int(o["recompute"])], recompute_modules_from_mask(int(o["recompute_modules"])),
-                    o["offload_activations"], bool(o["moe_a2a_overlap"]), space.model, space.job):
+                    o["offload_activations"], bool(o["moe_a2a_overlap"]), space.model, space.job,
+                    int(o["zero_stage"])):
                 continue  # per-layer CUDA graphs (expressible.py)
         rows.append(combo)
     arr = np.asarray(rows, dtype=np.float64).reshape(-1, len(OPTION_KEYS))

@@ -33,3 +33,23 @@ def test_deepep_without_an_expert_parallel_group_is_launched_as_alltoall():
         other = mg.megatron_args(grouped, model, job, system)
         assert _dispatcher(other.argv()) == ("flex", "deepep"), grouped.short()
         assert not any("launched as alltoall" in n for n in other.notes)
+
+
+def test_all_to_all_overlap_under_megatron_fsdp_runs_without_per_layer_graphs():
+    """core/distributed/fsdp/mcore_fsdp_adapter.py asserts "1F1B overlap with FSDP does not support
+    per-layer CUDA graphs" when it wraps the model. Router-only graphs (no attention graph, so no
+    delayed weight gradients inside one) with the all-to-all overlap were emitted under ZeRO-2/3,
+    as a plan file can ask; the plan rules refuse them there (so the search, which ranks by the
+    same rules, drops them too) and keep them at ZeRO-1."""
+    model = load_model("qwen3-30b-a3b")
+    routers = JobSpec(global_batch=256, dtype="mxfp8", cuda_graph_modules=("moe_router", "moe_preprocess"))
+    for zero, refused in ((3, True), (2, True), (1, False)):
+        plan = Plan(dp=32, ep=16, micro_batch=1, global_batch=256, zero_stage=zero, moe_a2a_overlap=True,
+                    moe_dispatcher="deepep")
+        reasons = mg.not_expressible(plan, model, routers)
+        assert any("Megatron-FSDP" in r and "per-layer CUDA graphs" in r for r in reasons) == refused, (zero, reasons)
+        if not refused:
+            assert reasons == []
+    # without per-layer graphs Megatron-FSDP runs the overlap
+    plan = Plan(dp=32, ep=16, micro_batch=1, global_batch=256, zero_stage=3, moe_a2a_overlap=True)
+    assert mg.not_expressible(plan, model, JobSpec(global_batch=256, dtype="mxfp8")) == []

@@ -101,7 +101,7 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     reasons += layout_not_expressible(plan, layers)  # uneven layouts: pipeline_layout.py (issue 8)
     reasons += graph_job_refusals(model, job) + graph_option_refusals(
         plan.recompute, plan.recompute_modules or (DEFAULT_RECOMPUTE_MODULES if plan.recompute == "selective" else ()),
-        plan.offload_activations, plan.moe_a2a_overlap, model, job)
+        plan.offload_activations, plan.moe_a2a_overlap, model, job, plan.zero_stage)
     if model.heads % plan.tp:  # MA 2b
         allowed = [t for t in (1, 2, 4, 8, 16, 32, 64) if model.heads % t == 0]
         reasons.append(f"tp: {plan.tp} must divide the attention heads ({model.heads}); allowed: "
@@ -325,7 +325,7 @@ def graph_job_refusals(model: ModelSpec, job: JobSpec) -> list[str]:
 
 
 def graph_option_refusals(recompute: str, modules: tuple[str, ...], offload_activations: float,
-                          moe_a2a_overlap: bool, model: ModelSpec, job: JobSpec) -> list[str]:
+                          moe_a2a_overlap: bool, model: ModelSpec, job: JobSpec, zero_stage: int = 0) -> list[str]:
     """What a plan's memory/overlap options cannot be with the job's per-layer CUDA graphs."""
     mods = set(job.cuda_graph_modules)
     if not mods or job.full_iteration_cuda_graph:
@@ -337,6 +337,12 @@ def graph_option_refusals(recompute: str, modules: tuple[str, ...], offload_acti
         out.append("offload_activations: CPU offloading does not run with per-layer CUDA graphs")
     if moe_a2a_overlap and mods & {"mlp", "moe"}:
         out.append("moe_a2a_overlap: per-layer graphs of mlp / moe do not run with the all-to-all overlap")
+    if moe_a2a_overlap and zero_stage >= 2:
+        # core/distributed/fsdp/mcore_fsdp_adapter.py asserts it when it wraps the model: "1F1B
+        # overlap with FSDP does not support per-layer CUDA graphs" (PyTorch FSDP2 has no expert
+        # parallelism in Megatron, so no overlap either)
+        out.append(f"moe_a2a_overlap: Megatron-FSDP (zero_stage {zero_stage}) runs the all-to-all overlap only "
+                   "without per-layer CUDA graphs")
     if moe_a2a_overlap and ("attn" in mods or ("moe_router" in mods and model.moe is not None
                                                and model.moe.shared_experts)):
         # the overlap delays the weight gradients (--delay-wgrad-compute) into the graphed module
@@ -357,4 +363,4 @@ def graph_pin_refusals(pins: dict, model: ModelSpec, job: JobSpec) -> list[str]:
     modules = pins.get("recompute_modules") or (DEFAULT_RECOMPUTE_MODULES if pins.get("recompute") == "selective" else ())
     return graph_job_refusals(model, job) + graph_option_refusals(
         pins.get("recompute", "none"), tuple(modules), pins.get("offload_activations") or 0.0,
-        bool(pins.get("moe_a2a_overlap")), model, job)
+        bool(pins.get("moe_a2a_overlap")), model, job, pins.get("zero_stage") or 0)
