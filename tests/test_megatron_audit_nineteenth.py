@@ -1,6 +1,7 @@
 """The nineteenth audit of `planner megatron` (Blackwell presets, FP8/FP4 recipes, sharded data
 parallel, uneven pipelines, large MoE and hybrid stacks) against megatron-core 0.19.2: launches
-that Megatron refuses when it builds the model, beyond what its argument parser checks."""
+that Megatron's argument parser accepts but that it refuses when it builds or wraps the model,
+or that shard the weights otherwise than the plan was costed."""
 from hardware import load_system
 from planner import megatron as mg
 from planner.model import load_model
@@ -53,3 +54,17 @@ def test_all_to_all_overlap_under_megatron_fsdp_runs_without_per_layer_graphs():
     # without per-layer graphs Megatron-FSDP runs the overlap
     plan = Plan(dp=32, ep=16, micro_batch=1, global_batch=256, zero_stage=3, moe_a2a_overlap=True)
     assert mg.not_expressible(plan, model, JobSpec(global_batch=256, dtype="mxfp8")) == []
+
+
+def test_torch_fsdp2_of_a_hybrid_stack_with_mamba_layers_is_refused():
+    """core/distributed/torch_fully_sharded_data_parallel.py (0.19.2) calls fully_shard on each
+    TransformerLayer, the embedding and the output layer; a MambaLayer is none of them, so every
+    Mamba layer's weights stay in the root FSDP2 unit and are gathered all at once, where the
+    memory model costs two layers gathered (ZeRO-3). The launch parsed; the plan rules now refuse
+    it for a stack with Mamba layers and keep it for a GPT stack of the same shape of plan."""
+    plan = Plan(dp=8, micro_batch=1, global_batch=64, zero_stage=3, dp_impl="torch-fsdp2", grad_reduce_in_bf16=True)
+    job = JobSpec(global_batch=64, dtype="mxfp8")
+    for name, refused in (("nemotron-h-8b", True), ("nemotron-3-nano", True), ("llama3-8b", False)):
+        reasons = mg.not_expressible(plan, load_model(name), job)
+        assert any("MambaLayers" in r for r in reasons) == refused, (name, reasons)
+    assert mg.not_expressible(plan.model_copy(update={"dp_impl": "megatron"}), load_model("nemotron-h-8b"), job) == []

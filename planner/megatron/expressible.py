@@ -136,6 +136,15 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
             reasons.append("dp_impl: --use-torch-fsdp2 is not supported with pipeline or expert parallelism")
         if model.tied_embeddings:
             reasons.append("dp_impl: --use-torch-fsdp2 requires --untie-embeddings-and-output-weights")
+        if model.mamba is not None:
+            # core/distributed/torch_fully_sharded_data_parallel.py (0.19.2) calls fully_shard on
+            # each TransformerLayer (MoE and MLP layers of a hybrid stack are ones), the embedding
+            # and the output layer; MambaLayer is none of them, so every Mamba layer's weights stay
+            # in the root unit, gathered whole through the forward and the backward
+            reasons.append("dp_impl: Megatron's --use-torch-fsdp2 shards a hybrid stack's Mamba layers only as part of "
+                           "the whole model (fully_shard wraps TransformerLayers, not MambaLayers), so all of them are "
+                           "gathered at once, while the plan costs two layers gathered at a time; use Megatron-FSDP "
+                           "(dp_impl megatron)")
         if job.dtype == "fp16":
             reasons.append("dtype: --use-torch-fsdp2 is not supported with fp16 (use bf16)")
         elif not plan.grad_reduce_in_bf16 and (job.bytes_per_param.grads, job.bytes_per_param.grad_reduce) != (2, 2):
