@@ -291,6 +291,9 @@ KNOB_RULES = (
      "the expert all-to-all overlap (--overlap-moe-expert-parallel-comm) runs only without full recompute"),
     (("zero_stage",), lambda o, job: job.adam_moments == "bf16" and o["zero_stage"] != 1, True, "zero_stage",
      "bf16 Adam moments (the precision-aware optimizer) need the distributed optimizer (zero_stage 1)"),
+    (("offload_optimizer",), lambda o, job: job.adam_moments == "bf16" and o["offload_optimizer"] > 0, True,
+     "offload_optimizer", "bf16 Adam moments are kept only on the GPU: Megatron's optimizer CPU offload "
+     "(--optimizer-cpu-offload) runs fp32 moments"),
     # Megatron-FSDP always overlaps its reduce-scatter and gather (expressible.not_expressible, which
     # refuses the exposed costing only with DP traffic, dp·cp > 1; left out at any dp here)
     (("zero_stage", "dp_comm_overlap"), lambda o, job: o["zero_stage"] >= 2 and not o["dp_comm_overlap"], True,

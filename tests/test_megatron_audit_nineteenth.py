@@ -68,3 +68,20 @@ def test_torch_fsdp2_of_a_hybrid_stack_with_mamba_layers_is_refused():
         reasons = mg.not_expressible(plan, load_model(name), job)
         assert any("MambaLayers" in r for r in reasons) == refused, (name, reasons)
     assert mg.not_expressible(plan.model_copy(update={"dp_impl": "megatron"}), load_model("nemotron-h-8b"), job) == []
+
+
+def test_bf16_adam_moments_with_optimizer_cpu_offload_are_refused():
+    """core/optimizer/__init__.py (0.19.2) builds the HybridDeviceOptimizer of
+    --optimizer-cpu-offload without exp_avg_dtype / exp_avg_sq_dtype (they reach TE's FusedAdam only
+    on the GPU-only path): --exp-avg-dtype bf16 parsed and both halves kept fp32 moments, 8 B per
+    parameter where the plan costs 4. The plan rules and the search's pin rules refuse the pair;
+    either alone stays."""
+    from constraints.space import megatron_pin_conflicts
+    model = load_model("llama3-8b")
+    plan = Plan(dp=16, micro_batch=1, global_batch=128, zero_stage=1, offload_optimizer=0.5)
+    bf16 = JobSpec(global_batch=128, adam_moments="bf16")
+    assert any("keeps Adam's moments in fp32" in r for r in mg.not_expressible(plan, model, bf16))
+    assert mg.not_expressible(plan, model, JobSpec(global_batch=128)) == []
+    assert mg.not_expressible(plan.model_copy(update={"offload_optimizer": 0.0}), model, bf16) == []
+    pinned = bf16.model_copy(update={"pins": {"offload_optimizer": 0.5}})
+    assert any("optimizer CPU offload" in c for c in megatron_pin_conflicts(pinned)), megatron_pin_conflicts(pinned)

@@ -90,6 +90,13 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
     moments = bf16_moments_refusal(job.adam_moments, plan.zero_stage)
     if moments:
         reasons.append(f"adam_moments: {moments}")
+    if job.adam_moments == "bf16" and plan.offload_optimizer > 0:
+        # core/optimizer/__init__.py (0.19.2): with --optimizer-cpu-offload the HybridDeviceOptimizer
+        # is built without exp_avg_dtype / exp_avg_sq_dtype (those reach TE's FusedAdam only
+        # on the GPU path), so both halves keep fp32 moments, 8 B/param against the 4 costed
+        reasons.append("adam_moments: Megatron's optimizer CPU offload (--optimizer-cpu-offload) keeps Adam's moments "
+                       "in fp32 whatever --exp-avg-dtype says, while the plan costs bf16 moments; drop "
+                       "offload_optimizer or the bf16 moments")
     if plan.vpp > 1:
         # MA 2a: interleaving needs pp > 1; MA 2c: microbatches >= pp (a group size N != pp,
         # emitted, covers an m that pp does not divide: pipeline_layout.vp_microbatch_group).
