@@ -16,7 +16,7 @@ import pytest
 
 from planner.megatron.expressible import offload_fraction_of_layers
 from planner.analytical.plans import uniform_chunk_recompute
-from planner.pipeline_layout import balanced_layout, fullest_rank_layers, even_layout, layout_from_flags, layout_from_string
+from planner.pipeline_layout import balanced_layout, fullest_rank_layers, layout_from_flags, layout_from_string
 from planner.model import MambaSpec, MLASpec, ModelSpec, MoESpec
 from planner.plan import Plan
 
@@ -149,11 +149,11 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec, argv: list[str] | 
     if stage_layers is not None and not _hybrid_pattern(ns) and tuple(stage_layers) == balanced_layout(model.layers, pp, vpp):
         stage_layers = None  # the default split (uneven where pp·vpp does not divide the layers): no layout
     if _hybrid_pattern(ns) and pp > 1:  # a hybrid stack's layout: the pattern's '|' segments
-        # the launch always writes them; a Plan names its layout unless the split is even
-        # (layers a multiple of pp·vpp), as the search's plans do (an uneven balanced split
-        # such as 5, 6 x 13, 5 for 88 layers on pp 3 vpp 5 included)
+        # the launch always writes them; the default (balanced) split reads back as none, as
+        # `canonical` writes a plan that names it (an uneven balanced split such as 5, 6 x 13, 5
+        # for 88 layers on pp 3 vpp 5 included)
         counts = [len(seg) for seg in _hybrid_pattern(ns).split("/")[0].split("|")]
-        stage_layers = None if tuple(counts) == even_layout(model.layers, pp, vpp) else counts
+        stage_layers = None if tuple(counts) == balanced_layout(model.layers, pp, vpp) else counts
     extra = {}
     if recompute == "full":
         assert cfg["recompute_method"] == "block"
@@ -161,7 +161,9 @@ def plan_from_megatron(ns: dict, cfg: dict, model: ModelSpec, argv: list[str] | 
         # below that, an explicit layout recomputes min(n, its layers) in each virtual stage (the
         # Plan's stage_recompute_layers), the default split n per chunk, n·vpp per stage
         n = cfg["recompute_num_layers"]
-        per_chunk = max(stage_layers) if stage_layers else model.layers // (pp * vpp)
+        # (the default split's fullest chunk where pp·vpp does not divide the layers: 126 layers over
+        # pp 16 · vpp 2 run chunks of 4 and 3, so n 3 recomputes 3 of 4, not every layer)
+        per_chunk = max(stage_layers) if stage_layers else max(balanced_layout(model.layers, pp, vpp))
         if n < per_chunk and stage_layers:
             extra["stage_recompute_layers"] = [min(n, s) for s in stage_layers]
         elif n < per_chunk:
