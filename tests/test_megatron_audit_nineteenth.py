@@ -85,3 +85,25 @@ def test_bf16_adam_moments_with_optimizer_cpu_offload_are_refused():
     assert mg.not_expressible(plan.model_copy(update={"offload_optimizer": 0.0}), model, bf16) == []
     pinned = bf16.model_copy(update={"pins": {"offload_optimizer": 0.5}})
     assert any("optimizer CPU offload" in c for c in megatron_pin_conflicts(pinned)), megatron_pin_conflicts(pinned)
+
+
+def test_activation_offload_under_the_all_to_all_overlap_is_refused():
+    """pipeline_parallel/combined_1f1b.py runs every microbatch's layers through the schedule
+    plan's per-layer callables (models/gpt/fine_grained_callables.py), never through
+    TransformerBlock.forward, the one place that enters the CPU-offload context: with
+    --overlap-moe-expert-parallel-comm, --cpu-offloading-num-layers parsed and offloaded nothing,
+    while the plan's memory counted the offloaded layers out of HBM. The plan rules, the pin rules
+    and the search's option rows refuse the pair; either alone stays."""
+    from constraints.space import build_space, megatron_pin_conflicts, options
+    model = load_model("qwen3-30b-a3b")
+    job = JobSpec(global_batch=256, dtype="mxfp8")
+    plan = Plan(dp=32, ep=32, micro_batch=1, global_batch=256, offload_activations=0.5, moe_a2a_overlap=True,
+                moe_dispatcher="deepep")
+    assert any("combined 1F1B" in r for r in mg.not_expressible(plan, model, job))
+    for alone in ({"moe_a2a_overlap": False}, {"offload_activations": 0.0}):
+        assert mg.not_expressible(plan.model_copy(update=alone), model, job) == [], alone
+    pinned = job.model_copy(update={"pins": {"offload_activations": 0.5, "moe_a2a_overlap": True}})
+    assert any("combined 1F1B" in c for c in megatron_pin_conflicts(pinned))
+    rows = options(build_space(model, load_system("gb300-nvl72", 32), job))
+    both = (rows["offload_activations"] > 0) & (rows["moe_a2a_overlap"] > 0)
+    assert (rows["offload_activations"] > 0).any() and (rows["moe_a2a_overlap"] > 0).any() and not both.any()

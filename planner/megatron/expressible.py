@@ -166,6 +166,14 @@ def not_expressible(plan: Plan, model: ModelSpec, job: JobSpec) -> list[str]:
         reasons.append("moe_dispatcher: deepep needs a MoE model")
     if plan.moe_a2a_overlap:
         reasons += a2a_overlap_refusals(plan, model)
+        if plan.offload_activations > 0:
+            # pipeline_parallel/combined_1f1b.py runs every microbatch's layers through the
+            # schedule plan's per-layer callables (models/gpt/fine_grained_callables.py), never
+            # through TransformerBlock.forward, the only place that enters the CPU-offload context
+            # (0.19.2): --cpu-offloading-num-layers parses and offloads nothing
+            reasons.append("offload_activations: Megatron's layer-wise CPU offloading (--cpu-offloading-num-layers) "
+                           "runs only in TransformerBlock.forward, which the all-to-all overlap's combined 1F1B "
+                           "schedule (--overlap-moe-expert-parallel-comm) bypasses: nothing would be offloaded")
     etp = plan.expert_tp  # Megatron's default expert TP is tp
     if model.moe is not None and model.biases and etp > 1:
         # transformer_config.py: "Bias in Moe is only supported when ETP==1" (GPT-OSS has biases)
