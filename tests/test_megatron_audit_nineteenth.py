@@ -107,3 +107,22 @@ def test_activation_offload_under_the_all_to_all_overlap_is_refused():
     rows = options(build_space(model, load_system("gb300-nvl72", 32), job))
     both = (rows["offload_activations"] > 0) & (rows["moe_a2a_overlap"] > 0)
     assert (rows["offload_activations"] > 0).any() and (rows["moe_a2a_overlap"] > 0).any() and not both.any()
+
+
+def test_torch_fsdp2_launch_builds_the_weights_on_the_host():
+    """Under --use-torch-fsdp2, Transformer Engine allocates each layer's weights on the GPU at
+    construction unless --use-cpu-initialization is given (extensions/transformer_engine.py
+    _get_extra_te_kwargs), and training.py get_model skips .cuda() for FSDP2 only with CPU
+    initialization: the whole unsharded model (Llama-3 70B at tp 1: 141 GB in bf16) sat on each
+    80 GB H100 before fully_shard cut it. FSDP2's wrapper has no meta-device path, so the launch
+    builds on the host and FSDP2 moves each layer's shards; Megatron-FSDP keeps its meta device."""
+    model, system = load_model("llama3-70b"), load_system("h100-sxm", 64)
+    job = JobSpec(global_batch=128)
+    fsdp2 = Plan(dp=64, micro_batch=1, global_batch=128, zero_stage=3, dp_impl="torch-fsdp2",
+                 grad_reduce_in_bf16=True, recompute="full")
+    assert mg.launch_refusals(fsdp2, model, job, system) == []
+    argv = mg.megatron_args(fsdp2, model, job, system).argv()
+    assert "--use-cpu-initialization" in argv and "--init-model-with-meta-device" not in argv
+    assert mg.validate_launch(mg.megatron_args(fsdp2, model, job, system), 9) == []
+    megatron_fsdp = mg.megatron_args(fsdp2.model_copy(update={"dp_impl": "megatron"}), model, job, system).argv()
+    assert "--use-cpu-initialization" not in megatron_fsdp and "--init-model-with-meta-device" in megatron_fsdp

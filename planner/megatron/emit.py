@@ -377,6 +377,12 @@ def megatron_args(plan: Plan, model: ModelSpec, job: JobSpec, system: SystemSpec
         add("--ckpt-format", "torch_dist")  # --use-torch-fsdp2 requires torch_dist or torch_dcp
         # arguments.py asserts FSDP2 runs without the fused wgrad accumulation into main_grad
         add("--no-gradient-accumulation-fusion")
+        # Build the weights on the host: otherwise Transformer Engine allocates every layer on the
+        # GPU (extensions/transformer_engine.py _get_extra_te_kwargs) and the whole unsharded model
+        # sits there before fully_shard cuts it (training.py get_model skips .cuda() for FSDP2 only
+        # with CPU initialization; FSDP2 then moves each layer's shards; its wrapper has no
+        # meta-device path), a start-up peak the plan's memory never has (70B at tp 1: 141 GB)
+        add("--use-cpu-initialization")
     if plan.zero_stage == 1:
         add("--use-distributed-optimizer")
     if fsdp:
