@@ -634,8 +634,10 @@ def _refuse_cut_saved_file(data: dict, path: str | Path) -> None:
 PLAN_FILE_REQUIRED = ("tp", "pp", "dp", "global_batch")
 
 
-def load_plan(path: str | Path) -> Plan:
-    data = read_yaml_mapping(Path(path), "plan")
+def plan_layout_mapping(data: dict, path: str | Path) -> dict:
+    """A plan file's layout mapping (under `plan:`, or the bare mapping itself), with the fields
+    every plan file gives, else a one-line error: checked before the notes on what the file
+    leaves to defaults, which a file that is no plan makes a second, misleading line."""
     if "plan" in data:  # a saved `planner plan --save` file: its other top-level keys checked too
         check_plan_file_fields(data, path)
     data = data.get("plan", data)  # accept a bare plan mapping too
@@ -647,6 +649,11 @@ def load_plan(path: str | Path) -> Plan:
     if missing:
         raise SpecError(f"plan ({path}): missing {', '.join(missing)}; a plan file gives at least "
                         f"{', '.join(PLAN_FILE_REQUIRED)}")
+    return data
+
+
+def load_plan(path: str | Path) -> Plan:
+    data = plan_layout_mapping(read_yaml_mapping(Path(path), "plan"), path)
     try:
         refuse_loose_types(data, Plan, f"plan ({path})")
         plan = Plan.model_validate(data)

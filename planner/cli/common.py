@@ -219,6 +219,8 @@ def load_inputs_for_plan(model: str | None, system: str | None, gpus: int | None
     saved: dict = {}
     if plan_file is not None:  # --plan "" is a mistake, not "no plan"
         saved = read_plan_mapping(plan_file, "plan")
+        from planner.plan import plan_layout_mapping
+        plan_layout_mapping(saved, plan_file)  # a file that is no plan: one line, no note on defaults
         saved = saved if "plan" in saved else {}
         check_plan_file_header(saved, plan_file, check_gpus=gpus is None, check_seq=seq_length is None)
 
