@@ -1,7 +1,8 @@
 """A sixteenth pass over malformed input (an independent audit of flag combinations, YAML oddities
 and plan files): a plan file whose `plan:` was no mapping, or that lacked the layout every plan file
 gives, was refused only after a note on the model and system it left to defaults, two lines for one
-mistake."""
+mistake; `--save`, `megatron -o` and `sweep -o` wrote files and folders whose names held a newline
+or a tab."""
 from __future__ import annotations
 
 import pytest
@@ -31,3 +32,20 @@ def test_a_plan_file_that_is_no_plan_is_one_line_without_a_note_on_defaults(tmp_
     path = tmp_path / "p.yaml"
     path.write_text(text + ("" if text.startswith("{") else "seq_length: 8192\nglobal_batch: 16\n"))
     one_line_error(run([command, "--plan", str(path)]), said)
+
+
+@pytest.mark.parametrize("command, flag, named", [("estimate", "--save", "save:"), ("megatron", "-o", "output:")])
+def test_a_file_name_with_a_control_character_is_refused_before_it_is_written(tmp_path, command, flag, named):
+    """`estimate --save $'a\\nb.yaml'` and `megatron -o $'meg\\tout.sh'` wrote files of those names
+    (exit 0, the `wrote ...` line broken in two), where `sweep --name` refuses control characters."""
+    job = [command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "-b", "16", "--tp", "2"]
+    for name in ("a\nb.yaml", "a\tb.yaml", "a\x1bb.yaml"):
+        one_line_error(run([*job, flag, str(tmp_path / name)]), named, "is not one line of visible text")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_output_folder_with_a_control_character_is_refused(tmp_path):
+    """`sweep -o $'sw\\nnl'` created the folder and its CSV and plots, as `--name` with a newline is refused."""
+    one_line_error(run(["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "64", "--vary", "gpus=8",
+                        "-o", str(tmp_path / "sw\nnl")]), "out:", "is not one line of visible text")
+    assert list(tmp_path.iterdir()) == []

@@ -78,6 +78,15 @@ def check_float(flag: str, value: float | None, low: float = 0.0, high: float | 
         raise SpecError(f"{flag}: must be {allowed}, got {value}")
 
 
+def refuse_hidden_characters(flag: str, path, what: str) -> None:
+    """A name the command will create: no control characters (a newline or tab pasted in with it),
+    as `sweep --name` refuses them; such a file was written and its `wrote ...` line broke in two."""
+    from hardware.errors import VISIBLE_LINE_PATTERN
+    if str(path).strip() and not re.fullmatch(VISIBLE_LINE_PATTERN, str(path)):
+        raise SpecError(f"{flag}: {shortened(path)!r} is not one line of visible text (a control character such "
+                        f"as a newline or tab is in it); give the name of {what} without them")
+
+
 def check_new_file(flag: str, path, example: str = "plan.yaml") -> None:
     """A path the command will create (never overwrite): said before any work, not after a search.
     `path` as the user wrote it (a str keeps a trailing slash, which pathlib drops)."""
@@ -87,6 +96,7 @@ def check_new_file(flag: str, path, example: str = "plan.yaml") -> None:
     refuse_dash(path, flag, "give the name of a new file", "standard output")
     if str(path) in (".", ""):  # also what an empty argument becomes
         raise SpecError(f"{flag}: no file name given; give the name of a new file")
+    refuse_hidden_characters(flag, path, "a new file")
     if str(path).endswith(("/", os.sep)) and not os.path.isdir(path):  # pathlib would write a file there
         raise SpecError(f"{flag}: {path} names a folder; give the name of a new file (e.g. {path}{example})")
     path = Path(path)

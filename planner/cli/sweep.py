@@ -26,6 +26,7 @@ from planner.cli.common import (
     check_float,
     check_int,
     check_utf8_text,
+    refuse_hidden_characters,
     FrameworkOpt,
     GpusOpt,
     JsonOpt,
@@ -162,6 +163,7 @@ def register(app: typer.Typer) -> None:
         if not out_arg.strip():  # typer would read an empty path as the current folder
             raise SpecError("out: empty; give an output folder (`-o .` for this one)")
         refuse_dash(out_arg, "out", "give an output folder (`-o .` for this one)", "standard output")
+        refuse_hidden_characters("out", out_arg, "an output folder")
         out = Path(out_arg)
         if out.exists() and not out.is_dir():
             raise SpecError(f"out: {out} exists and is not a folder")
