@@ -2,7 +2,7 @@
 and plan files): a plan file whose `plan:` was no mapping, or that lacked the layout every plan file
 gives, was refused only after a note on the model and system it left to defaults, two lines for one
 mistake; `--save`, `megatron -o` and `sweep -o` wrote files and folders whose names held a newline
-or a tab."""
+or a tab; `sweep -o LINK` to nowhere said only 'cannot create the folder LINK (File exists)'."""
 from __future__ import annotations
 
 import pytest
@@ -49,3 +49,13 @@ def test_a_sweep_output_folder_with_a_control_character_is_refused(tmp_path):
     one_line_error(run(["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "64", "--vary", "gpus=8",
                         "-o", str(tmp_path / "sw\nnl")]), "out:", "is not one line of visible text")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_output_folder_that_is_a_link_to_nowhere_says_so(tmp_path):
+    """`sweep -o swr6`, swr6 a symbolic link to a missing folder, said 'out: cannot create the folder
+    swr6 (File exists)', where `ls` shows no folder: the link is named as the -m/-s readers name one."""
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "nowhere")
+    one_line_error(run(["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "64", "--vary", "gpus=8", "-o", str(link)]),
+                   "out:", "is a symbolic link that leads to no folder")
+    assert not (tmp_path / "nowhere").exists()

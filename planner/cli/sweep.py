@@ -167,6 +167,8 @@ def register(app: typer.Typer) -> None:
         out = Path(out_arg)
         if out.exists() and not out.is_dir():
             raise SpecError(f"out: {out} exists and is not a folder")
+        if out.is_symlink() and not out.exists():  # mkdir would say only "File exists"
+            raise SpecError(f"out: {out} is a symbolic link that leads to no folder; give an output folder")
         paths = output_paths(out, name)
         log_path = out / f"{name}.points.jsonl"
         resuming = log_path.is_file() and not force
