@@ -761,6 +761,9 @@ def _refuse_loose_value(value, annotation, where: str, top: bool = False) -> Non
         # YAML 1.1 reads no/off as false: the name "none" written bare is one of those
         hint = " (YAML 1.1 reads no, off, yes and on as true/false: quote the name)" if names else ""
         raise SpecError(f"{where}: expected {wanted}, got {str(value).lower()}{hint}")
+    if isinstance(value, (bytes, bytearray)) and bytes not in kinds:  # YAML !!binary: pydantic reads it as text
+        wanted = "text (a name)" if str in kinds else "a number" if kinds & {int, float} else "a value of the field"
+        raise SpecError(f"{where}: expected {wanted}, got binary data (a YAML !!binary value)")
     float_item = not top and float in kinds and int not in kinds and _spells_float(value) \
         if isinstance(value, str) else False
     if isinstance(value, str) and str not in kinds and kinds & {int, float} and not float_item:

@@ -2,7 +2,9 @@
 and plan files): a plan file whose `plan:` was no mapping, or that lacked the layout every plan file
 gives, was refused only after a note on the model and system it left to defaults, two lines for one
 mistake; `--save`, `megatron -o` and `sweep -o` wrote files and folders whose names held a newline
-or a tab; `sweep -o LINK` to nowhere said only 'cannot create the folder LINK (File exists)'."""
+or a tab; `sweep -o LINK` to nowhere said only 'cannot create the folder LINK (File exists)'; a YAML `!!binary`
+value was read as the text it encodes (a model or system named `!!binary aGVsbG8=` printed as
+'hello')."""
 from __future__ import annotations
 
 import pytest
@@ -59,3 +61,23 @@ def test_a_sweep_output_folder_that_is_a_link_to_nowhere_says_so(tmp_path):
     one_line_error(run(["sweep", "-m", "llama3-8b", "-s", "h100-sxm", "-b", "64", "--vary", "gpus=8", "-o", str(link)]),
                    "out:", "is a symbolic link that leads to no folder")
     assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_yaml_binary_value_is_refused_as_binary_data(tmp_path):
+    """`name: !!binary aGVsbG8=` in a model or system file passed as the name 'hello' (exit 0), and a
+    plan file's `tp: !!binary ...` was refused in pydantic's words ('unable to parse string as an
+    integer'): a value of no field's kind, said so in one line."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    model, system = tmp_path / "m.yaml", tmp_path / "s.yaml"
+    model.write_text((root / "planner/presets/llama3-8b.yaml").read_text().replace(
+        "name: llama3-8b", "name: !!binary aGVsbG8="))
+    system.write_text((root / "hardware/presets/h100-sxm.yaml").read_text().replace(
+        "name: h100-sxm", "name: !!binary aGVsbG8="))
+    job = ["count", "-g", "8", "-b", "16"]
+    for args in (["-m", str(model), "-s", "h100-sxm"], ["-m", "llama3-8b", "-s", str(system)]):
+        one_line_error(run([*job, *args]), "name: expected text (a name), got binary data (a YAML !!binary value)")
+    plan = tmp_path / "p.yaml"
+    plan.write_text("plan: {tp: !!binary aGVsbG8=, pp: 1, dp: 8, global_batch: 16}\nmodel: llama3-8b\n"
+                    "system: h100-sxm\n")
+    one_line_error(run(["estimate", "--plan", str(plan)]), "tp: expected a number, got binary data")
