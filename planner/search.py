@@ -883,6 +883,12 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
         reasons.append(f"batch: the global batch {job.global_batch} is not a multiple of "
                        f"micro_batch·dp for any dp in {dps[:12]}{'...' if len(dps) > 12 else ''} "
                        f"(with interleaving also at least pp microbatches)")
+    elif (dps := [int(job.pins["dp"])] if "dp" in pinned else sorted({n // p for p in prods if n % p == 0})) \
+            and min(dps) > job.max_global_batch and ("dp" in pinned or not job.allow_idle_gpus):
+        # a free batch whose cap is below every dp the GPUs leave (idle GPUs would allow a smaller one)
+        binding.append("batch")
+        reasons.append(f"batch: --max-global-batch {job.max_global_batch} is below micro_batch·dp for every dp "
+                       f"in {dps[:12]}{'...' if len(dps) > 12 else ''}; a free batch is a multiple of it")
     if not reasons:
         reasons.append("no combination of the knob domains passes the structural rules")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=binding)

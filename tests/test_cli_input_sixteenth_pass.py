@@ -4,7 +4,7 @@ gives, was refused only after a note on the model and system it left to defaults
 mistake; `--save`, `megatron -o` and `sweep -o` wrote files and folders whose names held a newline
 or a tab; `sweep -o LINK` to nowhere said only 'cannot create the folder LINK (File exists)'; a YAML `!!binary`
 value was read as the text it encodes (a model or system named `!!binary aGVsbG8=` printed as
-'hello')."""
+'hello'); a free batch capped below the pinned dp was refused without naming the cap."""
 from __future__ import annotations
 
 import pytest
@@ -81,3 +81,12 @@ def test_a_yaml_binary_value_is_refused_as_binary_data(tmp_path):
     plan.write_text("plan: {tp: !!binary aGVsbG8=, pp: 1, dp: 8, global_batch: 16}\nmodel: llama3-8b\n"
                     "system: h100-sxm\n")
     one_line_error(run(["estimate", "--plan", str(plan)]), "tp: expected a number, got binary data")
+
+
+@pytest.mark.parametrize("command", ["plan", "check"])
+def test_a_free_batch_cap_below_the_pinned_dp_is_named_as_the_reason(command):
+    """`plan --free-batch --max-global-batch 4 --dp 8` said only 'your pins (dp=8) leave no valid
+    layout; without them there are 8,010 mappings', where a fixed batch names the batch rule."""
+    line = one_line_error(run([command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--free-batch",
+                               "--max-global-batch", "4", "--dp", "8"]), "your pins (dp=8)")
+    assert "batch: --max-global-batch 4 is below micro_batch·dp for every dp in [8]" in line, line
