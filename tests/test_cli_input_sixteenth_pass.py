@@ -4,7 +4,9 @@ gives, was refused only after a note on the model and system it left to defaults
 mistake; `--save`, `megatron -o` and `sweep -o` wrote files and folders whose names held a newline
 or a tab; `sweep -o LINK` to nowhere said only 'cannot create the folder LINK (File exists)'; a YAML `!!binary`
 value was read as the text it encodes (a model or system named `!!binary aGVsbG8=` printed as
-'hello'); a free batch capped below the pinned dp was refused without naming the cap."""
+'hello'); a free batch capped below the pinned dp was refused without naming the cap; `--plan` beside
+`--stage-recompute-layers` (or, for megatron, `--pipeline-layout`) asked for --pipeline-layout or
+--pp instead of saying that a plan file is given alone."""
 from __future__ import annotations
 
 import pytest
@@ -90,3 +92,17 @@ def test_a_free_batch_cap_below_the_pinned_dp_is_named_as_the_reason(command):
     line = one_line_error(run([command, "-m", "llama3-8b", "-s", "h100-sxm", "-g", "8", "--free-batch",
                                "--max-global-batch", "4", "--dp", "8"]), "your pins (dp=8)")
     assert "batch: --max-global-batch 4 is below micro_batch·dp for every dp in [8]" in line, line
+
+
+@pytest.mark.parametrize("command, flag, value", [
+    ("estimate", "--stage-recompute-layers", "1"), ("megatron", "--stage-recompute-layers", "1"),
+    ("megatron", "--pipeline-layout", "16,16"),
+])
+def test_a_layout_flag_beside_a_plan_file_is_named_as_a_plan_flag(tmp_path, command, flag, value):
+    """`megatron --plan F --pipeline-layout 16,16` said 'pipeline-layout: give --pp too', and
+    `--stage-recompute-layers` beside --plan 'needs --pipeline-layout', where the file holds the layout
+    and every other plan flag beside --plan is refused as 'give either --plan or plan flags'."""
+    plan = tmp_path / "p.yaml"
+    plan.write_text("plan: {tp: 2, pp: 2, dp: 2, global_batch: 16}\nmodel: llama3-8b\nsystem: h100-sxm\n")
+    one_line_error(run([command, "--plan", str(plan), flag, value]),
+                   f"plan: give either --plan or plan flags (got --plan and {flag})")

@@ -162,8 +162,9 @@ def estimate_command(
                               knobs.get("etp"))
     kernels = kernel_settings("none" if cuda_graph is None else cuda_graph, bool(fp8_attention), bool(fused_grouped_mlp),
                               moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)
-    if plan_file and pipeline_layout is not None:
-        raise SpecError("plan: give either --plan or plan flags (got --plan and --pipeline-layout)")
+    for flag, value in (("pipeline-layout", pipeline_layout), ("stage-recompute-layers", stage_recompute_layers)):
+        if plan_file and value is not None:  # before layout_knobs, which would ask for --pp or --pipeline-layout
+            raise SpecError(f"plan: give either --plan or plan flags (got --plan and --{flag})")
     knobs.update(layout_knobs(pipeline_layout, stage_recompute_layers, knobs, model_spec))
     job = None
     if plan_file:

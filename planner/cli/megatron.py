@@ -186,6 +186,9 @@ def _plan_and_job(o: dict, model, system):
         if o[knob] is not None and o[knob] < 1:
             raise SpecError(f"{knob.replace('_', '-')}: must be a positive integer, got {o[knob]}")
     given = given_knobs(o)
+    for flag in ("pipeline_layout", "stage_recompute_layers"):
+        if o["plan_file"] is not None and o[flag] is not None:  # before layout_knobs asks for --pp or a layout
+            raise SpecError(f"plan: give either --plan or plan flags (got --plan and --{flag.replace('_', '-')})")
     given.update(layout_knobs(o["pipeline_layout"], o["stage_recompute_layers"], given, model))
     perf = {k: o[k] for k in PERF_KNOBS if o[k] is not None}
     if o["plan_file"] is not None:
