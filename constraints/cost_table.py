@@ -564,6 +564,8 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     lower = (layout_lower_bounds(space, lay, opt, live)
              if LAYOUT_BOUND and top_k is not None and not relax_memory and n_lay else None)
     cut = np.zeros(n_lay, dtype=bool)  # layouts with pairs left uncosted by that bound
+    order = np.argsort(lower, kind="stable") if lower is not None else np.arange(n_lay)
+    lower_in_order = lower[order] if lower is not None else None
     for lv in range(int(level.max()) + 1 if n_opt else 0):
         # the all-to-all overlap rows first: where one fits, its twin without is not costed (rule C)
         for with_a2a in (True, False):
@@ -599,19 +601,19 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
                         here, there = zero_col[cols], zero_col[up]
                         twin_obj[:, here] = np.where(skip, twin_obj[:, there], twin_obj[:, here])
                     dominated |= skip
-            li, ci = np.nonzero(mask[:, cols] & ~dominated)
+            # the pairs by layout, layouts in `order` (cheapest compute first where the bound is on):
+            # `pos` is each pair's layout's place in it, ascending
+            pos, ci = np.nonzero((mask[:, cols] & ~dominated)[order])
             oi = cols[ci]
-            if lower is not None:
-                by_bound = np.argsort(lower[li], kind="stable")
-                li, oi = li[by_bound], oi[by_bound]
             start, step = 0, min(FIRST_BLOCK_ROWS, BLOCK_CHUNKS * size)
-            while start < len(li):
+            while start < len(pos):
                 if lower is not None:  # (the bar only falls as pairs are costed)
                     bar = kth_best(best_fit, top_k) * (1.0 + tie_rel_tol)
-                    end = start + int(np.searchsorted(lower[li[start:]], bar, side="right"))
-                    cut[li[end:]] = True
-                    li, oi = li[:end], oi[:end]
-                bl, bo = li[start:start + step], oi[start:start + step]
+                    end = int(np.searchsorted(pos, np.searchsorted(lower_in_order, bar, side="right")))
+                    if end < len(pos):
+                        cut[order[pos[end:]]] = True
+                        pos, oi = pos[:end], oi[:end]
+                bl, bo = order[pos[start:start + step]], oi[start:start + step]
                 start, step = start + len(bl), min(2 * step, BLOCK_CHUNKS * size)
                 if not len(bl):
                     break
