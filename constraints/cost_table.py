@@ -586,8 +586,10 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
                 if lv > 0:  # the lower bound from the no-offload twin (rules 2 and 3)
                     bound = np.minimum(best_fit, kth_best(best_fit, top_k) * (1.0 + tie_rel_tol))
                     tw = twin_of[cols]
-                    lb = np.where(tw[None, :] >= 0, twin_obj[:, zero_col[np.maximum(tw, 0)]], -np.inf)
-                    dominated |= lb > bound[:, None]
+                    # compared once per twin column (many offload rows share one), then spread
+                    twin_cols, spread = np.unique(zero_col[np.maximum(tw, 0)], return_inverse=True)
+                    over = twin_obj[:, twin_cols] > bound[:, None]
+                    dominated |= over[:, spread] & (tw >= 0)[None, :]
                 covered[:, cols] |= dominated & ~shadow[:, cols]
             if twins is not None and not with_a2a:
                 # rule C: the twin with the overlap fits, so this pair fits too (less memory) and is
