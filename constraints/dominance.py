@@ -117,7 +117,9 @@ class Twins:
     def neutral_shadow(self) -> np.ndarray:
         """(layouts x options) pairs not costed by rules A and B: the switch off, the twin with it
         on allowed for the layout, and the rule holding there."""
-        shadow = np.zeros_like(self.mask)  # stored as the mask is, column by column
+        # stored as the mask is, column by column (np.zeros, not zeros_like: the OS hands out zeroed
+        # pages, where zeros_like writes 0.5 GB of them for DeepSeek-V3 under --framework any)
+        shadow = np.zeros(self.mask.shape, dtype=bool, order="F")
         for knob in MEMORY_NEUTRAL:
             cols = np.flatnonzero(self.up[knob] >= 0)  # rows with the switch off and a twin
             shadow[:, cols] |= self.dominated_by_twin(knob, self.mask, cols)
@@ -129,8 +131,12 @@ class Twins:
         cols = np.arange(self.mask.shape[1]) if cols is None else cols
         up = self.up[knob][cols]
         has = up >= 0
-        return (self.mask[:, cols] & has[None, :] & twin_ok[:, np.maximum(up, 0)]
-                & self.holds(knob, cols))
+        out = self.mask[:, cols] & twin_ok[:, np.maximum(up, 0)]
+        if not has.all():
+            out &= has[None, :]
+        if knob != "dp_comm_overlap":  # (rule A holds everywhere: its table is all True)
+            out &= self.holds(knob, cols)
+        return out
 
     def lower_twins(self, L: np.ndarray, O: np.ndarray, shadow: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The shadowed pairs below the pairs (L[i], O[i]): every option reached by switching off
