@@ -29,7 +29,8 @@ CASES = [
     ("gpt3-175b a100 12288 b3072", "gpt3-175b", "a100-80g", 12288, JobSpec(global_batch=3072)),
     ("llama3-70b h100 1024 free", "llama3-70b", "h100-sxm", 1024, JobSpec()),
     ("mixtral-8x7b h100 256 free", "mixtral-8x7b", "h100-sxm", 256, JobSpec()),
-    # a frontier MoE on NVL72 racks: 30,320 layouts x 11,016 option rows with the offload grid
+    # a frontier MoE on NVL72 racks: 30,320 layouts x 840 option rows with the offload grid (17,496 with
+    # --framework any)
     ("deepseek-v3 gb200 256 b4096", "deepseek-v3", "gb200-nvl72", 256, JobSpec(global_batch=4096)),
     ("deepseek-v3 gb200 256 any", "deepseek-v3", "gb200-nvl72", 256, JobSpec(global_batch=4096, framework="any")),
 ]
