@@ -36,10 +36,10 @@ given HBM / offload capacities:
    `constraints.dominance`. Because a tie would rank the twin first, the skipped twins of every
    row still in the running after the first bounds are costed at its batch and ranked with the
    rest ("1c" in `tabulate`), so the table is the one without this step. Last, rule 3 before
-   costing: a layout whose forward and backward compute alone (`layout_lower_bounds`) is slower
-   than the K-th best layout costed so far is not costed at all; its pairs are visited cheapest
-   layout first, in blocks, so that the bar falls early (DeepSeek-V3 on 256 GB200: 5.0 M pairs
-   costed before, 0.54 M after).
+   costing: a layout whose compute and least exposed TP/CP/EP communication alone
+   (`layout_lower_bounds`) are slower than the K-th best layout costed so far is not costed at
+   all; its pairs are visited cheapest layout first, in blocks, so that the bar falls early
+   (DeepSeek-V3 on 256 GB200: 5.0 M pairs costed before, 0.09 M after).
 Full recompute without a pipeline or offload is costed at the fewest recomputed layers that fit
 (`fewest_recompute_layers`), a row's own choice like its batch; the all-to-all overlap rule of
 step 0 leaves those rows alone, since freeing memory can lower the count. Likewise activation
@@ -558,9 +558,9 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     a2a = opt["moe_a2a_overlap"] > 0
     live = (mask & ~shadow).any(axis=0) if n_lay else np.zeros(n_opt, dtype=bool)
     size = chunk_rows(space)
-    # rule 3 before costing: a layout whose compute alone is slower than the K-th best layout so
-    # far is not costed (`layout_lower_bounds`); its pairs go cheapest layout first, so that bar
-    # is low early
+    # rule 3 before costing: a layout whose compute and least exposed communication alone are
+    # slower than the K-th best layout so far is not costed (`layout_lower_bounds`); its pairs go
+    # cheapest layout first, so that bar is low early
     lower = (layout_lower_bounds(space, lay, opt, live)
              if LAYOUT_BOUND and top_k is not None and not relax_memory and n_lay else None)
     cut = np.zeros(n_lay, dtype=bool)  # layouts with pairs left uncosted by that bound
@@ -686,21 +686,35 @@ BLOCK_CHUNKS = 8
 def layout_lower_bounds(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray],
                         live: np.ndarray) -> np.ndarray:
     """Per layout, a lower bound on the objective of each of its (layout, options) pairs at every
-    batch: the forward and backward compute of one microbatch on one pipeline rank, times the
-    microbatches. The step is at least m times the slowest rank's microbatch (its compute plus
-    exposed communication and recompute, none negative), and every other term of the step is
-    non-negative; of the options only sequence parallelism changes a layer's compute
-    (`planner.analytical.time.per_layer_terms`), so the bound is the smaller of its two values.
-    Per token it does not depend on m (both scale with m), so it holds at smaller batches too."""
+    batch the table costs: m times one microbatch on one pipeline rank, its layers' forward and
+    backward compute, LM head and exposed TP, CP and expert-parallel communication, without
+    recompute. Why it holds (`planner.analytical.time`): the step is at least m times the slowest
+    rank's microbatch, which recompute, selective recompute and offload only lengthen, and every
+    other step term is non-negative. Of the options only sequence parallelism changes a layer's
+    compute and its TP collectives, so there is one probe per value and the bound is the smaller.
+    Each probe runs the overlaps that expose least: TP communication overlap where sequence
+    parallelism is on (it exposes 0.3 of a collective against 1.0 and 0.5 without:
+    TP_EXPOSED_WITH_OVERLAP), and the expert all-to-all overlap (`a2a_overlap_exposed_s`: its
+    forward plus backward exposure is never above the plain dispatch and combine, and a
+    recomputed layer reruns only its forward's, which the overlap shortens), on layouts where
+    it cannot run too, where the bound is then only looser. Per token the bound does not grow
+    with m, so it holds at the smaller batches the table bisects too."""
     n = len(lay["tp"])
     out = np.full(n, np.inf)
     sp = opt["sequence_parallel"]
     for value in np.unique(sp[live]):
-        col = int(np.flatnonzero(live & (sp == value))[0])  # any such row: the compute is the same
+        col = int(np.flatnonzero(live & (sp == value))[0])
         rows = at_batch(_pairs(lay, opt, np.arange(n), np.full(n, col)), lay["m_max"])
-        res = _estimate(space, rows, keep=("forward_s", "backward_s", "violations"))
-        out = np.minimum(out, objective(space, rows, res["forward_s"] + res["backward_s"]))
+        rows.update({k: np.zeros(n) for k in ("recompute", "recompute_modules") + OFFLOAD_COLUMNS})
+        rows["tp_comm_overlap"] = np.full(n, float(value))
+        rows["moe_a2a_overlap"] = np.full(n, float(space.model.moe is not None))
+        res = _estimate(space, rows, keep=BOUND_PARTS + ("violations",))
+        out = np.minimum(out, objective(space, rows, sum(res[k] for k in BOUND_PARTS)))
     return out * (1.0 - 1e-9)  # (the rows' own sums round otherwise)
+
+
+# the step-time parts of a probe row without recompute that bound every row of its layout
+BOUND_PARTS = ("forward_s", "backward_s", "tp_comm_exposed_s", "cp_ep_comm_exposed_s")
 
 
 def _early_rules(rows, res, group, n_groups: int, relax_memory: bool, top_k: int | None, tie_rel_tol: float):

@@ -1,6 +1,7 @@
-"""The cost table's compute bound (constraints.cost_table.layout_lower_bounds): below every row of
-its layout, in the full space the oracle enumerates, and a table built with it is the table
-built without it (it only skips layouts rule 3 drops anyway)."""
+"""The cost table's per-layout bound (constraints.cost_table.layout_lower_bounds: compute and the
+least exposed TP/CP/EP communication): below every row of its layout, in the full space the
+oracle enumerates, and a table built with it is the table built without it (it only skips
+layouts rule 3 drops anyway)."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,19 +14,22 @@ from planner.bruteforce import with_every_recompute_count
 from planner.model import load_model
 from planner.plan import JobSpec
 from planner.search import plan
-from tests.test_overlap_dominance import TINY_MOE_LEAD
+from tests.test_overlap_dominance import TINY_MOE, TINY_MOE_LEAD
 
 # (model, system, gpus, job): dense fixed batch; MoE with a leading dense layer and MTP, free
 # batch, the all-to-all overlap; a pipelined hybrid stack (every rank its own blocks); weight,
-# activation and optimizer offload with ZeRO 1-3 (framework any); a torch stack's own kernels
+# activation and optimizer offload with ZeRO 1-3 (framework any); a torch stack's own kernels;
+# the all-to-all overlap on an interleaved pipeline at every free batch (its unpaired share of
+# the microbatches varies with m)
 CASES = [
     ("llama3-8b", "h100-sxm", 8, JobSpec(global_batch=32)),
     (TINY_MOE_LEAD, "h100-sxm", 8, JobSpec(max_global_batch=8, pins={"cp": 1})),
     ("nemotron-3-nano", "h100-sxm", 8, JobSpec(global_batch=16)),
     ("llama3-8b", "h100-offload-1tib", 8, JobSpec(global_batch=16, framework="any")),
     ("llama3-8b", "h100-sxm", 8, JobSpec(global_batch=16, framework="any", kernels="torch-eager")),
+    (TINY_MOE, "h100-sxm", 8, JobSpec(max_global_batch=16, pins={"cp": 1, "pp": 2})),
 ]
-IDS = ["dense", "moe-lead-mtp-free", "hybrid", "offload", "torch-eager"]
+IDS = ["dense", "moe-lead-mtp-free", "hybrid", "offload", "torch-eager", "a2a-overlap-interleaved-free"]
 
 
 def _space(model, system, gpus, job):
@@ -47,11 +51,13 @@ def test_the_bound_is_below_every_row_of_its_layout(case):
     assert ok.sum() > 100
     layout = rows["layout_id"].astype(np.int64)
     assert np.all(res["objective"][ok] >= lower[layout[ok]])
-    # and it is not vacuous: within 40 % of each layout's fastest row
+    # and it is not vacuous: typically within 20 % of the layout's fastest row (0.83-0.96 here)
     fastest = np.full(len(lower), np.inf)
     np.minimum.at(fastest, layout[ok], res["objective"][ok])
     seen = np.isfinite(fastest)
-    assert np.median(lower[seen] / fastest[seen]) > 0.6
+    assert np.median(lower[seen] / fastest[seen]) > 0.8
+    if case[0] is TINY_MOE:
+        assert (rows["moe_a2a_overlap"][ok] > 0).any() and (rows["vpp"][ok] > 1).any()
 
 
 @pytest.mark.parametrize("case", [CASES[1], CASES[3]], ids=["moe-lead-mtp-free", "offload"])
