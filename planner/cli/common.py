@@ -739,6 +739,14 @@ def stage_counts(flag: str, text: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
+def refuse_plan_flags_beside_plan_file(plan_file, flags: dict) -> None:
+    """`--plan` costs or launches the file's plan: a plan flag given beside it (a value in `flags`,
+    flag name -> value, None where not given) is refused, naming the first."""
+    given = next((name for name, value in flags.items() if value is not None), None)
+    if plan_file is not None and given is not None:
+        raise SpecError(f"plan: give either --plan or plan flags (got --plan and --{given.replace('_', '-')})")
+
+
 def layout_knobs(pipeline_layout: str | None, stage_recompute: str | None, knobs: dict, model) -> dict:
     """--pipeline-layout / --stage-recompute-layers as plan fields (stage_layers, the vpp they
     imply, stage_recompute_layers with full recompute), checked against the pp, vpp and

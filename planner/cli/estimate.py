@@ -18,6 +18,7 @@ from planner.cli.common import (
     check_job_reserve,
     check_layout_fits_model,
     refuse_plan_file_contradictions,
+    refuse_plan_flags_beside_plan_file,
     check_recompute_layers,
     CudaGraphOpt,
     Fp8AttentionOpt,
@@ -162,15 +163,13 @@ def estimate_command(
                               knobs.get("etp"))
     kernels = kernel_settings("none" if cuda_graph is None else cuda_graph, bool(fp8_attention), bool(fused_grouped_mlp),
                               moe=model_spec.moe is not None, mamba=model_spec.mamba is not None)
-    for flag, value in (("pipeline-layout", pipeline_layout), ("stage-recompute-layers", stage_recompute_layers)):
-        if plan_file and value is not None:  # before layout_knobs, which would ask for --pp or --pipeline-layout
-            raise SpecError(f"plan: give either --plan or plan flags (got --plan and --{flag})")
+    # (the layout flags before layout_knobs, which would ask for --pp or --pipeline-layout)
+    refuse_plan_flags_beside_plan_file(plan_file, {"pipeline_layout": pipeline_layout,
+                                                   "stage_recompute_layers": stage_recompute_layers})
     knobs.update(layout_knobs(pipeline_layout, stage_recompute_layers, knobs, model_spec))
     job = None
     if plan_file:
-        if knobs:
-            raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
-                            f"--{next(iter(knobs)).replace('_', '-')})")
+        refuse_plan_flags_beside_plan_file(plan_file, knobs)
         plan = load_plan(plan_file)
         if global_batch is not None and global_batch != plan.global_batch:
             raise SpecError(f"global-batch: {global_batch} differs from the plan file's global_batch "

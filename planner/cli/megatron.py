@@ -25,6 +25,7 @@ from planner.cli.common import (
     check_layout_fits_model,
     check_recompute_layers,
     refuse_plan_file_contradictions,
+    refuse_plan_flags_beside_plan_file,
     refuse_moe_flags_on_dense,
     with_moe_imbalance,
     check_new_file,
@@ -186,15 +187,12 @@ def _plan_and_job(o: dict, model, system):
         if o[knob] is not None and o[knob] < 1:
             raise SpecError(f"{knob.replace('_', '-')}: must be a positive integer, got {o[knob]}")
     given = given_knobs(o)
-    for flag in ("pipeline_layout", "stage_recompute_layers"):
-        if o["plan_file"] is not None and o[flag] is not None:  # before layout_knobs asks for --pp or a layout
-            raise SpecError(f"plan: give either --plan or plan flags (got --plan and --{flag.replace('_', '-')})")
+    # (the layout flags before layout_knobs, which would ask for --pp or a layout)
+    refuse_plan_flags_beside_plan_file(o["plan_file"], {k: o[k] for k in ("pipeline_layout", "stage_recompute_layers")})
     given.update(layout_knobs(o["pipeline_layout"], o["stage_recompute_layers"], given, model))
     perf = {k: o[k] for k in PERF_KNOBS if o[k] is not None}
     if o["plan_file"] is not None:
-        if given or perf:
-            raise SpecError(f"plan: give either --plan or plan flags (got --plan and "
-                            f"--{next(iter({**given, **perf})).replace('_', '-')})")
+        refuse_plan_flags_beside_plan_file(o["plan_file"], {**given, **perf})
         plan = load_plan(o["plan_file"])
         if o["global_batch"] is not None and o["global_batch"] != plan.global_batch:
             raise SpecError(f"global-batch: {o['global_batch']} differs from the plan's "
