@@ -847,6 +847,9 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
     prods = sorted({a * b * c for a in d["tp"] for b in d["pp"] for c in d["cp"]})
     pinned = {k: int(job.pins[k]) for k in ("tp", "pp", "dp", "cp") if isinstance(job.pins.get(k), (int, float))}
     product = math.prod(pinned.values())
+    # the dp values the batch rules below name: the pinned one, or those the GPUs leave
+    dps = [pinned["dp"]] if "dp" in pinned else sorted({n // p for p in prods if n % p == 0})
+    dps_text = f"{dps[:12]}{'...' if len(dps) > 12 else ''}"
     if len(pinned) > 1 and product > n:
         binding.append("gpus")
         reasons.append(f"gpus: your pins need {'·'.join(pinned)} = {product} GPUs; the system has {n}")
@@ -878,17 +881,14 @@ def _structural(model: ModelSpec, system: SystemSpec, job: JobSpec, space, lay: 
                        f"layout: no layout meets the GPU count ({n}) and the pipeline rules together (tp in "
                        f"{list(d['tp'])}, pp in {list(d['pp'])}, cp in {list(d['cp'])}; see the pins)")
     elif job.global_batch:
-        dps = [int(job.pins["dp"])] if "dp" in pinned else sorted({n // p for p in prods if n % p == 0})
         binding.append("batch")
         reasons.append(f"batch: the global batch {job.global_batch} is not a multiple of "
-                       f"micro_batch·dp for any dp in {dps[:12]}{'...' if len(dps) > 12 else ''} "
-                       f"(with interleaving also at least pp microbatches)")
-    elif (dps := [int(job.pins["dp"])] if "dp" in pinned else sorted({n // p for p in prods if n % p == 0})) \
-            and min(dps) > job.max_global_batch and ("dp" in pinned or not job.allow_idle_gpus):
+                       f"micro_batch·dp for any dp in {dps_text} (with interleaving also at least pp microbatches)")
+    elif min(dps, default=0) > job.max_global_batch and ("dp" in pinned or not job.allow_idle_gpus):
         # a free batch whose cap is below every dp the GPUs leave (idle GPUs would allow a smaller one)
         binding.append("batch")
         reasons.append(f"batch: --max-global-batch {job.max_global_batch} is below micro_batch·dp for every dp "
-                       f"in {dps[:12]}{'...' if len(dps) > 12 else ''}; a free batch is a multiple of it")
+                       f"in {dps_text}; a free batch is a multiple of it")
     if not reasons:
         reasons.append("no combination of the knob domains passes the structural rules")
     return CheckResult(feasible=False, best=None, reasons=reasons, binding_rules=binding)
