@@ -656,16 +656,16 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     keep = np.flatnonzero(kept)
     keep = keep[np.argsort(li[keep] * n_opt + oi[keep], kind="stable")]  # back to the order of `cross`
     pairs = _pairs(lay, opt, li[keep], oi[keep])
-    # every no-offload pair was costed above or skipped as a twin no faster than a costed one
-    # (no bound prunes a pass's first level): what a search without offload can start from
+    # every no-offload pair was costed above, skipped as a twin no faster than a costed one, or
+    # left with its layout by the layout bound (no twin bound prunes a pass's first level): what a
+    # search without offload can start from
     bounds = None
     if not relax_memory and n_lay and no_offload.any():
         mine, fits = no_offload[oi], res_m["violations"] == 0
-        # (a layout the compute bound left partly uncosted: that bound, below all its rows)
-        costed_lower = _group_min(li[mine], res_m["objective"][mine], n_lay)
-        bounds = NoOffloadBounds({k: lay[k] for k in LAYOUT_ID_KEYS},
-                                 lower=np.where(cut, np.minimum(costed_lower, lower if lower is not None else np.inf),
-                                                costed_lower),
+        lower_no_offload = _group_min(li[mine], res_m["objective"][mine], n_lay)
+        if lower is not None:  # a layout the layout bound left partly uncosted: that bound, below all its rows
+            lower_no_offload = np.where(cut, np.minimum(lower_no_offload, lower), lower_no_offload)
+        bounds = NoOffloadBounds({k: lay[k] for k in LAYOUT_ID_KEYS}, lower=lower_no_offload,
                                  best_fit=_group_min(li[mine & fits], res_m["objective"][mine & fits], n_lay),
                                  option_ids=option_ids(opt, np.flatnonzero(no_offload)))
     found = Found(pairs, at_batch(pairs, pairs["m_max"]), _take(res_m, keep), full_size, evaluated,
@@ -673,7 +673,7 @@ def _largest_batch_pass(space: Space, lay: dict[str, np.ndarray], relax_memory: 
     return found
 
 
-# Whether `_largest_batch_pass` skips layouts by their compute bound (tests turn it off to
+# Whether `_largest_batch_pass` skips layouts by their lower bound (tests turn it off to
 # check that the table is the same without). Between two looks at that bar it costs a block of
 # pairs: FIRST_BLOCK_ROWS, doubling up to BLOCK_CHUNKS chunks (so a small space gets a bar
 # early and a large one keeps the threads busy; fixed sizes: the rows costed do not depend on

@@ -79,6 +79,10 @@ def _selective_with(opt: dict[str, np.ndarray], modules: tuple[str, ...]) -> np.
     return (opt["recompute"] == RECOMPUTE_CODES["selective"]) & ((opt["recompute_modules"].astype(np.int64) & bits) != 0)
 
 
+# the switches whose rule holds at every pair (rule A): their `rule_holds` table is all True
+HOLDS_EVERYWHERE = frozenset({"dp_comm_overlap"})
+
+
 def rule_holds(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarray], knob: str,
                cols: np.ndarray | None = None) -> np.ndarray:
     """(layouts x options, or x `cols` of them) where switching `knob` on is never slower (rules
@@ -87,7 +91,7 @@ def rule_holds(space: Space, lay: dict[str, np.ndarray], opt: dict[str, np.ndarr
     it took 0.7 GB a knob for Kimi K2 on 1,024 GB200)."""
     at = slice(None) if cols is None else cols
     # built as (options x layouts) and transposed: stored column by column, as pair_mask
-    if knob == "dp_comm_overlap":
+    if knob in HOLDS_EVERYWHERE:
         return np.ones((len(opt["recompute"][at]), len(lay["tp"])), dtype=bool).T
     fixed = slowest_rank_fixed(space, lay)[None, :]
     if knob == "tp_comm_overlap":
@@ -134,7 +138,7 @@ class Twins:
         out = self.mask[:, cols] & twin_ok[:, np.maximum(up, 0)]
         if not has.all():
             out &= has[None, :]
-        if knob != "dp_comm_overlap":  # (rule A holds everywhere: its table is all True)
+        if knob not in HOLDS_EVERYWHERE:  # (an all-True table is not built)
             out &= self.holds(knob, cols)
         return out
 
